@@ -1,1 +1,4 @@
-//! placeholder
+//! shardfuzz harnesses: the case model, generated inputs, the f64 reference, the `Target` trait and
+//! the targets (the native sharded implementation; Python workers for real frameworks).
+pub mod case;
+pub mod native;

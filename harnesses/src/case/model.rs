@@ -1,0 +1,276 @@
+//! The model of a case: a small transformer-style stack, and the parameters it owns.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Real;
+
+/// A transformer-style stack: embedding → blocks (pre-norm residual) → final norm → LM head → cross-entropy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub vocab: u32,
+    pub hidden: u32,
+    pub ffn: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub seq: u32,
+    pub batch: u32,
+    /// Blocks in order; each is `x = x + block(norm(x))`.
+    pub layers: Vec<LayerKind>,
+    #[serde(default)]
+    pub norm: NormKind,
+    #[serde(default)]
+    pub activation: Activation,
+    /// Biases on the linear layers (and on LayerNorm).
+    #[serde(default = "yes")]
+    pub bias: bool,
+    /// The LM head reuses the embedding table.
+    #[serde(default)]
+    pub tied_embeddings: bool,
+    /// Settings of the `moe` blocks (required when `layers` contains one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    /// Causal multi-head attention (GQA when kv_heads < heads).
+    Attention,
+    /// Dense MLP with the model's activation.
+    Mlp,
+    /// Mixture of experts: a router and `experts` MLPs, top-k routing with a capacity.
+    Moe,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NormKind {
+    #[default]
+    Layernorm,
+    Rmsnorm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    #[default]
+    Gelu,
+    Swiglu,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoeConfig {
+    pub experts: u32,
+    pub top_k: u32,
+    /// Slots per expert = ceil(capacity_factor * tokens * top_k / experts); tokens beyond are dropped.
+    pub capacity_factor: Real,
+}
+
+/// What a parameter is, which decides how it is initialised and sharded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParamRole {
+    Embedding,
+    /// `[in, out]` matrix of a linear layer.
+    Weight,
+    Bias,
+    NormWeight,
+    NormBias,
+    Router,
+    /// `[experts, in, out]` stacked expert matrices.
+    ExpertWeight,
+    ExpertBias,
+}
+
+/// A parameter of the model: its canonical name, full shape and role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub role: ParamRole,
+    /// Fan-in used to scale the initial values.
+    pub fan_in: usize,
+}
+
+impl ParamSpec {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl Model {
+    pub fn head_dim(&self) -> usize {
+        (self.hidden / self.heads.max(1)) as usize
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.batch as usize * self.seq as usize
+    }
+
+    /// Every parameter in a fixed order (the order of gradient norms and optimizer states).
+    pub fn params(&self) -> Vec<ParamSpec> {
+        let (v, h, f) = (self.vocab as usize, self.hidden as usize, self.ffn as usize);
+        let d = self.head_dim();
+        let (hq, hkv) = (self.heads as usize, self.kv_heads as usize);
+        let mut out = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>, role, fan_in| {
+            out.push(ParamSpec {
+                name,
+                shape,
+                role,
+                fan_in,
+            })
+        };
+        push("embed.weight".into(), vec![v, h], ParamRole::Embedding, 1);
+        let swiglu = self.activation == Activation::Swiglu;
+        for (i, kind) in self.layers.iter().enumerate() {
+            let pre = format!("layers.{i}");
+            push(
+                format!("{pre}.norm.weight"),
+                vec![h],
+                ParamRole::NormWeight,
+                1,
+            );
+            if self.norm == NormKind::Layernorm && self.bias {
+                push(format!("{pre}.norm.bias"), vec![h], ParamRole::NormBias, 1);
+            }
+            match kind {
+                LayerKind::Attention => {
+                    for (n, width) in [("q", hq * d), ("k", hkv * d), ("v", hkv * d)] {
+                        push(
+                            format!("{pre}.attn.{n}.weight"),
+                            vec![h, width],
+                            ParamRole::Weight,
+                            h,
+                        );
+                        if self.bias {
+                            push(
+                                format!("{pre}.attn.{n}.bias"),
+                                vec![width],
+                                ParamRole::Bias,
+                                h,
+                            );
+                        }
+                    }
+                    push(
+                        format!("{pre}.attn.o.weight"),
+                        vec![hq * d, h],
+                        ParamRole::Weight,
+                        hq * d,
+                    );
+                    if self.bias {
+                        push(
+                            format!("{pre}.attn.o.bias"),
+                            vec![h],
+                            ParamRole::Bias,
+                            hq * d,
+                        );
+                    }
+                }
+                LayerKind::Mlp => {
+                    push(
+                        format!("{pre}.mlp.up.weight"),
+                        vec![h, f],
+                        ParamRole::Weight,
+                        h,
+                    );
+                    if self.bias {
+                        push(format!("{pre}.mlp.up.bias"), vec![f], ParamRole::Bias, h);
+                    }
+                    if swiglu {
+                        push(
+                            format!("{pre}.mlp.gate.weight"),
+                            vec![h, f],
+                            ParamRole::Weight,
+                            h,
+                        );
+                        if self.bias {
+                            push(format!("{pre}.mlp.gate.bias"), vec![f], ParamRole::Bias, h);
+                        }
+                    }
+                    push(
+                        format!("{pre}.mlp.down.weight"),
+                        vec![f, h],
+                        ParamRole::Weight,
+                        f,
+                    );
+                    if self.bias {
+                        push(format!("{pre}.mlp.down.bias"), vec![h], ParamRole::Bias, f);
+                    }
+                }
+                LayerKind::Moe => {
+                    let e = self.moe.as_ref().map_or(1, |m| m.experts as usize);
+                    push(
+                        format!("{pre}.moe.router.weight"),
+                        vec![h, e],
+                        ParamRole::Router,
+                        h,
+                    );
+                    push(
+                        format!("{pre}.moe.up.weight"),
+                        vec![e, h, f],
+                        ParamRole::ExpertWeight,
+                        h,
+                    );
+                    if self.bias {
+                        push(
+                            format!("{pre}.moe.up.bias"),
+                            vec![e, f],
+                            ParamRole::ExpertBias,
+                            h,
+                        );
+                    }
+                    if swiglu {
+                        push(
+                            format!("{pre}.moe.gate.weight"),
+                            vec![e, h, f],
+                            ParamRole::ExpertWeight,
+                            h,
+                        );
+                        if self.bias {
+                            push(
+                                format!("{pre}.moe.gate.bias"),
+                                vec![e, f],
+                                ParamRole::ExpertBias,
+                                h,
+                            );
+                        }
+                    }
+                    push(
+                        format!("{pre}.moe.down.weight"),
+                        vec![e, f, h],
+                        ParamRole::ExpertWeight,
+                        f,
+                    );
+                    if self.bias {
+                        push(
+                            format!("{pre}.moe.down.bias"),
+                            vec![e, h],
+                            ParamRole::ExpertBias,
+                            f,
+                        );
+                    }
+                }
+            }
+        }
+        push(
+            "final_norm.weight".into(),
+            vec![h],
+            ParamRole::NormWeight,
+            1,
+        );
+        if self.norm == NormKind::Layernorm && self.bias {
+            push("final_norm.bias".into(), vec![h], ParamRole::NormBias, 1);
+        }
+        if !self.tied_embeddings {
+            push("lm_head.weight".into(), vec![v, h], ParamRole::Embedding, h);
+        }
+        out
+    }
+}

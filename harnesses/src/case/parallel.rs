@@ -1,0 +1,267 @@
+//! The parallelism configuration of a case: mesh degrees, ZeRO, micro-batches, schedule, rank order.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Degrees of each mesh axis and the strategy switches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Parallel {
+    /// Data-parallel degree.
+    pub dp: u32,
+    /// Tensor-parallel degree (Megatron style).
+    pub tp: u32,
+    /// Pipeline-parallel degree (number of stages).
+    pub pp: u32,
+    /// Context-parallel degree.
+    #[serde(default = "one")]
+    pub cp: u32,
+    /// Expert-parallel degree: experts spread over this many data-parallel ranks.
+    #[serde(default = "one")]
+    pub ep: u32,
+    /// Shard the norm/residual regions along the sequence over the TP group.
+    #[serde(default)]
+    pub sequence_parallel: bool,
+    /// ZeRO stage 0..=3 over the data-parallel group.
+    #[serde(default)]
+    pub zero_stage: u8,
+    /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
+    #[serde(default = "one")]
+    pub microbatches: u32,
+    #[serde(default)]
+    pub pipeline_schedule: PipelineSchedule,
+    /// Order of the mesh axes from fastest-varying rank to slowest, e.g. "tp-cp-dp-pp".
+    #[serde(default)]
+    pub rank_order: RankOrder,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for Parallel {
+    fn default() -> Self {
+        Parallel {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
+            sequence_parallel: false,
+            zero_stage: 0,
+            microbatches: 1,
+            pipeline_schedule: PipelineSchedule::Gpipe,
+            rank_order: RankOrder::default(),
+        }
+    }
+}
+
+impl Parallel {
+    /// Number of ranks: the product of the mesh axes (ep is carved out of dp).
+    pub fn world(&self) -> u64 {
+        self.dp as u64 * self.tp as u64 * self.pp as u64 * self.cp as u64
+    }
+
+    pub fn degree(&self, axis: Axis) -> u32 {
+        match axis {
+            Axis::Tp => self.tp,
+            Axis::Cp => self.cp,
+            Axis::Dp => self.dp,
+            Axis::Pp => self.pp,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PipelineSchedule {
+    #[default]
+    Gpipe,
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+}
+
+/// A mesh axis.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Axis {
+    Tp,
+    Cp,
+    Dp,
+    Pp,
+}
+
+impl Axis {
+    pub const ALL: [Axis; 4] = [Axis::Tp, Axis::Cp, Axis::Dp, Axis::Pp];
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Tp => "tp",
+            Axis::Cp => "cp",
+            Axis::Dp => "dp",
+            Axis::Pp => "pp",
+        }
+    }
+}
+
+/// A permutation of the four mesh axes, written "tp-cp-dp-pp" (first = fastest-varying in the rank id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RankOrder(pub [Axis; 4]);
+
+impl Default for RankOrder {
+    fn default() -> Self {
+        RankOrder([Axis::Tp, Axis::Cp, Axis::Dp, Axis::Pp])
+    }
+}
+
+impl std::fmt::Display for RankOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.0.iter().map(|a| a.name()).collect();
+        f.write_str(&names.join("-"))
+    }
+}
+
+impl std::str::FromStr for RankOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('-').collect();
+        let rule = "must be a permutation of tp, cp, dp, pp joined by '-', e.g. \"tp-cp-dp-pp\"";
+        if parts.len() != 4 {
+            return Err(format!("{rule} (got \"{s}\")"));
+        }
+        let mut axes = [Axis::Tp; 4];
+        for (slot, part) in axes.iter_mut().zip(&parts) {
+            *slot = Axis::ALL
+                .into_iter()
+                .find(|a| a.name() == *part)
+                .ok_or_else(|| format!("{rule} (got \"{s}\")"))?;
+        }
+        let mut sorted = axes;
+        sorted.sort();
+        if sorted != Axis::ALL {
+            return Err(format!("{rule} (got \"{s}\")"));
+        }
+        Ok(RankOrder(axes))
+    }
+}
+
+impl Serialize for RankOrder {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for RankOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for RankOrder {
+    fn schema_name() -> String {
+        "RankOrder".into()
+    }
+    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        schemars::schema::SchemaObject {
+            instance_type: Some(schemars::schema::InstanceType::String.into()),
+            string: Some(Box::new(schemars::schema::StringValidation {
+                pattern: Some("^(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)-(tp|cp|dp|pp)$".into()),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+        .into()
+    }
+}
+
+/// Where a global rank sits on each mesh axis, and the groups it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mesh {
+    pub order: RankOrder,
+    /// Degrees in `order`.
+    pub dims: [usize; 4],
+}
+
+impl Mesh {
+    pub fn new(p: &Parallel) -> Mesh {
+        let order = p.rank_order;
+        let dims = order.0.map(|a| p.degree(a) as usize);
+        Mesh { order, dims }
+    }
+
+    pub fn world(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    fn slot(&self, axis: Axis) -> usize {
+        self.order
+            .0
+            .iter()
+            .position(|a| *a == axis)
+            .expect("axis in order")
+    }
+
+    fn stride(&self, slot: usize) -> usize {
+        self.dims[..slot].iter().product()
+    }
+
+    /// Coordinate of `rank` along `axis`.
+    pub fn coord(&self, rank: usize, axis: Axis) -> usize {
+        let s = self.slot(axis);
+        (rank / self.stride(s)) % self.dims[s]
+    }
+
+    /// Global ranks of the group along `axis` that contains `rank`, in axis order.
+    pub fn group(&self, rank: usize, axis: Axis) -> Vec<usize> {
+        let s = self.slot(axis);
+        let stride = self.stride(s);
+        let base = rank - self.coord(rank, axis) * stride;
+        (0..self.dims[s]).map(|i| base + i * stride).collect()
+    }
+
+    /// The rank with the same coordinates as `rank` except `axis`, which is set to `value`.
+    pub fn with_coord(&self, rank: usize, axis: Axis, value: usize) -> usize {
+        let s = self.slot(axis);
+        let stride = self.stride(s);
+        rank - self.coord(rank, axis) * stride + value * stride
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_order_round_trips_and_rejects_bad_orders() {
+        let o: RankOrder = "dp-tp-pp-cp".parse().unwrap();
+        assert_eq!(o.to_string(), "dp-tp-pp-cp");
+        assert!("tp-tp-dp-pp".parse::<RankOrder>().is_err());
+        assert!("tp-dp-pp".parse::<RankOrder>().is_err());
+    }
+
+    #[test]
+    fn mesh_groups_follow_rank_order() {
+        let p = Parallel {
+            dp: 2,
+            tp: 2,
+            pp: 2,
+            ..Parallel::default()
+        };
+        let m = Mesh::new(&p);
+        // tp fastest: ranks 0,1 share dp=0,pp=0
+        assert_eq!(m.group(0, Axis::Tp), vec![0, 1]);
+        assert_eq!(m.group(1, Axis::Dp), vec![1, 3]);
+        assert_eq!(m.group(5, Axis::Pp), vec![1, 5]);
+        assert_eq!(m.coord(6, Axis::Pp), 1);
+        let p2 = Parallel {
+            rank_order: "dp-tp-cp-pp".parse().unwrap(),
+            ..p
+        };
+        let m2 = Mesh::new(&p2);
+        assert_eq!(m2.group(0, Axis::Dp), vec![0, 1]);
+        assert_eq!(m2.group(0, Axis::Tp), vec![0, 2]);
+        assert_eq!(m2.with_coord(0, Axis::Pp, 1), 4);
+    }
+}

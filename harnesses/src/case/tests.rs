@@ -1,0 +1,97 @@
+use super::*;
+
+pub(crate) const MINIMAL: &str = r#"{
+  "schema": 1,
+  "parallel": {"dp": 1, "tp": 2, "pp": 1},
+  "model": {"vocab": 11, "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 1, "seq": 4, "batch": 2,
+            "layers": ["attention", "mlp"]},
+  "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"},
+  "data": {"seed": 7}
+}"#;
+
+#[test]
+fn minimal_case_parses_with_defaults_and_round_trips() {
+    let c = Case::from_json(MINIMAL).unwrap();
+    assert_eq!(c.parallel.rank_order.to_string(), "tp-cp-dp-pp");
+    assert_eq!(c.world(), 2);
+    let back = Case::from_json(&c.to_json()).unwrap();
+    assert_eq!(back, c);
+}
+
+fn error_of(text: &str) -> String {
+    Case::from_json(text).unwrap_err().to_string()
+}
+
+#[test]
+fn missing_field_is_named() {
+    let t = MINIMAL.replace(r#""hidden": 8, "#, "");
+    let e = error_of(&t);
+    assert!(e.contains("model") && e.contains("hidden"), "{e}");
+}
+
+#[test]
+fn zero_and_negative_sizes_are_named() {
+    let e = error_of(&MINIMAL.replace(r#""hidden": 8"#, r#""hidden": 0"#));
+    assert!(
+        e.contains("model.hidden") && e.contains("at least 1"),
+        "{e}"
+    );
+    let e = error_of(&MINIMAL.replace(r#""seq": 4"#, r#""seq": -3"#));
+    assert!(e.contains("model.seq"), "{e}");
+    let e = error_of(&MINIMAL.replace(r#""tp": 2"#, r#""tp": 0"#));
+    assert!(e.contains("parallel.tp") && e.contains("at least 1"), "{e}");
+}
+
+#[test]
+fn every_violation_is_reported() {
+    let t = MINIMAL
+        .replace(r#""tp": 2"#, r#""tp": 0"#)
+        .replace(r#""batch": 2"#, r#""batch": 0"#);
+    let Err(CaseError::Invalid(v)) = Case::from_json(&t) else {
+        panic!("expected invalid")
+    };
+    let fields: Vec<_> = v.iter().map(|v| v.field.as_str()).collect();
+    assert!(
+        fields.contains(&"parallel.tp") && fields.contains(&"model.batch"),
+        "{fields:?}"
+    );
+}
+
+#[test]
+fn non_divisible_sizes_are_valid() {
+    let t = MINIMAL
+        .replace(r#""ffn": 12"#, r#""ffn": 13"#)
+        .replace(r#""tp": 2"#, r#""tp": 3"#);
+    Case::from_json(&t).unwrap();
+}
+
+#[test]
+fn memory_budget_is_enforced() {
+    let t = MINIMAL.replace(r#""vocab": 11"#, r#""vocab": 4000000"#);
+    let e = error_of(&t);
+    assert!(e.contains("MiB") && e.contains("budget"), "{e}");
+}
+
+#[test]
+fn broken_json_is_an_error() {
+    let e = error_of("{\"schema\": 1,");
+    assert!(!e.is_empty());
+    let e = error_of(&MINIMAL.replace("\"schema\": 1", "\"schema\": 2"));
+    assert!(e.contains("schema"), "{e}");
+}
+
+#[test]
+fn schema_names_every_section() {
+    let s = Case::json_schema().to_string();
+    for f in [
+        "parallel",
+        "model",
+        "train",
+        "data",
+        "zero_stage",
+        "kv_heads",
+        "distribution",
+    ] {
+        assert!(s.contains(f), "schema lacks {f}");
+    }
+}

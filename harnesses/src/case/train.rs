@@ -1,0 +1,88 @@
+//! The training step of a case: optimizer, clipping, accumulation, precision.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use shardfuzz_kernels::DType;
+
+use super::Real;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Train {
+    /// Optimizer steps.
+    pub steps: u32,
+    pub optimizer: Optimizer,
+    /// Clip gradients to this global L2 norm; absent = no clipping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<Real>,
+    /// Gradient-accumulation steps per optimizer step: the batch is processed this many times
+    /// (the loss is divided by it), as a user accumulating over identical micro-steps would.
+    #[serde(default = "one")]
+    pub grad_accumulation: u32,
+    /// Compute and storage dtype of activations, parameters and gradients.
+    #[schemars(with = "String")]
+    pub dtype: DType,
+    /// Dtype of gradient reductions (all-reduce / reduce-scatter); defaults to `dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub reduce_dtype: Option<DType>,
+    /// Dynamic loss scaling (meant for f16): initial scale; absent = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<Real>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Train {
+    pub fn reduce_dtype(&self) -> DType {
+        self.reduce_dtype.unwrap_or(self.dtype)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Optimizer {
+    pub kind: OptimizerKind,
+    pub lr: Real,
+    #[serde(default = "beta1")]
+    pub beta1: Real,
+    #[serde(default = "beta2")]
+    pub beta2: Real,
+    #[serde(default = "eps")]
+    pub eps: Real,
+    #[serde(default)]
+    pub weight_decay: Real,
+}
+
+fn beta1() -> Real {
+    Real(0.9)
+}
+fn beta2() -> Real {
+    Real(0.999)
+}
+fn eps() -> Real {
+    Real(1e-8)
+}
+
+impl Optimizer {
+    pub fn sgd(lr: f64) -> Self {
+        Optimizer {
+            kind: OptimizerKind::Sgd,
+            lr: Real(lr),
+            beta1: beta1(),
+            beta2: beta2(),
+            eps: eps(),
+            weight_decay: Real(0.0),
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Structural validation of a case. Every violated rule is reported, each naming its field.
+
+use super::{Case, LayerKind, Model, OpCase, OpKind, Placement, Train};
+
+/// Bounds a case must respect.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most ranks a case may ask for.
+    pub max_world: u64,
+    /// Most bytes of tensors a case may need (estimate over reference, baseline and sharded runs).
+    pub memory_budget: u64,
+    pub max_steps: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_world: 64,
+            memory_budget: 64 << 20,
+            max_steps: 64,
+        }
+    }
+}
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub field: String,
+    pub rule: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+#[derive(Default)]
+struct Report(Vec<Violation>);
+
+impl Report {
+    fn fail(&mut self, field: impl Into<String>, rule: impl Into<String>) {
+        self.0.push(Violation {
+            field: field.into(),
+            rule: rule.into(),
+        });
+    }
+    fn at_least_one(&mut self, field: &str, v: u64) {
+        if v < 1 {
+            self.fail(field, format!("must be at least 1 (got {v})"));
+        }
+    }
+    fn finite_at_least(&mut self, field: &str, v: f64, min: f64, strict: bool) {
+        let ok = v.is_finite() && if strict { v > min } else { v >= min };
+        if !ok {
+            let op = if strict { ">" } else { "≥" };
+            self.fail(field, format!("must be finite and {op} {min} (got {v})"));
+        }
+    }
+}
+
+impl Case {
+    /// Checks every structural rule and returns all violations.
+    pub fn validate(&self, limits: &Limits) -> Result<(), Vec<Violation>> {
+        let mut r = Report::default();
+        if self.schema != super::SCHEMA_VERSION {
+            r.fail(
+                "schema",
+                format!("must be {} (got {})", super::SCHEMA_VERSION, self.schema),
+            );
+        }
+        let p = &self.parallel;
+        for (name, v) in [
+            ("dp", p.dp),
+            ("tp", p.tp),
+            ("pp", p.pp),
+            ("cp", p.cp),
+            ("ep", p.ep),
+            ("microbatches", p.microbatches),
+        ] {
+            r.at_least_one(&format!("parallel.{name}"), v as u64);
+        }
+        if p.zero_stage > 3 {
+            r.fail(
+                "parallel.zero_stage",
+                format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage),
+            );
+        }
+        if p.world() > limits.max_world {
+            r.fail(
+                "parallel",
+                format!(
+                    "world dp*tp*pp*cp = {} exceeds the maximum of {} ranks",
+                    p.world(),
+                    limits.max_world
+                ),
+            );
+        }
+        match (&self.model, &self.op) {
+            (Some(m), None) => validate_model(m, &mut r),
+            (None, Some(o)) => validate_op(o, &mut r),
+            _ => r.fail("model", "exactly one of `model` and `op` must be present"),
+        }
+        validate_train(&self.train, limits, &mut r);
+        if r.0.is_empty() {
+            let bytes = self.estimated_bytes();
+            if bytes > limits.memory_budget {
+                r.fail(
+                    if self.model.is_some() {
+                        "model"
+                    } else {
+                        "op.shape"
+                    },
+                    format!(
+                        "tensors need about {:.1} MiB, over the memory budget of {:.1} MiB",
+                        bytes as f64 / (1 << 20) as f64,
+                        limits.memory_budget as f64 / (1 << 20) as f64
+                    ),
+                );
+            }
+        }
+        if r.0.is_empty() {
+            Ok(())
+        } else {
+            Err(r.0)
+        }
+    }
+
+    /// Rough upper estimate of the tensor bytes of one run of this case (every target and copy).
+    pub fn estimated_bytes(&self) -> u64 {
+        let elems: u64 = if let Some(m) = &self.model {
+            let params: u64 = m.params().iter().map(|p| p.numel() as u64).sum();
+            let t = m.tokens() as u64;
+            let (h, f, v) = (m.hidden as u64, m.ffn as u64, m.vocab as u64);
+            let experts = m.moe.as_ref().map_or(1, |c| c.experts as u64);
+            let per_layer =
+                t * (12 * h + 4 * f * experts.min(4)) + t * m.seq as u64 * m.heads as u64 * 2;
+            let acts = per_layer * m.layers.len() as u64 + t * (4 * h + 3 * v);
+            // param, grad, two optimizer states, initial copy; activations kept for backward.
+            params * 5 + acts * 2
+        } else if let Some(o) = &self.op {
+            let s: Vec<u64> = o.shape.iter().map(|&d| d as u64).collect();
+            let n: u64 = match o.kind {
+                OpKind::Matmul | OpKind::Linear => s[0] * s[1] + s[1] * s[2] + s[0] * s[2],
+                OpKind::Embedding => s[1] * s[2] + s[0] * s[2],
+                _ => s.iter().product(),
+            };
+            n * 4
+        } else {
+            0
+        };
+        // reference, perturbed reference, dtype baseline, sharded target (+ per-rank copies)
+        elems * 8 * (3 + self.parallel.world().min(8))
+    }
+}
+
+fn validate_model(m: &Model, r: &mut Report) {
+    for (name, v) in [
+        ("vocab", m.vocab),
+        ("hidden", m.hidden),
+        ("ffn", m.ffn),
+        ("heads", m.heads),
+        ("kv_heads", m.kv_heads),
+        ("seq", m.seq),
+        ("batch", m.batch),
+    ] {
+        r.at_least_one(&format!("model.{name}"), v as u64);
+    }
+    if m.heads >= 1 && m.hidden >= 1 && m.hidden % m.heads != 0 {
+        r.fail(
+            "model.hidden",
+            format!(
+                "must be a multiple of model.heads so heads have equal size (hidden {} heads {})",
+                m.hidden, m.heads
+            ),
+        );
+    }
+    if m.heads >= 1 && m.kv_heads >= 1 && m.heads % m.kv_heads != 0 {
+        r.fail(
+            "model.kv_heads",
+            format!(
+                "must divide model.heads for grouped-query attention (heads {} kv_heads {})",
+                m.heads, m.kv_heads
+            ),
+        );
+    }
+    let has_moe = m.layers.contains(&LayerKind::Moe);
+    match (&m.moe, has_moe) {
+        (None, true) => r.fail(
+            "model.moe",
+            "must be present when model.layers contains \"moe\"",
+        ),
+        (Some(c), _) => {
+            r.at_least_one("model.moe.experts", c.experts as u64);
+            if c.top_k < 1 || c.top_k > c.experts {
+                r.fail(
+                    "model.moe.top_k",
+                    format!(
+                        "must be between 1 and model.moe.experts = {} (got {})",
+                        c.experts, c.top_k
+                    ),
+                );
+            }
+            r.finite_at_least(
+                "model.moe.capacity_factor",
+                c.capacity_factor.get(),
+                0.0,
+                true,
+            );
+        }
+        (None, false) => {}
+    }
+}
+
+fn validate_op(o: &OpCase, r: &mut Report) {
+    let want = o.kind.shape_len();
+    if o.shape.len() != want {
+        r.fail(
+            "op.shape",
+            format!(
+                "{:?} takes {want} sizes {} (got {})",
+                o.kind,
+                o.kind.shape_help(),
+                o.shape.len()
+            ),
+        );
+        return;
+    }
+    for (i, &d) in o.shape.iter().enumerate() {
+        r.at_least_one(&format!("op.shape[{i}]"), d as u64);
+    }
+    if let Some(dim) = o.dim {
+        if dim > 1 {
+            r.fail("op.dim", format!("must be 0 or 1 (got {dim})"));
+        }
+    }
+    match (o.kind, &o.new_shape) {
+        (OpKind::Reshape, None) => r.fail("op.new_shape", "is required for reshape"),
+        (OpKind::Reshape, Some(ns)) => {
+            let a: u64 = o.shape.iter().map(|&d| d as u64).product();
+            let b: u64 = ns.iter().map(|&d| d as u64).product();
+            if ns.len() != 2 || a != b {
+                r.fail("op.new_shape", format!("must be two sizes with the same number of elements as op.shape ({a}), got {ns:?}"));
+            }
+        }
+        _ => {}
+    }
+    let shape: Vec<usize> = o.shape.iter().map(|&d| d as usize).collect();
+    let inputs = o.kind.inputs(&shape);
+    for (name, places) in &o.placements {
+        let field = format!("op.placements.{name}");
+        let Some((_, ishape)) = inputs.iter().find(|(n, _)| n == name) else {
+            let names: Vec<_> = inputs.iter().map(|(n, _)| *n).collect();
+            r.fail(
+                field,
+                format!(
+                    "is not an input of {:?} (inputs: {})",
+                    o.kind,
+                    names.join(", ")
+                ),
+            );
+            continue;
+        };
+        if places.len() != 2 {
+            r.fail(
+                &field,
+                format!(
+                    "must give one placement per mesh dimension [dp, tp] (got {})",
+                    places.len()
+                ),
+            );
+        }
+        for pl in places {
+            if let Placement::Shard(d) = pl {
+                if *d >= ishape.len() {
+                    r.fail(
+                        &field,
+                        format!(
+                            "S({d}) names a dimension the {}-d input does not have",
+                            ishape.len()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
+    r.at_least_one("train.steps", t.steps as u64);
+    if t.steps > limits.max_steps {
+        r.fail(
+            "train.steps",
+            format!("must be at most {} (got {})", limits.max_steps, t.steps),
+        );
+    }
+    r.at_least_one("train.grad_accumulation", t.grad_accumulation as u64);
+    let o = &t.optimizer;
+    r.finite_at_least("train.optimizer.lr", o.lr.get(), 0.0, false);
+    r.finite_at_least("train.optimizer.eps", o.eps.get(), 0.0, true);
+    r.finite_at_least(
+        "train.optimizer.weight_decay",
+        o.weight_decay.get(),
+        0.0,
+        false,
+    );
+    for (name, b) in [("beta1", o.beta1.get()), ("beta2", o.beta2.get())] {
+        if !(0.0..1.0).contains(&b) {
+            r.fail(
+                format!("train.optimizer.{name}"),
+                format!("must be in [0, 1) (got {b})"),
+            );
+        }
+    }
+    if let Some(c) = t.clip_grad_norm {
+        r.finite_at_least("train.clip_grad_norm", c.get(), 0.0, true);
+    }
+    if let Some(s) = t.loss_scale {
+        r.finite_at_least("train.loss_scale", s.get(), 0.0, true);
+    }
+}
