@@ -1,0 +1,135 @@
+//! Cross-entropy, whole or in the pieces a vocab-parallel implementation composes:
+//! loss = ln(Σ_global exp(x − m)) + m − x_target, with m the global row max, each piece computed
+//! on a slice of the vocabulary and all-reduced (max, sum, sum).
+
+use ndarray::{Array1, Array2};
+
+use crate::Prec;
+
+pub struct CrossEntropy {
+    /// Per-row loss −log softmax(x)[target].
+    pub losses: Array1<f64>,
+    /// `(softmax − onehot) × grad_scale`.
+    pub dlogits: Array2<f64>,
+}
+
+pub fn cross_entropy_fwd_bwd(
+    p: Prec,
+    logits: &Array2<f64>,
+    targets: &[usize],
+    grad_scale: f64,
+) -> CrossEntropy {
+    assert_eq!(
+        logits.nrows(),
+        targets.len(),
+        "cross_entropy: logits {:?}, {} targets",
+        logits.dim(),
+        targets.len()
+    );
+    let acc = p.acc();
+    let m = row_max(p, logits);
+    let s = row_sum_exp(p, logits, &m);
+    let tl = target_logit(logits, targets, 0);
+    let mut losses = Array1::zeros(logits.nrows());
+    let mut d = Array2::zeros(logits.raw_dim());
+    for i in 0..logits.nrows() {
+        losses[i] = p.r(acc.round(acc.round(s[i].ln()) + m[i] - tl[i]));
+        for j in 0..logits.ncols() {
+            let prob = acc.round(acc.round((logits[[i, j]] - m[i]).exp()) / s[i]);
+            let onehot = if j == targets[i] { 1.0 } else { 0.0 };
+            d[[i, j]] = p.r(acc.round(prob - onehot) * grad_scale);
+        }
+    }
+    CrossEntropy { losses, dlogits: d }
+}
+
+/// Largest logit per row (−∞ for an empty slice).
+pub fn row_max(_p: Prec, logits: &Array2<f64>) -> Array1<f64> {
+    logits
+        .rows()
+        .into_iter()
+        .map(|r| r.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b)))
+        .collect()
+}
+
+/// Σ exp(x − max) per row, in the accumulation dtype.
+pub fn row_sum_exp(p: Prec, logits: &Array2<f64>, row_max: &Array1<f64>) -> Array1<f64> {
+    let acc = p.acc();
+    logits
+        .rows()
+        .into_iter()
+        .zip(row_max.iter())
+        .map(|(r, &m)| {
+            r.iter()
+                .fold(0.0, |s, &x| acc.round(s + acc.round((x - m).exp())))
+        })
+        .collect()
+}
+
+/// The target's logit per row when it falls in this slice `[col_offset, col_offset + cols)`, else 0.
+pub fn target_logit(logits: &Array2<f64>, targets: &[usize], col_offset: usize) -> Array1<f64> {
+    let v = logits.ncols();
+    targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            if t >= col_offset && t < col_offset + v {
+                logits[[i, t - col_offset]]
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    #[test]
+    fn cross_entropy_gradient_matches_finite_differences() {
+        let x = rand_mat(3, 5, 1) * 3.0;
+        let t = [0, 4, 2];
+        let ce = cross_entropy_fwd_bwd(Prec::F64, &x, &t, 0.5);
+        check_grad("dlogits", &ce.dlogits, &x, |x| {
+            0.5 * cross_entropy_fwd_bwd(Prec::F64, x, &t, 1.0).losses.sum()
+        });
+    }
+
+    #[test]
+    fn vocab_slices_compose_to_the_full_loss() {
+        let x = rand_mat(4, 7, 2) * 2.0;
+        let t = [6, 0, 3, 5];
+        let full = cross_entropy_fwd_bwd(Prec::F64, &x, &t, 1.0).losses;
+        for cuts in [vec![0, 4, 7], vec![0, 3, 6, 7]] {
+            let slices: Vec<(usize, Array2<f64>)> = cuts
+                .windows(2)
+                .map(|w| (w[0], x.slice(ndarray::s![.., w[0]..w[1]]).to_owned()))
+                .collect();
+            let m: Array1<f64> = (0..4)
+                .map(|i| {
+                    slices
+                        .iter()
+                        .map(|(_, s)| row_max(Prec::F64, s)[i])
+                        .fold(f64::NEG_INFINITY, f64::max)
+                })
+                .collect();
+            let se: Array1<f64> = (0..4)
+                .map(|i| {
+                    slices
+                        .iter()
+                        .map(|(_, s)| row_sum_exp(Prec::F64, s, &m)[i])
+                        .sum()
+                })
+                .collect();
+            let tl: Array1<f64> = (0..4)
+                .map(|i| slices.iter().map(|(o, s)| target_logit(s, &t, *o)[i]).sum())
+                .collect();
+            for i in 0..4 {
+                let l = se[i].ln() + m[i] - tl[i];
+                assert!((l - full[i]).abs() < 1e-12, "{l} vs {}", full[i]);
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Mixture-of-experts routing: softmax router, top-k choice, capacity assignment.
+
+use ndarray::Array2;
+
+use crate::{softmax_rows, softmax_rows_bwd, Prec};
+
+/// Indices of the k largest entries per row, by decreasing value, ties to the lower index.
+pub fn topk_rows(probs: &Array2<f64>, k: usize) -> Vec<Vec<usize>> {
+    probs
+        .rows()
+        .into_iter()
+        .map(|r| {
+            let mut idx: Vec<usize> = (0..r.len()).collect();
+            idx.sort_by(|&a, &b| {
+                r[b].partial_cmp(&r[a])
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(a.cmp(&b))
+            });
+            idx.truncate(k);
+            idx
+        })
+        .collect()
+}
+
+pub struct Routing {
+    /// Softmax over experts, `[tokens, experts]`.
+    pub probs: Array2<f64>,
+    /// Chosen experts per token.
+    pub experts: Vec<Vec<usize>>,
+    /// Router probabilities at the chosen experts (not renormalised), `[tokens, k]`.
+    pub gates: Array2<f64>,
+}
+
+pub fn router_fwd(p: Prec, logits: &Array2<f64>, k: usize) -> Routing {
+    let probs = softmax_rows(p, logits);
+    let experts = topk_rows(&probs, k);
+    let mut gates = Array2::zeros((logits.nrows(), k));
+    for (t, ex) in experts.iter().enumerate() {
+        for (c, &e) in ex.iter().enumerate() {
+            gates[[t, c]] = probs[[t, e]];
+        }
+    }
+    Routing {
+        probs,
+        experts,
+        gates,
+    }
+}
+
+/// Gradient of the router logits given the gradient of the gates.
+pub fn router_bwd(p: Prec, routing: &Routing, dgates: &Array2<f64>) -> Array2<f64> {
+    let mut dprobs = Array2::zeros(routing.probs.raw_dim());
+    for (t, ex) in routing.experts.iter().enumerate() {
+        for (c, &e) in ex.iter().enumerate() {
+            dprobs[[t, e]] = dgates[[t, c]];
+        }
+    }
+    softmax_rows_bwd(p, &routing.probs, &dprobs)
+}
+
+/// Slots per expert: ceil(capacity_factor × tokens × k / experts).
+pub fn capacity(tokens: usize, experts: usize, k: usize, capacity_factor: f64) -> usize {
+    (capacity_factor * (tokens * k) as f64 / experts.max(1) as f64).ceil() as usize
+}
+
+/// Slot of each (token, choice) in its expert, or None when the expert is full (dropped).
+/// Tokens are assigned in token order, then choice order.
+pub fn assign_capacity(
+    experts: &[Vec<usize>],
+    num_experts: usize,
+    capacity: usize,
+) -> Vec<Vec<Option<usize>>> {
+    let mut used = vec![0usize; num_experts];
+    experts
+        .iter()
+        .map(|ex| {
+            ex.iter()
+                .map(|&e| {
+                    if used[e] < capacity {
+                        used[e] += 1;
+                        Some(used[e] - 1)
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    #[test]
+    fn topk_orders_by_value_and_breaks_ties_low() {
+        let p = Array2::from_shape_vec((1, 4), vec![0.1, 0.4, 0.4, 0.1]).unwrap();
+        assert_eq!(topk_rows(&p, 3), vec![vec![1, 2, 0]]);
+    }
+
+    #[test]
+    fn router_backward_matches_finite_differences() {
+        let x = rand_mat(3, 4, 1);
+        let r = router_fwd(Prec::F64, &x, 2);
+        let dg = rand_mat(3, 2, 2);
+        let d = router_bwd(Prec::F64, &r, &dg);
+        // The choice is locally constant, so the gates are smooth in the logits.
+        let ex = r.experts.clone();
+        check_grad("router", &d, &x, |xx| {
+            let probs = softmax_rows(Prec::F64, xx);
+            ex.iter()
+                .enumerate()
+                .map(|(t, e)| {
+                    e.iter()
+                        .enumerate()
+                        .map(|(c, &e)| probs[[t, e]] * dg[[t, c]])
+                        .sum::<f64>()
+                })
+                .sum()
+        });
+    }
+
+    #[test]
+    fn capacity_drops_late_tokens() {
+        assert_eq!(capacity(4, 2, 1, 0.5), 1);
+        let slots = assign_capacity(&[vec![0], vec![0], vec![1]], 2, 1);
+        assert_eq!(slots, vec![vec![Some(0)], vec![None], vec![Some(0)]]);
+    }
+}

@@ -1,0 +1,39 @@
+//! The precision context every op takes: storage dtype, accumulation dtype, rounding.
+
+use crate::DType;
+
+/// Emulated precision of an op: outputs are rounded to `dtype`; reductions accumulate in `acc()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prec {
+    pub dtype: DType,
+}
+
+impl Prec {
+    pub const F64: Prec = Prec { dtype: DType::F64 };
+
+    pub fn new(dtype: DType) -> Prec {
+        Prec { dtype }
+    }
+
+    /// The accumulation format (f32 for every low-precision dtype).
+    #[inline]
+    pub fn acc(self) -> DType {
+        self.dtype.accum()
+    }
+
+    /// Rounds to the storage dtype.
+    #[inline]
+    pub fn r(self, x: f64) -> f64 {
+        self.dtype.round(x)
+    }
+
+    /// Rounds an elementwise intermediate: f32 for low precision, f64 otherwise.
+    #[inline]
+    pub fn mid(self, x: f64) -> f64 {
+        self.acc().round(x)
+    }
+
+    pub fn is_exact(self) -> bool {
+        self.dtype == DType::F64
+    }
+}
