@@ -1,0 +1,270 @@
+//! Random valid cases from `arbitrary::Unstructured`: the default distribution is small (a case runs
+//! in well under a millisecond) and makes non-divisible sizes common, since that is what we fuzz.
+
+use arbitrary::{Result, Unstructured};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shardfuzz_harnesses::case::{
+    Activation, Case, Data, Distribution, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase,
+    OpKind, Optimizer, OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real,
+    Train,
+};
+use shardfuzz_kernels::DType;
+
+fn pick<T: Copy>(u: &mut Unstructured, items: &[T]) -> Result<T> {
+    Ok(*u.choose(items)?)
+}
+
+/// A small power of two or a small odd number: degrees that divide sizes, and ones that do not.
+fn degree(u: &mut Unstructured, max: u32) -> Result<u32> {
+    let d = pick(u, &[1, 1, 1, 2, 2, 2, 3, 4])?;
+    Ok(d.min(max))
+}
+
+fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
+    let tp = degree(u, 4)?;
+    let dp = degree(u, (8 / tp).max(1))?;
+    let pp = if op {
+        1
+    } else {
+        degree(u, (8 / (tp * dp)).clamp(1, 3))?
+    };
+    let ep = if dp > 1 && u.ratio(1, 4)? {
+        pick(u, &[1, dp])?
+    } else {
+        1
+    };
+    let mut order = RankOrder::default();
+    if u.ratio(1, 4)? {
+        let axes = &mut order.0;
+        let i = u.int_in_range(0..=3)?;
+        let j = u.int_in_range(0..=3)?;
+        axes.swap(i, j);
+    }
+    Ok(Parallel {
+        dp,
+        tp,
+        pp,
+        cp: 1,
+        ep,
+        sequence_parallel: tp > 1 && u.ratio(1, 3)?,
+        zero_stage: if dp > 1 { u.int_in_range(0..=3)? } else { 0 },
+        microbatches: u.int_in_range(1..=4)?,
+        pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
+        rank_order: order,
+    })
+}
+
+fn model(u: &mut Unstructured) -> Result<Model> {
+    let heads = u.int_in_range(1..=4)?;
+    let head_dim = u.int_in_range(1..=4)?;
+    let divisors: Vec<u32> = (1..=heads).filter(|d| heads % d == 0).collect();
+    let kv_heads = pick(u, &divisors)?;
+    let n_layers = u.int_in_range(0..=3)?;
+    let mut layers = vec![];
+    for _ in 0..n_layers {
+        layers.push(pick(
+            u,
+            &[
+                LayerKind::Attention,
+                LayerKind::Attention,
+                LayerKind::Mlp,
+                LayerKind::Mlp,
+                LayerKind::Moe,
+            ],
+        )?);
+    }
+    let experts = u.int_in_range(1..=4)?;
+    let moe = layers.contains(&LayerKind::Moe).then_some(MoeConfig {
+        experts,
+        top_k: u.int_in_range(1..=experts)?,
+        capacity_factor: Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?),
+    });
+    Ok(Model {
+        vocab: u.int_in_range(2..=32)?,
+        hidden: heads * head_dim,
+        ffn: u.int_in_range(1..=16)?,
+        heads,
+        kv_heads,
+        seq: u.int_in_range(1..=6)?,
+        batch: u.int_in_range(1..=4)?,
+        layers,
+        norm: pick(u, &[NormKind::Layernorm, NormKind::Rmsnorm])?,
+        activation: pick(u, &[Activation::Gelu, Activation::Swiglu])?,
+        bias: u.ratio(3, 4)?,
+        tied_embeddings: u.ratio(1, 4)?,
+        moe,
+    })
+}
+
+fn placement(u: &mut Unstructured) -> Result<Placement> {
+    pick(
+        u,
+        &[
+            Placement::Replicate,
+            Placement::Replicate,
+            Placement::Shard(0),
+            Placement::Shard(1),
+            Placement::Partial,
+        ],
+    )
+}
+
+fn op(u: &mut Unstructured) -> Result<OpCase> {
+    let kind = pick(u, &OpKind::ALL)?;
+    let shape: Vec<u32> = (0..kind.shape_len())
+        .map(|_| u.int_in_range(1..=8))
+        .collect::<Result<_>>()?;
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    let mut placements = std::collections::BTreeMap::new();
+    for (name, s) in kind.inputs(&dims) {
+        if u.ratio(2, 3)? {
+            let mut p = vec![placement(u)?, placement(u)?];
+            for x in &mut p {
+                if let Placement::Shard(d) = x {
+                    *d = (*d).min(s.len() - 1);
+                }
+            }
+            placements.insert(name.to_string(), p);
+        }
+    }
+    let new_shape = (kind == OpKind::Reshape).then(|| {
+        let n = shape[0] * shape[1];
+        let divisors: Vec<u32> = (1..=n).filter(|d| n % d == 0).collect();
+        let a = *u.choose(&divisors).unwrap_or(&1);
+        vec![a, n / a]
+    });
+    Ok(OpCase {
+        kind,
+        shape,
+        dim: Some(u.int_in_range(0..=1)?),
+        new_shape,
+        placements,
+    })
+}
+
+fn train(u: &mut Unstructured) -> Result<Train> {
+    let dtype = pick(
+        u,
+        &[
+            DType::F64,
+            DType::F64,
+            DType::F32,
+            DType::F32,
+            DType::BF16,
+            DType::BF16,
+            DType::F16,
+        ],
+    )?;
+    let kind = pick(
+        u,
+        &[
+            OptimizerKind::Sgd,
+            OptimizerKind::Adam,
+            OptimizerKind::Adamw,
+        ],
+    )?;
+    let lr = pick(u, &[1e-3, 1e-2, 3e-2, 1e-1])?;
+    let mut opt = Optimizer::sgd(lr);
+    opt.kind = kind;
+    if u.ratio(1, 3)? {
+        opt.weight_decay = Real(pick(u, &[0.01, 0.1])?);
+    }
+    Ok(Train {
+        steps: u.int_in_range(1..=2)?,
+        optimizer: opt,
+        clip_grad_norm: if u.ratio(1, 3)? {
+            Some(Real(pick(u, &[0.1, 0.5, 1.0, 10.0])?))
+        } else {
+            None
+        },
+        grad_accumulation: pick(u, &[1, 1, 1, 2, 3])?,
+        dtype,
+        reduce_dtype: if dtype != DType::F64 && u.ratio(1, 5)? {
+            Some(DType::F32)
+        } else {
+            None
+        },
+        loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? {
+            Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?))
+        } else {
+            None
+        },
+    })
+}
+
+/// A random valid case.
+pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
+    let is_op = u.ratio(15, 100)?;
+    let parallel = parallel(u, is_op)?;
+    let (model, op) = if is_op {
+        (None, Some(op(u)?))
+    } else {
+        (Some(model(u)?), None)
+    };
+    let case = Case {
+        schema: 1,
+        name: None,
+        parallel,
+        model,
+        op,
+        train: train(u)?,
+        data: Data {
+            seed: u.arbitrary()?,
+            distribution: pick(
+                u,
+                &[
+                    Distribution::Normal,
+                    Distribution::Normal,
+                    Distribution::Normal,
+                    Distribution::Uniform,
+                    Distribution::Large,
+                    Distribution::Tiny,
+                    Distribution::Outliers,
+                    Distribution::Integers,
+                ],
+            )?,
+        },
+    };
+    case.validate(&Limits::default())
+        .map_err(|_| arbitrary::Error::IncorrectFormat)?;
+    Ok(case)
+}
+
+/// A random valid case from a seed (deterministic).
+pub fn random_case(seed: u64) -> Case {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    loop {
+        let mut bytes = vec![0u8; 512];
+        rng.fill_bytes(&mut bytes);
+        if let Ok(c) = arbitrary_case(&mut Unstructured::new(&bytes)) {
+            return c;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_cases_are_valid_deterministic_and_varied() {
+        let mut nondiv = 0;
+        let mut ops = 0;
+        for seed in 0..10_000 {
+            let c = random_case(seed);
+            c.validate(&Limits::default()).unwrap();
+            assert!(c.world() <= 8 * 3);
+            if let Some(m) = &c.model {
+                if c.parallel.tp > 1 && m.ffn % c.parallel.tp != 0 {
+                    nondiv += 1;
+                }
+            } else {
+                ops += 1;
+            }
+        }
+        assert_eq!(random_case(42), random_case(42));
+        assert!(nondiv > 500, "non-divisible ffn cases: {nondiv}");
+        assert!((800..2500).contains(&ops), "op cases: {ops}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The oracle: runs a case through a target and the f64 reference, and explains the verdict.
+//!
+//! For every compared tensor it reports the target's relative error against the f64 reference, the
+//! error of the single-device run in the case dtype (the noise baseline), a noise estimate from
+//! perturbing the inputs by the dtype's unit round-off (as TTrace does), the bound, and the error as a
+//! multiple of the noise ε. Replicated tensors must also agree across the ranks that hold them.
+
+mod compare;
+mod signature;
+
+pub use compare::{relative_error, ErrorScale};
+pub use signature::{config_class, signature, signature_id};
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use shardfuzz_harnesses::case::Case;
+use shardfuzz_harnesses::inputs::Inputs;
+use shardfuzz_harnesses::reference;
+use shardfuzz_harnesses::target::{Outcome, RunOutput, StuckRank, Target};
+use shardfuzz_harnesses::tensor::Tensor;
+
+/// Settings of the oracle.
+#[derive(Debug, Clone, Copy)]
+pub struct Oracle {
+    /// A tensor diverges when its error exceeds `threshold × ε`.
+    pub threshold: f64,
+    /// ε is never taken below `noise_floor_ulps × u` (u: the dtype's unit round-off).
+    pub noise_floor_ulps: f64,
+}
+
+impl Default for Oracle {
+    fn default() -> Self {
+        Oracle {
+            threshold: 32.0,
+            noise_floor_ulps: 16.0,
+        }
+    }
+}
+
+/// The verdict classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    Pass,
+    Rejected,
+    Unsupported,
+    Divergent,
+    Crash,
+    Hang,
+}
+
+impl VerdictKind {
+    /// Divergent, crash and hang are findings; the rest are not.
+    pub fn is_finding(self) -> bool {
+        matches!(
+            self,
+            VerdictKind::Divergent | VerdictKind::Crash | VerdictKind::Hang
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VerdictKind::Pass => "pass",
+            VerdictKind::Rejected => "rejected",
+            VerdictKind::Unsupported => "unsupported",
+            VerdictKind::Divergent => "divergent",
+            VerdictKind::Crash => "crash",
+            VerdictKind::Hang => "hang",
+        }
+    }
+}
+
+impl std::fmt::Display for VerdictKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The comparison of one tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorCheck {
+    pub tensor: String,
+    /// Relative error of the target against the f64 reference.
+    pub error: f64,
+    /// Relative error of the single-device run in the case dtype (0 for f64).
+    pub baseline_error: f64,
+    /// Change of the f64 reference when the inputs are perturbed by the dtype's unit round-off.
+    pub perturbation_error: f64,
+    /// ε = max(baseline, perturbation, floor).
+    pub noise: f64,
+    /// threshold × ε.
+    pub bound: f64,
+    /// error / ε.
+    pub ratio: f64,
+    pub pass: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The oracle's verdict on one case and one target, with everything needed to explain it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub target: String,
+    pub kind: VerdictKind,
+    /// One line: why this verdict.
+    pub reason: String,
+    pub checks: Vec<TensorCheck>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck: Vec<StuckRank>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash_rank: Option<usize>,
+    pub features: Vec<String>,
+    pub notes: Vec<String>,
+    pub versions: BTreeMap<String, String>,
+    pub threshold: f64,
+}
+
+impl Verdict {
+    /// The first tensor that failed its check, if any.
+    pub fn first_divergent(&self) -> Option<&TensorCheck> {
+        self.checks.iter().find(|c| !c.pass)
+    }
+
+    pub fn signature(&self, case: &Case) -> String {
+        signature(self, case)
+    }
+}
+
+/// Runs `case` through `target` and judges the outcome against the reference.
+pub fn evaluate(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Verdict {
+    let inputs = Inputs::generate(case);
+    let outcome = target.run(case, &inputs);
+    judge(
+        target.name(),
+        target.versions(),
+        case,
+        &inputs,
+        outcome,
+        oracle,
+    )
+}
+
+/// Judges an outcome a target already produced.
+pub fn judge(
+    target: &str,
+    versions: BTreeMap<String, String>,
+    case: &Case,
+    inputs: &Inputs,
+    outcome: Outcome,
+    oracle: &Oracle,
+) -> Verdict {
+    let mut v = Verdict {
+        target: target.to_string(),
+        kind: VerdictKind::Pass,
+        reason: String::new(),
+        checks: vec![],
+        stuck: vec![],
+        crash_rank: None,
+        features: outcome.features().to_vec(),
+        notes: vec![],
+        versions,
+        threshold: oracle.threshold,
+    };
+    match outcome {
+        Outcome::Unsupported { reason } => {
+            v.kind = VerdictKind::Unsupported;
+            v.reason = reason;
+        }
+        Outcome::Rejected { reason, .. } => {
+            v.kind = VerdictKind::Rejected;
+            v.reason = reason;
+        }
+        Outcome::Crash { rank, message, .. } => {
+            v.kind = VerdictKind::Crash;
+            v.crash_rank = rank;
+            v.reason = match rank {
+                Some(r) => format!("rank {r}: {message}"),
+                None => message,
+            };
+        }
+        Outcome::Hang { stuck, detail, .. } => {
+            v.kind = VerdictKind::Hang;
+            v.reason = detail;
+            v.stuck = stuck;
+        }
+        Outcome::Completed(out) => compare_run(&mut v, case, inputs, out, oracle),
+    }
+    v
+}
+
+fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, oracle: &Oracle) {
+    let dtype = case.train.dtype;
+    let reference = match reference::run(case, inputs, shardfuzz_kernels::DType::F64) {
+        Ok(r) => r,
+        Err(e) => {
+            v.kind = VerdictKind::Unsupported;
+            v.reason = format!("the f64 reference cannot run this case: {e}");
+            return;
+        }
+    };
+    let baseline = if dtype == shardfuzz_kernels::DType::F64 {
+        None
+    } else {
+        reference::run(case, inputs, dtype).ok()
+    };
+    let perturbed = reference::run(
+        case,
+        &inputs.perturbed(dtype, case.data.seed),
+        shardfuzz_kernels::DType::F64,
+    )
+    .ok();
+    v.notes = out.notes.clone();
+    let scale = ErrorScale::new(&reference.tensors);
+    let floor = oracle.noise_floor_ulps * dtype.unit_roundoff();
+    let err = |t: Option<&Tensor>, r: &Tensor, name: &str| {
+        t.map_or(0.0, |t| relative_error(t, r, scale.denominator(name, r)))
+    };
+    for (name, r) in &reference.tensors {
+        let base = err(baseline.as_ref().and_then(|b| b.tensor(name)), r, name);
+        let pert = err(perturbed.as_ref().and_then(|p| p.tensor(name)), r, name);
+        let noise = base.max(pert).max(floor);
+        let mut check = TensorCheck {
+            tensor: name.clone(),
+            error: 0.0,
+            baseline_error: base,
+            perturbation_error: pert,
+            noise,
+            bound: oracle.threshold * noise,
+            ratio: 0.0,
+            pass: true,
+            note: None,
+        };
+        match out.tensor(name) {
+            None => check.note = Some("not produced by the target".into()),
+            Some(t) if t.shape != r.shape => {
+                check.pass = false;
+                check.error = f64::INFINITY;
+                check.ratio = f64::INFINITY;
+                check.note = Some(format!("shape {:?}, reference {:?}", t.shape, r.shape));
+            }
+            Some(t) => {
+                let e = err(Some(t), r, name);
+                check.error = e;
+                check.ratio = e / noise;
+                if !r.all_finite() || !(base.is_finite() && pert.is_finite()) {
+                    check.note = Some("reference or baseline not finite: not comparable".into());
+                } else if e.is_nan() || e > check.bound {
+                    check.pass = false;
+                }
+            }
+        }
+        v.checks.push(check);
+    }
+    for (name, copies) in &out.replicas {
+        let Some((r0, first)) = copies.first() else {
+            continue;
+        };
+        let noise = v
+            .checks
+            .iter()
+            .find(|c| &c.tensor == name)
+            .map_or(floor, |c| c.noise);
+        let worst = copies
+            .iter()
+            .skip(1)
+            .map(|(rank, t)| {
+                (
+                    rank,
+                    relative_error(t, first, scale.denominator(name, first)),
+                )
+            })
+            .fold(
+                (r0, 0.0f64),
+                |a, b| if b.1 > a.1 || b.1.is_nan() { b } else { a },
+            );
+        let pass = worst.1 <= oracle.threshold * noise;
+        v.checks.push(TensorCheck {
+            tensor: format!("replicas/{name}"),
+            error: worst.1,
+            baseline_error: 0.0,
+            perturbation_error: 0.0,
+            noise,
+            bound: oracle.threshold * noise,
+            ratio: worst.1 / noise,
+            pass,
+            note: Some(format!("rank {} against rank {r0}", worst.0)),
+        });
+    }
+    match v.first_divergent().cloned() {
+        Some(c) => {
+            v.kind = VerdictKind::Divergent;
+            v.reason = format!(
+                "{}: error {:.3e} > bound {:.3e} ({:.1}× the noise ε = {:.3e})",
+                c.tensor, c.error, c.bound, c.ratio, c.noise
+            );
+        }
+        None => {
+            v.kind = VerdictKind::Pass;
+            let worst = v
+                .checks
+                .iter()
+                .filter(|c| c.ratio.is_finite())
+                .map(|c| c.ratio)
+                .fold(0.0, f64::max);
+            v.reason = format!(
+                "{} tensors within bounds (worst {:.2}× ε)",
+                v.checks.len(),
+                worst
+            );
+        }
+    }
+}

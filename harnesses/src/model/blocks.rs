@@ -1,0 +1,420 @@
+//! Pre-norm residual blocks: `x + attention(norm(x))`, `x + mlp(norm(x))`, `x + moe(norm(x))`.
+//! Column-parallel projections in, row-parallel projection out (Megatron); the bias of a
+//! row-parallel layer is added once, after the partial sums are reduced.
+
+use shardfuzz_kernels as k;
+
+use super::moe::{moe_bwd, moe_fwd, MoeCache};
+use super::region::{enter_bwd, enter_fwd, exit_bwd, exit_fwd, Geom};
+use super::{accumulate, mat, opt_vec1, vec1, Bug, CResult, Ctx, Mat, ParamSet};
+use crate::case::{Activation, LayerKind, NormKind};
+
+const NORM_EPS: f64 = 1e-5;
+
+pub struct NormState {
+    x: Mat,
+    cache: k::NormCache,
+}
+
+/// Norm forward on the rows this rank holds.
+pub fn norm_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, x: &Mat) -> (Mat, NormState) {
+    let w = vec1(params, &format!("{pre}.weight"));
+    let (y, cache) = match ctx.model.norm {
+        NormKind::Layernorm => {
+            let b = opt_vec1(params, &format!("{pre}.bias"));
+            k::layernorm_fwd(ctx.p, x, &w, b.as_ref(), NORM_EPS)
+        }
+        NormKind::Rmsnorm => k::rmsnorm_fwd(ctx.p, x, &w, NORM_EPS),
+    };
+    (
+        y,
+        NormState {
+            x: x.clone(),
+            cache,
+        },
+    )
+}
+
+/// Norm backward. Under sequence parallelism each rank saw only its rows, so the weight and bias
+/// gradients are partial sums that must be all-reduced over the tensor-parallel group.
+pub fn norm_bwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    st: &NormState,
+    dy: &Mat,
+    grads: &mut ParamSet,
+) -> CResult<Mat> {
+    let wname = format!("{pre}.weight");
+    let w = vec1(params, &wname);
+    let g = match ctx.model.norm {
+        NormKind::Layernorm => k::layernorm_bwd(ctx.p, &st.x, &w, &st.cache, dy),
+        NormKind::Rmsnorm => k::rmsnorm_bwd(ctx.p, &st.x, &w, &st.cache, dy),
+    };
+    let mut dw = g.dw.to_vec();
+    let mut db = g.db.as_ref().map(|d| d.to_vec());
+    if ctx.sp() && !ctx.bug(Bug::SpNormGradNotReduced) {
+        let tp = ctx.tp.expect("sp implies tp");
+        tp.all_reduce_sum(&mut dw)?;
+        if let Some(db) = db.as_mut() {
+            tp.all_reduce_sum(db)?;
+        }
+    }
+    accumulate(grads, &wname, &[dw.len()], &dw, ctx.dtype());
+    if let (Some(db), true) = (db, params.contains_key(&format!("{pre}.bias"))) {
+        accumulate(grads, &format!("{pre}.bias"), &[db.len()], &db, ctx.dtype());
+    }
+    Ok(g.dx)
+}
+
+/// Adds the bias of a row-parallel layer after the reduction (or, with the injected bug, on every
+/// rank before it).
+fn row_parallel_out(
+    ctx: &Ctx,
+    g: &Geom,
+    partial: Mat,
+    bias: Option<ndarray::Array1<f64>>,
+) -> CResult<Mat> {
+    let early = ctx.bug(Bug::RowParallelBiasEveryRank) && ctx.tp_size() > 1;
+    let partial = match (&bias, early) {
+        (Some(b), true) => k::add_row(ctx.p, &partial, b),
+        _ => partial,
+    };
+    let out = exit_fwd(ctx, g, partial)?;
+    Ok(match (&bias, early) {
+        (Some(b), false) => k::add_row(ctx.p, &out, b),
+        _ => out,
+    })
+}
+
+/// Gradient of a row-parallel bias: summed over the rows held; partial under sequence parallelism.
+fn row_bias_grad(ctx: &Ctx, name: &str, dy: &Mat, grads: &mut ParamSet) -> CResult<()> {
+    let mut db = k::sum_rows(ctx.p, dy).to_vec();
+    if ctx.sp() && !ctx.bug(Bug::SpNormGradNotReduced) {
+        ctx.tp.expect("sp implies tp").all_reduce_sum(&mut db)?;
+    }
+    accumulate(grads, name, &[db.len()], &db, ctx.dtype());
+    Ok(())
+}
+
+pub enum BlockCache {
+    Attention(AttnState),
+    Mlp(MlpState),
+    Moe(MoeCache),
+}
+
+pub struct AttnState {
+    norm: NormState,
+    y: Mat,
+    q: Mat,
+    k: Mat,
+    v: Mat,
+    a: Mat,
+    cache: k::AttnCache,
+    shape: k::AttnShape,
+    scale: f64,
+}
+
+pub struct MlpState {
+    norm: NormState,
+    y: Mat,
+    up: Mat,
+    gate: Option<Mat>,
+    act: Mat,
+}
+
+/// Forward of block `i`; returns the new residual stream.
+pub fn block_fwd(
+    ctx: &Ctx,
+    i: usize,
+    kind: LayerKind,
+    params: &ParamSet,
+    g: &Geom,
+    x: &Mat,
+) -> CResult<(Mat, BlockCache)> {
+    let pre = format!("layers.{i}");
+    let (yn, norm) = norm_fwd(ctx, &format!("{pre}.norm"), params, x);
+    let y = enter_fwd(ctx, g, yn)?;
+    let (out, cache) = match kind {
+        LayerKind::Attention => attention_fwd(ctx, &pre, params, g, y, norm)?,
+        LayerKind::Mlp => mlp_fwd(ctx, &pre, params, g, y, norm)?,
+        LayerKind::Moe => {
+            let (out, c) = moe_fwd(ctx, &pre, params, g, y, norm)?;
+            (out, BlockCache::Moe(c))
+        }
+    };
+    Ok((k::add(ctx.p, x, &out), cache))
+}
+
+/// Backward of block `i`: gradient of the residual stream in, out; parameter gradients accumulated.
+pub fn block_bwd(
+    ctx: &Ctx,
+    i: usize,
+    params: &ParamSet,
+    g: &Geom,
+    cache: BlockCache,
+    dx: &Mat,
+    grads: &mut ParamSet,
+) -> CResult<Mat> {
+    let pre = format!("layers.{i}");
+    let (dy_full, norm) = match cache {
+        BlockCache::Attention(st) => (
+            attention_bwd(ctx, &pre, params, g, &st, dx, grads)?,
+            st.norm,
+        ),
+        BlockCache::Mlp(st) => (mlp_bwd(ctx, &pre, params, g, &st, dx, grads)?, st.norm),
+        BlockCache::Moe(st) => {
+            let d = moe_bwd(ctx, &pre, params, g, &st, dx, grads)?;
+            (d, st.norm)
+        }
+    };
+    let dyn_local = enter_bwd(ctx, g, dy_full)?;
+    let dnorm = norm_bwd(
+        ctx,
+        &format!("{pre}.norm"),
+        params,
+        &norm,
+        &dyn_local,
+        grads,
+    )?;
+    Ok(k::add(ctx.p, dx, &dnorm))
+}
+
+fn attention_scale(ctx: &Ctx) -> f64 {
+    let d = ctx.model.head_dim() as f64;
+    if ctx.bug(Bug::AttnScaleLocalHeads) && ctx.tp_size() > 1 {
+        let local = ctx.layout.local_heads().max(1) as f64;
+        1.0 / (ctx.model.hidden as f64 / local).sqrt()
+    } else {
+        1.0 / d.sqrt()
+    }
+}
+
+fn attention_fwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    g: &Geom,
+    y: Mat,
+    norm: NormState,
+) -> CResult<(Mat, BlockCache)> {
+    let proj = |n: &str| {
+        let w = mat(params, &format!("{pre}.attn.{n}.weight"));
+        let b = opt_vec1(params, &format!("{pre}.attn.{n}.bias"));
+        k::linear_fwd(ctx.p, &y, &w, b.as_ref())
+    };
+    let (q, kk, v) = (proj("q"), proj("k"), proj("v"));
+    let shape = k::AttnShape {
+        batch: g.batch,
+        seq: g.seq,
+        q_heads: ctx.layout.local_heads(),
+        kv_heads: ctx.layout.kv_heads.len(),
+        head_dim: ctx.model.head_dim(),
+    };
+    let scale = attention_scale(ctx);
+    let (a, cache) = k::attention_fwd(ctx.p, &q, &kk, &v, shape, scale);
+    let wo = mat(params, &format!("{pre}.attn.o.weight"));
+    let partial = k::matmul(ctx.p, &a, &wo);
+    let out = row_parallel_out(
+        ctx,
+        g,
+        partial,
+        opt_vec1(params, &format!("{pre}.attn.o.bias")),
+    )?;
+    Ok((
+        out,
+        BlockCache::Attention(AttnState {
+            norm,
+            y,
+            q,
+            k: kk,
+            v,
+            a,
+            cache,
+            shape,
+            scale,
+        }),
+    ))
+}
+
+fn attention_bwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    g: &Geom,
+    st: &AttnState,
+    dx: &Mat,
+    grads: &mut ParamSet,
+) -> CResult<Mat> {
+    let dt = ctx.dtype();
+    let bname = format!("{pre}.attn.o.bias");
+    if params.contains_key(&bname) {
+        row_bias_grad(ctx, &bname, dx, grads)?;
+    }
+    let dout = exit_bwd(ctx, g, dx.clone())?;
+    let wo_name = format!("{pre}.attn.o.weight");
+    let wo = mat(params, &wo_name);
+    let dwo = k::matmul_tn(ctx.p, &st.a, &dout);
+    accumulate(
+        grads,
+        &wo_name,
+        &[wo.nrows(), wo.ncols()],
+        dwo.as_slice().expect("std"),
+        dt,
+    );
+    let da = k::matmul_nt(ctx.p, &dout, &wo);
+    let (dq, dk, dv) = k::attention_bwd(
+        ctx.p, &st.q, &st.k, &st.v, &st.cache, &da, st.shape, st.scale,
+    );
+    let mut dy: Option<Mat> = None;
+    for (n, d) in [("q", dq), ("k", dk), ("v", dv)] {
+        let wname = format!("{pre}.attn.{n}.weight");
+        let w = mat(params, &wname);
+        let lg = k::linear_bwd(ctx.p, &st.y, &w, &d);
+        let mut dw = lg.dw.as_slice().expect("std").to_vec();
+        let bname = format!("{pre}.attn.{n}.bias");
+        let has_bias = params.contains_key(&bname);
+        let mut db = lg.db.to_vec();
+        if n != "q" && ctx.layout.kv_replicated && ctx.tp_size() > 1 {
+            // Ranks sharing a replicated kv head each hold part of its gradient.
+            reduce_replicated_kv(ctx, &mut dw)?;
+            if has_bias {
+                reduce_replicated_kv(ctx, &mut db)?;
+            }
+        }
+        accumulate(grads, &wname, &[w.nrows(), w.ncols()], &dw, dt);
+        if has_bias {
+            accumulate(grads, &bname, &[db.len()], &db, dt);
+        }
+        dy = Some(match dy {
+            None => lg.dx,
+            Some(acc) => k::add(ctx.p, &acc, &lg.dx),
+        });
+    }
+    Ok(dy.expect("three projections"))
+}
+
+/// Sums the gradient of a replicated kv head over the tensor-parallel ranks that share it: each
+/// rank writes its contribution at its head's slot of a buffer over all kv heads, the buffer is
+/// all-reduced, and each rank reads its slot back.
+fn reduce_replicated_kv(ctx: &Ctx, g: &mut [f64]) -> CResult<()> {
+    let kv = ctx.model.kv_heads as usize;
+    let slot = ctx.layout.kv_heads.start;
+    let n = g.len();
+    let mut buf = vec![0.0; n * kv];
+    buf[slot * n..(slot + 1) * n].copy_from_slice(g);
+    ctx.tp.expect("tp").all_reduce_sum(&mut buf)?;
+    g.copy_from_slice(&buf[slot * n..(slot + 1) * n]);
+    Ok(())
+}
+
+fn mlp_fwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    g: &Geom,
+    y: Mat,
+    norm: NormState,
+) -> CResult<(Mat, BlockCache)> {
+    let lin = |n: &str| {
+        let w = mat(params, &format!("{pre}.mlp.{n}.weight"));
+        let b = opt_vec1(params, &format!("{pre}.mlp.{n}.bias"));
+        k::linear_fwd(ctx.p, &y, &w, b.as_ref())
+    };
+    if ctx.bug(Bug::EmptyShardIndexed) {
+        if let Some(b) = params.get(&format!("{pre}.mlp.up.bias")) {
+            // The injected fault: "peek at the first bias element" without checking the shard size.
+            let _first = b.data[0];
+        }
+    }
+    let up = lin("up");
+    let (gate, act) = match ctx.model.activation {
+        Activation::Gelu => (None, k::gelu_fwd(ctx.p, &up)),
+        Activation::Swiglu => {
+            let gate = lin("gate");
+            let act = k::swiglu_fwd(ctx.p, &gate, &up);
+            (Some(gate), act)
+        }
+    };
+    let wd = mat(params, &format!("{pre}.mlp.down.weight"));
+    let partial = k::matmul(ctx.p, &act, &wd);
+    let out =
+        if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.tp_size() > 1 {
+            // The injected fault: a rank with nothing to contribute skips the collective.
+            partial
+        } else {
+            row_parallel_out(
+                ctx,
+                g,
+                partial,
+                opt_vec1(params, &format!("{pre}.mlp.down.bias")),
+            )?
+        };
+    Ok((
+        out,
+        BlockCache::Mlp(MlpState {
+            norm,
+            y,
+            up,
+            gate,
+            act,
+        }),
+    ))
+}
+
+fn mlp_bwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    g: &Geom,
+    st: &MlpState,
+    dx: &Mat,
+    grads: &mut ParamSet,
+) -> CResult<Mat> {
+    let dt = ctx.dtype();
+    let bname = format!("{pre}.mlp.down.bias");
+    if params.contains_key(&bname) {
+        row_bias_grad(ctx, &bname, dx, grads)?;
+    }
+    let dout = exit_bwd(ctx, g, dx.clone())?;
+    let wd_name = format!("{pre}.mlp.down.weight");
+    let wd = mat(params, &wd_name);
+    let lg = k::linear_bwd(ctx.p, &st.act, &wd, &dout);
+    accumulate(
+        grads,
+        &wd_name,
+        &[wd.nrows(), wd.ncols()],
+        lg.dw.as_slice().expect("std"),
+        dt,
+    );
+    let dact = lg.dx;
+    let mut lin_bwd = |n: &str, d: &Mat| -> Mat {
+        let wname = format!("{pre}.mlp.{n}.weight");
+        let w = mat(params, &wname);
+        let lg = k::linear_bwd(ctx.p, &st.y, &w, d);
+        accumulate(
+            grads,
+            &wname,
+            &[w.nrows(), w.ncols()],
+            lg.dw.as_slice().expect("std"),
+            dt,
+        );
+        let bname = format!("{pre}.mlp.{n}.bias");
+        if params.contains_key(&bname) {
+            accumulate(grads, &bname, &[lg.db.len()], &lg.db.to_vec(), dt);
+        }
+        lg.dx
+    };
+    Ok(match &st.gate {
+        None => {
+            let dup = k::gelu_bwd(ctx.p, &st.up, &dact);
+            lin_bwd("up", &dup)
+        }
+        Some(gate) => {
+            let (dgate, dup) = k::swiglu_bwd(ctx.p, gate, &st.up, &dact);
+            let a = lin_bwd("gate", &dgate);
+            let b = lin_bwd("up", &dup);
+            k::add(ctx.p, &a, &b)
+        }
+    })
+}

@@ -1,0 +1,373 @@
+//! Mixture of experts: top-k routing with a per-sequence capacity, experts spread over the
+//! expert-parallel group (all-to-all dispatch and combine), each expert an MLP split over the
+//! tensor-parallel group like the dense one.
+
+use shardfuzz_kernels as k;
+
+use super::blocks::NormState;
+use super::region::{exit_bwd, exit_fwd, Geom};
+use super::{accumulate, mat, Bug, CResult, Ctx, Mat, ParamSet};
+use crate::case::Activation;
+use crate::tensor::Tensor;
+
+/// One routed (token, choice) pair.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    token: usize,
+    choice: usize,
+    expert: usize,
+}
+
+/// What an owner computed for one local expert, kept for the backward pass.
+struct ExpertRun {
+    /// (source member, position in that source's message) of each row.
+    rows: Vec<(usize, usize)>,
+    x: Mat,
+    up: Mat,
+    gate: Option<Mat>,
+    act: Mat,
+}
+
+pub struct MoeCache {
+    pub(super) norm: NormState,
+    y: Mat,
+    routing: k::Routing,
+    /// Entries sent to each expert-parallel member, in message order.
+    sent: Vec<Vec<Entry>>,
+    /// For each member's returned rows: the entry each row is combined into.
+    combine: Vec<Vec<Entry>>,
+    /// Returned (partial) expert outputs, per member, `[rows, hidden]`.
+    results: Vec<Mat>,
+    runs: Vec<(usize, ExpertRun)>,
+    /// Row counts received from each member.
+    received: Vec<usize>,
+}
+
+fn ep_size(ctx: &Ctx) -> usize {
+    ctx.ep.map_or(1, |g| g.size())
+}
+
+/// Owner (expert-parallel member) of global expert `e`.
+fn owner(ctx: &Ctx, e: usize) -> usize {
+    let total = ctx.model.moe.as_ref().map_or(1, |c| c.experts as usize);
+    e / (total / ep_size(ctx)).max(1)
+}
+
+fn exchange(ctx: &Ctx, send: Vec<Vec<f64>>) -> CResult<Vec<Vec<f64>>> {
+    match ctx.ep {
+        Some(g) if g.size() > 1 => g.all_to_all(send),
+        _ => Ok(send),
+    }
+}
+
+/// Slice `[e]` of a stacked `[experts, rows, cols]` tensor as a matrix.
+fn expert_mat(t: &Tensor, e: usize) -> Mat {
+    let (r, c) = (t.shape[1], t.shape[2]);
+    Mat::from_shape_vec((r, c), t.data[e * r * c..(e + 1) * r * c].to_vec()).expect("expert slice")
+}
+
+fn expert_row(t: &Tensor, e: usize) -> ndarray::Array1<f64> {
+    let c = t.shape[1];
+    ndarray::Array1::from_vec(t.data[e * c..(e + 1) * c].to_vec())
+}
+
+/// Adds `g` into slice `[e]` of the stacked gradient `name`.
+fn accumulate_expert(
+    grads: &mut ParamSet,
+    name: &str,
+    shape: &[usize],
+    e: usize,
+    g: &[f64],
+    ctx: &Ctx,
+) {
+    let t = grads
+        .entry(name.to_string())
+        .or_insert_with(|| Tensor::zeros(shape.to_vec()));
+    let n = g.len();
+    k::sum_into(&mut t.data[e * n..(e + 1) * n], g, ctx.dtype());
+}
+
+pub fn moe_fwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    g: &Geom,
+    y: Mat,
+    norm: NormState,
+) -> CResult<(Mat, MoeCache)> {
+    let cfg = ctx
+        .model
+        .moe
+        .as_ref()
+        .expect("validated: moe config present");
+    let (e_total, top_k) = (cfg.experts as usize, cfg.top_k as usize);
+    let h = y.ncols();
+    let wr = mat(params, &format!("{pre}.moe.router.weight"));
+    let logits = k::matmul(ctx.p, &y, &wr);
+    let routing = k::router_fwd(ctx.p, &logits, top_k);
+    let cap = k::capacity(g.seq, e_total, top_k, cfg.capacity_factor.get());
+    let members = ep_size(ctx);
+    let mut sent: Vec<Vec<Entry>> = vec![vec![]; members];
+    let mut kept_only: Vec<Vec<Entry>> = vec![vec![]; members];
+    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && members > 1;
+    for b in 0..g.batch {
+        let toks = b * g.seq..(b + 1) * g.seq;
+        let slots = k::assign_capacity(&routing.experts[toks.clone()], e_total, cap);
+        for (j, t) in toks.enumerate() {
+            for (c, slot) in slots[j].iter().enumerate() {
+                let e = routing.experts[t][c];
+                let entry = Entry {
+                    token: t,
+                    choice: c,
+                    expert: e,
+                };
+                let o = owner(ctx, e);
+                if slot.is_some() {
+                    sent[o].push(entry);
+                    kept_only[o].push(entry);
+                } else if drop_bug {
+                    sent[o].push(entry);
+                }
+            }
+        }
+    }
+    // Dispatch: each entry travels as [expert id, row of y].
+    let send: Vec<Vec<f64>> = sent
+        .iter()
+        .map(|entries| {
+            let mut m = Vec::with_capacity(entries.len() * (h + 1));
+            for en in entries {
+                m.push(en.expert as f64);
+                m.extend(y.row(en.token).iter());
+            }
+            m
+        })
+        .collect();
+    let recv = exchange(ctx, send)?;
+    let received: Vec<usize> = recv.iter().map(|m| m.len() / (h + 1)).collect();
+    let mut out_msgs: Vec<Vec<f64>> = received.iter().map(|&n| vec![0.0; n * h]).collect();
+    let mut runs = vec![];
+    for e in ctx.layout.experts.clone() {
+        let mut rows = vec![];
+        let mut data = vec![];
+        for (src, m) in recv.iter().enumerate() {
+            for (pos, chunk) in m.chunks_exact(h + 1).enumerate() {
+                if chunk[0] as usize == e {
+                    rows.push((src, pos));
+                    data.extend_from_slice(&chunk[1..]);
+                }
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let le = e - ctx.layout.experts.start;
+        let x = Mat::from_shape_vec((rows.len(), h), data).expect("rows");
+        let lin = |n: &str| {
+            let w = expert_mat(&params[&format!("{pre}.moe.{n}.weight")], le);
+            let b = params
+                .get(&format!("{pre}.moe.{n}.bias"))
+                .map(|t| expert_row(t, le));
+            k::linear_fwd(ctx.p, &x, &w, b.as_ref())
+        };
+        let up = lin("up");
+        let (gate, act) = match ctx.model.activation {
+            Activation::Gelu => (None, k::gelu_fwd(ctx.p, &up)),
+            Activation::Swiglu => {
+                let gate = lin("gate");
+                let act = k::swiglu_fwd(ctx.p, &gate, &up);
+                (Some(gate), act)
+            }
+        };
+        let wd = expert_mat(&params[&format!("{pre}.moe.down.weight")], le);
+        let mut out = k::matmul(ctx.p, &act, &wd);
+        let bias_here = ctx.tp_index() == 0 || ctx.bug(Bug::RowParallelBiasEveryRank);
+        if let (Some(bd), true) = (params.get(&format!("{pre}.moe.down.bias")), bias_here) {
+            out = k::add_row(ctx.p, &out, &expert_row(bd, le));
+        }
+        for (i, &(src, pos)) in rows.iter().enumerate() {
+            out_msgs[src][pos * h..(pos + 1) * h]
+                .copy_from_slice(out.row(i).as_slice().expect("std"));
+        }
+        runs.push((
+            le,
+            ExpertRun {
+                rows,
+                x,
+                up,
+                gate,
+                act,
+            },
+        ));
+    }
+    let back = exchange(ctx, out_msgs)?;
+    let combine = if drop_bug { kept_only } else { sent.clone() };
+    let mut partial = Mat::zeros((y.nrows(), h));
+    let mut results = Vec::with_capacity(members);
+    for (o, msg) in back.into_iter().enumerate() {
+        let r = Mat::from_shape_vec((msg.len() / h.max(1), h), msg).expect("returned rows");
+        for (row, en) in r.rows().into_iter().zip(&combine[o]) {
+            let gate = routing.gates[[en.token, en.choice]];
+            let mut dst = partial.row_mut(en.token);
+            for (d, v) in dst.iter_mut().zip(row.iter()) {
+                *d = ctx.p.r(*d + ctx.p.r(gate * v));
+            }
+        }
+        results.push(r);
+    }
+    let out = exit_fwd(ctx, g, partial)?;
+    Ok((
+        out,
+        MoeCache {
+            norm,
+            y,
+            routing,
+            sent,
+            combine,
+            results,
+            runs,
+            received,
+        },
+    ))
+}
+
+pub fn moe_bwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    g: &Geom,
+    st: &MoeCache,
+    dx: &Mat,
+    grads: &mut ParamSet,
+) -> CResult<Mat> {
+    let h = st.y.ncols();
+    let top_k = st.routing.gates.ncols();
+    let dout = exit_bwd(ctx, g, dx.clone())?;
+    // Gate gradients and the gradient each returned row receives.
+    let mut dgates = Mat::zeros((st.y.nrows(), top_k));
+    let mut dres_msgs = vec![];
+    for (o, r) in st.results.iter().enumerate() {
+        let mut m = vec![0.0; r.nrows() * h];
+        for (i, en) in st.combine[o].iter().enumerate().take(r.nrows()) {
+            let gate = st.routing.gates[[en.token, en.choice]];
+            let d = dout.row(en.token);
+            let mut dot = 0.0;
+            for (j, (dv, rv)) in d.iter().zip(r.row(i).iter()).enumerate() {
+                m[i * h + j] = ctx.p.r(gate * dv);
+                dot = ctx.p.acc().round(dot + dv * rv);
+            }
+            dgates[[en.token, en.choice]] = ctx.p.r(dot);
+        }
+        dres_msgs.push(m);
+    }
+    if let Some(tp) = ctx.tp.filter(|t| t.size() > 1) {
+        // Expert outputs were partial sums over the tensor-parallel group.
+        tp.all_reduce_sum(dgates.as_slice_mut().expect("std"))?;
+    }
+    let drecv = exchange(ctx, dres_msgs)?;
+    let mut dx_msgs: Vec<Vec<f64>> = st.received.iter().map(|&n| vec![0.0; n * h]).collect();
+    let shape_of = |n: &str| {
+        params
+            .get(&format!("{pre}.moe.{n}"))
+            .map(|t| t.shape.clone())
+    };
+    for (le, run) in &st.runs {
+        let le = *le;
+        let mut dout_e = Mat::zeros((run.rows.len(), h));
+        for (i, &(src, pos)) in run.rows.iter().enumerate() {
+            dout_e
+                .row_mut(i)
+                .as_slice_mut()
+                .expect("std")
+                .copy_from_slice(&drecv[src][pos * h..(pos + 1) * h]);
+        }
+        let wd_name = format!("{pre}.moe.down.weight");
+        let wd = expert_mat(&params[&wd_name], le);
+        let lg = k::linear_bwd(ctx.p, &run.act, &wd, &dout_e);
+        accumulate_expert(
+            grads,
+            &wd_name,
+            &shape_of("down.weight").unwrap(),
+            le,
+            lg.dw.as_slice().expect("std"),
+            ctx,
+        );
+        if let Some(s) = shape_of("down.bias") {
+            accumulate_expert(
+                grads,
+                &format!("{pre}.moe.down.bias"),
+                &s,
+                le,
+                &lg.db.to_vec(),
+                ctx,
+            );
+        }
+        let mut lin_bwd = |n: &str, d: &Mat| -> Mat {
+            let wname = format!("{pre}.moe.{n}.weight");
+            let w = expert_mat(&params[&wname], le);
+            let lg = k::linear_bwd(ctx.p, &run.x, &w, d);
+            accumulate_expert(
+                grads,
+                &wname,
+                &shape_of(&format!("{n}.weight")).unwrap(),
+                le,
+                lg.dw.as_slice().expect("std"),
+                ctx,
+            );
+            if let Some(s) = shape_of(&format!("{n}.bias")) {
+                accumulate_expert(
+                    grads,
+                    &format!("{pre}.moe.{n}.bias"),
+                    &s,
+                    le,
+                    &lg.db.to_vec(),
+                    ctx,
+                );
+            }
+            lg.dx
+        };
+        let dxe = match &run.gate {
+            None => {
+                let dup = k::gelu_bwd(ctx.p, &run.up, &lg.dx);
+                lin_bwd("up", &dup)
+            }
+            Some(gate) => {
+                let (dgate, dup) = k::swiglu_bwd(ctx.p, gate, &run.up, &lg.dx);
+                let a = lin_bwd("gate", &dgate);
+                let b = lin_bwd("up", &dup);
+                k::add(ctx.p, &a, &b)
+            }
+        };
+        for (i, &(src, pos)) in run.rows.iter().enumerate() {
+            dx_msgs[src][pos * h..(pos + 1) * h]
+                .copy_from_slice(dxe.row(i).as_slice().expect("std"));
+        }
+    }
+    let dback = exchange(ctx, dx_msgs)?;
+    let mut dy = Mat::zeros((st.y.nrows(), h));
+    for (o, msg) in dback.iter().enumerate() {
+        for (en, row) in st.sent[o].iter().zip(msg.chunks_exact(h.max(1))) {
+            let mut dst = dy.row_mut(en.token);
+            for (d, v) in dst.iter_mut().zip(row) {
+                *d = ctx.p.r(*d + v);
+            }
+        }
+    }
+    // Router: replicated over the tensor-parallel group, so its input gradient is added once.
+    let dlogits = k::router_bwd(ctx.p, &st.routing, &dgates);
+    let wr_name = format!("{pre}.moe.router.weight");
+    let wr = mat(params, &wr_name);
+    let dwr = k::matmul_tn(ctx.p, &st.y, &dlogits);
+    accumulate(
+        grads,
+        &wr_name,
+        &[wr.nrows(), wr.ncols()],
+        dwr.as_slice().expect("std"),
+        ctx.dtype(),
+    );
+    if ctx.tp_index() == 0 {
+        let dy_router = k::matmul_nt(ctx.p, &dlogits, &wr);
+        dy = k::add(ctx.p, &dy, &dy_router);
+    }
+    Ok(dy)
+}

@@ -1,0 +1,555 @@
+//! The program every rank thread runs: pipeline schedule over micro-batches, gradient
+//! synchronisation (tied embeddings, data parallel, ZeRO), loss scaling, clipping, optimizer.
+
+use std::ops::Range;
+
+use shardfuzz_kernels::{self as k, Prec};
+
+use super::groups::Groups;
+use super::plan::{Piece, Plan};
+use super::sharding::{local_ranges, placement, shard, TpPlacement};
+use super::zero::Flat;
+use crate::case::{Axis, PipelineSchedule};
+use crate::inputs::Inputs;
+use crate::model::{
+    block_bwd, block_fwd, embed_bwd, embed_fwd, head_bwd, head_fwd, loss_sum, BlockCache, Bug,
+    CResult, CommFailure, Ctx, Geom, GroupOps, HeadCache, Layout, Mat, ParamSet,
+};
+use crate::reference::{clip_coefficient_of, OptState};
+
+/// What one rank hands back for assembly.
+pub struct RankOut {
+    pub rank: usize,
+    pub layout: Layout,
+    pub stage: usize,
+    /// Sum of this rank's per-token losses at each step (last stage only; 0 elsewhere).
+    pub loss_sums: Vec<f64>,
+    /// Step-0 logits: (global token rows, vocab columns held, values).
+    pub logits: Vec<(Range<usize>, Range<usize>, Mat)>,
+    /// Step-0 gradients (after synchronisation, unscaled, before clipping), local shapes.
+    pub grads0: ParamSet,
+    /// Parameters after the last step, local shapes.
+    pub params: ParamSet,
+    pub features: Vec<String>,
+}
+
+struct PieceState {
+    piece: Piece,
+    geom: Geom,
+    ids: Vec<usize>,
+    targets: Vec<usize>,
+    caches: Vec<BlockCache>,
+    head: Option<HeadCache>,
+}
+
+pub struct Rank<'a> {
+    pub plan: &'a Plan<'a>,
+    pub groups: &'a Groups<'a>,
+    pub rank: usize,
+    pub layout: Layout,
+    pub stage: usize,
+    pub p: Prec,
+    pub features: Vec<String>,
+}
+
+impl<'a> Rank<'a> {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            p: self.p,
+            model: self.plan.model,
+            layout: &self.layout,
+            tp: Some(&self.groups.tp as &dyn GroupOps),
+            ep: if self.plan.ep > 1 {
+                Some(&self.groups.ep as &dyn GroupOps)
+            } else {
+                None
+            },
+            bugs: self.plan.bugs,
+        }
+    }
+
+    fn is_last_stage(&self) -> bool {
+        self.stage + 1 == self.plan.pp
+    }
+
+    /// The parameters this rank holds (its stage, its shards), initialised from the full inputs.
+    fn local_params(&self, inputs: &Inputs) -> ParamSet {
+        let hd = self.plan.model.head_dim();
+        self.plan
+            .specs
+            .iter()
+            .filter(|s| self.plan.stages_of(&s.name).contains(&self.stage))
+            .map(|s| {
+                let full = inputs.tensor(&s.name).expect("inputs hold every parameter");
+                let mut t = shard(full, &local_ranges(s, &self.layout, hd));
+                self.p.dtype.round_slice(&mut t.data);
+                (s.name.clone(), t)
+            })
+            .collect()
+    }
+
+    fn tag(&self, step: u32, a: usize, j: usize, backward: bool) -> u64 {
+        let mb = self.plan.microbatches as u64;
+        (((step as u64 * self.plan.accumulation as u64 + a as u64) * mb + j as u64) << 1)
+            | u64::from(backward)
+    }
+
+    fn neighbour(&self, delta: isize) -> usize {
+        self.plan
+            .mesh
+            .with_coord(self.rank, Axis::Pp, (self.stage as isize + delta) as usize)
+    }
+
+    fn piece_state(&self, piece: Piece, inputs: &Inputs) -> PieceState {
+        let seq = self.plan.model.seq as usize;
+        let toks: Range<usize> = piece.rows.start * seq..piece.rows.end * seq;
+        PieceState {
+            geom: Geom {
+                batch: piece.rows.len(),
+                seq,
+            },
+            ids: inputs.tokens[toks.clone()].to_vec(),
+            targets: inputs.targets[toks].to_vec(),
+            piece,
+            caches: vec![],
+            head: None,
+        }
+    }
+
+    /// Forward of one micro-batch through this stage; the last stage returns (loss sum, logits).
+    fn forward(
+        &self,
+        params: &ParamSet,
+        st: &mut PieceState,
+        tag: u64,
+        grad_scale: f64,
+    ) -> CResult<Option<(f64, Mat)>> {
+        let ctx = self.ctx();
+        let h = self.plan.model.hidden as usize;
+        let mut x = if self.stage == 0 {
+            embed_fwd(&ctx, params, &st.geom, &st.ids)?
+        } else {
+            let data = self.groups.recv(self.neighbour(-1), tag)?;
+            Mat::from_shape_vec((data.len() / h, h), data)
+                .map_err(|e| CommFailure(format!("received activation: {e}")))?
+        };
+        for i in self.plan.stages[self.stage].clone() {
+            let (nx, c) = block_fwd(&ctx, i, self.plan.model.layers[i], params, &st.geom, &x)?;
+            st.caches.push(c);
+            x = nx;
+        }
+        if self.is_last_stage() {
+            let (losses, logits, hc) =
+                head_fwd(&ctx, params, &st.geom, &x, &st.targets, grad_scale)?;
+            st.head = Some(hc);
+            Ok(Some((loss_sum(&ctx, &losses), logits)))
+        } else {
+            self.groups
+                .send(self.neighbour(1), tag, x.iter().copied().collect())?;
+            Ok(None)
+        }
+    }
+
+    fn backward(
+        &self,
+        params: &ParamSet,
+        st: PieceState,
+        tag: u64,
+        grads: &mut ParamSet,
+    ) -> CResult<()> {
+        let ctx = self.ctx();
+        let h = self.plan.model.hidden as usize;
+        let mut dx = match st.head {
+            Some(hc) => head_bwd(&ctx, params, &st.geom, hc, grads)?,
+            None => {
+                let data = self.groups.recv(self.neighbour(1), tag)?;
+                Mat::from_shape_vec((data.len() / h, h), data)
+                    .map_err(|e| CommFailure(format!("received gradient: {e}")))?
+            }
+        };
+        let layers = self.plan.stages[self.stage].clone();
+        for (i, c) in layers.zip(st.caches).rev() {
+            dx = block_bwd(&ctx, i, params, &st.geom, c, &dx, grads)?;
+        }
+        if self.stage == 0 {
+            embed_bwd(&ctx, params, &st.geom, &st.ids, &dx, grads)
+        } else {
+            self.groups
+                .send(self.neighbour(-1), tag, dx.iter().copied().collect())
+        }
+    }
+
+    /// One accumulation step's micro-batches through the pipeline schedule.
+    fn run_schedule(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs,
+        step: u32,
+        a: usize,
+        grad_scale: f64,
+        grads: &mut ParamSet,
+        out: &mut (f64, Vec<(Range<usize>, Range<usize>, Mat)>),
+    ) -> CResult<()> {
+        let d = self.plan.coord(self.rank, Axis::Dp);
+        let pieces = self.plan.pieces(d, a);
+        let n = pieces.len();
+        let mut states: Vec<Option<PieceState>> = pieces
+            .into_iter()
+            .map(|p| Some(self.piece_state(p, inputs)))
+            .collect();
+        let seq = self.plan.model.seq as usize;
+        let mut fwd = |j: usize, states: &mut Vec<Option<PieceState>>| -> CResult<()> {
+            let st = states[j].as_mut().expect("forward before backward");
+            if let Some((loss, logits)) =
+                self.forward(params, st, self.tag(step, a, j, false), grad_scale)?
+            {
+                out.0 = self.p.acc().round(out.0 + loss);
+                if step == 0 {
+                    let rows = st.piece.rows.start * seq..st.piece.rows.end * seq;
+                    out.1.push((rows, self.layout.vocab.clone(), logits));
+                }
+            }
+            Ok(())
+        };
+        let bwd =
+            |j: usize, states: &mut Vec<Option<PieceState>>, grads: &mut ParamSet| -> CResult<()> {
+                let st = states[j].take().expect("backward once");
+                self.backward(params, st, self.tag(step, a, j, true), grads)
+            };
+        match self.plan.schedule {
+            PipelineSchedule::Gpipe => {
+                for j in 0..n {
+                    fwd(j, &mut states)?;
+                }
+                for j in (0..n).rev() {
+                    bwd(j, &mut states, grads)?;
+                }
+            }
+            PipelineSchedule::OneFOneB => {
+                let warmup = (self.plan.pp - self.stage - 1).min(n);
+                for j in 0..warmup {
+                    fwd(j, &mut states)?;
+                }
+                for j in warmup..n {
+                    fwd(j, &mut states)?;
+                    bwd(j - warmup, &mut states, grads)?;
+                }
+                for j in n - warmup..n {
+                    bwd(j, &mut states, grads)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this rank counts element-wise toward the global gradient norm for `name`
+    /// (replicated copies are counted once).
+    pub(super) fn counts_in_norm(&self, name: &str, zero: bool) -> bool {
+        let spec = self
+            .plan
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .expect("spec");
+        let pl = placement(spec);
+        let tp_ok = matches!(pl.tp, TpPlacement::Shard { .. })
+            && !(self.layout.kv_replicated && is_kv(name) && !self.first_kv_holder())
+            || self.plan.coord(self.rank, Axis::Tp) == 0;
+        let pp_ok = !(name == "embed.weight" && self.plan.pp > 1 && self.stage != 0);
+        let d = self.plan.coord(self.rank, Axis::Dp);
+        let dp_ok = zero
+            || if pl.expert_sharded {
+                d / self.plan.ep == 0
+            } else {
+                d == 0
+            };
+        tp_ok && pp_ok && dp_ok
+    }
+
+    fn first_kv_holder(&self) -> bool {
+        let m = self.plan.model;
+        let group = (m.heads / m.kv_heads) as usize;
+        (self.layout.heads.start % group) == 0
+    }
+
+    /// Sum of squares of the gradient elements this rank owns.
+    fn owned_sum_squares(&self, grads: &ParamSet) -> f64 {
+        grads
+            .iter()
+            .filter(|(n, _)| self.counts_in_norm(n, false))
+            .map(|(_, t)| k::sum_squares(self.p, &t.data))
+            .fold(0.0, |s, x| self.p.acc().round(s + x))
+    }
+
+    /// Runs every step; returns what the target assembles.
+    pub fn run(mut self, inputs: &Inputs) -> CResult<RankOut> {
+        let plan = self.plan;
+        let train = &plan.case.train;
+        let mut params = self.local_params(inputs);
+        let names: Vec<String> = plan
+            .specs
+            .iter()
+            .map(|s| s.name.clone())
+            .filter(|n| params.contains_key(n))
+            .collect();
+        let mut opt = OptState::new(train, &params);
+        let mut scale = train.loss_scale.map(|s| s.get());
+        let dp = plan.dp;
+        let mut loss_sums = vec![];
+        let mut logits = vec![];
+        let mut grads0 = ParamSet::new();
+        let flat = Flat::new(&names, &params, dp);
+        if plan.zero > 0 {
+            self.features.push(format!(
+                "zero{}:{}",
+                plan.zero,
+                if flat.padding() > 0 { "padded" } else { "even" }
+            ));
+        }
+        for step in 0..train.steps {
+            let s = scale.unwrap_or(1.0);
+            // Each rank scales its loss gradient as if its share of tokens were 1/dp of the batch;
+            // the data-parallel reduction then sums and divides by dp.
+            let grad_scale = s * dp as f64 / plan.global_tokens as f64;
+            let mut grads = ParamSet::new();
+            let mut acc = (0.0, vec![]);
+            for a in 0..plan.accumulation {
+                let per_chunk = if plan.bug(Bug::AccumLossNotDivided) && plan.accumulation > 1 {
+                    grad_scale * plan.accumulation as f64
+                } else {
+                    grad_scale
+                };
+                self.run_schedule(&params, inputs, step, a, per_chunk, &mut grads, &mut acc)?;
+            }
+            // Parameters a stage holds but did not use this step still get (zero) gradients.
+            for n in &names {
+                grads
+                    .entry(n.clone())
+                    .or_insert_with(|| crate::tensor::Tensor::zeros(params[n].shape.clone()));
+            }
+            loss_sums.push(acc.0);
+            if step == 0 {
+                logits = acc.1;
+            }
+            self.sync_tied_embeddings(&mut grads)?;
+            let mut zero_grads = None;
+            if plan.zero >= 2 {
+                zero_grads = Some(flat.reduce_scatter(&self, &grads)?);
+            } else {
+                self.all_reduce_data_parallel(&names, &mut grads)?;
+            }
+            if let Some(sc) = scale {
+                for t in grads.values_mut() {
+                    t.data.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
+                }
+                if let Some(zg) = zero_grads.as_mut() {
+                    zg.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
+                }
+            }
+            if step == 0 {
+                grads0 = match &zero_grads {
+                    Some(zg) => flat.gather_grads(&self, zg, &params)?,
+                    None => grads.clone(),
+                };
+            }
+            if let Some(sc) = scale {
+                let local_bad = match &zero_grads {
+                    Some(zg) => zg.iter().any(|x| !x.is_finite()),
+                    None => grads.values().any(|t| !t.all_finite()),
+                };
+                let mut flag = [if local_bad { 1.0 } else { 0.0 }];
+                if !plan.bug(Bug::F16OverflowNotAgreed) {
+                    self.groups.world.all_reduce_max(&mut flag)?;
+                }
+                if flag[0] > 0.0 {
+                    scale = Some(sc / 2.0);
+                    self.features.push("loss-scale:overflow".into());
+                    continue;
+                }
+            }
+            let mut coef = 1.0;
+            if let Some(max_norm) = train.clip_grad_norm {
+                let mut sq = [match &zero_grads {
+                    Some(zg) => flat.owned_sum_squares(&self, zg),
+                    None => self.owned_sum_squares(&grads),
+                }];
+                if !plan.bug(Bug::ClipLocalNorm) {
+                    self.groups.world.all_reduce_sum(&mut sq)?;
+                }
+                coef = clip_coefficient_of(sq[0], max_norm.get());
+                if coef < 1.0 {
+                    self.features.push("clip:active".into());
+                }
+            }
+            if plan.zero >= 1 {
+                let mut part = match zero_grads {
+                    Some(zg) => zg,
+                    None => flat.partition_of(&self, &grads),
+                };
+                k::scale_in_place(self.p, &mut part, coef);
+                flat.update(&self, &mut params, &part, &mut opt, step + 1)?;
+            } else {
+                for n in &names {
+                    let g = grads.get_mut(n).expect("grad");
+                    k::scale_in_place(self.p, &mut g.data, coef);
+                    let param = params.get_mut(n).expect("param");
+                    opt.update(n, self.p, &mut param.data, &g.data, 0, step + 1);
+                }
+            }
+        }
+        Ok(RankOut {
+            rank: self.rank,
+            layout: self.layout,
+            stage: self.stage,
+            loss_sums,
+            logits,
+            grads0,
+            params,
+            features: self.features,
+        })
+    }
+
+    fn sync_tied_embeddings(&self, grads: &mut ParamSet) -> CResult<()> {
+        let plan = self.plan;
+        if !(plan.model.tied_embeddings && plan.pp > 1)
+            || plan.bug(Bug::TiedEmbeddingGradNotReduced)
+        {
+            return Ok(());
+        }
+        if self.stage == 0 || self.is_last_stage() {
+            let g = grads
+                .get_mut("embed.weight")
+                .expect("tied embedding on first and last stage");
+            if let Some(group) = &self.groups.embedding {
+                group.all_reduce_sum(&mut g.data)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Data-parallel all-reduce of the gradients in two buckets (dense, and experts over the
+    /// expert-data-parallel group), then division by the data-parallel degree.
+    fn all_reduce_data_parallel(&self, names: &[String], grads: &mut ParamSet) -> CResult<()> {
+        let plan = self.plan;
+        if plan.dp == 1 {
+            return Ok(());
+        }
+        let divisor = if plan.bug(Bug::DpAverageWorld) {
+            plan.world
+        } else {
+            plan.dp
+        } as f64;
+        for experts in [false, true] {
+            let bucket: Vec<&String> = names
+                .iter()
+                .filter(|n| {
+                    placement(plan.specs.iter().find(|s| &&s.name == n).expect("spec"))
+                        .expert_sharded
+                        == experts
+                })
+                .collect();
+            if bucket.is_empty() {
+                continue;
+            }
+            let mut flat: Vec<f64> = bucket
+                .iter()
+                .flat_map(|n| grads[*n].data.iter().copied())
+                .collect();
+            let group: &dyn GroupOps = if experts && plan.ep > 1 {
+                &self.groups.edp
+            } else {
+                &self.groups.dp
+            };
+            if group.size() > 1 {
+                group.all_reduce_sum(&mut flat)?;
+            }
+            let mut off = 0;
+            for n in bucket {
+                let t = grads.get_mut(n).expect("grad");
+                for (dst, src) in t.data.iter_mut().zip(&flat[off..]) {
+                    *dst = self.p.r(src / divisor);
+                }
+                off += t.data.len();
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_kv(name: &str) -> bool {
+    name.contains("attn.k.") || name.contains("attn.v.")
+}
+
+/// Runs one rank and returns its result.
+pub fn run_rank<'a>(
+    plan: &'a Plan<'a>,
+    groups: &'a Groups<'a>,
+    rank: usize,
+    inputs: &Inputs,
+) -> CResult<RankOut> {
+    let p = plan.case.parallel.clone();
+    let tp_i = plan.coord(rank, Axis::Tp);
+    let d = plan.coord(rank, Axis::Dp);
+    let layout = Layout::new(
+        plan.model,
+        plan.tp,
+        tp_i,
+        p.sequence_parallel,
+        plan.ep,
+        d % plan.ep,
+    )
+    .map_err(|r| CommFailure(r.0))?;
+    let mut features = vec![];
+    let m = plan.model;
+    if plan.tp > 1 {
+        for (what, n) in [
+            ("ffn", m.ffn),
+            ("vocab", m.vocab),
+            ("seq", m.seq),
+            ("heads", m.heads),
+            ("kv", m.kv_heads),
+        ] {
+            features.push(format!(
+                "tp:{what}:{}",
+                if n as usize % plan.tp == 0 {
+                    "div"
+                } else {
+                    "nondiv"
+                }
+            ));
+        }
+        if layout.ffn.is_empty() {
+            features.push("tp:ffn:empty-shard".into());
+        }
+        if layout.kv_replicated {
+            features.push("tp:kv:replicated".into());
+        }
+    }
+    if plan.dp > 1 {
+        features.push(format!(
+            "dp:batch:{}",
+            if m.batch as usize % plan.dp == 0 {
+                "div"
+            } else {
+                "nondiv"
+            }
+        ));
+    }
+    if plan.pp > 1 {
+        features.push(format!(
+            "pp:{:?}:mb{}",
+            plan.schedule,
+            plan.microbatches.min(plan.pp + 1).cmp(&plan.pp) as i8
+        ));
+    }
+    let rank = Rank {
+        plan,
+        groups,
+        rank,
+        layout,
+        stage: plan.coord(rank, Axis::Pp),
+        p: Prec::new(plan.case.train.dtype),
+        features,
+    };
+    rank.run(inputs)
+}

@@ -1,0 +1,80 @@
+//! Optimizer state kept per parameter (or per ZeRO partition of it), and the clip coefficient.
+
+use std::collections::BTreeMap;
+
+use shardfuzz_kernels::{self as k, Prec};
+
+use crate::case::{OptimizerKind, Train};
+use crate::model::ParamSet;
+
+/// Adam moments per parameter name; SGD keeps none.
+pub struct OptState {
+    kind: OptimizerKind,
+    cfg: k::AdamConfig,
+    weight_decay: f64,
+    moments: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
+}
+
+impl OptState {
+    pub fn new(train: &Train, params: &ParamSet) -> OptState {
+        let o = &train.optimizer;
+        let cfg = k::AdamConfig {
+            lr: o.lr.get(),
+            beta1: o.beta1.get(),
+            beta2: o.beta2.get(),
+            eps: o.eps.get(),
+            weight_decay: o.weight_decay.get(),
+            decoupled: o.kind == OptimizerKind::Adamw,
+        };
+        let moments = if o.kind == OptimizerKind::Sgd {
+            BTreeMap::new()
+        } else {
+            params
+                .iter()
+                .map(|(n, t)| (n.clone(), (vec![0.0; t.numel()], vec![0.0; t.numel()])))
+                .collect()
+        };
+        OptState {
+            kind: o.kind,
+            cfg,
+            weight_decay: o.weight_decay.get(),
+            moments,
+        }
+    }
+
+    /// Updates `param[..]`, which starts at element `offset` of the parameter `name`.
+    pub fn update(
+        &mut self,
+        name: &str,
+        p: Prec,
+        param: &mut [f64],
+        grad: &[f64],
+        offset: usize,
+        step: u32,
+    ) {
+        match self.kind {
+            OptimizerKind::Sgd => k::sgd_step(p, param, grad, self.cfg.lr, self.weight_decay),
+            _ => {
+                let (m, v) = self
+                    .moments
+                    .get_mut(name)
+                    .unwrap_or_else(|| panic!("no optimizer state for {name}"));
+                let n = param.len();
+                k::adam_step(
+                    p,
+                    param,
+                    grad,
+                    &mut m[offset..offset + n],
+                    &mut v[offset..offset + n],
+                    step,
+                    &self.cfg,
+                );
+            }
+        }
+    }
+}
+
+/// torch's clip coefficient from the squared global norm.
+pub fn clip_coefficient_of(sum_squares: f64, max_norm: f64) -> f64 {
+    k::clip_coefficient(sum_squares.sqrt(), max_norm)
+}

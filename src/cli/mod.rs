@@ -1,0 +1,66 @@
+//! Command-line interface: parses, dispatches, maps outcomes to exit codes
+//! (0: all pass/rejected; 1: a finding; 2: usage or input error).
+
+mod bench;
+mod gen;
+mod run;
+mod table;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "shardfuzz",
+    version,
+    about = "Coverage-guided differential fuzzer for distributed training frameworks"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run case files through a target and print the verdict table.
+    Run(run::RunArgs),
+    /// Write random valid cases.
+    Gen(gen::GenArgs),
+    /// Print the JSON Schema of a case.
+    Schema,
+    /// Benchmarks (`bench clean`: false positives and cases/s on the clean target).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// List the bugs that can be injected into the native target.
+    Bugs,
+    /// List the targets.
+    Targets,
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Gen(a) => gen::run(a),
+        Command::Schema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(b) => bench::run(b),
+        Command::Bugs => {
+            for b in shardfuzz_harnesses::model::Bug::ALL {
+                println!("{:<34} {}", b.name(), b.description());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Targets => {
+            for t in shardfuzz_harnesses::target::registry::TARGETS {
+                println!("{:<16} {}", t.name, t.description);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

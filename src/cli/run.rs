@@ -1,0 +1,94 @@
+//! `shardfuzz run CASE.json... [--target T|all] [--json]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use shardfuzz_fuzz::oracle::{evaluate, Oracle};
+use shardfuzz_harnesses::case::Case;
+use shardfuzz_harnesses::target::registry::{self, TargetOptions};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Case files (JSON).
+    #[arg(required = true)]
+    cases: Vec<PathBuf>,
+    /// Target name, a comma-separated list, or `all`.
+    #[arg(long, default_value = "native")]
+    target: String,
+    /// Print verdicts as JSON lines instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Inject a bug into the native target (see `shardfuzz bugs`); repeatable.
+    #[arg(long)]
+    inject: Vec<String>,
+    /// Divergence threshold, as a multiple of the estimated noise ε.
+    #[arg(long, default_value_t = Oracle::default().threshold)]
+    threshold: f64,
+    /// Collective timeout in milliseconds (hang detection backstop).
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
+}
+
+/// Target names from `--target` (`all`: every registered target).
+pub fn target_names(spec: &str) -> Vec<String> {
+    if spec == "all" {
+        registry::TARGETS
+            .iter()
+            .filter(|t| t.name != "nop")
+            .map(|t| t.name.to_string())
+            .collect()
+    } else {
+        spec.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    let oracle = Oracle {
+        threshold: a.threshold,
+        ..Oracle::default()
+    };
+    let opts = TargetOptions {
+        inject: a.inject.clone(),
+        timeout_ms: a.timeout_ms,
+    };
+    let mut targets = vec![];
+    for name in target_names(&a.target) {
+        targets.push(registry::create(&name, &opts).map_err(|e| anyhow::anyhow!("--target: {e}"))?);
+    }
+    // Read every case first: a malformed one is an input error before anything runs.
+    let mut cases = vec![];
+    for path in &a.cases {
+        let case = Case::load(path).with_context(|| format!("{}", path.display()))?;
+        cases.push((path, case));
+    }
+    let mut finding = false;
+    for (path, case) in &cases {
+        if !a.json {
+            println!("case {} — {}", path.display(), case.summary());
+        }
+        for t in targets.iter_mut() {
+            let v = evaluate(t.as_mut(), case, &oracle);
+            finding |= v.kind.is_finding();
+            if a.json {
+                let mut obj = serde_json::to_value(&v)?;
+                obj["case"] = serde_json::Value::String(path.display().to_string());
+                obj["signature"] = serde_json::Value::String(v.signature(case));
+                println!("{}", serde_json::to_string(&obj)?);
+            } else {
+                print!("{}", super::table::render(&v));
+            }
+        }
+        if !a.json {
+            println!();
+        }
+    }
+    Ok(if finding {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
