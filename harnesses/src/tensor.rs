@@ -40,7 +40,11 @@ impl Tensor {
     /// The tensor as a matrix: 1-D tensors become one row, 3-D ones stack their leading dims.
     pub fn to_mat(&self) -> ndarray::Array2<f64> {
         let cols = *self.shape.last().unwrap_or(&1);
-        let rows = if cols == 0 { 0 } else { self.data.len() / cols };
+        let rows = if self.shape.len() <= 1 {
+            1
+        } else {
+            self.shape[..self.shape.len() - 1].iter().product()
+        };
         ndarray::Array2::from_shape_vec((rows, cols), self.data.clone())
             .expect("shape checked at construction")
     }

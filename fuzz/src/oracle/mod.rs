@@ -211,12 +211,31 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     )
     .ok();
     v.notes = out.notes.clone();
+    // A dynamic loss scaler's skip decisions depend on intermediate magnitudes, which sharding
+    // legitimately changes; when the target skipped other steps than the single-device run in the
+    // same dtype, gradients and parameters are not comparable (replicas still must agree).
+    let skips = |o: Option<&RunOutput>| {
+        o.and_then(|o| o.tensor(reference::SKIPPED_STEPS))
+            .map(|t| t.data.clone())
+    };
+    let scaler_differs = case.train.loss_scale.is_some()
+        && skips(Some(&out)) != skips(baseline.as_ref()).or_else(|| skips(Some(&reference)));
+    if scaler_differs {
+        v.notes.push(format!(
+            "loss scaler skipped steps {:?} in the target, {:?} single-device: gradients and parameters not comparable",
+            skips(Some(&out)).unwrap_or_default(),
+            skips(baseline.as_ref()).unwrap_or_default()
+        ));
+    }
     let scale = ErrorScale::new(&reference.tensors);
     let floor = oracle.noise_floor_ulps * dtype.unit_roundoff();
     let err = |t: Option<&Tensor>, r: &Tensor, name: &str| {
         t.map_or(0.0, |t| relative_error(t, r, scale.denominator(name, r)))
     };
     for (name, r) in &reference.tensors {
+        if name == reference::SKIPPED_STEPS {
+            continue;
+        }
         let base = err(baseline.as_ref().and_then(|b| b.tensor(name)), r, name);
         let pert = err(perturbed.as_ref().and_then(|p| p.tensor(name)), r, name);
         let noise = base.max(pert).max(floor);
@@ -243,7 +262,9 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                 let e = err(Some(t), r, name);
                 check.error = e;
                 check.ratio = e / noise;
-                if !r.all_finite() || !(base.is_finite() && pert.is_finite()) {
+                if scaler_differs && (name.starts_with("grad/") || name.starts_with("param/")) {
+                    check.note = Some("loss scaler decisions differ: not comparable".into());
+                } else if !r.all_finite() || !(base.is_finite() && pert.is_finite()) {
                     check.note = Some("reference or baseline not finite: not comparable".into());
                 } else if e.is_nan() || e > check.bound {
                     check.pass = false;

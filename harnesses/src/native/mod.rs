@@ -351,6 +351,21 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
             out.replicas.push((format!("param/{name}"), reps));
         }
     }
+    if plan.case.train.loss_scale.is_some() {
+        let copies: Vec<(usize, Tensor)> = outs
+            .iter()
+            .map(|o| {
+                (
+                    o.rank,
+                    Tensor::new(vec![o.skipped.len()], o.skipped.clone()),
+                )
+            })
+            .collect();
+        out.tensors
+            .push((crate::reference::SKIPPED_STEPS.into(), copies[0].1.clone()));
+        out.replicas
+            .push((crate::reference::SKIPPED_STEPS.into(), copies));
+    }
     out.notes = notes(plan);
     out
 }

@@ -30,6 +30,8 @@ pub struct RankOut {
     pub grads0: ParamSet,
     /// Parameters after the last step, local shapes.
     pub params: ParamSet,
+    /// Per step: 1 when the loss scaler skipped it.
+    pub skipped: Vec<f64>,
     pub features: Vec<String>,
 }
 
@@ -298,6 +300,7 @@ impl<'a> Rank<'a> {
         let mut loss_sums = vec![];
         let mut logits = vec![];
         let mut grads0 = ParamSet::new();
+        let mut skipped = vec![];
         let flat = Flat::new(&names, &params, dp);
         if plan.zero > 0 {
             self.features.push(format!(
@@ -361,6 +364,7 @@ impl<'a> Rank<'a> {
                 if !plan.bug(Bug::F16OverflowNotAgreed) {
                     self.groups.world.all_reduce_max(&mut flag)?;
                 }
+                skipped.push(flag[0]);
                 if flag[0] > 0.0 {
                     scale = Some(sc / 2.0);
                     self.features.push("loss-scale:overflow".into());
@@ -404,6 +408,7 @@ impl<'a> Rank<'a> {
             loss_sums,
             logits,
             grads0,
+            skipped,
             params,
             features: self.features,
         })

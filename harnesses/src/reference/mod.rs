@@ -13,6 +13,9 @@ use crate::model::{forward_backward, Bugs, Ctx, Geom, Layout, ParamSet};
 use crate::target::RunOutput;
 use crate::tensor::Tensor;
 
+/// Name of the tensor that records, per step, whether the dynamic loss scaler skipped it (1) or not (0).
+pub const SKIPPED_STEPS: &str = "scaler/skipped";
+
 /// Why the reference could not run a case.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -55,6 +58,7 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
     };
     let tokens = m.tokens() as f64;
     let mut out = RunOutput::default();
+    let mut skipped = vec![];
     for step in 0..case.train.steps {
         let mut grads = ParamSet::new();
         let s = scale.unwrap_or(1.0);
@@ -84,7 +88,9 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
                 out.tensors.push((format!("grad/{n}"), grads[n].clone()));
             }
         }
-        if scale.is_some() && grads.values().any(|t| !t.all_finite()) {
+        let overflow = scale.is_some() && grads.values().any(|t| !t.all_finite());
+        skipped.push(if overflow { 1.0 } else { 0.0 });
+        if overflow {
             scale = Some(s / 2.0);
             continue;
         }
@@ -105,6 +111,12 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
     }
     for n in &order {
         out.tensors.push((format!("param/{n}"), params[n].clone()));
+    }
+    if case.train.loss_scale.is_some() {
+        out.tensors.push((
+            SKIPPED_STEPS.into(),
+            Tensor::new(vec![skipped.len()], skipped),
+        ));
     }
     Ok(out)
 }
