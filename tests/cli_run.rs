@@ -8,9 +8,7 @@ fn bin() -> Command {
 }
 
 fn corpus(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("corpus")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(name)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -41,62 +39,34 @@ fn a_clean_case_passes_with_a_verdict_table() {
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
     assert!(out.contains("PASS"), "{out}");
-    for col in [
-        "tensor",
-        "error",
-        "bound",
-        "ratio",
-        "grad/layers.1.mlp.up.weight",
-        "loss/step0",
-    ] {
+    for col in ["tensor", "error", "bound", "ratio", "grad/layers.1.mlp.up.weight", "loss/step0"] {
         assert!(out.contains(col), "missing {col}: {out}");
     }
 }
 
 #[test]
 fn an_unsupported_configuration_is_rejected_cleanly_with_exit_0() {
-    let o = run(&[
-        "run",
-        corpus("tp2-heads-not-divisible-rejected.json")
-            .to_str()
-            .unwrap(),
-    ]);
+    let o = run(&["run", corpus("tp2-heads-not-divisible-rejected.json").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stdout(&o).contains("REJECTED"), "{}", stdout(&o));
 }
 
 #[test]
 fn an_injected_bug_is_a_divergence_with_exit_1() {
-    let o = run(&[
-        "run",
-        "--inject",
-        "row-parallel-bias-every-rank",
-        corpus("tp2-even.json").to_str().unwrap(),
-    ]);
+    let o = run(&["run", "--inject", "row-parallel-bias-every-rank", corpus("tp2-even.json").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("DIVERGENT"), "{}", stdout(&o));
 }
 
 #[test]
 fn json_output_has_one_object_per_verdict() {
-    let o = run(&[
-        "run",
-        "--json",
-        corpus("dp2-even.json").to_str().unwrap(),
-        corpus("single-f64.json").to_str().unwrap(),
-    ]);
+    let o = run(&["run", "--json", corpus("dp2-even.json").to_str().unwrap(), corpus("single-f64.json").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
-    let lines: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["kind"], "pass");
     assert!(lines[0]["checks"].as_array().unwrap().len() > 5);
-    assert!(lines[0]["versions"]
-        .as_object()
-        .unwrap()
-        .contains_key("shardfuzz-native"));
+    assert!(lines[0]["versions"].as_object().unwrap().contains_key("shardfuzz-native"));
 }
 
 #[test]
@@ -104,32 +74,12 @@ fn malformed_cases_get_a_one_line_error_naming_the_field_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let m = minimal();
     let cases = [
-        (
-            "broken.json",
-            "{\"schema\": 1, \"parallel\": ".to_string(),
-            "line",
-        ),
+        ("broken.json", "{\"schema\": 1, \"parallel\": ".to_string(), "line"),
         ("missing.json", m.replace("\"hidden\": 8,", ""), "hidden"),
-        (
-            "zero.json",
-            m.replace("\"seq\": 4", "\"seq\": 0"),
-            "model.seq",
-        ),
-        (
-            "negative.json",
-            m.replace("\"batch\": 4", "\"batch\": -2"),
-            "model.batch",
-        ),
-        (
-            "degree.json",
-            m.replace("\"tp\": 2", "\"tp\": 0"),
-            "parallel.tp",
-        ),
-        (
-            "budget.json",
-            m.replace("\"vocab\": 13", "\"vocab\": 3000000"),
-            "budget",
-        ),
+        ("zero.json", m.replace("\"seq\": 4", "\"seq\": 0"), "model.seq"),
+        ("negative.json", m.replace("\"batch\": 4", "\"batch\": -2"), "model.batch"),
+        ("degree.json", m.replace("\"tp\": 2", "\"tp\": 0"), "parallel.tp"),
+        ("budget.json", m.replace("\"vocab\": 13", "\"vocab\": 3000000"), "budget"),
     ];
     for (name, text, needle) in cases {
         let p = write_case(dir.path(), name, &text);
@@ -144,18 +94,8 @@ fn malformed_cases_get_a_one_line_error_naming_the_field_and_exit_2() {
 #[test]
 fn unknown_target_and_bug_are_usage_errors() {
     let p = corpus("single-f64.json");
-    assert_eq!(
-        run(&["run", "--target", "nope", p.to_str().unwrap()])
-            .status
-            .code(),
-        Some(2)
-    );
-    assert_eq!(
-        run(&["run", "--inject", "nope", p.to_str().unwrap()])
-            .status
-            .code(),
-        Some(2)
-    );
+    assert_eq!(run(&["run", "--target", "nope", p.to_str().unwrap()]).status.code(), Some(2));
+    assert_eq!(run(&["run", "--inject", "nope", p.to_str().unwrap()]).status.code(), Some(2));
 }
 
 #[test]
@@ -170,20 +110,9 @@ fn schema_and_bug_list_are_printed() {
 #[test]
 fn generated_cases_are_valid_and_run() {
     let dir = tempfile::tempdir().unwrap();
-    let o = run(&[
-        "gen",
-        "--count",
-        "20",
-        "--seed",
-        "5",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
+    let o = run(&["gen", "--count", "20", "--seed", "5", "--out", dir.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let files: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 20);
     let mut args = vec!["run".to_string(), "--json".to_string()];
     args.extend(files.iter().map(|f| f.display().to_string()));
@@ -193,9 +122,7 @@ fn generated_cases_are_valid_and_run() {
 
 #[test]
 fn bench_clean_reports_zero_false_positives_as_json() {
-    let o = run(&[
-        "bench", "clean", "--cases", "200", "--dtype", "bf16", "--json",
-    ]);
+    let o = run(&["bench", "clean", "--cases", "200", "--dtype", "bf16", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["cases"], 200);
     assert_eq!(v["false_positives"], 0, "{v}");

@@ -5,9 +5,8 @@ use arbitrary::{Result, Unstructured};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Activation, Case, Data, Distribution, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase,
-    OpKind, Optimizer, OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real,
-    Train,
+    Activation, Case, Data, Distribution, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer, OptimizerKind,
+    Parallel, PipelineSchedule, Placement, RankOrder, Real, Train,
 };
 use shardfuzz_kernels::DType;
 
@@ -24,16 +23,8 @@ fn degree(u: &mut Unstructured, max: u32) -> Result<u32> {
 fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
     let tp = degree(u, 4)?;
     let dp = degree(u, (8 / tp).max(1))?;
-    let pp = if op {
-        1
-    } else {
-        degree(u, (8 / (tp * dp)).clamp(1, 3))?
-    };
-    let ep = if dp > 1 && u.ratio(1, 4)? {
-        pick(u, &[1, dp])?
-    } else {
-        1
-    };
+    let pp = if op { 1 } else { degree(u, (8 / (tp * dp)).clamp(1, 3))? };
+    let ep = if dp > 1 && u.ratio(1, 4)? { pick(u, &[1, dp])? } else { 1 };
     let mut order = RankOrder::default();
     if u.ratio(1, 4)? {
         let axes = &mut order.0;
@@ -48,31 +39,29 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         cp: 1,
         ep,
         sequence_parallel: tp > 1 && u.ratio(1, 3)?,
-        zero_stage: if dp > 1 { u.int_in_range(0..=3)? } else { 0 },
-        microbatches: u.int_in_range(1..=4)?,
+        zero_stage: if dp > 1 && (ep == 1 || u.ratio(1, 10)?) { u.int_in_range(0..=3)? } else { 0 },
+        microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         rank_order: order,
     })
 }
 
-fn model(u: &mut Unstructured) -> Result<Model> {
-    let heads = u.int_in_range(1..=4)?;
-    let head_dim = u.int_in_range(1..=4)?;
+/// A model for `p`: mostly sized so the configuration is supported (heads a multiple of tp, a batch
+/// that every micro-batch gets rows of), sometimes not, so clean rejections stay covered.
+fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model> {
+    let fits = u.ratio(9, 10)?;
+    let heads = if fits { p.tp * u.int_in_range(1..=2)? } else { u.int_in_range(1..=4)? };
+    // hidden < 4 makes norms degenerate (LayerNorm over two values has an identically zero input
+    // gradient): pure round-off, nothing to compare.
+    let head_dim = u.int_in_range(4u32.div_ceil(heads)..=4)?;
     let divisors: Vec<u32> = (1..=heads).filter(|d| heads % d == 0).collect();
     let kv_heads = pick(u, &divisors)?;
+    let need = p.dp * p.microbatches * accumulation;
+    let batch = if fits { need + u.int_in_range(0..=need.min(3))? } else { u.int_in_range(1..=4)? };
     let n_layers = u.int_in_range(0..=3)?;
     let mut layers = vec![];
     for _ in 0..n_layers {
-        layers.push(pick(
-            u,
-            &[
-                LayerKind::Attention,
-                LayerKind::Attention,
-                LayerKind::Mlp,
-                LayerKind::Mlp,
-                LayerKind::Moe,
-            ],
-        )?);
+        layers.push(pick(u, &[LayerKind::Attention, LayerKind::Attention, LayerKind::Mlp, LayerKind::Mlp, LayerKind::Moe])?);
     }
     let experts = u.int_in_range(1..=4)?;
     let moe = layers.contains(&LayerKind::Moe).then_some(MoeConfig {
@@ -87,7 +76,7 @@ fn model(u: &mut Unstructured) -> Result<Model> {
         heads,
         kv_heads,
         seq: u.int_in_range(1..=6)?,
-        batch: u.int_in_range(1..=4)?,
+        batch,
         layers,
         norm: pick(u, &[NormKind::Layernorm, NormKind::Rmsnorm])?,
         activation: pick(u, &[Activation::Gelu, Activation::Swiglu])?,
@@ -98,23 +87,12 @@ fn model(u: &mut Unstructured) -> Result<Model> {
 }
 
 fn placement(u: &mut Unstructured) -> Result<Placement> {
-    pick(
-        u,
-        &[
-            Placement::Replicate,
-            Placement::Replicate,
-            Placement::Shard(0),
-            Placement::Shard(1),
-            Placement::Partial,
-        ],
-    )
+    pick(u, &[Placement::Replicate, Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::Partial])
 }
 
 fn op(u: &mut Unstructured) -> Result<OpCase> {
     let kind = pick(u, &OpKind::ALL)?;
-    let shape: Vec<u32> = (0..kind.shape_len())
-        .map(|_| u.int_in_range(1..=8))
-        .collect::<Result<_>>()?;
+    let shape: Vec<u32> = (0..kind.shape_len()).map(|_| u.int_in_range(1..=8)).collect::<Result<_>>()?;
     let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
     let mut placements = std::collections::BTreeMap::new();
     for (name, s) in kind.inputs(&dims) {
@@ -134,36 +112,12 @@ fn op(u: &mut Unstructured) -> Result<OpCase> {
         let a = *u.choose(&divisors).unwrap_or(&1);
         vec![a, n / a]
     });
-    Ok(OpCase {
-        kind,
-        shape,
-        dim: Some(u.int_in_range(0..=1)?),
-        new_shape,
-        placements,
-    })
+    Ok(OpCase { kind, shape, dim: Some(u.int_in_range(0..=1)?), new_shape, placements })
 }
 
 fn train(u: &mut Unstructured) -> Result<Train> {
-    let dtype = pick(
-        u,
-        &[
-            DType::F64,
-            DType::F64,
-            DType::F32,
-            DType::F32,
-            DType::BF16,
-            DType::BF16,
-            DType::F16,
-        ],
-    )?;
-    let kind = pick(
-        u,
-        &[
-            OptimizerKind::Sgd,
-            OptimizerKind::Adam,
-            OptimizerKind::Adamw,
-        ],
-    )?;
+    let dtype = pick(u, &[DType::F64, DType::F64, DType::F32, DType::F32, DType::BF16, DType::BF16, DType::F16])?;
+    let kind = pick(u, &[OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adamw])?;
     let lr = pick(u, &[1e-3, 1e-2, 3e-2, 1e-1])?;
     let mut opt = Optimizer::sgd(lr);
     opt.kind = kind;
@@ -173,23 +127,11 @@ fn train(u: &mut Unstructured) -> Result<Train> {
     Ok(Train {
         steps: u.int_in_range(1..=2)?,
         optimizer: opt,
-        clip_grad_norm: if u.ratio(1, 3)? {
-            Some(Real(pick(u, &[0.1, 0.5, 1.0, 10.0])?))
-        } else {
-            None
-        },
+        clip_grad_norm: if u.ratio(1, 3)? { Some(Real(pick(u, &[0.1, 0.5, 1.0, 10.0])?)) } else { None },
         grad_accumulation: pick(u, &[1, 1, 1, 2, 3])?,
         dtype,
-        reduce_dtype: if dtype != DType::F64 && u.ratio(1, 5)? {
-            Some(DType::F32)
-        } else {
-            None
-        },
-        loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? {
-            Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?))
-        } else {
-            None
-        },
+        reduce_dtype: if dtype != DType::F64 && u.ratio(1, 5)? { Some(DType::F32) } else { None },
+        loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? { Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?)) } else { None },
     })
 }
 
@@ -197,18 +139,15 @@ fn train(u: &mut Unstructured) -> Result<Train> {
 pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
     let is_op = u.ratio(15, 100)?;
     let parallel = parallel(u, is_op)?;
-    let (model, op) = if is_op {
-        (None, Some(op(u)?))
-    } else {
-        (Some(model(u)?), None)
-    };
+    let train = train(u)?;
+    let (model, op) = if is_op { (None, Some(op(u)?)) } else { (Some(model(u, &parallel, train.grad_accumulation)?), None) };
     let case = Case {
         schema: 1,
         name: None,
         parallel,
         model,
         op,
-        train: train(u)?,
+        train,
         data: Data {
             seed: u.arbitrary()?,
             distribution: pick(
@@ -226,8 +165,7 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
             )?,
         },
     };
-    case.validate(&Limits::default())
-        .map_err(|_| arbitrary::Error::IncorrectFormat)?;
+    case.validate(&Limits::default()).map_err(|_| arbitrary::Error::IncorrectFormat)?;
     Ok(case)
 }
 

@@ -35,29 +35,17 @@ impl Inputs {
                 .params()
                 .into_iter()
                 .map(|p| {
-                    let data = (0..p.numel())
-                        .map(|_| init_value(&mut rng, p.role, p.fan_in, dist, dtype))
-                        .collect();
+                    let data = (0..p.numel()).map(|_| init_value(&mut rng, p.role, p.fan_in, dist, dtype)).collect();
                     (p.name.clone(), Tensor::new(p.shape.clone(), data))
                 })
                 .collect();
-            Inputs {
-                tokens,
-                targets,
-                tensors,
-            }
+            Inputs { tokens, targets, tensors }
         } else {
             let op = case.op.as_ref().expect("validated: model or op");
             let shape: Vec<usize> = op.shape.iter().map(|&d| d as usize).collect();
             let (tokens, targets) = match op.kind {
-                OpKind::Embedding => (
-                    (0..shape[0]).map(|_| rng.gen_range(0..shape[1])).collect(),
-                    vec![],
-                ),
-                OpKind::CrossEntropy => (
-                    vec![],
-                    (0..shape[0]).map(|_| rng.gen_range(0..shape[1])).collect(),
-                ),
+                OpKind::Embedding => ((0..shape[0]).map(|_| rng.gen_range(0..shape[1])).collect(), vec![]),
+                OpKind::CrossEntropy => (vec![], (0..shape[0]).map(|_| rng.gen_range(0..shape[1])).collect()),
                 _ => (vec![], vec![]),
             };
             let mut tensors: Vec<(String, Tensor)> = op
@@ -65,20 +53,10 @@ impl Inputs {
                 .inputs(&shape)
                 .into_iter()
                 .map(|(name, s)| {
-                    let role = if name == "w" && op.kind == OpKind::Layernorm {
-                        ParamRole::NormWeight
-                    } else {
-                        ParamRole::Weight
-                    };
-                    let fan_in = if op.kind == OpKind::Linear || op.kind == OpKind::Matmul {
-                        shape[1]
-                    } else {
-                        1
-                    };
+                    let role = if name == "w" && op.kind == OpKind::Layernorm { ParamRole::NormWeight } else { ParamRole::Weight };
+                    let fan_in = if op.kind == OpKind::Linear || op.kind == OpKind::Matmul { shape[1] } else { 1 };
                     let n = s.iter().product();
-                    let data = (0..n)
-                        .map(|_| init_value(&mut rng, role, fan_in, dist, dtype))
-                        .collect();
+                    let data = (0..n).map(|_| init_value(&mut rng, role, fan_in, dist, dtype)).collect();
                     (name.to_string(), Tensor::new(s, data))
                 })
                 .collect();
@@ -86,11 +64,7 @@ impl Inputs {
             let n = out_shape.iter().product();
             let data = (0..n).map(|_| dtype.round(std_normal(&mut rng))).collect();
             tensors.push(("grad_out".into(), Tensor::new(out_shape, data)));
-            Inputs {
-                tokens,
-                targets,
-                tensors,
-            }
+            Inputs { tokens, targets, tensors }
         }
     }
 
@@ -101,8 +75,14 @@ impl Inputs {
     /// A copy with every float input multiplied by (1 + u·ξ), ξ = ±1 at random: the input
     /// perturbation whose effect on the f64 reference estimates the noise level of `dtype` (TTrace).
     pub fn perturbed(&self, dtype: DType, seed: u64) -> Inputs {
+        self.perturbed_by(dtype, seed, 1.0)
+    }
+
+    /// Like [`Inputs::perturbed`] with a perturbation of `ulps × u`; with 2 u every value rounds to
+    /// a neighbour in `dtype`, which gives a second, independently rounded run in that dtype.
+    pub fn perturbed_by(&self, dtype: DType, seed: u64, ulps: f64) -> Inputs {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
-        let u = dtype.unit_roundoff();
+        let u = dtype.unit_roundoff() * ulps;
         let mut out = self.clone();
         for (name, t) in &mut out.tensors {
             if name == "grad_out" {
@@ -142,13 +122,7 @@ fn draw(rng: &mut ChaCha8Rng, dist: Distribution) -> f64 {
     }
 }
 
-fn init_value(
-    rng: &mut ChaCha8Rng,
-    role: ParamRole,
-    fan_in: usize,
-    dist: Distribution,
-    dtype: DType,
-) -> f64 {
+fn init_value(rng: &mut ChaCha8Rng, role: ParamRole, fan_in: usize, dist: Distribution, dtype: DType) -> f64 {
     let x = draw(rng, dist);
     let integers = dist == Distribution::Integers;
     let v = match role {

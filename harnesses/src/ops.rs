@@ -27,20 +27,14 @@ pub fn output_shape(op: &OpCase) -> Vec<usize> {
         }
         OpKind::Embedding => vec![s[0], s[2]],
         OpKind::CrossEntropy => vec![s[0], 1],
-        OpKind::Reshape => op
-            .new_shape
-            .as_ref()
-            .map_or(s.clone(), |n| n.iter().map(|&d| d as usize).collect()),
+        OpKind::Reshape => op.new_shape.as_ref().map_or(s.clone(), |n| n.iter().map(|&d| d as usize).collect()),
         OpKind::Transpose => vec![s[1], s[0]],
         OpKind::Softmax | OpKind::Layernorm => s,
     }
 }
 
 fn input(inputs: &Inputs, name: &str) -> Result<Mat, String> {
-    inputs
-        .tensor(name)
-        .map(|t| t.to_mat())
-        .ok_or_else(|| format!("input `{name}` missing"))
+    inputs.tensor(name).map(|t| t.to_mat()).ok_or_else(|| format!("input `{name}` missing"))
 }
 
 fn t(m: Mat) -> Tensor {
@@ -49,23 +43,13 @@ fn t(m: Mat) -> Tensor {
 
 /// Reduction along `dim` of a matrix, keeping the dimension.
 fn reduce(p: Prec, x: &Mat, dim: usize, max: bool) -> (Mat, Vec<usize>) {
-    let xt = if dim == 0 {
-        x.t().to_owned()
-    } else {
-        x.clone()
-    };
+    let xt = if dim == 0 { x.t().to_owned() } else { x.clone() };
     let acc = p.acc();
     let mut out = Mat::zeros((xt.nrows(), 1));
     let mut arg = vec![0; xt.nrows()];
     for (i, row) in xt.rows().into_iter().enumerate() {
         if max {
-            let (j, v) = row
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f64::NEG_INFINITY),
-                    |b, (j, &v)| if v > b.1 { (j, v) } else { b },
-                );
+            let (j, v) = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (j, &v)| if v > b.1 { (j, v) } else { b });
             out[[i, 0]] = v;
             arg[i] = j;
         } else {
@@ -96,10 +80,7 @@ pub fn reference(op: &OpCase, inputs: &Inputs, dtype: DType) -> Result<RunOutput
             let g = k::linear_bwd(p, &x, &w, &gout);
             tensors.push(("grad/x".into(), t(g.dx)));
             tensors.push(("grad/w".into(), t(g.dw)));
-            tensors.push((
-                "grad/bias".into(),
-                Tensor::new(vec![g.db.len()], g.db.to_vec()),
-            ));
+            tensors.push(("grad/bias".into(), Tensor::new(vec![g.db.len()], g.db.to_vec())));
         }
         OpKind::Sum | OpKind::Max => {
             let x = r(input(inputs, "x")?);
@@ -139,45 +120,28 @@ pub fn reference(op: &OpCase, inputs: &Inputs, dtype: DType) -> Result<RunOutput
             let g = k::layernorm_bwd(p, &x, &w, &cache, &gout);
             tensors.push(("out".into(), t(y)));
             tensors.push(("grad/x".into(), t(g.dx)));
-            tensors.push((
-                "grad/w".into(),
-                Tensor::new(vec![g.dw.len()], g.dw.to_vec()),
-            ));
+            tensors.push(("grad/w".into(), Tensor::new(vec![g.dw.len()], g.dw.to_vec())));
             let db = g.db.unwrap_or_else(|| Array1::zeros(w.len()));
             tensors.push(("grad/bias".into(), Tensor::new(vec![db.len()], db.to_vec())));
         }
         OpKind::Embedding => {
             let table = r(input(inputs, "table")?);
-            tensors.push((
-                "out".into(),
-                t(k::embedding_fwd(p, &inputs.tokens, &table, 0)),
-            ));
-            tensors.push((
-                "grad/table".into(),
-                t(k::embedding_bwd(p, &inputs.tokens, &gout, table.nrows(), 0)),
-            ));
+            tensors.push(("out".into(), t(k::embedding_fwd(p, &inputs.tokens, &table, 0))));
+            tensors.push(("grad/table".into(), t(k::embedding_bwd(p, &inputs.tokens, &gout, table.nrows(), 0))));
         }
         OpKind::CrossEntropy => {
             let logits = r(input(inputs, "logits")?);
             let ce = k::cross_entropy_fwd_bwd(p, &logits, &inputs.targets, 1.0);
             let out = ce.losses.clone().insert_axis(Axis(1));
-            let dl = Mat::from_shape_fn(ce.dlogits.raw_dim(), |(i, j)| {
-                p.r(ce.dlogits[[i, j]] * gout[[i, 0]])
-            });
+            let dl = Mat::from_shape_fn(ce.dlogits.raw_dim(), |(i, j)| p.r(ce.dlogits[[i, j]] * gout[[i, 0]]));
             tensors.push(("out".into(), t(out)));
             tensors.push(("grad/logits".into(), t(dl)));
         }
         OpKind::Reshape => {
             let x = r(input(inputs, "x")?);
             let shape = output_shape(op);
-            tensors.push((
-                "out".into(),
-                Tensor::new(shape, x.iter().copied().collect()),
-            ));
-            tensors.push((
-                "grad/x".into(),
-                Tensor::new(vec![x.nrows(), x.ncols()], gout.iter().copied().collect()),
-            ));
+            tensors.push(("out".into(), Tensor::new(shape, x.iter().copied().collect())));
+            tensors.push(("grad/x".into(), Tensor::new(vec![x.nrows(), x.ncols()], gout.iter().copied().collect())));
         }
         OpKind::Transpose => {
             let x = r(input(inputs, "x")?);
@@ -185,8 +149,5 @@ pub fn reference(op: &OpCase, inputs: &Inputs, dtype: DType) -> Result<RunOutput
             tensors.push(("grad/x".into(), t(gout.t().to_owned())));
         }
     }
-    Ok(RunOutput {
-        tensors,
-        ..RunOutput::default()
-    })
+    Ok(RunOutput { tensors, ..RunOutput::default() })
 }

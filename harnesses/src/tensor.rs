@@ -10,27 +10,17 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Vec<f64>) -> Tensor {
-        assert_eq!(
-            shape.iter().product::<usize>(),
-            data.len(),
-            "tensor data does not match shape {shape:?}"
-        );
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "tensor data does not match shape {shape:?}");
         Tensor { shape, data }
     }
 
     pub fn zeros(shape: Vec<usize>) -> Tensor {
         let n = shape.iter().product();
-        Tensor {
-            shape,
-            data: vec![0.0; n],
-        }
+        Tensor { shape, data: vec![0.0; n] }
     }
 
     pub fn scalar(x: f64) -> Tensor {
-        Tensor {
-            shape: vec![],
-            data: vec![x],
-        }
+        Tensor { shape: vec![], data: vec![x] }
     }
 
     pub fn numel(&self) -> usize {
@@ -40,13 +30,8 @@ impl Tensor {
     /// The tensor as a matrix: 1-D tensors become one row, 3-D ones stack their leading dims.
     pub fn to_mat(&self) -> ndarray::Array2<f64> {
         let cols = *self.shape.last().unwrap_or(&1);
-        let rows = if self.shape.len() <= 1 {
-            1
-        } else {
-            self.shape[..self.shape.len() - 1].iter().product()
-        };
-        ndarray::Array2::from_shape_vec((rows, cols), self.data.clone())
-            .expect("shape checked at construction")
+        let rows = if self.shape.len() <= 1 { 1 } else { self.shape[..self.shape.len() - 1].iter().product() };
+        ndarray::Array2::from_shape_vec((rows, cols), self.data.clone()).expect("shape checked at construction")
     }
 
     pub fn from_mat(m: ndarray::Array2<f64>) -> Tensor {

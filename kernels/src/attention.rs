@@ -34,38 +34,13 @@ impl AttnShape {
 
 fn check(q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>, s: &AttnShape) {
     let n = s.batch * s.seq;
-    assert_eq!(
-        q.dim(),
-        (n, s.q_heads * s.head_dim),
-        "attention: q {:?} for {s:?}",
-        q.dim()
-    );
-    assert_eq!(
-        k.dim(),
-        (n, s.kv_heads * s.head_dim),
-        "attention: k {:?} for {s:?}",
-        k.dim()
-    );
-    assert_eq!(
-        v.dim(),
-        k.dim(),
-        "attention: v {:?} k {:?}",
-        v.dim(),
-        k.dim()
-    );
+    assert_eq!(q.dim(), (n, s.q_heads * s.head_dim), "attention: q {:?} for {s:?}", q.dim());
+    assert_eq!(k.dim(), (n, s.kv_heads * s.head_dim), "attention: k {:?} for {s:?}", k.dim());
+    assert_eq!(v.dim(), k.dim(), "attention: v {:?} k {:?}", v.dim(), k.dim());
 }
 
 #[allow(clippy::too_many_arguments)]
-fn dot(
-    p: Prec,
-    a: &Array2<f64>,
-    ar: usize,
-    ac: usize,
-    b: &Array2<f64>,
-    br: usize,
-    bc: usize,
-    d: usize,
-) -> f64 {
+fn dot(p: Prec, a: &Array2<f64>, ar: usize, ac: usize, b: &Array2<f64>, br: usize, bc: usize, d: usize) -> f64 {
     let acc = p.acc();
     let mut s = 0.0;
     for c in 0..d {
@@ -74,14 +49,7 @@ fn dot(
     s
 }
 
-pub fn attention_fwd(
-    p: Prec,
-    q: &Array2<f64>,
-    k: &Array2<f64>,
-    v: &Array2<f64>,
-    s: AttnShape,
-    scale: f64,
-) -> (Array2<f64>, AttnCache) {
+pub fn attention_fwd(p: Prec, q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>, s: AttnShape, scale: f64) -> (Array2<f64>, AttnCache) {
     if q.nrows() == 0 || s.q_heads == 0 {
         return (Array2::zeros(q.raw_dim()), AttnCache { probs: vec![] });
     }
@@ -96,9 +64,7 @@ pub fn attention_fwd(
             let mut pr = Array2::zeros((t, t));
             for i in 0..t {
                 let row = b * t + i;
-                let scores: Vec<f64> = (0..=i)
-                    .map(|j| acc.round(dot(p, q, row, h * d, k, b * t + j, kv * d, d) * scale))
-                    .collect();
+                let scores: Vec<f64> = (0..=i).map(|j| acc.round(dot(p, q, row, h * d, k, b * t + j, kv * d, d) * scale)).collect();
                 let m = scores.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
                 let e: Vec<f64> = scores.iter().map(|x| acc.round((x - m).exp())).collect();
                 let sum = e.iter().fold(0.0, |a, x| acc.round(a + x));
@@ -132,11 +98,7 @@ pub fn attention_bwd(
     scale: f64,
 ) -> (Array2<f64>, Array2<f64>, Array2<f64>) {
     if q.nrows() == 0 || s.q_heads == 0 {
-        return (
-            Array2::zeros(q.raw_dim()),
-            Array2::zeros(k.raw_dim()),
-            Array2::zeros(v.raw_dim()),
-        );
+        return (Array2::zeros(q.raw_dim()), Array2::zeros(k.raw_dim()), Array2::zeros(v.raw_dim()));
     }
     check(q, k, v, &s);
     let acc = p.acc();
@@ -151,13 +113,9 @@ pub fn attention_bwd(
             let pr = &cache.probs[b * s.q_heads + h];
             for i in 0..t {
                 let row = b * t + i;
-                let dp: Vec<f64> = (0..=i)
-                    .map(|j| dot(p, dout, row, h * d, v, b * t + j, kv * d, d))
-                    .collect();
+                let dp: Vec<f64> = (0..=i).map(|j| dot(p, dout, row, h * d, v, b * t + j, kv * d, d)).collect();
                 let sum = (0..=i).fold(0.0, |a, j| acc.round(a + acc.round(pr[[i, j]] * dp[j])));
-                let ds: Vec<f64> = (0..=i)
-                    .map(|j| acc.round(acc.round(pr[[i, j]] * acc.round(dp[j] - sum)) * scale))
-                    .collect();
+                let ds: Vec<f64> = (0..=i).map(|j| acc.round(acc.round(pr[[i, j]] * acc.round(dp[j] - sum)) * scale)).collect();
                 for c in 0..d {
                     let mut o = 0.0;
                     for (j, dsj) in ds.iter().enumerate() {
@@ -186,13 +144,7 @@ mod tests {
     use crate::testutil::*;
 
     fn grads(hq: usize, hkv: usize) {
-        let s = AttnShape {
-            batch: 2,
-            seq: 3,
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: 2,
-        };
+        let s = AttnShape { batch: 2, seq: 3, q_heads: hq, kv_heads: hkv, head_dim: 2 };
         let n = 6;
         let q = rand_mat(n, hq * 2, 1);
         let k = rand_mat(n, hkv * 2, 2);
@@ -202,9 +154,7 @@ mod tests {
         let sc = 0.7;
         let (_, c) = attention_fwd(f, &q, &k, &v, s, sc);
         let (dq, dk, dv) = attention_bwd(f, &q, &k, &v, &c, &dout, s, sc);
-        let loss = |q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>| {
-            (attention_fwd(f, q, k, v, s, sc).0 * &dout).sum()
-        };
+        let loss = |q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>| (attention_fwd(f, q, k, v, s, sc).0 * &dout).sum();
         check_grad("dq", &dq, &q, |x| loss(x, &k, &v));
         check_grad("dk", &dk, &k, |x| loss(&q, x, &v));
         check_grad("dv", &dv, &v, |x| loss(&q, &k, x));
@@ -219,13 +169,7 @@ mod tests {
 
     #[test]
     fn attention_is_causal() {
-        let s = AttnShape {
-            batch: 1,
-            seq: 4,
-            q_heads: 1,
-            kv_heads: 1,
-            head_dim: 3,
-        };
+        let s = AttnShape { batch: 1, seq: 4, q_heads: 1, kv_heads: 1, head_dim: 3 };
         let q = rand_mat(4, 3, 5);
         let k = rand_mat(4, 3, 6);
         let v = rand_mat(4, 3, 7);
@@ -235,10 +179,7 @@ mod tests {
         k2.row_mut(3).fill(9.0);
         v2.row_mut(3).fill(-9.0);
         let (b, _) = attention_fwd(Prec::F64, &q, &k2, &v2, s, 0.5);
-        assert_eq!(
-            a.slice(ndarray::s![0..3, ..]),
-            b.slice(ndarray::s![0..3, ..])
-        );
+        assert_eq!(a.slice(ndarray::s![0..3, ..]), b.slice(ndarray::s![0..3, ..]));
         assert_ne!(a.row(3), b.row(3));
     }
 }

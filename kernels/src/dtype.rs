@@ -83,10 +83,7 @@ impl std::fmt::Display for DType {
 impl std::str::FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype `{s}` (expected one of f64, f32, bf16, f16)"))
+        DType::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| format!("unknown dtype `{s}` (expected one of f64, f32, bf16, f16)"))
     }
 }
 

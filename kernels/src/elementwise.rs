@@ -6,22 +6,12 @@ use crate::{DType, Prec};
 
 pub fn add(p: Prec, a: &Array2<f64>, b: &Array2<f64>) -> Array2<f64> {
     assert_eq!(a.dim(), b.dim(), "add: a {:?} b {:?}", a.dim(), b.dim());
-    ndarray::Zip::from(a)
-        .and(b)
-        .map_collect(|&x, &y| p.r(x + y))
+    ndarray::Zip::from(a).and(b).map_collect(|&x, &y| p.r(x + y))
 }
 
 pub fn add_in_place(p: Prec, a: &mut Array2<f64>, b: &Array2<f64>) {
-    assert_eq!(
-        a.dim(),
-        b.dim(),
-        "add_in_place: a {:?} b {:?}",
-        a.dim(),
-        b.dim()
-    );
-    ndarray::Zip::from(a)
-        .and(b)
-        .for_each(|x, &y| *x = p.r(*x + y));
+    assert_eq!(a.dim(), b.dim(), "add_in_place: a {:?} b {:?}", a.dim(), b.dim());
+    ndarray::Zip::from(a).and(b).for_each(|x, &y| *x = p.r(*x + y));
 }
 
 pub fn scale(p: Prec, a: &Array2<f64>, s: f64) -> Array2<f64> {
@@ -49,9 +39,6 @@ mod tests {
         sum_into(&mut b, &[1e-3], DType::F64);
         assert_eq!(b, vec![1.001]);
         let x = Array2::from_elem((1, 1), 1.0);
-        assert_eq!(
-            add(Prec::new(DType::BF16), &x, &Array2::from_elem((1, 1), 1e-3))[[0, 0]],
-            1.0
-        );
+        assert_eq!(add(Prec::new(DType::BF16), &x, &Array2::from_elem((1, 1), 1e-3))[[0, 0]], 1.0);
     }
 }

@@ -20,23 +20,16 @@ mod softmax;
 #[cfg(test)]
 mod testutil;
 
-pub use activation::{
-    gelu_bwd, gelu_fwd, relu_bwd, relu_fwd, silu_bwd, silu_fwd, swiglu_bwd, swiglu_fwd,
-};
+pub use activation::{gelu_bwd, gelu_fwd, relu_bwd, relu_fwd, silu_bwd, silu_fwd, swiglu_bwd, swiglu_fwd};
 pub use attention::{attention_bwd, attention_fwd, AttnCache, AttnShape};
 pub use clip::{clip_coefficient, scale_in_place, sum_squares};
 pub use dtype::DType;
 pub use elementwise::{add, add_in_place, scale, sum_into};
 pub use embedding::{embedding_bwd, embedding_fwd};
-pub use linear::{
-    add_row, linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn, sum_rows, LinearGrads,
-};
+pub use linear::{add_row, linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn, sum_rows, LinearGrads};
 pub use loss::{cross_entropy_fwd_bwd, row_max, row_sum_exp, target_logit, CrossEntropy};
 pub use moe::{assign_capacity, capacity, router_bwd, router_fwd, topk_rows, Routing};
-pub use norm::{
-    layernorm_bwd, layernorm_fwd, layernorm_weight_grads, rmsnorm_bwd, rmsnorm_fwd, NormCache,
-    NormGrads,
-};
+pub use norm::{layernorm_bwd, layernorm_fwd, layernorm_weight_grads, rmsnorm_bwd, rmsnorm_fwd, NormCache, NormGrads};
 pub use optim::{adam_step, sgd_step, AdamConfig};
 pub use prec::Prec;
 pub use softmax::{log_softmax_rows, softmax_rows, softmax_rows_bwd};

@@ -39,9 +39,7 @@ fn dot_rows(p: Prec, a: ArrayView2<f64>, bt: ArrayView2<f64>) -> Array2<f64> {
     };
     let mut out = vec![0.0; m * n];
     if m * n * k >= PAR_THRESHOLD && n > 0 {
-        out.par_chunks_mut(n)
-            .enumerate()
-            .for_each(|(i, o)| row(i, o));
+        out.par_chunks_mut(n).enumerate().for_each(|(i, o)| row(i, o));
     } else if n > 0 {
         for (i, o) in out.chunks_mut(n).enumerate() {
             row(i, o);
@@ -52,49 +50,25 @@ fn dot_rows(p: Prec, a: ArrayView2<f64>, bt: ArrayView2<f64>) -> Array2<f64> {
 
 /// `a @ b` for a `[m, k]`, b `[k, n]`.
 pub fn matmul(p: Prec, a: &Array2<f64>, b: &Array2<f64>) -> Array2<f64> {
-    assert_eq!(
-        a.ncols(),
-        b.nrows(),
-        "matmul: a {:?} b {:?}",
-        a.dim(),
-        b.dim()
-    );
+    assert_eq!(a.ncols(), b.nrows(), "matmul: a {:?} b {:?}", a.dim(), b.dim());
     dot_rows(p, a.view(), b.t())
 }
 
 /// `aᵀ @ b` for a `[k, m]`, b `[k, n]`.
 pub fn matmul_tn(p: Prec, a: &Array2<f64>, b: &Array2<f64>) -> Array2<f64> {
-    assert_eq!(
-        a.nrows(),
-        b.nrows(),
-        "matmul_tn: a {:?} b {:?}",
-        a.dim(),
-        b.dim()
-    );
+    assert_eq!(a.nrows(), b.nrows(), "matmul_tn: a {:?} b {:?}", a.dim(), b.dim());
     dot_rows(p, a.t(), b.t())
 }
 
 /// `a @ bᵀ` for a `[m, k]`, b `[n, k]`.
 pub fn matmul_nt(p: Prec, a: &Array2<f64>, b: &Array2<f64>) -> Array2<f64> {
-    assert_eq!(
-        a.ncols(),
-        b.ncols(),
-        "matmul_nt: a {:?} b {:?}",
-        a.dim(),
-        b.dim()
-    );
+    assert_eq!(a.ncols(), b.ncols(), "matmul_nt: a {:?} b {:?}", a.dim(), b.dim());
     dot_rows(p, a.view(), b.view())
 }
 
 /// Adds `b` to every row of `x`.
 pub fn add_row(p: Prec, x: &Array2<f64>, b: &Array1<f64>) -> Array2<f64> {
-    assert_eq!(
-        x.ncols(),
-        b.len(),
-        "add_row: x {:?} bias {}",
-        x.dim(),
-        b.len()
-    );
+    assert_eq!(x.ncols(), b.len(), "add_row: x {:?} bias {}", x.dim(), b.len());
     let mut y = x.as_standard_layout().to_owned();
     for mut row in y.rows_mut() {
         for (v, bb) in row.iter_mut().zip(b.iter()) {
@@ -105,12 +79,7 @@ pub fn add_row(p: Prec, x: &Array2<f64>, b: &Array1<f64>) -> Array2<f64> {
 }
 
 /// `x @ w + b` for x `[n, in]`, w `[in, out]`.
-pub fn linear_fwd(
-    p: Prec,
-    x: &Array2<f64>,
-    w: &Array2<f64>,
-    b: Option<&Array1<f64>>,
-) -> Array2<f64> {
+pub fn linear_fwd(p: Prec, x: &Array2<f64>, w: &Array2<f64>, b: Option<&Array1<f64>>) -> Array2<f64> {
     let y = matmul(p, x, w);
     match b {
         Some(b) => add_row(p, &y, b),
@@ -138,11 +107,7 @@ pub struct LinearGrads {
 }
 
 pub fn linear_bwd(p: Prec, x: &Array2<f64>, w: &Array2<f64>, dy: &Array2<f64>) -> LinearGrads {
-    LinearGrads {
-        dx: matmul_nt(p, dy, w),
-        dw: matmul_tn(p, x, dy),
-        db: sum_rows(p, dy),
-    }
+    LinearGrads { dx: matmul_nt(p, dy, w), dw: matmul_tn(p, x, dy), db: sum_rows(p, dy) }
 }
 
 #[cfg(test)]
@@ -158,9 +123,7 @@ mod tests {
         let b = rand_vec(5, 3);
         let dy = rand_mat(3, 5, 4);
         let g = linear_bwd(Prec::F64, &x, &w, &dy);
-        let f = |x: &Array2<f64>, w: &Array2<f64>, b: &Array1<f64>| {
-            (linear_fwd(Prec::F64, x, w, Some(b)) * &dy).sum()
-        };
+        let f = |x: &Array2<f64>, w: &Array2<f64>, b: &Array1<f64>| (linear_fwd(Prec::F64, x, w, Some(b)) * &dy).sum();
         check_grad("dx", &g.dx, &x, |xx| f(xx, &w, &b));
         check_grad("dw", &g.dw, &w, |ww| f(&x, ww, &b));
         let gb = Array2::from_shape_vec((1, 5), g.db.to_vec()).unwrap();
@@ -173,16 +136,8 @@ mod tests {
         let a = rand_mat(4, 3, 5);
         let b = rand_mat(4, 6, 6);
         let c = rand_mat(6, 3, 7);
-        assert_close(
-            &matmul_tn(Prec::F64, &a, &b),
-            &matmul(Prec::F64, &a.t().to_owned(), &b),
-            1e-14,
-        );
-        assert_close(
-            &matmul_nt(Prec::F64, &a, &c),
-            &matmul(Prec::F64, &a, &c.t().to_owned()),
-            1e-14,
-        );
+        assert_close(&matmul_tn(Prec::F64, &a, &b), &matmul(Prec::F64, &a.t().to_owned(), &b), 1e-14);
+        assert_close(&matmul_nt(Prec::F64, &a, &c), &matmul(Prec::F64, &a, &c.t().to_owned()), 1e-14);
     }
 
     #[test]
@@ -195,10 +150,7 @@ mod tests {
         let exact = matmul(Prec::F64, &a, &b);
         let err = (&y - &exact).iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let scale = exact.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        assert!(
-            err <= 4.0 * DType::BF16.unit_roundoff() * scale * 4.0,
-            "err {err}"
-        );
+        assert!(err <= 4.0 * DType::BF16.unit_roundoff() * scale * 4.0, "err {err}");
         assert!(err > 0.0);
     }
 
@@ -226,9 +178,6 @@ mod tests {
         let e = Array2::<f64>::zeros((3, 0));
         let f = Array2::<f64>::zeros((0, 5));
         assert_eq!(matmul(p, &e, &f), Array2::zeros((3, 5)));
-        assert_eq!(
-            matmul(p, &rand_mat(2, 3, 1), &Array2::zeros((3, 0))).dim(),
-            (2, 0)
-        );
+        assert_eq!(matmul(p, &rand_mat(2, 3, 1), &Array2::zeros((3, 0))).dim(), (2, 0));
     }
 }

@@ -13,19 +13,8 @@ pub struct CrossEntropy {
     pub dlogits: Array2<f64>,
 }
 
-pub fn cross_entropy_fwd_bwd(
-    p: Prec,
-    logits: &Array2<f64>,
-    targets: &[usize],
-    grad_scale: f64,
-) -> CrossEntropy {
-    assert_eq!(
-        logits.nrows(),
-        targets.len(),
-        "cross_entropy: logits {:?}, {} targets",
-        logits.dim(),
-        targets.len()
-    );
+pub fn cross_entropy_fwd_bwd(p: Prec, logits: &Array2<f64>, targets: &[usize], grad_scale: f64) -> CrossEntropy {
+    assert_eq!(logits.nrows(), targets.len(), "cross_entropy: logits {:?}, {} targets", logits.dim(), targets.len());
     let acc = p.acc();
     let m = row_max(p, logits);
     let s = row_sum_exp(p, logits, &m);
@@ -45,11 +34,7 @@ pub fn cross_entropy_fwd_bwd(
 
 /// Largest logit per row (−∞ for an empty slice).
 pub fn row_max(_p: Prec, logits: &Array2<f64>) -> Array1<f64> {
-    logits
-        .rows()
-        .into_iter()
-        .map(|r| r.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b)))
-        .collect()
+    logits.rows().into_iter().map(|r| r.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b))).collect()
 }
 
 /// Σ exp(x − max) per row, in the accumulation dtype.
@@ -59,10 +44,7 @@ pub fn row_sum_exp(p: Prec, logits: &Array2<f64>, row_max: &Array1<f64>) -> Arra
         .rows()
         .into_iter()
         .zip(row_max.iter())
-        .map(|(r, &m)| {
-            r.iter()
-                .fold(0.0, |s, &x| acc.round(s + acc.round((x - m).exp())))
-        })
+        .map(|(r, &m)| r.iter().fold(0.0, |s, &x| acc.round(s + acc.round((x - m).exp()))))
         .collect()
 }
 
@@ -72,13 +54,7 @@ pub fn target_logit(logits: &Array2<f64>, targets: &[usize], col_offset: usize) 
     targets
         .iter()
         .enumerate()
-        .map(|(i, &t)| {
-            if t >= col_offset && t < col_offset + v {
-                logits[[i, t - col_offset]]
-            } else {
-                0.0
-            }
-        })
+        .map(|(i, &t)| if t >= col_offset && t < col_offset + v { logits[[i, t - col_offset]] } else { 0.0 })
         .collect()
 }
 
@@ -92,9 +68,7 @@ mod tests {
         let x = rand_mat(3, 5, 1) * 3.0;
         let t = [0, 4, 2];
         let ce = cross_entropy_fwd_bwd(Prec::F64, &x, &t, 0.5);
-        check_grad("dlogits", &ce.dlogits, &x, |x| {
-            0.5 * cross_entropy_fwd_bwd(Prec::F64, x, &t, 1.0).losses.sum()
-        });
+        check_grad("dlogits", &ce.dlogits, &x, |x| 0.5 * cross_entropy_fwd_bwd(Prec::F64, x, &t, 1.0).losses.sum());
     }
 
     #[test]
@@ -103,29 +77,12 @@ mod tests {
         let t = [6, 0, 3, 5];
         let full = cross_entropy_fwd_bwd(Prec::F64, &x, &t, 1.0).losses;
         for cuts in [vec![0, 4, 7], vec![0, 3, 6, 7]] {
-            let slices: Vec<(usize, Array2<f64>)> = cuts
-                .windows(2)
-                .map(|w| (w[0], x.slice(ndarray::s![.., w[0]..w[1]]).to_owned()))
-                .collect();
-            let m: Array1<f64> = (0..4)
-                .map(|i| {
-                    slices
-                        .iter()
-                        .map(|(_, s)| row_max(Prec::F64, s)[i])
-                        .fold(f64::NEG_INFINITY, f64::max)
-                })
-                .collect();
-            let se: Array1<f64> = (0..4)
-                .map(|i| {
-                    slices
-                        .iter()
-                        .map(|(_, s)| row_sum_exp(Prec::F64, s, &m)[i])
-                        .sum()
-                })
-                .collect();
-            let tl: Array1<f64> = (0..4)
-                .map(|i| slices.iter().map(|(o, s)| target_logit(s, &t, *o)[i]).sum())
-                .collect();
+            let slices: Vec<(usize, Array2<f64>)> =
+                cuts.windows(2).map(|w| (w[0], x.slice(ndarray::s![.., w[0]..w[1]]).to_owned())).collect();
+            let m: Array1<f64> =
+                (0..4).map(|i| slices.iter().map(|(_, s)| row_max(Prec::F64, s)[i]).fold(f64::NEG_INFINITY, f64::max)).collect();
+            let se: Array1<f64> = (0..4).map(|i| slices.iter().map(|(_, s)| row_sum_exp(Prec::F64, s, &m)[i]).sum()).collect();
+            let tl: Array1<f64> = (0..4).map(|i| slices.iter().map(|(o, s)| target_logit(s, &t, *o)[i]).sum()).collect();
             for i in 0..4 {
                 let l = se[i].ln() + m[i] - tl[i];
                 assert!((l - full[i]).abs() < 1e-12, "{l} vs {}", full[i]);

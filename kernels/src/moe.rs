@@ -11,11 +11,7 @@ pub fn topk_rows(probs: &Array2<f64>, k: usize) -> Vec<Vec<usize>> {
         .into_iter()
         .map(|r| {
             let mut idx: Vec<usize> = (0..r.len()).collect();
-            idx.sort_by(|&a, &b| {
-                r[b].partial_cmp(&r[a])
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then(a.cmp(&b))
-            });
+            idx.sort_by(|&a, &b| r[b].partial_cmp(&r[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
             idx.truncate(k);
             idx
         })
@@ -40,11 +36,7 @@ pub fn router_fwd(p: Prec, logits: &Array2<f64>, k: usize) -> Routing {
             gates[[t, c]] = probs[[t, e]];
         }
     }
-    Routing {
-        probs,
-        experts,
-        gates,
-    }
+    Routing { probs, experts, gates }
 }
 
 /// Gradient of the router logits given the gradient of the gates.
@@ -65,11 +57,7 @@ pub fn capacity(tokens: usize, experts: usize, k: usize, capacity_factor: f64) -
 
 /// Slot of each (token, choice) in its expert, or None when the expert is full (dropped).
 /// Tokens are assigned in token order, then choice order.
-pub fn assign_capacity(
-    experts: &[Vec<usize>],
-    num_experts: usize,
-    capacity: usize,
-) -> Vec<Vec<Option<usize>>> {
+pub fn assign_capacity(experts: &[Vec<usize>], num_experts: usize, capacity: usize) -> Vec<Vec<Option<usize>>> {
     let mut used = vec![0usize; num_experts];
     experts
         .iter()
@@ -109,15 +97,7 @@ mod tests {
         let ex = r.experts.clone();
         check_grad("router", &d, &x, |xx| {
             let probs = softmax_rows(Prec::F64, xx);
-            ex.iter()
-                .enumerate()
-                .map(|(t, e)| {
-                    e.iter()
-                        .enumerate()
-                        .map(|(c, &e)| probs[[t, e]] * dg[[t, c]])
-                        .sum::<f64>()
-                })
-                .sum()
+            ex.iter().enumerate().map(|(t, e)| e.iter().enumerate().map(|(c, &e)| probs[[t, e]] * dg[[t, c]]).sum::<f64>()).sum()
         });
     }
 

@@ -22,16 +22,8 @@ fn row_stats(p: Prec, x: &Array2<f64>, center: bool, eps: f64) -> (Array2<f64>, 
     let mut x_hat = Array2::zeros(x.raw_dim());
     let mut rstd = Array1::zeros(x.nrows());
     for (i, (xr, mut hr)) in x.rows().into_iter().zip(x_hat.rows_mut()).enumerate() {
-        let mean = if center {
-            acc.round(xr.iter().fold(0.0, |s, &v| acc.round(s + v)) / h)
-        } else {
-            0.0
-        };
-        let var = acc.round(
-            xr.iter().fold(0.0, |s, &v| {
-                acc.round(s + acc.round((v - mean) * (v - mean)))
-            }) / h,
-        );
+        let mean = if center { acc.round(xr.iter().fold(0.0, |s, &v| acc.round(s + v)) / h) } else { 0.0 };
+        let var = acc.round(xr.iter().fold(0.0, |s, &v| acc.round(s + acc.round((v - mean) * (v - mean)))) / h);
         let r = acc.round(1.0 / (var + eps).sqrt());
         rstd[i] = r;
         for (o, &v) in hr.iter_mut().zip(xr.iter()) {
@@ -55,48 +47,21 @@ fn affine(p: Prec, x_hat: &Array2<f64>, w: &Array1<f64>, b: Option<&Array1<f64>>
     y
 }
 
-pub fn layernorm_fwd(
-    p: Prec,
-    x: &Array2<f64>,
-    w: &Array1<f64>,
-    b: Option<&Array1<f64>>,
-    eps: f64,
-) -> (Array2<f64>, NormCache) {
-    assert_eq!(
-        x.ncols(),
-        w.len(),
-        "layernorm: x {:?} weight {}",
-        x.dim(),
-        w.len()
-    );
+pub fn layernorm_fwd(p: Prec, x: &Array2<f64>, w: &Array1<f64>, b: Option<&Array1<f64>>, eps: f64) -> (Array2<f64>, NormCache) {
+    assert_eq!(x.ncols(), w.len(), "layernorm: x {:?} weight {}", x.dim(), w.len());
     let (x_hat, rstd) = row_stats(p, x, true, eps);
     (affine(p, &x_hat, w, b), NormCache { x_hat, rstd })
 }
 
-pub fn rmsnorm_fwd(
-    p: Prec,
-    x: &Array2<f64>,
-    w: &Array1<f64>,
-    eps: f64,
-) -> (Array2<f64>, NormCache) {
-    assert_eq!(
-        x.ncols(),
-        w.len(),
-        "rmsnorm: x {:?} weight {}",
-        x.dim(),
-        w.len()
-    );
+pub fn rmsnorm_fwd(p: Prec, x: &Array2<f64>, w: &Array1<f64>, eps: f64) -> (Array2<f64>, NormCache) {
+    assert_eq!(x.ncols(), w.len(), "rmsnorm: x {:?} weight {}", x.dim(), w.len());
     let (x_hat, rstd) = row_stats(p, x, false, eps);
     (affine(p, &x_hat, w, None), NormCache { x_hat, rstd })
 }
 
 /// Weight and bias gradients summed over the rows given (a sequence-parallel rank passes its rows
 /// and all-reduces the result).
-pub fn layernorm_weight_grads(
-    p: Prec,
-    x_hat: &Array2<f64>,
-    dy: &Array2<f64>,
-) -> (Array1<f64>, Array1<f64>) {
+pub fn layernorm_weight_grads(p: Prec, x_hat: &Array2<f64>, dy: &Array2<f64>) -> (Array1<f64>, Array1<f64>) {
     let acc = p.acc();
     let h = x_hat.ncols();
     let mut dw = vec![0.0; h];
@@ -107,46 +72,17 @@ pub fn layernorm_weight_grads(
             db[j] = acc.round(db[j] + dr[j]);
         }
     }
-    (
-        Array1::from_iter(dw.into_iter().map(|v| p.r(v))),
-        Array1::from_iter(db.into_iter().map(|v| p.r(v))),
-    )
+    (Array1::from_iter(dw.into_iter().map(|v| p.r(v))), Array1::from_iter(db.into_iter().map(|v| p.r(v))))
 }
 
-fn norm_bwd(
-    p: Prec,
-    w: &Array1<f64>,
-    cache: &NormCache,
-    dy: &Array2<f64>,
-    center: bool,
-) -> Array2<f64> {
+fn norm_bwd(p: Prec, w: &Array1<f64>, cache: &NormCache, dy: &Array2<f64>, center: bool) -> Array2<f64> {
     let acc = p.acc();
     let h = w.len() as f64;
     let mut dx = Array2::zeros(dy.raw_dim());
-    for (i, ((hr, dr), mut xr)) in cache
-        .x_hat
-        .rows()
-        .into_iter()
-        .zip(dy.rows())
-        .zip(dx.rows_mut())
-        .enumerate()
-    {
-        let g: Vec<f64> = dr
-            .iter()
-            .zip(w.iter())
-            .map(|(d, w)| acc.round(d * w))
-            .collect();
-        let mean_g = if center {
-            acc.round(g.iter().fold(0.0, |s, v| acc.round(s + v)) / h)
-        } else {
-            0.0
-        };
-        let mean_gx = acc.round(
-            g.iter()
-                .zip(hr.iter())
-                .fold(0.0, |s, (a, b)| acc.round(s + acc.round(a * b)))
-                / h,
-        );
+    for (i, ((hr, dr), mut xr)) in cache.x_hat.rows().into_iter().zip(dy.rows()).zip(dx.rows_mut()).enumerate() {
+        let g: Vec<f64> = dr.iter().zip(w.iter()).map(|(d, w)| acc.round(d * w)).collect();
+        let mean_g = if center { acc.round(g.iter().fold(0.0, |s, v| acc.round(s + v)) / h) } else { 0.0 };
+        let mean_gx = acc.round(g.iter().zip(hr.iter()).fold(0.0, |s, (a, b)| acc.round(s + acc.round(a * b))) / h);
         for (j, o) in xr.iter_mut().enumerate() {
             *o = p.r(acc.round(cache.rstd[i] * acc.round(g[j] - mean_g - hr[j] * mean_gx)));
         }
@@ -154,34 +90,14 @@ fn norm_bwd(
     dx
 }
 
-pub fn layernorm_bwd(
-    p: Prec,
-    _x: &Array2<f64>,
-    w: &Array1<f64>,
-    cache: &NormCache,
-    dy: &Array2<f64>,
-) -> NormGrads {
+pub fn layernorm_bwd(p: Prec, _x: &Array2<f64>, w: &Array1<f64>, cache: &NormCache, dy: &Array2<f64>) -> NormGrads {
     let (dw, db) = layernorm_weight_grads(p, &cache.x_hat, dy);
-    NormGrads {
-        dx: norm_bwd(p, w, cache, dy, true),
-        dw,
-        db: Some(db),
-    }
+    NormGrads { dx: norm_bwd(p, w, cache, dy, true), dw, db: Some(db) }
 }
 
-pub fn rmsnorm_bwd(
-    p: Prec,
-    _x: &Array2<f64>,
-    w: &Array1<f64>,
-    cache: &NormCache,
-    dy: &Array2<f64>,
-) -> NormGrads {
+pub fn rmsnorm_bwd(p: Prec, _x: &Array2<f64>, w: &Array1<f64>, cache: &NormCache, dy: &Array2<f64>) -> NormGrads {
     let (dw, _) = layernorm_weight_grads(p, &cache.x_hat, dy);
-    NormGrads {
-        dx: norm_bwd(p, w, cache, dy, false),
-        dw,
-        db: None,
-    }
+    NormGrads { dx: norm_bwd(p, w, cache, dy, false), dw, db: None }
 }
 
 #[cfg(test)]
@@ -202,22 +118,14 @@ mod tests {
         let dy = rand_mat(3, 6, 4);
         let (_, c) = layernorm_fwd(f, &x, &w, Some(&b), 1e-5);
         let g = layernorm_bwd(f, &x, &w, &c, &dy);
-        let loss = |x: &Array2<f64>, w: &Array1<f64>, b: &Array1<f64>| {
-            (layernorm_fwd(f, x, w, Some(b), 1e-5).0 * &dy).sum()
-        };
+        let loss = |x: &Array2<f64>, w: &Array1<f64>, b: &Array1<f64>| (layernorm_fwd(f, x, w, Some(b), 1e-5).0 * &dy).sum();
         check_grad("dx", &g.dx, &x, |xx| loss(xx, &w, &b));
-        check_grad("dw", &row(&g.dw), &row(&w), |ww| {
-            loss(&x, &ww.row(0).to_owned(), &b)
-        });
-        check_grad("db", &row(g.db.as_ref().unwrap()), &row(&b), |bb| {
-            loss(&x, &w, &bb.row(0).to_owned())
-        });
+        check_grad("dw", &row(&g.dw), &row(&w), |ww| loss(&x, &ww.row(0).to_owned(), &b));
+        check_grad("db", &row(g.db.as_ref().unwrap()), &row(&b), |bb| loss(&x, &w, &bb.row(0).to_owned()));
         // Without bias.
         let (_, c) = layernorm_fwd(f, &x, &w, None, 1e-5);
         let g = layernorm_bwd(f, &x, &w, &c, &dy);
-        check_grad("dx no bias", &g.dx, &x, |xx| {
-            (layernorm_fwd(f, xx, &w, None, 1e-5).0 * &dy).sum()
-        });
+        check_grad("dx no bias", &g.dx, &x, |xx| (layernorm_fwd(f, xx, &w, None, 1e-5).0 * &dy).sum());
     }
 
     #[test]
@@ -228,12 +136,8 @@ mod tests {
         let dy = rand_mat(4, 5, 7);
         let (_, c) = rmsnorm_fwd(f, &x, &w, 1e-5);
         let g = rmsnorm_bwd(f, &x, &w, &c, &dy);
-        check_grad("dx", &g.dx, &x, |xx| {
-            (rmsnorm_fwd(f, xx, &w, 1e-5).0 * &dy).sum()
-        });
-        check_grad("dw", &row(&g.dw), &row(&w), |ww| {
-            (rmsnorm_fwd(f, &x, &ww.row(0).to_owned(), 1e-5).0 * &dy).sum()
-        });
+        check_grad("dx", &g.dx, &x, |xx| (rmsnorm_fwd(f, xx, &w, 1e-5).0 * &dy).sum());
+        check_grad("dw", &row(&g.dw), &row(&w), |ww| (rmsnorm_fwd(f, &x, &ww.row(0).to_owned(), 1e-5).0 * &dy).sum());
     }
 
     #[test]
@@ -246,10 +150,8 @@ mod tests {
         let (dw, _) = layernorm_weight_grads(f, &c.x_hat, &dy);
         let top = ndarray::s![0..2, ..];
         let bot = ndarray::s![2..6, ..];
-        let (a, _) =
-            layernorm_weight_grads(f, &c.x_hat.slice(top).to_owned(), &dy.slice(top).to_owned());
-        let (b, _) =
-            layernorm_weight_grads(f, &c.x_hat.slice(bot).to_owned(), &dy.slice(bot).to_owned());
+        let (a, _) = layernorm_weight_grads(f, &c.x_hat.slice(top).to_owned(), &dy.slice(top).to_owned());
+        let (b, _) = layernorm_weight_grads(f, &c.x_hat.slice(bot).to_owned(), &dy.slice(bot).to_owned());
         assert_close(&row(&(a + b)), &row(&dw), 1e-14);
     }
 }

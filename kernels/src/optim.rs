@@ -6,20 +6,10 @@ use crate::Prec;
 
 /// `grad += wd·param; param −= lr·grad`.
 pub fn sgd_step(p: Prec, param: &mut [f64], grad: &[f64], lr: f64, weight_decay: f64) {
-    assert_eq!(
-        param.len(),
-        grad.len(),
-        "sgd_step: param {} grad {}",
-        param.len(),
-        grad.len()
-    );
+    assert_eq!(param.len(), grad.len(), "sgd_step: param {} grad {}", param.len(), grad.len());
     let a = p.acc();
     for (w, &g) in param.iter_mut().zip(grad) {
-        let g = if weight_decay != 0.0 {
-            a.round(g + a.round(weight_decay * *w))
-        } else {
-            g
-        };
+        let g = if weight_decay != 0.0 { a.round(g + a.round(weight_decay * *w)) } else { g };
         *w = p.r(a.round(*w - a.round(lr * g)));
     }
 }
@@ -36,19 +26,8 @@ pub struct AdamConfig {
 }
 
 /// One Adam / AdamW step as `torch.optim.Adam(W)` computes it; `step` is 1-based.
-pub fn adam_step(
-    p: Prec,
-    param: &mut [f64],
-    grad: &[f64],
-    m: &mut [f64],
-    v: &mut [f64],
-    step: u32,
-    c: &AdamConfig,
-) {
-    assert!(
-        param.len() == grad.len() && m.len() == grad.len() && v.len() == grad.len(),
-        "adam_step: slice lengths differ"
-    );
+pub fn adam_step(p: Prec, param: &mut [f64], grad: &[f64], m: &mut [f64], v: &mut [f64], step: u32, c: &AdamConfig) {
+    assert!(param.len() == grad.len() && m.len() == grad.len() && v.len() == grad.len(), "adam_step: slice lengths differ");
     let a = p.acc();
     let bc1 = 1.0 - c.beta1.powi(step as i32);
     let bc2 = 1.0 - c.beta2.powi(step as i32);
@@ -76,14 +55,7 @@ mod tests {
     use crate::DType;
 
     fn cfg(decoupled: bool) -> AdamConfig {
-        AdamConfig {
-            lr: 0.1,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            decoupled,
-        }
+        AdamConfig { lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, decoupled }
     }
 
     #[test]

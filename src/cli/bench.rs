@@ -49,8 +49,7 @@ pub fn with_dtype(mut case: Case, dtype: Option<DType>) -> Case {
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     let BenchCommand::Clean(a) = cmd;
-    let mut target = registry::create(&a.target, &TargetOptions::default())
-        .map_err(|e| anyhow::anyhow!("--target: {e}"))?;
+    let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
     let oracle = Oracle::default();
     let mut counts = std::collections::BTreeMap::<VerdictKind, u64>::new();
     let mut false_positives = vec![];
@@ -71,10 +70,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     let rate = a.cases as f64 / secs.max(1e-9);
     let dtype = a.dtype.map_or("mixed".to_string(), |d| d.to_string());
     if a.json {
-        let by_kind: serde_json::Map<String, serde_json::Value> = counts
-            .iter()
-            .map(|(k, n)| (k.name().to_string(), (*n).into()))
-            .collect();
+        let by_kind: serde_json::Map<String, serde_json::Value> = counts.iter().map(|(k, n)| (k.name().to_string(), (*n).into())).collect();
         let obj = serde_json::json!({
             "target": a.target, "dtype": dtype, "cases": a.cases, "false_positives": false_positives.len(),
             "cases_per_sec": rate, "seconds": secs, "verdicts": by_kind,
@@ -82,10 +78,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&obj)?);
     } else {
-        println!(
-            "target {} dtype {dtype}: {} cases in {secs:.1} s = {rate:.0} cases/s",
-            a.target, a.cases
-        );
+        println!("target {} dtype {dtype}: {} cases in {secs:.1} s = {rate:.0} cases/s", a.target, a.cases);
         for (k, n) in &counts {
             println!("  {:<12} {n}", k.name());
         }
@@ -94,9 +87,5 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
             println!("    seed {}: {s}: {r}", a.seed + i);
         }
     }
-    Ok(if false_positives.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(if false_positives.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -11,11 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "shardfuzz",
-    version,
-    about = "Coverage-guided differential fuzzer for distributed training frameworks"
-)]
+#[command(name = "shardfuzz", version, about = "Coverage-guided differential fuzzer for distributed training frameworks")]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -43,10 +39,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(a) => run::run(a),
         Command::Gen(a) => gen::run(a),
         Command::Schema => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?
-            );
+            println!("{}", serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(b) => bench::run(b),

@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use shardfuzz_fuzz::oracle::{evaluate, Oracle};
-use shardfuzz_harnesses::case::Case;
+use shardfuzz_harnesses::case::{Case, CaseError};
 use shardfuzz_harnesses::target::registry::{self, TargetOptions};
 
 #[derive(clap::Args)]
@@ -33,28 +32,15 @@ pub struct RunArgs {
 /// Target names from `--target` (`all`: every registered target).
 pub fn target_names(spec: &str) -> Vec<String> {
     if spec == "all" {
-        registry::TARGETS
-            .iter()
-            .filter(|t| t.name != "nop")
-            .map(|t| t.name.to_string())
-            .collect()
+        registry::TARGETS.iter().filter(|t| t.name != "nop").map(|t| t.name.to_string()).collect()
     } else {
-        spec.split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect()
+        spec.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
     }
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let oracle = Oracle {
-        threshold: a.threshold,
-        ..Oracle::default()
-    };
-    let opts = TargetOptions {
-        inject: a.inject.clone(),
-        timeout_ms: a.timeout_ms,
-    };
+    let oracle = Oracle { threshold: a.threshold, ..Oracle::default() };
+    let opts = TargetOptions { inject: a.inject.clone(), timeout_ms: a.timeout_ms };
     let mut targets = vec![];
     for name in target_names(&a.target) {
         targets.push(registry::create(&name, &opts).map_err(|e| anyhow::anyhow!("--target: {e}"))?);
@@ -62,7 +48,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     // Read every case first: a malformed one is an input error before anything runs.
     let mut cases = vec![];
     for path in &a.cases {
-        let case = Case::load(path).with_context(|| format!("{}", path.display()))?;
+        let case = Case::load(path).map_err(|e| match e {
+            CaseError::Io { .. } => anyhow::anyhow!("{e}"),
+            _ => anyhow::anyhow!("{}: {e}", path.display()),
+        })?;
         cases.push((path, case));
     }
     let mut finding = false;
@@ -86,9 +75,5 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
             println!();
         }
     }
-    Ok(if finding {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(if finding { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

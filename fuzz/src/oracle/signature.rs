@@ -30,14 +30,9 @@ pub fn config_class(case: &Case) -> String {
     if case.op.is_some() {
         parts.push(format!("op-{:?}", case.op.as_ref().map(|o| o.kind).unwrap()).to_lowercase());
     }
-    for (name, on) in [
-        ("tp", p.tp > 1),
-        ("sp", p.sequence_parallel && p.tp > 1),
-        ("dp", p.dp > 1),
-        ("pp", p.pp > 1),
-        ("cp", p.cp > 1),
-        ("ep", p.ep > 1),
-    ] {
+    for (name, on) in
+        [("tp", p.tp > 1), ("sp", p.sequence_parallel && p.tp > 1), ("dp", p.dp > 1), ("pp", p.pp > 1), ("cp", p.cp > 1), ("ep", p.ep > 1)]
+    {
         if on {
             parts.push(name.to_string());
         }
@@ -54,24 +49,12 @@ pub fn config_class(case: &Case) -> String {
 /// The deduplication key of a finding.
 pub fn signature(v: &Verdict, case: &Case) -> String {
     let site = match v.kind {
-        VerdictKind::Divergent => v
-            .first_divergent()
-            .map(|c| generalise(&c.tensor))
-            .unwrap_or_default(),
+        VerdictKind::Divergent => v.first_divergent().map(|c| generalise(&c.tensor)).unwrap_or_default(),
         VerdictKind::Crash => {
-            let msg: String = v
-                .reason
-                .split(':')
-                .skip(usize::from(v.crash_rank.is_some()))
-                .collect::<Vec<_>>()
-                .join(":");
+            let msg: String = v.reason.split(':').skip(usize::from(v.crash_rank.is_some())).collect::<Vec<_>>().join(":");
             generalise(msg.trim()).chars().take(80).collect()
         }
-        VerdictKind::Hang => v
-            .stuck
-            .first()
-            .map(|s| generalise(&format!("{} in {}", s.collective, s.group)))
-            .unwrap_or_default(),
+        VerdictKind::Hang => v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default(),
         _ => String::new(),
     };
     let raw = format!("{}|{}|{}|{}", v.target, v.kind, site, config_class(case));
@@ -95,10 +78,7 @@ mod tests {
 
     #[test]
     fn digits_are_generalised() {
-        assert_eq!(
-            generalise("grad/layers.12.attn.k.weight"),
-            "grad/layers.#.attn.k.weight"
-        );
+        assert_eq!(generalise("grad/layers.12.attn.k.weight"), "grad/layers.#.attn.k.weight");
         assert_eq!(signature_id("a"), signature_id("a"));
         assert_ne!(signature_id("a"), signature_id("b"));
     }

@@ -53,10 +53,7 @@ pub enum CaseError {
     #[error("{}", .0.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<Violation>),
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
 }
 
 impl Case {
@@ -70,15 +67,8 @@ impl Case {
         let case: Case = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            let path = if path == "." {
-                "case".to_string()
-            } else {
-                path
-            };
-            CaseError::Parse {
-                path,
-                message: inner.to_string(),
-            }
+            let path = if path == "." { "case".to_string() } else { path };
+            CaseError::Parse { path, message: inner.to_string() }
         })?;
         case.validate(limits).map_err(CaseError::Invalid)?;
         Ok(case)
@@ -86,10 +76,7 @@ impl Case {
 
     /// Reads, parses and validates a case file.
     pub fn load(path: &std::path::Path) -> Result<Case, CaseError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CaseError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| CaseError::Io { path: path.display().to_string(), source })?;
         Self::from_json(&text)
     }
 

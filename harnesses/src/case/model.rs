@@ -119,152 +119,65 @@ impl Model {
         let d = self.head_dim();
         let (hq, hkv) = (self.heads as usize, self.kv_heads as usize);
         let mut out = Vec::new();
-        let mut push = |name: String, shape: Vec<usize>, role, fan_in| {
-            out.push(ParamSpec {
-                name,
-                shape,
-                role,
-                fan_in,
-            })
-        };
+        let mut push = |name: String, shape: Vec<usize>, role, fan_in| out.push(ParamSpec { name, shape, role, fan_in });
         push("embed.weight".into(), vec![v, h], ParamRole::Embedding, 1);
         let swiglu = self.activation == Activation::Swiglu;
         for (i, kind) in self.layers.iter().enumerate() {
             let pre = format!("layers.{i}");
-            push(
-                format!("{pre}.norm.weight"),
-                vec![h],
-                ParamRole::NormWeight,
-                1,
-            );
+            push(format!("{pre}.norm.weight"), vec![h], ParamRole::NormWeight, 1);
             if self.norm == NormKind::Layernorm && self.bias {
                 push(format!("{pre}.norm.bias"), vec![h], ParamRole::NormBias, 1);
             }
             match kind {
                 LayerKind::Attention => {
                     for (n, width) in [("q", hq * d), ("k", hkv * d), ("v", hkv * d)] {
-                        push(
-                            format!("{pre}.attn.{n}.weight"),
-                            vec![h, width],
-                            ParamRole::Weight,
-                            h,
-                        );
+                        push(format!("{pre}.attn.{n}.weight"), vec![h, width], ParamRole::Weight, h);
                         if self.bias {
-                            push(
-                                format!("{pre}.attn.{n}.bias"),
-                                vec![width],
-                                ParamRole::Bias,
-                                h,
-                            );
+                            push(format!("{pre}.attn.{n}.bias"), vec![width], ParamRole::Bias, h);
                         }
                     }
-                    push(
-                        format!("{pre}.attn.o.weight"),
-                        vec![hq * d, h],
-                        ParamRole::Weight,
-                        hq * d,
-                    );
+                    push(format!("{pre}.attn.o.weight"), vec![hq * d, h], ParamRole::Weight, hq * d);
                     if self.bias {
-                        push(
-                            format!("{pre}.attn.o.bias"),
-                            vec![h],
-                            ParamRole::Bias,
-                            hq * d,
-                        );
+                        push(format!("{pre}.attn.o.bias"), vec![h], ParamRole::Bias, hq * d);
                     }
                 }
                 LayerKind::Mlp => {
-                    push(
-                        format!("{pre}.mlp.up.weight"),
-                        vec![h, f],
-                        ParamRole::Weight,
-                        h,
-                    );
+                    push(format!("{pre}.mlp.up.weight"), vec![h, f], ParamRole::Weight, h);
                     if self.bias {
                         push(format!("{pre}.mlp.up.bias"), vec![f], ParamRole::Bias, h);
                     }
                     if swiglu {
-                        push(
-                            format!("{pre}.mlp.gate.weight"),
-                            vec![h, f],
-                            ParamRole::Weight,
-                            h,
-                        );
+                        push(format!("{pre}.mlp.gate.weight"), vec![h, f], ParamRole::Weight, h);
                         if self.bias {
                             push(format!("{pre}.mlp.gate.bias"), vec![f], ParamRole::Bias, h);
                         }
                     }
-                    push(
-                        format!("{pre}.mlp.down.weight"),
-                        vec![f, h],
-                        ParamRole::Weight,
-                        f,
-                    );
+                    push(format!("{pre}.mlp.down.weight"), vec![f, h], ParamRole::Weight, f);
                     if self.bias {
                         push(format!("{pre}.mlp.down.bias"), vec![h], ParamRole::Bias, f);
                     }
                 }
                 LayerKind::Moe => {
                     let e = self.moe.as_ref().map_or(1, |m| m.experts as usize);
-                    push(
-                        format!("{pre}.moe.router.weight"),
-                        vec![h, e],
-                        ParamRole::Router,
-                        h,
-                    );
-                    push(
-                        format!("{pre}.moe.up.weight"),
-                        vec![e, h, f],
-                        ParamRole::ExpertWeight,
-                        h,
-                    );
+                    push(format!("{pre}.moe.router.weight"), vec![h, e], ParamRole::Router, h);
+                    push(format!("{pre}.moe.up.weight"), vec![e, h, f], ParamRole::ExpertWeight, h);
                     if self.bias {
-                        push(
-                            format!("{pre}.moe.up.bias"),
-                            vec![e, f],
-                            ParamRole::ExpertBias,
-                            h,
-                        );
+                        push(format!("{pre}.moe.up.bias"), vec![e, f], ParamRole::ExpertBias, h);
                     }
                     if swiglu {
-                        push(
-                            format!("{pre}.moe.gate.weight"),
-                            vec![e, h, f],
-                            ParamRole::ExpertWeight,
-                            h,
-                        );
+                        push(format!("{pre}.moe.gate.weight"), vec![e, h, f], ParamRole::ExpertWeight, h);
                         if self.bias {
-                            push(
-                                format!("{pre}.moe.gate.bias"),
-                                vec![e, f],
-                                ParamRole::ExpertBias,
-                                h,
-                            );
+                            push(format!("{pre}.moe.gate.bias"), vec![e, f], ParamRole::ExpertBias, h);
                         }
                     }
-                    push(
-                        format!("{pre}.moe.down.weight"),
-                        vec![e, f, h],
-                        ParamRole::ExpertWeight,
-                        f,
-                    );
+                    push(format!("{pre}.moe.down.weight"), vec![e, f, h], ParamRole::ExpertWeight, f);
                     if self.bias {
-                        push(
-                            format!("{pre}.moe.down.bias"),
-                            vec![e, h],
-                            ParamRole::ExpertBias,
-                            f,
-                        );
+                        push(format!("{pre}.moe.down.bias"), vec![e, h], ParamRole::ExpertBias, f);
                     }
                 }
             }
         }
-        push(
-            "final_norm.weight".into(),
-            vec![h],
-            ParamRole::NormWeight,
-            1,
-        );
+        push("final_norm.weight".into(), vec![h], ParamRole::NormWeight, 1);
         if self.norm == NormKind::Layernorm && self.bias {
             push("final_norm.bias".into(), vec![h], ParamRole::NormBias, 1);
         }

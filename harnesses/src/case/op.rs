@@ -75,16 +75,8 @@ impl OpKind {
         let s = |i: usize| shape.get(i).copied().unwrap_or(1);
         match self {
             OpKind::Matmul => vec![("a", vec![s(0), s(1)]), ("b", vec![s(1), s(2)])],
-            OpKind::Linear => vec![
-                ("x", vec![s(0), s(1)]),
-                ("w", vec![s(1), s(2)]),
-                ("bias", vec![s(2)]),
-            ],
-            OpKind::Layernorm => vec![
-                ("x", vec![s(0), s(1)]),
-                ("w", vec![s(1)]),
-                ("bias", vec![s(1)]),
-            ],
+            OpKind::Linear => vec![("x", vec![s(0), s(1)]), ("w", vec![s(1), s(2)]), ("bias", vec![s(2)])],
+            OpKind::Layernorm => vec![("x", vec![s(0), s(1)]), ("w", vec![s(1)]), ("bias", vec![s(1)])],
             OpKind::Embedding => vec![("table", vec![s(1), s(2)])],
             OpKind::CrossEntropy => vec![("logits", vec![s(0), s(1)])],
             _ => vec![("x", vec![s(0), s(1)])],
@@ -123,9 +115,7 @@ impl std::str::FromStr for Placement {
                 .and_then(|r| r.strip_suffix(')'))
                 .and_then(|d| d.parse().ok())
                 .map(Placement::Shard)
-                .ok_or_else(|| {
-                    format!("placement must be \"R\", \"P\" or \"S(dim)\" (got \"{s}\")")
-                }),
+                .ok_or_else(|| format!("placement must be \"R\", \"P\" or \"S(dim)\" (got \"{s}\")")),
         }
     }
 }
@@ -138,9 +128,7 @@ impl Serialize for Placement {
 
 impl<'de> Deserialize<'de> for Placement {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
 }
 

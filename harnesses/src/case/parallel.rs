@@ -82,9 +82,7 @@ pub enum PipelineSchedule {
 }
 
 /// A mesh axis.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Axis {
     Tp,
@@ -132,10 +130,7 @@ impl std::str::FromStr for RankOrder {
         }
         let mut axes = [Axis::Tp; 4];
         for (slot, part) in axes.iter_mut().zip(&parts) {
-            *slot = Axis::ALL
-                .into_iter()
-                .find(|a| a.name() == *part)
-                .ok_or_else(|| format!("{rule} (got \"{s}\")"))?;
+            *slot = Axis::ALL.into_iter().find(|a| a.name() == *part).ok_or_else(|| format!("{rule} (got \"{s}\")"))?;
         }
         let mut sorted = axes;
         sorted.sort();
@@ -196,11 +191,7 @@ impl Mesh {
     }
 
     fn slot(&self, axis: Axis) -> usize {
-        self.order
-            .0
-            .iter()
-            .position(|a| *a == axis)
-            .expect("axis in order")
+        self.order.0.iter().position(|a| *a == axis).expect("axis in order")
     }
 
     fn stride(&self, slot: usize) -> usize {
@@ -243,22 +234,14 @@ mod tests {
 
     #[test]
     fn mesh_groups_follow_rank_order() {
-        let p = Parallel {
-            dp: 2,
-            tp: 2,
-            pp: 2,
-            ..Parallel::default()
-        };
+        let p = Parallel { dp: 2, tp: 2, pp: 2, ..Parallel::default() };
         let m = Mesh::new(&p);
         // tp fastest: ranks 0,1 share dp=0,pp=0
         assert_eq!(m.group(0, Axis::Tp), vec![0, 1]);
         assert_eq!(m.group(1, Axis::Dp), vec![1, 3]);
         assert_eq!(m.group(5, Axis::Pp), vec![1, 5]);
         assert_eq!(m.coord(6, Axis::Pp), 1);
-        let p2 = Parallel {
-            rank_order: "dp-tp-cp-pp".parse().unwrap(),
-            ..p
-        };
+        let p2 = Parallel { rank_order: "dp-tp-cp-pp".parse().unwrap(), ..p };
         let m2 = Mesh::new(&p2);
         assert_eq!(m2.group(0, Axis::Dp), vec![0, 1]);
         assert_eq!(m2.group(0, Axis::Tp), vec![0, 2]);

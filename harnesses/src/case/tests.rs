@@ -32,10 +32,7 @@ fn missing_field_is_named() {
 #[test]
 fn zero_and_negative_sizes_are_named() {
     let e = error_of(&MINIMAL.replace(r#""hidden": 8"#, r#""hidden": 0"#));
-    assert!(
-        e.contains("model.hidden") && e.contains("at least 1"),
-        "{e}"
-    );
+    assert!(e.contains("model.hidden") && e.contains("at least 1"), "{e}");
     let e = error_of(&MINIMAL.replace(r#""seq": 4"#, r#""seq": -3"#));
     assert!(e.contains("model.seq"), "{e}");
     let e = error_of(&MINIMAL.replace(r#""tp": 2"#, r#""tp": 0"#));
@@ -44,24 +41,15 @@ fn zero_and_negative_sizes_are_named() {
 
 #[test]
 fn every_violation_is_reported() {
-    let t = MINIMAL
-        .replace(r#""tp": 2"#, r#""tp": 0"#)
-        .replace(r#""batch": 2"#, r#""batch": 0"#);
-    let Err(CaseError::Invalid(v)) = Case::from_json(&t) else {
-        panic!("expected invalid")
-    };
+    let t = MINIMAL.replace(r#""tp": 2"#, r#""tp": 0"#).replace(r#""batch": 2"#, r#""batch": 0"#);
+    let Err(CaseError::Invalid(v)) = Case::from_json(&t) else { panic!("expected invalid") };
     let fields: Vec<_> = v.iter().map(|v| v.field.as_str()).collect();
-    assert!(
-        fields.contains(&"parallel.tp") && fields.contains(&"model.batch"),
-        "{fields:?}"
-    );
+    assert!(fields.contains(&"parallel.tp") && fields.contains(&"model.batch"), "{fields:?}");
 }
 
 #[test]
 fn non_divisible_sizes_are_valid() {
-    let t = MINIMAL
-        .replace(r#""ffn": 12"#, r#""ffn": 13"#)
-        .replace(r#""tp": 2"#, r#""tp": 3"#);
+    let t = MINIMAL.replace(r#""ffn": 12"#, r#""ffn": 13"#).replace(r#""tp": 2"#, r#""tp": 3"#);
     Case::from_json(&t).unwrap();
 }
 
@@ -83,15 +71,7 @@ fn broken_json_is_an_error() {
 #[test]
 fn schema_names_every_section() {
     let s = Case::json_schema().to_string();
-    for f in [
-        "parallel",
-        "model",
-        "train",
-        "data",
-        "zero_stage",
-        "kv_heads",
-        "distribution",
-    ] {
+    for f in ["parallel", "model", "train", "data", "zero_stage", "kv_heads", "distribution"] {
         assert!(s.contains(f), "schema lacks {f}");
     }
 }

@@ -76,13 +76,6 @@ fn eps() -> Real {
 
 impl Optimizer {
     pub fn sgd(lr: f64) -> Self {
-        Optimizer {
-            kind: OptimizerKind::Sgd,
-            lr: Real(lr),
-            beta1: beta1(),
-            beta2: beta2(),
-            eps: eps(),
-            weight_decay: Real(0.0),
-        }
+        Optimizer { kind: OptimizerKind::Sgd, lr: Real(lr), beta1: beta1(), beta2: beta2(), eps: eps(), weight_decay: Real(0.0) }
     }
 }

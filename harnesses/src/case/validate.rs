@@ -14,11 +14,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_world: 64,
-            memory_budget: 64 << 20,
-            max_steps: 64,
-        }
+        Limits { max_world: 64, memory_budget: 64 << 20, max_steps: 64 }
     }
 }
 
@@ -40,10 +36,7 @@ struct Report(Vec<Violation>);
 
 impl Report {
     fn fail(&mut self, field: impl Into<String>, rule: impl Into<String>) {
-        self.0.push(Violation {
-            field: field.into(),
-            rule: rule.into(),
-        });
+        self.0.push(Violation { field: field.into(), rule: rule.into() });
     }
     fn at_least_one(&mut self, field: &str, v: u64) {
         if v < 1 {
@@ -64,37 +57,17 @@ impl Case {
     pub fn validate(&self, limits: &Limits) -> Result<(), Vec<Violation>> {
         let mut r = Report::default();
         if self.schema != super::SCHEMA_VERSION {
-            r.fail(
-                "schema",
-                format!("must be {} (got {})", super::SCHEMA_VERSION, self.schema),
-            );
+            r.fail("schema", format!("must be {} (got {})", super::SCHEMA_VERSION, self.schema));
         }
         let p = &self.parallel;
-        for (name, v) in [
-            ("dp", p.dp),
-            ("tp", p.tp),
-            ("pp", p.pp),
-            ("cp", p.cp),
-            ("ep", p.ep),
-            ("microbatches", p.microbatches),
-        ] {
+        for (name, v) in [("dp", p.dp), ("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep), ("microbatches", p.microbatches)] {
             r.at_least_one(&format!("parallel.{name}"), v as u64);
         }
         if p.zero_stage > 3 {
-            r.fail(
-                "parallel.zero_stage",
-                format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage),
-            );
+            r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
         }
         if p.world() > limits.max_world {
-            r.fail(
-                "parallel",
-                format!(
-                    "world dp*tp*pp*cp = {} exceeds the maximum of {} ranks",
-                    p.world(),
-                    limits.max_world
-                ),
-            );
+            r.fail("parallel", format!("world dp*tp*pp*cp = {} exceeds the maximum of {} ranks", p.world(), limits.max_world));
         }
         match (&self.model, &self.op) {
             (Some(m), None) => validate_model(m, &mut r),
@@ -106,11 +79,7 @@ impl Case {
             let bytes = self.estimated_bytes();
             if bytes > limits.memory_budget {
                 r.fail(
-                    if self.model.is_some() {
-                        "model"
-                    } else {
-                        "op.shape"
-                    },
+                    if self.model.is_some() { "model" } else { "op.shape" },
                     format!(
                         "tensors need about {:.1} MiB, over the memory budget of {:.1} MiB",
                         bytes as f64 / (1 << 20) as f64,
@@ -133,8 +102,7 @@ impl Case {
             let t = m.tokens() as u64;
             let (h, f, v) = (m.hidden as u64, m.ffn as u64, m.vocab as u64);
             let experts = m.moe.as_ref().map_or(1, |c| c.experts as u64);
-            let per_layer =
-                t * (12 * h + 4 * f * experts.min(4)) + t * m.seq as u64 * m.heads as u64 * 2;
+            let per_layer = t * (12 * h + 4 * f * experts.min(4)) + t * m.seq as u64 * m.heads as u64 * 2;
             let acts = per_layer * m.layers.len() as u64 + t * (4 * h + 3 * v);
             // param, grad, two optimizer states, initial copy; activations kept for backward.
             params * 5 + acts * 2
@@ -169,44 +137,24 @@ fn validate_model(m: &Model, r: &mut Report) {
     if m.heads >= 1 && m.hidden >= 1 && m.hidden % m.heads != 0 {
         r.fail(
             "model.hidden",
-            format!(
-                "must be a multiple of model.heads so heads have equal size (hidden {} heads {})",
-                m.hidden, m.heads
-            ),
+            format!("must be a multiple of model.heads so heads have equal size (hidden {} heads {})", m.hidden, m.heads),
         );
     }
     if m.heads >= 1 && m.kv_heads >= 1 && m.heads % m.kv_heads != 0 {
         r.fail(
             "model.kv_heads",
-            format!(
-                "must divide model.heads for grouped-query attention (heads {} kv_heads {})",
-                m.heads, m.kv_heads
-            ),
+            format!("must divide model.heads for grouped-query attention (heads {} kv_heads {})", m.heads, m.kv_heads),
         );
     }
     let has_moe = m.layers.contains(&LayerKind::Moe);
     match (&m.moe, has_moe) {
-        (None, true) => r.fail(
-            "model.moe",
-            "must be present when model.layers contains \"moe\"",
-        ),
+        (None, true) => r.fail("model.moe", "must be present when model.layers contains \"moe\""),
         (Some(c), _) => {
             r.at_least_one("model.moe.experts", c.experts as u64);
             if c.top_k < 1 || c.top_k > c.experts {
-                r.fail(
-                    "model.moe.top_k",
-                    format!(
-                        "must be between 1 and model.moe.experts = {} (got {})",
-                        c.experts, c.top_k
-                    ),
-                );
+                r.fail("model.moe.top_k", format!("must be between 1 and model.moe.experts = {} (got {})", c.experts, c.top_k));
             }
-            r.finite_at_least(
-                "model.moe.capacity_factor",
-                c.capacity_factor.get(),
-                0.0,
-                true,
-            );
+            r.finite_at_least("model.moe.capacity_factor", c.capacity_factor.get(), 0.0, true);
         }
         (None, false) => {}
     }
@@ -215,15 +163,7 @@ fn validate_model(m: &Model, r: &mut Report) {
 fn validate_op(o: &OpCase, r: &mut Report) {
     let want = o.kind.shape_len();
     if o.shape.len() != want {
-        r.fail(
-            "op.shape",
-            format!(
-                "{:?} takes {want} sizes {} (got {})",
-                o.kind,
-                o.kind.shape_help(),
-                o.shape.len()
-            ),
-        );
+        r.fail("op.shape", format!("{:?} takes {want} sizes {} (got {})", o.kind, o.kind.shape_help(), o.shape.len()));
         return;
     }
     for (i, &d) in o.shape.iter().enumerate() {
@@ -251,35 +191,16 @@ fn validate_op(o: &OpCase, r: &mut Report) {
         let field = format!("op.placements.{name}");
         let Some((_, ishape)) = inputs.iter().find(|(n, _)| n == name) else {
             let names: Vec<_> = inputs.iter().map(|(n, _)| *n).collect();
-            r.fail(
-                field,
-                format!(
-                    "is not an input of {:?} (inputs: {})",
-                    o.kind,
-                    names.join(", ")
-                ),
-            );
+            r.fail(field, format!("is not an input of {:?} (inputs: {})", o.kind, names.join(", ")));
             continue;
         };
         if places.len() != 2 {
-            r.fail(
-                &field,
-                format!(
-                    "must give one placement per mesh dimension [dp, tp] (got {})",
-                    places.len()
-                ),
-            );
+            r.fail(&field, format!("must give one placement per mesh dimension [dp, tp] (got {})", places.len()));
         }
         for pl in places {
             if let Placement::Shard(d) = pl {
                 if *d >= ishape.len() {
-                    r.fail(
-                        &field,
-                        format!(
-                            "S({d}) names a dimension the {}-d input does not have",
-                            ishape.len()
-                        ),
-                    );
+                    r.fail(&field, format!("S({d}) names a dimension the {}-d input does not have", ishape.len()));
                 }
             }
         }
@@ -289,27 +210,16 @@ fn validate_op(o: &OpCase, r: &mut Report) {
 fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     r.at_least_one("train.steps", t.steps as u64);
     if t.steps > limits.max_steps {
-        r.fail(
-            "train.steps",
-            format!("must be at most {} (got {})", limits.max_steps, t.steps),
-        );
+        r.fail("train.steps", format!("must be at most {} (got {})", limits.max_steps, t.steps));
     }
     r.at_least_one("train.grad_accumulation", t.grad_accumulation as u64);
     let o = &t.optimizer;
     r.finite_at_least("train.optimizer.lr", o.lr.get(), 0.0, false);
     r.finite_at_least("train.optimizer.eps", o.eps.get(), 0.0, true);
-    r.finite_at_least(
-        "train.optimizer.weight_decay",
-        o.weight_decay.get(),
-        0.0,
-        false,
-    );
+    r.finite_at_least("train.optimizer.weight_decay", o.weight_decay.get(), 0.0, false);
     for (name, b) in [("beta1", o.beta1.get()), ("beta2", o.beta2.get())] {
         if !(0.0..1.0).contains(&b) {
-            r.fail(
-                format!("train.optimizer.{name}"),
-                format!("must be in [0, 1) (got {b})"),
-            );
+            r.fail(format!("train.optimizer.{name}"), format!("must be in [0, 1) (got {b})"));
         }
     }
     if let Some(c) = t.clip_grad_norm {

@@ -26,25 +26,12 @@ pub fn norm_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, x: &Mat) -> (Mat, NormS
         }
         NormKind::Rmsnorm => k::rmsnorm_fwd(ctx.p, x, &w, NORM_EPS),
     };
-    (
-        y,
-        NormState {
-            x: x.clone(),
-            cache,
-        },
-    )
+    (y, NormState { x: x.clone(), cache })
 }
 
 /// Norm backward. Under sequence parallelism each rank saw only its rows, so the weight and bias
 /// gradients are partial sums that must be all-reduced over the tensor-parallel group.
-pub fn norm_bwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    st: &NormState,
-    dy: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<Mat> {
+pub fn norm_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &NormState, dy: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
     let wname = format!("{pre}.weight");
     let w = vec1(params, &wname);
     let g = match ctx.model.norm {
@@ -69,12 +56,7 @@ pub fn norm_bwd(
 
 /// Adds the bias of a row-parallel layer after the reduction (or, with the injected bug, on every
 /// rank before it).
-fn row_parallel_out(
-    ctx: &Ctx,
-    g: &Geom,
-    partial: Mat,
-    bias: Option<ndarray::Array1<f64>>,
-) -> CResult<Mat> {
+fn row_parallel_out(ctx: &Ctx, g: &Geom, partial: Mat, bias: Option<ndarray::Array1<f64>>) -> CResult<Mat> {
     let early = ctx.bug(Bug::RowParallelBiasEveryRank) && ctx.tp_size() > 1;
     let partial = match (&bias, early) {
         (Some(b), true) => k::add_row(ctx.p, &partial, b),
@@ -124,14 +106,7 @@ pub struct MlpState {
 }
 
 /// Forward of block `i`; returns the new residual stream.
-pub fn block_fwd(
-    ctx: &Ctx,
-    i: usize,
-    kind: LayerKind,
-    params: &ParamSet,
-    g: &Geom,
-    x: &Mat,
-) -> CResult<(Mat, BlockCache)> {
+pub fn block_fwd(ctx: &Ctx, i: usize, kind: LayerKind, params: &ParamSet, g: &Geom, x: &Mat) -> CResult<(Mat, BlockCache)> {
     let pre = format!("layers.{i}");
     let (yn, norm) = norm_fwd(ctx, &format!("{pre}.norm"), params, x);
     let y = enter_fwd(ctx, g, yn)?;
@@ -147,21 +122,10 @@ pub fn block_fwd(
 }
 
 /// Backward of block `i`: gradient of the residual stream in, out; parameter gradients accumulated.
-pub fn block_bwd(
-    ctx: &Ctx,
-    i: usize,
-    params: &ParamSet,
-    g: &Geom,
-    cache: BlockCache,
-    dx: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<Mat> {
+pub fn block_bwd(ctx: &Ctx, i: usize, params: &ParamSet, g: &Geom, cache: BlockCache, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
     let pre = format!("layers.{i}");
     let (dy_full, norm) = match cache {
-        BlockCache::Attention(st) => (
-            attention_bwd(ctx, &pre, params, g, &st, dx, grads)?,
-            st.norm,
-        ),
+        BlockCache::Attention(st) => (attention_bwd(ctx, &pre, params, g, &st, dx, grads)?, st.norm),
         BlockCache::Mlp(st) => (mlp_bwd(ctx, &pre, params, g, &st, dx, grads)?, st.norm),
         BlockCache::Moe(st) => {
             let d = moe_bwd(ctx, &pre, params, g, &st, dx, grads)?;
@@ -169,14 +133,7 @@ pub fn block_bwd(
         }
     };
     let dyn_local = enter_bwd(ctx, g, dy_full)?;
-    let dnorm = norm_bwd(
-        ctx,
-        &format!("{pre}.norm"),
-        params,
-        &norm,
-        &dyn_local,
-        grads,
-    )?;
+    let dnorm = norm_bwd(ctx, &format!("{pre}.norm"), params, &norm, &dyn_local, grads)?;
     Ok(k::add(ctx.p, dx, &dnorm))
 }
 
@@ -190,14 +147,7 @@ fn attention_scale(ctx: &Ctx) -> f64 {
     }
 }
 
-fn attention_fwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    g: &Geom,
-    y: Mat,
-    norm: NormState,
-) -> CResult<(Mat, BlockCache)> {
+fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, BlockCache)> {
     let proj = |n: &str| {
         let w = mat(params, &format!("{pre}.attn.{n}.weight"));
         let b = opt_vec1(params, &format!("{pre}.attn.{n}.bias"));
@@ -215,37 +165,11 @@ fn attention_fwd(
     let (a, cache) = k::attention_fwd(ctx.p, &q, &kk, &v, shape, scale);
     let wo = mat(params, &format!("{pre}.attn.o.weight"));
     let partial = k::matmul(ctx.p, &a, &wo);
-    let out = row_parallel_out(
-        ctx,
-        g,
-        partial,
-        opt_vec1(params, &format!("{pre}.attn.o.bias")),
-    )?;
-    Ok((
-        out,
-        BlockCache::Attention(AttnState {
-            norm,
-            y,
-            q,
-            k: kk,
-            v,
-            a,
-            cache,
-            shape,
-            scale,
-        }),
-    ))
+    let out = row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.attn.o.bias")))?;
+    Ok((out, BlockCache::Attention(AttnState { norm, y, q, k: kk, v, a, cache, shape, scale })))
 }
 
-fn attention_bwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    g: &Geom,
-    st: &AttnState,
-    dx: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<Mat> {
+fn attention_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &AttnState, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
     let dt = ctx.dtype();
     let bname = format!("{pre}.attn.o.bias");
     if params.contains_key(&bname) {
@@ -255,17 +179,9 @@ fn attention_bwd(
     let wo_name = format!("{pre}.attn.o.weight");
     let wo = mat(params, &wo_name);
     let dwo = k::matmul_tn(ctx.p, &st.a, &dout);
-    accumulate(
-        grads,
-        &wo_name,
-        &[wo.nrows(), wo.ncols()],
-        dwo.as_slice().expect("std"),
-        dt,
-    );
+    accumulate(grads, &wo_name, &[wo.nrows(), wo.ncols()], dwo.as_slice().expect("std"), dt);
     let da = k::matmul_nt(ctx.p, &dout, &wo);
-    let (dq, dk, dv) = k::attention_bwd(
-        ctx.p, &st.q, &st.k, &st.v, &st.cache, &da, st.shape, st.scale,
-    );
+    let (dq, dk, dv) = k::attention_bwd(ctx.p, &st.q, &st.k, &st.v, &st.cache, &da, st.shape, st.scale);
     let mut dy: Option<Mat> = None;
     for (n, d) in [("q", dq), ("k", dk), ("v", dv)] {
         let wname = format!("{pre}.attn.{n}.weight");
@@ -308,14 +224,7 @@ fn reduce_replicated_kv(ctx: &Ctx, g: &mut [f64]) -> CResult<()> {
     Ok(())
 }
 
-fn mlp_fwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    g: &Geom,
-    y: Mat,
-    norm: NormState,
-) -> CResult<(Mat, BlockCache)> {
+fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, BlockCache)> {
     let lin = |n: &str| {
         let w = mat(params, &format!("{pre}.mlp.{n}.weight"));
         let b = opt_vec1(params, &format!("{pre}.mlp.{n}.bias"));
@@ -338,39 +247,16 @@ fn mlp_fwd(
     };
     let wd = mat(params, &format!("{pre}.mlp.down.weight"));
     let partial = k::matmul(ctx.p, &act, &wd);
-    let out =
-        if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.tp_size() > 1 {
-            // The injected fault: a rank with nothing to contribute skips the collective.
-            partial
-        } else {
-            row_parallel_out(
-                ctx,
-                g,
-                partial,
-                opt_vec1(params, &format!("{pre}.mlp.down.bias")),
-            )?
-        };
-    Ok((
-        out,
-        BlockCache::Mlp(MlpState {
-            norm,
-            y,
-            up,
-            gate,
-            act,
-        }),
-    ))
+    let out = if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.tp_size() > 1 {
+        // The injected fault: a rank with nothing to contribute skips the collective.
+        partial
+    } else {
+        row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.mlp.down.bias")))?
+    };
+    Ok((out, BlockCache::Mlp(MlpState { norm, y, up, gate, act })))
 }
 
-fn mlp_bwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    g: &Geom,
-    st: &MlpState,
-    dx: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<Mat> {
+fn mlp_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MlpState, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
     let dt = ctx.dtype();
     let bname = format!("{pre}.mlp.down.bias");
     if params.contains_key(&bname) {
@@ -380,25 +266,13 @@ fn mlp_bwd(
     let wd_name = format!("{pre}.mlp.down.weight");
     let wd = mat(params, &wd_name);
     let lg = k::linear_bwd(ctx.p, &st.act, &wd, &dout);
-    accumulate(
-        grads,
-        &wd_name,
-        &[wd.nrows(), wd.ncols()],
-        lg.dw.as_slice().expect("std"),
-        dt,
-    );
+    accumulate(grads, &wd_name, &[wd.nrows(), wd.ncols()], lg.dw.as_slice().expect("std"), dt);
     let dact = lg.dx;
     let mut lin_bwd = |n: &str, d: &Mat| -> Mat {
         let wname = format!("{pre}.mlp.{n}.weight");
         let w = mat(params, &wname);
         let lg = k::linear_bwd(ctx.p, &st.y, &w, d);
-        accumulate(
-            grads,
-            &wname,
-            &[w.nrows(), w.ncols()],
-            lg.dw.as_slice().expect("std"),
-            dt,
-        );
+        accumulate(grads, &wname, &[w.nrows(), w.ncols()], lg.dw.as_slice().expect("std"), dt);
         let bname = format!("{pre}.mlp.{n}.bias");
         if params.contains_key(&bname) {
             accumulate(grads, &bname, &[lg.db.len()], &lg.db.to_vec(), dt);

@@ -69,7 +69,9 @@ impl Bug {
     pub fn description(self) -> &'static str {
         match self {
             Bug::RowParallelBiasEveryRank => "row-parallel linear adds its bias on every TP rank before the all-reduce (tp > 1, bias on)",
-            Bug::SpNormGradNotReduced => "norm weight/bias and row-parallel bias gradients not all-reduced over TP under sequence parallelism",
+            Bug::SpNormGradNotReduced => {
+                "norm weight/bias and row-parallel bias gradients not all-reduced over TP under sequence parallelism"
+            }
             Bug::ClipLocalNorm => "gradient clipping uses the norm of the local shard instead of the global norm",
             Bug::DpAverageWorld => "data-parallel gradients averaged over the world size instead of the DP group size",
             Bug::VocabPadUnmasked => "vocab-parallel cross-entropy does not mask the padded vocab entries (vocab % tp != 0)",
@@ -114,9 +116,7 @@ impl Bugs {
     /// Parses bug names; the error names the unknown one.
     pub fn parse<S: AsRef<str>>(names: &[S]) -> Result<Bugs, String> {
         names.iter().try_fold(Bugs::none(), |acc, n| {
-            Bug::from_name(n.as_ref())
-                .map(|b| acc.with(b))
-                .ok_or_else(|| format!("unknown bug `{}` (see `shardfuzz bugs`)", n.as_ref()))
+            Bug::from_name(n.as_ref()).map(|b| acc.with(b)).ok_or_else(|| format!("unknown bug `{}` (see `shardfuzz bugs`)", n.as_ref()))
         })
     }
 }

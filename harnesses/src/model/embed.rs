@@ -15,24 +15,11 @@ pub fn embed_fwd(ctx: &Ctx, params: &ParamSet, g: &Geom, ids: &[usize]) -> CResu
     exit_fwd(ctx, g, partial)
 }
 
-pub fn embed_bwd(
-    ctx: &Ctx,
-    params: &ParamSet,
-    g: &Geom,
-    ids: &[usize],
-    dx: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<()> {
+pub fn embed_bwd(ctx: &Ctx, params: &ParamSet, g: &Geom, ids: &[usize], dx: &Mat, grads: &mut ParamSet) -> CResult<()> {
     let table = &params["embed.weight"];
     let dfull = exit_bwd(ctx, g, dx.clone())?;
     let dt = k::embedding_bwd(ctx.p, ids, &dfull, table.shape[0], ctx.layout.vocab.start);
-    accumulate(
-        grads,
-        "embed.weight",
-        &table.shape,
-        dt.as_slice().expect("std"),
-        ctx.dtype(),
-    );
+    accumulate(grads, "embed.weight", &table.shape, dt.as_slice().expect("std"), ctx.dtype());
     Ok(())
 }
 
@@ -87,18 +74,12 @@ pub fn head_fwd(
             let mut tl = k::target_logit(&logits, targets, lay.vocab.start).to_vec();
             tp.all_reduce_sum(&mut tl)?;
             let acc = ctx.p.acc();
-            let losses: Vec<f64> = (0..logits.nrows())
-                .map(|t| ctx.p.r(acc.round(acc.round(se[t].ln()) + mx[t] - tl[t])))
-                .collect();
+            let losses: Vec<f64> = (0..logits.nrows()).map(|t| ctx.p.r(acc.round(acc.round(se[t].ln()) + mx[t] - tl[t]))).collect();
             let mut d = Mat::zeros(logits.raw_dim());
             for t in 0..logits.nrows() {
                 for j in 0..logits.ncols() {
                     let prob = acc.round(acc.round((logits[[t, j]] - mx[t]).exp()) / se[t]);
-                    let onehot = if lay.vocab.start + j == targets[t] {
-                        1.0
-                    } else {
-                        0.0
-                    };
+                    let onehot = if lay.vocab.start + j == targets[t] { 1.0 } else { 0.0 };
                     d[[t, j]] = ctx.p.r(acc.round(prob - onehot) * grad_scale);
                 }
             }
@@ -110,24 +91,12 @@ pub fn head_fwd(
 }
 
 /// Backward of [`head_fwd`]: returns the gradient of the residual stream rows this rank holds.
-pub fn head_bwd(
-    ctx: &Ctx,
-    params: &ParamSet,
-    g: &Geom,
-    cache: HeadCache,
-    grads: &mut ParamSet,
-) -> CResult<Mat> {
+pub fn head_bwd(ctx: &Ctx, params: &ParamSet, g: &Geom, cache: HeadCache, grads: &mut ParamSet) -> CResult<Mat> {
     let name = head_name(ctx);
     let w = mat(params, name);
     let dz = k::matmul(ctx.p, &cache.dlogits, &w);
     let dw = k::matmul_tn(ctx.p, &cache.dlogits, &cache.z);
-    accumulate(
-        grads,
-        name,
-        &[w.nrows(), w.ncols()],
-        dw.as_slice().expect("std"),
-        ctx.dtype(),
-    );
+    accumulate(grads, name, &[w.nrows(), w.ncols()], dw.as_slice().expect("std"), ctx.dtype());
     let dzl = enter_bwd(ctx, g, dz)?;
     norm_bwd(ctx, "final_norm", params, &cache.norm, &dzl, grads)
 }

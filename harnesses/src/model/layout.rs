@@ -44,26 +44,15 @@ impl Layout {
     }
 
     /// The layout of tensor-parallel rank `rank` of `tp`, expert-parallel position `ep_rank` of `ep`.
-    pub fn new(
-        m: &Model,
-        tp: usize,
-        rank: usize,
-        sp: bool,
-        ep: usize,
-        ep_rank: usize,
-    ) -> Result<Layout, Reject> {
+    pub fn new(m: &Model, tp: usize, rank: usize, sp: bool, ep: usize, ep_rank: usize) -> Result<Layout, Reject> {
         let (hq, hkv) = (m.heads as usize, m.kv_heads as usize);
         let has_attention = m.layers.contains(&LayerKind::Attention);
         if has_attention && hq % tp != 0 {
-            return Err(Reject(format!(
-                "attention heads ({hq}) must be divisible by the tensor-parallel degree ({tp})"
-            )));
+            return Err(Reject(format!("attention heads ({hq}) must be divisible by the tensor-parallel degree ({tp})")));
         }
         let (kv_heads, kv_replicated) = if hkv >= tp {
             if has_attention && hkv % tp != 0 {
-                return Err(Reject(format!(
-                    "kv_heads ({hkv}) must be divisible by the tensor-parallel degree ({tp})"
-                )));
+                return Err(Reject(format!("kv_heads ({hkv}) must be divisible by the tensor-parallel degree ({tp})")));
             }
             (chunk_range(hkv, tp, rank), false)
         } else {
@@ -77,9 +66,7 @@ impl Layout {
         };
         let experts_total = m.moe.as_ref().map_or(0, |c| c.experts as usize);
         if ep > 1 && experts_total % ep != 0 {
-            return Err(Reject(format!(
-                "experts ({experts_total}) must be divisible by the expert-parallel degree ({ep})"
-            )));
+            return Err(Reject(format!("experts ({experts_total}) must be divisible by the expert-parallel degree ({ep})")));
         }
         let v = m.vocab as usize;
         let vocab_padded = v.div_ceil(tp) * tp;

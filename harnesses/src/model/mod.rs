@@ -88,26 +88,18 @@ impl Ctx<'_> {
 
 /// Adds `g` into the gradient `name` (created on first use), rounding to `dtype` after each add.
 pub fn accumulate(grads: &mut ParamSet, name: &str, shape: &[usize], g: &[f64], dtype: DType) {
-    let t = grads
-        .entry(name.to_string())
-        .or_insert_with(|| Tensor::zeros(shape.to_vec()));
+    let t = grads.entry(name.to_string()).or_insert_with(|| Tensor::zeros(shape.to_vec()));
     debug_assert_eq!(t.data.len(), g.len(), "gradient {name} has the wrong size");
     shardfuzz_kernels::sum_into(&mut t.data, g, dtype);
 }
 
 /// A parameter as a matrix (1-D parameters become one row).
 pub fn mat(params: &ParamSet, name: &str) -> Mat {
-    params
-        .get(name)
-        .unwrap_or_else(|| panic!("parameter {name} missing"))
-        .to_mat()
+    params.get(name).unwrap_or_else(|| panic!("parameter {name} missing")).to_mat()
 }
 
 pub fn vec1(params: &ParamSet, name: &str) -> ndarray::Array1<f64> {
-    params
-        .get(name)
-        .unwrap_or_else(|| panic!("parameter {name} missing"))
-        .to_vec1()
+    params.get(name).unwrap_or_else(|| panic!("parameter {name} missing")).to_vec1()
 }
 
 pub fn opt_vec1(params: &ParamSet, name: &str) -> Option<ndarray::Array1<f64>> {

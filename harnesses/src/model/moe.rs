@@ -72,34 +72,14 @@ fn expert_row(t: &Tensor, e: usize) -> ndarray::Array1<f64> {
 }
 
 /// Adds `g` into slice `[e]` of the stacked gradient `name`.
-fn accumulate_expert(
-    grads: &mut ParamSet,
-    name: &str,
-    shape: &[usize],
-    e: usize,
-    g: &[f64],
-    ctx: &Ctx,
-) {
-    let t = grads
-        .entry(name.to_string())
-        .or_insert_with(|| Tensor::zeros(shape.to_vec()));
+fn accumulate_expert(grads: &mut ParamSet, name: &str, shape: &[usize], e: usize, g: &[f64], ctx: &Ctx) {
+    let t = grads.entry(name.to_string()).or_insert_with(|| Tensor::zeros(shape.to_vec()));
     let n = g.len();
     k::sum_into(&mut t.data[e * n..(e + 1) * n], g, ctx.dtype());
 }
 
-pub fn moe_fwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    g: &Geom,
-    y: Mat,
-    norm: NormState,
-) -> CResult<(Mat, MoeCache)> {
-    let cfg = ctx
-        .model
-        .moe
-        .as_ref()
-        .expect("validated: moe config present");
+pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, MoeCache)> {
+    let cfg = ctx.model.moe.as_ref().expect("validated: moe config present");
     let (e_total, top_k) = (cfg.experts as usize, cfg.top_k as usize);
     let h = y.ncols();
     let wr = mat(params, &format!("{pre}.moe.router.weight"));
@@ -116,11 +96,7 @@ pub fn moe_fwd(
         for (j, t) in toks.enumerate() {
             for (c, slot) in slots[j].iter().enumerate() {
                 let e = routing.experts[t][c];
-                let entry = Entry {
-                    token: t,
-                    choice: c,
-                    expert: e,
-                };
+                let entry = Entry { token: t, choice: c, expert: e };
                 let o = owner(ctx, e);
                 if slot.is_some() {
                     sent[o].push(entry);
@@ -165,9 +141,7 @@ pub fn moe_fwd(
         let x = Mat::from_shape_vec((rows.len(), h), data).expect("rows");
         let lin = |n: &str| {
             let w = expert_mat(&params[&format!("{pre}.moe.{n}.weight")], le);
-            let b = params
-                .get(&format!("{pre}.moe.{n}.bias"))
-                .map(|t| expert_row(t, le));
+            let b = params.get(&format!("{pre}.moe.{n}.bias")).map(|t| expert_row(t, le));
             k::linear_fwd(ctx.p, &x, &w, b.as_ref())
         };
         let up = lin("up");
@@ -186,19 +160,9 @@ pub fn moe_fwd(
             out = k::add_row(ctx.p, &out, &expert_row(bd, le));
         }
         for (i, &(src, pos)) in rows.iter().enumerate() {
-            out_msgs[src][pos * h..(pos + 1) * h]
-                .copy_from_slice(out.row(i).as_slice().expect("std"));
+            out_msgs[src][pos * h..(pos + 1) * h].copy_from_slice(out.row(i).as_slice().expect("std"));
         }
-        runs.push((
-            le,
-            ExpertRun {
-                rows,
-                x,
-                up,
-                gate,
-                act,
-            },
-        ));
+        runs.push((le, ExpertRun { rows, x, up, gate, act }));
     }
     let back = exchange(ctx, out_msgs)?;
     let combine = if drop_bug { kept_only } else { sent.clone() };
@@ -216,30 +180,10 @@ pub fn moe_fwd(
         results.push(r);
     }
     let out = exit_fwd(ctx, g, partial)?;
-    Ok((
-        out,
-        MoeCache {
-            norm,
-            y,
-            routing,
-            sent,
-            combine,
-            results,
-            runs,
-            received,
-        },
-    ))
+    Ok((out, MoeCache { norm, y, routing, sent, combine, results, runs, received }))
 }
 
-pub fn moe_bwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    g: &Geom,
-    st: &MoeCache,
-    dx: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<Mat> {
+pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
     let h = st.y.ncols();
     let top_k = st.routing.gates.ncols();
     let dout = exit_bwd(ctx, g, dx.clone())?;
@@ -266,63 +210,27 @@ pub fn moe_bwd(
     }
     let drecv = exchange(ctx, dres_msgs)?;
     let mut dx_msgs: Vec<Vec<f64>> = st.received.iter().map(|&n| vec![0.0; n * h]).collect();
-    let shape_of = |n: &str| {
-        params
-            .get(&format!("{pre}.moe.{n}"))
-            .map(|t| t.shape.clone())
-    };
+    let shape_of = |n: &str| params.get(&format!("{pre}.moe.{n}")).map(|t| t.shape.clone());
     for (le, run) in &st.runs {
         let le = *le;
         let mut dout_e = Mat::zeros((run.rows.len(), h));
         for (i, &(src, pos)) in run.rows.iter().enumerate() {
-            dout_e
-                .row_mut(i)
-                .as_slice_mut()
-                .expect("std")
-                .copy_from_slice(&drecv[src][pos * h..(pos + 1) * h]);
+            dout_e.row_mut(i).as_slice_mut().expect("std").copy_from_slice(&drecv[src][pos * h..(pos + 1) * h]);
         }
         let wd_name = format!("{pre}.moe.down.weight");
         let wd = expert_mat(&params[&wd_name], le);
         let lg = k::linear_bwd(ctx.p, &run.act, &wd, &dout_e);
-        accumulate_expert(
-            grads,
-            &wd_name,
-            &shape_of("down.weight").unwrap(),
-            le,
-            lg.dw.as_slice().expect("std"),
-            ctx,
-        );
+        accumulate_expert(grads, &wd_name, &shape_of("down.weight").unwrap(), le, lg.dw.as_slice().expect("std"), ctx);
         if let Some(s) = shape_of("down.bias") {
-            accumulate_expert(
-                grads,
-                &format!("{pre}.moe.down.bias"),
-                &s,
-                le,
-                &lg.db.to_vec(),
-                ctx,
-            );
+            accumulate_expert(grads, &format!("{pre}.moe.down.bias"), &s, le, &lg.db.to_vec(), ctx);
         }
         let mut lin_bwd = |n: &str, d: &Mat| -> Mat {
             let wname = format!("{pre}.moe.{n}.weight");
             let w = expert_mat(&params[&wname], le);
             let lg = k::linear_bwd(ctx.p, &run.x, &w, d);
-            accumulate_expert(
-                grads,
-                &wname,
-                &shape_of(&format!("{n}.weight")).unwrap(),
-                le,
-                lg.dw.as_slice().expect("std"),
-                ctx,
-            );
+            accumulate_expert(grads, &wname, &shape_of(&format!("{n}.weight")).unwrap(), le, lg.dw.as_slice().expect("std"), ctx);
             if let Some(s) = shape_of(&format!("{n}.bias")) {
-                accumulate_expert(
-                    grads,
-                    &format!("{pre}.moe.{n}.bias"),
-                    &s,
-                    le,
-                    &lg.db.to_vec(),
-                    ctx,
-                );
+                accumulate_expert(grads, &format!("{pre}.moe.{n}.bias"), &s, le, &lg.db.to_vec(), ctx);
             }
             lg.dx
         };
@@ -339,8 +247,7 @@ pub fn moe_bwd(
             }
         };
         for (i, &(src, pos)) in run.rows.iter().enumerate() {
-            dx_msgs[src][pos * h..(pos + 1) * h]
-                .copy_from_slice(dxe.row(i).as_slice().expect("std"));
+            dx_msgs[src][pos * h..(pos + 1) * h].copy_from_slice(dxe.row(i).as_slice().expect("std"));
         }
     }
     let dback = exchange(ctx, dx_msgs)?;
@@ -358,13 +265,7 @@ pub fn moe_bwd(
     let wr_name = format!("{pre}.moe.router.weight");
     let wr = mat(params, &wr_name);
     let dwr = k::matmul_tn(ctx.p, &st.y, &dlogits);
-    accumulate(
-        grads,
-        &wr_name,
-        &[wr.nrows(), wr.ncols()],
-        dwr.as_slice().expect("std"),
-        ctx.dtype(),
-    );
+    accumulate(grads, &wr_name, &[wr.nrows(), wr.ncols()], dwr.as_slice().expect("std"), ctx.dtype());
     if ctx.tp_index() == 0 {
         let dy_router = k::matmul_nt(ctx.p, &dlogits, &wr);
         dy = k::add(ctx.p, &dy, &dy_router);

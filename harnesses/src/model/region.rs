@@ -41,10 +41,7 @@ fn assemble(ctx: &Ctx, g: &Geom, pieces: &[Vec<f64>], width: usize) -> Mat {
         for b in 0..g.batch {
             for (j, s) in range.clone().enumerate() {
                 let src = &piece[(b * n + j) * width..(b * n + j + 1) * width];
-                full.row_mut(b * g.seq + s)
-                    .as_slice_mut()
-                    .expect("standard layout")
-                    .copy_from_slice(src);
+                full.row_mut(b * g.seq + s).as_slice_mut().expect("standard layout").copy_from_slice(src);
             }
         }
     }

@@ -22,26 +22,10 @@ fn fail(e: impl std::fmt::Display) -> CommFailure {
 }
 
 impl<'a> GroupHandle<'a> {
-    fn new(
-        comm: &'a Comm,
-        name: &str,
-        ranks: Vec<usize>,
-        dtype: DType,
-        lose_remainder: bool,
-    ) -> Self {
-        let index = ranks
-            .iter()
-            .position(|&r| r == comm.rank())
-            .expect("rank is in its own group");
+    fn new(comm: &'a Comm, name: &str, ranks: Vec<usize>, dtype: DType, lose_remainder: bool) -> Self {
+        let index = ranks.iter().position(|&r| r == comm.rank()).expect("rank is in its own group");
         let size = ranks.len();
-        GroupHandle {
-            comm,
-            group: comm.group(name, ranks),
-            index,
-            size,
-            dtype,
-            lose_remainder,
-        }
+        GroupHandle { comm, group: comm.group(name, ranks), index, size, dtype, lose_remainder }
     }
 
     fn reduce(&self, buf: &mut [f64], op: ReduceOp) -> CResult<()> {
@@ -49,14 +33,8 @@ impl<'a> GroupHandle<'a> {
             return Ok(());
         }
         let rem = buf.len() % self.size;
-        let kept: Vec<f64> = if self.lose_remainder && rem != 0 {
-            buf[buf.len() - rem..].to_vec()
-        } else {
-            vec![]
-        };
-        self.comm
-            .all_reduce(&self.group, buf, op, self.dtype)
-            .map_err(fail)?;
+        let kept: Vec<f64> = if self.lose_remainder && rem != 0 { buf[buf.len() - rem..].to_vec() } else { vec![] };
+        self.comm.all_reduce(&self.group, buf, op, self.dtype).map_err(fail)?;
         if !kept.is_empty() {
             // The injected fault: the remainder chunk never went around the ring.
             let n = buf.len();
@@ -89,9 +67,7 @@ impl GroupOps for GroupHandle<'_> {
         if self.size == 1 {
             return Ok(input.to_vec());
         }
-        self.comm
-            .reduce_scatter(&self.group, input, counts, ReduceOp::Sum, self.dtype)
-            .map_err(fail)
+        self.comm.reduce_scatter(&self.group, input, counts, ReduceOp::Sum, self.dtype).map_err(fail)
     }
     fn all_to_all(&self, send: Vec<Vec<f64>>) -> CResult<Vec<Vec<f64>>> {
         if self.size == 1 {
@@ -125,21 +101,11 @@ impl<'a> Groups<'a> {
         let d = mesh.coord(rank, Axis::Dp);
         let ep = plan.ep;
         let ep_ranks: Vec<usize> = dp_ranks[(d / ep) * ep..(d / ep + 1) * ep].to_vec();
-        let edp_ranks: Vec<usize> = dp_ranks
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| i % ep == d % ep)
-            .map(|(_, &r)| r)
-            .collect();
+        let edp_ranks: Vec<usize> = dp_ranks.iter().enumerate().filter(|(i, _)| i % ep == d % ep).map(|(_, &r)| r).collect();
         let last = plan.pp - 1;
-        let mut emb = vec![
-            mesh.with_coord(rank, Axis::Pp, 0),
-            mesh.with_coord(rank, Axis::Pp, last),
-        ];
+        let mut emb = vec![mesh.with_coord(rank, Axis::Pp, 0), mesh.with_coord(rank, Axis::Pp, last)];
         emb.dedup();
-        let embedding = emb
-            .contains(&rank)
-            .then(|| GroupHandle::new(comm, "embedding", emb, dt, lose));
+        let embedding = emb.contains(&rank).then(|| GroupHandle::new(comm, "embedding", emb, dt, lose));
         Groups {
             comm,
             tp: GroupHandle::new(comm, "tp", mesh.group(rank, Axis::Tp), dt, lose),
@@ -147,13 +113,7 @@ impl<'a> Groups<'a> {
             ep: GroupHandle::new(comm, "ep", ep_ranks, dt, lose),
             edp: GroupHandle::new(comm, "edp", edp_ranks, dt, lose),
             embedding,
-            world: GroupHandle::new(
-                comm,
-                "world",
-                (0..plan.world).collect(),
-                plan.case.train.dtype.accum(),
-                false,
-            ),
+            world: GroupHandle::new(comm, "world", (0..plan.world).collect(), plan.case.train.dtype.accum(), false),
         }
     }
 

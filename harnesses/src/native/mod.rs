@@ -59,9 +59,7 @@ pub fn install_quiet_panic_hook() {
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let quiet = std::thread::current()
-                .name()
-                .is_some_and(|n| n.starts_with(RANK_THREAD_PREFIX));
+            let quiet = std::thread::current().name().is_some_and(|n| n.starts_with(RANK_THREAD_PREFIX));
             if !quiet {
                 previous(info);
             }
@@ -103,29 +101,14 @@ pub(crate) fn run_ranks<T: Send>(
                     .expect("spawn rank thread")
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| Err(panic_message(p.as_ref()))))
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| Err(panic_message(p.as_ref())))).collect()
     })
 }
 
 /// Turns failed ranks into a crash or hang outcome; `None` when every rank succeeded.
-pub(crate) fn failure_outcome<T>(
-    world: &World,
-    results: &[Result<CResult<T>, String>],
-    features: &[String],
-) -> Option<Outcome> {
-    if let Some((rank, msg)) = results
-        .iter()
-        .enumerate()
-        .find_map(|(r, x)| x.as_ref().err().map(|m| (r, m)))
-    {
-        return Some(Outcome::Crash {
-            rank: Some(rank),
-            message: msg.clone(),
-            features: features.to_vec(),
-        });
+pub(crate) fn failure_outcome<T>(world: &World, results: &[Result<CResult<T>, String>], features: &[String]) -> Option<Outcome> {
+    if let Some((rank, msg)) = results.iter().enumerate().find_map(|(r, x)| x.as_ref().err().map(|m| (r, m))) {
+        return Some(Outcome::Crash { rank: Some(rank), message: msg.clone(), features: features.to_vec() });
     }
     let failures: Vec<(usize, String)> = results
         .iter()
@@ -138,20 +121,10 @@ pub(crate) fn failure_outcome<T>(
     if failures.is_empty() {
         return None;
     }
-    let stuck: Vec<StuckRank> = world
-        .stuck()
-        .into_iter()
-        .map(|s| StuckRank {
-            rank: s.rank,
-            collective: s.collective,
-            group: s.group,
-        })
-        .collect();
+    let stuck: Vec<StuckRank> =
+        world.stuck().into_iter().map(|s| StuckRank { rank: s.rank, collective: s.collective, group: s.group }).collect();
     if !stuck.is_empty() {
-        let names: Vec<String> = stuck
-            .iter()
-            .map(|s| format!("rank {} in {} on {}", s.rank, s.collective, s.group))
-            .collect();
+        let names: Vec<String> = stuck.iter().map(|s| format!("rank {} in {} on {}", s.rank, s.collective, s.group)).collect();
         return Some(Outcome::Hang {
             detail: format!("{} rank(s) stuck: {}", stuck.len(), names.join("; ")),
             stuck,
@@ -159,11 +132,7 @@ pub(crate) fn failure_outcome<T>(
         });
     }
     let (rank, msg) = &failures[0];
-    Some(Outcome::Crash {
-        rank: Some(*rank),
-        message: msg.clone(),
-        features: features.to_vec(),
-    })
+    Some(Outcome::Crash { rank: Some(*rank), message: msg.clone(), features: features.to_vec() })
 }
 
 impl Target for NativeTarget {
@@ -172,16 +141,9 @@ impl Target for NativeTarget {
     }
 
     fn versions(&self) -> BTreeMap<String, String> {
-        let mut v = BTreeMap::from([(
-            "shardfuzz-native".to_string(),
-            env!("CARGO_PKG_VERSION").to_string(),
-        )]);
+        let mut v = BTreeMap::from([("shardfuzz-native".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         if !self.bugs.is_empty() {
-            let names: Vec<&str> = crate::model::Bug::ALL
-                .iter()
-                .filter(|b| self.bugs.has(**b))
-                .map(|b| b.name())
-                .collect();
+            let names: Vec<&str> = crate::model::Bug::ALL.iter().filter(|b| self.bugs.has(**b)).map(|b| b.name()).collect();
             v.insert("injected".into(), names.join(","));
         }
         v
@@ -193,50 +155,28 @@ impl Target for NativeTarget {
         }
         let plan = match Plan::new(case, self.bugs) {
             Ok(p) => p,
-            Err(r) => {
-                return Outcome::Rejected {
-                    reason: r.0,
-                    features: vec![format!("rejected:{}", case.summary())],
-                }
-            }
+            Err(r) => return Outcome::Rejected { reason: r.0, features: vec![format!("rejected:{}", case.summary())] },
         };
-        let world = World::new(
-            plan.world,
-            WorldOptions {
-                timeout: self.timeout,
-            },
-        );
+        let world = World::new(plan.world, WorldOptions { timeout: self.timeout });
         let results = run_ranks(&world, |comm| {
             let groups = Groups::new(&plan, comm);
             run_rank(&plan, &groups, comm.rank(), inputs)
         });
-        let mut features: Vec<String> = results
-            .iter()
-            .filter_map(|r| r.as_ref().ok().and_then(|r| r.as_ref().ok()))
-            .flat_map(|o| o.features.iter().cloned())
-            .collect();
+        let mut features: Vec<String> =
+            results.iter().filter_map(|r| r.as_ref().ok().and_then(|r| r.as_ref().ok())).flat_map(|o| o.features.iter().cloned()).collect();
         features.extend(world.features());
         features.sort();
         features.dedup();
         if let Some(o) = failure_outcome(&world, &results, &features) {
             return o;
         }
-        let outs: Vec<RankOut> = results
-            .into_iter()
-            .map(|r| r.expect("no panic").expect("no failure"))
-            .collect();
+        let outs: Vec<RankOut> = results.into_iter().map(|r| r.expect("no panic").expect("no failure")).collect();
         Outcome::Completed(assemble(&plan, &outs, features))
     }
 }
 
 /// Which ranks' shards make up one full copy of a parameter: replica `copy` along data parallelism.
-fn holders<'a>(
-    plan: &Plan,
-    outs: &'a [RankOut],
-    name: &str,
-    copy: usize,
-    stage: usize,
-) -> Vec<&'a RankOut> {
+fn holders<'a>(plan: &Plan, outs: &'a [RankOut], name: &str, copy: usize, stage: usize) -> Vec<&'a RankOut> {
     let spec = plan.specs.iter().find(|s| s.name == name).expect("spec");
     let pl = placement(spec);
     outs.iter()
@@ -253,12 +193,7 @@ fn holders<'a>(
         .collect()
 }
 
-fn assemble_param(
-    plan: &Plan,
-    holders: &[&RankOut],
-    name: &str,
-    pick: impl Fn(&RankOut) -> Option<&Tensor>,
-) -> Option<Tensor> {
+fn assemble_param(plan: &Plan, holders: &[&RankOut], name: &str, pick: impl Fn(&RankOut) -> Option<&Tensor>) -> Option<Tensor> {
     let spec = plan.specs.iter().find(|s| s.name == name).expect("spec");
     let mut full = Tensor::zeros(spec.shape.clone());
     let hd = plan.model.head_dim();
@@ -271,24 +206,12 @@ fn assemble_param(
 fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
     let m = plan.model;
     let p = shardfuzz_kernels::Prec::new(plan.case.train.dtype);
-    let mut out = RunOutput {
-        features,
-        ..RunOutput::default()
-    };
+    let mut out = RunOutput { features, ..RunOutput::default() };
     let last = plan.pp - 1;
-    let loss_ranks: Vec<&RankOut> = outs
-        .iter()
-        .filter(|o| o.stage == last && plan.coord(o.rank, Axis::Tp) == 0)
-        .collect();
+    let loss_ranks: Vec<&RankOut> = outs.iter().filter(|o| o.stage == last && plan.coord(o.rank, Axis::Tp) == 0).collect();
     for step in 0..plan.case.train.steps as usize {
-        let sum = loss_ranks
-            .iter()
-            .map(|o| o.loss_sums[step])
-            .fold(0.0, |s, x| p.acc().round(s + x));
-        out.tensors.push((
-            format!("loss/step{step}"),
-            Tensor::scalar(p.r(sum / plan.global_tokens as f64)),
-        ));
+        let sum = loss_ranks.iter().map(|o| o.loss_sums[step]).fold(0.0, |s, x| p.acc().round(s + x));
+        out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(sum / plan.global_tokens as f64))));
     }
     let v = m.vocab as usize;
     let mut logits = Tensor::zeros(vec![m.tokens(), v]);
@@ -325,20 +248,13 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
         for &stage in &stages {
             for copy in 0..copies(name) {
                 let h = holders(plan, outs, name, copy, stage);
-                if let (Some(t), Some(first)) = (
-                    assemble_param(plan, &h, name, |o| o.params.get(name)),
-                    h.first(),
-                ) {
+                if let (Some(t), Some(first)) = (assemble_param(plan, &h, name, |o| o.params.get(name)), h.first()) {
                     reps.push((first.rank, t));
                 }
             }
         }
         if matches!(placement(spec).tp, TpPlacement::Replicate) && plan.tp > 1 {
-            for o in outs.iter().filter(|o| {
-                o.stage == stages[0]
-                    && plan.coord(o.rank, Axis::Dp) == 0
-                    && plan.coord(o.rank, Axis::Tp) > 0
-            }) {
+            for o in outs.iter().filter(|o| o.stage == stages[0] && plan.coord(o.rank, Axis::Dp) == 0 && plan.coord(o.rank, Axis::Tp) > 0) {
                 if let Some(t) = o.params.get(name) {
                     reps.push((o.rank, t.clone()));
                 }
@@ -352,19 +268,9 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
         }
     }
     if plan.case.train.loss_scale.is_some() {
-        let copies: Vec<(usize, Tensor)> = outs
-            .iter()
-            .map(|o| {
-                (
-                    o.rank,
-                    Tensor::new(vec![o.skipped.len()], o.skipped.clone()),
-                )
-            })
-            .collect();
-        out.tensors
-            .push((crate::reference::SKIPPED_STEPS.into(), copies[0].1.clone()));
-        out.replicas
-            .push((crate::reference::SKIPPED_STEPS.into(), copies));
+        let copies: Vec<(usize, Tensor)> = outs.iter().map(|o| (o.rank, Tensor::new(vec![o.skipped.len()], o.skipped.clone()))).collect();
+        out.tensors.push((crate::reference::SKIPPED_STEPS.into(), copies[0].1.clone()));
+        out.replicas.push((crate::reference::SKIPPED_STEPS.into(), copies));
     }
     out.notes = notes(plan);
     out
@@ -374,20 +280,13 @@ fn notes(plan: &Plan) -> Vec<String> {
     let m = plan.model;
     let mut n = vec![];
     if plan.tp > 1 && m.vocab as usize % plan.tp != 0 {
-        n.push(format!(
-            "vocab padded from {} to {}",
-            m.vocab,
-            (m.vocab as usize).div_ceil(plan.tp) * plan.tp
-        ));
+        n.push(format!("vocab padded from {} to {}", m.vocab, (m.vocab as usize).div_ceil(plan.tp) * plan.tp));
     }
     if plan.tp > 1 && m.ffn as usize % plan.tp != 0 {
         n.push(format!("ffn {} split unevenly over tp {}", m.ffn, plan.tp));
     }
     if plan.pp > 1 {
-        n.push(format!(
-            "{:?} schedule, {} stages, {} micro-batches",
-            plan.schedule, plan.pp, plan.microbatches
-        ));
+        n.push(format!("{:?} schedule, {} stages, {} micro-batches", plan.schedule, plan.pp, plan.microbatches));
     }
     n
 }

@@ -6,7 +6,5 @@ use crate::inputs::Inputs;
 use crate::target::Outcome;
 
 pub fn run(_t: &mut NativeTarget, _case: &Case, _inputs: &Inputs) -> Outcome {
-    Outcome::Unsupported {
-        reason: "op-level cases are not implemented by the native target yet".into(),
-    }
+    Outcome::Unsupported { reason: "op-level cases are not implemented by the native target yet".into() }
 }

@@ -45,28 +45,19 @@ impl<'a> Plan<'a> {
         let p = &case.parallel;
         let (dp, tp, pp, ep) = (p.dp as usize, p.tp as usize, p.pp as usize, p.ep as usize);
         if p.cp > 1 {
-            return Err(Reject(
-                "context parallelism (cp > 1) is not implemented by the native target".into(),
-            ));
+            return Err(Reject("context parallelism (cp > 1) is not implemented by the native target".into()));
         }
         if dp % ep != 0 {
-            return Err(Reject(format!(
-                "the expert-parallel degree ({ep}) must divide the data-parallel degree ({dp})"
-            )));
+            return Err(Reject(format!("the expert-parallel degree ({ep}) must divide the data-parallel degree ({dp})")));
         }
         if ep > 1 && p.zero_stage > 0 {
-            return Err(Reject(
-                "ZeRO together with expert parallelism is not supported".into(),
-            ));
+            return Err(Reject("ZeRO together with expert parallelism is not supported".into()));
         }
         // Every tensor-parallel rank must be able to lay out the model.
         for r in 0..tp {
             Layout::new(model, tp, r, p.sequence_parallel, ep, 0)?;
         }
-        let (mb, ga) = (
-            p.microbatches as usize,
-            case.train.grad_accumulation as usize,
-        );
+        let (mb, ga) = (p.microbatches as usize, case.train.grad_accumulation as usize);
         let batch = model.batch as usize;
         if batch < dp * mb * ga {
             return Err(Reject(format!(
@@ -112,15 +103,10 @@ impl<'a> Plan<'a> {
         let mut out: Vec<Piece> = (0..self.microbatches)
             .map(|j| {
                 let r = balanced(chunk.len(), self.microbatches, j);
-                Piece {
-                    rows: base + r.start..base + r.end,
-                }
+                Piece { rows: base + r.start..base + r.end }
             })
             .collect();
-        if self.bug(Bug::PipelineDropsLastMicrobatch)
-            && chunk.len() % self.microbatches != 0
-            && self.microbatches > 1
-        {
+        if self.bug(Bug::PipelineDropsLastMicrobatch) && chunk.len() % self.microbatches != 0 && self.microbatches > 1 {
             out.pop();
         }
         out
@@ -140,16 +126,8 @@ impl<'a> Plan<'a> {
         if name.starts_with("final_norm") || name.starts_with("lm_head") {
             return vec![last];
         }
-        let layer: usize = name
-            .split('.')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("layers.N.…");
-        vec![self
-            .stages
-            .iter()
-            .position(|r| r.contains(&layer))
-            .expect("every layer has a stage")]
+        let layer: usize = name.split('.').nth(1).and_then(|s| s.parse().ok()).expect("layers.N.…");
+        vec![self.stages.iter().position(|r| r.contains(&layer)).expect("every layer has a stage")]
     }
 
     pub fn coord(&self, rank: usize, axis: Axis) -> usize {

@@ -12,8 +12,8 @@ use super::zero::Flat;
 use crate::case::{Axis, PipelineSchedule};
 use crate::inputs::Inputs;
 use crate::model::{
-    block_bwd, block_fwd, embed_bwd, embed_fwd, head_bwd, head_fwd, loss_sum, BlockCache, Bug,
-    CResult, CommFailure, Ctx, Geom, GroupOps, HeadCache, Layout, Mat, ParamSet,
+    block_bwd, block_fwd, embed_bwd, embed_fwd, head_bwd, head_fwd, loss_sum, BlockCache, Bug, CResult, CommFailure, Ctx, Geom, GroupOps,
+    HeadCache, Layout, Mat, ParamSet,
 };
 use crate::reference::{clip_coefficient_of, OptState};
 
@@ -61,11 +61,7 @@ impl<'a> Rank<'a> {
             model: self.plan.model,
             layout: &self.layout,
             tp: Some(&self.groups.tp as &dyn GroupOps),
-            ep: if self.plan.ep > 1 {
-                Some(&self.groups.ep as &dyn GroupOps)
-            } else {
-                None
-            },
+            ep: if self.plan.ep > 1 { Some(&self.groups.ep as &dyn GroupOps) } else { None },
             bugs: self.plan.bugs,
         }
     }
@@ -92,24 +88,18 @@ impl<'a> Rank<'a> {
 
     fn tag(&self, step: u32, a: usize, j: usize, backward: bool) -> u64 {
         let mb = self.plan.microbatches as u64;
-        (((step as u64 * self.plan.accumulation as u64 + a as u64) * mb + j as u64) << 1)
-            | u64::from(backward)
+        (((step as u64 * self.plan.accumulation as u64 + a as u64) * mb + j as u64) << 1) | u64::from(backward)
     }
 
     fn neighbour(&self, delta: isize) -> usize {
-        self.plan
-            .mesh
-            .with_coord(self.rank, Axis::Pp, (self.stage as isize + delta) as usize)
+        self.plan.mesh.with_coord(self.rank, Axis::Pp, (self.stage as isize + delta) as usize)
     }
 
     fn piece_state(&self, piece: Piece, inputs: &Inputs) -> PieceState {
         let seq = self.plan.model.seq as usize;
         let toks: Range<usize> = piece.rows.start * seq..piece.rows.end * seq;
         PieceState {
-            geom: Geom {
-                batch: piece.rows.len(),
-                seq,
-            },
+            geom: Geom { batch: piece.rows.len(), seq },
             ids: inputs.tokens[toks.clone()].to_vec(),
             targets: inputs.targets[toks].to_vec(),
             piece,
@@ -119,21 +109,14 @@ impl<'a> Rank<'a> {
     }
 
     /// Forward of one micro-batch through this stage; the last stage returns (loss sum, logits).
-    fn forward(
-        &self,
-        params: &ParamSet,
-        st: &mut PieceState,
-        tag: u64,
-        grad_scale: f64,
-    ) -> CResult<Option<(f64, Mat)>> {
+    fn forward(&self, params: &ParamSet, st: &mut PieceState, tag: u64, grad_scale: f64) -> CResult<Option<(f64, Mat)>> {
         let ctx = self.ctx();
         let h = self.plan.model.hidden as usize;
         let mut x = if self.stage == 0 {
             embed_fwd(&ctx, params, &st.geom, &st.ids)?
         } else {
             let data = self.groups.recv(self.neighbour(-1), tag)?;
-            Mat::from_shape_vec((data.len() / h, h), data)
-                .map_err(|e| CommFailure(format!("received activation: {e}")))?
+            Mat::from_shape_vec((data.len() / h, h), data).map_err(|e| CommFailure(format!("received activation: {e}")))?
         };
         for i in self.plan.stages[self.stage].clone() {
             let (nx, c) = block_fwd(&ctx, i, self.plan.model.layers[i], params, &st.geom, &x)?;
@@ -141,32 +124,23 @@ impl<'a> Rank<'a> {
             x = nx;
         }
         if self.is_last_stage() {
-            let (losses, logits, hc) =
-                head_fwd(&ctx, params, &st.geom, &x, &st.targets, grad_scale)?;
+            let (losses, logits, hc) = head_fwd(&ctx, params, &st.geom, &x, &st.targets, grad_scale)?;
             st.head = Some(hc);
             Ok(Some((loss_sum(&ctx, &losses), logits)))
         } else {
-            self.groups
-                .send(self.neighbour(1), tag, x.iter().copied().collect())?;
+            self.groups.send(self.neighbour(1), tag, x.iter().copied().collect())?;
             Ok(None)
         }
     }
 
-    fn backward(
-        &self,
-        params: &ParamSet,
-        st: PieceState,
-        tag: u64,
-        grads: &mut ParamSet,
-    ) -> CResult<()> {
+    fn backward(&self, params: &ParamSet, st: PieceState, tag: u64, grads: &mut ParamSet) -> CResult<()> {
         let ctx = self.ctx();
         let h = self.plan.model.hidden as usize;
         let mut dx = match st.head {
             Some(hc) => head_bwd(&ctx, params, &st.geom, hc, grads)?,
             None => {
                 let data = self.groups.recv(self.neighbour(1), tag)?;
-                Mat::from_shape_vec((data.len() / h, h), data)
-                    .map_err(|e| CommFailure(format!("received gradient: {e}")))?
+                Mat::from_shape_vec((data.len() / h, h), data).map_err(|e| CommFailure(format!("received gradient: {e}")))?
             }
         };
         let layers = self.plan.stages[self.stage].clone();
@@ -176,8 +150,7 @@ impl<'a> Rank<'a> {
         if self.stage == 0 {
             embed_bwd(&ctx, params, &st.geom, &st.ids, &dx, grads)
         } else {
-            self.groups
-                .send(self.neighbour(-1), tag, dx.iter().copied().collect())
+            self.groups.send(self.neighbour(-1), tag, dx.iter().copied().collect())
         }
     }
 
@@ -195,16 +168,11 @@ impl<'a> Rank<'a> {
         let d = self.plan.coord(self.rank, Axis::Dp);
         let pieces = self.plan.pieces(d, a);
         let n = pieces.len();
-        let mut states: Vec<Option<PieceState>> = pieces
-            .into_iter()
-            .map(|p| Some(self.piece_state(p, inputs)))
-            .collect();
+        let mut states: Vec<Option<PieceState>> = pieces.into_iter().map(|p| Some(self.piece_state(p, inputs))).collect();
         let seq = self.plan.model.seq as usize;
         let mut fwd = |j: usize, states: &mut Vec<Option<PieceState>>| -> CResult<()> {
             let st = states[j].as_mut().expect("forward before backward");
-            if let Some((loss, logits)) =
-                self.forward(params, st, self.tag(step, a, j, false), grad_scale)?
-            {
+            if let Some((loss, logits)) = self.forward(params, st, self.tag(step, a, j, false), grad_scale)? {
                 out.0 = self.p.acc().round(out.0 + loss);
                 if step == 0 {
                     let rows = st.piece.rows.start * seq..st.piece.rows.end * seq;
@@ -213,11 +181,10 @@ impl<'a> Rank<'a> {
             }
             Ok(())
         };
-        let bwd =
-            |j: usize, states: &mut Vec<Option<PieceState>>, grads: &mut ParamSet| -> CResult<()> {
-                let st = states[j].take().expect("backward once");
-                self.backward(params, st, self.tag(step, a, j, true), grads)
-            };
+        let bwd = |j: usize, states: &mut Vec<Option<PieceState>>, grads: &mut ParamSet| -> CResult<()> {
+            let st = states[j].take().expect("backward once");
+            self.backward(params, st, self.tag(step, a, j, true), grads)
+        };
         match self.plan.schedule {
             PipelineSchedule::Gpipe => {
                 for j in 0..n {
@@ -247,24 +214,13 @@ impl<'a> Rank<'a> {
     /// Whether this rank counts element-wise toward the global gradient norm for `name`
     /// (replicated copies are counted once).
     pub(super) fn counts_in_norm(&self, name: &str, zero: bool) -> bool {
-        let spec = self
-            .plan
-            .specs
-            .iter()
-            .find(|s| s.name == name)
-            .expect("spec");
+        let spec = self.plan.specs.iter().find(|s| s.name == name).expect("spec");
         let pl = placement(spec);
-        let tp_ok = matches!(pl.tp, TpPlacement::Shard { .. })
-            && !(self.layout.kv_replicated && is_kv(name) && !self.first_kv_holder())
+        let tp_ok = matches!(pl.tp, TpPlacement::Shard { .. }) && !(self.layout.kv_replicated && is_kv(name) && !self.first_kv_holder())
             || self.plan.coord(self.rank, Axis::Tp) == 0;
         let pp_ok = !(name == "embed.weight" && self.plan.pp > 1 && self.stage != 0);
         let d = self.plan.coord(self.rank, Axis::Dp);
-        let dp_ok = zero
-            || if pl.expert_sharded {
-                d / self.plan.ep == 0
-            } else {
-                d == 0
-            };
+        let dp_ok = zero || if pl.expert_sharded { d / self.plan.ep == 0 } else { d == 0 };
         tp_ok && pp_ok && dp_ok
     }
 
@@ -288,12 +244,7 @@ impl<'a> Rank<'a> {
         let plan = self.plan;
         let train = &plan.case.train;
         let mut params = self.local_params(inputs);
-        let names: Vec<String> = plan
-            .specs
-            .iter()
-            .map(|s| s.name.clone())
-            .filter(|n| params.contains_key(n))
-            .collect();
+        let names: Vec<String> = plan.specs.iter().map(|s| s.name.clone()).filter(|n| params.contains_key(n)).collect();
         let mut opt = OptState::new(train, &params);
         let mut scale = train.loss_scale.map(|s| s.get());
         let dp = plan.dp;
@@ -303,11 +254,7 @@ impl<'a> Rank<'a> {
         let mut skipped = vec![];
         let flat = Flat::new(&names, &params, dp);
         if plan.zero > 0 {
-            self.features.push(format!(
-                "zero{}:{}",
-                plan.zero,
-                if flat.padding() > 0 { "padded" } else { "even" }
-            ));
+            self.features.push(format!("zero{}:{}", plan.zero, if flat.padding() > 0 { "padded" } else { "even" }));
         }
         for step in 0..train.steps {
             let s = scale.unwrap_or(1.0);
@@ -326,9 +273,7 @@ impl<'a> Rank<'a> {
             }
             // Parameters a stage holds but did not use this step still get (zero) gradients.
             for n in &names {
-                grads
-                    .entry(n.clone())
-                    .or_insert_with(|| crate::tensor::Tensor::zeros(params[n].shape.clone()));
+                grads.entry(n.clone()).or_insert_with(|| crate::tensor::Tensor::zeros(params[n].shape.clone()));
             }
             loss_sums.push(acc.0);
             if step == 0 {
@@ -416,15 +361,11 @@ impl<'a> Rank<'a> {
 
     fn sync_tied_embeddings(&self, grads: &mut ParamSet) -> CResult<()> {
         let plan = self.plan;
-        if !(plan.model.tied_embeddings && plan.pp > 1)
-            || plan.bug(Bug::TiedEmbeddingGradNotReduced)
-        {
+        if !(plan.model.tied_embeddings && plan.pp > 1) || plan.bug(Bug::TiedEmbeddingGradNotReduced) {
             return Ok(());
         }
         if self.stage == 0 || self.is_last_stage() {
-            let g = grads
-                .get_mut("embed.weight")
-                .expect("tied embedding on first and last stage");
+            let g = grads.get_mut("embed.weight").expect("tied embedding on first and last stage");
             if let Some(group) = &self.groups.embedding {
                 group.all_reduce_sum(&mut g.data)?;
             }
@@ -439,32 +380,17 @@ impl<'a> Rank<'a> {
         if plan.dp == 1 {
             return Ok(());
         }
-        let divisor = if plan.bug(Bug::DpAverageWorld) {
-            plan.world
-        } else {
-            plan.dp
-        } as f64;
+        let divisor = if plan.bug(Bug::DpAverageWorld) { plan.world } else { plan.dp } as f64;
         for experts in [false, true] {
             let bucket: Vec<&String> = names
                 .iter()
-                .filter(|n| {
-                    placement(plan.specs.iter().find(|s| &&s.name == n).expect("spec"))
-                        .expert_sharded
-                        == experts
-                })
+                .filter(|n| placement(plan.specs.iter().find(|s| &&s.name == n).expect("spec")).expert_sharded == experts)
                 .collect();
             if bucket.is_empty() {
                 continue;
             }
-            let mut flat: Vec<f64> = bucket
-                .iter()
-                .flat_map(|n| grads[*n].data.iter().copied())
-                .collect();
-            let group: &dyn GroupOps = if experts && plan.ep > 1 {
-                &self.groups.edp
-            } else {
-                &self.groups.dp
-            };
+            let mut flat: Vec<f64> = bucket.iter().flat_map(|n| grads[*n].data.iter().copied()).collect();
+            let group: &dyn GroupOps = if experts && plan.ep > 1 { &self.groups.edp } else { &self.groups.dp };
             if group.size() > 1 {
                 group.all_reduce_sum(&mut flat)?;
             }
@@ -486,42 +412,16 @@ fn is_kv(name: &str) -> bool {
 }
 
 /// Runs one rank and returns its result.
-pub fn run_rank<'a>(
-    plan: &'a Plan<'a>,
-    groups: &'a Groups<'a>,
-    rank: usize,
-    inputs: &Inputs,
-) -> CResult<RankOut> {
+pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inputs: &Inputs) -> CResult<RankOut> {
     let p = plan.case.parallel.clone();
     let tp_i = plan.coord(rank, Axis::Tp);
     let d = plan.coord(rank, Axis::Dp);
-    let layout = Layout::new(
-        plan.model,
-        plan.tp,
-        tp_i,
-        p.sequence_parallel,
-        plan.ep,
-        d % plan.ep,
-    )
-    .map_err(|r| CommFailure(r.0))?;
+    let layout = Layout::new(plan.model, plan.tp, tp_i, p.sequence_parallel, plan.ep, d % plan.ep).map_err(|r| CommFailure(r.0))?;
     let mut features = vec![];
     let m = plan.model;
     if plan.tp > 1 {
-        for (what, n) in [
-            ("ffn", m.ffn),
-            ("vocab", m.vocab),
-            ("seq", m.seq),
-            ("heads", m.heads),
-            ("kv", m.kv_heads),
-        ] {
-            features.push(format!(
-                "tp:{what}:{}",
-                if n as usize % plan.tp == 0 {
-                    "div"
-                } else {
-                    "nondiv"
-                }
-            ));
+        for (what, n) in [("ffn", m.ffn), ("vocab", m.vocab), ("seq", m.seq), ("heads", m.heads), ("kv", m.kv_heads)] {
+            features.push(format!("tp:{what}:{}", if n as usize % plan.tp == 0 { "div" } else { "nondiv" }));
         }
         if layout.ffn.is_empty() {
             features.push("tp:ffn:empty-shard".into());
@@ -531,30 +431,11 @@ pub fn run_rank<'a>(
         }
     }
     if plan.dp > 1 {
-        features.push(format!(
-            "dp:batch:{}",
-            if m.batch as usize % plan.dp == 0 {
-                "div"
-            } else {
-                "nondiv"
-            }
-        ));
+        features.push(format!("dp:batch:{}", if m.batch as usize % plan.dp == 0 { "div" } else { "nondiv" }));
     }
     if plan.pp > 1 {
-        features.push(format!(
-            "pp:{:?}:mb{}",
-            plan.schedule,
-            plan.microbatches.min(plan.pp + 1).cmp(&plan.pp) as i8
-        ));
+        features.push(format!("pp:{:?}:mb{}", plan.schedule, plan.microbatches.min(plan.pp + 1).cmp(&plan.pp) as i8));
     }
-    let rank = Rank {
-        plan,
-        groups,
-        rank,
-        layout,
-        stage: plan.coord(rank, Axis::Pp),
-        p: Prec::new(plan.case.train.dtype),
-        features,
-    };
+    let rank = Rank { plan, groups, rank, layout, stage: plan.coord(rank, Axis::Pp), p: Prec::new(plan.case.train.dtype), features };
     rank.run(inputs)
 }

@@ -52,16 +52,11 @@ pub fn placement(spec: &ParamSpec) -> ParamPlacement {
         _ if n.ends_with("o.bias") || n.ends_with("down.bias") => Replicate,
         _ if n.ends_with("mlp.down.weight") => shard(0, Ffn),
         _ if n.ends_with("moe.down.weight") => shard(1, Ffn),
-        _ if n.starts_with("layers.") && n.contains(".mlp.") => {
-            shard(if spec.shape.len() == 1 { 0 } else { 1 }, Ffn)
-        }
+        _ if n.starts_with("layers.") && n.contains(".mlp.") => shard(if spec.shape.len() == 1 { 0 } else { 1 }, Ffn),
         _ if n.contains(".moe.") => shard(spec.shape.len() - 1, Ffn),
         _ => Replicate,
     };
-    ParamPlacement {
-        tp,
-        expert_sharded: matches!(spec.role, ParamRole::ExpertWeight | ParamRole::ExpertBias),
-    }
+    ParamPlacement { tp, expert_sharded: matches!(spec.role, ParamRole::ExpertWeight | ParamRole::ExpertBias) }
 }
 
 fn split_range(layout: &Layout, split: Split, head_dim: usize) -> Range<usize> {
@@ -95,11 +90,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// Visits every index of the block `ranges`, calling `f(local_flat, Some(full_flat) | None-if-padding)`.
-fn for_each_index(
-    full_shape: &[usize],
-    ranges: &[Range<usize>],
-    mut f: impl FnMut(usize, Option<usize>),
-) {
+fn for_each_index(full_shape: &[usize], ranges: &[Range<usize>], mut f: impl FnMut(usize, Option<usize>)) {
     let local_shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
     let n: usize = local_shape.iter().product();
     let fs = strides(full_shape);

@@ -28,13 +28,7 @@ impl Flat {
             off += len;
         }
         let part = off.div_ceil(dp.max(1));
-        Flat {
-            names: names.to_vec(),
-            spans,
-            numel: off,
-            part,
-            dp,
-        }
+        Flat { names: names.to_vec(), spans, numel: off, part, dp }
     }
 
     pub fn padding(&self) -> usize {
@@ -58,11 +52,7 @@ impl Flat {
         }
         for i in 0..self.padding() {
             // A reused bucket: the padding still holds whatever was there before.
-            let stale = if stale_padding && self.numel > 0 {
-                v[i % self.numel]
-            } else {
-                0.0
-            };
+            let stale = if stale_padding && self.numel > 0 { v[i % self.numel] } else { 0.0 };
             v.push(stale);
         }
         v
@@ -70,10 +60,7 @@ impl Flat {
 
     fn unflatten(&self, flat: &[f64], into: &mut ParamSet) {
         for (n, &(s, len)) in self.names.iter().zip(&self.spans) {
-            into.get_mut(n)
-                .expect("param")
-                .data
-                .copy_from_slice(&flat[s..s + len]);
+            into.get_mut(n).expect("param").data.copy_from_slice(&flat[s..s + len]);
         }
     }
 
@@ -82,11 +69,7 @@ impl Flat {
         let flat = self.flatten(grads, rank.plan.bug(Bug::ZeroPadInNorm));
         let counts = vec![self.part; self.dp];
         let part = rank.groups.dp.reduce_scatter(&flat, &counts)?;
-        let divisor = if rank.plan.bug(Bug::DpAverageWorld) {
-            rank.plan.world
-        } else {
-            rank.plan.dp
-        } as f64;
+        let divisor = if rank.plan.bug(Bug::DpAverageWorld) { rank.plan.world } else { rank.plan.dp } as f64;
         Ok(part.into_iter().map(|x| rank.p.r(x / divisor)).collect())
     }
 
@@ -111,11 +94,7 @@ impl Flat {
         let acc = rank.p.acc();
         let mut total = 0.0;
         for (i, x) in r.clone().zip(part) {
-            let owned = match self
-                .spans
-                .iter()
-                .position(|&(s, len)| i >= s && i < s + len)
-            {
+            let owned = match self.spans.iter().position(|&(s, len)| i >= s && i < s + len) {
                 Some(pi) => rank.counts_in_norm(&self.names[pi], true),
                 None => count_padding,
             };
@@ -127,21 +106,10 @@ impl Flat {
     }
 
     /// Updates this rank's partition of the parameters and all-gathers the result.
-    pub fn update(
-        &self,
-        rank: &Rank,
-        params: &mut ParamSet,
-        grad_part: &[f64],
-        opt: &mut OptState,
-        step: u32,
-    ) -> CResult<()> {
+    pub fn update(&self, rank: &Rank, params: &mut ParamSet, grad_part: &[f64], opt: &mut OptState, step: u32) -> CResult<()> {
         let mut flat = self.flatten(params, false);
         let d = Self::dp_index(rank);
-        let start = if rank.plan.bug(Bug::ZeroPartitionOffset) {
-            d * (self.numel / self.dp)
-        } else {
-            d * self.part
-        };
+        let start = if rank.plan.bug(Bug::ZeroPartitionOffset) { d * (self.numel / self.dp) } else { d * self.part };
         let end = (start + self.part).min(flat.len());
         for (pi, &(s, len)) in self.spans.iter().enumerate() {
             let lo = s.max(start);

@@ -26,20 +26,10 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
     if let Some(op) = &case.op {
         return crate::ops::reference(op, inputs, dtype).map_err(ReferenceError);
     }
-    let m = case
-        .model
-        .as_ref()
-        .ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
+    let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let p = Prec::new(dtype);
     let layout = Layout::single(m);
-    let ctx = Ctx {
-        p,
-        model: m,
-        layout: &layout,
-        tp: None,
-        ep: None,
-        bugs: Bugs::none(),
-    };
+    let ctx = Ctx { p, model: m, layout: &layout, tp: None, ep: None, bugs: Bugs::none() };
     let mut params: ParamSet = inputs
         .tensors
         .iter()
@@ -52,38 +42,23 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
     let order: Vec<String> = inputs.tensors.iter().map(|(n, _)| n.clone()).collect();
     let mut opt = OptState::new(&case.train, &params);
     let mut scale = case.train.loss_scale.map(|s| s.get());
-    let g = Geom {
-        batch: m.batch as usize,
-        seq: m.seq as usize,
-    };
+    let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
     let tokens = m.tokens() as f64;
     let mut out = RunOutput::default();
     let mut skipped = vec![];
     for step in 0..case.train.steps {
         let mut grads = ParamSet::new();
         let s = scale.unwrap_or(1.0);
-        let (loss, logits) = forward_backward(
-            &ctx,
-            &params,
-            &g,
-            &inputs.tokens,
-            &inputs.targets,
-            s / tokens,
-            &mut grads,
-        )
-        .map_err(|e| ReferenceError(e.to_string()))?;
-        out.tensors.push((
-            format!("loss/step{step}"),
-            Tensor::scalar(p.r(loss / tokens)),
-        ));
+        let (loss, logits) = forward_backward(&ctx, &params, &g, &inputs.tokens, &inputs.targets, s / tokens, &mut grads)
+            .map_err(|e| ReferenceError(e.to_string()))?;
+        out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(loss / tokens))));
         if scale.is_some() {
             for t in grads.values_mut() {
                 t.data.iter_mut().for_each(|x| *x = p.r(*x / s));
             }
         }
         if step == 0 {
-            out.tensors
-                .push(("logits".into(), Tensor::from_mat(logits)));
+            out.tensors.push(("logits".into(), Tensor::from_mat(logits)));
             for n in &order {
                 out.tensors.push((format!("grad/{n}"), grads[n].clone()));
             }
@@ -95,10 +70,7 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
             continue;
         }
         if let Some(max_norm) = case.train.clip_grad_norm {
-            let sq: f64 = order
-                .iter()
-                .map(|n| shardfuzz_kernels::sum_squares(p, &grads[n].data))
-                .sum();
+            let sq: f64 = order.iter().map(|n| shardfuzz_kernels::sum_squares(p, &grads[n].data)).sum();
             let c = clip_coefficient_of(sq, max_norm.get());
             for t in grads.values_mut() {
                 shardfuzz_kernels::scale_in_place(p, &mut t.data, c);
@@ -113,10 +85,7 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
         out.tensors.push((format!("param/{n}"), params[n].clone()));
     }
     if case.train.loss_scale.is_some() {
-        out.tensors.push((
-            SKIPPED_STEPS.into(),
-            Tensor::new(vec![skipped.len()], skipped),
-        ));
+        out.tensors.push((SKIPPED_STEPS.into(), Tensor::new(vec![skipped.len()], skipped)));
     }
     Ok(out)
 }

@@ -29,46 +29,19 @@ impl OptState {
         let moments = if o.kind == OptimizerKind::Sgd {
             BTreeMap::new()
         } else {
-            params
-                .iter()
-                .map(|(n, t)| (n.clone(), (vec![0.0; t.numel()], vec![0.0; t.numel()])))
-                .collect()
+            params.iter().map(|(n, t)| (n.clone(), (vec![0.0; t.numel()], vec![0.0; t.numel()]))).collect()
         };
-        OptState {
-            kind: o.kind,
-            cfg,
-            weight_decay: o.weight_decay.get(),
-            moments,
-        }
+        OptState { kind: o.kind, cfg, weight_decay: o.weight_decay.get(), moments }
     }
 
     /// Updates `param[..]`, which starts at element `offset` of the parameter `name`.
-    pub fn update(
-        &mut self,
-        name: &str,
-        p: Prec,
-        param: &mut [f64],
-        grad: &[f64],
-        offset: usize,
-        step: u32,
-    ) {
+    pub fn update(&mut self, name: &str, p: Prec, param: &mut [f64], grad: &[f64], offset: usize, step: u32) {
         match self.kind {
             OptimizerKind::Sgd => k::sgd_step(p, param, grad, self.cfg.lr, self.weight_decay),
             _ => {
-                let (m, v) = self
-                    .moments
-                    .get_mut(name)
-                    .unwrap_or_else(|| panic!("no optimizer state for {name}"));
+                let (m, v) = self.moments.get_mut(name).unwrap_or_else(|| panic!("no optimizer state for {name}"));
                 let n = param.len();
-                k::adam_step(
-                    p,
-                    param,
-                    grad,
-                    &mut m[offset..offset + n],
-                    &mut v[offset..offset + n],
-                    step,
-                    &self.cfg,
-                );
+                k::adam_step(p, param, grad, &mut m[offset..offset + n], &mut v[offset..offset + n], step, &self.cfg);
             }
         }
     }

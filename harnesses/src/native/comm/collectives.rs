@@ -16,10 +16,7 @@ fn balanced(n: usize, parts: usize, i: usize) -> Range<usize> {
 
 fn combine(op: ReduceOp, dtype: DType, acc: &mut [f64], x: &[f64]) {
     match op {
-        ReduceOp::Sum => acc
-            .iter_mut()
-            .zip(x)
-            .for_each(|(a, b)| *a = dtype.round(*a + b)),
+        ReduceOp::Sum => acc.iter_mut().zip(x).for_each(|(a, b)| *a = dtype.round(*a + b)),
         ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.max(*b)),
     }
 }
@@ -36,29 +33,14 @@ struct Ring<'a> {
 
 impl<'a> Ring<'a> {
     fn new(comm: &'a Comm, g: &'a Group, kind: &'static str, total: usize) -> Ring<'a> {
-        let pos = g
-            .ranks
-            .iter()
-            .position(|&r| r == comm.rank)
-            .unwrap_or_else(|| panic!("rank {} is not in group {}", comm.rank, g.label()));
+        let pos =
+            g.ranks.iter().position(|&r| r == comm.rank).unwrap_or_else(|| panic!("rank {} is not in group {}", comm.rank, g.label()));
         let seq = comm.next_seq(g, kind);
-        Ring {
-            comm,
-            g,
-            pos,
-            n: g.size(),
-            seq,
-            kind,
-            total,
-        }
+        Ring { comm, g, pos, n: g.size(), seq, kind, total }
     }
 
     fn key(&self, step: u32) -> Key {
-        Key::Coll {
-            group: self.g.id,
-            seq: self.seq,
-            step,
-        }
+        Key::Coll { group: self.g.id, seq: self.seq, step }
     }
 
     fn next(&self) -> usize {
@@ -75,36 +57,17 @@ impl<'a> Ring<'a> {
 
     /// Send to the next member, receive from the previous one.
     fn shift(&self, step: u32, data: Vec<f64>) -> Result<Vec<f64>, CommError> {
-        self.comm
-            .post(self.next(), self.key(step), self.kind, self.total, data);
-        self.comm.take(
-            self.prev(),
-            self.key(step),
-            self.kind,
-            Some(self.total),
-            self.g,
-        )
+        self.comm.post(self.next(), self.key(step), self.kind, self.total, data);
+        self.comm.take(self.prev(), self.key(step), self.kind, Some(self.total), self.g)
     }
 
     /// Exchange with an arbitrary member (direct algorithms).
     fn exchange_with(&self, peer: usize, step: u32, data: Vec<f64>) {
-        self.comm.post(
-            self.member(peer),
-            self.key(step),
-            self.kind,
-            self.total,
-            data,
-        );
+        self.comm.post(self.member(peer), self.key(step), self.kind, self.total, data);
     }
 
     fn recv_from(&self, peer: usize, step: u32) -> Result<Vec<f64>, CommError> {
-        self.comm.take(
-            self.member(peer),
-            self.key(step),
-            self.kind,
-            Some(self.total),
-            self.g,
-        )
+        self.comm.take(self.member(peer), self.key(step), self.kind, Some(self.total), self.g)
     }
 
     fn m(&self, i: isize) -> usize {
@@ -114,13 +77,7 @@ impl<'a> Ring<'a> {
 
 impl Comm {
     /// Ring all-reduce in place; every member ends with bitwise identical values.
-    pub fn all_reduce(
-        &self,
-        g: &Group,
-        buf: &mut [f64],
-        op: ReduceOp,
-        dtype: DType,
-    ) -> Result<(), CommError> {
+    pub fn all_reduce(&self, g: &Group, buf: &mut [f64], op: ReduceOp, dtype: DType) -> Result<(), CommError> {
         let ring = Ring::new(self, g, "all_reduce", buf.len());
         let n = ring.n;
         if n == 1 {
@@ -145,26 +102,9 @@ impl Comm {
     }
 
     /// Ring reduce-scatter: member i receives the reduction of chunk i (`counts[i]` elements).
-    pub fn reduce_scatter(
-        &self,
-        g: &Group,
-        input: &[f64],
-        counts: &[usize],
-        op: ReduceOp,
-        dtype: DType,
-    ) -> Result<Vec<f64>, CommError> {
-        assert_eq!(
-            counts.len(),
-            g.size(),
-            "reduce_scatter: {} counts for group {}",
-            counts.len(),
-            g.label()
-        );
-        assert_eq!(
-            counts.iter().sum::<usize>(),
-            input.len(),
-            "reduce_scatter: counts do not sum to the input length"
-        );
+    pub fn reduce_scatter(&self, g: &Group, input: &[f64], counts: &[usize], op: ReduceOp, dtype: DType) -> Result<Vec<f64>, CommError> {
+        assert_eq!(counts.len(), g.size(), "reduce_scatter: {} counts for group {}", counts.len(), g.label());
+        assert_eq!(counts.iter().sum::<usize>(), input.len(), "reduce_scatter: counts do not sum to the input length");
         let ring = Ring::new(self, g, "reduce_scatter", input.len());
         let n = ring.n;
         let starts: Vec<usize> = counts
@@ -204,13 +144,7 @@ impl Comm {
 
     /// Every member sends `send[j]` to member j; returns what each member sent here.
     pub fn all_to_all(&self, g: &Group, send: Vec<Vec<f64>>) -> Result<Vec<Vec<f64>>, CommError> {
-        assert_eq!(
-            send.len(),
-            g.size(),
-            "all_to_all: {} buffers for group {}",
-            send.len(),
-            g.label()
-        );
+        assert_eq!(send.len(), g.size(), "all_to_all: {} buffers for group {}", send.len(), g.label());
         let ring = Ring::new(self, g, "all_to_all", 0);
         let mut out: Vec<Vec<f64>> = vec![vec![]; ring.n];
         for (j, data) in send.into_iter().enumerate() {
@@ -229,12 +163,7 @@ impl Comm {
     }
 
     /// The root's buffer to every member.
-    pub fn broadcast(
-        &self,
-        g: &Group,
-        buf: &mut Vec<f64>,
-        root_pos: usize,
-    ) -> Result<(), CommError> {
+    pub fn broadcast(&self, g: &Group, buf: &mut Vec<f64>, root_pos: usize) -> Result<(), CommError> {
         let ring = Ring::new(self, g, "broadcast", 0);
         if ring.pos == root_pos {
             for j in (0..ring.n).filter(|&j| j != root_pos) {
@@ -294,16 +223,11 @@ mod tests {
                 });
                 for i in 0..len {
                     let sum: f64 = (0..n).map(|r| value(r, i)).sum();
-                    let max = (0..n)
-                        .map(|r| value(r, i))
-                        .fold(f64::NEG_INFINITY, f64::max);
+                    let max = (0..n).map(|r| value(r, i)).fold(f64::NEG_INFINITY, f64::max);
                     assert_eq!(out[0].0[i], sum, "n={n} len={len}");
                     assert_eq!(out[0].1[i], max);
                 }
-                assert!(
-                    out.iter().all(|o| o == &out[0]),
-                    "ranks differ n={n} len={len}"
-                );
+                assert!(out.iter().all(|o| o == &out[0]), "ranks differ n={n} len={len}");
             }
         }
     }
@@ -319,12 +243,8 @@ mod tests {
                 let counts: Vec<usize> = (0..n).map(|i| (i * 2 + 1) % 4).collect();
                 let total: usize = counts.iter().sum();
                 let input: Vec<f64> = (0..total).map(|i| value(me, i)).collect();
-                let rs = c
-                    .reduce_scatter(&g, &input, &counts, ReduceOp::Sum, DType::F64)
-                    .unwrap();
-                let send: Vec<Vec<f64>> = (0..n)
-                    .map(|j| vec![(me * 10 + j) as f64; (me + j) % 3])
-                    .collect();
+                let rs = c.reduce_scatter(&g, &input, &counts, ReduceOp::Sum, DType::F64).unwrap();
+                let send: Vec<Vec<f64>> = (0..n).map(|j| vec![(me * 10 + j) as f64; (me + j) % 3]).collect();
                 let a2a = c.all_to_all(&g, send).unwrap();
                 let mut b = if me == n - 1 { vec![1.5, 2.5] } else { vec![] };
                 c.broadcast(&g, &mut b, n - 1).unwrap();
@@ -335,9 +255,7 @@ mod tests {
                     assert_eq!(piece, &vec![j as f64; j % 3]);
                 }
                 let start: usize = counts[..me].iter().sum();
-                let expect: Vec<f64> = (start..start + counts[me])
-                    .map(|i| (0..n).map(|r| value(r, i)).sum())
-                    .collect();
+                let expect: Vec<f64> = (start..start + counts[me]).map(|i| (0..n).map(|r| value(r, i)).sum()).collect();
                 assert_eq!(rs, &expect, "n={n} member {me}");
                 for (j, got) in a2a.iter().enumerate() {
                     assert_eq!(got, &vec![(j * 10 + me) as f64; (j + me) % 3]);
@@ -356,23 +274,13 @@ mod tests {
             let col = c.group("col", vec![me % 2, me % 2 + 2]);
             let mut a = vec![me as f64];
             let mut b = vec![me as f64];
-            c.all_reduce(&row, &mut a, ReduceOp::Sum, DType::F64)
-                .unwrap();
-            c.all_reduce(&col, &mut b, ReduceOp::Sum, DType::F64)
-                .unwrap();
+            c.all_reduce(&row, &mut a, ReduceOp::Sum, DType::F64).unwrap();
+            c.all_reduce(&col, &mut b, ReduceOp::Sum, DType::F64).unwrap();
             c.send((me + 1) % 4, 9, vec![me as f64]).unwrap();
             let r = c.recv((me + 3) % 4, 9).unwrap();
             (a[0], b[0], r[0])
         });
-        assert_eq!(
-            out,
-            vec![
-                (1.0, 2.0, 3.0),
-                (1.0, 4.0, 0.0),
-                (5.0, 2.0, 1.0),
-                (5.0, 4.0, 2.0)
-            ]
-        );
+        assert_eq!(out, vec![(1.0, 2.0, 3.0), (1.0, 4.0, 0.0), (5.0, 2.0, 1.0), (5.0, 4.0, 2.0)]);
     }
 
     #[test]
@@ -381,23 +289,15 @@ mod tests {
         let out = run_ranks(&w, |c| {
             let g = c.group("world", vec![0, 1, 2]);
             let mut v = vec![if c.rank() == 0 { 256.0 } else { 1.0 }];
-            c.all_reduce(&g, &mut v, ReduceOp::Sum, DType::BF16)
-                .unwrap();
+            c.all_reduce(&g, &mut v, ReduceOp::Sum, DType::BF16).unwrap();
             v[0]
         });
-        assert!(out
-            .iter()
-            .all(|&x| DType::BF16.round(x) == x && (x - 258.0).abs() <= 2.0));
+        assert!(out.iter().all(|&x| DType::BF16.round(x) == x && (x - 258.0).abs() <= 2.0));
     }
 
     #[test]
     fn a_rank_skipping_a_collective_is_a_deadlock_found_at_once() {
-        let w = World::new(
-            4,
-            WorldOptions {
-                timeout: Duration::from_secs(10),
-            },
-        );
+        let w = World::new(4, WorldOptions { timeout: Duration::from_secs(10) });
         let t = Instant::now();
         let out = run_ranks(&w, |c| {
             let g = c.group("tp", vec![0, 1, 2, 3]);
@@ -411,9 +311,7 @@ mod tests {
         assert!(out[3].is_ok());
         for r in 0..3 {
             match &out[r] {
-                Err(CommError::Deadlock {
-                    collective, group, ..
-                }) => {
+                Err(CommError::Deadlock { collective, group, .. }) => {
                     assert_eq!(collective, "all_reduce");
                     assert_eq!(group, "tp[0, 1, 2, 3]");
                 }
@@ -431,11 +329,7 @@ mod tests {
             let mut v = vec![1.0; 3 + c.rank()];
             c.all_reduce(&g, &mut v, ReduceOp::Sum, DType::F64)
         });
-        assert!(
-            out.iter()
-                .any(|r| matches!(r, Err(CommError::Mismatch { .. }))),
-            "{out:?}"
-        );
+        assert!(out.iter().any(|r| matches!(r, Err(CommError::Mismatch { .. }))), "{out:?}");
     }
 
     #[test]
@@ -449,10 +343,7 @@ mod tests {
             }
             c.recv(1, 5)
         });
-        assert!(matches!(
-            out[0],
-            Err(CommError::PeerCrashed { peer: 1, .. })
-        ));
+        assert!(matches!(out[0], Err(CommError::PeerCrashed { peer: 1, .. })));
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 }

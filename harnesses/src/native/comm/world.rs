@@ -19,9 +19,7 @@ pub struct WorldOptions {
 
 impl Default for WorldOptions {
     fn default() -> Self {
-        WorldOptions {
-            timeout: Duration::from_secs(10),
-        }
+        WorldOptions { timeout: Duration::from_secs(10) }
     }
 }
 
@@ -29,24 +27,11 @@ impl Default for WorldOptions {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommError {
     #[error("rank {rank}: deadlock in {collective} on {group}: waiting for rank {waiting_for} that will never send")]
-    Deadlock {
-        rank: usize,
-        collective: String,
-        group: String,
-        waiting_for: usize,
-    },
+    Deadlock { rank: usize, collective: String, group: String, waiting_for: usize },
     #[error("rank {rank}: timeout in {collective} on {group}")]
-    Timeout {
-        rank: usize,
-        collective: String,
-        group: String,
-    },
+    Timeout { rank: usize, collective: String, group: String },
     #[error("rank {rank}: collective mismatch on {group}: {detail}")]
-    Mismatch {
-        rank: usize,
-        group: String,
-        detail: String,
-    },
+    Mismatch { rank: usize, group: String, detail: String },
     #[error("rank {rank}: peer rank {peer} crashed")]
     PeerCrashed { rank: usize, peer: usize },
 }
@@ -107,18 +92,14 @@ struct State {
 
 impl State {
     fn has_match(&self, rank: usize, src: usize, key: Key) -> bool {
-        self.mailboxes[rank]
-            .iter()
-            .any(|m| m.src == src && m.key == key)
+        self.mailboxes[rank].iter().any(|m| m.src == src && m.key == key)
     }
 
     /// Every rank finished or blocked, and no blocked rank can be served.
     fn is_deadlocked(&self) -> bool {
         self.status.iter().enumerate().all(|(r, s)| match s {
             Status::Finished | Status::Crashed => true,
-            Status::Blocked { src, key } => {
-                !self.has_match(r, *src, *key) && !matches!(self.status[*src], Status::Crashed)
-            }
+            Status::Blocked { src, key } => !self.has_match(r, *src, *key) && !matches!(self.status[*src], Status::Crashed),
             Status::Running => false,
         })
     }
@@ -155,17 +136,8 @@ impl World {
 
     /// The communicator of `rank`, for its thread only.
     pub fn comm(self: &Arc<World>, rank: usize) -> Comm {
-        assert!(
-            rank < self.size,
-            "rank {rank} outside a world of {}",
-            self.size
-        );
-        Comm {
-            world: Arc::clone(self),
-            rank,
-            seq: RefCell::new(HashMap::new()),
-            seen: RefCell::new(BTreeSet::new()),
-        }
+        assert!(rank < self.size, "rank {rank} outside a world of {}", self.size);
+        Comm { world: Arc::clone(self), rank, seq: RefCell::new(HashMap::new()), seen: RefCell::new(BTreeSet::new()) }
     }
 
     pub fn mark_crashed(&self, rank: usize, _message: &str) {
@@ -192,12 +164,7 @@ impl World {
 
     /// Semantic coverage: every (collective, group name, group size) issued in this run.
     pub fn features(&self) -> Vec<String> {
-        self.features
-            .lock()
-            .expect("features")
-            .iter()
-            .cloned()
-            .collect()
+        self.features.lock().expect("features").iter().cloned().collect()
     }
 
     pub(super) fn post(&self, dst: usize, msg: Msg) {
@@ -218,17 +185,19 @@ impl World {
         let deadline = Instant::now() + self.opts.timeout;
         let mut st = self.state.lock().expect("comm state");
         loop {
-            if let Some(pos) = st.mailboxes[rank]
-                .iter()
-                .position(|m| m.src == src && m.key == key)
-            {
+            if let Some(pos) = st.mailboxes[rank].iter().position(|m| m.src == src && m.key == key) {
                 let m = st.mailboxes[rank].remove(pos).expect("position is valid");
                 st.status[rank] = Status::Running;
                 if m.kind != kind || total.is_some_and(|t| t != m.total) {
                     return Err(CommError::Mismatch {
                         rank,
                         group: group.label(),
-                        detail: format!("rank {rank} is in {kind} of {} elements, rank {src} in {} of {} elements", total.unwrap_or(0), m.kind, m.total),
+                        detail: format!(
+                            "rank {rank} is in {kind} of {} elements, rank {src} in {} of {} elements",
+                            total.unwrap_or(0),
+                            m.kind,
+                            m.total
+                        ),
                     });
                 }
                 return Ok(m.data);
@@ -240,40 +209,19 @@ impl World {
             st.status[rank] = Status::Blocked { src, key };
             if st.deadlock || st.is_deadlocked() {
                 st.deadlock = true;
-                st.stuck.push(StuckInfo {
-                    rank,
-                    collective: kind.to_string(),
-                    group: group.label(),
-                });
+                st.stuck.push(StuckInfo { rank, collective: kind.to_string(), group: group.label() });
                 st.status[rank] = Status::Finished;
                 self.cv.notify_all();
-                return Err(CommError::Deadlock {
-                    rank,
-                    collective: kind.to_string(),
-                    group: group.label(),
-                    waiting_for: src,
-                });
+                return Err(CommError::Deadlock { rank, collective: kind.to_string(), group: group.label(), waiting_for: src });
             }
             let now = Instant::now();
             if now >= deadline {
-                st.stuck.push(StuckInfo {
-                    rank,
-                    collective: kind.to_string(),
-                    group: group.label(),
-                });
+                st.stuck.push(StuckInfo { rank, collective: kind.to_string(), group: group.label() });
                 st.status[rank] = Status::Finished;
                 self.cv.notify_all();
-                return Err(CommError::Timeout {
-                    rank,
-                    collective: kind.to_string(),
-                    group: group.label(),
-                });
+                return Err(CommError::Timeout { rank, collective: kind.to_string(), group: group.label() });
             }
-            st = self
-                .cv
-                .wait_timeout(st, deadline - now)
-                .expect("comm state")
-                .0;
+            st = self.cv.wait_timeout(st, deadline - now).expect("comm state").0;
         }
     }
 }
@@ -298,18 +246,11 @@ impl Comm {
     /// A group handle; no communication is needed to create one.
     pub fn group(&self, name: &str, ranks: Vec<usize>) -> Group {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in name
-            .bytes()
-            .chain(ranks.iter().flat_map(|r| (*r as u64).to_le_bytes()))
-        {
+        for b in name.bytes().chain(ranks.iter().flat_map(|r| (*r as u64).to_le_bytes())) {
             h ^= b as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
-        Group {
-            name: name.to_string(),
-            ranks,
-            id: h,
-        }
+        Group { name: name.to_string(), ranks, id: h }
     }
 
     /// Marks this rank finished (its peers can no longer expect messages from it).
@@ -321,43 +262,18 @@ impl Comm {
 
     /// The next sequence number of a collective on `g`, counted by this rank.
     pub(super) fn next_seq(&self, g: &Group, kind: &'static str) -> u64 {
-        self.seen
-            .borrow_mut()
-            .insert(format!("coll:{kind}:{}:{}", g.name, g.size()));
+        self.seen.borrow_mut().insert(format!("coll:{kind}:{}:{}", g.name, g.size()));
         let mut seq = self.seq.borrow_mut();
         let s = seq.entry(g.id).or_insert(0);
         *s += 1;
         *s
     }
 
-    pub(super) fn post(
-        &self,
-        dst: usize,
-        key: Key,
-        kind: &'static str,
-        total: usize,
-        data: Vec<f64>,
-    ) {
-        self.world.post(
-            dst,
-            Msg {
-                src: self.rank,
-                key,
-                kind,
-                total,
-                data,
-            },
-        );
+    pub(super) fn post(&self, dst: usize, key: Key, kind: &'static str, total: usize, data: Vec<f64>) {
+        self.world.post(dst, Msg { src: self.rank, key, kind, total, data });
     }
 
-    pub(super) fn take(
-        &self,
-        src: usize,
-        key: Key,
-        kind: &'static str,
-        total: Option<usize>,
-        g: &Group,
-    ) -> Result<Vec<f64>, CommError> {
+    pub(super) fn take(&self, src: usize, key: Key, kind: &'static str, total: Option<usize>, g: &Group) -> Result<Vec<f64>, CommError> {
         self.world.take(self.rank, src, key, kind, total, g)
     }
 
@@ -369,11 +285,7 @@ impl Comm {
     }
 
     pub fn recv(&self, src: usize, tag: u64) -> Result<Vec<f64>, CommError> {
-        let g = Group {
-            name: "p2p".into(),
-            ranks: vec![src, self.rank],
-            id: 0,
-        };
+        let g = Group { name: "p2p".into(), ranks: vec![src, self.rank], id: 0 };
         self.take(src, Key::P2p { tag }, "send/recv", None, &g)
     }
 }
