@@ -261,7 +261,8 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                 }
                 check.error = e;
                 check.ratio = e / noise;
-                if scaler_differs && (name.starts_with("grad/") || name.starts_with("param/")) {
+                let after_first_step = name.starts_with("param/") || (name.starts_with("loss/") && name != "loss/step0");
+                if scaler_differs && (name.starts_with("grad/") || after_first_step) {
                     check.note = Some("loss scaler decisions differ: not comparable".into());
                 } else if first_step_skipped && name.starts_with("grad/") {
                     check.note = Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into());

@@ -49,6 +49,9 @@ pub trait GroupOps {
     /// This rank's position in the group.
     fn index(&self) -> usize;
     fn all_reduce_sum(&self, buf: &mut [f64]) -> CResult<()>;
+    /// All-reduce sum in an explicit dtype (statistics kept in f32 whatever the reduce dtype, as
+    /// Megatron's vocab-parallel cross-entropy upcasts its logits).
+    fn all_reduce_sum_in(&self, buf: &mut [f64], dtype: DType) -> CResult<()>;
     fn all_reduce_max(&self, buf: &mut [f64]) -> CResult<()>;
     fn all_gather(&self, local: &[f64]) -> CResult<Vec<Vec<f64>>>;
     /// Sums `input` over the group and returns this member's chunk (`counts` per member, in order).

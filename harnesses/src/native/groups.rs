@@ -29,12 +29,16 @@ impl<'a> GroupHandle<'a> {
     }
 
     fn reduce(&self, buf: &mut [f64], op: ReduceOp) -> CResult<()> {
+        self.reduce_in(buf, op, self.dtype)
+    }
+
+    fn reduce_in(&self, buf: &mut [f64], op: ReduceOp, dtype: DType) -> CResult<()> {
         if self.size == 1 {
             return Ok(());
         }
         let rem = buf.len() % self.size;
         let kept: Vec<f64> = if self.lose_remainder && rem != 0 { buf[buf.len() - rem..].to_vec() } else { vec![] };
-        self.comm.all_reduce(&self.group, buf, op, self.dtype).map_err(fail)?;
+        self.comm.all_reduce(&self.group, buf, op, dtype).map_err(fail)?;
         if !kept.is_empty() {
             // The injected fault: the remainder chunk never went around the ring.
             let n = buf.len();
@@ -53,6 +57,9 @@ impl GroupOps for GroupHandle<'_> {
     }
     fn all_reduce_sum(&self, buf: &mut [f64]) -> CResult<()> {
         self.reduce(buf, ReduceOp::Sum)
+    }
+    fn all_reduce_sum_in(&self, buf: &mut [f64], dtype: DType) -> CResult<()> {
+        self.reduce_in(buf, ReduceOp::Sum, dtype)
     }
     fn all_reduce_max(&self, buf: &mut [f64]) -> CResult<()> {
         self.reduce(buf, ReduceOp::Max)
