@@ -188,6 +188,14 @@ fn adam_noise(case: &Case, reference: &RunOutput, checks: &[TensorCheck], scale:
     Some(case.train.optimizer.lr.get() * case.train.steps as f64 * worst / scale.denominator(name, p))
 }
 
+/// Whether `t` comes within `world × 16` of the largest finite value of the case dtype: sharded
+/// implementations legitimately hold partial sums that large (a data-parallel rank's gradient is its
+/// local mean, dp times its share of the global one), so an overflow there is not a divergence.
+fn near_overflow(case: &Case, t: &Tensor) -> bool {
+    let headroom = 16.0 * case.world().max(1) as f64;
+    t.max_abs() * headroom >= case.train.dtype.max_finite()
+}
+
 fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, oracle: &Oracle) {
     let dtype = case.train.dtype;
     let reference = match reference::run(case, inputs, shardfuzz_kernels::DType::F64) {
@@ -225,6 +233,7 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     let scale = ErrorScale::new(&reference.tensors);
     let floor = oracle.noise_floor_ulps * dtype.unit_roundoff();
     let err = |t: Option<&Tensor>, r: &Tensor, name: &str| t.map_or(0.0, |t| relative_error(t, r, scale.denominator(name, r)));
+    let mut overflow_seen = false;
     for (name, r) in &reference.tensors {
         if name == reference::SKIPPED_STEPS {
             continue;
@@ -266,6 +275,11 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                     check.note = Some("loss scaler decisions differ: not comparable".into());
                 } else if first_step_skipped && name.starts_with("grad/") {
                     check.note = Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into());
+                } else if overflow_seen && after_first_step {
+                    check.note = Some("an earlier tensor overflowed: not comparable".into());
+                } else if !t.all_finite() && near_overflow(case, baseline.as_ref().and_then(|b| b.tensor(name)).unwrap_or(r)) {
+                    overflow_seen = true;
+                    check.note = Some("overflow: values within the sharding's headroom of the dtype's range, not comparable".into());
                 } else if !r.all_finite() || !(base.is_finite() && pert.is_finite()) {
                     check.note = Some("reference or baseline not finite: not comparable".into());
                 } else if e.is_nan() || e > check.bound {
