@@ -1,3 +1,10 @@
 //! shardfuzz engine: the oracle, the LibAFL fuzzer, campaigns, minimizer and reports.
+pub mod campaign;
+pub mod coverage;
+pub mod executor;
+pub mod findings;
 pub mod generate;
+pub mod input;
+pub mod mutators;
 pub mod oracle;
+pub mod report;

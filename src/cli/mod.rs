@@ -1,8 +1,11 @@
 //! Command-line interface: parses, dispatches, maps outcomes to exit codes
 //! (0: all pass/rejected; 1: a finding; 2: usage or input error).
 
+mod baseline;
 mod bench;
+mod fuzz;
 mod gen;
+mod jobs;
 mod run;
 mod table;
 
@@ -19,6 +22,10 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A coverage-guided fuzz campaign (resumable; CI mode with --fail-on-finding).
+    Fuzz(fuzz::FuzzArgs),
+    /// Print the findings of a campaign directory as a baseline of known signatures.
+    Baseline(baseline::BaselineArgs),
     /// Run case files through a target and print the verdict table.
     Run(run::RunArgs),
     /// Write random valid cases.
@@ -37,6 +44,8 @@ enum Command {
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Fuzz(a) => fuzz::run(a),
+        Command::Baseline(a) => baseline::run(a),
         Command::Gen(a) => gen::run(a),
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?);

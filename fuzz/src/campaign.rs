@@ -1,0 +1,271 @@
+//! A campaign: the out directory (AFL-like), the LibAFL wiring, resume, the status line and stats.
+//!
+//! ```text
+//! out/queue/<hash>.json        corpus (the same JSON as hand-written cases)
+//! out/findings/<id>/           case.json + verdict.json per deduplicated finding
+//! out/stats.csv                elapsed_s,execs,execs_per_sec,corpus,edges,findings
+//! out/fuzz.log                 what happened, with timestamps
+//! ```
+
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use libafl::corpus::{Corpus, InMemoryCorpus, InMemoryOnDiskCorpus};
+use libafl::events::SimpleEventManager;
+use libafl::feedbacks::{ConstFeedback, MaxMapFeedback};
+use libafl::monitors::NopMonitor;
+use libafl::observers::{HitcountsMapObserver, StdMapObserver};
+use libafl::schedulers::QueueScheduler;
+use libafl::stages::StdMutationalStage;
+use libafl::state::{HasCorpus, HasExecutions, StdState};
+use libafl::{Evaluator, Fuzzer, StdFuzzer};
+use libafl_bolts::rands::StdRand;
+use libafl_bolts::tuples::tuple_list;
+use shardfuzz_harnesses::case::Case;
+use shardfuzz_harnesses::target::registry::{self, TargetOptions};
+
+use crate::coverage;
+use crate::executor::CaseExecutor;
+use crate::findings::{Finding, FindingStore};
+use crate::generate::random_case;
+use crate::input::{case_digest, CaseInput};
+use crate::mutators::SemanticMutator;
+use crate::oracle::Oracle;
+
+/// Everything `shardfuzz fuzz` needs.
+#[derive(Debug, Clone)]
+pub struct CampaignOptions {
+    pub target: String,
+    pub target_options: TargetOptions,
+    pub corpus: Option<PathBuf>,
+    pub out: PathBuf,
+    pub time: Option<Duration>,
+    pub execs: Option<u64>,
+    pub seed: u64,
+    pub feedback: bool,
+    pub oracle: Oracle,
+    /// Print the status line once a second.
+    pub status: bool,
+    /// Stop at the first finding (benchmarks).
+    pub stop_on_finding: bool,
+    /// Queue directories of sibling campaigns whose new entries are imported every few seconds
+    /// (parallel jobs on one machine, or nodes sharing a synced directory).
+    pub sync_dirs: Vec<PathBuf>,
+}
+
+/// What a campaign did.
+#[derive(Debug, Clone)]
+pub struct CampaignSummary {
+    pub execs: u64,
+    pub elapsed_s: f64,
+    pub corpus: usize,
+    pub coverage: usize,
+    pub edges_instrumented: usize,
+    /// Every finding of the out directory (old and new).
+    pub findings: Vec<Finding>,
+    /// Signatures first seen in this run.
+    pub new_signatures: Vec<String>,
+    /// Seconds spent inside the target and oracle.
+    pub target_s: f64,
+}
+
+/// Reads every `*.json` case under `dir`; a malformed file is a warning naming it and the field.
+pub fn load_cases(dir: &Path, log: &mut impl Write) -> Vec<Case> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(_) => return vec![],
+    };
+    files.sort();
+    let mut cases = vec![];
+    for p in files {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with('.') || p.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        match Case::load(&p) {
+            Ok(c) => cases.push(c),
+            Err(e) => {
+                let msg = match e {
+                    shardfuzz_harnesses::case::CaseError::Io { .. } => format!("warning: {e}, skipped"),
+                    _ => format!("warning: {}: {e}, skipped", p.display()),
+                };
+                eprintln!("{msg}");
+                let _ = writeln!(log, "{msg}");
+            }
+        }
+    }
+    cases
+}
+
+/// Campaign seconds already spent (the last complete line of stats.csv).
+fn previous_elapsed(stats: &Path) -> f64 {
+    std::fs::read_to_string(stats)
+        .ok()
+        .and_then(|t| t.lines().rev().find_map(|l| l.split(',').next().and_then(|x| x.parse::<f64>().ok())))
+        .unwrap_or(0.0)
+}
+
+fn hms(s: f64) -> String {
+    let s = s as u64;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
+    let out = &opts.out;
+    std::fs::create_dir_all(out.join("queue"))?;
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(out.join("fuzz.log"))?;
+    let stats_path = out.join("stats.csv");
+    let elapsed_base = previous_elapsed(&stats_path);
+    let new_stats = !stats_path.exists();
+    let mut stats = std::fs::OpenOptions::new().create(true).append(true).open(&stats_path)?;
+    if new_stats {
+        writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings")?;
+    }
+    let target = registry::create(&opts.target, &opts.target_options).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
+    let store = FindingStore::open(&out.join("findings"))?;
+    writeln!(
+        log,
+        "[{}] start: target {} seed {} feedback {} (resumed at {elapsed_base:.0} s)",
+        hms(elapsed_base),
+        opts.target,
+        opts.seed,
+        opts.feedback
+    )?;
+
+    // Coverage map → observer → feedback. Objectives are recorded by our own deduplicating store.
+    let observer = HitcountsMapObserver::new(unsafe { StdMapObserver::from_mut_ptr("coverage", coverage::map_ptr(), coverage::MAP_SIZE) });
+    let mut feedback = MaxMapFeedback::new(&observer);
+    let mut objective = ConstFeedback::new(false);
+    let mut state = StdState::new(
+        StdRand::with_seed(opts.seed),
+        InMemoryOnDiskCorpus::<CaseInput>::new(out.join("queue"))?,
+        InMemoryCorpus::<CaseInput>::new(),
+        &mut feedback,
+        &mut objective,
+    )?;
+    let mut fuzzer = StdFuzzer::new(QueueScheduler::new(), feedback, objective);
+    let mut executor = CaseExecutor::new(tuple_list!(observer), target, opts.oracle, store, opts.feedback, elapsed_base);
+    let mut mgr = SimpleEventManager::new(NopMonitor::new());
+    let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(SemanticMutator::new(), NonZeroUsize::new(8).expect("8 > 0")));
+
+    // Seeds: the queue of a resumed campaign, then --corpus; random cases if there is nothing.
+    let mut seeds = load_cases(&out.join("queue"), &mut log);
+    if let Some(dir) = &opts.corpus {
+        seeds.extend(load_cases(dir, &mut log));
+    }
+    if seeds.is_empty() {
+        seeds = (0..16).map(|i| random_case(opts.seed.wrapping_add(i))).collect();
+    }
+    let mut digests = std::collections::HashSet::new();
+    for case in seeds {
+        if digests.insert(case_digest(&case)) {
+            fuzzer.add_input(&mut state, &mut executor, &mut mgr, CaseInput(case))?;
+        }
+    }
+    writeln!(log, "[{}] {} seed cases loaded", hms(executor.elapsed()), state.corpus().count())?;
+
+    let started = Instant::now();
+    let mut last_status = Instant::now();
+    let mut last_stats = Instant::now();
+    let mut last_execs = *state.executions();
+    let mut fresh = opts.seed ^ 0x5eed;
+    let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+    let mut last_sync = Instant::now();
+    let write_stats = |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: usize, findings: usize| {
+        writeln!(stats, "{elapsed:.1},{execs},{rate:.1},{corpus},{cov},{findings}")
+    };
+    loop {
+        let stop = opts.time.is_some_and(|t| started.elapsed() >= t)
+            || opts.execs.is_some_and(|n| *state.executions() >= n)
+            || (opts.stop_on_finding && !executor.store.findings.is_empty());
+        if stop {
+            break;
+        }
+        fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
+        // Fresh cases from `arbitrary` keep the search from narrowing onto the seeds.
+        for _ in 0..2 {
+            fresh = fresh.wrapping_add(1);
+            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(random_case(fresh)))?;
+        }
+        for sig in std::mem::take(&mut executor.new_findings) {
+            writeln!(log, "[{}] new finding: {sig}", hms(executor.elapsed()))?;
+        }
+        if !opts.sync_dirs.is_empty() && last_sync.elapsed() >= Duration::from_secs(3) {
+            last_sync = Instant::now();
+            for dir in &opts.sync_dirs {
+                let Ok(rd) = std::fs::read_dir(dir) else { continue };
+                for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+                    let hidden = p.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with('.'));
+                    if hidden || !imported.insert(p.clone()) {
+                        continue;
+                    }
+                    if let Ok(c) = Case::load(&p) {
+                        if digests.insert(case_digest(&c)) {
+                            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(c))?;
+                        }
+                    }
+                }
+            }
+        }
+        if last_status.elapsed() >= Duration::from_secs(1) {
+            let execs = *state.executions();
+            let rate = (execs - last_execs) as f64 / last_status.elapsed().as_secs_f64();
+            last_execs = execs;
+            last_status = Instant::now();
+            if opts.status {
+                let kinds = executor.store.count_by_kind();
+                let k = |n: &str| kinds.get(n).copied().unwrap_or(0);
+                eprintln!(
+                    "[{}] execs {execs} | {rate:.0}/s | corpus {} | coverage {} (edges {}) | findings {} (divergent {}, crash {}, hang {})",
+                    hms(executor.elapsed()),
+                    state.corpus().count(),
+                    executor.coverage,
+                    if coverage::edge_guards() > 0 { "on" } else { "off" },
+                    executor.store.findings.len(),
+                    k("divergent"),
+                    k("crash"),
+                    k("hang")
+                );
+            }
+            if last_stats.elapsed() >= Duration::from_secs(2) {
+                write_stats(
+                    &mut stats,
+                    executor.elapsed(),
+                    execs,
+                    rate,
+                    state.corpus().count(),
+                    executor.coverage,
+                    executor.store.findings.len(),
+                )?;
+                last_stats = Instant::now();
+                executor.store.flush()?;
+            }
+        }
+    }
+    let rate = *state.executions() as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    write_stats(
+        &mut stats,
+        executor.elapsed(),
+        *state.executions(),
+        rate,
+        state.corpus().count(),
+        executor.coverage,
+        executor.store.findings.len(),
+    )?;
+    executor.store.flush()?;
+    let new_signatures: Vec<String> =
+        executor.store.findings.values().filter(|f| f.first_seen_elapsed_s >= elapsed_base).map(|f| f.signature.clone()).collect();
+    writeln!(log, "[{}] stop: {} execs, {} findings", hms(executor.elapsed()), state.executions(), executor.store.findings.len())?;
+    Ok(CampaignSummary {
+        execs: *state.executions(),
+        elapsed_s: executor.elapsed(),
+        corpus: state.corpus().count(),
+        coverage: executor.coverage,
+        edges_instrumented: coverage::edge_guards(),
+        findings: executor.store.findings.values().cloned().collect(),
+        new_signatures,
+        target_s: executor.target_time.as_secs_f64(),
+    })
+}

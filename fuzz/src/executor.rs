@@ -1,0 +1,131 @@
+//! The executor: runs a case through the target and the oracle (never through a forked or
+//! signal-driven harness: a panic is caught and becomes a crash finding, a hang is detected by the
+//! target itself), feeds the coverage map and records findings.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use libafl::executors::{Executor, ExitKind, HasObservers};
+use libafl::state::HasExecutions;
+use libafl::Error;
+use libafl_bolts::tuples::RefIndexable;
+use shardfuzz_harnesses::case::Case;
+use shardfuzz_harnesses::target::Target;
+
+use crate::coverage;
+use crate::findings::FindingStore;
+use crate::input::CaseInput;
+use crate::oracle::{config_class, evaluate, Oracle, Verdict, VerdictKind};
+
+pub struct CaseExecutor<OT> {
+    pub observers: OT,
+    pub target: Box<dyn Target>,
+    pub oracle: Oracle,
+    pub store: FindingStore,
+    /// Coverage feedback on; off (`--no-feedback`) leaves the map empty so nothing is "interesting".
+    pub feedback: bool,
+    /// Campaign seconds before this process started (resumed campaigns).
+    pub elapsed_base: f64,
+    pub start: Instant,
+    /// Time spent inside the target and the oracle.
+    pub target_time: Duration,
+    pub verdicts: BTreeMap<VerdictKind, u64>,
+    /// Every map slot ever hit.
+    pub seen: Vec<bool>,
+    pub coverage: usize,
+    pub new_findings: Vec<String>,
+}
+
+impl<OT> CaseExecutor<OT> {
+    pub fn new(observers: OT, target: Box<dyn Target>, oracle: Oracle, store: FindingStore, feedback: bool, elapsed_base: f64) -> Self {
+        CaseExecutor {
+            observers,
+            target,
+            oracle,
+            store,
+            feedback,
+            elapsed_base,
+            start: Instant::now(),
+            target_time: Duration::ZERO,
+            verdicts: BTreeMap::new(),
+            seen: vec![false; coverage::MAP_SIZE],
+            coverage: 0,
+            new_findings: vec![],
+        }
+    }
+
+    pub fn elapsed(&self) -> f64 {
+        self.elapsed_base + self.start.elapsed().as_secs_f64()
+    }
+
+    /// Runs one case; a panic anywhere below becomes a crash verdict.
+    pub fn run_case(&mut self, case: &Case) -> Verdict {
+        let t0 = Instant::now();
+        let target = &mut self.target;
+        let oracle = self.oracle;
+        let name = target.name().to_string();
+        let v = catch_unwind(AssertUnwindSafe(|| evaluate(target.as_mut(), case, &oracle))).unwrap_or_else(|p| {
+            let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+            Verdict {
+                target: name,
+                kind: VerdictKind::Crash,
+                reason: format!("panic outside the ranks: {msg}"),
+                checks: vec![],
+                stuck: vec![],
+                crash_rank: None,
+                features: vec![],
+                notes: vec![],
+                versions: Default::default(),
+                threshold: oracle.threshold,
+            }
+        });
+        self.target_time += t0.elapsed();
+        *self.verdicts.entry(v.kind).or_default() += 1;
+        if self.feedback {
+            for f in &v.features {
+                coverage::add_feature(f);
+            }
+            coverage::add_feature(&format!("dtype:{}|{}|{}", case.train.dtype, config_class(case), v.kind));
+            let map = unsafe { std::slice::from_raw_parts(coverage::map_ptr(), coverage::MAP_SIZE) };
+            for (i, b) in map.iter().enumerate() {
+                if *b != 0 && !self.seen[i] {
+                    self.seen[i] = true;
+                    self.coverage += 1;
+                }
+            }
+        } else {
+            unsafe { std::ptr::write_bytes(coverage::map_ptr(), 0, coverage::MAP_SIZE) };
+        }
+        if v.kind.is_finding() {
+            let elapsed = self.elapsed();
+            match self.store.record(case, &v, elapsed) {
+                Ok(true) => self.new_findings.push(v.signature(case)),
+                Ok(false) => {}
+                Err(e) => eprintln!("warning: could not write a finding: {e}"),
+            }
+        }
+        v
+    }
+}
+
+impl<OT> HasObservers for CaseExecutor<OT> {
+    type Observers = OT;
+    fn observers(&self) -> RefIndexable<&OT, OT> {
+        RefIndexable::from(&self.observers)
+    }
+    fn observers_mut(&mut self) -> RefIndexable<&mut OT, OT> {
+        RefIndexable::from(&mut self.observers)
+    }
+}
+
+impl<OT, EM, S, Z> Executor<EM, CaseInput, S, Z> for CaseExecutor<OT>
+where
+    S: HasExecutions,
+{
+    fn run_target(&mut self, _fuzzer: &mut Z, state: &mut S, _mgr: &mut EM, input: &CaseInput) -> Result<ExitKind, Error> {
+        *state.executions_mut() += 1;
+        self.run_case(&input.0);
+        Ok(ExitKind::Ok)
+    }
+}

@@ -1,0 +1,127 @@
+//! Findings, deduplicated by signature and stored once: `findings/<id>/case.json` and
+//! `findings/<id>/verdict.json` (the verdict, framework versions, hits, first and last seen).
+//! Every write is atomic (temp file + rename), so a kill -9 never leaves a torn file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use shardfuzz_harnesses::case::Case;
+
+use crate::oracle::{signature_id, Verdict};
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_data()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The stored record of one deduplicated finding.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Finding {
+    pub id: String,
+    pub signature: String,
+    pub kind: String,
+    pub target: String,
+    pub summary: String,
+    pub hits: u64,
+    pub first_seen_unix: f64,
+    pub last_seen_unix: f64,
+    /// Campaign time (seconds, across resumes) when it was first seen.
+    pub first_seen_elapsed_s: f64,
+    pub versions: BTreeMap<String, String>,
+    pub verdict: Verdict,
+}
+
+/// All findings of a campaign directory.
+pub struct FindingStore {
+    dir: PathBuf,
+    pub findings: BTreeMap<String, Finding>,
+    dirty: BTreeSet<String>,
+    last_flush: Instant,
+}
+
+impl FindingStore {
+    /// Opens `dir` (created if needed) and loads the findings already there.
+    pub fn open(dir: &Path) -> std::io::Result<FindingStore> {
+        std::fs::create_dir_all(dir)?;
+        let mut findings = BTreeMap::new();
+        for entry in std::fs::read_dir(dir)? {
+            let p = entry?.path().join("verdict.json");
+            if let Ok(text) = std::fs::read_to_string(&p) {
+                match serde_json::from_str::<Finding>(&text) {
+                    Ok(f) => {
+                        findings.insert(f.signature.clone(), f);
+                    }
+                    Err(e) => eprintln!("warning: {}: {e}", p.display()),
+                }
+            }
+        }
+        Ok(FindingStore { dir: dir.to_path_buf(), findings, dirty: BTreeSet::new(), last_flush: Instant::now() })
+    }
+
+    /// Records a finding; returns true when its signature is new. New findings are written at
+    /// once; hit counts of known ones are flushed at most once a second.
+    pub fn record(&mut self, case: &Case, verdict: &Verdict, elapsed_s: f64) -> std::io::Result<bool> {
+        let signature = verdict.signature(case);
+        let now = now_unix();
+        if let Some(f) = self.findings.get_mut(&signature) {
+            f.hits += 1;
+            f.last_seen_unix = now;
+            self.dirty.insert(signature);
+            if self.last_flush.elapsed().as_secs_f64() > 1.0 {
+                self.flush()?;
+            }
+            return Ok(false);
+        }
+        let id = signature_id(&signature);
+        let f = Finding {
+            id: id.clone(),
+            signature: signature.clone(),
+            kind: verdict.kind.name().to_string(),
+            target: verdict.target.clone(),
+            summary: case.summary(),
+            hits: 1,
+            first_seen_unix: now,
+            last_seen_unix: now,
+            first_seen_elapsed_s: elapsed_s,
+            versions: verdict.versions.clone(),
+            verdict: verdict.clone(),
+        };
+        let d = self.dir.join(&id);
+        write_atomic(&d.join("case.json"), case.to_json().as_bytes())?;
+        write_atomic(&d.join("verdict.json"), serde_json::to_string_pretty(&f).expect("finding serialises").as_bytes())?;
+        self.findings.insert(signature, f);
+        Ok(true)
+    }
+
+    /// Writes the records whose hit counts changed.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        for sig in std::mem::take(&mut self.dirty) {
+            if let Some(f) = self.findings.get(&sig) {
+                let p = self.dir.join(&f.id).join("verdict.json");
+                write_atomic(&p, serde_json::to_string_pretty(f).expect("finding serialises").as_bytes())?;
+            }
+        }
+        self.last_flush = Instant::now();
+        Ok(())
+    }
+
+    pub fn count_by_kind(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for f in self.findings.values() {
+            *m.entry(f.kind.clone()).or_default() += 1;
+        }
+        m
+    }
+}

@@ -1,0 +1,174 @@
+//! Semantic mutators: each one changes a case the way a distributed-training bug hunter would
+//! (a degree that does not divide a dimension, kv heads below tp, a padded vocabulary …). Every
+//! mutated case is re-validated; a mutation that breaks a structural rule is retried or skipped.
+
+mod model;
+mod parallel;
+mod train;
+
+use std::borrow::Cow;
+
+use libafl::corpus::Corpus;
+use libafl::mutators::{MutationResult, Mutator};
+use libafl::state::{HasCorpus, HasRand};
+use libafl::Error;
+use libafl_bolts::rands::Rand;
+use libafl_bolts::Named;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shardfuzz_harnesses::case::{Case, Limits};
+
+use crate::input::CaseInput;
+
+/// A named semantic mutation: returns whether it changed the case.
+pub type MutationFn = fn(&mut Case, &mut ChaCha8Rng) -> bool;
+
+/// Every semantic mutator, by name.
+pub const MUTATIONS: &[(&str, MutationFn)] = &[
+    ("degree-divisor", parallel::degree_divisor),
+    ("degree-non-divisor", parallel::degree_non_divisor),
+    ("microbatches-vs-pipeline", parallel::microbatches_vs_pipeline),
+    ("zero-stage", parallel::zero_stage),
+    ("sequence-parallel", parallel::toggle_sequence_parallel),
+    ("rank-order", parallel::rank_order),
+    ("pipeline-schedule", parallel::schedule),
+    ("world-size-one", parallel::world_size_one),
+    ("expert-parallel", parallel::expert_parallel),
+    ("dimension-edge", model::dimension_edge),
+    ("kv-heads-below-tp", model::kv_heads_below_tp),
+    ("vocab-not-divisible", model::vocab_not_divisible),
+    ("add-layer", model::add_layer),
+    ("remove-layer", model::remove_layer),
+    ("reorder-layers", model::reorder_layers),
+    ("architecture", model::architecture),
+    ("moe-routing", model::moe_routing),
+    ("dtype", train::dtype),
+    ("distribution", train::distribution),
+    ("training-step", train::training_step),
+    ("reseed", train::reseed),
+];
+
+/// Applies one random mutation to a copy of `case` until a valid one results (or gives up).
+pub fn mutate_case(case: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
+    for _ in 0..8 {
+        let (name, f) = MUTATIONS[rng.gen_range(0..MUTATIONS.len())];
+        let mut c = case.clone();
+        if f(&mut c, rng) && c != *case && c.validate(limits).is_ok() {
+            return Some((c, name));
+        }
+    }
+    None
+}
+
+/// Crossover: the parallel configuration of one case with the workload of another.
+pub fn crossover(a: &Case, b: &Case, limits: &Limits) -> Option<Case> {
+    let mut c = b.clone();
+    c.parallel = a.parallel.clone();
+    (c != *a && c != *b && c.validate(limits).is_ok()).then_some(c)
+}
+
+/// The LibAFL mutator: stacks 1–3 semantic mutations, sometimes a crossover with a corpus entry.
+pub struct SemanticMutator {
+    limits: Limits,
+    /// How often each mutation produced a case that was run.
+    pub applied: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl SemanticMutator {
+    pub fn new() -> SemanticMutator {
+        SemanticMutator { limits: Limits::default(), applied: Default::default() }
+    }
+}
+
+impl Default for SemanticMutator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Named for SemanticMutator {
+    fn name(&self) -> &Cow<'static, str> {
+        static NAME: Cow<'static, str> = Cow::Borrowed("semantic");
+        &NAME
+    }
+}
+
+impl<S> Mutator<CaseInput, S> for SemanticMutator
+where
+    S: HasRand + HasCorpus<CaseInput>,
+{
+    fn mutate(&mut self, state: &mut S, input: &mut CaseInput) -> Result<MutationResult, Error> {
+        let seed = state.rand_mut().next();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut case = input.0.clone();
+        if rng.gen_ratio(1, 10) && state.corpus().count() > 1 {
+            let n = state.corpus().count();
+            let id = state.corpus().nth(rng.gen_range(0..n));
+            let other = state.corpus().cloned_input_for_id(id)?;
+            let (a, b) = if rng.gen_bool(0.5) { (&case, &other.0) } else { (&other.0, &case) };
+            if let Some(c) = crossover(a, b, &self.limits) {
+                *self.applied.entry("crossover").or_default() += 1;
+                input.0 = c;
+                return Ok(MutationResult::Mutated);
+            }
+        }
+        let stack = rng.gen_range(1..=3);
+        let mut changed = false;
+        for _ in 0..stack {
+            if let Some((c, name)) = mutate_case(&case, &mut rng, &self.limits) {
+                case = c;
+                changed = true;
+                *self.applied.entry(name).or_default() += 1;
+            }
+        }
+        if !changed {
+            return Ok(MutationResult::Skipped);
+        }
+        input.0 = case;
+        Ok(MutationResult::Mutated)
+    }
+
+    fn post_exec(&mut self, _state: &mut S, _new_corpus_id: Option<libafl::corpus::CorpusId>) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::random_case;
+
+    #[test]
+    fn every_mutation_keeps_cases_valid_and_most_change_something() {
+        let limits = Limits::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        assert!(MUTATIONS.len() >= 15);
+        for (name, f) in MUTATIONS {
+            let mut changed = 0;
+            for seed in 0..200 {
+                let base = random_case(seed);
+                let mut c = base.clone();
+                if f(&mut c, &mut rng) && c.validate(&limits).is_ok() && c != base {
+                    changed += 1;
+                }
+            }
+            assert!(changed > 20, "{name} changed only {changed} of 200 cases validly");
+        }
+        for seed in 0..300 {
+            if let Some((c, _)) = mutate_case(&random_case(seed), &mut rng, &limits) {
+                c.validate(&limits).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn crossover_takes_the_parallel_config_of_one_and_the_model_of_the_other() {
+        let limits = Limits::default();
+        let (a, b) =
+            (0..100).map(|s| (random_case(s), random_case(s + 1000))).find(|(a, b)| a.parallel != b.parallel && b.model.is_some()).unwrap();
+        if let Some(c) = crossover(&a, &b, &limits) {
+            assert_eq!(c.parallel, a.parallel);
+            assert_eq!(c.model, b.model);
+        }
+    }
+}

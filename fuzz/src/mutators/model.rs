@@ -1,0 +1,131 @@
+//! Mutators of the model and op shapes.
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use shardfuzz_harnesses::case::{Activation, Case, LayerKind, MoeConfig, NormKind, Real};
+
+/// A dimension made prime, 1, or one above / below a multiple of a degree.
+pub fn dimension_edge(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let deg = [c.parallel.tp, c.parallel.dp, c.parallel.pp, 2, 3, 4].choose(rng).copied().unwrap_or(2).max(1);
+    let pick = |rng: &mut ChaCha8Rng, old: u32| -> u32 {
+        match rng.gen_range(0..4) {
+            0 => *[2u32, 3, 5, 7, 11, 13].choose(rng).unwrap_or(&3),
+            1 => 1,
+            2 => deg * rng.gen_range(1..=3) + 1,
+            _ => (deg * rng.gen_range(1..=3)).saturating_sub(1).max(1),
+        }
+        .min(old.max(2) * 2)
+        .clamp(1, 32)
+    };
+    if let Some(op) = c.op.as_mut() {
+        let i = rng.gen_range(0..op.shape.len());
+        let v = pick(rng, op.shape[i]);
+        let changed = op.shape[i] != v;
+        op.shape[i] = v;
+        if op.new_shape.is_some() {
+            op.new_shape = Some(vec![op.shape.iter().product::<u32>(), 1]);
+        }
+        return changed;
+    }
+    let Some(m) = c.model.as_mut() else { return false };
+    let slot = match rng.gen_range(0..5) {
+        0 => &mut m.ffn,
+        1 => &mut m.vocab,
+        2 => &mut m.seq,
+        3 => &mut m.batch,
+        _ => &mut m.ffn,
+    };
+    let v = pick(rng, *slot);
+    let changed = *slot != v;
+    *slot = v;
+    changed
+}
+
+/// Fewer kv heads than the tensor-parallel degree (grouped-query attention replication).
+pub fn kv_heads_below_tp(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let tp = c.parallel.tp.max(2);
+    c.parallel.tp = tp;
+    let head_dim = (m.hidden / m.heads.max(1)).max(1);
+    m.heads = tp * rng.gen_range(1..=2);
+    m.hidden = m.heads * head_dim;
+    let kv: Vec<u32> = (1..tp).filter(|k| m.heads % k == 0 && tp % k == 0).collect();
+    m.kv_heads = *kv.choose(rng).unwrap_or(&1);
+    if !m.layers.contains(&LayerKind::Attention) {
+        m.layers.push(LayerKind::Attention);
+    }
+    true
+}
+
+/// A vocabulary the tensor-parallel degree does not divide (padding).
+pub fn vocab_not_divisible(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let tp = c.parallel.tp.max(2);
+    c.parallel.tp = tp;
+    m.vocab = tp * rng.gen_range(1..=8) + rng.gen_range(1..tp);
+    true
+}
+
+pub fn add_layer(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    if m.layers.len() >= 4 {
+        return false;
+    }
+    let kind = *[LayerKind::Attention, LayerKind::Mlp, LayerKind::Moe].choose(rng).unwrap_or(&LayerKind::Mlp);
+    let at = rng.gen_range(0..=m.layers.len());
+    m.layers.insert(at, kind);
+    if kind == LayerKind::Moe && m.moe.is_none() {
+        let experts = rng.gen_range(2..=4);
+        m.moe = Some(MoeConfig {
+            experts,
+            top_k: rng.gen_range(1..=experts),
+            capacity_factor: Real(*[0.5, 1.0, 1.25].choose(rng).unwrap_or(&1.0)),
+        });
+    }
+    true
+}
+
+pub fn remove_layer(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    if m.layers.is_empty() {
+        return false;
+    }
+    let at = rng.gen_range(0..m.layers.len());
+    m.layers.remove(at);
+    true
+}
+
+pub fn reorder_layers(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let before = m.layers.clone();
+    m.layers.shuffle(rng);
+    m.layers != before
+}
+
+/// Norm kind, activation, bias and tied embeddings.
+pub fn architecture(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    match rng.gen_range(0..4) {
+        0 => m.norm = if m.norm == NormKind::Layernorm { NormKind::Rmsnorm } else { NormKind::Layernorm },
+        1 => m.activation = if m.activation == Activation::Gelu { Activation::Swiglu } else { Activation::Gelu },
+        2 => m.bias = !m.bias,
+        _ => m.tied_embeddings = !m.tied_embeddings,
+    }
+    true
+}
+
+/// Experts, top-k and the capacity factor (token drops).
+pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let experts = rng.gen_range(1..=4);
+    m.moe = Some(MoeConfig {
+        experts,
+        top_k: rng.gen_range(1..=experts),
+        capacity_factor: Real(*[0.25, 0.5, 1.0, 2.0].choose(rng).unwrap_or(&1.0)),
+    });
+    if !m.layers.contains(&LayerKind::Moe) {
+        m.layers.push(LayerKind::Moe);
+    }
+    true
+}

@@ -1,0 +1,123 @@
+//! Mutators of the parallel configuration.
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule};
+
+fn divisors(n: u32) -> Vec<u32> {
+    (1..=n.max(1)).filter(|d| n % d == 0).collect()
+}
+
+fn relevant_dim(case: &Case, rng: &mut ChaCha8Rng) -> u32 {
+    match &case.model {
+        Some(m) => *[m.hidden, m.ffn, m.heads, m.vocab, m.seq, m.batch].choose(rng).unwrap_or(&1),
+        None => case.op.as_ref().map_or(4, |o| *o.shape.choose(rng).unwrap_or(&4)),
+    }
+}
+
+fn pick_axis(rng: &mut ChaCha8Rng) -> &'static str {
+    ["tp", "tp", "dp", "pp"].choose(rng).copied().unwrap_or("tp")
+}
+
+fn set_degree(case: &mut Case, axis: &str, v: u32) -> bool {
+    let p = &mut case.parallel;
+    let slot = match axis {
+        "tp" => &mut p.tp,
+        "dp" => &mut p.dp,
+        _ => &mut p.pp,
+    };
+    let changed = *slot != v;
+    *slot = v;
+    changed
+}
+
+/// A degree set to a divisor of a dimension of the case.
+pub fn degree_divisor(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let d = relevant_dim(c, rng);
+    let small: Vec<u32> = divisors(d).into_iter().filter(|&x| x <= 4).collect();
+    let v = *small.choose(rng).unwrap_or(&1);
+    let axis = pick_axis(rng);
+    set_degree(c, axis, v)
+}
+
+/// A degree set to a non-divisor of a dimension of the case.
+pub fn degree_non_divisor(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let d = relevant_dim(c, rng);
+    let options: Vec<u32> = (2..=4).filter(|x| d % x != 0).collect();
+    let Some(&v) = options.choose(rng) else { return false };
+    let axis = pick_axis(rng);
+    set_degree(c, axis, v)
+}
+
+/// Micro-batches below, equal to, or above the pipeline depth.
+pub fn microbatches_vs_pipeline(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let pp = c.parallel.pp;
+    let v = match rng.gen_range(0..3) {
+        0 => pp.saturating_sub(1).max(1),
+        1 => pp,
+        _ => pp + rng.gen_range(1..=2),
+    };
+    if c.parallel.pp == 1 && rng.gen_bool(0.5) {
+        c.parallel.pp = 2;
+    }
+    let changed = c.parallel.microbatches != v;
+    c.parallel.microbatches = v;
+    changed
+}
+
+pub fn zero_stage(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let v = rng.gen_range(0..=3);
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    let changed = c.parallel.zero_stage != v;
+    c.parallel.zero_stage = v;
+    changed
+}
+
+pub fn toggle_sequence_parallel(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.sequence_parallel = !c.parallel.sequence_parallel;
+    if c.parallel.tp == 1 {
+        c.parallel.tp = 2;
+    }
+    true
+}
+
+pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let mut axes = Axis::ALL;
+    axes.shuffle(rng);
+    let changed = c.parallel.rank_order.0 != axes;
+    c.parallel.rank_order.0 = axes;
+    changed
+}
+
+pub fn schedule(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.pipeline_schedule = match c.parallel.pipeline_schedule {
+        PipelineSchedule::Gpipe => PipelineSchedule::OneFOneB,
+        PipelineSchedule::OneFOneB => PipelineSchedule::Gpipe,
+    };
+    true
+}
+
+/// World size 1: every degree back to 1 (the single-device baseline configuration).
+pub fn world_size_one(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    let p = &mut c.parallel;
+    let changed = p.world() != 1;
+    p.dp = 1;
+    p.tp = 1;
+    p.pp = 1;
+    p.ep = 1;
+    changed
+}
+
+/// Expert parallelism over the data-parallel group.
+pub fn expert_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    let v = *divisors(c.parallel.dp).choose(rng).unwrap_or(&1);
+    let changed = c.parallel.ep != v;
+    c.parallel.ep = v;
+    changed
+}

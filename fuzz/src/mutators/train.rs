@@ -1,0 +1,63 @@
+//! Mutators of the training step and the data.
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Real};
+use shardfuzz_kernels::DType;
+
+pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let d = *DType::ALL.choose(rng).unwrap_or(&DType::F32);
+    let t = &mut c.train;
+    let changed = t.dtype != d;
+    t.dtype = d;
+    t.reduce_dtype = match rng.gen_range(0..3) {
+        0 => Some(DType::F32),
+        1 => Some(d),
+        _ => None,
+    };
+    if d == DType::F16 && rng.gen_bool(0.5) {
+        t.loss_scale = Some(Real(*[256.0, 4096.0, 65536.0].choose(rng).unwrap_or(&1024.0)));
+    } else if d != DType::F16 {
+        t.loss_scale = None;
+    }
+    changed
+}
+
+pub fn distribution(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let d = *Distribution::ALL.choose(rng).unwrap_or(&Distribution::Normal);
+    let changed = c.data.distribution != d;
+    c.data.distribution = d;
+    changed
+}
+
+pub fn reseed(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.data.seed = rng.gen();
+    true
+}
+
+/// Steps, gradient accumulation, clipping and optimizer.
+pub fn training_step(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let t = &mut c.train;
+    match rng.gen_range(0..4) {
+        0 => t.steps = rng.gen_range(1..=3),
+        1 => {
+            t.grad_accumulation = rng.gen_range(1..=3);
+            if let Some(m) = c.model.as_mut() {
+                m.batch = m.batch.max(c.parallel.dp * c.parallel.microbatches * t.grad_accumulation);
+            }
+        }
+        2 => {
+            t.clip_grad_norm = if t.clip_grad_norm.is_some() && rng.gen_bool(0.3) {
+                None
+            } else {
+                Some(Real(*[0.01, 0.1, 1.0].choose(rng).unwrap_or(&0.1)))
+            }
+        }
+        _ => {
+            t.optimizer.kind = *[OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adamw].choose(rng).unwrap_or(&OptimizerKind::Sgd);
+            t.optimizer.lr = Real(*[1e-3, 1e-2, 1e-1].choose(rng).unwrap_or(&1e-2));
+        }
+    }
+    true
+}
