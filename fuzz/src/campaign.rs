@@ -69,6 +69,8 @@ pub struct CampaignSummary {
     pub new_signatures: Vec<String>,
     /// Seconds spent inside the target and oracle.
     pub target_s: f64,
+    /// Seconds this process fuzzed (the overhead is 1 − target_s / process_s).
+    pub process_s: f64,
 }
 
 /// Reads every `*.json` case under `dir`; a malformed file is a warning naming it and the field.
@@ -99,12 +101,18 @@ pub fn load_cases(dir: &Path, log: &mut impl Write) -> Vec<Case> {
     cases
 }
 
-/// Campaign seconds already spent (the last complete line of stats.csv).
-fn previous_elapsed(stats: &Path) -> f64 {
+/// Campaign seconds and executions already spent (the last complete line of stats.csv; a line
+/// torn by a kill is skipped).
+fn previous_progress(stats: &Path) -> (f64, u64) {
     std::fs::read_to_string(stats)
         .ok()
-        .and_then(|t| t.lines().rev().find_map(|l| l.split(',').next().and_then(|x| x.parse::<f64>().ok())))
-        .unwrap_or(0.0)
+        .and_then(|t| {
+            t.lines().rev().find_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f.len() == 6).then(|| Some((f[0].parse::<f64>().ok()?, f[1].parse::<u64>().ok()?))).flatten()
+            })
+        })
+        .unwrap_or((0.0, 0))
 }
 
 fn hms(s: f64) -> String {
@@ -117,7 +125,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     std::fs::create_dir_all(out.join("queue"))?;
     let mut log = std::fs::OpenOptions::new().create(true).append(true).open(out.join("fuzz.log"))?;
     let stats_path = out.join("stats.csv");
-    let elapsed_base = previous_elapsed(&stats_path);
+    let (elapsed_base, execs_base) = previous_progress(&stats_path);
     let new_stats = !stats_path.exists();
     let mut stats = std::fs::OpenOptions::new().create(true).append(true).open(&stats_path)?;
     if new_stats {
@@ -150,6 +158,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
     let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(SemanticMutator::new(), NonZeroUsize::new(8).expect("8 > 0")));
 
+    let started = Instant::now();
     // Seeds: the queue of a resumed campaign, then --corpus; random cases if there is nothing.
     let mut seeds = load_cases(&out.join("queue"), &mut log);
     if let Some(dir) = &opts.corpus {
@@ -166,15 +175,14 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     }
     writeln!(log, "[{}] {} seed cases loaded", hms(executor.elapsed()), state.corpus().count())?;
 
-    let started = Instant::now();
     let mut last_status = Instant::now();
     let mut last_stats = Instant::now();
     let mut last_execs = *state.executions();
     let mut fresh = opts.seed ^ 0x5eed;
     let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
-    let mut last_sync = Instant::now();
+    let mut last_sync = Instant::now() - Duration::from_secs(60);
     let write_stats = |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: usize, findings: usize| {
-        writeln!(stats, "{elapsed:.1},{execs},{rate:.1},{corpus},{cov},{findings}")
+        writeln!(stats, "{elapsed:.1},{},{rate:.1},{corpus},{cov},{findings}", execs_base + execs)
     };
     loop {
         let stop = opts.time.is_some_and(|t| started.elapsed() >= t)
@@ -267,5 +275,6 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         findings: executor.store.findings.values().cloned().collect(),
         new_signatures,
         target_s: executor.target_time.as_secs_f64(),
+        process_s: started.elapsed().as_secs_f64(),
     })
 }

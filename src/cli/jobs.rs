@@ -28,6 +28,7 @@ fn worker_args(opts: &CampaignOptions, i: usize, jobs: usize) -> Vec<String> {
     for b in &opts.target_options.inject {
         args.extend(["--inject".into(), b.clone()]);
     }
+    args.extend(["--sync".into(), opts.out.join("queue").display().to_string()]);
     for j in (0..jobs).filter(|&j| j != i) {
         args.extend(["--sync".into(), dir(j).join("queue").display().to_string()]);
     }
@@ -67,6 +68,7 @@ pub fn run_jobs(opts: &CampaignOptions, jobs: usize) -> anyhow::Result<CampaignS
         findings: vec![],
         new_signatures: vec![],
         target_s: 0.0,
+        process_s: 0.0,
     };
     for (i, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output()?;
@@ -82,6 +84,8 @@ pub fn run_jobs(opts: &CampaignOptions, jobs: usize) -> anyhow::Result<CampaignS
             };
             summary.execs += num(" execs") as u64;
             summary.elapsed_s = summary.elapsed_s.max(num(" s ("));
+            summary.process_s = summary.elapsed_s;
+            summary.target_s += num(" %") / 100.0 * summary.elapsed_s / jobs as f64;
         }
         let dir = opts.out.join("jobs").join(i.to_string());
         merge_dir(&dir.join("queue"), &opts.out.join("queue"))?;

@@ -155,7 +155,10 @@ impl Target for NativeTarget {
         }
         let plan = match Plan::new(case, self.bugs) {
             Ok(p) => p,
-            Err(r) => return Outcome::Rejected { reason: r.0, features: vec![format!("rejected:{}", case.summary())] },
+            Err(r) => {
+                let class: String = r.0.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
+                return Outcome::Rejected { features: vec![format!("rejected:{class}")], reason: r.0 };
+            }
         };
         let world = World::new(plan.world, WorldOptions { timeout: self.timeout });
         let results = run_ranks(&world, |comm| {
