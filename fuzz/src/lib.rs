@@ -7,4 +7,5 @@ pub mod generate;
 pub mod input;
 pub mod mutators;
 pub mod oracle;
+pub mod plot;
 pub mod report;

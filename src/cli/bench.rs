@@ -15,6 +15,8 @@ use shardfuzz_kernels::DType;
 pub enum BenchCommand {
     /// Random cases on the clean target: every finding is a false positive.
     Clean(CleanArgs),
+    /// Time to find each injected bug, with and without coverage feedback.
+    Bugs(super::bugs::BugsArgs),
 }
 
 #[derive(clap::Args)]
@@ -48,7 +50,10 @@ pub fn with_dtype(mut case: Case, dtype: Option<DType>) -> Case {
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
-    let BenchCommand::Clean(a) = cmd;
+    let a = match cmd {
+        BenchCommand::Clean(a) => a,
+        BenchCommand::Bugs(b) => return super::bugs::run(b),
+    };
     let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
     let oracle = Oracle::default();
     let mut counts = std::collections::BTreeMap::<VerdictKind, u64>::new();

@@ -3,9 +3,11 @@
 
 mod baseline;
 mod bench;
+mod bugs;
 mod fuzz;
 mod gen;
 mod jobs;
+mod plot;
 mod run;
 mod table;
 
@@ -24,6 +26,8 @@ pub struct Cli {
 enum Command {
     /// A coverage-guided fuzz campaign (resumable; CI mode with --fail-on-finding).
     Fuzz(fuzz::FuzzArgs),
+    /// Draw coverage and findings over time from a campaign directory.
+    Plot(plot::PlotArgs),
     /// Print the findings of a campaign directory as a baseline of known signatures.
     Baseline(baseline::BaselineArgs),
     /// Run case files through a target and print the verdict table.
@@ -46,6 +50,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(a) => run::run(a),
         Command::Fuzz(a) => fuzz::run(a),
         Command::Baseline(a) => baseline::run(a),
+        Command::Plot(a) => plot::run(a),
         Command::Gen(a) => gen::run(a),
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?);

@@ -416,7 +416,12 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
     let p = plan.case.parallel.clone();
     let tp_i = plan.coord(rank, Axis::Tp);
     let d = plan.coord(rank, Axis::Dp);
-    let layout = Layout::new(plan.model, plan.tp, tp_i, p.sequence_parallel, plan.ep, d % plan.ep).map_err(|r| CommFailure(r.0))?;
+    let mut layout = Layout::new(plan.model, plan.tp, tp_i, p.sequence_parallel, plan.ep, d % plan.ep).map_err(|r| CommFailure(r.0))?;
+    if plan.bug(Bug::GqaKvNotReplicated) && layout.kv_replicated {
+        // The injected fault: round-robin instead of the kv head of this rank's query heads.
+        let kv = tp_i % plan.model.kv_heads as usize;
+        layout.kv_heads = kv..kv + 1;
+    }
     let mut features = vec![];
     let m = plan.model;
     if plan.tp > 1 {
