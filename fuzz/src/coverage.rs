@@ -55,7 +55,7 @@ pub fn edge_guards() -> usize {
 
 /// Number of non-zero entries in the map right now.
 pub fn filled() -> usize {
-    unsafe { (*(&raw const MAP)).iter().filter(|b| **b != 0).count() }
+    unsafe { std::slice::from_raw_parts(map_ptr(), MAP_SIZE) }.iter().filter(|b| **b != 0).count()
 }
 
 /// SanitizerCoverage callbacks: assign each guard an edge slot.

@@ -17,6 +17,9 @@ use crate::model::{
 };
 use crate::reference::{clip_coefficient_of, OptState};
 
+/// Step-0 logits of one micro-batch: (global token rows, vocab columns held, values).
+pub type LogitsPiece = (Range<usize>, Range<usize>, Mat);
+
 /// What one rank hands back for assembly.
 pub struct RankOut {
     pub rank: usize,
@@ -25,7 +28,7 @@ pub struct RankOut {
     /// Sum of this rank's per-token losses at each step (last stage only; 0 elsewhere).
     pub loss_sums: Vec<f64>,
     /// Step-0 logits: (global token rows, vocab columns held, values).
-    pub logits: Vec<(Range<usize>, Range<usize>, Mat)>,
+    pub logits: Vec<LogitsPiece>,
     /// Step-0 gradients (after synchronisation, unscaled, before clipping), local shapes.
     pub grads0: ParamSet,
     /// Parameters after the last step, local shapes.
@@ -163,7 +166,7 @@ impl<'a> Rank<'a> {
         a: usize,
         grad_scale: f64,
         grads: &mut ParamSet,
-        out: &mut (f64, Vec<(Range<usize>, Range<usize>, Mat)>),
+        out: &mut (f64, Vec<LogitsPiece>),
     ) -> CResult<()> {
         let d = self.plan.coord(self.rank, Axis::Dp);
         let pieces = self.plan.pieces(d, a);

@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn all_reduce_is_exact_and_identical_for_every_world_size_and_length() {
-        for n in 1..=8 {
+        for n in 1..=8usize {
             for len in [0, 1, n.saturating_sub(1), n, n + 1, 37] {
                 let w = World::new(n, WorldOptions::default());
                 let out = run_ranks(&w, |c| {
@@ -309,8 +309,8 @@ mod tests {
         });
         assert!(t.elapsed() < Duration::from_secs(1));
         assert!(out[3].is_ok());
-        for r in 0..3 {
-            match &out[r] {
+        for (r, res) in out.iter().enumerate().take(3) {
+            match res {
                 Err(CommError::Deadlock { collective, group, .. }) => {
                     assert_eq!(collective, "all_reduce");
                     assert_eq!(group, "tp[0, 1, 2, 3]");
