@@ -110,7 +110,8 @@ pub struct World {
     size: usize,
     opts: WorldOptions,
     state: Mutex<State>,
-    cv: Condvar,
+    /// One condition variable per rank, so a message wakes only its receiver.
+    cvs: Vec<Condvar>,
     features: Mutex<BTreeSet<String>>,
 }
 
@@ -125,13 +126,17 @@ impl World {
                 deadlock: false,
                 stuck: vec![],
             }),
-            cv: Condvar::new(),
+            cvs: (0..size).map(|_| Condvar::new()).collect(),
             features: Mutex::new(BTreeSet::new()),
         })
     }
 
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    fn wake_all(&self) {
+        self.cvs.iter().for_each(Condvar::notify_all);
     }
 
     /// The communicator of `rank`, for its thread only.
@@ -143,7 +148,7 @@ impl World {
     pub fn mark_crashed(&self, rank: usize, _message: &str) {
         let mut st = self.state.lock().expect("comm state");
         st.status[rank] = Status::Crashed;
-        self.cv.notify_all();
+        self.wake_all();
     }
 
     fn mark_finished(&self, rank: usize) {
@@ -151,7 +156,7 @@ impl World {
         if st.status[rank] != Status::Crashed {
             st.status[rank] = Status::Finished;
         }
-        self.cv.notify_all();
+        self.wake_all();
     }
 
     /// Ranks that failed with a deadlock or a timeout, and where they waited.
@@ -170,7 +175,7 @@ impl World {
     pub(super) fn post(&self, dst: usize, msg: Msg) {
         let mut st = self.state.lock().expect("comm state");
         st.mailboxes[dst].push_back(msg);
-        self.cv.notify_all();
+        self.cvs[dst].notify_one();
     }
 
     pub(super) fn take(
@@ -211,17 +216,17 @@ impl World {
                 st.deadlock = true;
                 st.stuck.push(StuckInfo { rank, collective: kind.to_string(), group: group.label() });
                 st.status[rank] = Status::Finished;
-                self.cv.notify_all();
+                self.wake_all();
                 return Err(CommError::Deadlock { rank, collective: kind.to_string(), group: group.label(), waiting_for: src });
             }
             let now = Instant::now();
             if now >= deadline {
                 st.stuck.push(StuckInfo { rank, collective: kind.to_string(), group: group.label() });
                 st.status[rank] = Status::Finished;
-                self.cv.notify_all();
+                self.wake_all();
                 return Err(CommError::Timeout { rank, collective: kind.to_string(), group: group.label() });
             }
-            st = self.cv.wait_timeout(st, deadline - now).expect("comm state").0;
+            st = self.cvs[rank].wait_timeout(st, deadline - now).expect("comm state").0;
         }
     }
 }
