@@ -24,11 +24,21 @@ fn dot_rows(p: Prec, a: ArrayView2<f64>, bt: ArrayView2<f64>) -> Array2<f64> {
         for (j, o) in out.iter_mut().enumerate() {
             let br = &b_s[j * k..(j + 1) * k];
             let mut s = 0.0;
-            if exact {
+            if exact && !p.reversed_sums {
                 for (x, y) in ar.iter().zip(br) {
                     s += x * y;
                 }
                 *o = s;
+            } else if exact {
+                for (x, y) in ar.iter().zip(br).rev() {
+                    s += x * y;
+                }
+                *o = s;
+            } else if p.reversed_sums {
+                for (x, y) in ar.iter().zip(br).rev() {
+                    s = acc.round(s + acc.round(x * y));
+                }
+                *o = p.r(s);
             } else {
                 for (x, y) in ar.iter().zip(br) {
                     s = acc.round(s + acc.round(x * y));

@@ -6,13 +6,16 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Prec {
     pub dtype: DType,
+    /// Accumulate dot products in reverse order: the same math with another round-off pattern, which
+    /// the oracle uses to measure how much summation order alone moves a result.
+    pub reversed_sums: bool,
 }
 
 impl Prec {
-    pub const F64: Prec = Prec { dtype: DType::F64 };
+    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false };
 
     pub fn new(dtype: DType) -> Prec {
-        Prec { dtype }
+        Prec { dtype, reversed_sums: false }
     }
 
     /// The accumulation format (f32 for every low-precision dtype).
@@ -31,6 +34,10 @@ impl Prec {
     #[inline]
     pub fn mid(self, x: f64) -> f64 {
         self.acc().round(x)
+    }
+
+    pub fn reversed(self) -> Prec {
+        Prec { reversed_sums: true, ..self }
     }
 
     pub fn is_exact(self) -> bool {

@@ -25,7 +25,8 @@ use shardfuzz_harnesses::tensor::Tensor;
 pub struct Oracle {
     /// A tensor diverges when its error exceeds `threshold × ε`.
     pub threshold: f64,
-    /// ε is never taken below `noise_floor_ulps × u` (u: the dtype's unit round-off).
+    /// ε is never taken below `noise_floor_ulps × u` (u: the coarser of the compute and reduce
+    /// dtypes' unit round-off; 64 times that in f64).
     pub noise_floor_ulps: f64,
 }
 
@@ -210,14 +211,26 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     // Perturb at the coarser of the compute and reduce precisions: that is the round-off the target
     // may legitimately inject, and the conditioning of the case amplifies it.
     let coarse = if case.train.reduce_dtype().unit_roundoff() > dtype.unit_roundoff() { case.train.reduce_dtype() } else { dtype };
+    let u_coarse = coarse.unit_roundoff();
     let perturbed = reference::run(case, &inputs.perturbed(coarse, case.data.seed), shardfuzz_kernels::DType::F64).ok();
     // A second single-device run in the case dtype on neighbouring inputs: its own rounding pattern,
     // underflows and optimizer sign flips, independent of the first baseline's.
+    // Summed in reverse order as well, so it also measures what summation order alone changes (in
+    // f64, where the baseline is the reference itself, that is all it measures).
     let perturbed_baseline = if dtype == shardfuzz_kernels::DType::F64 {
-        None
+        reference::run_reversed(case, inputs, dtype).ok()
     } else {
-        reference::run(case, &inputs.perturbed_by(dtype, case.data.seed.wrapping_add(1), 2.0), dtype).ok()
+        reference::run_reversed(case, &inputs.perturbed_by(dtype, case.data.seed.wrapping_add(1), 2.0), dtype).ok()
     };
+    // Round-off enters a sharded run's gradients as absolute noise (partial sums); optimizers that
+    // normalise each element (Adam) amplify it on small elements. A reference run with such noise
+    // added to its gradients measures what later steps legitimately inherit.
+    let gradient_noise = (case.train.optimizer.kind != shardfuzz_harnesses::case::OptimizerKind::Sgd && case.train.steps > 0)
+        .then(|| {
+            let noise = reference::GradientNoise { relative: oracle.noise_floor_ulps * u_coarse, seed: case.data.seed };
+            reference::run_with_gradient_noise(case, inputs, shardfuzz_kernels::DType::F64, Some(noise)).ok()
+        })
+        .flatten();
     v.notes = out.notes.clone();
     // A dynamic loss scaler's skip decisions depend on intermediate magnitudes, which sharding
     // legitimately changes; when the target skipped other steps than the single-device run in the
@@ -237,7 +250,10 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     // Reductions in a coarser dtype than the compute dtype (f64 compute, f32 all-reduce) add their
     // own round-off, which no single-device run has: the floor takes the coarser of the two.
     let u = dtype.unit_roundoff().max(case.train.reduce_dtype().unit_roundoff());
-    let floor = oracle.noise_floor_ulps * u;
+    // The floor stands for round-off no single-device run samples (another summation order across
+    // ranks, amplified by the case's conditioning). In f64 the dtype baseline is the reference itself,
+    // so it is set much higher there; bugs sit many orders of magnitude above either.
+    let floor = oracle.noise_floor_ulps * u * if u <= shardfuzz_kernels::DType::F64.unit_roundoff() { 64.0 } else { 1.0 };
     let err = |t: Option<&Tensor>, r: &Tensor, name: &str| t.map_or(0.0, |t| relative_error(t, r, scale.denominator(name, r)));
     let mut overflow_seen = false;
     for (name, r) in &reference.tensors {
@@ -247,7 +263,9 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
         let base = err(baseline.as_ref().and_then(|b| b.tensor(name)), r, name);
         let pert = err(perturbed.as_ref().and_then(|p| p.tensor(name)), r, name);
         let base2 = err(perturbed_baseline.as_ref().and_then(|p| p.tensor(name)), r, name);
-        let pert = pert.max(base2);
+        let later_step = name.starts_with("param/") || (name.starts_with("loss/") && name != "loss/step0");
+        let grad_noise = if later_step { err(gradient_noise.as_ref().and_then(|p| p.tensor(name)), r, name) } else { 0.0 };
+        let pert = pert.max(base2).max(grad_noise);
         let adam = adam_noise(case, &reference, &v.checks, &scale, name).unwrap_or(0.0);
         let noise = base.max(pert).max(floor).max(adam);
         let mut check = TensorCheck {

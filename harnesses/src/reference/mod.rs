@@ -23,11 +23,39 @@ pub struct ReferenceError(pub String);
 
 /// Runs `case` on a single device in `dtype`.
 pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, ReferenceError> {
+    run_with_gradient_noise(case, inputs, dtype, None)
+}
+
+/// Absolute noise added to every gradient element before each optimizer step: ± `relative` times
+/// the largest gradient element of the step, signs from `seed`. Models the round-off a sharded
+/// implementation's reductions put into gradients — absolute, not relative to each element, which
+/// matters after optimizers (Adam) that normalise each element by its own size.
+#[derive(Debug, Clone, Copy)]
+pub struct GradientNoise {
+    pub relative: f64,
+    pub seed: u64,
+}
+
+pub fn run_with_gradient_noise(
+    case: &Case,
+    inputs: &Inputs,
+    dtype: DType,
+    noise: Option<GradientNoise>,
+) -> Result<RunOutput, ReferenceError> {
+    run_with(case, inputs, Prec::new(dtype), noise)
+}
+
+/// The reference with its dot products summed in reverse order (another round-off pattern).
+pub fn run_reversed(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, ReferenceError> {
+    run_with(case, inputs, Prec::new(dtype).reversed(), None)
+}
+
+fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
+    let dtype = p.dtype;
     if let Some(op) = &case.op {
         return crate::ops::reference(op, inputs, dtype).map_err(ReferenceError);
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
-    let p = Prec::new(dtype);
     let layout = Layout::single(m);
     let ctx = Ctx { p, model: m, layout: &layout, tp: None, ep: None, bugs: Bugs::none() };
     let mut params: ParamSet = inputs
@@ -55,6 +83,18 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
         if scale.is_some() {
             for t in grads.values_mut() {
                 t.data.iter_mut().for_each(|x| *x = p.r(*x / s));
+            }
+        }
+        if let Some(n) = noise {
+            let scale = grads.values().map(|t| t.max_abs()).fold(0.0, f64::max) * n.relative;
+            let mut state = n.seed.wrapping_add(step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            for name in &order {
+                for x in &mut grads.get_mut(name).expect("grad").data {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    *x += if state & 1 == 0 { scale } else { -scale };
+                }
             }
         }
         if step == 0 {
