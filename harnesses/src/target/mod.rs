@@ -1,0 +1,94 @@
+//! The `Target` trait: something that runs a case through a sharded path and reports what happened.
+//!
+//! One file per target; [`registry`] maps names to constructors.
+
+mod nop;
+pub mod registry;
+
+pub use nop::NopTarget;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::case::Case;
+use crate::inputs::Inputs;
+use crate::tensor::Tensor;
+
+/// What a completed run produced, with tensors gathered to their full (global) shape.
+///
+/// Names: `loss/step{i}`, `logits` (first forward), `grad/{param}` (first step, after reduction and
+/// accumulation, before clipping), `param/{param}` (after the last step); op cases: `out`, `grad/{input}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunOutput {
+    pub tensors: Vec<(String, Tensor)>,
+    /// For tensors replicated over several ranks: each holder's copy, `(rank, value)`.
+    pub replicas: Vec<(String, Vec<(usize, Tensor)>)>,
+    /// Semantic coverage features (strategy, divisibility, padding, collectives …), as strings.
+    pub features: Vec<String>,
+    /// Facts worth showing with the verdict (padding added, schedule used …).
+    pub notes: Vec<String>,
+}
+
+impl RunOutput {
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+/// A rank stuck in a collective when a run hung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StuckRank {
+    pub rank: usize,
+    /// The collective it waits in, e.g. `all_reduce`.
+    pub collective: String,
+    /// The group, e.g. `tp[0, 1]`.
+    pub group: String,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The run finished; the oracle compares its tensors.
+    Completed(RunOutput),
+    /// The target cannot express this case (not a run, not a finding).
+    Unsupported { reason: String },
+    /// The framework's own validation refused the configuration, cleanly.
+    Rejected { reason: String, features: Vec<String> },
+    /// A panic, internal error, abort or segfault.
+    Crash { rank: Option<usize>, message: String, features: Vec<String> },
+    /// Ranks waited in a collective that never completed.
+    Hang { stuck: Vec<StuckRank>, detail: String, features: Vec<String> },
+}
+
+impl Outcome {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Completed(_) => "completed",
+            Outcome::Unsupported { .. } => "unsupported",
+            Outcome::Rejected { .. } => "rejected",
+            Outcome::Crash { .. } => "crash",
+            Outcome::Hang { .. } => "hang",
+        }
+    }
+
+    /// Semantic features whatever the outcome.
+    pub fn features(&self) -> &[String] {
+        match self {
+            Outcome::Completed(o) => &o.features,
+            Outcome::Rejected { features, .. } | Outcome::Crash { features, .. } | Outcome::Hang { features, .. } => features,
+            Outcome::Unsupported { .. } => &[],
+        }
+    }
+}
+
+/// A framework (or our native implementation) under test.
+pub trait Target: Send {
+    /// Registry name, e.g. `native`, `torch-tp`.
+    fn name(&self) -> &str;
+    /// Versions of everything the verdict depends on (recorded in every finding).
+    fn versions(&self) -> BTreeMap<String, String>;
+    /// Runs one case. Must not panic on a valid case.
+    fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome;
+}
