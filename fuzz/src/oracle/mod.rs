@@ -32,7 +32,7 @@ pub struct Oracle {
 
 impl Default for Oracle {
     fn default() -> Self {
-        Oracle { threshold: 32.0, noise_floor_ulps: 4.0 }
+        Oracle { threshold: 100.0, noise_floor_ulps: 4.0 }
     }
 }
 
@@ -255,9 +255,15 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     // so it is set much higher there; bugs sit many orders of magnitude above either.
     let floor = oracle.noise_floor_ulps * u * if u <= shardfuzz_kernels::DType::F64.unit_roundoff() { 64.0 } else { 1.0 };
     let err = |t: Option<&Tensor>, r: &Tensor, name: &str| t.map_or(0.0, |t| relative_error(t, r, scale.denominator(name, r)));
+    // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
+    // closer than round-off can be routed differently by any correct implementation.
+    let routing_tie = reference.tensor(reference::ROUTING_MARGIN).map(|t| t.data[0]).filter(|m| *m < 256.0 * u_coarse);
+    if let Some(m) = routing_tie {
+        v.notes.push(format!("MoE routing within {m:.2e} of a tie (below 256 u): outputs not comparable"));
+    }
     let mut overflow_seen = false;
     for (name, r) in &reference.tensors {
-        if name == reference::SKIPPED_STEPS {
+        if name == reference::SKIPPED_STEPS || name == reference::ROUTING_MARGIN {
             continue;
         }
         let base = err(baseline.as_ref().and_then(|b| b.tensor(name)), r, name);
@@ -295,7 +301,9 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                 check.error = e;
                 check.ratio = e / noise;
                 let after_first_step = name.starts_with("param/") || (name.starts_with("loss/") && name != "loss/step0");
-                if scaler_differs && (name.starts_with("grad/") || after_first_step) {
+                if routing_tie.is_some() {
+                    check.note = Some("MoE routing near a tie: not comparable".into());
+                } else if scaler_differs && (name.starts_with("grad/") || after_first_step) {
                     check.note = Some("loss scaler decisions differ: not comparable".into());
                 } else if first_step_skipped && name.starts_with("grad/") {
                     check.note = Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into());
@@ -344,8 +352,14 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
         }
         None => {
             v.kind = VerdictKind::Pass;
-            let worst = v.checks.iter().filter(|c| c.ratio.is_finite()).map(|c| c.ratio).fold(0.0, f64::max);
-            v.reason = format!("{} tensors within bounds (worst {:.2}× ε)", v.checks.len(), worst);
+            let comparable = |c: &&TensorCheck| c.ratio.is_finite() && !c.note.as_deref().is_some_and(|n| n.contains("not comparable"));
+            let worst = v.checks.iter().filter(comparable).map(|c| c.ratio).fold(0.0, f64::max);
+            let compared = v.checks.iter().filter(comparable).count();
+            v.reason = if compared == v.checks.len() {
+                format!("{} tensors within bounds (worst {:.2}× ε)", v.checks.len(), worst)
+            } else {
+                format!("{compared} of {} tensors comparable, all within bounds (worst {:.2}× ε); see notes", v.checks.len(), worst)
+            };
         }
     }
 }

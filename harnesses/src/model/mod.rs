@@ -69,6 +69,9 @@ pub struct Ctx<'a> {
     /// Expert-parallel group (None: every expert is local).
     pub ep: Option<&'a dyn GroupOps>,
     pub bugs: Bugs,
+    /// Smallest gap seen between the k-th and (k+1)-th router probability of any token: how close
+    /// the routing came to a tie (a discontinuity round-off can flip).
+    pub routing_margin: std::cell::Cell<f64>,
 }
 
 impl Ctx<'_> {

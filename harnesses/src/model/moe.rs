@@ -85,6 +85,13 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let wr = mat(params, &format!("{pre}.moe.router.weight"));
     let logits = k::matmul(ctx.p, &y, &wr);
     let routing = k::router_fwd(ctx.p, &logits, top_k);
+    if top_k < e_total {
+        for (t, ex) in routing.experts.iter().enumerate() {
+            let chosen = routing.probs[[t, ex[top_k - 1]]];
+            let best_other = (0..e_total).filter(|e| !ex.contains(e)).map(|e| routing.probs[[t, e]]).fold(f64::NEG_INFINITY, f64::max);
+            ctx.routing_margin.set(ctx.routing_margin.get().min(chosen - best_other));
+        }
+    }
     let cap = k::capacity(g.seq, e_total, top_k, cfg.capacity_factor.get());
     let members = ep_size(ctx);
     let mut sent: Vec<Vec<Entry>> = vec![vec![]; members];

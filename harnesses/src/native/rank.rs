@@ -66,6 +66,7 @@ impl<'a> Rank<'a> {
             tp: Some(&self.groups.tp as &dyn GroupOps),
             ep: if self.plan.ep > 1 { Some(&self.groups.ep as &dyn GroupOps) } else { None },
             bugs: self.plan.bugs,
+            routing_margin: std::cell::Cell::new(f64::INFINITY),
         }
     }
 

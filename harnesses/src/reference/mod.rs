@@ -16,6 +16,9 @@ use crate::tensor::Tensor;
 /// Name of the tensor that records, per step, whether the dynamic loss scaler skipped it (1) or not (0).
 pub const SKIPPED_STEPS: &str = "scaler/skipped";
 
+/// Name of the scalar holding the smallest top-k routing margin of the run (MoE models only).
+pub const ROUTING_MARGIN: &str = "moe/routing_margin";
+
 /// Why the reference could not run a case.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -57,7 +60,8 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
-    let ctx = Ctx { p, model: m, layout: &layout, tp: None, ep: None, bugs: Bugs::none() };
+    let ctx =
+        Ctx { p, model: m, layout: &layout, tp: None, ep: None, bugs: Bugs::none(), routing_margin: std::cell::Cell::new(f64::INFINITY) };
     let mut params: ParamSet = inputs
         .tensors
         .iter()
@@ -123,6 +127,9 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
     }
     for n in &order {
         out.tensors.push((format!("param/{n}"), params[n].clone()));
+    }
+    if ctx.routing_margin.get().is_finite() {
+        out.tensors.push((ROUTING_MARGIN.into(), Tensor::scalar(ctx.routing_margin.get())));
     }
     if case.train.loss_scale.is_some() {
         out.tensors.push((SKIPPED_STEPS.into(), Tensor::new(vec![skipped.len()], skipped)));
