@@ -307,6 +307,8 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                     check.note = Some("loss scaler decisions differ: not comparable".into());
                 } else if first_step_skipped && name.starts_with("grad/") {
                     check.note = Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into());
+                } else if noise > 0.1 {
+                    check.note = Some("the case dtype cannot represent this tensor (noise ε above 10 %): not comparable".into());
                 } else if overflow_seen && after_first_step {
                     check.note = Some("an earlier tensor overflowed: not comparable".into());
                 } else if !t.all_finite() && near_overflow(case, baseline.as_ref().and_then(|b| b.tensor(name)).unwrap_or(r)) {
