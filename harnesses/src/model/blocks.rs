@@ -236,15 +236,7 @@ fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: Norm
             let _first = b.data[0];
         }
     }
-    let up = lin("up");
-    let (gate, act) = match ctx.model.activation {
-        Activation::Gelu => (None, k::gelu_fwd(ctx.p, &up)),
-        Activation::Swiglu => {
-            let gate = lin("gate");
-            let act = k::swiglu_fwd(ctx.p, &gate, &up);
-            (Some(gate), act)
-        }
-    };
+    let (up, gate, act) = activation_fwd(ctx, lin);
     let wd = mat(params, &format!("{pre}.mlp.down.weight"));
     let partial = k::matmul(ctx.p, &act, &wd);
     let out = if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.tp_size() > 1 {
@@ -268,7 +260,7 @@ fn mlp_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MlpState, dx:
     let lg = k::linear_bwd(ctx.p, &st.act, &wd, &dout);
     accumulate(grads, &wd_name, &[wd.nrows(), wd.ncols()], lg.dw.as_slice().expect("std"), dt);
     let dact = lg.dx;
-    let mut lin_bwd = |n: &str, d: &Mat| -> Mat {
+    let lin_bwd = |n: &str, d: &Mat| -> Mat {
         let wname = format!("{pre}.mlp.{n}.weight");
         let w = mat(params, &wname);
         let lg = k::linear_bwd(ctx.p, &st.y, &w, d);
@@ -279,16 +271,39 @@ fn mlp_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MlpState, dx:
         }
         lg.dx
     };
-    Ok(match &st.gate {
+    Ok(activation_bwd(ctx, &st.up, st.gate.as_ref(), &dact, lin_bwd))
+}
+
+/// The FFN's input projections and activation: `gelu(up(x))` or `silu(gate(x)) * up(x)`.
+/// Returns (up, gate, activation); `lin` applies a named input projection.
+pub(super) fn activation_fwd(ctx: &Ctx, lin: impl Fn(&str) -> Mat) -> (Mat, Option<Mat>, Mat) {
+    let up = lin("up");
+    match ctx.model.activation {
+        Activation::Gelu => {
+            let act = k::gelu_fwd(ctx.p, &up);
+            (up, None, act)
+        }
+        Activation::Swiglu => {
+            let gate = lin("gate");
+            let act = k::swiglu_fwd(ctx.p, &gate, &up);
+            (up, Some(gate), act)
+        }
+    }
+}
+
+/// Backward of [`activation_fwd`]: `lin_bwd` takes a projection's name and output gradient and
+/// returns its input gradient; the result is the summed input gradient.
+pub(super) fn activation_bwd(ctx: &Ctx, up: &Mat, gate: Option<&Mat>, dact: &Mat, mut lin_bwd: impl FnMut(&str, &Mat) -> Mat) -> Mat {
+    match gate {
         None => {
-            let dup = k::gelu_bwd(ctx.p, &st.up, &dact);
+            let dup = k::gelu_bwd(ctx.p, up, dact);
             lin_bwd("up", &dup)
         }
         Some(gate) => {
-            let (dgate, dup) = k::swiglu_bwd(ctx.p, gate, &st.up, &dact);
+            let (dgate, dup) = k::swiglu_bwd(ctx.p, gate, up, dact);
             let a = lin_bwd("gate", &dgate);
             let b = lin_bwd("up", &dup);
             k::add(ctx.p, &a, &b)
         }
-    })
+    }
 }

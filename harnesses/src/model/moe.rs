@@ -4,10 +4,9 @@
 
 use shardfuzz_kernels as k;
 
-use super::blocks::NormState;
+use super::blocks::{activation_bwd, activation_fwd, NormState};
 use super::region::{exit_bwd, exit_fwd, Geom};
 use super::{accumulate, mat, Bug, CResult, Ctx, Mat, ParamSet};
-use crate::case::Activation;
 use crate::tensor::Tensor;
 
 /// One routed (token, choice) pair.
@@ -151,15 +150,7 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             let b = params.get(&format!("{pre}.moe.{n}.bias")).map(|t| expert_row(t, le));
             k::linear_fwd(ctx.p, &x, &w, b.as_ref())
         };
-        let up = lin("up");
-        let (gate, act) = match ctx.model.activation {
-            Activation::Gelu => (None, k::gelu_fwd(ctx.p, &up)),
-            Activation::Swiglu => {
-                let gate = lin("gate");
-                let act = k::swiglu_fwd(ctx.p, &gate, &up);
-                (Some(gate), act)
-            }
-        };
+        let (up, gate, act) = activation_fwd(ctx, lin);
         let wd = expert_mat(&params[&format!("{pre}.moe.down.weight")], le);
         let mut out = k::matmul(ctx.p, &act, &wd);
         let bias_here = ctx.tp_index() == 0 || ctx.bug(Bug::RowParallelBiasEveryRank);
@@ -231,7 +222,7 @@ pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache,
         if let Some(s) = shape_of("down.bias") {
             accumulate_expert(grads, &format!("{pre}.moe.down.bias"), &s, le, &lg.db.to_vec(), ctx);
         }
-        let mut lin_bwd = |n: &str, d: &Mat| -> Mat {
+        let lin_bwd = |n: &str, d: &Mat| -> Mat {
             let wname = format!("{pre}.moe.{n}.weight");
             let w = expert_mat(&params[&wname], le);
             let lg = k::linear_bwd(ctx.p, &run.x, &w, d);
@@ -241,18 +232,7 @@ pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache,
             }
             lg.dx
         };
-        let dxe = match &run.gate {
-            None => {
-                let dup = k::gelu_bwd(ctx.p, &run.up, &lg.dx);
-                lin_bwd("up", &dup)
-            }
-            Some(gate) => {
-                let (dgate, dup) = k::swiglu_bwd(ctx.p, gate, &run.up, &lg.dx);
-                let a = lin_bwd("gate", &dgate);
-                let b = lin_bwd("up", &dup);
-                k::add(ctx.p, &a, &b)
-            }
-        };
+        let dxe = activation_bwd(ctx, &run.up, run.gate.as_ref(), &lg.dx, lin_bwd);
         for (i, &(src, pos)) in run.rows.iter().enumerate() {
             dx_msgs[src][pos * h..(pos + 1) * h].copy_from_slice(dxe.row(i).as_slice().expect("std"));
         }
