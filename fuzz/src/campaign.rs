@@ -131,7 +131,11 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     if new_stats {
         writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings")?;
     }
-    let target = registry::create(&opts.target, &opts.target_options).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
+    let mut targets = vec![];
+    for name in opts.target.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        targets.push(registry::create(name, &opts.target_options).map_err(|e| anyhow::anyhow!("--target: {e}"))?);
+    }
+    anyhow::ensure!(!targets.is_empty(), "--target: no target named");
     let store = FindingStore::open(&out.join("findings"))?;
     writeln!(
         log,
@@ -154,7 +158,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         &mut objective,
     )?;
     let mut fuzzer = StdFuzzer::new(QueueScheduler::new(), feedback, objective);
-    let mut executor = CaseExecutor::new(tuple_list!(observer), target, opts.oracle, store, opts.feedback, elapsed_base);
+    let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, opts.feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
     let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(SemanticMutator::new(), NonZeroUsize::new(8).expect("8 > 0")));
 

@@ -20,7 +20,8 @@ use crate::oracle::{config_class, evaluate, Oracle, Verdict, VerdictKind};
 
 pub struct CaseExecutor<OT> {
     pub observers: OT,
-    pub target: Box<dyn Target>,
+    /// Every case goes to each of these targets (those that cannot express it answer `unsupported`).
+    pub targets: Vec<Box<dyn Target>>,
     pub oracle: Oracle,
     pub store: FindingStore,
     /// Coverage feedback on; off (`--no-feedback`) leaves the map empty so nothing is "interesting".
@@ -38,10 +39,17 @@ pub struct CaseExecutor<OT> {
 }
 
 impl<OT> CaseExecutor<OT> {
-    pub fn new(observers: OT, target: Box<dyn Target>, oracle: Oracle, store: FindingStore, feedback: bool, elapsed_base: f64) -> Self {
+    pub fn new(
+        observers: OT,
+        targets: Vec<Box<dyn Target>>,
+        oracle: Oracle,
+        store: FindingStore,
+        feedback: bool,
+        elapsed_base: f64,
+    ) -> Self {
         CaseExecutor {
             observers,
-            target,
+            targets,
             oracle,
             store,
             feedback,
@@ -59,10 +67,15 @@ impl<OT> CaseExecutor<OT> {
         self.elapsed_base + self.start.elapsed().as_secs_f64()
     }
 
-    /// Runs one case; a panic anywhere below becomes a crash verdict.
-    pub fn run_case(&mut self, case: &Case) -> Verdict {
+    /// Runs one case through every target; returns the verdicts in target order.
+    pub fn run_case(&mut self, case: &Case) -> Vec<Verdict> {
+        (0..self.targets.len()).map(|i| self.run_on(i, case)).collect()
+    }
+
+    /// Runs one case through target `i`; a panic anywhere below becomes a crash verdict.
+    fn run_on(&mut self, i: usize, case: &Case) -> Verdict {
         let t0 = Instant::now();
-        let target = &mut self.target;
+        let target = &mut self.targets[i];
         let oracle = self.oracle;
         let name = target.name().to_string();
         let v = catch_unwind(AssertUnwindSafe(|| evaluate(target.as_mut(), case, &oracle))).unwrap_or_else(|p| {
@@ -80,12 +93,14 @@ impl<OT> CaseExecutor<OT> {
                 threshold: oracle.threshold,
             }
         });
+        let external = self.targets[i].take_coverage();
         self.target_time += t0.elapsed();
         *self.verdicts.entry(v.kind).or_default() += 1;
         if self.feedback {
             for f in &v.features {
                 coverage::add_feature(f);
             }
+            coverage::add_external_coverage(&external);
             coverage::add_feature(&format!("dtype:{}|{}|{}", case.train.dtype, config_class(case), v.kind));
             let map = unsafe { std::slice::from_raw_parts(coverage::map_ptr(), coverage::MAP_SIZE) };
             for (i, b) in map.iter().enumerate() {

@@ -12,6 +12,7 @@ use shardfuzz_harnesses::target::registry::TargetOptions;
 
 #[derive(clap::Args)]
 pub struct FuzzArgs {
+    /// Target, or a comma-separated list: each case goes to every listed target that can express it.
     #[arg(long, default_value = "native")]
     target: String,
     /// Seed cases (JSON files).
@@ -46,7 +47,8 @@ pub struct FuzzArgs {
     /// Inject a bug into the native target; repeatable.
     #[arg(long)]
     inject: Vec<String>,
-    #[arg(long, default_value_t = 10_000)]
+    /// Time a case may take before it is a hang, in milliseconds (0: the target's default).
+    #[arg(long, default_value_t = 0)]
     timeout_ms: u64,
     #[arg(long, default_value_t = Oracle::default().threshold)]
     threshold: f64,

@@ -10,6 +10,7 @@ mod jobs;
 mod plot;
 mod run;
 mod table;
+mod targets;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,10 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Python interpreter for the framework targets (default: $SHARDFUZZ_PYTHON, else ./.venv, else
+    /// python3): point it at the environment whose framework builds you want to fuzz.
+    #[arg(long, global = true, value_name = "PATH")]
+    python: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -46,6 +51,11 @@ enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(p) = &cli.python {
+        anyhow::ensure!(p.exists(), "--python: {} does not exist", p.display());
+        // Read by the Python targets when they start their workers (and inherited by `--jobs` children).
+        std::env::set_var(shardfuzz_harnesses::target::python::PYTHON_ENV, p);
+    }
     match cli.command {
         Command::Run(a) => run::run(a),
         Command::Fuzz(a) => fuzz::run(a),
@@ -63,11 +73,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Targets => {
-            for t in shardfuzz_harnesses::target::registry::TARGETS {
-                println!("{:<16} {}", t.name, t.description);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Targets => targets::run(),
     }
 }

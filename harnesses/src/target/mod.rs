@@ -3,9 +3,11 @@
 //! One file per target; [`registry`] maps names to constructors.
 
 mod nop;
+pub mod python;
 pub mod registry;
 
 pub use nop::NopTarget;
+pub use python::PythonTarget;
 
 use std::collections::BTreeMap;
 
@@ -91,4 +93,9 @@ pub trait Target: Send {
     fn versions(&self) -> BTreeMap<String, String>;
     /// Runs one case. Must not panic on a valid case.
     fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome;
+    /// Code coverage of the last run as 32-bit location hashes (external targets: the framework's
+    /// Python lines and branches). Feeds the engine's map; empty for targets without it.
+    fn take_coverage(&mut self) -> Vec<u64> {
+        vec![]
+    }
 }

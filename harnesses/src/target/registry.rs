@@ -33,7 +33,60 @@ pub const TARGETS: &[TargetInfo] = &[
         description: "single-device run in the case dtype (no sharding): for tests",
         create: |_| Ok(Box::new(NopTarget)),
     },
+    TargetInfo {
+        name: "torch-dtensor",
+        description: "PyTorch DTensor: op-level cases on 1-D/2-D DeviceMesh with Shard / Replicate / Partial (uneven shards)",
+        create: |o| python("torch-dtensor", o),
+    },
+    TargetInfo {
+        name: "torch-tp",
+        description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
+        create: |o| python("torch-tp", o),
+    },
+    TargetInfo {
+        name: "torch-fsdp2",
+        description: "PyTorch FSDP2: fully_shard over the data-parallel ranks",
+        create: |o| python("torch-fsdp2", o),
+    },
+    TargetInfo {
+        name: "torch-ddp",
+        description: "PyTorch DistributedDataParallel over the data-parallel ranks",
+        create: |o| python("torch-ddp", o),
+    },
+    TargetInfo {
+        name: "jax-shardmap",
+        description: "JAX shard_map with explicit collectives (psum, all_gather, psum_scatter) on host devices",
+        create: |o| python("jax-shardmap", o),
+    },
+    TargetInfo {
+        name: "jax-gspmd",
+        description: "JAX jit with NamedSharding and with_sharding_constraint: XLA GSPMD partitions (and pads)",
+        create: |o| python("jax-gspmd", o),
+    },
+    TargetInfo {
+        name: "deepspeed-zero",
+        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
+        create: |o| python("deepspeed-zero", o),
+    },
+    TargetInfo {
+        name: "megatron-tp",
+        description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy",
+        create: |o| python("megatron-tp", o),
+    },
 ];
+
+/// Default time a Python target's case may take before it is a hang.
+const PYTHON_TIMEOUT_MS: u64 = 60_000;
+
+fn python(name: &str, o: &TargetOptions) -> Result<Box<dyn Target>, String> {
+    let ms = if o.timeout_ms == 0 { PYTHON_TIMEOUT_MS } else { o.timeout_ms };
+    Ok(Box::new(super::PythonTarget::new(name, std::time::Duration::from_millis(ms))?))
+}
+
+/// Whether `name` runs in a Python worker.
+pub fn is_python(name: &str) -> bool {
+    !matches!(name, "native" | "nop")
+}
 
 /// Creates the target called `name`.
 pub fn create(name: &str, opts: &TargetOptions) -> Result<Box<dyn Target>, String> {

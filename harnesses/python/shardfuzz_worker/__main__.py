@@ -1,0 +1,151 @@
+"""Entry point: `python -m shardfuzz_worker --target NAME` serves cases until stdin closes."""
+
+import argparse
+import os
+import sys
+import traceback
+
+from . import lifetime, protocol, tensors_io
+from .pool import RankDied, RankPool, RanksHung
+from .targets import REGISTRY, load
+from .verdicts import classify_failures
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="shardfuzz_worker")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--list", action="store_true", help="print the registered targets and exit")
+    args = ap.parse_args()
+    protocol.claim_stdout()
+    lifetime.watch_parent()
+    try:
+        target = load(args.target)
+        versions = target.versions()
+    except Exception as e:  # noqa: BLE001 - a missing framework makes the target unavailable
+        protocol.send({"event": "unavailable", "target": args.target, "reason": f"{type(e).__name__}: {e}"})
+        return 0
+    versions["python"] = sys.version.split()[0]
+    protocol.send({"event": "ready", "target": args.target, "versions": versions, "known": sorted(REGISTRY)})
+    serve(target)
+    return 0
+
+
+class Coordinator:
+    """Keeps one rank pool per world size (the most recent two) and turns results into replies."""
+
+    def __init__(self, target):
+        self.target = target
+        self.pools = {}
+        self.local_cov = None
+
+    def pool(self, world):
+        p = self.pools.get(world)
+        if p is not None and p.alive():
+            return p
+        if p is not None:
+            p.kill()
+        while len(self.pools) >= 2:
+            _, old = self.pools.popitem()
+            old.kill()
+        p = RankPool(self.target, world)
+        self.pools[world] = p
+        return p
+
+    def drop(self, world):
+        p = self.pools.pop(world, None)
+        if p is not None:
+            p.kill()
+
+    def run(self, msg):
+        case = msg["case"]
+        reason = self.target.unsupported(case)
+        if reason:
+            return {"status": "unsupported", "reason": reason}
+        inputs = tensors_io.read_inputs(msg["inputs"])
+        world = self.target.world(case)
+        timeout = float(msg.get("timeout_s", 60))
+        job = {"case": case, "inputs": inputs, "test_hook": msg.get("test_hook")}
+        if world == 0:
+            return self.run_local(job, msg)
+        try:
+            results = self.pool(world).run(job, timeout)
+        except RanksHung as e:
+            self.drop(world)
+            return {"status": "hang", "reason": str(e), "stuck": e.stuck}
+        except RankDied as e:
+            self.drop(world)
+            return {"status": "crash", "rank": e.rank, "reason": str(e)}
+        coverage = set()
+        for r in results:
+            coverage |= r.get("coverage", set())
+        failed = [(i, r) for i, r in enumerate(results) if not r["ok"]]
+        if failed:
+            if len(failed) < world:
+                # Peers of a failed rank may be waiting in a collective: start afresh.
+                self.drop(world)
+            reply = classify_failures(self.target, failed, world)
+            reply["coverage"] = sorted(coverage)
+            return reply
+        combined = self.target.combine(case, [r["out"] for r in results])
+        return self.completed(msg, combined, coverage)
+
+    def run_local(self, job, msg):
+        from .coverage import Coverage
+
+        if self.local_cov is None:
+            self.local_cov = Coverage(self.target.coverage_prefixes)
+        if job.get("test_hook") == "sleep":
+            import time
+
+            time.sleep(3600)
+        try:
+            combined = self.target.run_local(job["case"], job["inputs"])
+        except Exception as e:  # noqa: BLE001
+            reply = classify_failures(
+                self.target,
+                [(None, {"type": type(e).__name__, "module": type(e).__module__, "message": str(e)[:2000],
+                         "traceback": traceback.format_exc()[-4000:]})],
+                1,
+            )
+            reply["coverage"] = sorted(self.local_cov.take())
+            return reply
+        return self.completed(msg, combined, self.local_cov.take())
+
+    def completed(self, msg, combined, coverage):
+        status = combined.pop("status", "completed")
+        if status != "completed":
+            return {"status": status, "reason": combined.get("reason", ""), "coverage": sorted(coverage)}
+        tensors_io.write_outputs(msg["output"], combined.get("tensors", {}), combined.get("replicas", {}))
+        return {
+            "status": "completed",
+            "output": msg["output"],
+            "features": combined.get("features", []),
+            "notes": combined.get("notes", []),
+            "coverage": sorted(coverage),
+        }
+
+
+def serve(target):
+    coord = Coordinator(target)
+    while True:
+        msg = protocol.receive()
+        if msg is None or msg.get("cmd") == "quit":
+            break
+        if msg.get("cmd") != "run":
+            protocol.send({"id": msg.get("id"), "status": "crash", "reason": f"unknown command {msg.get('cmd')!r}"})
+            continue
+        if msg.get("test_hook") == "kill-worker":
+            os.kill(os.getpid(), 9)
+        try:
+            reply = coord.run(msg)
+        except Exception as e:  # noqa: BLE001 - the worker itself failed: report, keep serving
+            reply = {"status": "crash", "reason": f"worker: {type(e).__name__}: {e}",
+                     "traceback": traceback.format_exc()[-4000:]}
+        reply["id"] = msg.get("id")
+        protocol.send(reply)
+    for world in list(coord.pools):
+        coord.drop(world)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Targets by name: one module each, one line here."""
+
+import importlib
+
+REGISTRY = {
+    "torch-dtensor": "torch_dtensor",
+    "torch-tp": "torch_tp",
+    "torch-fsdp2": "torch_fsdp2",
+    "torch-ddp": "torch_ddp",
+    "jax-shardmap": "jax_shardmap",
+    "jax-gspmd": "jax_gspmd",
+    "deepspeed-zero": "deepspeed_zero",
+    "megatron-tp": "megatron_tp",
+}
+
+
+def load(name):
+    if name not in REGISTRY:
+        raise KeyError(f"unknown target {name!r} (known: {', '.join(sorted(REGISTRY))})")
+    module = importlib.import_module(f".{REGISTRY[name]}", __name__)
+    return module.TARGET

@@ -1,0 +1,53 @@
+"""Shared by the torch-based targets: process group, dtypes, meshes, versions."""
+
+import datetime
+import os
+
+from .base import Target
+
+_MESHES = {}
+
+
+def torch_dtype(name):
+    import torch
+
+    return {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[name]
+
+
+class TorchTarget(Target):
+    coverage_prefixes = ()
+
+    def __init__(self):
+        import torch
+
+        root = os.path.dirname(torch.__file__)
+        self.coverage_prefixes = (os.path.join(root, "distributed") + os.sep, os.path.join(root, "nn", "parallel") + os.sep)
+
+    def versions(self):
+        import torch
+
+        return {"torch": torch.__version__.split("+")[0], "backend": "gloo"}
+
+    def init_rank(self, rank, world, timeout_s):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def mesh(shape, names):
+    """A cached DeviceMesh over all ranks (meshes and their groups are created once per shape)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (tuple(shape), tuple(names))
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
+    return _MESHES[key]
+
+
+def to_numpy(t):
+    import torch
+
+    return t.detach().to(torch.float64, copy=True).cpu().numpy()

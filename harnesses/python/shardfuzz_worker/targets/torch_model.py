@@ -1,0 +1,177 @@
+"""The case's model in plain PyTorch, numerically the model of the Rust reference
+(harnesses/src/model): embedding -> pre-norm residual blocks (causal GQA attention, MLP with tanh-GELU
+or SwiGLU) -> final norm -> LM head -> token-mean cross-entropy.
+
+Linear layers are `nn.Linear` (weight [out, in]) so that the frameworks' own parallel styles apply to
+them; the case names parameters as the reference does and stores linear weights [in, out], so
+`load_case_params` and `case_name` translate between the two.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+NORM_EPS = 1e-5
+
+
+class Norm(nn.Module):
+    def __init__(self, h, kind, bias):
+        super().__init__()
+        self.kind = kind
+        self.weight = nn.Parameter(torch.ones(h))
+        self.bias = nn.Parameter(torch.zeros(h)) if (kind == "layernorm" and bias) else None
+
+    def forward(self, x):
+        if self.kind == "layernorm":
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, NORM_EPS)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, NORM_EPS)
+
+
+class Attention(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        h, d = m["hidden"], m["hidden"] // m["heads"]
+        self.d = d
+        self.q = nn.Linear(h, m["heads"] * d, bias=m["bias"])
+        self.k = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
+        self.v = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
+        self.o = nn.Linear(m["heads"] * d, h, bias=m["bias"])
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        # Local head counts follow from the local widths (tensor parallelism shards them).
+        q, k, v = (self.q(x), self.k(x), self.v(x))
+        q = q.view(b, s, q.shape[-1] // self.d, self.d).transpose(1, 2)
+        k = k.view(b, s, k.shape[-1] // self.d, self.d).transpose(1, 2)
+        v = v.view(b, s, v.shape[-1] // self.d, self.d).transpose(1, 2)
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.d))
+        mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        a = torch.softmax(scores, dim=-1) @ v
+        return self.o(a.transpose(1, 2).reshape(b, s, -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        h, f = m["hidden"], m["ffn"]
+        self.swiglu = m.get("activation", "gelu") == "swiglu"
+        self.up = nn.Linear(h, f, bias=m["bias"])
+        if self.swiglu:
+            self.gate = nn.Linear(h, f, bias=m["bias"])
+        self.down = nn.Linear(f, h, bias=m["bias"])
+
+    def forward(self, x):
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, m, kind):
+        super().__init__()
+        self.norm = Norm(m["hidden"], m.get("norm", "layernorm"), m["bias"])
+        if kind == "attention":
+            self.attn = Attention(m)
+        else:
+            self.mlp = Mlp(m)
+
+    def forward(self, x):
+        inner = self.attn if hasattr(self, "attn") else self.mlp
+        return x + inner(self.norm(x))
+
+
+class Model(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.tied = m.get("tied_embeddings", False)
+        self.embed = nn.Embedding(m["vocab"], m["hidden"])
+        self.layers = nn.ModuleList(Block(m, k) for k in m["layers"])
+        self.final_norm = Norm(m["hidden"], m.get("norm", "layernorm"), m["bias"])
+        if not self.tied:
+            self.lm_head = nn.Linear(m["hidden"], m["vocab"], bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        z = self.final_norm(x)
+        if self.tied:
+            return z @ self.embed.weight.t()
+        return self.lm_head(z)
+
+
+def model_defaults(case):
+    m = dict(case["model"])
+    m.setdefault("bias", True)
+    m.setdefault("norm", "layernorm")
+    m.setdefault("activation", "gelu")
+    return m
+
+
+def unsupported_model(case):
+    """Why the plain torch model cannot express this case, or None."""
+    if "model" not in case:
+        return "model cases only"
+    m = model_defaults(case)
+    if "moe" in m["layers"]:
+        return "MoE layers are not expressed by the torch model"
+    if m["heads"] < 1 or m["hidden"] % m["heads"] or m["heads"] % m["kv_heads"]:
+        return "heads must divide hidden and kv_heads must divide heads"
+    from .base import chunk_range
+
+    dp = case["parallel"].get("dp", 1)
+    if any(chunk_range(m["batch"], dp, i)[0] == chunk_range(m["batch"], dp, i)[1] for i in range(dp)):
+        return "a data-parallel rank would hold no rows of the batch"
+    if case["train"].get("loss_scale") is not None:
+        return "dynamic loss scaling is not expressed by the torch targets"
+    return None
+
+
+def is_linear_weight(name):
+    return name.endswith(".weight") and (".attn." in name or ".mlp." in name)
+
+
+def load_case_params(model, inputs, dtype):
+    """Copies the case's initial parameters (reference names and layouts) into `model`."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            src = torch.tensor(inputs[name])
+            if is_linear_weight(name):
+                src = src.t()
+            p.copy_(src.to(dtype))
+
+
+def to_case_layout(name, t):
+    """A full parameter or gradient in the reference's layout (linear weights [in, out])."""
+    return t.t() if is_linear_weight(name) else t
+
+
+def token_slices(case, dp_index, dp):
+    """The batch rows a data-parallel rank holds (torch.chunk split) and the global token count."""
+    from .base import chunk_range
+
+    m = case["model"]
+    lo, hi = chunk_range(m["batch"], dp, dp_index)
+    return lo, hi, m["batch"] * m["seq"]
+
+
+def make_optimizer(case, params):
+    o = case["train"]["optimizer"]
+    lr, wd = o["lr"], o.get("weight_decay", 0.0)
+    betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))
+    eps = o.get("eps", 1e-8)
+    # Low-precision parameters: the fused kernels do the update arithmetic in float32 (as the
+    # reference does) instead of in the parameter dtype, where eps and v underflow in f16.
+    low = params[0].dtype in (torch.float16, torch.bfloat16) if params else False
+    impl = {"fused": True} if low else {"foreach": False}
+    if o["kind"] == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=wd, **impl)
+    cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
+    return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=wd, **impl)

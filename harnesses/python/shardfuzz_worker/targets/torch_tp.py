@@ -1,0 +1,102 @@
+"""torch-tp: the case's model with `parallelize_module` — ColwiseParallel / RowwiseParallel projections,
+a vocab-parallel embedding and LM head with `loss_parallel`, and under sequence parallelism
+`SequenceParallel` norms with the residual stream sharded along the sequence (the torchtitan plan).
+
+Replicated parameters (norms) are reported per rank, from each rank's local gradient and value, so
+that a gradient that was never reduced across the tensor-parallel ranks shows up as disagreeing
+replicas rather than being summed away by a gather.
+"""
+
+from .base import dtype_name, parallel
+from .torch_common import TorchTarget, mesh, torch_dtype
+from .torch_model import Model, load_case_params, model_defaults, to_case_layout, unsupported_model
+from .torch_training import combine_dp, train
+
+
+class TorchTp(TorchTarget):
+    name = "torch-tp"
+    rejection_types = ("ValueError", "NotImplementedError")
+
+    def unsupported(self, case):
+        why = unsupported_model(case)
+        if why:
+            return why
+        p = parallel(case)
+        if p["dp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
+            return "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh"
+        m = model_defaults(case)
+        if m["heads"] % p["tp"] or m["kv_heads"] % p["tp"]:
+            return "torch TP shards whole attention heads: heads and kv_heads must be multiples of tp"
+        if m.get("tied_embeddings"):
+            return "tied embeddings are not expressed under torch TP"
+        return None
+
+    def run_rank(self, rank, world, case, inputs):
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            RowwiseParallel,
+            SequenceParallel,
+            loss_parallel,
+            parallelize_module,
+        )
+
+        m = model_defaults(case)
+        sp = parallel(case)["sequence_parallel"]
+        dt = torch_dtype(dtype_name(case))
+        model = Model(m).to(dt)
+        load_case_params(model, inputs, dt)
+        names = [n for n, _ in model.named_parameters()]
+        tp = mesh((world,), ("tp",))
+        seq = Shard(1) if sp else Replicate()
+        plan = {
+            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+            "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+        }
+        if sp:
+            plan["final_norm"] = SequenceParallel()
+        for i, kind in enumerate(m["layers"]):
+            pre = f"layers.{i}"
+            if sp:
+                plan[f"{pre}.norm"] = SequenceParallel()
+            inner, cols, row = ("attn", ("q", "k", "v"), "o") if kind == "attention" else (
+                "mlp", ("up", "gate") if m["activation"] == "swiglu" else ("up",), "down")
+            if sp:
+                plan[f"{pre}.{inner}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            for c in cols:
+                plan[f"{pre}.{inner}.{c}"] = ColwiseParallel()
+            plan[f"{pre}.{inner}.{row}"] = RowwiseParallel(output_layouts=seq)
+        parallelize_module(model, tp, plan)
+        if not sp:
+            # Norms stay replicated: plain modules fed local tensors, with Replicate DTensor params.
+            def to_dt(mod, args, dm):
+                return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
+
+            def to_local(mod, out, dm):
+                return out.to_local()
+
+            for name, mod in model.named_modules():
+                if name.endswith("norm"):
+                    distribute_module(mod, tp, input_fn=to_dt, output_fn=to_local)
+        params = dict(model.named_parameters())
+        named = [(n, params[n]) for n in names]
+
+        def view(name, t):
+            if isinstance(t, DTensor) and all(isinstance(pl, Replicate) for pl in t.placements):
+                local = t.to_local()
+            elif isinstance(t, DTensor):
+                local = t.full_tensor()
+            else:
+                local = t
+            return to_case_layout(name, local.detach().to(torch.float64, copy=True)).numpy()
+
+        return train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_parallel, view=view)
+
+    def combine(self, case, outs):
+        p = parallel(case)
+        return combine_dp(case, outs, [f"tp:tp{p['tp']}:sp{int(p['sequence_parallel'])}"])
+
+
+TARGET = TorchTp()

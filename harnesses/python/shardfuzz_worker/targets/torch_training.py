@@ -1,0 +1,108 @@
+"""A training run of the case's model on one rank: the loop the torch-based targets share.
+
+Each data-parallel rank takes its rows of the batch (torch.chunk split, uneven allowed) and scales
+its summed token loss by dp / global tokens, so that averaging gradients over the data-parallel ranks
+(what DDP, FSDP2 and ZeRO do) yields the gradient of the global token mean, as the reference computes.
+"""
+
+import contextlib
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .base import chunk_range
+from .torch_model import make_optimizer, to_case_layout
+
+
+def full(t):
+    """A parameter or gradient as a plain full tensor (DTensors are gathered: every rank must call)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().to(torch.float64, copy=True)
+
+
+def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
+          forward=None, named=None, loss_ctx=None, view=None):
+    """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
+    hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
+    `loss_ctx` wraps the loss (torch's loss_parallel); `view(name, t)` turns a parameter or gradient
+    into what this rank reports (default: the full tensor).
+    Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
+    view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
+    m, t = case["model"], case["train"]
+    b, s = m["batch"], m["seq"]
+    ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
+    tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
+    lo, hi = chunk_range(b, dp, dp_index)
+    global_tokens = b * s
+    ga = t.get("grad_accumulation", 1)
+    chunks = [chunk_range(hi - lo, ga, i) for i in range(ga)]
+    chunks = [(lo + a, lo + c) for a, c in chunks if c > a] or [(lo, lo)]
+    opt = None if step is not None else make_optimizer(case, params)
+    named = named or []
+    losses, logits0, grads0 = [], None, {}
+    for k in range(t["steps"]):
+        if opt is not None:
+            opt.zero_grad()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        rows = []
+        for ci, (a, c) in enumerate(chunks):
+            last = ci == len(chunks) - 1
+            ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+            with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
+                logits = (forward or model)(ids[a:c])
+                l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+                scaled = l * (dp / global_tokens)
+                if backward is not None:
+                    backward(scaled)
+                else:
+                    scaled.backward()
+            loss_sum += full(l)
+            if k == 0:
+                rows.append(full(logits).reshape(-1, logits.shape[-1]))
+        if dp > 1:
+            dist.all_reduce(loss_sum, group=group)
+        losses.append(float(loss_sum) / global_tokens)
+        if k == 0:
+            logits0 = torch.cat(rows).numpy() if rows else None
+            for name, p in named:
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                grads0[name] = view(name, g)
+        if clip is not None:
+            clip()
+        elif t.get("clip_grad_norm") is not None:
+            torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], foreach=False)
+        if step is not None:
+            step()
+        else:
+            opt.step()
+    final = {name: view(name, p) for name, p in named}
+    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+
+
+def combine_dp(case, outs, features):
+    """Full outputs from per-rank results: logits rows stitched, replicated tensors from rank 0 with
+    every rank's copy as a replica."""
+    m = case["model"]
+    tensors = {}
+    for k, l in enumerate(outs[0]["losses"]):
+        tensors[f"loss/step{k}"] = np.array(l, dtype=np.float64)
+    vocab = m["vocab"]
+    logits = np.zeros((m["batch"] * m["seq"], vocab))
+    for o in outs:
+        a, b = o["rows"]
+        if b > a:
+            logits[a:b] = o["logits"][:, :vocab]
+    tensors["logits"] = logits
+    replicas = {}
+    for kind in ("grads", "params"):
+        prefix = "grad" if kind == "grads" else "param"
+        for name, v in outs[0][kind].items():
+            tensors[f"{prefix}/{name}"] = v
+            if len(outs) > 1:
+                replicas[f"{prefix}/{name}"] = [(r, o[kind][name]) for r, o in enumerate(outs)]
+    return {"tensors": tensors, "replicas": replicas, "features": features}

@@ -1,0 +1,373 @@
+//! Targets backed by a persistent Python worker (`harnesses/python/shardfuzz_worker`): PyTorch, JAX,
+//! DeepSpeed and Megatron-core run a case's sharded path there.
+//!
+//! The worker speaks JSON lines on stdin/stdout; tensors travel as safetensors files in a scratch
+//! directory (on tmpfs when there is one). The worker keeps its rank processes alive between cases;
+//! this side restarts the worker only when it died or stopped answering. The worker runs in its own
+//! process group, killed as a whole when the target is dropped, and polls its parent so that it
+//! also goes away when the fuzzer is killed.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{Outcome, RunOutput, StuckRank, Target};
+use crate::case::Case;
+use crate::inputs::Inputs;
+use crate::tensor::Tensor;
+
+/// Environment variable naming the Python interpreter (the `--python` flag sets it).
+pub const PYTHON_ENV: &str = "SHARDFUZZ_PYTHON";
+/// Environment variable naming the directory that holds the `shardfuzz_worker` package.
+pub const WORKER_PATH_ENV: &str = "SHARDFUZZ_WORKER_PATH";
+/// Environment variable with a test hook the worker obeys (`sleep`, `kill-rank`, `kill-worker`).
+pub const TEST_HOOK_ENV: &str = "SHARDFUZZ_TEST_HOOK";
+
+/// How long the worker may take to import its framework and say it is ready.
+const STARTUP: Duration = Duration::from_secs(300);
+/// Extra time this side waits beyond the case timeout before it declares the worker itself hung.
+const GRACE: Duration = Duration::from_secs(30);
+const STDERR_LINES: usize = 40;
+
+/// The interpreter: `$SHARDFUZZ_PYTHON`, else the project's `.venv`, else `python3`.
+pub fn python_interpreter() -> PathBuf {
+    if let Some(p) = std::env::var_os(PYTHON_ENV) {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.exists() {
+        return venv;
+    }
+    PathBuf::from("python3")
+}
+
+fn worker_path() -> PathBuf {
+    std::env::var_os(WORKER_PATH_ENV).map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("python"))
+}
+
+fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::Builder::new().prefix("shardfuzz-").tempdir_in(shm) {
+            return Ok(d);
+        }
+    }
+    tempfile::Builder::new().prefix("shardfuzz-").tempdir()
+}
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Worker {
+    fn stderr_tail(&self) -> String {
+        let lines = self.stderr.lock().map(|l| l.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        lines.join("\n")
+    }
+
+    fn kill(&mut self) {
+        let pgid = self.child.id() as i32;
+        // SAFETY: plain syscall; the worker leads its own process group (spawned with process_group(0)).
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A target whose sharded path runs in a Python worker.
+pub struct PythonTarget {
+    name: String,
+    python: PathBuf,
+    scratch: tempfile::TempDir,
+    /// Time a case may take before it is a hang.
+    timeout: Duration,
+    worker: Option<Worker>,
+    versions: BTreeMap<String, String>,
+    next_id: u64,
+    coverage: Vec<u64>,
+    respawns: u64,
+}
+
+impl PythonTarget {
+    /// Starts the worker for `name`; fails when Python or the framework is not available.
+    pub fn new(name: &str, timeout: Duration) -> Result<PythonTarget, String> {
+        let mut t = PythonTarget {
+            name: name.to_string(),
+            python: python_interpreter(),
+            scratch: scratch_dir().map_err(|e| format!("scratch directory: {e}"))?,
+            timeout,
+            worker: None,
+            versions: BTreeMap::new(),
+            next_id: 0,
+            coverage: vec![],
+            respawns: 0,
+        };
+        t.start()?;
+        Ok(t)
+    }
+
+    /// How many times the worker had to be restarted.
+    pub fn respawns(&self) -> u64 {
+        self.respawns
+    }
+
+    /// Process id of the current worker (tests kill it).
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.worker.as_ref().map(|w| w.child.id())
+    }
+
+    fn start(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new(&self.python);
+        cmd.args(["-u", "-m", "shardfuzz_worker", "--target", &self.name])
+            .env("PYTHONPATH", worker_path())
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("OMP_NUM_THREADS", "1")
+            .env("TOKENIZERS_PARALLELISM", "false")
+            .env("SHARDFUZZ_PARENT_PID", std::process::id().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(|e| format!("{}: cannot start {}: {e}", self.name, self.python.display()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail2 = tail.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if std::env::var_os("SHARDFUZZ_WORKER_STDERR").is_some() {
+                    eprintln!("[worker] {line}");
+                }
+                if let Ok(mut t) = tail2.lock() {
+                    if t.len() == STDERR_LINES {
+                        t.pop_front();
+                    }
+                    t.push_back(line);
+                }
+            }
+        });
+        let mut w = Worker { child, stdin, lines, stderr: tail };
+        let hello = match w.lines.recv_timeout(STARTUP) {
+            Ok(l) => l,
+            Err(_) => {
+                let tail = w.stderr_tail();
+                w.kill();
+                return Err(format!("{}: the worker did not start ({}): {tail}", self.name, self.python.display()));
+            }
+        };
+        let v: Value = serde_json::from_str(&hello).map_err(|e| format!("{}: bad hello from the worker: {e}: {hello}", self.name))?;
+        match v["event"].as_str() {
+            Some("ready") => {
+                self.versions = v["versions"]
+                    .as_object()
+                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
+                    .unwrap_or_default();
+                self.versions.insert("python-executable".into(), self.python.display().to_string());
+                self.worker = Some(w);
+                Ok(())
+            }
+            _ => {
+                w.kill();
+                Err(format!("{}: unavailable: {}", self.name, v["reason"].as_str().unwrap_or(&hello)))
+            }
+        }
+    }
+
+    fn ensure_worker(&mut self) -> Result<(), String> {
+        if self.worker.is_none() {
+            self.respawns += 1;
+            self.start()?;
+        }
+        Ok(())
+    }
+
+    fn drop_worker(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            w.kill();
+        }
+    }
+
+    fn request(&mut self, case: &Case, inputs: &Inputs) -> Result<Value, Outcome> {
+        self.ensure_worker().map_err(|e| Outcome::Crash { rank: None, message: e, features: vec![] })?;
+        self.next_id += 1;
+        let id = self.next_id;
+        let in_path = self.scratch.path().join("inputs.safetensors");
+        let out_path = self.scratch.path().join("outputs.safetensors");
+        let _ = std::fs::remove_file(&out_path);
+        write_inputs(&in_path, inputs).map_err(|e| Outcome::Crash {
+            rank: None,
+            message: format!("writing inputs: {e}"),
+            features: vec![],
+        })?;
+        let mut msg = json!({
+            "cmd": "run", "id": id, "case": case, "inputs": in_path, "output": out_path,
+            "timeout_s": self.timeout.as_secs_f64(),
+        });
+        if let Ok(hook) = std::env::var(TEST_HOOK_ENV) {
+            msg["test_hook"] = json!(hook);
+        }
+        let w = self.worker.as_mut().expect("started above");
+        let sent = writeln!(w.stdin, "{msg}").and_then(|_| w.stdin.flush());
+        let deadline = self.timeout + GRACE;
+        let reply = match sent {
+            Err(e) => Err(RecvTimeoutError::Disconnected).map_err(|_: RecvTimeoutError| format!("cannot write to the worker: {e}")),
+            Ok(()) => loop {
+                match w.lines.recv_timeout(deadline) {
+                    Ok(line) => match serde_json::from_str::<Value>(&line) {
+                        Ok(v) if v["id"].as_u64() == Some(id) => break Ok(v),
+                        Ok(_) => continue,
+                        Err(_) => continue,
+                    },
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.drop_worker();
+                        return Err(Outcome::Hang {
+                            stuck: vec![],
+                            detail: format!("the worker did not answer within {:.0} s", deadline.as_secs_f64()),
+                            features: vec![],
+                        });
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break Err("the worker exited".to_string()),
+                }
+            },
+        };
+        match reply {
+            Ok(v) => Ok(v),
+            Err(why) => {
+                let mut w = self.worker.take().expect("present");
+                std::thread::sleep(Duration::from_millis(50));
+                let status = w.child.try_wait().ok().flatten().map(|s| format!(" ({s})")).unwrap_or_default();
+                let tail = w.stderr_tail();
+                w.kill();
+                let last = tail.lines().last().unwrap_or("").to_string();
+                Err(Outcome::Crash { rank: None, message: format!("{why}{status} mid-case: {last}"), features: vec![] })
+            }
+        }
+    }
+}
+
+impl Drop for PythonTarget {
+    fn drop(&mut self) {
+        if let Some(w) = self.worker.as_mut() {
+            let _ = writeln!(w.stdin, "{}", json!({"cmd": "quit"}));
+            let _ = w.stdin.flush();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        self.drop_worker();
+    }
+}
+
+impl Target for PythonTarget {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn versions(&self) -> BTreeMap<String, String> {
+        self.versions.clone()
+    }
+
+    fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
+        let v = match self.request(case, inputs) {
+            Ok(v) => v,
+            Err(outcome) => return outcome,
+        };
+        self.coverage = v["coverage"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
+        let features: Vec<String> = strings(&v["features"]);
+        let reason = v["reason"].as_str().unwrap_or_default().to_string();
+        match v["status"].as_str().unwrap_or_default() {
+            "completed" => match read_outputs(Path::new(v["output"].as_str().unwrap_or_default())) {
+                Ok((tensors, replicas)) => Outcome::Completed(RunOutput { tensors, replicas, features, notes: strings(&v["notes"]) }),
+                Err(e) => Outcome::Crash { rank: None, message: format!("worker output unreadable: {e}"), features },
+            },
+            "unsupported" => Outcome::Unsupported { reason },
+            "rejected" => Outcome::Rejected { reason, features },
+            "hang" => {
+                let stuck = v["stuck"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|r| r.as_u64())
+                            .map(|r| StuckRank { rank: r as usize, collective: "unknown".into(), group: "world".into() })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Outcome::Hang { stuck, detail: reason, features }
+            }
+            _ => Outcome::Crash { rank: v["rank"].as_u64().map(|r| r as usize), message: reason, features },
+        }
+    }
+
+    fn take_coverage(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.coverage)
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
+fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let mut bufs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![];
+    for (name, t) in &inputs.tensors {
+        bufs.push((name.clone(), Dtype::F64, t.shape.clone(), t.data.iter().flat_map(|x| x.to_le_bytes()).collect()));
+    }
+    for (name, ids) in [("tokens", &inputs.tokens), ("targets", &inputs.targets)] {
+        bufs.push((name.to_string(), Dtype::I64, vec![ids.len()], ids.iter().flat_map(|&x| (x as i64).to_le_bytes()).collect()));
+    }
+    let views: Vec<(String, TensorView)> =
+        bufs.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).expect("sizes match by construction"))).collect();
+    let tmp = path.with_extension("tmp");
+    safetensors::serialize_to_file(views, &None, &tmp).map_err(std::io::Error::other)?;
+    std::fs::rename(tmp, path)
+}
+
+type Replicas = Vec<(String, Vec<(usize, Tensor)>)>;
+
+fn read_outputs(path: &Path) -> Result<(Vec<(String, Tensor)>, Replicas), String> {
+    use safetensors::SafeTensors;
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
+    let mut tensors = vec![];
+    let mut replicas: BTreeMap<String, Vec<(usize, Tensor)>> = BTreeMap::new();
+    let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+    names.sort();
+    for name in names {
+        let view = st.tensor(&name).map_err(|e| e.to_string())?;
+        if view.dtype() != safetensors::Dtype::F64 {
+            return Err(format!("{name}: expected float64, got {:?}", view.dtype()));
+        }
+        let data: Vec<f64> = view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        let t = Tensor::new(view.shape().to_vec(), data);
+        match name.strip_prefix("replica/").and_then(|r| r.split_once('/')) {
+            Some((rank, base)) => {
+                let rank = rank.parse().map_err(|_| format!("{name}: bad replica rank"))?;
+                replicas.entry(base.to_string()).or_default().push((rank, t));
+            }
+            None => tensors.push((name, t)),
+        }
+    }
+    Ok((tensors, replicas.into_iter().collect()))
+}
