@@ -27,7 +27,8 @@ use crate::tensor::Tensor;
 pub const PYTHON_ENV: &str = "SHARDFUZZ_PYTHON";
 /// Environment variable naming the directory that holds the `shardfuzz_worker` package.
 pub const WORKER_PATH_ENV: &str = "SHARDFUZZ_WORKER_PATH";
-/// Environment variable with a test hook the worker obeys (`sleep`, `kill-rank`, `kill-worker`).
+/// Environment variable with a test hook the worker obeys on the first case (`sleep`, `kill-rank`,
+/// `kill-worker`).
 pub const TEST_HOOK_ENV: &str = "SHARDFUZZ_TEST_HOOK";
 
 /// How long the worker may take to import its framework and say it is ready.
@@ -226,7 +227,8 @@ impl PythonTarget {
             "cmd": "run", "id": id, "case": case, "inputs": in_path, "output": out_path,
             "timeout_s": self.timeout.as_secs_f64(),
         });
-        if let Ok(hook) = std::env::var(TEST_HOOK_ENV) {
+        // Test hooks apply to the first case only, so that a test sees the next case recover.
+        if let (Ok(hook), 1) = (std::env::var(TEST_HOOK_ENV), id) {
             msg["test_hook"] = json!(hook);
         }
         let w = self.worker.as_mut().expect("started above");

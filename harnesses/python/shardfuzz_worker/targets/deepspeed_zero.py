@@ -1,0 +1,162 @@
+"""deepspeed-zero: the case's model trained by a DeepSpeed engine (ZeRO stage 0..3 from the case) over the
+data-parallel ranks, on the CPU accelerator with gloo.
+
+The engine owns backward, gradient reduction, clipping and the optimizer step (a torch optimizer from
+`make_optimizer`, which DeepSpeed wraps). Gradient accumulation is the engine's: `gradient_accumulation_steps`
+is the number of micro-batches a rank runs, `engine.backward(..., scale_wrt_gas=False)` since the shared loop
+already scales each micro-batch loss to its share of the global token mean, and `engine.step()` after every
+micro-batch (DeepSpeed only steps the optimizer at the accumulation boundary).
+
+Step-0 gradients are DeepSpeed's reduced gradients before clipping (`safe_get_full_grad` between backward and
+step); final parameters are DeepSpeed's master copy (`safe_get_full_fp32_param`, fp32 under ZeRO / bf16 / fp16)
+rounded to the case dtype. Semantics note: for bf16/f16 DeepSpeed keeps fp32 master weights across steps, while
+the reference rounds the parameters to the case dtype after every step; the difference is of the order of one
+rounding of the parameters per step.
+"""
+
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from .base import chunk_range, dtype_name, parallel, reduce_dtype_name  # noqa: E402
+from .torch_common import TorchTarget, torch_dtype  # noqa: E402
+from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_model  # noqa: E402
+from .torch_training import combine_dp, train  # noqa: E402
+
+
+def micro_batches(case, dp, index):
+    """How many non-empty micro-batches data-parallel rank `index` runs per step (as `train` splits)."""
+    b = case["model"]["batch"]
+    ga = case["train"].get("grad_accumulation", 1)
+    lo, hi = chunk_range(b, dp, index)
+    return max(1, sum(1 for i in range(ga) if chunk_range(hi - lo, ga, i)[1] > chunk_range(hi - lo, ga, i)[0]))
+
+
+class DeepSpeedZero(TorchTarget):
+    name = "deepspeed-zero"
+    # DeepSpeedConfigError subclasses Exception; config validation is pydantic (ValidationError).
+    rejection_types = ("DeepSpeedConfigError", "ValidationError")
+
+    def __init__(self):
+        super().__init__()
+        import importlib.util
+
+        spec = importlib.util.find_spec("deepspeed")
+        if spec is not None and spec.submodule_search_locations:
+            self.coverage_prefixes = (list(spec.submodule_search_locations)[0] + os.sep,)
+
+    def versions(self):
+        import deepspeed
+        import torch
+
+        return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
+
+    def unsupported(self, case):
+        why = unsupported_model(case)
+        if why:
+            return why
+        p = parallel(case)
+        if p["tp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
+            return "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)"
+        if p["zero_stage"] not in (0, 1, 2, 3):
+            return f"ZeRO stage {p['zero_stage']} does not exist"
+        dt = dtype_name(case)
+        if dt == "f64" and os.environ.get("DSX"):
+            return "DeepSpeed ZeRO keeps fp32 master weights and gradient partitions: f64 training is not expressed"
+        counts = {micro_batches(case, p["dp"], i) for i in range(p["dp"])}
+        if len(counts) > 1:
+            return "DeepSpeed needs the same number of micro-batches on every data-parallel rank"
+        rd = reduce_dtype_name(case)
+        if rd not in (dt, "f32"):
+            return f"gradient reduction in {rd} for {dt} parameters is not expressed by DeepSpeed's config"
+        return None
+
+    def init_rank(self, rank, world, timeout_s):
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        super().init_rank(rank, world, timeout_s)
+        import importlib
+
+        import deepspeed
+
+        # (`import deepspeed.comm.torch as m` would bind the real torch: deepspeed.comm re-exports it.)
+        ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+
+        # The shared-memory allreduce op is a JIT-built C++ extension (needs ninja and a compiler); it only
+        # serves inference_all_reduce. Without it DeepSpeed uses plain torch.distributed (gloo) collectives.
+        ds_torch_comm.build_shm_op = lambda: None
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+
+    def config(self, case, world):
+        p, t = parallel(case), case["train"]
+        dt = dtype_name(case)
+        ga = micro_batches(case, world, 0)
+        clip = t.get("clip_grad_norm")
+        cfg = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": ga,
+            "train_batch_size": ga * world,
+            "gradient_clipping": float(clip) if clip is not None else 0.0,
+            "zero_optimization": {"stage": p["zero_stage"]},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False,
+        }
+        if dt == "bf16":
+            cfg["bf16"] = {"enabled": True}
+        elif dt == "f16":
+            # Static loss scale 1: no scaling, as the reference (cases with a loss scale are unsupported).
+            cfg["fp16"] = {"enabled": True, "loss_scale": 1.0, "initial_scale_power": 0}
+        if reduce_dtype_name(case) == "f32" and dt in ("bf16", "f16"):
+            cfg["communication_data_type"] = "fp32"
+        return cfg
+
+    def run_rank(self, rank, world, case, inputs):
+        import deepspeed
+        import torch
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+        dt = torch_dtype(dtype_name(case))
+        model = Model(model_defaults(case)).to(dt)
+        load_case_params(model, inputs, dt)
+        names = [n for n, _ in model.named_parameters()]
+        opt = make_optimizer(case, list(model.parameters()))
+        cfg = self.config(case, world)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+        params = dict(engine.module.named_parameters())
+        named = [(n, params[n]) for n in names]
+        ga = cfg["gradient_accumulation_steps"]
+        state = {"micro": 0, "stepped": False}
+
+        def backward(loss):
+            engine.backward(loss, scale_wrt_gas=False)
+            state["micro"] += 1
+            if state["micro"] % ga:
+                engine.step()  # not a boundary: DeepSpeed only counts the micro-step
+
+        def step():
+            state["stepped"] = True
+            engine.step()
+
+        def view(name, _t):
+            p = params[name]
+            if not state["stepped"]:
+                g = safe_get_full_grad(p)
+                v = torch.zeros(tuple(getattr(p, "ds_shape", p.shape))) if g is None else g
+            else:
+                v = safe_get_full_fp32_param(p)
+                if v is None:
+                    v = p
+                v = v.detach().to(dt)
+            return to_case_layout(name, v.detach().to(torch.float64, copy=True).reshape(
+                tuple(getattr(p, "ds_shape", p.shape)))).numpy()
+
+        out = train(case, inputs, engine, [p for _, p in named], rank, world, backward=backward, step=step,
+                    clip=lambda: None, named=named, view=view)
+        engine.destroy()
+        return out
+
+    def combine(self, case, outs):
+        return combine_dp(case, outs, [f"deepspeed:dp{len(outs)}:zero{parallel(case)['zero_stage']}"])
+
+
+TARGET = DeepSpeedZero()

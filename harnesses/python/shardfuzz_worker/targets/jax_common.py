@@ -1,0 +1,260 @@
+"""Shared by the JAX targets: one process with 8 host CPU devices, dtypes, placements, op math, HLO features.
+
+JAX runs in the worker process itself (`world(case) == 0` makes the coordinator call `run_local`):
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` must be in the environment before jax is imported,
+and `jax_enable_x64` must be on, or float64 silently becomes float32.
+"""
+
+import os
+import re
+import zlib
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+from .base import Target, dtype_name, parallel  # noqa: E402
+
+LN_EPS = 1e-5
+N_DEVICES = 8
+AXES = ("dp", "tp")
+
+_DTYPES = {"f64": jnp.float64, "f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+_MESHES = {}
+
+
+def jnp_dtype(name):
+    return _DTYPES[name]
+
+
+def mesh(dp, tp):
+    from jax.sharding import Mesh
+
+    key = (dp, tp)
+    if key not in _MESHES:
+        devs = np.array(jax.devices()[: dp * tp]).reshape(dp, tp)
+        _MESHES[key] = Mesh(devs, AXES)
+    return _MESHES[key]
+
+
+def placements(case, name):
+    return list(case["op"].get("placements", {}).get(name, ["R", "R"]))
+
+
+def input_shapes(op):
+    """Float inputs and their full shapes, as `OpKind::inputs` names them (in that order)."""
+    shape = [int(s) for s in op["shape"]]
+    s = lambda i: shape[i] if i < len(shape) else 1  # noqa: E731
+    kind = op["kind"]
+    table = {
+        "matmul": [("a", (s(0), s(1))), ("b", (s(1), s(2)))],
+        "linear": [("x", (s(0), s(1))), ("w", (s(1), s(2))), ("bias", (s(2),))],
+        "layernorm": [("x", (s(0), s(1))), ("w", (s(1),)), ("bias", (s(1),))],
+        "embedding": [("table", (s(1), s(2)))],
+        "cross_entropy": [("logits", (s(0), s(1)))],
+    }
+    return table.get(kind, [("x", (s(0), s(1)))])
+
+
+def output_shape(op):
+    s = [int(d) for d in op["shape"]]
+    dim = int(op.get("dim", 1) if op.get("dim") is not None else 1)
+    kind = op["kind"]
+    if kind in ("matmul", "linear", "embedding"):
+        return (s[0], s[2])
+    if kind in ("sum", "max"):
+        return (1, s[1]) if dim == 0 else (s[0], 1)
+    if kind == "cross_entropy":
+        return (s[0], 1)
+    if kind == "reshape":
+        return tuple(int(d) for d in op.get("new_shape") or s)
+    if kind == "transpose":
+        return (s[1], s[0])
+    return tuple(s)
+
+
+def op_dim(op):
+    d = op.get("dim")
+    return 1 if d is None else int(d)
+
+
+class Layout:
+    """One input's placements over the [dp, tp] mesh: mesh axes per tensor dim, and partial axes."""
+
+    def __init__(self, places, ndim):
+        self.places = places
+        self.dims = [[] for _ in range(ndim)]
+        self.partial = []
+        for m, pl in enumerate(places):
+            if pl == "P":
+                self.partial.append(AXES[m])
+            elif pl.startswith("S("):
+                self.dims[int(pl[2:-1])].append(AXES[m])
+
+    def spec_entries(self):
+        return [None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in self.dims]
+
+    def spec(self):
+        from jax.sharding import PartitionSpec
+
+        return PartitionSpec(*self.spec_entries())
+
+    def parts_spec(self):
+        """Spec of the partial-summands array: one leading dim per partial axis, then the tensor dims."""
+        from jax.sharding import PartitionSpec
+
+        return PartitionSpec(*self.partial, *self.spec_entries())
+
+
+def check_placements(case, mesh_shape):
+    """A reason the placements cannot be expressed, or None."""
+    op = case["op"]
+    names = {n: s for n, s in input_shapes(op)}
+    for name, places in op.get("placements", {}).items():
+        if name not in names:
+            return f"placement for unknown input {name!r}"
+        if len(places) != 2:
+            return f"placements of {name!r} must name the 2 mesh dims [dp, tp]"
+        for pl in places:
+            if pl.startswith("S(") and int(pl[2:-1]) >= len(names[name]):
+                return f"placement {pl} of {name!r} names a dim the {len(names[name])}-d tensor does not have"
+    return None
+
+
+def partial_parts(full, layout, mesh_shape):
+    """The summands of a partial input: coordinate 0 of each partial mesh axis holds the value, others zeros."""
+    if not layout.partial:
+        return full
+    sizes = [mesh_shape[AXES.index(a)] for a in layout.partial]
+    parts = np.zeros(tuple(sizes) + full.shape, dtype=full.dtype)
+    parts[(0,) * len(sizes)] = full
+    return parts
+
+
+def parts_grads(name, g, layout):
+    """Gradient of an input from the gradient of its summands: the first copy, the others as replicas."""
+    if not layout.partial:
+        return g, None
+    k = len(layout.partial)
+    flat = g.reshape((-1,) + g.shape[k:])
+    copies = [(i, np.asarray(flat[i], dtype=np.float64)) for i in range(flat.shape[0])]
+    return copies[0][1], copies
+
+
+# ---------------------------------------------------------------------------------------- op math
+
+
+def forward(kind, op, xs, ids):
+    """Plain jnp forward of one op on full (unsharded) values `xs` (float) and `ids` (int)."""
+    dim = op_dim(op)
+    if kind == "matmul":
+        return xs["a"] @ xs["b"]
+    if kind == "linear":
+        return xs["x"] @ xs["w"] + xs["bias"]
+    if kind == "sum":
+        return jnp.sum(xs["x"], axis=dim, keepdims=True)
+    if kind == "max":
+        x = xs["x"]
+        idx = jnp.argmax(x, axis=dim, keepdims=True)  # first maximal element, as the reference
+        return jnp.take_along_axis(x, idx, axis=dim)
+    if kind == "softmax":
+        return jax.nn.softmax(xs["x"], axis=dim)
+    if kind == "layernorm":
+        x = xs["x"]
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        xc = x - mean
+        var = jnp.mean(xc * xc, axis=-1, keepdims=True)
+        return xc * jax.lax.rsqrt(var + jnp.asarray(LN_EPS, x.dtype)) * xs["w"] + xs["bias"]
+    if kind == "embedding":
+        return jnp.take(xs["table"], ids["tokens"], axis=0, mode="fill", fill_value=0)
+    if kind == "cross_entropy":
+        logits = xs["logits"]
+        onehot = jnp.arange(logits.shape[1])[None, :] == ids["targets"][:, None]
+        lse = jax.nn.logsumexp(logits, axis=1, keepdims=True)
+        tl = jnp.sum(jnp.where(onehot, logits, jnp.zeros((), logits.dtype)), axis=1, keepdims=True)
+        return lse - tl
+    if kind == "reshape":
+        return xs["x"].reshape(tuple(int(d) for d in op.get("new_shape") or op["shape"]))
+    if kind == "transpose":
+        return xs["x"].T
+    raise NotImplementedError(f"op {kind}")
+
+
+# ---------------------------------------------------------------------------------------- HLO features
+
+_HLO_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "dynamic-slice", "pad")
+_HLO_RE = re.compile(r"\b(" + "|".join(re.escape(o) for o in _HLO_OPS) + r")(?:-start)?\(")
+
+
+def hlo_features(text):
+    found = sorted(set(_HLO_RE.findall(text)))
+    feats = [f"hlo:{o}" for o in found]
+    feats.append(f"hlo-sig:{zlib.crc32(','.join(found).encode()):08x}")
+    return feats
+
+
+# ---------------------------------------------------------------------------------------- target base
+
+
+class JaxTarget(Target):
+    rejection_types = ("IndivisibleError",)
+    rejection_messages = ("evenly divisible", "should evenly divide")
+
+    def __init__(self):
+        self.coverage_prefixes = (os.path.join(os.path.dirname(jax.__file__), "_src") + os.sep,)
+        self.cache = {}
+
+    def versions(self):
+        import jaxlib
+
+        return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": "cpu x8"}
+
+    def world(self, case):
+        return 0
+
+    def unsupported(self, case):
+        if "op" not in case:
+            return f"{self.name} runs op-level cases only (model cases are not implemented for JAX)"
+        p = parallel(case)
+        if p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
+            return "op cases shard over the [dp, tp] mesh only"
+        if p["dp"] * p["tp"] > N_DEVICES:
+            return f"mesh {p['dp']}x{p['tp']} needs more than the {N_DEVICES} host CPU devices"
+        if dtype_name(case) not in _DTYPES:
+            return f"dtype {dtype_name(case)} is not mapped for JAX"
+        return check_placements(case, (p["dp"], p["tp"]))
+
+    def prepare(self, case, inputs):
+        """Mesh, dtype, float inputs (cast to the case dtype, as numpy), int ids, and layouts."""
+        p = parallel(case)
+        op = case["op"]
+        dt = jnp_dtype(dtype_name(case))
+        shapes = input_shapes(op)
+        xs, layouts = {}, {}
+        for name, shape in shapes:
+            full = np.asarray(inputs[name], dtype=np.float64).reshape(shape)
+            xs[name] = np.asarray(jnp.asarray(full, dtype=dt))
+            layouts[name] = Layout(placements(case, name), len(shape))
+        ids = {}
+        for name in ("tokens", "targets"):
+            if name in inputs and op["kind"] in ("embedding", "cross_entropy"):
+                ids[name] = np.asarray(inputs[name], dtype=np.int64).reshape(-1)
+        gout = np.asarray(jnp.asarray(np.asarray(inputs["grad_out"], dtype=np.float64).reshape(output_shape(op)), dtype=dt))
+        return (p["dp"], p["tp"]), dt, shapes, xs, ids, layouts, gout
+
+    def results(self, op, shapes, out, grads, layouts, features):
+        tensors = {"out": np.asarray(out, dtype=np.float64).reshape(output_shape(op))}
+        replicas = {}
+        for name, shape in shapes:
+            g, copies = parts_grads(name, np.asarray(grads[name], dtype=np.float64), layouts[name])
+            tensors[f"grad/{name}"] = g.reshape(shape)
+            if copies is not None and len(copies) > 1:
+                replicas[f"grad/{name}"] = [(r, c.reshape(shape)) for r, c in copies]
+        return {"tensors": tensors, "replicas": replicas, "features": features}
