@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests, and every seed case.
-# Sets up what it needs (nothing beyond the Rust toolchain for the native target).
+# Sets up what it needs: the Rust toolchain builds the native target; scripts/setup-python.sh
+# creates .venv with the pinned frameworks for the Python targets (first run: minutes, ~6 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+echo "== Python framework environment"
+scripts/setup-python.sh
+# The Python-target tests fail (instead of skipping) without the environment.
+export SHARDFUZZ_REQUIRE_PYTHON=1
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
@@ -19,4 +24,6 @@ echo "== seed corpus through the native target"
 grep -c '^case ' target/corpus-run.txt | xargs echo "seed cases run:"
 echo "== clean fuzzing, short (no finding may appear)"
 ./target/release/shardfuzz bench clean --cases 3000 --seed 1000
+echo "== fuzzing each Python framework target (no false positive may appear)"
+SECONDS_PER_TARGET=${SECONDS_PER_TARGET:-60} scripts/fuzz-python-targets.sh
 echo "all tests passed"

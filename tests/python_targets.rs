@@ -102,10 +102,8 @@ fn seed_cases_pass_or_are_rejected_on_every_python_target() {
 fn first_then_second(hook: &str, timeout_ms: &str) -> (Vec<Value>, Duration) {
     let case = corpus("dp2-even.json");
     let t0 = Instant::now();
-    let o = shardfuzz(
-        &["run", "--json", "--target", "torch-ddp", "--timeout-ms", timeout_ms, &case, &case],
-        &[("SHARDFUZZ_TEST_HOOK", hook)],
-    );
+    let o =
+        shardfuzz(&["run", "--json", "--target", "torch-ddp", "--timeout-ms", timeout_ms, &case, &case], &[("SHARDFUZZ_TEST_HOOK", hook)]);
     (verdicts(&o), t0.elapsed())
 }
 

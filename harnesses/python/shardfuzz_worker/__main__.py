@@ -31,7 +31,10 @@ def main():
 
 
 class Coordinator:
-    """Keeps one rank pool per world size (the most recent two) and turns results into replies."""
+    """Keeps rank pools by world size, least recently used first out when the ranks they hold
+    together would exceed MAX_POOLED_RANKS, and turns results into replies."""
+
+    MAX_POOLED_RANKS = 16
 
     def __init__(self, target):
         self.target = target
@@ -39,14 +42,15 @@ class Coordinator:
         self.local_cov = None
 
     def pool(self, world):
-        p = self.pools.get(world)
+        p = self.pools.pop(world, None)
         if p is not None and p.alive():
+            self.pools[world] = p
             return p
         if p is not None:
             p.kill()
-        while len(self.pools) >= 2:
-            _, old = self.pools.popitem()
-            old.kill()
+        while self.pools and sum(self.pools) + world > self.MAX_POOLED_RANKS:
+            oldest = next(iter(self.pools))
+            self.pools.pop(oldest).kill()
         p = RankPool(self.target, world)
         self.pools[world] = p
         return p
@@ -80,7 +84,7 @@ class Coordinator:
             coverage |= r.get("coverage", set())
         failed = [(i, r) for i, r in enumerate(results) if not r["ok"]]
         if failed:
-            if len(failed) < world:
+            if len(failed) < world or any(f["type"] == "Stranded" for _, f in failed):
                 # Peers of a failed rank may be waiting in a collective: start afresh.
                 self.drop(world)
             reply = classify_failures(self.target, failed, world)

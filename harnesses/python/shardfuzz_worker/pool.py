@@ -96,7 +96,7 @@ class RankPool:
         self._gather(lambda r: None, init_timeout_s)
 
     def alive(self):
-        return all(p.is_alive() for p in self.procs)
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
 
     def run(self, job, timeout_s):
         for c in self.conns:

@@ -250,11 +250,45 @@ class JaxTarget(Target):
         return (p["dp"], p["tp"]), dt, shapes, xs, ids, layouts, gout
 
     def results(self, op, shapes, out, grads, layouts, features):
-        tensors = {"out": np.asarray(out, dtype=np.float64).reshape(output_shape(op))}
-        replicas = {}
+        """Output tensors from the jitted results (jax Arrays): the gathered value, plus one replica per
+        replica_id where XLA left a value replicated over several devices (the copies must agree)."""
+        tensors, replicas = {}, {}
+        oshape = output_shape(op)
+        tensors["out"] = np.asarray(out, dtype=np.float64).reshape(oshape)
+        copies = device_copies(out)
+        if len(copies) > 1:
+            replicas["out"] = [(r, c.reshape(oshape)) for r, c in copies]
         for name, shape in shapes:
-            g, copies = parts_grads(name, np.asarray(grads[name], dtype=np.float64), layouts[name])
+            lay = layouts[name]
+            g, slot_copies = parts_grads(name, np.asarray(grads[name], dtype=np.float64), lay)
             tensors[f"grad/{name}"] = g.reshape(shape)
-            if copies is not None and len(copies) > 1:
-                replicas[f"grad/{name}"] = [(r, c.reshape(shape)) for r, c in copies]
+            dev = device_copies(grads[name])
+            k = len(lay.partial)
+            reps = []
+            for r, c in dev:
+                if k:
+                    flat = c.reshape((-1,) + c.shape[k:])
+                    reps += [(r * flat.shape[0] + i, flat[i].reshape(shape)) for i in range(flat.shape[0])]
+                else:
+                    reps.append((r, c.reshape(shape)))
+            if len(reps) > 1:
+                replicas[f"grad/{name}"] = reps
         return {"tensors": tensors, "replicas": replicas, "features": features}
+
+
+def device_copies(arr):
+    """One full copy of a jax Array per replica_id, assembled from its addressable shards, labelled by
+    the smallest device id holding a piece of it."""
+    shards = getattr(arr, "addressable_shards", None)
+    if not shards:
+        return []
+    groups = {}
+    for sh in shards:
+        groups.setdefault(sh.replica_id, []).append(sh)
+    copies = []
+    for rid in sorted(groups):
+        full = np.zeros(arr.shape, dtype=np.float64)
+        for sh in groups[rid]:
+            full[sh.index] = np.asarray(sh.data, dtype=np.float64)
+        copies.append((min(sh.device.id for sh in groups[rid]), full))
+    return copies

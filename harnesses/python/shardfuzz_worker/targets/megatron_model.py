@@ -1,0 +1,261 @@
+"""The case's model from megatron-core tensor-parallel layers (see megatron_tp.py), its training loop on one
+tensor-parallel rank, and the assembly of the ranks' slices into full case-layout tensors."""
+
+import math
+import types
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import chunk_range, dtype_name, parallel
+from .torch_common import torch_dtype
+from .torch_model import Norm, make_optimizer, model_defaults
+
+#: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
+COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
+
+
+def linear_kind(name):
+    """'column' / 'row' for the projections of layers.{i}.attn|mlp.{proj}.{weight|bias}, else None."""
+    parts = name.split(".")
+    if len(parts) == 5 and parts[2] in ("attn", "mlp"):
+        return "column" if parts[3] in COLUMN else "row" if parts[3] in ROW else None
+    return None
+
+
+def shard_dim(name):
+    if name in ("embed.weight", "lm_head.weight"):
+        return 0
+    kind, leaf = linear_kind(name), name.rsplit(".", 1)[-1]
+    if kind == "column":
+        return 1 if leaf == "weight" else 0  # case weight [in, out]: out sharded
+    if kind == "row" and leaf == "weight":
+        return 0  # case weight [in, out]: in sharded
+    return None  # norms, row-parallel biases
+
+
+def _init(_w):
+    return None
+
+
+class Attention(nn.Module):
+    def __init__(self, m, cfg, tp):
+        super().__init__()
+        from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+        from megatron.core.utils import divide
+
+        h, d = m["hidden"], m["hidden"] // m["heads"]
+        self.d = d
+        # megatron's attention takes whole heads (and query groups) per rank, with its own `divide` assertion.
+        self.local_heads = divide(m["heads"], tp)
+        self.local_kv = divide(m["kv_heads"], tp)
+        col = dict(config=cfg, init_method=_init, bias=m["bias"], gather_output=False)
+        self.q = ColumnParallelLinear(h, m["heads"] * d, **col)
+        self.k = ColumnParallelLinear(h, m["kv_heads"] * d, **col)
+        self.v = ColumnParallelLinear(h, m["kv_heads"] * d, **col)
+        self.o = RowParallelLinear(m["heads"] * d, h, config=cfg, init_method=_init, bias=m["bias"],
+                                   input_is_parallel=True, skip_bias_add=False)
+
+    def forward(self, x):  # x: [s(/tp), b, h]
+        q, k, v = self.q(x)[0], self.k(x)[0], self.v(x)[0]  # [s, b, heads_local * d]
+        s, b = q.shape[0], q.shape[1]
+        q = q.view(s, b, -1, self.d).permute(1, 2, 0, 3)
+        k = k.view(s, b, -1, self.d).permute(1, 2, 0, 3)
+        v = v.view(s, b, -1, self.d).permute(1, 2, 0, 3)
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.d))
+        mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        a = torch.softmax(scores, dim=-1) @ v  # [b, heads_local, s, d]
+        a = a.permute(2, 0, 1, 3).reshape(s, b, -1)
+        return self.o(a)[0]
+
+
+class Mlp(nn.Module):
+    def __init__(self, m, cfg):
+        super().__init__()
+        from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+        h, f = m["hidden"], m["ffn"]
+        self.swiglu = m["activation"] == "swiglu"
+        col = dict(config=cfg, init_method=_init, bias=m["bias"], gather_output=False)
+        self.up = ColumnParallelLinear(h, f, **col)
+        if self.swiglu:
+            self.gate = ColumnParallelLinear(h, f, **col)
+        self.down = RowParallelLinear(f, h, config=cfg, init_method=_init, bias=m["bias"], input_is_parallel=True,
+                                      skip_bias_add=False)
+
+    def forward(self, x):
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)[0]) * self.up(x)[0])[0]
+        return self.down(F.gelu(self.up(x)[0], approximate="tanh"))[0]
+
+
+class Block(nn.Module):
+    def __init__(self, m, kind, cfg, tp):
+        super().__init__()
+        self.norm = Norm(m["hidden"], m["norm"], m["bias"])
+        if kind == "attention":
+            self.attn = Attention(m, cfg, tp)
+        else:
+            self.mlp = Mlp(m, cfg)
+
+    def forward(self, x):
+        inner = self.attn if hasattr(self, "attn") else self.mlp
+        return x + inner(self.norm(x))
+
+
+class MegatronModel(nn.Module):
+    def __init__(self, m, cfg, tp):
+        super().__init__()
+        from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
+
+        self.sp = cfg.sequence_parallel
+        self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
+                                            reduce_scatter_embeddings=self.sp)
+        self.layers = nn.ModuleList(Block(m, k, cfg, tp) for k in m["layers"])
+        self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
+        self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
+                                            gather_output=False)
+        if self.sp:
+            # What megatron's LayerNorm wrappers do: norms see a sequence chunk; their grads are summed over tp.
+            for name, p in self.named_parameters():
+                if "norm" in name:
+                    p.sequence_parallel = True
+        # What finalize_model_grads' helpers read from a megatron DDP chunk.
+        self.ddp_config = types.SimpleNamespace(use_megatron_fsdp=False)
+
+    def forward(self, ids):  # ids [b, s] -> local logits [s, b, vocab / tp]
+        x = self.embed(ids)
+        if not self.sp:
+            x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.final_norm(x))[0]
+
+
+def load_local(model, inputs, rank, tp, dt):
+    """Each rank's slice of the case's parameters (megatron layouts: linear weights [out_local, in])."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            src = torch.tensor(inputs[name])
+            d = shard_dim(name)
+            if d is not None:
+                n = src.shape[d] // tp
+                src = src.narrow(d, rank * n, n)
+            if linear_kind(name) and name.endswith(".weight"):
+                src = src.t()
+            if tuple(src.shape) != tuple(p.shape):
+                raise RuntimeError(f"harness: {name} slice {tuple(src.shape)} vs megatron {tuple(p.shape)}")
+            p.copy_(src.to(dt))
+
+
+def case_view(name, t):
+    """A local parameter or gradient in the case layout (its slice of it)."""
+    t = t.detach().to(torch.float64, copy=True)
+    if linear_kind(name) and name.endswith(".weight"):
+        t = t.t()
+    return t.contiguous().numpy()
+
+
+def grad_norm(named, tp_group):
+    """Global L2 norm of the gradients as megatron's get_grad_norm_fp32 takes it: tensor-parallel params from
+    every rank, replicated (duplicate) params from tp rank 0 only, summed squares all-reduced over tp."""
+    from megatron.core import parallel_state
+
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    sq = torch.zeros((), dtype=torch.float64)
+    for _, p in named:
+        if p.grad is None:
+            continue
+        if getattr(p, "tensor_model_parallel", False) or rank == 0:
+            sq += p.grad.detach().to(torch.float64).pow(2).sum()
+    dist.all_reduce(sq, group=tp_group)
+    return float(sq.sqrt())
+
+
+def run(case, inputs, rank, tp):
+    from megatron.core import ModelParallelConfig, parallel_state
+    from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    m = model_defaults(case)
+    t = case["train"]
+    sp = parallel(case)["sequence_parallel"]
+    dt = torch_dtype(dtype_name(case))
+    cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
+                              perform_initialization=False, params_dtype=dt)
+    model = MegatronModel(m, cfg, tp).to(dt)  # (the plain norms are built in the default dtype)
+    load_local(model, inputs, rank, tp, dt)
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    opt = make_optimizer(case, params)
+
+    b, s = m["batch"], m["seq"]
+    ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
+    tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
+    global_tokens = b * s
+    ga = t.get("grad_accumulation", 1)
+    chunks = [chunk_range(b, ga, i) for i in range(ga)]
+    chunks = [(a, c) for a, c in chunks if c > a]
+    sp_cfg = types.SimpleNamespace(sequence_parallel=sp, qk_layernorm=False)
+
+    losses, logits0, grads0 = [], None, {}
+    for k in range(t["steps"]):
+        opt.zero_grad()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        rows = []
+        for a, c in chunks:
+            logits = model(ids[a:c])  # [s, bc, v / tp]
+            if k == 0:
+                # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
+                rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
+            per_token = vocab_parallel_cross_entropy(logits, tgt[a:c].t().contiguous())  # [s, bc]
+            l = per_token.sum()
+            (l * (1.0 / global_tokens)).backward()
+            loss_sum += l.detach().to(torch.float64)
+        # Sequence-parallel norms (and row-parallel biases) hold partial gradients: megatron's own reduction.
+        _allreduce_non_tensor_model_parallel_grads([model], sp_cfg, tp_group)
+        losses.append(float(loss_sum) / global_tokens)
+        if k == 0:
+            logits0 = torch.cat(rows).numpy()
+            for name, p in named:
+                grads0[name] = case_view(name, p.grad if p.grad is not None else torch.zeros_like(p))
+        if t.get("clip_grad_norm") is not None:
+            total = grad_norm(named, tp_group)
+            coeff = t["clip_grad_norm"] / (total + 1.0e-6)
+            if coeff < 1.0:
+                with torch.no_grad():
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad.mul_(coeff)
+        opt.step()
+    final = {name: case_view(name, p) for name, p in named}
+    return {"rows": (0, global_tokens), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+
+
+def assemble_outputs(case, outs):
+    """Per-rank slices -> per-rank results holding full tensors (sharded ones assembled, the same on every
+    rank; replicated ones each rank's own copy), the shape combine_dp expects."""
+    full = [dict(o) for o in outs]
+    logits = np.concatenate([o["logits"] for o in outs], axis=1)
+    for kind in ("grads", "params"):
+        names = list(outs[0][kind])
+        merged = {}
+        for name in names:
+            d = shard_dim(name)
+            if d is not None:
+                merged[name] = np.concatenate([o[kind][name] for o in outs], axis=d)
+        for r, o in enumerate(outs):
+            full[r][kind] = {n: (merged[n] if n in merged else o[kind][n]) for n in names}
+    for f in full:
+        f["logits"] = logits
+    return full
+

@@ -1,0 +1,105 @@
+"""megatron-tp: the case's model built from megatron-core's tensor-parallel layers over tp = world ranks.
+
+  embed        VocabParallelEmbedding (rows of the vocabulary per rank; reduce-scatter to the sequence-parallel
+               region under sequence parallelism)
+  q, k, v      ColumnParallelLinear (gather_output=False): whole heads per rank (heads / tp, kv_heads / tp)
+  o            RowParallelLinear(input_is_parallel=True)
+  up, gate     ColumnParallelLinear;  down  RowParallelLinear(input_is_parallel=True)
+  lm_head      ColumnParallelLinear(gather_output=False) + tensor_parallel.vocab_parallel_cross_entropy
+  norms        plain LayerNorm / RMSNorm (eps 1e-5) as torch_model.Norm, replicated; under sequence parallelism
+               they run on the rank's sequence chunk, are marked `sequence_parallel` and their gradients are
+               summed over the tensor-parallel group by megatron's own finalize_model_grads helper.
+
+Activations are megatron's [s, b, h]. The optimizer is the case's torch optimizer on the local shards (elementwise,
+so sharding does not change it); gradient clipping computes the global norm over the shards as megatron's
+get_grad_norm_fp32 does (tensor-parallel params on every rank, replicated params once) — megatron's own
+clip functions hard-code CUDA tensors.
+
+Sharded tensors are reported in full (each rank's slices assembled in `combine`); replicated tensors (norms,
+row-parallel biases) per rank as replicas.
+"""
+
+import os
+
+from .base import dtype_name, parallel
+from .torch_common import TorchTarget
+from .torch_model import model_defaults, unsupported_model
+from .torch_training import combine_dp
+
+_STATE = {"tp": None}
+
+
+def _patch_cuda():
+    """megatron-core asks torch.cuda for the device in its collectives and buffers: point it at the CPU."""
+    import torch
+
+    torch.cuda.current_device = lambda: "cpu"
+
+
+class MegatronTp(TorchTarget):
+    name = "megatron-tp"
+    # megatron's divisibility checks (`divide`, `ensure_divisibility`) are asserts.
+    rejection_types = ("AssertionError",)
+
+    def is_rejection(self, type_name, module, message, tb):
+        # ModelParallelConfig validates itself in __post_init__ with ValueErrors (e.g. sequence parallelism
+        # without tensor parallelism).
+        if type_name == "ValueError" and "model_parallel_config.py" in tb:
+            return True
+        return super().is_rejection(type_name, module, message, tb)
+
+    def __init__(self):
+        super().__init__()
+        import importlib.util
+
+        spec = importlib.util.find_spec("megatron.core")
+        if spec is not None and spec.submodule_search_locations:
+            self.coverage_prefixes = (list(spec.submodule_search_locations)[0] + os.sep,)
+
+    def versions(self):
+        import torch
+        from megatron.core import package_info
+
+        return {"torch": torch.__version__.split("+")[0], "megatron-core": package_info.__version__, "backend": "gloo"}
+
+    def unsupported(self, case):
+        why = unsupported_model(case)
+        if why:
+            return why
+        p = parallel(case)
+        if p["dp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
+            return "megatron-tp runs tensor (and sequence) parallelism only"
+        if p["zero_stage"] > 0:
+            return "megatron-tp has no ZeRO stage (no distributed optimizer)"
+        if dtype_name(case) == "f64":
+            # vocab_parallel_cross_entropy casts the logits with .float(): the loss and its gradient are fp32
+            # (measured: f64 cases diverge by ~3e-8 in loss and every gradient; with the cast patched out the
+            # same cases pass at 0.04x the f64 noise, so the rest of the f64 path is exact).
+            return "megatron's vocab_parallel_cross_entropy computes in fp32: f64 training is not expressed"
+        m = model_defaults(case)
+        if m.get("tied_embeddings"):
+            return "tied embeddings are not expressed by megatron-tp"
+        return None
+
+    def init_rank(self, rank, world, timeout_s):
+        super().init_rank(rank, world, timeout_s)
+        _patch_cuda()
+        from megatron.core import parallel_state
+
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world, create_gloo_process_groups=False)
+        _STATE["tp"] = world
+
+    def run_rank(self, rank, world, case, inputs):
+        from .megatron_model import run
+
+        return run(case, inputs, rank, world)
+
+    def combine(self, case, outs):
+        from .megatron_model import assemble_outputs
+
+        p = parallel(case)
+        full = assemble_outputs(case, outs)
+        return combine_dp(case, full, [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}"])
+
+
+TARGET = MegatronTp()
