@@ -17,6 +17,8 @@ pub enum BenchCommand {
     Clean(CleanArgs),
     /// Time to find each injected bug, with and without coverage feedback.
     Bugs(super::bugs::BugsArgs),
+    /// Python targets: cases/s with persistent workers against respawning them for every case.
+    Frameworks(super::bench_frameworks::FrameworksArgs),
 }
 
 #[derive(clap::Args)]
@@ -53,6 +55,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     let a = match cmd {
         BenchCommand::Clean(a) => a,
         BenchCommand::Bugs(b) => return super::bugs::run(b),
+        BenchCommand::Frameworks(f) => return super::bench_frameworks::run(f),
     };
     let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
     let oracle = Oracle::default();

@@ -3,6 +3,7 @@
 
 mod baseline;
 mod bench;
+mod bench_frameworks;
 mod bugs;
 mod fuzz;
 mod gen;

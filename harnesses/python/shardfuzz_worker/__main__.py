@@ -34,7 +34,7 @@ class Coordinator:
     """Keeps rank pools by world size, least recently used first out when the ranks they hold
     together would exceed MAX_POOLED_RANKS, and turns results into replies."""
 
-    MAX_POOLED_RANKS = 16
+    MAX_POOLED_RANKS = int(os.environ.get("SHARDFUZZ_MAX_POOLED_RANKS", "16"))
 
     def __init__(self, target):
         self.target = target

@@ -31,6 +31,9 @@ pub const WORKER_PATH_ENV: &str = "SHARDFUZZ_WORKER_PATH";
 /// `kill-worker`).
 pub const TEST_HOOK_ENV: &str = "SHARDFUZZ_TEST_HOOK";
 
+/// Environment variable that makes the target restart its worker after every case (benchmarks).
+pub const RESPAWN_ENV: &str = "SHARDFUZZ_RESPAWN_EVERY_CASE";
+
 /// How long the worker may take to import its framework and say it is ready.
 const STARTUP: Duration = Duration::from_secs(300);
 /// Extra time this side waits beyond the case timeout before it declares the worker itself hung.
@@ -99,6 +102,7 @@ pub struct PythonTarget {
     next_id: u64,
     coverage: Vec<u64>,
     respawns: u64,
+    respawn_every_case: bool,
 }
 
 impl PythonTarget {
@@ -114,6 +118,7 @@ impl PythonTarget {
             next_id: 0,
             coverage: vec![],
             respawns: 0,
+            respawn_every_case: std::env::var_os(RESPAWN_ENV).is_some(),
         };
         t.start()?;
         Ok(t)
@@ -291,6 +296,20 @@ impl Target for PythonTarget {
     }
 
     fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
+        let outcome = self.run_in_worker(case, inputs);
+        if self.respawn_every_case {
+            self.drop_worker();
+        }
+        outcome
+    }
+
+    fn take_coverage(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.coverage)
+    }
+}
+
+impl PythonTarget {
+    fn run_in_worker(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
         let v = match self.request(case, inputs) {
             Ok(v) => v,
             Err(outcome) => return outcome,
@@ -319,10 +338,6 @@ impl Target for PythonTarget {
             }
             _ => Outcome::Crash { rank: v["rank"].as_u64().map(|r| r as usize), message: reason, features },
         }
-    }
-
-    fn take_coverage(&mut self) -> Vec<u64> {
-        std::mem::take(&mut self.coverage)
     }
 }
 

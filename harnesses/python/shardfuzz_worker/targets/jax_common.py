@@ -12,7 +12,7 @@ import zlib
 _FLAG = "--xla_force_host_platform_device_count=8"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -65,7 +65,7 @@ def input_shapes(op):
 
 def output_shape(op):
     s = [int(d) for d in op["shape"]]
-    dim = int(op.get("dim", 1) if op.get("dim") is not None else 1)
+    dim = op_dim(op)
     kind = op["kind"]
     if kind in ("matmul", "linear", "embedding"):
         return (s[0], s[2])
@@ -81,8 +81,9 @@ def output_shape(op):
 
 
 def op_dim(op):
+    """The reduced dim of sum / max / softmax: 0, or 1 for anything else (as ops.rs reads it)."""
     d = op.get("dim")
-    return 1 if d is None else int(d)
+    return 0 if d is not None and int(d) == 0 else 1
 
 
 class Layout:
@@ -151,6 +152,12 @@ def parts_grads(name, g, layout):
 # ---------------------------------------------------------------------------------------- op math
 
 
+def up(x):
+    """Low-precision values in f32 for the statistics of softmax / layernorm / cross-entropy, as the
+    frameworks' own kernels (and the reference's f32 accumulation) compute them."""
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
 def forward(kind, op, xs, ids):
     """Plain jnp forward of one op on full (unsharded) values `xs` (float) and `ids` (int)."""
     dim = op_dim(op)
@@ -165,21 +172,22 @@ def forward(kind, op, xs, ids):
         idx = jnp.argmax(x, axis=dim, keepdims=True)  # first maximal element, as the reference
         return jnp.take_along_axis(x, idx, axis=dim)
     if kind == "softmax":
-        return jax.nn.softmax(xs["x"], axis=dim)
+        return jax.nn.softmax(up(xs["x"]), axis=dim).astype(xs["x"].dtype)
     if kind == "layernorm":
-        x = xs["x"]
+        x = up(xs["x"])
         mean = jnp.mean(x, axis=-1, keepdims=True)
         xc = x - mean
         var = jnp.mean(xc * xc, axis=-1, keepdims=True)
-        return xc * jax.lax.rsqrt(var + jnp.asarray(LN_EPS, x.dtype)) * xs["w"] + xs["bias"]
+        y = xc * jax.lax.rsqrt(var + jnp.asarray(LN_EPS, x.dtype)) * up(xs["w"]) + up(xs["bias"])
+        return y.astype(xs["x"].dtype)
     if kind == "embedding":
         return jnp.take(xs["table"], ids["tokens"], axis=0, mode="fill", fill_value=0)
     if kind == "cross_entropy":
-        logits = xs["logits"]
+        logits = up(xs["logits"])
         onehot = jnp.arange(logits.shape[1])[None, :] == ids["targets"][:, None]
         lse = jax.nn.logsumexp(logits, axis=1, keepdims=True)
         tl = jnp.sum(jnp.where(onehot, logits, jnp.zeros((), logits.dtype)), axis=1, keepdims=True)
-        return lse - tl
+        return (lse - tl).astype(xs["logits"].dtype)
     if kind == "reshape":
         return xs["x"].reshape(tuple(int(d) for d in op.get("new_shape") or op["shape"]))
     if kind == "transpose":

@@ -21,7 +21,7 @@ shard_map (ValueError "... evenly divisible ...") - a clean rejection.
 import numpy as np
 
 from .base import dtype_name
-from .jax_common import AXES, JaxTarget, LN_EPS, hlo_features, jax, jnp, mesh, op_dim, partial_parts
+from .jax_common import AXES, JaxTarget, LN_EPS, hlo_features, jax, jnp, mesh, op_dim, partial_parts, up
 
 
 def _ax(axes):
@@ -154,24 +154,28 @@ def _program(kind, op, ctx, loc, ids):
     if kind == "softmax":
         lx = lay["x"]
         x = ctx.unpartial("x", loc["x"])
+        dt = x.dtype
+        x = up(x)
         r = lx.dims[dim]
         mx = jax.lax.stop_gradient(jnp.max(x, axis=dim, keepdims=True))
         mx = ctx.pmax(mx, r)
         e = jnp.exp(x - mx)
         s = ctx.psum(jnp.sum(e, axis=dim, keepdims=True), r)
-        return e / s, lx.spec()
+        return (e / s).astype(dt), lx.spec()
 
     if kind == "layernorm":
         lx = lay["x"]
         x = ctx.unpartial("x", loc["x"])
+        dt = x.dtype
+        x = up(x)
         f = lx.dims[1]
         n = ctx.shapes["x"][1]
         mean = ctx.psum(jnp.sum(x, axis=1, keepdims=True), f) / n
         xc = x - mean
         var = ctx.psum(jnp.sum(xc * xc, axis=1, keepdims=True), f) / n
-        w = ctx.local_slice(ctx.full("w", loc["w"]), 0, f)
-        b = ctx.local_slice(ctx.full("bias", loc["bias"]), 0, f)
-        return xc * jax.lax.rsqrt(var + jnp.asarray(LN_EPS, x.dtype)) * w + b, lx.spec()
+        w = up(ctx.local_slice(ctx.full("w", loc["w"]), 0, f))
+        b = up(ctx.local_slice(ctx.full("bias", loc["bias"]), 0, f))
+        return (xc * jax.lax.rsqrt(var + jnp.asarray(LN_EPS, x.dtype)) * w + b).astype(dt), lx.spec()
 
     if kind == "embedding":
         lt = lay["table"]
@@ -190,6 +194,8 @@ def _program(kind, op, ctx, loc, ids):
     if kind == "cross_entropy":
         ll = lay["logits"]
         x = ctx.unpartial("logits", loc["logits"])
+        dt = x.dtype
+        x = up(x)
         v = ll.dims[1]
         rows_axes = ll.dims[0]
         tg = ctx.local_slice(ids["targets"], 0, rows_axes)
@@ -200,7 +206,7 @@ def _program(kind, op, ctx, loc, ids):
         tl = ctx.psum(jnp.sum(jnp.where(onehot, x, zero(x)), axis=1, keepdims=True), v)
         if v:
             ctx.features.add("sm:vocab-parallel")
-        return jnp.log(s) + mx - tl, P(_entry(rows_axes), None)
+        return (jnp.log(s) + mx - tl).astype(dt), P(_entry(rows_axes), None)
 
     if kind == "reshape":
         x = ctx.full("x", loc["x"])
