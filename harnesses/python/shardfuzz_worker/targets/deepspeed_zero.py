@@ -24,6 +24,10 @@ from .torch_model import Model, load_case_params, make_optimizer, model_defaults
 from .torch_training import combine_dp, train  # noqa: E402
 
 
+#: Elements per ZeRO reduce / all-gather / prefetch bucket.
+BUCKET = 1000
+
+
 def micro_batches(case, dp, index):
     """How many non-empty micro-batches data-parallel rank `index` runs per step (as `train` splits)."""
     b = case["model"]["batch"]
@@ -91,6 +95,13 @@ class DeepSpeedZero(TorchTarget):
         # serves inference_all_reduce. Without it DeepSpeed uses plain torch.distributed (gloo) collectives.
         ds_torch_comm.build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        import deepspeed.runtime.zero.stage3  # noqa: F401 - imported once here, not in the first case
+        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
+        import gc
+
+        # ZeRO-3 calls gc.collect() per engine (over a second with torch's and DeepSpeed's objects alive):
+        # keep the objects of the imports out of every later collection.
+        gc.freeze()
 
     def config(self, case, world):
         p, t = parallel(case), case["train"]
@@ -102,7 +113,16 @@ class DeepSpeedZero(TorchTarget):
             "gradient_accumulation_steps": ga,
             "train_batch_size": ga * world,
             "gradient_clipping": float(clip) if clip is not None else 0.0,
-            "zero_optimization": {"stage": p["zero_stage"]},
+            "zero_optimization": {
+                "stage": p["zero_stage"],
+                # Small buckets: the defaults (5e8 elements) cost seconds per case to allocate (deterministic
+                # mode fills fresh memory) and would put a whole tiny model in one bucket.
+                "reduce_bucket_size": BUCKET,
+                "allgather_bucket_size": BUCKET,
+                "stage3_prefetch_bucket_size": BUCKET,
+                # Partition every parameter under ZeRO-3 (by default ones under 1e5 elements stay whole).
+                "stage3_param_persistence_threshold": 0,
+            },
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,

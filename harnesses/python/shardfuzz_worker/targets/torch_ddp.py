@@ -3,7 +3,7 @@
 from .base import dtype_name, parallel, reduce_dtype_name
 from .torch_common import TorchTarget, torch_dtype
 from .torch_model import Model, load_case_params, model_defaults, unsupported_model
-from .torch_training import combine_dp, train
+from .torch_training import combine_dp, single_device, train
 
 
 class TorchDdp(TorchTarget):
@@ -31,7 +31,9 @@ class TorchDdp(TorchTarget):
         load_case_params(model, inputs, dt)
         ddp = DDP(model, bucket_cap_mb=1)
         named = list(model.named_parameters())
-        return train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
+        out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
 
     def combine(self, case, outs):
         return combine_dp(case, outs, [f"ddp:dp{len(outs)}"])

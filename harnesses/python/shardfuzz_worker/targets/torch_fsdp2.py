@@ -4,7 +4,7 @@ data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stag
 from .base import dtype_name, parallel, reduce_dtype_name
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import Model, load_case_params, model_defaults, unsupported_model
-from .torch_training import combine_dp, train
+from .torch_training import combine_dp, single_device, train
 
 
 class TorchFsdp2(TorchTarget):
@@ -37,7 +37,9 @@ class TorchFsdp2(TorchTarget):
         params = dict(model.named_parameters())
         named = [(n, params[n]) for n in named_before]
         torch.manual_seed(0)
-        return train(case, inputs, model, [p for _, p in named], rank, world, named=named)
+        out = train(case, inputs, model, [p for _, p in named], rank, world, named=named)
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
 
     def combine(self, case, outs):
         return combine_dp(case, outs, [f"fsdp2:dp{len(outs)}:zero{parallel(case)['zero_stage']}"])

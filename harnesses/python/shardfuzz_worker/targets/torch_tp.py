@@ -10,7 +10,7 @@ replicas rather than being summed away by a gather.
 from .base import dtype_name, parallel
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import Model, load_case_params, model_defaults, to_case_layout, unsupported_model
-from .torch_training import combine_dp, train
+from .torch_training import combine_dp, single_device, train
 
 
 class TorchTp(TorchTarget):
@@ -92,7 +92,9 @@ class TorchTp(TorchTarget):
                 local = t
             return to_case_layout(name, local.detach().to(torch.float64, copy=True)).numpy()
 
-        return train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_parallel, view=view)
+        out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_parallel, view=view)
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
 
     def combine(self, case, outs):
         p = parallel(case)

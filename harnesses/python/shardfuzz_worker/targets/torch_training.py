@@ -105,4 +105,26 @@ def combine_dp(case, outs, features):
             tensors[f"{prefix}/{name}"] = v
             if len(outs) > 1:
                 replicas[f"{prefix}/{name}"] = [(r, o[kind][name]) for r, o in enumerate(outs)]
+    for name, v in (outs[0].get("baseline") or {}).items():
+        tensors[f"baseline/{name}"] = v
     return {"tensors": tensors, "replicas": replicas, "features": features}
+
+
+def single_device(case, inputs):
+    """The case on one device in its dtype with plain PyTorch: the framework's own rounding, which the
+    oracle takes as a noise baseline beside its emulated one. None for f64 cases (nothing to learn)."""
+    from .torch_common import torch_dtype
+    from .torch_model import Model, load_case_params, model_defaults
+
+    if case["train"]["dtype"] == "f64":
+        return None
+    dt = torch_dtype(case["train"]["dtype"])
+    model = Model(model_defaults(case)).to(dt)
+    load_case_params(model, inputs, dt)
+    named = list(model.named_parameters())
+    out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named)
+    tensors = {f"loss/step{k}": np.array(l) for k, l in enumerate(out["losses"])}
+    tensors["logits"] = out["logits"]
+    tensors.update({f"grad/{n}": g for n, g in out["grads"].items()})
+    tensors.update({f"param/{n}": p for n, p in out["params"].items()})
+    return tensors
