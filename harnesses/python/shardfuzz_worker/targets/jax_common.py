@@ -268,7 +268,7 @@ class JaxTarget(Target):
             replicas["out"] = [(r, c.reshape(oshape)) for r, c in copies]
         for name, shape in shapes:
             lay = layouts[name]
-            g, slot_copies = parts_grads(name, np.asarray(grads[name], dtype=np.float64), lay)
+            g, _ = parts_grads(name, np.asarray(grads[name], dtype=np.float64), lay)
             tensors[f"grad/{name}"] = g.reshape(shape)
             dev = device_copies(grads[name])
             k = len(lay.partial)

@@ -225,7 +225,7 @@ class JaxShardMap(JaxTarget):
     name = "jax-shardmap"
 
     def run_local(self, case, inputs):
-        from jax.sharding import NamedSharding, PartitionSpec
+        from jax.sharding import PartitionSpec
 
         op = case["op"]
         kind = op["kind"]
@@ -302,30 +302,23 @@ class JaxShardMap(JaxTarget):
 
 
 def _probe_spec(probe, xs, ids, layouts, mesh_shape, dt):
-    """The out spec `_program` picks depends only on layouts, not values: run it on local-shaped dummies
-    outside any mesh context is not possible (collectives need axes), so compute it symbolically."""
-    return _SpecOnly.run(probe, xs, ids, layouts, mesh_shape, dt)
+    """The out spec `_program` picks depends only on layouts and shapes: trace the program once
+    abstractly (eval_shape, no vma checks) to learn it before building the real shard_map."""
+    from jax.sharding import PartitionSpec
 
+    spec_box = []
 
-class _SpecOnly:
-    @staticmethod
-    def run(probe, xs, ids, layouts, mesh_shape, dt):
-        spec_box = []
+    def body(arrs, idv):
+        spec_box.append(probe(arrs, idv))
+        return jnp.zeros(())
 
-        def body(arrs, idv):
-            spec_box.append(probe(arrs, idv))
-            return jnp.zeros(())
-
-        from jax.sharding import PartitionSpec
-
-        m = mesh(*mesh_shape)
-        names = list(xs)
-        in_specs = ({n: layouts[n].parts_spec() for n in names}, {n: PartitionSpec() for n in ids})
-        shp = {n: jax.ShapeDtypeStruct(partial_parts(xs[n], layouts[n], mesh_shape).shape, dt) for n in names}
-        ishp = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in ids.items()}
-        f = jax.shard_map(body, mesh=m, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False)
-        jax.eval_shape(f, shp, ishp)
-        return spec_box[0]
+    names = list(xs)
+    in_specs = ({n: layouts[n].parts_spec() for n in names}, {n: PartitionSpec() for n in ids})
+    shp = {n: jax.ShapeDtypeStruct(partial_parts(xs[n], layouts[n], mesh_shape).shape, dt) for n in names}
+    ishp = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in ids.items()}
+    f = jax.shard_map(body, mesh=mesh(*mesh_shape), in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False)
+    jax.eval_shape(f, shp, ishp)
+    return spec_box[0]
 
 
 TARGET = JaxShardMap()

@@ -20,6 +20,13 @@ class TorchTarget(Target):
     def __init__(self):
         import torch
 
+        # Imported once here, before ranks are forked, instead of in every rank of every new pool.
+        import torch.distributed.device_mesh  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torch.distributed.tensor  # noqa: F401
+        import torch.distributed.tensor.parallel  # noqa: F401
+        import torch.nn.parallel  # noqa: F401
+
         root = os.path.dirname(torch.__file__)
         self.coverage_prefixes = (os.path.join(root, "distributed") + os.sep, os.path.join(root, "nn", "parallel") + os.sep)
 
