@@ -112,7 +112,7 @@ class DeepSpeedZero(TorchTarget):
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": ga,
             "train_batch_size": ga * world,
-            "gradient_clipping": float(clip) if clip is not None else 0.0,
+            "gradient_clipping": 0.0,
             "zero_optimization": {
                 "stage": p["zero_stage"],
                 # Small buckets: the defaults (5e8 elements) cost seconds per case to allocate (deterministic

@@ -50,7 +50,6 @@ class TorchDTensor(TorchTarget):
 
     def run_rank(self, rank, world, case, inputs):
         import torch
-        import torch.nn.functional as F
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
         p = parallel(case)
@@ -92,31 +91,7 @@ class TorchDTensor(TorchTarget):
             t = torch.tensor(arr.astype(np.int64))
             return DTensor.from_local(t, dm, [Replicate(), Replicate()], run_check=False)
 
-        dim = op.get("dim", 1)
-        x = lambda n: dtensor(n, inputs[n])  # noqa: E731
-        if kind == "matmul":
-            out = x("a") @ x("b")
-        elif kind == "linear":
-            out = x("x") @ x("w") + x("bias")
-        elif kind == "sum":
-            out = x("x").sum(dim=dim, keepdim=True)
-        elif kind == "max":
-            out = x("x").max(dim=dim, keepdim=True).values
-        elif kind == "softmax":
-            out = F.softmax(x("x"), dim=dim)
-        elif kind == "layernorm":
-            xx = x("x")
-            out = F.layer_norm(xx, (xx.shape[-1],), x("w"), x("bias"), eps=LN_EPS)
-        elif kind == "embedding":
-            out = F.embedding(ids(inputs["tokens"]), x("table"))
-        elif kind == "cross_entropy":
-            out = F.cross_entropy(x("logits"), ids(inputs["targets"]), reduction="none").unsqueeze(1)
-        elif kind == "reshape":
-            out = x("x").reshape(tuple(op["new_shape"]))
-        elif kind == "transpose":
-            out = x("x").t()
-        else:
-            raise NotImplementedError(f"op {kind}")
+        out = apply_op(op, lambda n: dtensor(n, inputs[n]), lambda n: ids(inputs[n]))
         full = out.full_tensor()
         full.backward(torch.tensor(inputs["grad_out"], dtype=dt).reshape(full.shape))
         grads = {}
@@ -124,7 +99,9 @@ class TorchDTensor(TorchTarget):
             g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             grads[name] = (pieces[name], to_numpy(g))
         features = [f"op:{kind}"] + [f"place:{n}:{'/'.join(_placements(case, n))}" for n in leaves]
-        return {"out": to_numpy(full) if rank == 0 else None, "grads": grads, "coord": coord, "features": features}
+        baseline = single_device(case, inputs, dt) if rank == 0 and dtype_name(case) != "f64" else None
+        return {"out": to_numpy(full) if rank == 0 else None, "grads": grads, "coord": coord, "features": features,
+                "baseline": baseline}
 
     def combine(self, case, outs):
         tensors = {"out": outs[0]["out"]}
@@ -143,7 +120,56 @@ class TorchDTensor(TorchTarget):
             tensors[f"grad/{name}"] = copies[0][1]
             if len(copies) > 1:
                 replicas[f"grad/{name}"] = copies
+        for name, v in (outs[0]["baseline"] or {}).items():
+            tensors[f"baseline/{name}"] = v
         return {"tensors": tensors, "replicas": replicas, "features": outs[0]["features"]}
+
+
+def apply_op(op, x, ids):
+    """The op on tensors `x(name)` (DTensors or plain tensors) and integer ids `ids(name)`."""
+    import torch.nn.functional as F
+
+    kind, dim = op["kind"], op.get("dim", 1)
+    if kind == "matmul":
+        return x("a") @ x("b")
+    if kind == "linear":
+        return x("x") @ x("w") + x("bias")
+    if kind == "sum":
+        return x("x").sum(dim=dim, keepdim=True)
+    if kind == "max":
+        return x("x").max(dim=dim, keepdim=True).values
+    if kind == "softmax":
+        return F.softmax(x("x"), dim=dim)
+    if kind == "layernorm":
+        xx = x("x")
+        return F.layer_norm(xx, (xx.shape[-1],), x("w"), x("bias"), eps=LN_EPS)
+    if kind == "embedding":
+        return F.embedding(ids("tokens"), x("table"))
+    if kind == "cross_entropy":
+        return F.cross_entropy(x("logits"), ids("targets"), reduction="none").unsqueeze(1)
+    if kind == "reshape":
+        return x("x").reshape(tuple(op["new_shape"]))
+    if kind == "transpose":
+        return x("x").t()
+    raise NotImplementedError(f"op {kind}")
+
+
+def single_device(case, inputs, dt):
+    """The op with plain tensors on one device in the case dtype: the framework's own rounding."""
+    import torch
+
+    leaves = {}
+
+    def x(name):
+        leaves[name] = torch.tensor(inputs[name], dtype=dt, requires_grad=True)
+        return leaves[name]
+
+    out = apply_op(case["op"], x, lambda n: torch.tensor(inputs[n].astype(np.int64)))
+    out.backward(torch.tensor(inputs["grad_out"], dtype=dt).reshape(out.shape))
+    tensors = {"out": to_numpy(out)}
+    for name, leaf in leaves.items():
+        tensors[f"grad/{name}"] = to_numpy(leaf.grad) if leaf.grad is not None else np.zeros(leaf.shape)
+    return tensors
 
 
 def _full_shape(case, name):
