@@ -69,7 +69,12 @@ impl<OT> CaseExecutor<OT> {
 
     /// Runs one case through every target; returns the verdicts in target order.
     pub fn run_case(&mut self, case: &Case) -> Vec<Verdict> {
-        (0..self.targets.len()).map(|i| self.run_on(i, case)).collect()
+        let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, case)).collect();
+        if verdicts.iter().all(|v| v.kind == VerdictKind::Unsupported) {
+            // No target could express the case: nothing it covered is worth keeping it for.
+            unsafe { std::ptr::write_bytes(coverage::map_ptr(), 0, coverage::MAP_SIZE) };
+        }
+        verdicts
     }
 
     /// Runs one case through target `i`; a panic anywhere below becomes a crash verdict.
