@@ -127,8 +127,10 @@ def unsupported_model(case):
     from .base import chunk_range
 
     dp = case["parallel"].get("dp", 1)
-    if any(chunk_range(m["batch"], dp, i)[0] == chunk_range(m["batch"], dp, i)[1] for i in range(dp)):
-        return "a data-parallel rank would hold no rows of the batch"
+    ga = case["train"].get("grad_accumulation", 1)
+    rows = [chunk_range(m["batch"], dp, i)[1] - chunk_range(m["batch"], dp, i)[0] for i in range(dp)]
+    if min(rows) < ga:
+        return "a data-parallel rank would run an empty micro-batch (fewer rows than grad_accumulation)"
     if case["train"]["dtype"] == "f16" and case["train"]["optimizer"]["kind"] != "sgd":
         # torch keeps Adam's moments in the parameter dtype; in f16 the second moment underflows
         # (0.001 g^2 < 6e-8) and the step blows up, where the case's optimizer keeps them in f32.
@@ -176,6 +178,7 @@ def make_optimizer(case, params):
     low = params[0].dtype in (torch.float16, torch.bfloat16) if params else False
     impl = {"fused": True} if low else {"foreach": False}
     if o["kind"] == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=wd, **impl)
+        # SGD's update is one rounding of w - lr * g either way.
+        return torch.optim.SGD(params, lr=lr, weight_decay=wd, foreach=False)
     cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=wd, **impl)

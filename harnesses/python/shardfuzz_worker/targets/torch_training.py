@@ -40,8 +40,10 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     lo, hi = chunk_range(b, dp, dp_index)
     global_tokens = b * s
     ga = t.get("grad_accumulation", 1)
-    chunks = [chunk_range(hi - lo, ga, i) for i in range(ga)]
-    chunks = [(lo + a, lo + c) for a, c in chunks if c > a] or [(lo, lo)]
+    # Every rank runs exactly `ga` micro-steps (their collectives must pair up across ranks):
+    # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.
+    bounds = np.linspace(lo, hi, ga + 1).round().astype(int) if hi > lo else np.full(ga + 1, lo)
+    chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga)]
     opt = None if step is not None else make_optimizer(case, params)
     named = named or []
     losses, logits0, grads0 = [], None, {}
