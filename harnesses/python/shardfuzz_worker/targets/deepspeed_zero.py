@@ -18,22 +18,20 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from .base import chunk_range, dtype_name, parallel, reduce_dtype_name  # noqa: E402
+from .base import dtype_name, parallel, reduce_dtype_name  # noqa: E402
 from .torch_common import TorchTarget, torch_dtype  # noqa: E402
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_model  # noqa: E402
-from .torch_training import combine_dp, train  # noqa: E402
+from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 
 #: Elements per ZeRO reduce / all-gather / prefetch bucket.
 BUCKET = 1000
 
 
-def micro_batches(case, dp, index):
-    """How many non-empty micro-batches data-parallel rank `index` runs per step (as `train` splits)."""
-    b = case["model"]["batch"]
-    ga = case["train"].get("grad_accumulation", 1)
-    lo, hi = chunk_range(b, dp, index)
-    return max(1, sum(1 for i in range(ga) if chunk_range(hi - lo, ga, i)[1] > chunk_range(hi - lo, ga, i)[0]))
+def micro_batches(case):
+    """Micro-batches per optimizer step: `train` runs exactly grad_accumulation on every rank
+    (unsupported_model refuses cases where a rank would have fewer rows than that)."""
+    return case["train"].get("grad_accumulation", 1)
 
 
 class DeepSpeedZero(TorchTarget):
@@ -43,11 +41,12 @@ class DeepSpeedZero(TorchTarget):
 
     def __init__(self):
         super().__init__()
-        import importlib.util
+        # Imported once here, before ranks are forked (a missing DeepSpeed makes the target unavailable).
+        import deepspeed
+        import deepspeed.runtime.zero.stage3  # noqa: F401
+        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
 
-        spec = importlib.util.find_spec("deepspeed")
-        if spec is not None and spec.submodule_search_locations:
-            self.coverage_prefixes = (list(spec.submodule_search_locations)[0] + os.sep,)
+        self.coverage_prefixes = (os.path.dirname(deepspeed.__file__) + os.sep,)
 
     def versions(self):
         import deepspeed
@@ -73,9 +72,6 @@ class DeepSpeedZero(TorchTarget):
             # Measured: the CPU accelerator refuses it in deepspeed.initialize:
             # "ValueError: Type fp16 is not supported on your device."
             return "DeepSpeed's CPU accelerator does not support fp16 training"
-        counts = {micro_batches(case, p["dp"], i) for i in range(p["dp"])}
-        if len(counts) > 1:
-            return "DeepSpeed needs the same number of micro-batches on every data-parallel rank"
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by DeepSpeed's config"
@@ -95,8 +91,6 @@ class DeepSpeedZero(TorchTarget):
         # serves inference_all_reduce. Without it DeepSpeed uses plain torch.distributed (gloo) collectives.
         ds_torch_comm.build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-        import deepspeed.runtime.zero.stage3  # noqa: F401 - imported once here, not in the first case
-        import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
         import gc
 
         # ZeRO-3 calls gc.collect() per engine (over a second with torch's and DeepSpeed's objects alive):
@@ -106,13 +100,13 @@ class DeepSpeedZero(TorchTarget):
     def config(self, case, world):
         p, t = parallel(case), case["train"]
         dt = dtype_name(case)
-        ga = micro_batches(case, world, 0)
+        ga = micro_batches(case)
         clip = t.get("clip_grad_norm")
         cfg = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": ga,
             "train_batch_size": ga * world,
-            "gradient_clipping": 0.0,
+            "gradient_clipping": float(clip) if clip is not None else 0.0,
             "zero_optimization": {
                 "stage": p["zero_stage"],
                 # Small buckets: the defaults (5e8 elements) cost seconds per case to allocate (deterministic
@@ -179,6 +173,7 @@ class DeepSpeedZero(TorchTarget):
         out = train(case, inputs, engine, [p for _, p in named], rank, world, backward=backward, step=step,
                     clip=lambda: None, named=named, view=view)
         engine.destroy()
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import chunk_range, dtype_name, parallel
+from .base import dtype_name, parallel
 from .torch_common import torch_dtype
 from .torch_model import Norm, make_optimizer, model_defaults
 
@@ -203,8 +203,9 @@ def run(case, inputs, rank, tp):
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     global_tokens = b * s
     ga = t.get("grad_accumulation", 1)
-    chunks = [chunk_range(b, ga, i) for i in range(ga)]
-    chunks = [(a, c) for a, c in chunks if c > a]
+    # The micro-batches train() takes (exactly ga, sizes differing by at most one row).
+    bounds = np.linspace(0, b, ga + 1).round().astype(int)
+    chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga) if bounds[i + 1] > bounds[i]]
     sp_cfg = types.SimpleNamespace(sequence_parallel=sp, qk_layernorm=False)
 
     losses, logits0, grads0 = [], None, {}
@@ -257,5 +258,6 @@ def assemble_outputs(case, outs):
             full[r][kind] = {n: (merged[n] if n in merged else o[kind][n]) for n in names}
     for f in full:
         f["logits"] = logits
+    full[0]["baseline"] = outs[0].get("baseline")
     return full
 

@@ -24,7 +24,7 @@ import os
 from .base import dtype_name, parallel
 from .torch_common import TorchTarget
 from .torch_model import model_defaults, unsupported_model
-from .torch_training import combine_dp
+from .torch_training import combine_dp, single_device
 
 _STATE = {"tp": None}
 
@@ -50,17 +50,21 @@ class MegatronTp(TorchTarget):
 
     def __init__(self):
         super().__init__()
-        import importlib.util
+        # Imported once here, before ranks are forked (a missing megatron-core makes the target unavailable).
+        import megatron.core
+        import megatron.core.distributed.finalize_model_grads  # noqa: F401
+        import megatron.core.parallel_state  # noqa: F401
+        import megatron.core.tensor_parallel  # noqa: F401
 
-        spec = importlib.util.find_spec("megatron.core")
-        if spec is not None and spec.submodule_search_locations:
-            self.coverage_prefixes = (list(spec.submodule_search_locations)[0] + os.sep,)
+        self.coverage_prefixes = (os.path.dirname(megatron.core.__file__) + os.sep,)
 
     def versions(self):
-        import torch
-        from megatron.core import package_info
+        from importlib.metadata import version
 
-        return {"torch": torch.__version__.split("+")[0], "megatron-core": package_info.__version__, "backend": "gloo"}
+        import torch
+
+        # (megatron.core.package_info appends the git hash of the current directory's repository.)
+        return {"torch": torch.__version__.split("+")[0], "megatron-core": version("megatron-core"), "backend": "gloo"}
 
     def unsupported(self, case):
         why = unsupported_model(case)
@@ -92,7 +96,10 @@ class MegatronTp(TorchTarget):
     def run_rank(self, rank, world, case, inputs):
         from .megatron_model import run
 
-        return run(case, inputs, rank, world)
+        out = run(case, inputs, rank, world)
+        # The plain torch model on one device in the case dtype: the oracle's noise baseline.
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
 
     def combine(self, case, outs):
         from .megatron_model import assemble_outputs
