@@ -36,8 +36,9 @@ pub const RESPAWN_ENV: &str = "SHARDFUZZ_RESPAWN_EVERY_CASE";
 
 /// How long the worker may take to import its framework and say it is ready.
 const STARTUP: Duration = Duration::from_secs(300);
-/// Extra time this side waits beyond the case timeout before it declares the worker itself hung.
-const GRACE: Duration = Duration::from_secs(30);
+/// Extra time this side waits beyond the case timeout before it declares the worker itself hung:
+/// the worker's own timeout excludes starting a rank pool (import, fork, gloo rendezvous).
+const GRACE: Duration = Duration::from_secs(150);
 const STDERR_LINES: usize = 40;
 
 /// The interpreter: `$SHARDFUZZ_PYTHON`, else the project's `.venv`, else `python3`.
@@ -240,13 +241,13 @@ impl PythonTarget {
         let sent = writeln!(w.stdin, "{msg}").and_then(|_| w.stdin.flush());
         let deadline = self.timeout + GRACE;
         let reply = match sent {
-            Err(e) => Err(RecvTimeoutError::Disconnected).map_err(|_: RecvTimeoutError| format!("cannot write to the worker: {e}")),
+            Err(e) => Err(format!("cannot write to the worker: {e}")),
             Ok(()) => loop {
                 match w.lines.recv_timeout(deadline) {
+                    // Anything else on the line (a stale reply) is skipped.
                     Ok(line) => match serde_json::from_str::<Value>(&line) {
                         Ok(v) if v["id"].as_u64() == Some(id) => break Ok(v),
-                        Ok(_) => continue,
-                        Err(_) => continue,
+                        _ => continue,
                     },
                     Err(RecvTimeoutError::Timeout) => {
                         self.drop_worker();
