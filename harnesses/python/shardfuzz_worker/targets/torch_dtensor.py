@@ -37,6 +37,9 @@ def _is_partial_zero(places, coord):
 class TorchDTensor(TorchTarget):
     name = "torch-dtensor"
     rejection_types = ("NotImplementedError",)
+    # DTensor refusing the user's own op on a layout it cannot handle, telling them what to do. (The
+    # same message from inside a parallelized module, torch-tp, is a crash: no user call to fix.)
+    rejection_messages = ("Please redistribute the tensor before this operation", "Please redistribute the input first")
 
     def unsupported(self, case):
         if "op" not in case:
