@@ -20,7 +20,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from .base import dtype_name, parallel, reduce_dtype_name  # noqa: E402
 from .torch_common import TorchTarget, torch_dtype  # noqa: E402
-from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_model  # noqa: E402
+from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
 from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 
@@ -55,12 +55,10 @@ class DeepSpeedZero(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
 
     def unsupported(self, case):
-        why = unsupported_model(case)
+        why = unsupported_layout(case, ("dp",), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)")
         if why:
             return why
         p = parallel(case)
-        if p["tp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
-            return "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)"
         if p["zero_stage"] not in (0, 1, 2, 3):
             return f"ZeRO stage {p['zero_stage']} does not exist"
         dt = dtype_name(case)

@@ -10,7 +10,6 @@ makes it) that the jitted function sums; the gradients of the other summands com
 One jitted function computes the output and every gradient (jax.vjp inside jit, cotangent grad_out).
 """
 
-import numpy as np
 
 from .base import dtype_name
 from .jax_common import AXES, JaxTarget, forward, hlo_features, jax, mesh, partial_parts

@@ -18,7 +18,6 @@ Gradients: jax.vjp through the shard_map (inside jit). Shapes that do not divide
 shard_map (ValueError "... evenly divisible ...") - a clean rejection.
 """
 
-import numpy as np
 
 from .base import dtype_name
 from .jax_common import AXES, JaxTarget, LN_EPS, hlo_features, jax, jnp, mesh, op_dim, partial_parts, up

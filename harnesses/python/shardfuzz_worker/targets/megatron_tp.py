@@ -23,7 +23,7 @@ import os
 
 from .base import dtype_name, parallel
 from .torch_common import TorchTarget
-from .torch_model import model_defaults, unsupported_model
+from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
 
 _STATE = {"tp": None}
@@ -67,12 +67,10 @@ class MegatronTp(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "megatron-core": version("megatron-core"), "backend": "gloo"}
 
     def unsupported(self, case):
-        why = unsupported_model(case)
+        why = unsupported_layout(case, ("tp",), "megatron-tp runs tensor (and sequence) parallelism only")
         if why:
             return why
         p = parallel(case)
-        if p["dp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
-            return "megatron-tp runs tensor (and sequence) parallelism only"
         if p["zero_stage"] > 0:
             return "megatron-tp has no ZeRO stage (no distributed optimizer)"
         if dtype_name(case) == "f64":

@@ -1,8 +1,8 @@
 """torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks."""
 
 from .base import dtype_name, parallel, reduce_dtype_name
-from .torch_common import TorchTarget, torch_dtype
-from .torch_model import Model, load_case_params, model_defaults, unsupported_model
+from .torch_common import TorchTarget
+from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 
@@ -11,12 +11,10 @@ class TorchDdp(TorchTarget):
     rejection_types = ("ValueError",)
 
     def unsupported(self, case):
-        why = unsupported_model(case)
+        why = unsupported_layout(case, ("dp",), "DDP expresses data parallelism only")
         if why:
             return why
         p = parallel(case)
-        if p["tp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
-            return "DDP expresses data parallelism only"
         if p["zero_stage"] > 0:
             return "ZeRO stages are not DDP (see torch-fsdp2, deepspeed-zero)"
         if reduce_dtype_name(case) != dtype_name(case):
@@ -26,9 +24,7 @@ class TorchDdp(TorchTarget):
     def run_rank(self, rank, world, case, inputs):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        dt = torch_dtype(dtype_name(case))
-        model = Model(model_defaults(case)).to(dt)
-        load_case_params(model, inputs, dt)
+        model, dt = build(case, inputs)
         ddp = DDP(model, bucket_cap_mb=1)
         named = list(model.named_parameters())
         out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)

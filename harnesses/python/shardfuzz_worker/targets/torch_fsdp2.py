@@ -1,9 +1,9 @@
 """torch-fsdp2: the case's model with `fully_shard` on every block and on the root, over the
 data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stage 3)."""
 
-from .base import dtype_name, parallel, reduce_dtype_name
+from .base import parallel, reduce_dtype_name
 from .torch_common import TorchTarget, mesh, torch_dtype
-from .torch_model import Model, load_case_params, model_defaults, unsupported_model
+from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 
@@ -12,21 +12,13 @@ class TorchFsdp2(TorchTarget):
     rejection_types = ("ValueError", "NotImplementedError")
 
     def unsupported(self, case):
-        why = unsupported_model(case)
-        if why:
-            return why
-        p = parallel(case)
-        if p["tp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
-            return "torch-fsdp2 shards over data-parallel ranks only"
-        return None
+        return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only")
 
     def run_rank(self, rank, world, case, inputs):
         import torch
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        dt = torch_dtype(dtype_name(case))
-        model = Model(model_defaults(case)).to(dt)
-        load_case_params(model, inputs, dt)
+        model, dt = build(case, inputs)
         named_before = [n for n, _ in model.named_parameters()]
         dm = mesh((world,), ("dp",))
         mp = MixedPrecisionPolicy(reduce_dtype=torch_dtype(reduce_dtype_name(case)))

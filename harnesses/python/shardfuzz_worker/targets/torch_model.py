@@ -140,6 +140,27 @@ def unsupported_model(case):
     return None
 
 
+def unsupported_layout(case, axes, what):
+    """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why)."""
+    why = unsupported_model(case)
+    if why:
+        return why
+    p = case["parallel"]
+    if any(p.get(a, 1) > 1 for a in ("dp", "tp", "pp", "cp", "ep") if a not in axes):
+        return what
+    return None
+
+
+def build(case, inputs):
+    """The case's model in its dtype with the case's initial parameters; returns (model, dtype)."""
+    from .torch_common import torch_dtype
+
+    dt = torch_dtype(case["train"]["dtype"])
+    model = Model(model_defaults(case)).to(dt)
+    load_case_params(model, inputs, dt)
+    return model, dt
+
+
 def is_linear_weight(name):
     return name.endswith(".weight") and (".attn." in name or ".mlp." in name)
 

@@ -9,7 +9,7 @@ replicas rather than being summed away by a gather.
 
 from .base import dtype_name, parallel
 from .torch_common import TorchTarget, mesh, torch_dtype
-from .torch_model import Model, load_case_params, model_defaults, to_case_layout, unsupported_model
+from .torch_model import Model, load_case_params, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 
@@ -18,12 +18,10 @@ class TorchTp(TorchTarget):
     rejection_types = ("ValueError", "NotImplementedError")
 
     def unsupported(self, case):
-        why = unsupported_model(case)
+        why = unsupported_layout(case, ("tp",), "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh")
         if why:
             return why
         p = parallel(case)
-        if p["dp"] > 1 or p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
-            return "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh"
         m = model_defaults(case)
         if m["heads"] % p["tp"] or m["kv_heads"] % p["tp"]:
             return "torch TP shards whole attention heads: heads and kv_heads must be multiples of tp"
