@@ -23,7 +23,7 @@ pub struct FrameworksArgs {
     /// Timed passes over the target's seed cases with the persistent worker.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// Cases timed with a respawn for every case.
+    /// Cases timed with a respawn for every case (the first of the same seed cases).
     #[arg(long, default_value_t = 3)]
     respawn_cases: usize,
     /// Fresh random cases (new shapes) offered to each target.
@@ -72,9 +72,13 @@ pub fn run(a: FrameworksArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        // Warm-up pass: finds the seed cases this target expresses and starts its rank pools.
-        let mine: Vec<Case> =
-            seeds.iter().filter(|c| evaluate(target.as_mut(), c, &oracle).kind != VerdictKind::Unsupported).cloned().collect();
+        // Warm-up pass: finds the seed cases this target runs cleanly (pass or rejected: a crash or
+        // hang replaces the rank pool on purpose, which is not what is measured) and starts its pools.
+        let mine: Vec<Case> = seeds
+            .iter()
+            .filter(|c| matches!(evaluate(target.as_mut(), c, &oracle).kind, VerdictKind::Pass | VerdictKind::Rejected))
+            .cloned()
+            .collect();
         let repeated: Vec<Case> = (0..a.repeats).flat_map(|_| mine.iter().cloned()).collect();
         let (persistent, _) = rate(target.as_mut(), &repeated, &oracle);
         let fresh: Vec<Case> = (0..a.new_cases).map(|i| random_case(9_000_000 + i)).collect();
