@@ -257,6 +257,20 @@ class JaxTarget(Target):
         gout = np.asarray(jnp.asarray(np.asarray(inputs["grad_out"], dtype=np.float64).reshape(output_shape(op)), dtype=dt))
         return (p["dp"], p["tp"]), dt, shapes, xs, ids, layouts, gout
 
+    def single_device(self, case, xs, ids, gout):
+        """The op on one device in the case dtype (`baseline/*`): JAX's own rounding, which the oracle
+        takes as a noise baseline beside its emulated one. Nothing for f64 cases."""
+        if dtype_name(case) == "f64":
+            return {}
+        op = case["op"]
+        full = {n: jnp.asarray(v) for n, v in xs.items()}
+        out, vjp = jax.vjp(lambda a: forward(op["kind"], op, a, ids), full)
+        (grads,) = vjp(jnp.asarray(gout).astype(out.dtype))
+        tensors = {"baseline/out": np.asarray(out, dtype=np.float64).reshape(output_shape(op))}
+        for n, g in grads.items():
+            tensors[f"baseline/grad/{n}"] = np.asarray(g, dtype=np.float64).reshape(xs[n].shape)
+        return tensors
+
     def results(self, op, shapes, out, grads, layouts, features):
         """Output tensors from the jitted results (jax Arrays): the gathered value, plus one replica per
         replica_id where XLA left a value replicated over several devices (the copies must agree)."""

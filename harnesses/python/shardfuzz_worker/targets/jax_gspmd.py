@@ -80,7 +80,9 @@ class JaxGspmd(JaxTarget):
         features += [f"place:{n}:{'/'.join(layouts[n].places)}" for n, _ in shapes]
         features += [f"pad:{n}" for n, _ in shapes if padded[n]]
         features += feats
-        return self.results(op, shapes, out, grads, layouts, features)
+        result = self.results(op, shapes, out, grads, layouts, features)
+        result["tensors"].update(self.single_device(case, xs, ids, gout))
+        return result
 
     @staticmethod
     def _args(xs, ids, gout, layouts, mesh_shape, args_sh, repl, dt):

@@ -281,7 +281,9 @@ class JaxShardMap(JaxTarget):
         features = [f"op:{kind}", f"dtype:{dtype_name(case)}"]
         features += [f"place:{n}:{'/'.join(layouts[n].places)}" for n in names]
         features += feats
-        return self.results(op, shapes, out, grads, layouts, features)
+        result = self.results(op, shapes, out, grads, layouts, features)
+        result["tensors"].update(self.single_device(case, xs, ids, gout))
+        return result
 
     @staticmethod
     def _args(xs, ids, gout, layouts, mesh_shape, m, dt):
