@@ -93,7 +93,7 @@ class RankPool:
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
-        self._gather(lambda r: None, init_timeout_s)
+        self._gather(init_timeout_s)
 
     def alive(self):
         return bool(self.procs) and all(p.is_alive() for p in self.procs)
@@ -101,9 +101,9 @@ class RankPool:
     def run(self, job, timeout_s):
         for c in self.conns:
             c.send(job)
-        return self._gather(None, timeout_s)
+        return self._gather(timeout_s)
 
-    def _gather(self, _unused, timeout_s):
+    def _gather(self, timeout_s):
         results = [None] * self.world
         pending = {c: r for r, c in enumerate(self.conns)}
         deadline = time.monotonic() + timeout_s

@@ -102,7 +102,6 @@ pub struct PythonTarget {
     versions: BTreeMap<String, String>,
     next_id: u64,
     coverage: Vec<u64>,
-    respawns: u64,
     respawn_every_case: bool,
 }
 
@@ -118,21 +117,10 @@ impl PythonTarget {
             versions: BTreeMap::new(),
             next_id: 0,
             coverage: vec![],
-            respawns: 0,
             respawn_every_case: std::env::var_os(RESPAWN_ENV).is_some(),
         };
         t.start()?;
         Ok(t)
-    }
-
-    /// How many times the worker had to be restarted.
-    pub fn respawns(&self) -> u64 {
-        self.respawns
-    }
-
-    /// Process id of the current worker (tests kill it).
-    pub fn worker_pid(&self) -> Option<u32> {
-        self.worker.as_ref().map(|w| w.child.id())
     }
 
     fn start(&mut self) -> Result<(), String> {
@@ -205,7 +193,6 @@ impl PythonTarget {
 
     fn ensure_worker(&mut self) -> Result<(), String> {
         if self.worker.is_none() {
-            self.respawns += 1;
             self.start()?;
         }
         Ok(())

@@ -1,7 +1,6 @@
 """The case's model from megatron-core tensor-parallel layers (see megatron_tp.py), its training loop on one
 tensor-parallel rank, and the assembly of the ranks' slices into full case-layout tensors."""
 
-import math
 import types
 
 import numpy as np
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 
 from .base import dtype_name, parallel
 from .torch_common import torch_dtype
-from .torch_model import Norm, make_optimizer, model_defaults
+from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
 COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
@@ -65,14 +64,7 @@ class Attention(nn.Module):
         q = q.view(s, b, -1, self.d).permute(1, 2, 0, 3)
         k = k.view(s, b, -1, self.d).permute(1, 2, 0, 3)
         v = v.view(s, b, -1, self.d).permute(1, 2, 0, 3)
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.d))
-        mask = torch.ones(s, s, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-        a = torch.softmax(scores, dim=-1) @ v  # [b, heads_local, s, d]
+        a = causal_attention(q, k, v)  # [b, heads_local, s, d]
         a = a.permute(2, 0, 1, 3).reshape(s, b, -1)
         return self.o(a)[0]
 

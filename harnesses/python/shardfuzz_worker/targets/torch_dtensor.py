@@ -103,14 +103,16 @@ class TorchDTensor(TorchTarget):
             grads[name] = (pieces[name], to_numpy(g))
         features = [f"op:{kind}"] + [f"place:{n}:{'/'.join(_placements(case, n))}" for n in leaves]
         baseline = single_device(case, inputs, dt) if rank == 0 and dtype_name(case) != "f64" else None
-        return {"out": to_numpy(full) if rank == 0 else None, "grads": grads, "coord": coord, "features": features,
+        shapes = {name: tuple(inputs[name].shape) for name in leaves}
+        return {"out": to_numpy(full) if rank == 0 else None, "grads": grads, "shapes": shapes, "coord": coord,
+                "features": features,
                 "baseline": baseline}
 
     def combine(self, case, outs):
         tensors = {"out": outs[0]["out"]}
         replicas = {}
         for name in outs[0]["grads"]:
-            shape = _full_shape(case, name)
+            shape = outs[0]["shapes"][name]
             places = _placements(case, name)
             free = [m for m, pl in enumerate(places) if not pl.startswith("S(")]
             # Ranks that agree on the coordinates of every replicated / partial mesh dim hold one
@@ -173,21 +175,6 @@ def single_device(case, inputs, dt):
     for name, leaf in leaves.items():
         tensors[f"grad/{name}"] = to_numpy(leaf.grad) if leaf.grad is not None else np.zeros(leaf.shape)
     return tensors
-
-
-def _full_shape(case, name):
-    op = case["op"]
-    shape = [int(s) for s in op["shape"]]
-    s = lambda i: shape[i] if i < len(shape) else 1  # noqa: E731
-    kind = op["kind"]
-    table = {
-        "matmul": {"a": (s(0), s(1)), "b": (s(1), s(2))},
-        "linear": {"x": (s(0), s(1)), "w": (s(1), s(2)), "bias": (s(2),)},
-        "layernorm": {"x": (s(0), s(1)), "w": (s(1),), "bias": (s(1),)},
-        "embedding": {"table": (s(1), s(2))},
-        "cross_entropy": {"logits": (s(0), s(1))},
-    }
-    return table.get(kind, {"x": (s(0), s(1))})[name]
 
 
 TARGET = TorchDTensor()

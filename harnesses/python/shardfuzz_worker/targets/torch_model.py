@@ -46,15 +46,22 @@ class Attention(nn.Module):
         q = q.view(b, s, q.shape[-1] // self.d, self.d).transpose(1, 2)
         k = k.view(b, s, k.shape[-1] // self.d, self.d).transpose(1, 2)
         v = v.view(b, s, v.shape[-1] // self.d, self.d).transpose(1, 2)
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.d))
-        mask = torch.ones(s, s, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-        a = torch.softmax(scores, dim=-1) @ v
+        a = causal_attention(q, k, v)
         return self.o(a.transpose(1, 2).reshape(b, s, -1))
+
+
+def causal_attention(q, k, v):
+    """Causal softmax attention on [batch, heads, seq, head_dim]; kv heads shared by consecutive query
+    heads (GQA: query head h reads kv head h // (heads / kv_heads)), scale 1/sqrt(head_dim)."""
+    s, d = q.shape[2], q.shape[3]
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 class Mlp(nn.Module):
