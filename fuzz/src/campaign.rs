@@ -17,7 +17,6 @@ use libafl::events::SimpleEventManager;
 use libafl::feedbacks::{ConstFeedback, MaxMapFeedback};
 use libafl::monitors::NopMonitor;
 use libafl::observers::{HitcountsMapObserver, StdMapObserver};
-use libafl::schedulers::QueueScheduler;
 use libafl::stages::StdMutationalStage;
 use libafl::state::{HasCorpus, HasExecutions, StdState};
 use libafl::{Evaluator, Fuzzer, StdFuzzer};
@@ -33,6 +32,7 @@ use crate::generate::random_case;
 use crate::input::{case_digest, CaseInput};
 use crate::mutators::SemanticMutator;
 use crate::oracle::Oracle;
+use crate::scheduler::RareFeatureScheduler;
 
 /// Everything `shardfuzz fuzz` needs.
 #[derive(Debug, Clone)]
@@ -157,7 +157,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         &mut feedback,
         &mut objective,
     )?;
-    let mut fuzzer = StdFuzzer::new(QueueScheduler::new(), feedback, objective);
+    let mut fuzzer = StdFuzzer::new(RareFeatureScheduler::new(), feedback, objective);
     let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, opts.feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
     let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(SemanticMutator::new(), NonZeroUsize::new(8).expect("8 > 0")));
@@ -183,6 +183,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut last_stats = Instant::now();
     let mut last_execs = *state.executions();
     let mut fresh = opts.seed ^ 0x5eed;
+    let mut round: u64 = 0;
     let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
     let mut last_sync = Instant::now() - Duration::from_secs(60);
     let write_stats = |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: usize, findings: usize| {
@@ -196,8 +197,10 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
             break;
         }
         fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
-        // Fresh cases from `arbitrary` keep the search from narrowing onto the seeds.
-        for _ in 0..2 {
+        // A fresh case from `arbitrary` every fourth round (about one execution in twenty) keeps
+        // the search from narrowing onto the seeds; more would turn the campaign into random testing.
+        round += 1;
+        if round % std::env::var("SF_FRESH").ok().and_then(|v| v.parse().ok()).unwrap_or(4) == 0 {
             fresh = fresh.wrapping_add(1);
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(random_case(fresh)))?;
         }

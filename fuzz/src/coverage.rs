@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Map size: small maps keep the per-execution cost low (see the LibAFL notes).
-pub const MAP_SIZE: usize = 8192;
+pub const MAP_SIZE: usize = 1 << 18;
 /// The first half holds edges, the second semantic and external features.
 const EDGE_SLOTS: usize = MAP_SIZE / 2;
 
@@ -39,6 +39,27 @@ fn fnv(s: &[u8]) -> u64 {
 /// Records a semantic feature (any string) in the feature half of the map.
 pub fn add_feature(feature: &str) {
     bump(EDGE_SLOTS + (fnv(feature.as_bytes()) as usize % (MAP_SIZE - EDGE_SLOTS)));
+}
+
+/// Records every feature of a run, and every pair and triple of its code-path features (prefix
+/// `path:`): a case that takes paths never taken together is new coverage even when each path alone
+/// is old (the set form of AFL++'s n-gram edge coverage). Bugs live where several paths meet.
+pub fn add_features_and_combinations(features: &[String]) {
+    let slots = (MAP_SIZE - EDGE_SLOTS) as u64;
+    let put = |h: u64| bump(EDGE_SLOTS + (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) % slots) as usize);
+    for f in features {
+        put(fnv(f.as_bytes()));
+    }
+    let paths: Vec<u64> = features.iter().filter(|f| f.starts_with("path:")).map(|f| fnv(f.as_bytes())).collect();
+    for (i, a) in paths.iter().enumerate() {
+        for (j, b) in paths.iter().enumerate().skip(i + 1) {
+            let ab = a ^ b.rotate_left(17);
+            put(ab);
+            for c in &paths[j + 1..] {
+                put(ab ^ c.rotate_left(37) ^ 0x7f4a_7c15);
+            }
+        }
+    }
 }
 
 /// Coverage handed in by an external target (line/branch hashes from a Python worker).

@@ -102,11 +102,16 @@ impl<OT> CaseExecutor<OT> {
         self.target_time += t0.elapsed();
         *self.verdicts.entry(v.kind).or_default() += 1;
         if self.feedback {
-            for f in &v.features {
-                coverage::add_feature(f);
+            let mut features = v.features.clone();
+            // A refused case covers its refusal (the target's feature), not the configuration it
+            // asked for: otherwise every configuration class a refusal can carry becomes "new".
+            if !matches!(v.kind, VerdictKind::Rejected | VerdictKind::Unsupported) {
+                features.push(format!("dtype:{}|{}|{}", case.train.dtype, config_class(case), v.kind));
             }
+            features.sort();
+            features.dedup();
+            coverage::add_features_and_combinations(&features);
             coverage::add_external_coverage(&external);
-            coverage::add_feature(&format!("dtype:{}|{}|{}", case.train.dtype, config_class(case), v.kind));
             let map = unsafe { std::slice::from_raw_parts(coverage::map_ptr(), coverage::MAP_SIZE) };
             for (i, b) in map.iter().enumerate() {
                 if *b != 0 && !self.seen[i] {

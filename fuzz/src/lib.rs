@@ -9,3 +9,4 @@ pub mod mutators;
 pub mod oracle;
 pub mod plot;
 pub mod report;
+pub mod scheduler;

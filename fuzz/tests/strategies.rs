@@ -60,50 +60,257 @@ fn every_strategy_matches_the_reference_in_every_dtype() {
     }
 }
 
-/// A case in each bug's region; every bug must turn it into a finding, and the clean target passes.
-const BUG_CASES: &[(&str, &str, &str, &str)] = &[
-    ("row-parallel-bias-every-rank", r#", "tp": 2"#, "", ""),
-    ("sp-norm-grad-not-reduced", r#", "tp": 2, "sequence_parallel": true"#, "", ""),
-    ("clip-local-norm", r#", "tp": 2"#, "", r#", "clip_grad_norm": 0.01"#),
-    ("dp-average-world", r#", "dp": 2, "tp": 2"#, r#", "batch": 4"#, ""),
-    ("vocab-pad-unmasked", r#", "tp": 2"#, "", ""),
-    ("zero-pad-in-norm", r#", "dp": 3, "zero_stage": 2"#, "", r#", "clip_grad_norm": 0.01"#),
-    ("zero-partition-offset", r#", "dp": 3, "zero_stage": 1"#, "", ""),
-    ("ring-remainder-lost", r#", "dp": 3"#, "", ""),
-    ("accum-loss-not-divided", "", "", r#", "grad_accumulation": 2"#),
-    ("pipeline-drops-last-microbatch", r#", "pp": 2, "microbatches": 4"#, "", ""),
-    ("gqa-kv-not-replicated", r#", "tp": 4"#, r#", "heads": 4, "kv_heads": 2"#, ""),
-    ("attn-scale-local-heads", r#", "tp": 2"#, "", ""),
-    ("collective-nonempty-only", r#", "tp": 4"#, r#", "heads": 4, "kv_heads": 4, "ffn": 3"#, ""),
-    ("empty-shard-indexed", r#", "tp": 4"#, r#", "heads": 4, "kv_heads": 4, "ffn": 3"#, ""),
-    ("moe-split-sizes-dropped", r#", "dp": 2, "ep": 2"#, r#", "moe": {"experts": 2, "top_k": 1, "capacity_factor": 0.5}"#, ""),
-    ("tied-embedding-grad-not-reduced", r#", "pp": 2"#, r#", "tied_embeddings": true"#, ""),
+/// A case in each bug's region (parallel, model and train overrides), and overrides that each take
+/// away one condition of the region.
+type BugCase = (&'static str, &'static str, &'static str, &'static str, &'static [(&'static str, &'static str)]);
+
+const BUG_CASES: &[BugCase] = &[
+    (
+        "row-parallel-bias-every-rank",
+        r#", "tp": 2, "sequence_parallel": true, "microbatches": 2"#,
+        r#", "seq": 5"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""sequence_parallel": false"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("model", r#""seq": 4"#),
+            ("train", r#""dtype": "f64""#),
+            ("train", r#""grad_accumulation": 1"#),
+        ],
+    ),
+    (
+        "sp-norm-grad-not-reduced",
+        r#", "tp": 2, "sequence_parallel": true, "pp": 2"#,
+        r#", "seq": 5"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""sequence_parallel": false"#),
+            ("parallel", r#""pp": 1"#),
+            ("model", r#""seq": 4"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("train", r#""dtype": "f64""#),
+        ],
+    ),
+    (
+        "clip-local-norm",
+        r#", "dp": 2, "tp": 2, "zero_stage": 2, "microbatches": 2"#,
+        r#", "batch": 8, "activation": "swiglu""#,
+        r#", "clip_grad_norm": 0.01, "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""zero_stage": 1"#),
+            ("parallel", r#""tp": 1"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("model", r#""activation": "gelu""#),
+        ],
+    ),
+    (
+        "dp-average-world",
+        r#", "dp": 2, "tp": 2, "ep": 2, "microbatches": 2"#,
+        r#", "batch": 8"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""ep": 1"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("train", r#""dtype": "f64""#),
+        ],
+    ),
+    (
+        "vocab-pad-unmasked",
+        r#", "tp": 2, "sequence_parallel": true, "microbatches": 2"#,
+        r#", "norm": "rmsnorm""#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""sequence_parallel": false"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("model", r#""vocab": 12"#),
+            ("model", r#""norm": "layernorm""#),
+        ],
+    ),
+    (
+        "zero-pad-in-norm",
+        r#", "dp": 3, "tp": 2, "zero_stage": 2, "microbatches": 2"#,
+        r#", "norm": "rmsnorm""#,
+        r#", "clip_grad_norm": 0.01"#,
+        &[
+            ("parallel", r#""tp": 1"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""steps": 1"#),
+            ("model", r#""norm": "layernorm""#),
+        ],
+    ),
+    (
+        "zero-partition-offset",
+        r#", "dp": 3, "tp": 2, "zero_stage": 3, "microbatches": 2"#,
+        r#", "batch": 12"#,
+        r#", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""zero_stage": 2"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("parallel", r#""dp": 2"#),
+            ("parallel", r#""tp": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+        ],
+    ),
+    (
+        "ring-remainder-lost",
+        r#", "dp": 3, "microbatches": 2"#,
+        r#", "batch": 12"#,
+        r#", "dtype": "f32", "reduce_dtype": "f64", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""dp": 2"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("train", r#""reduce_dtype": "f32""#),
+        ],
+    ),
+    (
+        "accum-loss-not-divided",
+        r#", "pp": 2, "tp": 2, "microbatches": 2"#,
+        r#", "norm": "rmsnorm""#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""pp": 1"#),
+            ("parallel", r#""tp": 1"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""dtype": "f64""#),
+            ("model", r#""norm": "layernorm""#),
+        ],
+    ),
+    (
+        "pipeline-drops-last-microbatch",
+        r#", "pp": 2, "tp": 2, "microbatches": 2, "pipeline_schedule": "1f1b""#,
+        r#", "activation": "swiglu""#,
+        r#", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""pipeline_schedule": "gpipe""#),
+            ("parallel", r#""tp": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("model", r#""batch": 8"#),
+            ("model", r#""activation": "gelu""#),
+        ],
+    ),
+    (
+        "gqa-kv-not-replicated",
+        r#", "tp": 4, "sequence_parallel": true, "microbatches": 2"#,
+        r#", "heads": 4, "kv_heads": 2"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""sequence_parallel": false"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""dtype": "f64""#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("model", r#""kv_heads": 4"#),
+        ],
+    ),
+    (
+        "attn-scale-local-heads",
+        r#", "tp": 2, "sequence_parallel": true, "microbatches": 2"#,
+        r#", "heads": 4, "kv_heads": 2"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""sequence_parallel": false"#),
+            ("model", r#""kv_heads": 4"#),
+            ("model", r#""bias": false"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+        ],
+    ),
+    (
+        "collective-nonempty-only",
+        r#", "tp": 4, "sequence_parallel": true, "microbatches": 2"#,
+        r#", "heads": 4, "kv_heads": 4, "ffn": 3"#,
+        r#", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""sequence_parallel": false"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("model", r#""ffn": 4"#),
+        ],
+    ),
+    (
+        "empty-shard-indexed",
+        r#", "tp": 4, "microbatches": 2"#,
+        r#", "heads": 4, "kv_heads": 4, "ffn": 3, "activation": "swiglu""#,
+        r#", "dtype": "f32""#,
+        &[
+            ("model", r#""activation": "gelu""#),
+            ("train", r#""dtype": "f64""#),
+            ("model", r#""ffn": 4"#),
+            ("parallel", r#""microbatches": 1"#),
+        ],
+    ),
+    (
+        "moe-split-sizes-dropped",
+        r#", "dp": 2, "ep": 2, "microbatches": 2"#,
+        r#", "batch": 8, "moe": {"experts": 4, "top_k": 2, "capacity_factor": 0.5}"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""ep": 1"#),
+            ("parallel", r#""microbatches": 1"#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("train", r#""dtype": "f64""#),
+        ],
+    ),
+    (
+        "tied-embedding-grad-not-reduced",
+        r#", "pp": 2, "dp": 2, "zero_stage": 1"#,
+        r#", "tied_embeddings": true"#,
+        r#", "dtype": "f32", "grad_accumulation": 2"#,
+        &[
+            ("parallel", r#""zero_stage": 0"#),
+            ("train", r#""dtype": "f64""#),
+            ("train", r#""grad_accumulation": 1"#),
+            ("model", r#""tied_embeddings": false"#),
+        ],
+    ),
 ];
 
+fn with(section: &str, over: &str, p: &str, m: &str, t: &str) -> (String, String, String) {
+    let add = |base: &str, s: &str| if section == s { format!("{base}, {over}") } else { base.to_string() };
+    (add(p, "parallel"), add(m, "model"), add(t, "train"))
+}
+
 #[test]
-fn every_injected_bug_is_found_in_its_region_and_only_there() {
+fn every_injected_bug_is_found_in_its_region_and_every_condition_of_the_region_is_needed() {
     let mut clean = create("native", &TargetOptions::default()).unwrap();
-    let single = case("", "", r#", "dtype": "f64""#, 5);
-    for (bug, p, m, t) in BUG_CASES {
-        let c = case(p, m, &format!(r#", "dtype": "f64" {t}"#), 5);
+    for (bug, p, m, t, breakers) in BUG_CASES {
+        let c = case(p, m, t, 5);
         let mut buggy = create("native", &TargetOptions { inject: vec![bug.to_string()], timeout_ms: 10_000 }).unwrap();
         let v = evaluate(buggy.as_mut(), &c, &Oracle::default());
         assert!(v.kind.is_finding(), "{bug} not found: {}", v.reason);
         assert_eq!(evaluate(clean.as_mut(), &c, &Oracle::default()).kind, VerdictKind::Pass, "{bug}: clean target fails the case");
-        let v = evaluate(buggy.as_mut(), &single, &Oracle::default());
-        assert_eq!(v.kind, VerdictKind::Pass, "{bug} fires outside its region (single device): {}", v.reason);
+        for (section, over) in *breakers {
+            let (p2, m2, t2) = with(section, over, p, m, t);
+            let c = case(&p2, &m2, &t2, 5);
+            let v = evaluate(buggy.as_mut(), &c, &Oracle::default());
+            assert_eq!(v.kind, VerdictKind::Pass, "{bug} fires without its condition {section}.{over}: {}", v.reason);
+        }
     }
 }
 
 #[test]
 fn a_hang_names_the_stuck_ranks_and_a_crash_names_the_rank() {
-    let c = case(r#", "tp": 4"#, r#", "heads": 4, "kv_heads": 4, "ffn": 3"#, r#", "dtype": "f64""#, 1);
+    let c = case(
+        r#", "tp": 4, "sequence_parallel": true, "microbatches": 2"#,
+        r#", "heads": 4, "kv_heads": 4, "ffn": 3"#,
+        r#", "grad_accumulation": 2"#,
+        1,
+    );
     let mut t = create("native", &TargetOptions { inject: vec!["collective-nonempty-only".into()], timeout_ms: 10_000 }).unwrap();
     let v = evaluate(t.as_mut(), &c, &Oracle::default());
     assert!(matches!(v.kind, VerdictKind::Hang | VerdictKind::Crash | VerdictKind::Divergent), "{v:?}");
     if v.kind == VerdictKind::Hang {
         assert!(!v.stuck.is_empty() && v.stuck.iter().all(|s| s.group.starts_with("tp")), "{:?}", v.stuck);
     }
+    let c = case(
+        r#", "tp": 4, "microbatches": 2"#,
+        r#", "heads": 4, "kv_heads": 4, "ffn": 3, "activation": "swiglu""#,
+        r#", "dtype": "f32""#,
+        1,
+    );
     let mut t = create("native", &TargetOptions { inject: vec!["empty-shard-indexed".into()], timeout_ms: 10_000 }).unwrap();
     let v = evaluate(t.as_mut(), &c, &Oracle::default());
     assert_eq!(v.kind, VerdictKind::Crash);

@@ -32,11 +32,22 @@ pub struct BugsArgs {
     #[arg(long)]
     png: Option<PathBuf>,
     /// Skip the runs without feedback.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_feedback_only")]
     feedback_only: bool,
+    /// Skip the runs with feedback.
+    #[arg(long)]
+    no_feedback_only: bool,
+    /// Campaigns run at once, one process (and one bug) each; every campaign still has one core
+    /// when this is at most the number of cores.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Instead of campaigns: how often N random cases, and N seed cases mutated 1–3 times, trigger
+    /// each bug (how deep its region lies without guidance).
+    #[arg(long, value_name = "N")]
+    rates: Option<u64>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BugResult {
     pub bug: String,
     pub seeds: u64,
@@ -100,6 +111,84 @@ fn time_to_finding(bug: &str, corpus: &Path, seed: u64, budget: Duration, feedba
     Ok(s.findings.iter().map(|f| f.first_seen_elapsed_s).min_by(|a, b| a.partial_cmp(b).unwrap()))
 }
 
+/// Every campaign of one bug: `seeds` with feedback, `seeds` without.
+fn bench_one(bug: Bug, a: &BugsArgs) -> anyhow::Result<BugResult> {
+    let budget = a.budget.as_secs_f64();
+    let name = bug.name();
+    let tmp = tempfile::tempdir()?;
+    let excluded = filtered_corpus(&a.corpus, name, tmp.path())?;
+    let mut times = vec![];
+    let mut times_nf = vec![];
+    for s in 0..a.seeds {
+        if !a.no_feedback_only {
+            times.push(time_to_finding(name, tmp.path(), s, a.budget, true)?);
+        }
+        if !a.feedback_only {
+            times_nf.push(time_to_finding(name, tmp.path(), s, a.budget, false)?);
+        }
+    }
+    Ok(BugResult {
+        bug: name.to_string(),
+        seeds: a.seeds,
+        found: times.iter().filter(|t| t.is_some()).count() as u64,
+        found_no_feedback: times_nf.iter().filter(|t| t.is_some()).count() as u64,
+        median_s: median(&times, budget),
+        median_s_no_feedback: median(&times_nf, budget),
+        times_s: times,
+        times_s_no_feedback: times_nf,
+        excluded_seed_cases: excluded,
+    })
+}
+
+/// Runs `shardfuzz bench bugs --bug B --json` for every bug, `jobs` processes at a time (the
+/// coverage map is per process), and collects their results.
+fn in_child_processes(bugs: &[Bug], a: &BugsArgs) -> anyhow::Result<Vec<BugResult>> {
+    let exe = std::env::current_exe()?;
+    let scratch = tempfile::tempdir()?;
+    let mut pending: Vec<Bug> = bugs.iter().rev().copied().collect();
+    let mut running: Vec<(Bug, std::process::Child)> = vec![];
+    let mut results = vec![];
+    while !pending.is_empty() || !running.is_empty() {
+        while running.len() < a.jobs {
+            let Some(bug) = pending.pop() else { break };
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["bench", "bugs", "--json", "--bug", bug.name(), "--seeds", &a.seeds.to_string()])
+                .args(["--budget", &format!("{}s", a.budget.as_secs_f64())])
+                .arg("--corpus")
+                .arg(&a.corpus)
+                .arg("--csv")
+                .arg(scratch.path().join(format!("{}.csv", bug.name())))
+                .stdout(std::process::Stdio::piped());
+            if a.feedback_only {
+                cmd.arg("--feedback-only");
+            }
+            if a.no_feedback_only {
+                cmd.arg("--no-feedback-only");
+            }
+            running.push((bug, cmd.spawn()?));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut still = vec![];
+        for (bug, mut child) in running {
+            if child.try_wait()?.is_none() {
+                still.push((bug, child));
+                continue;
+            }
+            let out = child.wait_with_output()?;
+            anyhow::ensure!(out.status.success(), "the campaigns of {} failed ({})", bug.name(), out.status);
+            let mut r: Vec<BugResult> = serde_json::from_slice(&out.stdout)?;
+            let r = r.pop().ok_or_else(|| anyhow::anyhow!("no result for {}", bug.name()))?;
+            eprintln!(
+                "{:<32} found {}/{} median {:>6.2} s | no feedback {}/{} median {:>6.2} s",
+                r.bug, r.found, r.seeds, r.median_s, r.found_no_feedback, r.seeds, r.median_s_no_feedback
+            );
+            results.push(r);
+        }
+        running = still;
+    }
+    Ok(results)
+}
+
 pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     let bugs: Vec<Bug> = if a.bug.is_empty() {
         Bug::ALL.to_vec()
@@ -109,31 +198,17 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
             .map(|n| Bug::from_name(n).ok_or_else(|| anyhow::anyhow!("--bug: unknown bug `{n}` (see `shardfuzz bugs`)")))
             .collect::<anyhow::Result<_>>()?
     };
-    let budget = a.budget.as_secs_f64();
+    if let Some(n) = a.rates {
+        return region_rates(&bugs, &a.corpus, n);
+    }
+    let results_by_bug = if a.jobs > 1 { in_child_processes(&bugs, &a)? } else { vec![] };
     let mut results = vec![];
     for bug in bugs {
-        let name = bug.name();
-        let tmp = tempfile::tempdir()?;
-        let excluded = filtered_corpus(&a.corpus, name, tmp.path())?;
-        let mut times = vec![];
-        let mut times_nf = vec![];
-        for s in 0..a.seeds {
-            times.push(time_to_finding(name, tmp.path(), s, a.budget, true)?);
-            if !a.feedback_only {
-                times_nf.push(time_to_finding(name, tmp.path(), s, a.budget, false)?);
-            }
-        }
-        let r = BugResult {
-            bug: name.to_string(),
-            seeds: a.seeds,
-            found: times.iter().filter(|t| t.is_some()).count() as u64,
-            found_no_feedback: times_nf.iter().filter(|t| t.is_some()).count() as u64,
-            median_s: median(&times, budget),
-            median_s_no_feedback: median(&times_nf, budget),
-            times_s: times,
-            times_s_no_feedback: times_nf,
-            excluded_seed_cases: excluded,
+        let r = match results_by_bug.iter().find(|r: &&BugResult| r.bug == bug.name()) {
+            Some(r) => r.clone(),
+            None => bench_one(bug, &a)?,
         };
+        let excluded = r.excluded_seed_cases;
         if !a.json {
             eprintln!(
                 "{:<32} found {}/{} median {:>6.2} s | no feedback {}/{} median {:>6.2} s (excluded {} seed cases)",
@@ -178,6 +253,36 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
             );
         }
         println!("csv: {}", a.csv.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// For each bug: the share of random cases, and of seed cases mutated 1–3 times, that trigger it.
+fn region_rates(bugs: &[Bug], corpus: &Path, n: u64) -> anyhow::Result<ExitCode> {
+    use rand::{Rng, SeedableRng};
+    let limits = shardfuzz_harnesses::case::Limits::default();
+    println!("{:<32} {:>12} {:>14}", "bug", "random", "seed+mutation");
+    for bug in bugs {
+        let name = bug.name();
+        let tmp = tempfile::tempdir()?;
+        filtered_corpus(corpus, name, tmp.path())?;
+        let seeds = load_cases(tmp.path(), &mut std::io::sink());
+        let opts = TargetOptions { inject: vec![name.to_string()], timeout_ms: 10_000 };
+        let mut target = registry::create("native", &opts).map_err(|e| anyhow::anyhow!(e))?;
+        let mut hits = |c: &shardfuzz_harnesses::case::Case| evaluate(target.as_mut(), c, &Oracle::default()).kind.is_finding() as u64;
+        let random: u64 = (0..n).map(|i| hits(&shardfuzz_fuzz::generate::random_case(i ^ 0xabcd))).sum();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut mutated = 0;
+        for _ in 0..n {
+            let mut c = seeds[rng.gen_range(0..seeds.len())].clone();
+            for _ in 0..rng.gen_range(1..=3) {
+                if let Some((m, _)) = shardfuzz_fuzz::mutators::mutate_case(&c, &mut rng, &limits) {
+                    c = m;
+                }
+            }
+            mutated += hits(&c);
+        }
+        println!("{:<32} {:>12.5} {:>14.5}", name, random as f64 / n as f64, mutated as f64 / n as f64);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -48,12 +48,26 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("reseed", train::reseed),
 ];
 
+/// Grows the batch so every data-parallel rank gets a row in every micro-batch of every
+/// accumulation step: a mutation of one of those degrees should not turn a supported case into a
+/// refused one (the generator keeps refusals at one case in ten; so does this, by not repairing).
+fn keep_batch_supported(c: &mut Case, rng: &mut ChaCha8Rng) {
+    let need = c.parallel.dp * c.parallel.microbatches * c.train.grad_accumulation;
+    if let Some(m) = c.model.as_mut() {
+        if m.batch < need && rng.gen_ratio(9, 10) {
+            m.batch = need;
+        }
+    }
+}
+
 /// Applies one random mutation to a copy of `case` until a valid one results (or gives up).
 pub fn mutate_case(case: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
     for _ in 0..8 {
         let (name, f) = MUTATIONS[rng.gen_range(0..MUTATIONS.len())];
         let mut c = case.clone();
-        if f(&mut c, rng) && c != *case && c.validate(limits).is_ok() {
+        let mutated = f(&mut c, rng);
+        keep_batch_supported(&mut c, rng);
+        if mutated && c != *case && c.validate(limits).is_ok() {
             return Some((c, name));
         }
     }

@@ -29,6 +29,13 @@ pub fn norm_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, x: &Mat) -> (Mat, NormS
     (y, NormState { x: x.clone(), cache })
 }
 
+/// The injected fault's region: with gradient accumulation in reduced precision over uneven sequence
+/// shards of a pipeline stage, the bias gradients of sequence-parallel replicated parameters are
+/// never reduced.
+fn sp_bias_grads_skipped(ctx: &Ctx) -> bool {
+    ctx.bug(Bug::SpNormGradNotReduced) && ctx.sp_uneven() && ctx.accumulation > 1 && ctx.reduced_precision() && ctx.pipelined
+}
+
 /// Norm backward. Under sequence parallelism each rank saw only its rows, so the weight and bias
 /// gradients are partial sums that must be all-reduced over the tensor-parallel group.
 pub fn norm_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &NormState, dy: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
@@ -40,10 +47,10 @@ pub fn norm_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &NormState, dy: &Ma
     };
     let mut dw = g.dw.to_vec();
     let mut db = g.db.as_ref().map(|d| d.to_vec());
-    if ctx.sp() && !ctx.bug(Bug::SpNormGradNotReduced) {
+    if ctx.sp() {
         let tp = ctx.tp.expect("sp implies tp");
         tp.all_reduce_sum(&mut dw)?;
-        if let Some(db) = db.as_mut() {
+        if let Some(db) = db.as_mut().filter(|_| !sp_bias_grads_skipped(ctx)) {
             tp.all_reduce_sum(db)?;
         }
     }
@@ -57,7 +64,7 @@ pub fn norm_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &NormState, dy: &Ma
 /// Adds the bias of a row-parallel layer after the reduction (or, with the injected bug, on every
 /// rank before it).
 fn row_parallel_out(ctx: &Ctx, g: &Geom, partial: Mat, bias: Option<ndarray::Array1<f64>>) -> CResult<Mat> {
-    let early = ctx.bug(Bug::RowParallelBiasEveryRank) && ctx.tp_size() > 1;
+    let early = row_bias_early(ctx);
     let partial = match (&bias, early) {
         (Some(b), true) => k::add_row(ctx.p, &partial, b),
         _ => partial,
@@ -69,10 +76,17 @@ fn row_parallel_out(ctx: &Ctx, g: &Geom, partial: Mat, bias: Option<ndarray::Arr
     })
 }
 
+/// The injected fault's region: the micro-batched, accumulated, reduced-precision path of an uneven
+/// sequence-parallel reduce-scatter.
+pub(crate) fn row_bias_early(ctx: &Ctx) -> bool {
+    let fused = ctx.microbatches > 1 && ctx.accumulation > 1 && ctx.reduced_precision();
+    ctx.bug(Bug::RowParallelBiasEveryRank) && ctx.sp_uneven() && fused
+}
+
 /// Gradient of a row-parallel bias: summed over the rows held; partial under sequence parallelism.
 fn row_bias_grad(ctx: &Ctx, name: &str, dy: &Mat, grads: &mut ParamSet) -> CResult<()> {
     let mut db = k::sum_rows(ctx.p, dy).to_vec();
-    if ctx.sp() && !ctx.bug(Bug::SpNormGradNotReduced) {
+    if ctx.sp() && !sp_bias_grads_skipped(ctx) {
         ctx.tp.expect("sp implies tp").all_reduce_sum(&mut db)?;
     }
     accumulate(grads, name, &[db.len()], &db, ctx.dtype());
@@ -139,7 +153,11 @@ pub fn block_bwd(ctx: &Ctx, i: usize, params: &ParamSet, g: &Geom, cache: BlockC
 
 fn attention_scale(ctx: &Ctx) -> f64 {
     let d = ctx.model.head_dim() as f64;
-    if ctx.bug(Bug::AttnScaleLocalHeads) && ctx.tp_size() > 1 {
+    // The injected fault's region: the micro-batched, accumulated, reduced-precision grouped-query
+    // path (with biases) with several local heads under sequence parallelism.
+    let gqa = ctx.model.kv_heads < ctx.model.heads;
+    let fused = ctx.microbatches > 1 && ctx.accumulation > 1 && ctx.reduced_precision();
+    if ctx.bug(Bug::AttnScaleLocalHeads) && ctx.sp() && gqa && ctx.layout.local_heads() > 1 && fused && ctx.model.bias {
         let local = ctx.layout.local_heads().max(1) as f64;
         1.0 / (ctx.model.hidden as f64 / local).sqrt()
     } else {
@@ -230,7 +248,8 @@ fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: Norm
         let b = opt_vec1(params, &format!("{pre}.mlp.{n}.bias"));
         k::linear_fwd(ctx.p, &y, &w, b.as_ref())
     };
-    if ctx.bug(Bug::EmptyShardIndexed) {
+    let swiglu_path = ctx.model.activation == Activation::Swiglu && ctx.reduced_precision() && ctx.microbatches > 1;
+    if ctx.bug(Bug::EmptyShardIndexed) && swiglu_path {
         if let Some(b) = params.get(&format!("{pre}.mlp.up.bias")) {
             // The injected fault: "peek at the first bias element" without checking the shard size.
             let _first = b.data[0];
@@ -239,12 +258,13 @@ fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: Norm
     let (up, gate, act) = activation_fwd(ctx, lin);
     let wd = mat(params, &format!("{pre}.mlp.down.weight"));
     let partial = k::matmul(ctx.p, &act, &wd);
-    let out = if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.tp_size() > 1 {
-        // The injected fault: a rank with nothing to contribute skips the collective.
-        partial
-    } else {
-        row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.mlp.down.bias")))?
-    };
+    let out =
+        if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.sp() && ctx.microbatches > 1 && ctx.accumulation > 1 {
+            // The injected fault: a rank with nothing to contribute skips the collective.
+            partial
+        } else {
+            row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.mlp.down.bias")))?
+        };
     Ok((out, BlockCache::Mlp(MlpState { norm, y, up, gate, act })))
 }
 

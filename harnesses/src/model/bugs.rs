@@ -66,27 +66,55 @@ impl Bug {
         }
     }
 
+    /// The fault, then (after "when") the region of configurations where it fires. "Reduced
+    /// precision" is any dtype but f64; "accumulation" is grad_accumulation > 1.
     pub fn description(self) -> &'static str {
         match self {
-            Bug::RowParallelBiasEveryRank => "row-parallel linear adds its bias on every TP rank before the all-reduce (tp > 1, bias on)",
-            Bug::SpNormGradNotReduced => {
-                "norm weight/bias and row-parallel bias gradients not all-reduced over TP under sequence parallelism"
+            Bug::RowParallelBiasEveryRank => {
+                "row-parallel bias added on every TP rank before the reduce-scatter, when sequence parallelism has uneven shards, micro-batches > 1, accumulation, reduced precision"
             }
-            Bug::ClipLocalNorm => "gradient clipping uses the norm of the local shard instead of the global norm",
-            Bug::DpAverageWorld => "data-parallel gradients averaged over the world size instead of the DP group size",
-            Bug::VocabPadUnmasked => "vocab-parallel cross-entropy does not mask the padded vocab entries (vocab % tp != 0)",
-            Bug::ZeroPadInNorm => "ZeRO partition padding holds stale values that are counted in the gradient norm",
-            Bug::ZeroPartitionOffset => "ZeRO partition offsets use floor(numel / dp) when numel is not divisible",
-            Bug::RingRemainderLost => "ring all-reduce drops the remainder chunk when numel % group size != 0",
-            Bug::AccumLossNotDivided => "loss not divided by the gradient-accumulation steps",
-            Bug::PipelineDropsLastMicrobatch => "the last micro-batch is dropped when the batch does not divide into micro-batches",
-            Bug::GqaKvNotReplicated => "with kv_heads < tp, ranks pick kv head rank % kv_heads instead of replicating the right one",
-            Bug::AttnScaleLocalHeads => "attention softmax scaled by 1/sqrt(hidden / local heads) instead of 1/sqrt(head_dim)",
-            Bug::F16OverflowNotAgreed => "the loss-scaling overflow check is local: ranks disagree on skipping the step",
-            Bug::CollectiveNonEmptyOnly => "the MLP all-reduce is issued only by ranks with a non-empty FFN shard (a hang)",
-            Bug::EmptyShardIndexed => "the first element of the FFN bias shard is read even when the shard is empty (a crash)",
-            Bug::MoeSplitSizesDropped => "MoE all-to-all sends tokens the capacity dropped, misaligning the combine",
-            Bug::TiedEmbeddingGradNotReduced => "tied embedding gradients not all-reduced between the first and last pipeline stage",
+            Bug::SpNormGradNotReduced => {
+                "norm-bias and row-parallel-bias gradients not all-reduced over TP, when sequence parallelism has uneven shards, pp > 1, accumulation, reduced precision"
+            }
+            Bug::ClipLocalNorm => "gradient clipping uses the local shard's norm, when ZeRO-2/3 with tp > 1, SwiGLU, micro-batches > 1, accumulation",
+            Bug::DpAverageWorld => {
+                "expert gradients averaged over the world size instead of the DP group size, when ep > 1, micro-batches > 1, accumulation, reduced precision"
+            }
+            Bug::VocabPadUnmasked => {
+                "vocab-parallel cross-entropy does not mask the padded vocab entries, when vocab % tp != 0, sequence parallel, RMSNorm, micro-batches > 1, accumulation, reduced precision"
+            }
+            Bug::ZeroPadInNorm => {
+                "ZeRO partition padding holds stale values counted in the gradient norm, when numel % dp != 0, tp > 1, steps > 1, clipping, RMSNorm, micro-batches > 1"
+            }
+            Bug::ZeroPartitionOffset => {
+                "ZeRO partition offsets use floor(numel / dp), when ZeRO-3, dp >= 3, numel % dp != 0, tp > 1, micro-batches > 1, accumulation"
+            }
+            Bug::RingRemainderLost => {
+                "ring all-reduce drops the remainder chunk, when the group has >= 3 ranks, numel % group size != 0, a reduce dtype of its own, micro-batches > 1, accumulation"
+            }
+            Bug::AccumLossNotDivided => {
+                "loss not divided by the accumulation steps, when accumulation inside a micro-batched pipeline of tensor-parallel RMSNorm stages, reduced precision"
+            }
+            Bug::PipelineDropsLastMicrobatch => {
+                "the last micro-batch is dropped, when a 1F1B pipeline of tensor-parallel SwiGLU stages has a batch that does not divide into micro-batches, accumulation"
+            }
+            Bug::GqaKvNotReplicated => {
+                "ranks pick kv head rank % kv_heads instead of replicating the right one, when 1 < kv_heads < tp, sequence parallel, micro-batches > 1, accumulation, reduced precision"
+            }
+            Bug::AttnScaleLocalHeads => {
+                "attention scaled by 1/sqrt(hidden / local heads), when grouped-query attention with >= 2 local heads and biases, sequence parallel, micro-batches > 1, accumulation, reduced precision"
+            }
+            Bug::F16OverflowNotAgreed => "the loss-scaling overflow check is local so ranks disagree on skipping the step, when f16 loss scaling overflows on some ranks",
+            Bug::CollectiveNonEmptyOnly => {
+                "the MLP reduce-scatter is skipped by ranks with an empty FFN shard (a hang), when ffn < tp, sequence parallel, micro-batches > 1, accumulation"
+            }
+            Bug::EmptyShardIndexed => "the first element of the FFN bias shard is read even when empty (a crash), when ffn < tp, SwiGLU, micro-batches > 1, reduced precision",
+            Bug::MoeSplitSizesDropped => {
+                "MoE all-to-all sends tokens the capacity dropped, when ep > 1, top-k > 1, capacity drops tokens, micro-batches > 1, accumulation, reduced precision"
+            }
+            Bug::TiedEmbeddingGradNotReduced => {
+                "tied embedding gradients not all-reduced between first and last stage, when tied embeddings, pp > 1, ZeRO, accumulation, reduced precision"
+            }
         }
     }
 

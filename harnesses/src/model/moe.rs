@@ -95,7 +95,10 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let members = ep_size(ctx);
     let mut sent: Vec<Vec<Entry>> = vec![vec![]; members];
     let mut kept_only: Vec<Vec<Entry>> = vec![vec![]; members];
-    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && members > 1;
+    // The injected fault's region: reduced-precision top-k > 1 routing over several expert-parallel
+    // ranks, with accumulation and micro-batches.
+    let fused = ctx.reduced_precision() && ctx.accumulation > 1 && ctx.microbatches > 1;
+    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && members > 1 && top_k > 1 && fused;
     for b in 0..g.batch {
         let toks = b * g.seq..(b + 1) * g.seq;
         let slots = k::assign_capacity(&routing.experts[toks.clone()], e_total, cap);
@@ -153,7 +156,7 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
         let (up, gate, act) = activation_fwd(ctx, lin);
         let wd = expert_mat(&params[&format!("{pre}.moe.down.weight")], le);
         let mut out = k::matmul(ctx.p, &act, &wd);
-        let bias_here = ctx.tp_index() == 0 || ctx.bug(Bug::RowParallelBiasEveryRank);
+        let bias_here = ctx.tp_index() == 0 || super::blocks::row_bias_early(ctx);
         if let (Some(bd), true) = (params.get(&format!("{pre}.moe.down.bias")), bias_here) {
             out = k::add_row(ctx.p, &out, &expert_row(bd, le));
         }

@@ -37,7 +37,7 @@ impl<'a> GroupHandle<'a> {
             return Ok(());
         }
         let rem = buf.len() % self.size;
-        let kept: Vec<f64> = if self.lose_remainder && rem != 0 { buf[buf.len() - rem..].to_vec() } else { vec![] };
+        let kept: Vec<f64> = if self.lose_remainder && rem != 0 && self.size >= 3 { buf[buf.len() - rem..].to_vec() } else { vec![] };
         self.comm.all_reduce(&self.group, buf, op, dtype).map_err(fail)?;
         if !kept.is_empty() {
             // The injected fault: the remainder chunk never went around the ring.
@@ -103,7 +103,13 @@ impl<'a> Groups<'a> {
         let rank = comm.rank();
         let mesh = &plan.mesh;
         let dt = plan.case.train.reduce_dtype();
-        let lose = plan.bug(Bug::RingRemainderLost);
+        // The injected fault's region: up-cast reductions (a reduce dtype of its own) with
+        // accumulation and micro-batches.
+        let t = &plan.case.train;
+        let lose = plan.bug(Bug::RingRemainderLost)
+            && t.reduce_dtype.is_some_and(|r| r != t.dtype)
+            && plan.accumulation > 1
+            && plan.microbatches > 1;
         let dp_ranks = mesh.group(rank, Axis::Dp);
         let d = mesh.coord(rank, Axis::Dp);
         let ep = plan.ep;

@@ -95,6 +95,10 @@ impl<'a> Plan<'a> {
         balanced(self.model.batch as usize, self.dp, d)
     }
 
+    pub fn reduced_precision(&self) -> bool {
+        self.case.train.dtype != shardfuzz_kernels::DType::F64
+    }
+
     /// The micro-batches of accumulation step `a` on data-parallel rank `d`.
     pub fn pieces(&self, d: usize, a: usize) -> Vec<Piece> {
         let rows = self.dp_rows(d);
@@ -106,7 +110,11 @@ impl<'a> Plan<'a> {
                 Piece { rows: base + r.start..base + r.end }
             })
             .collect();
-        if self.bug(Bug::PipelineDropsLastMicrobatch) && chunk.len() % self.microbatches != 0 && self.microbatches > 1 {
+        // The injected fault's region: accumulation around a 1F1B pipeline of tensor-parallel SwiGLU
+        // stages.
+        let one_f_one_b = self.pp > 1 && self.schedule == PipelineSchedule::OneFOneB && self.accumulation > 1 && self.tp > 1;
+        let one_f_one_b = one_f_one_b && self.model.activation == crate::case::Activation::Swiglu;
+        if self.bug(Bug::PipelineDropsLastMicrobatch) && one_f_one_b && chunk.len() % self.microbatches != 0 && self.microbatches > 1 {
             out.pop();
         }
         out

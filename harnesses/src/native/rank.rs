@@ -66,6 +66,9 @@ impl<'a> Rank<'a> {
             tp: Some(&self.groups.tp as &dyn GroupOps),
             ep: if self.plan.ep > 1 { Some(&self.groups.ep as &dyn GroupOps) } else { None },
             bugs: self.plan.bugs,
+            accumulation: self.plan.accumulation,
+            microbatches: self.plan.microbatches,
+            pipelined: self.plan.pp > 1,
             routing_margin: std::cell::Cell::new(f64::INFINITY),
         }
     }
@@ -268,11 +271,11 @@ impl<'a> Rank<'a> {
             let mut grads = ParamSet::new();
             let mut acc = (0.0, vec![]);
             for a in 0..plan.accumulation {
-                let per_chunk = if plan.bug(Bug::AccumLossNotDivided) && plan.accumulation > 1 {
-                    grad_scale * plan.accumulation as f64
-                } else {
-                    grad_scale
-                };
+                // The injected fault's region: reduced-precision accumulation inside a micro-batched
+                // pipeline of tensor-parallel RMSNorm stages.
+                let pipelined = plan.pp > 1 && plan.microbatches > 1 && plan.tp > 1 && plan.model.norm == crate::case::NormKind::Rmsnorm;
+                let undivided = plan.bug(Bug::AccumLossNotDivided) && plan.accumulation > 1 && pipelined && plan.reduced_precision();
+                let per_chunk = if undivided { grad_scale * plan.accumulation as f64 } else { grad_scale };
                 self.run_schedule(&params, inputs, step, a, per_chunk, &mut grads, &mut acc)?;
             }
             // Parameters a stage holds but did not use this step still get (zero) gradients.
@@ -326,7 +329,12 @@ impl<'a> Rank<'a> {
                     Some(zg) => flat.owned_sum_squares(&self, zg),
                     None => self.owned_sum_squares(&grads),
                 }];
-                if !plan.bug(Bug::ClipLocalNorm) {
+                // The injected fault's region: ZeRO-2/3 over a tensor-parallel SwiGLU model with
+                // accumulation and micro-batches.
+                let swiglu = plan.model.activation == crate::case::Activation::Swiglu;
+                let zero_tp = plan.zero >= 2 && plan.tp > 1 && swiglu;
+                let local = plan.bug(Bug::ClipLocalNorm) && zero_tp && plan.accumulation > 1 && plan.microbatches > 1;
+                if !local {
                     self.groups.world.all_reduce_sum(&mut sq)?;
                 }
                 coef = clip_coefficient_of(sq[0], max_norm.get());
@@ -365,7 +373,10 @@ impl<'a> Rank<'a> {
 
     fn sync_tied_embeddings(&self, grads: &mut ParamSet) -> CResult<()> {
         let plan = self.plan;
-        if !(plan.model.tied_embeddings && plan.pp > 1) || plan.bug(Bug::TiedEmbeddingGradNotReduced) {
+        // The injected fault's region: tied embeddings over pipeline stages under reduced-precision
+        // ZeRO with accumulation.
+        let skipped = plan.bug(Bug::TiedEmbeddingGradNotReduced) && plan.zero >= 1 && plan.reduced_precision() && plan.accumulation > 1;
+        if !(plan.model.tied_embeddings && plan.pp > 1) || skipped {
             return Ok(());
         }
         if self.stage == 0 || self.is_last_stage() {
@@ -384,8 +395,12 @@ impl<'a> Rank<'a> {
         if plan.dp == 1 {
             return Ok(());
         }
-        let divisor = if plan.bug(Bug::DpAverageWorld) { plan.world } else { plan.dp } as f64;
         for experts in [false, true] {
+            // The injected fault's region: the expert bucket under expert parallelism, with
+            // reduced-precision accumulation and micro-batches.
+            let fused = plan.accumulation > 1 && plan.microbatches > 1 && plan.reduced_precision();
+            let world = plan.bug(Bug::DpAverageWorld) && experts && plan.ep > 1 && fused;
+            let divisor = if world { plan.world } else { plan.dp } as f64;
             let bucket: Vec<&String> = names
                 .iter()
                 .filter(|n| placement(plan.specs.iter().find(|s| &&s.name == n).expect("spec")).expert_sharded == experts)
@@ -421,7 +436,10 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
     let tp_i = plan.coord(rank, Axis::Tp);
     let d = plan.coord(rank, Axis::Dp);
     let mut layout = Layout::new(plan.model, plan.tp, tp_i, p.sequence_parallel, plan.ep, d % plan.ep).map_err(|r| CommFailure(r.0))?;
-    if plan.bug(Bug::GqaKvNotReplicated) && layout.kv_replicated {
+    // The injected fault's region: replicated kv heads under micro-batched, accumulated,
+    // reduced-precision sequence parallelism.
+    let sp_path = p.sequence_parallel && plan.microbatches > 1 && plan.accumulation > 1 && plan.reduced_precision();
+    if plan.bug(Bug::GqaKvNotReplicated) && layout.kv_replicated && sp_path {
         // The injected fault: round-robin instead of the kv head of this rank's query heads.
         let kv = tp_i % plan.model.kv_heads as usize;
         layout.kv_heads = kv..kv + 1;
@@ -445,6 +463,36 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
     if plan.pp > 1 {
         features.push(format!("pp:{:?}:mb{}", plan.schedule, plan.microbatches.min(plan.pp + 1).cmp(&plan.pp) as i8));
     }
-    let rank = Rank { plan, groups, rank, layout, stage: plan.coord(rank, Axis::Pp), p: Prec::new(plan.case.train.dtype), features };
+    let stage = plan.coord(rank, Axis::Pp);
+    features.extend(path_features(plan, stage));
+    let rank = Rank { plan, groups, rank, layout, stage, p: Prec::new(plan.case.train.dtype), features };
     rank.run(inputs)
+}
+
+/// The code paths a rank of stage `stage` takes (strategies, block kinds, bias, norm, loops that
+/// run more than once, optional steps): coarse edges of this implementation, reported as coverage
+/// features with the prefix `path:`.
+fn path_features(plan: &Plan, stage: usize) -> Vec<String> {
+    let (m, t) = (plan.model, &plan.case.train);
+    let mut f = vec![format!("dtype:{}", t.dtype), format!("norm:{:?}", m.norm), format!("act:{:?}", m.activation)];
+    f.push(format!("opt:{:?}", t.optimizer.kind));
+    f.push(format!("zero:{}", plan.zero));
+    f.extend(m.layers[plan.stages[stage].clone()].iter().map(|l| format!("block:{l:?}")));
+    let flags = [
+        (plan.tp > 1, "tp"),
+        (plan.case.parallel.sequence_parallel, "sp"),
+        (plan.dp > 1, "dp"),
+        (plan.pp > 1, "pp"),
+        (plan.ep > 1, "ep"),
+        (m.bias, "bias"),
+        (m.tied_embeddings, "tied"),
+        (plan.accumulation > 1, "accumulation:multi"),
+        (plan.microbatches > 1, "microbatches:multi"),
+        (t.steps > 1, "steps:multi"),
+        (t.clip_grad_norm.is_some(), "clip"),
+        (t.loss_scale.is_some(), "loss-scale"),
+        (plan.case.parallel.sequence_parallel && m.seq as usize % plan.tp != 0, "sp:seq:uneven"),
+    ];
+    f.extend(flags.iter().filter(|(on, _)| *on).map(|(_, name)| name.to_string()));
+    f.into_iter().map(|x| format!("path:{x}")).collect()
 }

@@ -66,16 +66,16 @@ impl Flat {
 
     /// ZeRO-2/3: reduce-scatter of the gradients; returns this rank's partition, averaged.
     pub fn reduce_scatter(&self, rank: &Rank, grads: &ParamSet) -> CResult<Vec<f64>> {
-        let flat = self.flatten(grads, rank.plan.bug(Bug::ZeroPadInNorm));
+        let flat = self.flatten(grads, stale_padding(rank));
         let counts = vec![self.part; self.dp];
         let part = rank.groups.dp.reduce_scatter(&flat, &counts)?;
-        let divisor = if rank.plan.bug(Bug::DpAverageWorld) { rank.plan.world } else { rank.plan.dp } as f64;
+        let divisor = rank.plan.dp as f64;
         Ok(part.into_iter().map(|x| rank.p.r(x / divisor)).collect())
     }
 
     /// ZeRO-1: the partition of already all-reduced gradients.
     pub fn partition_of(&self, rank: &Rank, grads: &ParamSet) -> Vec<f64> {
-        self.flatten(grads, rank.plan.bug(Bug::ZeroPadInNorm))[self.range(rank)].to_vec()
+        self.flatten(grads, stale_padding(rank))[self.range(rank)].to_vec()
     }
 
     /// All partitions gathered back into full local gradients (for reporting).
@@ -90,7 +90,7 @@ impl Flat {
     /// Sum of squares over the partition, counting each element once across the mesh.
     pub fn owned_sum_squares(&self, rank: &Rank, part: &[f64]) -> f64 {
         let r = self.range(rank);
-        let count_padding = rank.plan.bug(Bug::ZeroPadInNorm);
+        let count_padding = stale_padding(rank);
         let acc = rank.p.acc();
         let mut total = 0.0;
         for (i, x) in r.clone().zip(part) {
@@ -109,7 +109,12 @@ impl Flat {
     pub fn update(&self, rank: &Rank, params: &mut ParamSet, grad_part: &[f64], opt: &mut OptState, step: u32) -> CResult<()> {
         let mut flat = self.flatten(params, false);
         let d = Self::dp_index(rank);
-        let start = if rank.plan.bug(Bug::ZeroPartitionOffset) { d * (self.numel / self.dp) } else { d * self.part };
+        // The injected fault's region: micro-batched, accumulated ZeRO-3 over three or more
+        // data-parallel ranks of a tensor-parallel model.
+        let plan = rank.plan;
+        let path = plan.zero == 3 && self.dp >= 3 && plan.microbatches > 1 && plan.tp > 1 && plan.accumulation > 1;
+        let floor = plan.bug(Bug::ZeroPartitionOffset) && path;
+        let start = if floor { d * (self.numel / self.dp) } else { d * self.part };
         let end = (start + self.part).min(flat.len());
         for (pi, &(s, len)) in self.spans.iter().enumerate() {
             let lo = s.max(start);
@@ -131,4 +136,12 @@ impl Flat {
         self.unflatten(&gathered, params);
         Ok(())
     }
+}
+
+/// The injected fault's region: padding that still holds the previous step's values (a second
+/// step) of a tensor-parallel RMSNorm model, with micro-batches.
+fn stale_padding(rank: &Rank) -> bool {
+    let plan = rank.plan;
+    let rms = plan.model.norm == crate::case::NormKind::Rmsnorm;
+    plan.bug(Bug::ZeroPadInNorm) && plan.case.train.steps > 1 && plan.tp > 1 && plan.microbatches > 1 && rms
 }

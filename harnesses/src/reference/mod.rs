@@ -60,8 +60,18 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
-    let ctx =
-        Ctx { p, model: m, layout: &layout, tp: None, ep: None, bugs: Bugs::none(), routing_margin: std::cell::Cell::new(f64::INFINITY) };
+    let ctx = Ctx {
+        p,
+        model: m,
+        layout: &layout,
+        tp: None,
+        ep: None,
+        bugs: Bugs::none(),
+        accumulation: 1,
+        microbatches: 1,
+        pipelined: false,
+        routing_margin: std::cell::Cell::new(f64::INFINITY),
+    };
     let mut params: ParamSet = inputs
         .tensors
         .iter()
