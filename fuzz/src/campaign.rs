@@ -34,6 +34,9 @@ use crate::mutators::SemanticMutator;
 use crate::oracle::Oracle;
 use crate::scheduler::RareFeatureScheduler;
 
+/// Rounds (one corpus entry mutated up to 8 times) between two fresh random cases.
+const FRESH_EVERY_ROUNDS: u64 = 64;
+
 /// Everything `shardfuzz fuzz` needs.
 #[derive(Debug, Clone)]
 pub struct CampaignOptions {
@@ -197,10 +200,10 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
             break;
         }
         fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
-        // A fresh case from `arbitrary` every fourth round (about one execution in twenty) keeps
+        // A fresh case from `arbitrary` every few rounds (about one execution in 300) keeps
         // the search from narrowing onto the seeds; more would turn the campaign into random testing.
         round += 1;
-        if round % std::env::var("SF_FRESH").ok().and_then(|v| v.parse().ok()).unwrap_or(4) == 0 {
+        if round % FRESH_EVERY_ROUNDS == 0 {
             fresh = fresh.wrapping_add(1);
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(random_case(fresh)))?;
         }

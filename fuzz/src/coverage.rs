@@ -13,6 +13,16 @@ const EDGE_SLOTS: usize = MAP_SIZE / 2;
 
 static mut MAP: [u8; MAP_SIZE] = [0; MAP_SIZE];
 static EDGE_GUARDS: AtomicUsize = AtomicUsize::new(0);
+static LAST_EXEC_MICROS: AtomicUsize = AtomicUsize::new(0);
+
+/// How long the execution that filled the map took (the scheduler prefers cheap entries).
+pub fn set_last_exec_time(d: std::time::Duration) {
+    LAST_EXEC_MICROS.store(d.as_micros() as usize, Ordering::Relaxed);
+}
+
+pub fn last_exec_time() -> std::time::Duration {
+    std::time::Duration::from_micros(LAST_EXEC_MICROS.load(Ordering::Relaxed) as u64)
+}
 
 /// Raw pointer to the map, for the LibAFL observer.
 pub fn map_ptr() -> *mut u8 {

@@ -69,7 +69,9 @@ impl<OT> CaseExecutor<OT> {
 
     /// Runs one case through every target; returns the verdicts in target order.
     pub fn run_case(&mut self, case: &Case) -> Vec<Verdict> {
+        let t0 = Instant::now();
         let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, case)).collect();
+        coverage::set_last_exec_time(t0.elapsed());
         if verdicts.iter().all(|v| v.kind == VerdictKind::Unsupported) {
             // No target could express the case: nothing it covered is worth keeping it for.
             unsafe { std::ptr::write_bytes(coverage::map_ptr(), 0, coverage::MAP_SIZE) };

@@ -94,14 +94,14 @@ const BUG_CASES: &[BugCase] = &[
     (
         "clip-local-norm",
         r#", "dp": 2, "tp": 2, "zero_stage": 2, "microbatches": 2"#,
-        r#", "batch": 8, "activation": "swiglu""#,
+        r#", "batch": 8"#,
         r#", "clip_grad_norm": 0.01, "grad_accumulation": 2"#,
         &[
             ("parallel", r#""zero_stage": 1"#),
             ("parallel", r#""tp": 1"#),
             ("parallel", r#""microbatches": 1"#),
             ("train", r#""grad_accumulation": 1"#),
-            ("model", r#""activation": "gelu""#),
+            ("parallel", r#""zero_stage": 3"#),
         ],
     ),
     (

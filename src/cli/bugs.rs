@@ -53,12 +53,19 @@ pub struct BugResult {
     pub seeds: u64,
     pub found: u64,
     pub found_no_feedback: u64,
-    /// Median seconds to the first finding (a campaign that found nothing counts as the budget).
+    /// Median seconds to the first finding (a campaign that found nothing counts as the budget;
+    /// NaN, written as null, when that mode did not run).
+    #[serde(deserialize_with = "nan_if_null")]
     pub median_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub median_s_no_feedback: f64,
     pub times_s: Vec<Option<f64>>,
     pub times_s_no_feedback: Vec<Option<f64>>,
     pub excluded_seed_cases: usize,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 fn median(times: &[Option<f64>], budget: f64) -> f64 {

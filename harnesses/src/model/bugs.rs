@@ -76,7 +76,7 @@ impl Bug {
             Bug::SpNormGradNotReduced => {
                 "norm-bias and row-parallel-bias gradients not all-reduced over TP, when sequence parallelism has uneven shards, pp > 1, accumulation, reduced precision"
             }
-            Bug::ClipLocalNorm => "gradient clipping uses the local shard's norm, when ZeRO-2/3 with tp > 1, SwiGLU, micro-batches > 1, accumulation",
+            Bug::ClipLocalNorm => "gradient clipping uses the local shard's norm, when ZeRO-2 with tp > 1, micro-batches > 1, accumulation",
             Bug::DpAverageWorld => {
                 "expert gradients averaged over the world size instead of the DP group size, when ep > 1, micro-batches > 1, accumulation, reduced precision"
             }

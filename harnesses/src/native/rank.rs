@@ -329,10 +329,9 @@ impl<'a> Rank<'a> {
                     Some(zg) => flat.owned_sum_squares(&self, zg),
                     None => self.owned_sum_squares(&grads),
                 }];
-                // The injected fault's region: ZeRO-2/3 over a tensor-parallel SwiGLU model with
-                // accumulation and micro-batches.
-                let swiglu = plan.model.activation == crate::case::Activation::Swiglu;
-                let zero_tp = plan.zero >= 2 && plan.tp > 1 && swiglu;
+                // The injected fault's region: ZeRO-2's partitioned gradients over a tensor-parallel
+                // model with accumulation and micro-batches.
+                let zero_tp = plan.zero == 2 && plan.tp > 1;
                 let local = plan.bug(Bug::ClipLocalNorm) && zero_tp && plan.accumulation > 1 && plan.microbatches > 1;
                 if !local {
                     self.groups.world.all_reduce_sum(&mut sq)?;
