@@ -46,11 +46,6 @@ fn fnv(s: &[u8]) -> u64 {
     h
 }
 
-/// Records a semantic feature (any string) in the feature half of the map.
-pub fn add_feature(feature: &str) {
-    bump(EDGE_SLOTS + (fnv(feature.as_bytes()) as usize % (MAP_SIZE - EDGE_SLOTS)));
-}
-
 /// Records every feature of a run, and every pair and triple of its code-path features (prefix
 /// `path:`): a case that takes paths never taken together is new coverage even when each path alone
 /// is old (the set form of AFL++'s n-gram edge coverage). Bugs live where several paths meet.
@@ -123,7 +118,7 @@ mod tests {
     #[test]
     fn features_land_in_the_feature_half() {
         let before = filled();
-        add_feature("strategy:tp");
+        add_features_and_combinations(&["strategy:tp".to_string()]);
         add_external_coverage(&[42]);
         assert!(filled() > before || filled() >= 2);
     }

@@ -4,8 +4,6 @@
 //! the next, deeper combination is found. A round-robin queue of thousands of entries would take
 //! minutes to return to it.
 
-use std::collections::HashMap;
-
 use libafl::corpus::{Corpus, CorpusId};
 use libafl::schedulers::{RemovableScheduler, Scheduler};
 use libafl::state::{HasCorpus, HasRand};
@@ -18,25 +16,24 @@ use crate::coverage;
 pub struct RareFeatureScheduler {
     /// Executions that hit each map slot.
     hits: Vec<u32>,
-    /// The map slots each corpus entry hit when it was added, and how long it ran.
-    slots: HashMap<CorpusId, Vec<u32>>,
-    cost: HashMap<CorpusId, f64>,
-    order: Vec<CorpusId>,
-    /// Weights of `order`, recomputed every few choices (each is a pass over an entry's slots).
-    weights: Vec<f64>,
+    entries: Vec<Entry>,
     choices: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: CorpusId,
+    /// The map slots it hit when it was added.
+    slots: Vec<u32>,
+    /// Milliseconds it ran.
+    cost_ms: f64,
+    /// Recomputed every few choices (each recomputation is a pass over its slots).
+    weight: f64,
 }
 
 impl Default for RareFeatureScheduler {
     fn default() -> Self {
-        RareFeatureScheduler {
-            hits: vec![0; coverage::MAP_SIZE],
-            slots: HashMap::new(),
-            cost: HashMap::new(),
-            order: vec![],
-            weights: vec![],
-            choices: 0,
-        }
+        RareFeatureScheduler { hits: vec![0; coverage::MAP_SIZE], entries: vec![], choices: 0 }
     }
 }
 
@@ -49,9 +46,9 @@ impl RareFeatureScheduler {
     /// Its own mutants hit that slot too, so an entry fades after some tens of mutations; of two
     /// entries as rare, the one that runs in half the time gets twice the mutations (AFL favours
     /// fast, small entries for the same reason).
-    fn weight(&self, id: CorpusId) -> f64 {
-        let rarest = self.slots[&id].iter().map(|&s| self.hits[s as usize]).min().unwrap_or(u32::MAX);
-        entry_weight(rarest, self.cost[&id])
+    fn weight(&self, e: &Entry) -> f64 {
+        let rarest = e.slots.iter().map(|&s| self.hits[s as usize]).min().unwrap_or(u32::MAX);
+        entry_weight(rarest, e.cost_ms)
     }
 }
 
@@ -77,10 +74,9 @@ where
         let parent = *state.corpus().current();
         state.corpus().get(id)?.borrow_mut().set_parent_id_optional(parent);
         // The map still holds the execution that made this entry interesting.
-        self.slots.insert(id, current_slots());
-        self.cost.insert(id, coverage::last_exec_time().as_secs_f64() * 1e3);
-        self.order.push(id);
-        self.weights.push(self.weight(id));
+        let mut e = Entry { id, slots: current_slots(), cost_ms: coverage::last_exec_time().as_secs_f64() * 1e3, weight: 0.0 };
+        e.weight = self.weight(&e);
+        self.entries.push(e);
         Ok(())
     }
 
@@ -92,22 +88,25 @@ where
     }
 
     fn next(&mut self, state: &mut S) -> Result<CorpusId, Error> {
-        if self.order.is_empty() {
+        let Some(last) = self.entries.last() else {
             return Err(Error::empty("the corpus is empty"));
-        }
+        };
+        let mut pick = last.id;
         self.choices += 1;
         if self.choices % 16 == 0 {
-            self.weights = self.order.iter().map(|&id| self.weight(id)).collect();
+            let weights: Vec<f64> = self.entries.iter().map(|e| self.weight(e)).collect();
+            for (e, w) in self.entries.iter_mut().zip(weights) {
+                e.weight = w;
+            }
         }
-        let total: f64 = self.weights.iter().sum();
+        let total: f64 = self.entries.iter().map(|e| e.weight).sum();
         let mut x = state.rand_mut().next_float() * total;
-        let mut pick = self.order[self.order.len() - 1];
-        for (&id, w) in self.order.iter().zip(&self.weights) {
-            if x < *w {
-                pick = id;
+        for e in &self.entries {
+            if x < e.weight {
+                pick = e.id;
                 break;
             }
-            x -= w;
+            x -= e.weight;
         }
         self.set_current_scheduled(state, Some(pick))?;
         Ok(pick)

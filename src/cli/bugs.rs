@@ -64,6 +64,14 @@ pub struct BugResult {
     pub excluded_seed_cases: usize,
 }
 
+/// One bug's result as it completes (stderr, before the table).
+fn progress_line(r: &BugResult) -> String {
+    format!(
+        "{:<32} found {}/{} median {:>6.2} s | no feedback {}/{} median {:>6.2} s (excluded {} seed cases)",
+        r.bug, r.found, r.seeds, r.median_s, r.found_no_feedback, r.seeds, r.median_s_no_feedback, r.excluded_seed_cases
+    )
+}
+
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
@@ -185,10 +193,7 @@ fn in_child_processes(bugs: &[Bug], a: &BugsArgs) -> anyhow::Result<Vec<BugResul
             anyhow::ensure!(out.status.success(), "the campaigns of {} failed ({})", bug.name(), out.status);
             let mut r: Vec<BugResult> = serde_json::from_slice(&out.stdout)?;
             let r = r.pop().ok_or_else(|| anyhow::anyhow!("no result for {}", bug.name()))?;
-            eprintln!(
-                "{:<32} found {}/{} median {:>6.2} s | no feedback {}/{} median {:>6.2} s",
-                r.bug, r.found, r.seeds, r.median_s, r.found_no_feedback, r.seeds, r.median_s_no_feedback
-            );
+            eprintln!("{}", progress_line(&r));
             results.push(r);
         }
         running = still;
@@ -211,17 +216,17 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     let results_by_bug = if a.jobs > 1 { in_child_processes(&bugs, &a)? } else { vec![] };
     let mut results = vec![];
     for bug in bugs {
+        // Results from child processes were printed as they arrived.
         let r = match results_by_bug.iter().find(|r: &&BugResult| r.bug == bug.name()) {
             Some(r) => r.clone(),
-            None => bench_one(bug, &a)?,
+            None => {
+                let r = bench_one(bug, &a)?;
+                if !a.json {
+                    eprintln!("{}", progress_line(&r));
+                }
+                r
+            }
         };
-        let excluded = r.excluded_seed_cases;
-        if !a.json {
-            eprintln!(
-                "{:<32} found {}/{} median {:>6.2} s | no feedback {}/{} median {:>6.2} s (excluded {} seed cases)",
-                r.bug, r.found, r.seeds, r.median_s, r.found_no_feedback, r.seeds, r.median_s_no_feedback, excluded
-            );
-        }
         results.push(r);
     }
     let mut csv = String::from("bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio\n");
