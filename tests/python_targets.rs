@@ -144,3 +144,26 @@ fn a_hung_worker_is_a_hang_within_the_timeout() {
     // Two pool starts (a few seconds each on 2 cores) plus the 4 s timeout, far below the 60 s default.
     assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
 }
+
+/// A sequence shorter than the tensor-parallel degree leaves a rank with an empty local sequence
+/// under sequence parallelism. Whatever a framework makes of that, our model code must not be the
+/// site of the failure (the smoke run counts a crash in the worker as a false positive).
+#[test]
+fn an_empty_local_sequence_never_fails_in_the_worker() {
+    if !python_ready() {
+        return;
+    }
+    let mut case: Value = serde_json::from_str(&std::fs::read_to_string(corpus("tp3-sp-uneven-seq.json")).unwrap()).unwrap();
+    case["model"]["seq"] = 2.into();
+    case["model"]["batch"] = 1.into();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tp3-sp-seq2.json");
+    std::fs::write(&path, case.to_string()).unwrap();
+    let o = shardfuzz(&["run", "--json", "--target", "torch-tp,megatron-tp", &path.display().to_string()], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    for v in &vs {
+        let reason = v["reason"].as_str().unwrap_or_default();
+        assert!(!reason.contains("shardfuzz_worker"), "{}: failed in our worker: {reason}", v["target"]);
+    }
+}

@@ -61,11 +61,11 @@ class Attention(nn.Module):
     def forward(self, x):  # x: [s(/tp), b, h]
         q, k, v = self.q(x)[0], self.k(x)[0], self.v(x)[0]  # [s, b, heads_local * d]
         s, b = q.shape[0], q.shape[1]
-        q = q.view(s, b, -1, self.d).permute(1, 2, 0, 3)
-        k = k.view(s, b, -1, self.d).permute(1, 2, 0, 3)
-        v = v.view(s, b, -1, self.d).permute(1, 2, 0, 3)
+        q = q.view(s, b, q.shape[-1] // self.d, self.d).permute(1, 2, 0, 3)
+        k = k.view(s, b, k.shape[-1] // self.d, self.d).permute(1, 2, 0, 3)
+        v = v.view(s, b, v.shape[-1] // self.d, self.d).permute(1, 2, 0, 3)
         a = causal_attention(q, k, v)  # [b, heads_local, s, d]
-        a = a.permute(2, 0, 1, 3).reshape(s, b, -1)
+        a = a.permute(2, 0, 1, 3).reshape(s, b, a.shape[1] * a.shape[3])  # no -1: s may be 0
         return self.o(a)[0]
 
 

@@ -47,7 +47,8 @@ class Attention(nn.Module):
         k = k.view(b, s, k.shape[-1] // self.d, self.d).transpose(1, 2)
         v = v.view(b, s, v.shape[-1] // self.d, self.d).transpose(1, 2)
         a = causal_attention(q, k, v)
-        return self.o(a.transpose(1, 2).reshape(b, s, -1))
+        # Explicit width: with an empty local sequence (uneven SP shards), -1 would be ambiguous.
+        return self.o(a.transpose(1, 2).reshape(b, s, a.shape[1] * a.shape[3]))
 
 
 def causal_attention(q, k, v):
