@@ -3,17 +3,18 @@
 # fails on a false positive: any divergent finding, any hang (every one seen so far was a harness
 # mistake: ranks running different numbers of collectives), or a crash whose site lies in our own
 # worker code. Crashes raised inside the frameworks are real findings: they are listed, with their
-# verdicts, in target/fuzz-python/<target>/findings/.
+# verdicts, in target/fuzz-python/<target>/findings/. SEED picks the campaign seed (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${SECONDS_PER_TARGET:-60}
+seed=${SEED:-1}
 bin=${SHARDFUZZ_BIN:-target/release/shardfuzz}
 targets=${TARGETS:-$($bin targets | awk 'NR > 2 && $1 != "native" && $1 != "nop" && $2 == "available" {print $1}')}
 status=0
 for t in $targets; do
   out=target/fuzz-python/$t
   rm -rf "$out"
-  $bin fuzz --quiet --target "$t" --corpus corpus --out "$out" --time "${secs}s" --seed 1 2>&1 | grep -E '^done:' | sed "s/^/$t: /"
+  $bin fuzz --quiet --target "$t" --corpus corpus --out "$out" --time "${secs}s" --seed "$seed" 2>&1 | grep -E '^done:' | sed "s/^/$t: /"
   .venv/bin/python - "$out" "$t" <<'PY' || status=1
 import json, pathlib, sys
 out, target = pathlib.Path(sys.argv[1]), sys.argv[2]

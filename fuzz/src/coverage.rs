@@ -46,9 +46,10 @@ fn fnv(s: &[u8]) -> u64 {
     h
 }
 
-/// Records every feature of a run, and every pair and triple of its code-path features (prefix
-/// `path:`): a case that takes paths never taken together is new coverage even when each path alone
-/// is old (the set form of AFL++'s n-gram edge coverage). Bugs live where several paths meet.
+/// Records every feature of a run, and every pair, triple and quadruple of its code-path features
+/// (prefix `path:`): a case that takes paths never taken together is new coverage even when each
+/// path alone is old (the set form of AFL++'s n-gram edge coverage). Bugs live where several paths
+/// meet, and each combination on the way there is a step the search keeps.
 pub fn add_features_and_combinations(features: &[String]) {
     let slots = (MAP_SIZE - EDGE_SLOTS) as u64;
     let put = |h: u64| bump(EDGE_SLOTS + (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) % slots) as usize);
@@ -60,8 +61,12 @@ pub fn add_features_and_combinations(features: &[String]) {
         for (j, b) in paths.iter().enumerate().skip(i + 1) {
             let ab = a ^ b.rotate_left(17);
             put(ab);
-            for c in &paths[j + 1..] {
-                put(ab ^ c.rotate_left(37) ^ 0x7f4a_7c15);
+            for (k, c) in paths.iter().enumerate().skip(j + 1) {
+                let abc = ab ^ c.rotate_left(37) ^ 0x7f4a_7c15;
+                put(abc);
+                for d in &paths[k + 1..] {
+                    put(abc ^ d.rotate_left(53) ^ 0x2545_f491);
+                }
             }
         }
     }

@@ -12,6 +12,9 @@ use libafl_bolts::rands::Rand;
 
 use crate::coverage;
 
+/// Slots remembered per entry.
+const RARE_SLOTS_KEPT: usize = 16;
+
 #[derive(Debug)]
 pub struct RareFeatureScheduler {
     /// Executions that hit each map slot.
@@ -23,7 +26,8 @@ pub struct RareFeatureScheduler {
 #[derive(Debug)]
 struct Entry {
     id: CorpusId,
-    /// The map slots it hit when it was added.
+    /// The rarest map slots it hit when it was added (hit counts only grow, so the rarest slot of
+    /// an entry stays among them; keeping a few makes reweighting cheap with thousands of entries).
     slots: Vec<u32>,
     /// Milliseconds it ran.
     cost_ms: f64,
@@ -74,7 +78,10 @@ where
         let parent = *state.corpus().current();
         state.corpus().get(id)?.borrow_mut().set_parent_id_optional(parent);
         // The map still holds the execution that made this entry interesting.
-        let mut e = Entry { id, slots: current_slots(), cost_ms: coverage::last_exec_time().as_secs_f64() * 1e3, weight: 0.0 };
+        let mut slots = current_slots();
+        slots.sort_by_key(|&s| self.hits[s as usize]);
+        slots.truncate(RARE_SLOTS_KEPT);
+        let mut e = Entry { id, slots, cost_ms: coverage::last_exec_time().as_secs_f64() * 1e3, weight: 0.0 };
         e.weight = self.weight(&e);
         self.entries.push(e);
         Ok(())

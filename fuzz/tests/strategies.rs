@@ -182,10 +182,11 @@ const BUG_CASES: &[BugCase] = &[
     (
         "pipeline-drops-last-microbatch",
         r#", "pp": 2, "tp": 2, "microbatches": 2, "pipeline_schedule": "1f1b""#,
-        r#", "activation": "swiglu""#,
+        r#", "activation": "swiglu", "norm": "rmsnorm""#,
         r#", "grad_accumulation": 2"#,
         &[
             ("parallel", r#""pipeline_schedule": "gpipe""#),
+            ("model", r#""norm": "layernorm""#),
             ("parallel", r#""tp": 1"#),
             ("train", r#""grad_accumulation": 1"#),
             ("model", r#""batch": 8"#),

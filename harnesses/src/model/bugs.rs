@@ -96,7 +96,7 @@ impl Bug {
                 "loss not divided by the accumulation steps, when accumulation inside a micro-batched pipeline of tensor-parallel RMSNorm stages, reduced precision"
             }
             Bug::PipelineDropsLastMicrobatch => {
-                "the last micro-batch is dropped, when a 1F1B pipeline of tensor-parallel SwiGLU stages has a batch that does not divide into micro-batches, accumulation"
+                "the last micro-batch is dropped, when a 1F1B pipeline of tensor-parallel SwiGLU/RMSNorm stages has a batch that does not divide into micro-batches, accumulation"
             }
             Bug::GqaKvNotReplicated => {
                 "ranks pick kv head rank % kv_heads instead of replicating the right one, when 1 < kv_heads < tp, sequence parallel, micro-batches > 1, accumulation, reduced precision"

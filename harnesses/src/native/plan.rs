@@ -110,10 +110,11 @@ impl<'a> Plan<'a> {
                 Piece { rows: base + r.start..base + r.end }
             })
             .collect();
-        // The injected fault's region: accumulation around a 1F1B pipeline of tensor-parallel SwiGLU
-        // stages.
+        // The injected fault's region: accumulation around a 1F1B pipeline of tensor-parallel
+        // SwiGLU/RMSNorm stages.
         let one_f_one_b = self.pp > 1 && self.schedule == PipelineSchedule::OneFOneB && self.accumulation > 1 && self.tp > 1;
-        let one_f_one_b = one_f_one_b && self.model.activation == crate::case::Activation::Swiglu;
+        let one_f_one_b =
+            one_f_one_b && self.model.activation == crate::case::Activation::Swiglu && self.model.norm == crate::case::NormKind::Rmsnorm;
         if self.bug(Bug::PipelineDropsLastMicrobatch) && one_f_one_b && chunk.len() % self.microbatches != 0 && self.microbatches > 1 {
             out.pop();
         }

@@ -262,6 +262,9 @@ impl<'a> Rank<'a> {
         let flat = Flat::new(&names, &params, dp);
         if plan.zero > 0 {
             self.features.push(format!("zero{}:{}", plan.zero, if flat.padding() > 0 { "padded" } else { "even" }));
+            if flat.padding() > 0 {
+                self.features.push("path:zero:padded".into());
+            }
         }
         for step in 0..train.steps {
             let s = scale.unwrap_or(1.0);
@@ -463,7 +466,7 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
         features.push(format!("pp:{:?}:mb{}", plan.schedule, plan.microbatches.min(plan.pp + 1).cmp(&plan.pp) as i8));
     }
     let stage = plan.coord(rank, Axis::Pp);
-    features.extend(path_features(plan, stage));
+    features.extend(path_features(plan, stage, &layout, d));
     let rank = Rank { plan, groups, rank, layout, stage, p: Prec::new(plan.case.train.dtype), features };
     rank.run(inputs)
 }
@@ -471,25 +474,42 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
 /// The code paths a rank of stage `stage` takes (strategies, block kinds, bias, norm, loops that
 /// run more than once, optional steps): coarse edges of this implementation, reported as coverage
 /// features with the prefix `path:`.
-fn path_features(plan: &Plan, stage: usize) -> Vec<String> {
+fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<String> {
     let (m, t) = (plan.model, &plan.case.train);
     let mut f = vec![format!("dtype:{}", t.dtype), format!("norm:{:?}", m.norm), format!("act:{:?}", m.activation)];
     f.push(format!("opt:{:?}", t.optimizer.kind));
     f.push(format!("zero:{}", plan.zero));
     f.extend(m.layers[plan.stages[stage].clone()].iter().map(|l| format!("block:{l:?}")));
+    let uneven_microbatches = (0..plan.accumulation).any(|a| {
+        let pieces = plan.pieces(d, a);
+        pieces.windows(2).any(|w| w[0].rows.len() != w[1].rows.len())
+    });
     let flags = [
         (plan.tp > 1, "tp"),
+        (plan.tp > 2, "tp:3+"),
         (plan.case.parallel.sequence_parallel, "sp"),
         (plan.dp > 1, "dp"),
+        (plan.dp > 2, "dp:3+"),
         (plan.pp > 1, "pp"),
+        (plan.pp > 1 && plan.schedule == PipelineSchedule::OneFOneB, "pp:1f1b"),
         (plan.ep > 1, "ep"),
         (m.bias, "bias"),
         (m.tied_embeddings, "tied"),
+        (m.kv_heads < m.heads, "gqa"),
+        (layout.local_heads() > 1, "attn:local-heads:multi"),
+        (layout.kv_replicated && m.kv_heads == 1, "tp:kv:replicated"),
+        // Several kv heads, each shared by a group of ranks: the rank-to-head mapping matters.
+        (layout.kv_replicated && m.kv_heads > 1, "tp:kv:grouped"),
+        (plan.tp > 1 && layout.ffn.is_empty(), "tp:ffn:empty-shard"),
+        (plan.tp > 1 && m.vocab as usize % plan.tp != 0, "tp:vocab:padded"),
+        (m.moe.as_ref().is_some_and(|moe| moe.top_k > 1), "moe:top-k:multi"),
         (plan.accumulation > 1, "accumulation:multi"),
         (plan.microbatches > 1, "microbatches:multi"),
+        (uneven_microbatches, "microbatches:uneven"),
         (t.steps > 1, "steps:multi"),
         (t.clip_grad_norm.is_some(), "clip"),
         (t.loss_scale.is_some(), "loss-scale"),
+        (t.reduce_dtype.is_some_and(|r| r != t.dtype), "reduce-dtype"),
         (plan.case.parallel.sequence_parallel && m.seq as usize % plan.tp != 0, "sp:seq:uneven"),
     ];
     f.extend(flags.iter().filter(|(on, _)| *on).map(|(_, name)| name.to_string()));

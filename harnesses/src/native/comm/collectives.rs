@@ -36,6 +36,10 @@ impl<'a> Ring<'a> {
         let pos =
             g.ranks.iter().position(|&r| r == comm.rank).unwrap_or_else(|| panic!("rank {} is not in group {}", comm.rank, g.label()));
         let seq = comm.next_seq(g, kind);
+        if g.size() > 1 && total % g.size() != 0 {
+            // Chunks of unequal length go around the ring.
+            comm.note_path(&format!("ring:{kind}:uneven"));
+        }
         Ring { comm, g, pos, n: g.size(), seq, kind, total }
     }
 

@@ -265,6 +265,11 @@ impl Comm {
         self.world.mark_finished(self.rank);
     }
 
+    /// Records a code path this rank took (reported with the run's features).
+    pub(super) fn note_path(&self, path: &str) {
+        self.seen.borrow_mut().insert(format!("path:{path}"));
+    }
+
     /// The next sequence number of a collective on `g`, counted by this rank.
     pub(super) fn next_seq(&self, g: &Group, kind: &'static str) -> u64 {
         self.seen.borrow_mut().insert(format!("coll:{kind}:{}:{}", g.name, g.size()));
