@@ -192,6 +192,15 @@ fn adam_noise(case: &Case, reference: &RunOutput, checks: &[TensorCheck], scale:
     Some(case.train.optimizer.lr.get() * case.train.steps as f64 * worst / scale.denominator(name, p))
 }
 
+/// The larger of two errors, NaN if either is (`f64::max` would drop the NaN).
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 /// Whether `t` comes within `world × 16` of the largest finite value of the case dtype: sharded
 /// implementations legitimately hold partial sums that large (a data-parallel rank's gradient is its
 /// local mean, dp times its share of the global one), so an overflow there is not a divergence.
@@ -271,16 +280,17 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
         }
         // The framework's own single-device run in the case dtype, when the target sent one
         // (`baseline/<tensor>`): its rounding is the framework's, not our emulation's.
-        let base = err(baseline.as_ref().and_then(|b| b.tensor(name)), r, name).max(err(
-            out.tensor(&format!("{FRAMEWORK_BASELINE}{name}")),
-            r,
-            name,
-        ));
+        // `nan_max`, not `f64::max`: a baseline that overflowed to NaN must make the tensor not
+        // comparable, not vanish from the noise estimate.
+        let base = nan_max(
+            err(baseline.as_ref().and_then(|b| b.tensor(name)), r, name),
+            err(out.tensor(&format!("{FRAMEWORK_BASELINE}{name}")), r, name),
+        );
         let pert = err(perturbed.as_ref().and_then(|p| p.tensor(name)), r, name);
         let base2 = err(perturbed_baseline.as_ref().and_then(|p| p.tensor(name)), r, name);
         let later_step = name.starts_with("param/") || (name.starts_with("loss/") && name != "loss/step0");
         let grad_noise = if later_step { err(gradient_noise.as_ref().and_then(|p| p.tensor(name)), r, name) } else { 0.0 };
-        let pert = pert.max(base2).max(grad_noise);
+        let pert = nan_max(nan_max(pert, base2), grad_noise);
         let adam = adam_noise(case, &reference, &v.checks, &scale, name).unwrap_or(0.0);
         let noise = base.max(pert).max(floor).max(adam);
         let mut check = TensorCheck {
