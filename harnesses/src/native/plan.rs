@@ -99,15 +99,25 @@ impl<'a> Plan<'a> {
         self.case.train.dtype != shardfuzz_kernels::DType::F64
     }
 
-    /// The micro-batches of accumulation step `a` on data-parallel rank `d`.
-    pub fn pieces(&self, d: usize, a: usize) -> Vec<Piece> {
+    /// Batch rows of accumulation step `a` on data-parallel rank `d`.
+    fn accumulation_rows(&self, d: usize, a: usize) -> Range<usize> {
         let rows = self.dp_rows(d);
         let chunk = balanced(rows.len(), self.accumulation, a);
-        let base = rows.start + chunk.start;
+        rows.start + chunk.start..rows.start + chunk.end
+    }
+
+    /// Whether some accumulation step of rank `d` splits into micro-batches of unequal length.
+    pub fn uneven_microbatches(&self, d: usize) -> bool {
+        (0..self.accumulation).any(|a| self.accumulation_rows(d, a).len() % self.microbatches != 0)
+    }
+
+    /// The micro-batches of accumulation step `a` on data-parallel rank `d`.
+    pub fn pieces(&self, d: usize, a: usize) -> Vec<Piece> {
+        let chunk = self.accumulation_rows(d, a);
         let mut out: Vec<Piece> = (0..self.microbatches)
             .map(|j| {
                 let r = balanced(chunk.len(), self.microbatches, j);
-                Piece { rows: base + r.start..base + r.end }
+                Piece { rows: chunk.start + r.start..chunk.start + r.end }
             })
             .collect();
         // The injected fault's region: accumulation around a 1F1B pipeline of tensor-parallel

@@ -261,8 +261,9 @@ impl<'a> Rank<'a> {
         let mut skipped = vec![];
         let flat = Flat::new(&names, &params, dp);
         if plan.zero > 0 {
-            self.features.push(format!("zero{}:{}", plan.zero, if flat.padding() > 0 { "padded" } else { "even" }));
-            if flat.padding() > 0 {
+            let padded = flat.padding() > 0;
+            self.features.push(format!("zero{}:{}", plan.zero, if padded { "padded" } else { "even" }));
+            if padded {
                 self.features.push("path:zero:padded".into());
             }
         }
@@ -480,10 +481,6 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
     f.push(format!("opt:{:?}", t.optimizer.kind));
     f.push(format!("zero:{}", plan.zero));
     f.extend(m.layers[plan.stages[stage].clone()].iter().map(|l| format!("block:{l:?}")));
-    let uneven_microbatches = (0..plan.accumulation).any(|a| {
-        let pieces = plan.pieces(d, a);
-        pieces.windows(2).any(|w| w[0].rows.len() != w[1].rows.len())
-    });
     let flags = [
         (plan.tp > 1, "tp"),
         (plan.tp > 2, "tp:3+"),
@@ -505,7 +502,7 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
         (m.moe.as_ref().is_some_and(|moe| moe.top_k > 1), "moe:top-k:multi"),
         (plan.accumulation > 1, "accumulation:multi"),
         (plan.microbatches > 1, "microbatches:multi"),
-        (uneven_microbatches, "microbatches:uneven"),
+        (plan.uneven_microbatches(d), "microbatches:uneven"),
         (t.steps > 1, "steps:multi"),
         (t.clip_grad_norm.is_some(), "clip"),
         (t.loss_scale.is_some(), "loss-scale"),
