@@ -120,6 +120,19 @@ fn a_rank_killed_mid_case_is_a_crash_and_the_next_case_runs() {
 }
 
 #[test]
+fn a_rank_that_aborts_is_a_crash_reported_with_what_it_printed() {
+    if !python_ready() {
+        return;
+    }
+    let (vs, _) = first_then_second("abort-rank", "60000");
+    assert_eq!(vs.len(), 2);
+    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
+    let reason = vs[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("killed by signal 6: the test hook aborted this rank"), "{reason}");
+    assert_eq!(vs[1]["kind"], "pass", "after a fresh pool: {}", vs[1]["reason"]);
+}
+
+#[test]
 fn a_worker_killed_mid_case_is_a_crash_and_is_respawned() {
     if !python_ready() {
         return;
@@ -139,10 +152,30 @@ fn a_hung_worker_is_a_hang_within_the_timeout() {
     let (vs, elapsed) = first_then_second("sleep", "4000");
     assert_eq!(vs.len(), 2);
     assert_eq!(vs[0]["kind"], "hang", "{}", vs[0]);
-    assert!(vs[0]["reason"].as_str().unwrap().contains("did not finish within 4"), "{}", vs[0]["reason"]);
+    let reason = vs[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("did not finish within 4"), "{reason}");
+    // Where each stuck rank waits, from its own stack: the hook sleeps in the rank's main loop.
+    assert!(reason.contains("rank 0 waits at shardfuzz_worker/pool.py:") && reason.contains("in _rank_main"), "{reason}");
     assert_eq!(vs[1]["kind"], "pass", "{}", vs[1]["reason"]);
     // Two pool starts (a few seconds each on 2 cores) plus the 4 s timeout, far below the 60 s default.
     assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
+}
+
+/// A hang report says where each stuck rank waits, and through which framework call our code got
+/// there: the smoke run uses that to tell a collective the framework issued from one we did.
+#[test]
+fn a_hang_names_the_framework_call_each_stuck_rank_waits_in() {
+    if !python_ready() {
+        return;
+    }
+    let (vs, _) = first_then_second("sleep-last-rank", "5000");
+    assert_eq!(vs[0]["kind"], "hang", "{}", vs[0]);
+    let reason = vs[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("rank 0 waits at torch/distributed/"), "{reason}");
+    assert!(reason.contains("entered from shardfuzz_worker/targets/torch_ddp.py:"), "{reason}");
+    assert!(reason.contains("via torch/nn/parallel/distributed.py:"), "{reason}");
+    assert!(reason.contains("rank 1 waits at shardfuzz_worker/pool.py:"), "{reason}");
+    assert_eq!(vs[1]["kind"], "pass", "{}", vs[1]["reason"]);
 }
 
 /// A sequence shorter than the tensor-parallel degree leaves a rank with an empty local sequence

@@ -3,12 +3,21 @@
 Ranks are forked once per world size and reused for every case of that size; each runs the target's
 `run_rank` for every job and reports its result (or its exception) over a pipe. A rank that dies or
 does not answer in time gets the pool killed; the next case of that size forks a fresh one.
+
+Each rank writes its stderr to a file of its own, emptied at every job, so that a rank killed by a
+signal is reported with what it printed last (gloo's "enforce fail ... collective mismatch"), and a
+rank that hangs is reported with its Python stack (faulthandler, on SIGUSR1) before it is killed.
 """
 
+import faulthandler
 import multiprocessing as mp
 import os
+import re
+import shutil
 import signal
 import socket
+import sys
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -27,8 +36,9 @@ class RankDied(Exception):
 
 
 class RanksHung(Exception):
-    def __init__(self, stuck, waited):
-        super().__init__(f"ranks {stuck} did not finish within {waited:.1f} s")
+    def __init__(self, stuck, waited, where=()):
+        detail = "".join(f"; rank {r} waits at {w}" for r, w in where)
+        super().__init__(f"ranks {stuck} did not finish within {waited:.1f} s{detail}")
         self.stuck = stuck
 
 
@@ -38,8 +48,77 @@ def free_loopback_port():
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, target, conn, init_timeout_s):
+def _stderr_dir():
+    shm = "/dev/shm"
+    return tempfile.mkdtemp(prefix="shardfuzz-ranks-", dir=shm if os.path.isdir(shm) else None)
+
+
+def _capture_stderr(path):
+    """Points fd 2 at `path`; returns a function that empties it (called at every job)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+    def reset():
+        sys.stderr.flush()
+        os.ftruncate(2, 0)
+        os.lseek(2, 0, os.SEEK_SET)
+
+    return reset
+
+
+def read_tail(path, limit=8000):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def abort_message(text):
+    """The line a C++ abort printed (`what(): ...`), or the last non-empty line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("what():"):
+            return ln[len("what():"):].strip()
+    return lines[-1] if lines else ""
+
+
+def _short(frame):
+    """`File "/…/site-packages/torch/x.py", line 3 in f` -> `torch/x.py:3 in f`."""
+    m = re.match(r'File "(.*)", line (\d+) in (.*)', frame)
+    if not m:
+        return frame
+    path, line, func = m.groups()
+    for anchor in ("site-packages/", "dist-packages/", "shardfuzz_worker/"):
+        if anchor in path:
+            path = ("shardfuzz_worker/" if anchor == "shardfuzz_worker/" else "") + path.split(anchor, 1)[1]
+            break
+    return f"{path}:{line} in {func}"
+
+
+def stuck_at(dump):
+    """Where a faulthandler dump says the rank's main thread waits: its innermost frame, and, when
+    that lies in a framework, the last frame of ours and the framework call it made (so a collective
+    our harness issued itself is told apart from one the framework issued)."""
+    blocks = dump.split("\n\n")
+    main = next((b for b in blocks if "_rank_main" in b), "")
+    frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
+    if not frames:
+        return "an unknown place (no stack was dumped)"
+    ours = next((i for i, f in enumerate(frames) if "shardfuzz_worker" in f), None)
+    where = _short(frames[0])
+    if ours is None or ours == 0:
+        return where
+    return f"{where}, entered from {_short(frames[ours])} via {_short(frames[ours - 1])}"
+
+
+def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
     lifetime.die_with_parent()
+    reset_stderr = _capture_stderr(stderr_path)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -59,10 +138,14 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s):
             os._exit(0)
         if job is None:
             os._exit(0)
+        reset_stderr()
         hook = job.get("test_hook")
         if hook == "kill-rank" and rank == world - 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        if hook == "sleep":
+        if hook == "abort-rank" and rank == world - 1:
+            os.write(2, b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n")
+            os.abort()
+        if hook == "sleep" or (hook == "sleep-last-rank" and rank == world - 1):
             time.sleep(3600)
         try:
             out = target.run_rank(rank, world, job["case"], job["inputs"])
@@ -86,9 +169,12 @@ class RankPool:
         ctx = mp.get_context("fork")
         port = free_loopback_port()
         self.procs, self.conns = [], []
+        self.stderr_dir = _stderr_dir()
+        self.stderr_paths = [os.path.join(self.stderr_dir, f"rank{r}.err") for r in range(world)]
         for r in range(world):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_rank_main, args=(r, world, port, target, child, init_timeout_s), daemon=True)
+            args = (r, world, port, target, child, init_timeout_s, self.stderr_paths[r])
+            p = ctx.Process(target=_rank_main, args=args, daemon=True)
             p.start()
             child.close()
             self.procs.append(p)
@@ -112,6 +198,7 @@ class RankPool:
             left = deadline - time.monotonic()
             if left <= 0:
                 stuck = sorted(pending.values())
+                where = self.stacks(stuck)
                 self.kill()
                 if any(r is not None and not r.get("ok", True) for r in results):
                     # A rank failed and its peers were left waiting for it: the failure is the story.
@@ -119,7 +206,7 @@ class RankPool:
                         results[r] = {"ok": False, "type": "Stranded", "module": "", "traceback": "",
                                       "message": "left waiting in a collective after a peer failed"}
                     return results
-                raise RanksHung(stuck, timeout_s)
+                raise RanksHung(stuck, timeout_s, where)
             ready = wait(list(pending) + list(sentinels), timeout=min(left, 1.0))
             for obj in ready:
                 if obj in pending:
@@ -137,11 +224,22 @@ class RankPool:
                     if r in pending.values():
                         p.join(0.1)
                         code = p.exitcode
+                        said = abort_message(read_tail(self.stderr_paths[r]))
                         self.kill()
                         why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
-                        raise RankDied(r, f"rank {r} {why}")
+                        raise RankDied(r, f"rank {r} {why}" + (f": {said}" if said else ""))
                     del sentinels[obj]
         return results
+
+    def stacks(self, ranks, wait_s=1.0):
+        """Asks each rank for its Python stack (SIGUSR1) and says where each one waits."""
+        for r in ranks:
+            try:
+                os.kill(self.procs[r].pid, signal.SIGUSR1)
+            except (ProcessLookupError, IndexError):
+                pass
+        time.sleep(wait_s)
+        return [(r, stuck_at(read_tail(self.stderr_paths[r], 16000))) for r in ranks]
 
     def kill(self):
         for p in self.procs:
@@ -155,3 +253,6 @@ class RankPool:
         for c in self.conns:
             c.close()
         self.procs, self.conns = [], []
+        if getattr(self, "stderr_dir", None):
+            shutil.rmtree(self.stderr_dir, ignore_errors=True)
+            self.stderr_dir = None
