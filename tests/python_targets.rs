@@ -132,6 +132,20 @@ fn a_rank_that_aborts_is_a_crash_reported_with_what_it_printed() {
     assert_eq!(vs[1]["kind"], "pass", "after a fresh pool: {}", vs[1]["reason"]);
 }
 
+/// An abort whose handler never returns leaves the rank alive and its peers waiting: a crash with
+/// the abort's message, not a hang.
+#[test]
+fn a_rank_stuck_in_its_own_abort_is_a_crash_not_a_hang() {
+    if !python_ready() {
+        return;
+    }
+    let (vs, _) = first_then_second("abort-without-exit", "4000");
+    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
+    let reason = vs[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("aborted but did not exit: the test hook aborted this rank"), "{reason}");
+    assert_eq!(vs[1]["kind"], "pass", "after a fresh pool: {}", vs[1]["reason"]);
+}
+
 #[test]
 fn a_worker_killed_mid_case_is_a_crash_and_is_respawned() {
     if !python_ready() {

@@ -145,6 +145,9 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
         if hook == "abort-rank" and rank == world - 1:
             os.write(2, b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n")
             os.abort()
+        if hook == "abort-without-exit" and rank == world - 1:
+            os.write(2, b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n")
+            time.sleep(3600)
         if hook == "sleep" or (hook == "sleep-last-rank" and rank == world - 1):
             time.sleep(3600)
         try:
@@ -199,7 +202,13 @@ class RankPool:
             if left <= 0:
                 stuck = sorted(pending.values())
                 where = self.stacks(stuck)
+                # A C++ abort that never completed (its handler blocked) leaves the rank alive: it
+                # failed, it did not hang.
+                aborted = [(r, abort_message(t)) for r in stuck if "terminate called" in (t := read_tail(self.stderr_paths[r]))]
                 self.kill()
+                if aborted:
+                    r, said = aborted[0]
+                    raise RankDied(r, f"rank {r} aborted but did not exit: {said}")
                 if any(r is not None and not r.get("ok", True) for r in results):
                     # A rank failed and its peers were left waiting for it: the failure is the story.
                     for r in stuck:
