@@ -99,78 +99,56 @@ fn seed_cases_pass_or_are_rejected_on_every_python_target() {
     }
 }
 
-fn first_then_second(hook: &str, timeout_ms: &str) -> (Vec<Value>, Duration) {
+/// Runs one case twice on torch-ddp with a test hook acting on the first run; checks that the first
+/// verdict is `kind` and that the second passes (the pool or the worker recovered). Returns the first
+/// verdict's reason and the time both runs took; None where the Python targets are not set up.
+fn hooked_then_recovered(hook: &str, timeout_ms: &str, kind: &str) -> Option<(String, Duration)> {
+    if !python_ready() {
+        return None;
+    }
     let case = corpus("dp2-even.json");
     let t0 = Instant::now();
     let o =
         shardfuzz(&["run", "--json", "--target", "torch-ddp", "--timeout-ms", timeout_ms, &case, &case], &[("SHARDFUZZ_TEST_HOOK", hook)]);
-    (verdicts(&o), t0.elapsed())
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2, "{vs:?}");
+    assert_eq!(vs[0]["kind"], kind, "{}", vs[0]);
+    assert_eq!(vs[1]["kind"], "pass", "after recovering from {hook}: {}", vs[1]["reason"]);
+    Some((vs[0]["reason"].as_str().unwrap().to_string(), t0.elapsed()))
 }
 
 #[test]
 fn a_rank_killed_mid_case_is_a_crash_and_the_next_case_runs() {
-    if !python_ready() {
-        return;
-    }
-    let (vs, _) = first_then_second("kill-rank", "60000");
-    assert_eq!(vs.len(), 2);
-    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
-    assert!(vs[0]["reason"].as_str().unwrap().contains("killed by signal 9"), "{}", vs[0]["reason"]);
-    assert_eq!(vs[1]["kind"], "pass", "after a fresh pool: {}", vs[1]["reason"]);
+    let Some((reason, _)) = hooked_then_recovered("kill-rank", "60000", "crash") else { return };
+    assert!(reason.contains("killed by signal 9"), "{reason}");
 }
 
 #[test]
 fn a_rank_that_aborts_is_a_crash_reported_with_what_it_printed() {
-    if !python_ready() {
-        return;
-    }
-    let (vs, _) = first_then_second("abort-rank", "60000");
-    assert_eq!(vs.len(), 2);
-    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
-    let reason = vs[0]["reason"].as_str().unwrap();
+    let Some((reason, _)) = hooked_then_recovered("abort-rank", "60000", "crash") else { return };
     assert!(reason.contains("killed by signal 6: the test hook aborted this rank"), "{reason}");
-    assert_eq!(vs[1]["kind"], "pass", "after a fresh pool: {}", vs[1]["reason"]);
 }
 
 /// An abort whose handler never returns leaves the rank alive and its peers waiting: a crash with
 /// the abort's message, not a hang.
 #[test]
 fn a_rank_stuck_in_its_own_abort_is_a_crash_not_a_hang() {
-    if !python_ready() {
-        return;
-    }
-    let (vs, _) = first_then_second("abort-without-exit", "4000");
-    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
-    let reason = vs[0]["reason"].as_str().unwrap();
+    let Some((reason, _)) = hooked_then_recovered("abort-without-exit", "4000", "crash") else { return };
     assert!(reason.contains("aborted but did not exit: the test hook aborted this rank"), "{reason}");
-    assert_eq!(vs[1]["kind"], "pass", "after a fresh pool: {}", vs[1]["reason"]);
 }
 
 #[test]
 fn a_worker_killed_mid_case_is_a_crash_and_is_respawned() {
-    if !python_ready() {
-        return;
-    }
-    let (vs, _) = first_then_second("kill-worker", "60000");
-    assert_eq!(vs.len(), 2);
-    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
-    assert!(vs[0]["reason"].as_str().unwrap().contains("worker exited"), "{}", vs[0]["reason"]);
-    assert_eq!(vs[1]["kind"], "pass", "after respawning the worker: {}", vs[1]["reason"]);
+    let Some((reason, _)) = hooked_then_recovered("kill-worker", "60000", "crash") else { return };
+    assert!(reason.contains("worker exited"), "{reason}");
 }
 
 #[test]
 fn a_hung_worker_is_a_hang_within_the_timeout() {
-    if !python_ready() {
-        return;
-    }
-    let (vs, elapsed) = first_then_second("sleep", "4000");
-    assert_eq!(vs.len(), 2);
-    assert_eq!(vs[0]["kind"], "hang", "{}", vs[0]);
-    let reason = vs[0]["reason"].as_str().unwrap();
+    let Some((reason, elapsed)) = hooked_then_recovered("sleep", "4000", "hang") else { return };
     assert!(reason.contains("did not finish within 4"), "{reason}");
     // Where each stuck rank waits, from its own stack: the hook sleeps in the rank's main loop.
     assert!(reason.contains("rank 0 waits at shardfuzz_worker/pool.py:") && reason.contains("in _rank_main"), "{reason}");
-    assert_eq!(vs[1]["kind"], "pass", "{}", vs[1]["reason"]);
     // Two pool starts (a few seconds each on 2 cores) plus the 4 s timeout, far below the 60 s default.
     assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
 }
@@ -179,17 +157,11 @@ fn a_hung_worker_is_a_hang_within_the_timeout() {
 /// there: the smoke run uses that to tell a collective the framework issued from one we did.
 #[test]
 fn a_hang_names_the_framework_call_each_stuck_rank_waits_in() {
-    if !python_ready() {
-        return;
-    }
-    let (vs, _) = first_then_second("sleep-last-rank", "5000");
-    assert_eq!(vs[0]["kind"], "hang", "{}", vs[0]);
-    let reason = vs[0]["reason"].as_str().unwrap();
+    let Some((reason, _)) = hooked_then_recovered("sleep-last-rank", "5000", "hang") else { return };
     assert!(reason.contains("rank 0 waits at torch/distributed/"), "{reason}");
     assert!(reason.contains("entered from shardfuzz_worker/targets/torch_ddp.py:"), "{reason}");
     assert!(reason.contains("via torch/nn/parallel/distributed.py:"), "{reason}");
     assert!(reason.contains("rank 1 waits at shardfuzz_worker/pool.py:"), "{reason}");
-    assert_eq!(vs[1]["kind"], "pass", "{}", vs[1]["reason"]);
 }
 
 /// A sequence shorter than the tensor-parallel degree leaves a rank with an empty local sequence

@@ -63,20 +63,19 @@ fn fnv(s: &[u8]) -> u64 {
 /// path alone is old (the set form of AFL++'s n-gram edge coverage). Bugs live where several paths
 /// meet, and each combination on the way there is a step the search keeps.
 pub fn add_features_and_combinations(features: &[String]) {
-    let put = bump_feature;
     for f in features {
-        put(fnv(f.as_bytes()));
+        bump_feature(fnv(f.as_bytes()));
     }
     let paths: Vec<u64> = features.iter().filter(|f| f.starts_with("path:")).map(|f| fnv(f.as_bytes())).collect();
     for (i, a) in paths.iter().enumerate() {
         for (j, b) in paths.iter().enumerate().skip(i + 1) {
             let ab = a ^ b.rotate_left(17);
-            put(ab);
+            bump_feature(ab);
             for (k, c) in paths.iter().enumerate().skip(j + 1) {
                 let abc = ab ^ c.rotate_left(37) ^ 0x7f4a_7c15;
-                put(abc);
+                bump_feature(abc);
                 for d in &paths[k + 1..] {
-                    put(abc ^ d.rotate_left(53) ^ 0x2545_f491);
+                    bump_feature(abc ^ d.rotate_left(53) ^ 0x2545_f491);
                 }
             }
         }

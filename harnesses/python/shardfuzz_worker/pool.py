@@ -88,15 +88,14 @@ def abort_message(text):
 
 
 def _short(frame):
-    """`File "/…/site-packages/torch/x.py", line 3 in f` -> `torch/x.py:3 in f`."""
+    """`File "/…/site-packages/torch/x.py", line 3 in f` -> `torch/x.py:3 in f`; our own files keep
+    their `shardfuzz_worker/` prefix."""
     m = re.match(r'File "(.*)", line (\d+) in (.*)', frame)
     if not m:
         return frame
     path, line, func = m.groups()
-    for anchor in ("site-packages/", "dist-packages/", "shardfuzz_worker/"):
-        if anchor in path:
-            path = ("shardfuzz_worker/" if anchor == "shardfuzz_worker/" else "") + path.split(anchor, 1)[1]
-            break
+    path = re.sub(r"^.*?/(site-packages|dist-packages)/", "", path)
+    path = re.sub(r"^.*/(?=shardfuzz_worker/)", "", path)
     return f"{path}:{line} in {func}"
 
 
@@ -114,6 +113,10 @@ def stuck_at(dump):
     if ours is None or ours == 0:
         return where
     return f"{where}, entered from {_short(frames[ours])} via {_short(frames[ours - 1])}"
+
+
+#: What the abort test hooks print, as a C++ `std::terminate` does.
+_TEST_ABORT = b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n"
 
 
 def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
@@ -142,11 +145,10 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
         hook = job.get("test_hook")
         if hook == "kill-rank" and rank == world - 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        if hook == "abort-rank" and rank == world - 1:
-            os.write(2, b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n")
-            os.abort()
-        if hook == "abort-without-exit" and rank == world - 1:
-            os.write(2, b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n")
+        if hook in ("abort-rank", "abort-without-exit") and rank == world - 1:
+            os.write(2, _TEST_ABORT)
+            if hook == "abort-rank":
+                os.abort()
             time.sleep(3600)
         if hook == "sleep" or (hook == "sleep-last-rank" and rank == world - 1):
             time.sleep(3600)
@@ -201,10 +203,11 @@ class RankPool:
             left = deadline - time.monotonic()
             if left <= 0:
                 stuck = sorted(pending.values())
-                where = self.stacks(stuck)
+                printed = self.dump_stacks(stuck)
+                where = [(r, stuck_at(printed[r])) for r in stuck]
                 # A C++ abort that never completed (its handler blocked) leaves the rank alive: it
                 # failed, it did not hang.
-                aborted = [(r, abort_message(t)) for r in stuck if "terminate called" in (t := read_tail(self.stderr_paths[r]))]
+                aborted = [(r, abort_message(printed[r])) for r in stuck if "terminate called" in printed[r]]
                 self.kill()
                 if aborted:
                     r, said = aborted[0]
@@ -240,15 +243,16 @@ class RankPool:
                     del sentinels[obj]
         return results
 
-    def stacks(self, ranks, wait_s=1.0):
-        """Asks each rank for its Python stack (SIGUSR1) and says where each one waits."""
+    def dump_stacks(self, ranks, wait_s=1.0):
+        """Asks each rank for its Python stack (SIGUSR1); returns what each has printed this job,
+        the stack last."""
         for r in ranks:
             try:
                 os.kill(self.procs[r].pid, signal.SIGUSR1)
-            except (ProcessLookupError, IndexError):
+            except ProcessLookupError:
                 pass
         time.sleep(wait_s)
-        return [(r, stuck_at(read_tail(self.stderr_paths[r], 16000))) for r in ranks]
+        return {r: read_tail(self.stderr_paths[r], 16000) for r in ranks}
 
     def kill(self):
         for p in self.procs:
@@ -262,6 +266,6 @@ class RankPool:
         for c in self.conns:
             c.close()
         self.procs, self.conns = [], []
-        if getattr(self, "stderr_dir", None):
+        if self.stderr_dir:
             shutil.rmtree(self.stderr_dir, ignore_errors=True)
             self.stderr_dir = None
