@@ -94,6 +94,35 @@ pub fn edge_guards() -> usize {
     EDGE_GUARDS.load(Ordering::Relaxed)
 }
 
+/// The slots hit by the last scanned run, in increasing order (see `scan_hits`).
+static HITS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Lists the slots the run now in the map hit, for `hits()`. Eight bytes at a time: a run hits a
+/// few thousand of the map's 262,144 slots, and the executor, the scheduler and the coverage count
+/// all need the list.
+pub fn scan_hits() {
+    let mut hits = HITS.lock().expect("hit list");
+    hits.clear();
+    let words = unsafe { std::slice::from_raw_parts(map_ptr().cast::<u64>(), MAP_SIZE / 8) };
+    for (w, &word) in words.iter().enumerate() {
+        if word != 0 {
+            let bytes = word.to_ne_bytes();
+            hits.extend((0..8).filter(|&b| bytes[b] != 0).map(|b| (w * 8 + b) as u32));
+        }
+    }
+}
+
+/// The slots hit by the run `scan_hits` last looked at.
+pub fn hits() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    HITS.lock().expect("hit list")
+}
+
+/// Empties the map and the hit list (a run whose coverage must not count).
+pub fn clear() {
+    unsafe { std::ptr::write_bytes(map_ptr(), 0, MAP_SIZE) };
+    HITS.lock().expect("hit list").clear();
+}
+
 /// Number of non-zero entries in the map right now.
 pub fn filled() -> usize {
     unsafe { std::slice::from_raw_parts(map_ptr(), MAP_SIZE) }.iter().filter(|b| **b != 0).count()

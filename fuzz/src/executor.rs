@@ -72,9 +72,18 @@ impl<OT> CaseExecutor<OT> {
         let t0 = Instant::now();
         let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, case)).collect();
         coverage::set_last_exec_time(t0.elapsed());
-        if verdicts.iter().all(|v| v.kind == VerdictKind::Unsupported) {
-            // No target could express the case: nothing it covered is worth keeping it for.
-            unsafe { std::ptr::write_bytes(coverage::map_ptr(), 0, coverage::MAP_SIZE) };
+        if !self.feedback || verdicts.iter().all(|v| v.kind == VerdictKind::Unsupported) {
+            // Without feedback nothing is interesting; when no target could express the case,
+            // nothing it covered is worth keeping it for.
+            coverage::clear();
+            return verdicts;
+        }
+        coverage::scan_hits();
+        for &slot in coverage::hits().iter() {
+            if !self.seen[slot as usize] {
+                self.seen[slot as usize] = true;
+                self.coverage += 1;
+            }
         }
         verdicts
     }
@@ -114,15 +123,6 @@ impl<OT> CaseExecutor<OT> {
             features.dedup();
             coverage::add_features_and_combinations(&features);
             coverage::add_external_coverage(&external);
-            let map = unsafe { std::slice::from_raw_parts(coverage::map_ptr(), coverage::MAP_SIZE) };
-            for (i, b) in map.iter().enumerate() {
-                if *b != 0 && !self.seen[i] {
-                    self.seen[i] = true;
-                    self.coverage += 1;
-                }
-            }
-        } else {
-            unsafe { std::ptr::write_bytes(coverage::map_ptr(), 0, coverage::MAP_SIZE) };
         }
         if v.kind.is_finding() {
             let elapsed = self.elapsed();

@@ -63,11 +63,6 @@ fn entry_weight(rarest_hits: u32, cost_ms: f64) -> f64 {
     1.0 / (rarest * rarest * cost * cost)
 }
 
-fn current_slots() -> Vec<u32> {
-    let map = unsafe { std::slice::from_raw_parts(coverage::map_ptr(), coverage::MAP_SIZE) };
-    map.iter().enumerate().filter(|(_, b)| **b != 0).map(|(i, _)| i as u32).collect()
-}
-
 impl<I, S> RemovableScheduler<I, S> for RareFeatureScheduler {}
 
 impl<I, S> Scheduler<I, S> for RareFeatureScheduler
@@ -78,7 +73,7 @@ where
         let parent = *state.corpus().current();
         state.corpus().get(id)?.borrow_mut().set_parent_id_optional(parent);
         // The map still holds the execution that made this entry interesting.
-        let mut slots = current_slots();
+        let mut slots = coverage::hits().clone();
         slots.sort_by_key(|&s| self.hits[s as usize]);
         slots.truncate(RARE_SLOTS_KEPT);
         let mut e = Entry { id, slots, cost_ms: coverage::last_exec_time().as_secs_f64() * 1e3, weight: 0.0 };
@@ -88,7 +83,7 @@ where
     }
 
     fn on_evaluation<OT>(&mut self, _state: &mut S, _input: &I, _observers: &OT) -> Result<(), Error> {
-        for s in current_slots() {
+        for &s in coverage::hits().iter() {
             self.hits[s as usize] = self.hits[s as usize].saturating_add(1);
         }
         Ok(())

@@ -42,6 +42,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("reorder-layers", model::reorder_layers),
     ("architecture", model::architecture),
     ("moe-routing", model::moe_routing),
+    ("moe-capacity-drops", model::moe_capacity_drops),
     ("dtype", train::dtype),
     ("distribution", train::distribution),
     ("training-step", train::training_step),

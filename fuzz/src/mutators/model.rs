@@ -131,3 +131,27 @@ pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     }
     true
 }
+
+/// Experts spread over expert-parallel ranks, top-k > 1 routing and a capacity below the tokens
+/// routed, so experts drop tokens: the all-to-all's split sizes must then follow the kept tokens,
+/// not the routing (an MoE bug site that otherwise takes four unrelated steps: a MoE layer, ep > 1,
+/// top-k > 1 and a tight capacity).
+pub fn moe_capacity_drops(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let p = &mut c.parallel;
+    p.dp = p.dp.max(2);
+    let degrees: Vec<u32> = (2..=p.dp).filter(|e| p.dp % e == 0).collect();
+    p.ep = *degrees.choose(rng).unwrap_or(&p.dp);
+    p.zero_stage = 0;
+    let experts = p.ep * rng.gen_range(1..=2);
+    m.moe = Some(MoeConfig {
+        experts,
+        top_k: rng.gen_range(2..=experts.max(2)).min(experts),
+        capacity_factor: Real(*[0.25, 0.5, 0.75].choose(rng).unwrap_or(&0.5)),
+    });
+    if !m.layers.contains(&LayerKind::Moe) {
+        let at = rng.gen_range(0..=m.layers.len());
+        m.layers.insert(at, LayerKind::Moe);
+    }
+    true
+}

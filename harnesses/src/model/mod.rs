@@ -77,6 +77,8 @@ pub struct Ctx<'a> {
     /// Smallest gap seen between the k-th and (k+1)-th router probability of any token: how close
     /// the routing came to a tie (a discontinuity round-off can flip).
     pub routing_margin: std::cell::Cell<f64>,
+    /// Some expert was full and dropped a token's choice (the capacity path of the MoE dispatch).
+    pub tokens_dropped: std::cell::Cell<bool>,
 }
 
 impl Ctx<'_> {

@@ -110,8 +110,11 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
                 if slot.is_some() {
                     sent[o].push(entry);
                     kept_only[o].push(entry);
-                } else if drop_bug {
-                    sent[o].push(entry);
+                } else {
+                    ctx.tokens_dropped.set(true);
+                    if drop_bug {
+                        sent[o].push(entry);
+                    }
                 }
             }
         }

@@ -55,6 +55,8 @@ pub struct Rank<'a> {
     pub stage: usize,
     pub p: Prec,
     pub features: Vec<String>,
+    /// Some MoE layer of this rank dropped tokens at capacity.
+    pub tokens_dropped: std::cell::Cell<bool>,
 }
 
 impl<'a> Rank<'a> {
@@ -70,6 +72,7 @@ impl<'a> Rank<'a> {
             microbatches: self.plan.microbatches,
             pipelined: self.plan.pp > 1,
             routing_margin: std::cell::Cell::new(f64::INFINITY),
+            tokens_dropped: std::cell::Cell::new(false),
         }
     }
 
@@ -129,6 +132,9 @@ impl<'a> Rank<'a> {
             let (nx, c) = block_fwd(&ctx, i, self.plan.model.layers[i], params, &st.geom, &x)?;
             st.caches.push(c);
             x = nx;
+        }
+        if ctx.tokens_dropped.get() {
+            self.tokens_dropped.set(true);
         }
         if self.is_last_stage() {
             let (losses, logits, hc) = head_fwd(&ctx, params, &st.geom, &x, &st.targets, grad_scale)?;
@@ -370,7 +376,11 @@ impl<'a> Rank<'a> {
             grads0,
             skipped,
             params,
-            features: self.features,
+            features: if self.tokens_dropped.get() {
+                self.features.into_iter().chain(["path:moe:drops".to_string()]).collect()
+            } else {
+                self.features
+            },
         })
     }
 
@@ -468,7 +478,8 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
     }
     let stage = plan.coord(rank, Axis::Pp);
     features.extend(path_features(plan, stage, &layout, d));
-    let rank = Rank { plan, groups, rank, layout, stage, p: Prec::new(plan.case.train.dtype), features };
+    let rank =
+        Rank { plan, groups, rank, layout, stage, p: Prec::new(plan.case.train.dtype), features, tokens_dropped: Default::default() };
     rank.run(inputs)
 }
 

@@ -71,6 +71,7 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
         microbatches: 1,
         pipelined: false,
         routing_margin: std::cell::Cell::new(f64::INFINITY),
+        tokens_dropped: std::cell::Cell::new(false),
     };
     let mut params: ParamSet = inputs
         .tensors
