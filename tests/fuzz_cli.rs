@@ -64,6 +64,32 @@ fn a_campaign_leaves_its_directory_and_a_second_run_resumes_it() {
     assert!(std::fs::read_to_string(out.join("fuzz.log")).unwrap().contains("resumed at"));
 }
 
+/// The verdict counts of the last `stop:` line of fuzz.log ("pass 2366, rejected 2138, ...").
+fn stopped_verdicts(out: &Path) -> std::collections::BTreeMap<String, u64> {
+    let log = std::fs::read_to_string(out.join("fuzz.log")).unwrap();
+    let line = log.lines().rev().find(|l| l.contains("stop:")).unwrap_or_else(|| panic!("no stop line: {log}"));
+    let inner = line.split_once('(').and_then(|(_, r)| r.split_once(')')).map(|(i, _)| i).unwrap_or_else(|| panic!("{line}"));
+    inner.split(", ").map(|kv| kv.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap())).unwrap()).collect()
+}
+
+#[test]
+fn without_feedback_the_seeds_no_target_can_run_are_not_mutated() {
+    // The seed corpus holds op cases the native target does not express; they are the cheapest
+    // runs, and a baseline without feedback used to spend two thirds of its executions on them.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = fuzz(&out, &["--corpus", corpus().to_str().unwrap(), "--execs", "1500", "--no-feedback", "--quiet", "--seed", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = stopped_verdicts(&out);
+    let total: u64 = v.values().sum();
+    let unsupported = v.get("unsupported").copied().unwrap_or(0);
+    let passed = v.get("pass").copied().unwrap_or(0);
+    assert!(total >= 1500, "{v:?}");
+    // The seeds themselves (11 op cases) and the op cases among fresh random cases remain.
+    assert!(unsupported * 20 < total, "{unsupported} of {total} executions unsupported: {v:?}");
+    assert!(passed * 3 > total, "only {passed} of {total} executions passed: {v:?}");
+}
+
 #[test]
 fn ci_mode_fails_on_new_findings_writes_sarif_and_junit_and_honours_the_baseline() {
     let dir = tempfile::tempdir().unwrap();

@@ -278,7 +278,15 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     executor.store.flush()?;
     let new_signatures: Vec<String> =
         executor.store.findings.values().filter(|f| f.first_seen_elapsed_s >= elapsed_base).map(|f| f.signature.clone()).collect();
-    writeln!(log, "[{}] stop: {} execs, {} findings", hms(executor.elapsed()), state.executions(), executor.store.findings.len())?;
+    let by_kind: Vec<String> = executor.verdicts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    writeln!(
+        log,
+        "[{}] stop: {} execs ({}), {} findings",
+        hms(executor.elapsed()),
+        state.executions(),
+        by_kind.join(", "),
+        executor.store.findings.len()
+    )?;
     Ok(CampaignSummary {
         execs: *state.executions(),
         elapsed_s: executor.elapsed(),

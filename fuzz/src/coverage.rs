@@ -14,6 +14,7 @@ const EDGE_SLOTS: usize = MAP_SIZE / 2;
 static mut MAP: [u8; MAP_SIZE] = [0; MAP_SIZE];
 static EDGE_GUARDS: AtomicUsize = AtomicUsize::new(0);
 static LAST_EXEC_MICROS: AtomicUsize = AtomicUsize::new(0);
+static LAST_EXPRESSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// How long the execution that filled the map took (the scheduler prefers cheap entries).
 pub fn set_last_exec_time(d: std::time::Duration) {
@@ -22,6 +23,16 @@ pub fn set_last_exec_time(d: std::time::Duration) {
 
 pub fn last_exec_time() -> std::time::Duration {
     std::time::Duration::from_micros(LAST_EXEC_MICROS.load(Ordering::Relaxed) as u64)
+}
+
+/// Whether some target could express the case that ran last (the scheduler never mutates a case
+/// that no target can run: its mutants would be refused too).
+pub fn set_last_expressed(expressed: bool) {
+    LAST_EXPRESSED.store(expressed, Ordering::Relaxed);
+}
+
+pub fn last_expressed() -> bool {
+    LAST_EXPRESSED.load(Ordering::Relaxed)
 }
 
 /// Raw pointer to the map, for the LibAFL observer.

@@ -72,7 +72,9 @@ impl<OT> CaseExecutor<OT> {
         let t0 = Instant::now();
         let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, case)).collect();
         coverage::set_last_exec_time(t0.elapsed());
-        if !self.feedback || verdicts.iter().all(|v| v.kind == VerdictKind::Unsupported) {
+        let expressed = verdicts.iter().any(|v| v.kind != VerdictKind::Unsupported);
+        coverage::set_last_expressed(expressed);
+        if !self.feedback || !expressed {
             // Without feedback nothing is interesting; when no target could express the case,
             // nothing it covered is worth keeping it for.
             coverage::clear();

@@ -33,6 +33,10 @@ struct Entry {
     cost_ms: f64,
     /// Recomputed every few choices (each recomputation is a pass over its slots).
     weight: f64,
+    /// No target could express it (an op case on the native target): never chosen while another
+    /// entry can be. Without feedback every entry has empty slots and weighs by cost alone, and
+    /// these refusals are the cheapest runs: they took two thirds of the executions.
+    expressed: bool,
 }
 
 impl Default for RareFeatureScheduler {
@@ -51,6 +55,9 @@ impl RareFeatureScheduler {
     /// entries as rare, the one that runs in half the time gets twice the mutations (AFL favours
     /// fast, small entries for the same reason).
     fn weight(&self, e: &Entry) -> f64 {
+        if !e.expressed {
+            return 0.0;
+        }
         let rarest = e.slots.iter().map(|&s| self.hits[s as usize]).min().unwrap_or(u32::MAX);
         entry_weight(rarest, e.cost_ms)
     }
@@ -76,7 +83,13 @@ where
         let mut slots = coverage::hits().clone();
         slots.sort_by_key(|&s| self.hits[s as usize]);
         slots.truncate(RARE_SLOTS_KEPT);
-        let mut e = Entry { id, slots, cost_ms: coverage::last_exec_time().as_secs_f64() * 1e3, weight: 0.0 };
+        let mut e = Entry {
+            id,
+            slots,
+            cost_ms: coverage::last_exec_time().as_secs_f64() * 1e3,
+            weight: 0.0,
+            expressed: coverage::last_expressed(),
+        };
         e.weight = self.weight(&e);
         self.entries.push(e);
         Ok(())
@@ -122,7 +135,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::entry_weight;
+    use super::*;
 
     #[test]
     fn rare_and_cheap_entries_weigh_more_and_an_entry_fades_as_its_slot_gets_hit() {
@@ -132,5 +145,13 @@ mod tests {
         assert!((entry_weight(1, 2.0) / entry_weight(10, 2.0) - 100.0).abs() < 1e-9);
         // Near-free runs are floored, so they cannot take the whole schedule.
         assert_eq!(entry_weight(3, 0.01), entry_weight(3, 0.5));
+    }
+
+    #[test]
+    fn an_entry_no_target_could_express_is_never_weighed() {
+        let s = RareFeatureScheduler::new();
+        let entry = |expressed| Entry { id: CorpusId(0), slots: vec![], cost_ms: 0.1, weight: 0.0, expressed };
+        assert_eq!(s.weight(&entry(false)), 0.0);
+        assert!(s.weight(&entry(true)) > 0.0);
     }
 }
