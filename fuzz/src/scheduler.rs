@@ -13,7 +13,7 @@ use libafl_bolts::rands::Rand;
 use crate::coverage;
 
 /// Slots remembered per entry.
-const RARE_SLOTS_KEPT: usize = 16;
+const RARE_SLOTS_KEPT: usize = 64;
 
 #[derive(Debug)]
 pub struct RareFeatureScheduler {
@@ -50,24 +50,25 @@ impl RareFeatureScheduler {
         Self::default()
     }
 
-    /// An entry's weight: the inverse square of how often its rarest slot was hit, over its cost.
-    /// Its own mutants hit that slot too, so an entry fades after some tens of mutations; of two
-    /// entries as rare, the one that runs in half the time gets twice the mutations (AFL favours
-    /// fast, small entries for the same reason).
+    /// An entry's weight: how rare its rarest slots are, over its cost. Each of its kept slots adds
+    /// 1 / (executions that hit it)²: an entry that alone combines many paths outweighs one with a
+    /// single rare combination (with quadruples of paths nearly every entry has one slot hit once,
+    /// and a weight from that slot alone spread the choice evenly over thousands of entries). Its
+    /// own mutants hit the same slots, so an entry fades after some tens of mutations.
     fn weight(&self, e: &Entry) -> f64 {
         if !e.expressed {
             return 0.0;
         }
-        let rarest = e.slots.iter().map(|&s| self.hits[s as usize]).min().unwrap_or(u32::MAX);
-        entry_weight(rarest, e.cost_ms)
+        let rarity: f64 = e.slots.iter().map(|&s| 1.0 / f64::from(self.hits[s as usize].max(1)).powi(2)).sum();
+        entry_weight(rarity, e.cost_ms)
     }
 }
 
-/// 1 / (hits of the rarest slot)² / (milliseconds per run)².
-fn entry_weight(rarest_hits: u32, cost_ms: f64) -> f64 {
-    let rarest = f64::from(rarest_hits.max(1));
+/// rarity / (milliseconds per run)², rarity floored so entries without slots (no feedback) weigh by
+/// cost alone; near-free runs are floored too, so they cannot take the whole schedule.
+fn entry_weight(rarity: f64, cost_ms: f64) -> f64 {
     let cost = cost_ms.max(0.5);
-    1.0 / (rarest * rarest * cost * cost)
+    rarity.max(1e-12) / (cost * cost)
 }
 
 impl<I, S> RemovableScheduler<I, S> for RareFeatureScheduler {}
@@ -137,14 +138,31 @@ where
 mod tests {
     use super::*;
 
+    fn scheduler_with_hits(hits: &[(u32, u32)]) -> RareFeatureScheduler {
+        let mut s = RareFeatureScheduler::new();
+        for &(slot, n) in hits {
+            s.hits[slot as usize] = n;
+        }
+        s
+    }
+
+    fn entry(slots: &[u32], cost_ms: f64) -> Entry {
+        Entry { id: CorpusId(0), slots: slots.to_vec(), cost_ms, weight: 0.0, expressed: true }
+    }
+
     #[test]
-    fn rare_and_cheap_entries_weigh_more_and_an_entry_fades_as_its_slot_gets_hit() {
-        assert!(entry_weight(1, 2.0) > entry_weight(5, 2.0));
-        assert!(entry_weight(5, 1.0) > entry_weight(5, 4.0));
+    fn rare_cheap_entries_weigh_more_and_an_entry_fades_as_its_slots_get_hit() {
+        let mut s = scheduler_with_hits(&[(1, 1), (2, 5), (3, 1)]);
+        assert!(s.weight(&entry(&[1], 2.0)) > s.weight(&entry(&[2], 2.0)));
+        assert!(s.weight(&entry(&[2], 1.0)) > s.weight(&entry(&[2], 4.0)));
+        // Two rare combinations weigh twice one.
+        assert!((s.weight(&entry(&[1, 3], 2.0)) / s.weight(&entry(&[1], 2.0)) - 2.0).abs() < 1e-9);
         // Ten mutants that hit the same rare slot cut its weight a hundredfold.
-        assert!((entry_weight(1, 2.0) / entry_weight(10, 2.0) - 100.0).abs() < 1e-9);
+        let before = s.weight(&entry(&[1], 2.0));
+        s.hits[1] = 10;
+        assert!((before / s.weight(&entry(&[1], 2.0)) - 100.0).abs() < 1e-9);
         // Near-free runs are floored, so they cannot take the whole schedule.
-        assert_eq!(entry_weight(3, 0.01), entry_weight(3, 0.5));
+        assert_eq!(s.weight(&entry(&[2], 0.01)), s.weight(&entry(&[2], 0.5)));
     }
 
     #[test]
