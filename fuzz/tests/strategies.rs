@@ -60,6 +60,23 @@ fn every_strategy_matches_the_reference_in_every_dtype() {
     }
 }
 
+#[test]
+fn a_moe_layer_reports_dropped_tokens_exactly_when_an_expert_is_full() {
+    // Two experts, top-2: each expert receives every token of a sequence (4 per sequence), and its
+    // capacity is ceil(capacity_factor × 4), whatever the router's logits.
+    let mut t = create("native", &TargetOptions::default()).unwrap();
+    let mut drops = |capacity_factor: f64| {
+        let moe = format!(r#", "layers": ["moe"], "moe": {{"experts": 2, "top_k": 2, "capacity_factor": {capacity_factor}}}"#);
+        let v = evaluate(t.as_mut(), &case(r#", "dp": 2, "ep": 2"#, &moe, "", 3), &Oracle::default());
+        assert_eq!(v.kind, VerdictKind::Pass, "capacity factor {capacity_factor}: {}", v.reason);
+        v.features.iter().any(|f| f == "path:moe:drops")
+    };
+    assert!(drops(0.5), "capacity 2 of 4 tokens: the path must be reported");
+    assert!(drops(0.75));
+    assert!(!drops(1.0), "capacity 4 of 4 tokens: nothing is dropped");
+    assert!(!drops(2.0));
+}
+
 /// A case in each bug's region (parallel, model and train overrides), and overrides that each take
 /// away one condition of the region.
 type BugCase = (&'static str, &'static str, &'static str, &'static str, &'static [(&'static str, &'static str)]);

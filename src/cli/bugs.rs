@@ -201,6 +201,35 @@ fn in_child_processes(bugs: &[Bug], a: &BugsArgs) -> anyhow::Result<Vec<BugResul
     Ok(results)
 }
 
+/// A run's median is censored when at least half its campaigns found nothing: the median is then
+/// the budget, and the true one is larger.
+fn censored(found: u64, seeds: u64) -> bool {
+    seeds > 0 && 2 * found <= seeds
+}
+
+/// One line of the table: the feedback and no-feedback columns, with censored medians marked `>`
+/// and a ratio over a censored no-feedback median marked as the lower bound it is.
+fn table_row(r: &BugResult) -> String {
+    let median = |m: f64, found: u64| if censored(found, r.seeds) { format!(">{m:.2}") } else { format!("{m:.2}") };
+    let ratio = r.median_s_no_feedback / r.median_s.max(1e-3);
+    let ratio = match (censored(r.found_no_feedback, r.seeds), censored(r.found, r.seeds)) {
+        (_, true) => "?".to_string(),
+        (true, false) => format!(">={ratio:.1}"),
+        (false, false) => format!("{ratio:.1}"),
+    };
+    format!(
+        "{:<32} {:>3}/{:<3} {:>9} {:>5}/{:<3} {:>14} {:>7}",
+        r.bug,
+        r.found,
+        r.seeds,
+        median(r.median_s, r.found),
+        r.found_no_feedback,
+        r.seeds,
+        median(r.median_s_no_feedback, r.found_no_feedback),
+        ratio
+    )
+}
+
 pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     let bugs: Vec<Bug> = if a.bug.is_empty() {
         Bug::ALL.to_vec()
@@ -229,17 +258,18 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
         };
         results.push(r);
     }
-    let mut csv = String::from("bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio\n");
+    let mut csv = String::from("bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio,ratio_is_lower_bound\n");
     for r in &results {
         csv += &format!(
-            "{},{},{},{:.3},{},{:.3},{:.2}\n",
+            "{},{},{},{:.3},{},{:.3},{:.2},{}\n",
             r.bug,
             r.seeds,
             r.found,
             r.median_s,
             r.found_no_feedback,
             r.median_s_no_feedback,
-            r.median_s_no_feedback / r.median_s.max(1e-3)
+            r.median_s_no_feedback / r.median_s.max(1e-3),
+            censored(r.found_no_feedback, r.seeds)
         );
     }
     std::fs::write(&a.csv, &csv)?;
@@ -252,18 +282,11 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
-        println!("{:<32} {:>7} {:>12} {:>14} {:>7}", "bug", "found", "median_s", "no_feedback_s", "ratio");
+        println!("{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}", "bug", "found", "median_s", "nf_found", "nf_median_s", "ratio");
         for r in &results {
-            println!(
-                "{:<32} {:>3}/{:<3} {:>12.2} {:>14.2} {:>7.1}",
-                r.bug,
-                r.found,
-                r.seeds,
-                r.median_s,
-                r.median_s_no_feedback,
-                r.median_s_no_feedback / r.median_s.max(1e-3)
-            );
+            println!("{}", table_row(r));
         }
+        println!("A median of at least half the runs finding nothing is the budget, marked >: the ratio is then a lower bound (>=).");
         println!("csv: {}", a.csv.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -297,4 +320,34 @@ fn region_rates(bugs: &[Bug], corpus: &Path, n: u64) -> anyhow::Result<ExitCode>
         println!("{:<32} {:>12.5} {:>14.5}", name, random as f64 / n as f64, mutated as f64 / n as f64);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(found: u64, found_nf: u64, median: f64, median_nf: f64) -> BugResult {
+        BugResult {
+            bug: "b".into(),
+            seeds: 5,
+            found,
+            found_no_feedback: found_nf,
+            median_s: median,
+            median_s_no_feedback: median_nf,
+            times_s: vec![],
+            times_s_no_feedback: vec![],
+            excluded_seed_cases: 0,
+        }
+    }
+
+    #[test]
+    fn a_median_over_runs_that_mostly_found_nothing_is_marked_and_its_ratio_is_a_lower_bound() {
+        assert!(censored(2, 5) && !censored(3, 5) && censored(0, 4) && censored(2, 4));
+        let row = table_row(&result(5, 1, 12.0, 60.0));
+        assert!(row.contains(" 12.00 ") && row.contains(">60.00") && row.contains(">=5.0"), "{row}");
+        let row = table_row(&result(5, 4, 10.0, 30.0));
+        assert!(!row.contains('>') && row.trim_end().ends_with("3.0"), "{row}");
+        // Nothing is known of the ratio when the feedback runs themselves mostly found nothing.
+        assert!(table_row(&result(2, 0, 60.0, 60.0)).trim_end().ends_with('?'));
+    }
 }
