@@ -77,6 +77,19 @@ fn a_moe_layer_reports_dropped_tokens_exactly_when_an_expert_is_full() {
     assert!(!drops(2.0));
 }
 
+#[test]
+fn a_reduction_coarser_than_the_compute_dtype_still_shows_a_lost_remainder() {
+    // f64 compute with an f32 reduction widens ε by the reduction's round-off of the partial
+    // gradients; a ring all-reduce that drops its remainder chunk must still stand far above it.
+    let train = r#", "dtype": "f64", "reduce_dtype": "f32", "grad_accumulation": 2"#;
+    let c = case(r#", "dp": 3, "microbatches": 2"#, r#", "batch": 12"#, train, 3);
+    let opts = TargetOptions { inject: vec!["ring-remainder-lost".into()], ..TargetOptions::default() };
+    let v = evaluate(create("native", &opts).unwrap().as_mut(), &c, &Oracle::default());
+    assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
+    let clean = evaluate(create("native", &TargetOptions::default()).unwrap().as_mut(), &c, &Oracle::default());
+    assert_eq!(clean.kind, VerdictKind::Pass, "{}", clean.reason);
+}
+
 /// A case in each bug's region (parallel, model and train overrides), and overrides that each take
 /// away one condition of the region.
 type BugCase = (&'static str, &'static str, &'static str, &'static str, &'static [(&'static str, &'static str)]);

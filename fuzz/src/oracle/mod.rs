@@ -243,6 +243,13 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
             reference::run_with_gradient_noise(case, inputs, shardfuzz_kernels::DType::F64, Some(noise)).ok()
         })
         .flatten();
+    // A reduction in a coarser dtype than the compute dtype (f64 compute, f32 all-reduce) rounds
+    // every partial gradient. When the partials cancel, that round-off is large against their sum,
+    // and no single-device run has it. Estimate it from the rows' own gradients: up to one rounding
+    // of u per rank and per micro-step, of independent signs (they add in quadrature).
+    let reduce_u = case.train.reduce_dtype().unit_roundoff();
+    let row_magnitudes = (reduce_u > dtype.unit_roundoff()).then(|| reference::row_gradient_root_sum_squares(case, inputs).ok()).flatten();
+    let roundings = (case.world() + case.parallel.microbatches as usize * case.train.grad_accumulation as usize) as f64;
     v.notes = out.notes.clone();
     // A dynamic loss scaler's skip decisions depend on intermediate magnitudes, which sharding
     // legitimately changes; when the target skipped other steps than the single-device run in the
@@ -292,7 +299,15 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
         let grad_noise = if later_step { err(gradient_noise.as_ref().and_then(|p| p.tensor(name)), r, name) } else { 0.0 };
         let pert = nan_max(nan_max(pert, base2), grad_noise);
         let adam = adam_noise(case, &reference, &v.checks, &scale, name).unwrap_or(0.0);
-        let noise = base.max(pert).max(floor).max(adam);
+        let reduce = name
+            .strip_prefix("grad/")
+            .and_then(|param| row_magnitudes.as_ref()?.get(param))
+            .map(|m| {
+                let shifted = r.data.iter().zip(&m.data).map(|(x, m)| x + roundings.sqrt() * reduce_u * m).collect();
+                err(Some(&Tensor::new(r.shape.clone(), shifted)), r, name)
+            })
+            .unwrap_or(0.0);
+        let noise = base.max(pert).max(floor).max(adam).max(reduce);
         let mut check = TensorCheck {
             tensor: name.clone(),
             error: 0.0,
@@ -314,8 +329,10 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
             }
             Some(t) => {
                 let e = err(Some(t), r, name);
-                if adam > base.max(pert).max(floor) {
+                if adam > base.max(pert).max(floor).max(reduce) {
                     check.note = Some("ε from Adam's amplification of gradient noise".into());
+                } else if reduce > base.max(pert).max(floor) {
+                    check.note = Some(format!("ε from {} rounding the partial gradients", case.train.reduce_dtype()));
                 }
                 check.error = e;
                 check.ratio = e / noise;

@@ -53,17 +53,12 @@ pub fn run_reversed(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOut
     run_with(case, inputs, Prec::new(dtype).reversed(), None)
 }
 
-fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
-    let dtype = p.dtype;
-    if let Some(op) = &case.op {
-        return crate::ops::reference(op, inputs, dtype).map_err(ReferenceError);
-    }
-    let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
-    let layout = Layout::single(m);
-    let ctx = Ctx {
+/// The context of a single-device run: no groups, one micro-batch, no injected bug.
+fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec) -> Ctx<'a> {
+    Ctx {
         p,
         model: m,
-        layout: &layout,
+        layout,
         tp: None,
         ep: None,
         bugs: Bugs::none(),
@@ -72,7 +67,47 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
         pipelined: false,
         routing_margin: std::cell::Cell::new(f64::INFINITY),
         tokens_dropped: std::cell::Cell::new(false),
-    };
+    }
+}
+
+/// Elementwise over the batch rows, in f64: √(Σ (each row's step-0 gradient)²), each row's loss
+/// scaled as in the whole batch. A sharded run sums partial gradients (ranks, micro-batches,
+/// accumulation steps), each a sum of rows; a reduction that rounds every partial to a unit
+/// round-off u adds errors of independent signs, about u times this per rounding in quadrature,
+/// however much the partials cancel in their sum.
+pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<ParamSet, ReferenceError> {
+    let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
+    let layout = Layout::single(m);
+    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64));
+    let params: ParamSet = inputs.tensors.iter().cloned().collect();
+    let seq = m.seq as usize;
+    let row = Geom { batch: 1, seq };
+    let mut total: ParamSet = params.iter().map(|(n, t)| (n.clone(), Tensor::zeros(t.shape.clone()))).collect();
+    for b in 0..m.batch as usize {
+        let tokens = b * seq..(b + 1) * seq;
+        let mut grads = ParamSet::new();
+        forward_backward(&ctx, &params, &row, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / m.tokens() as f64, &mut grads)
+            .map_err(|e| ReferenceError(e.to_string()))?;
+        for (name, g) in &grads {
+            if let Some(t) = total.get_mut(name) {
+                t.data.iter_mut().zip(&g.data).for_each(|(a, x)| *a += x * x);
+            }
+        }
+    }
+    for t in total.values_mut() {
+        t.data.iter_mut().for_each(|a| *a = a.sqrt());
+    }
+    Ok(total)
+}
+
+fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
+    let dtype = p.dtype;
+    if let Some(op) = &case.op {
+        return crate::ops::reference(op, inputs, dtype).map_err(ReferenceError);
+    }
+    let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
+    let layout = Layout::single(m);
+    let ctx = single_device_ctx(m, &layout, p);
     let mut params: ParamSet = inputs
         .tensors
         .iter()
