@@ -207,15 +207,35 @@ fn censored(found: u64, seeds: u64) -> bool {
     seeds > 0 && 2 * found <= seeds
 }
 
+/// How the no-feedback median compares with the feedback one: a ratio, a lower bound on it (the
+/// no-feedback runs mostly found nothing, so their median is the budget), or unknown (the feedback
+/// runs mostly found nothing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ratio {
+    Measured(f64),
+    AtLeast(f64),
+    Unknown,
+}
+
+fn ratio(r: &BugResult) -> Ratio {
+    let x = r.median_s_no_feedback / r.median_s.max(1e-3);
+    if censored(r.found, r.seeds) {
+        Ratio::Unknown
+    } else if censored(r.found_no_feedback, r.seeds) {
+        Ratio::AtLeast(x)
+    } else {
+        Ratio::Measured(x)
+    }
+}
+
 /// One line of the table: the feedback and no-feedback columns, with censored medians marked `>`
-/// and a ratio over a censored no-feedback median marked as the lower bound it is.
+/// and the ratio as `ratio` classifies it.
 fn table_row(r: &BugResult) -> String {
     let median = |m: f64, found: u64| if censored(found, r.seeds) { format!(">{m:.2}") } else { format!("{m:.2}") };
-    let ratio = r.median_s_no_feedback / r.median_s.max(1e-3);
-    let ratio = match (censored(r.found_no_feedback, r.seeds), censored(r.found, r.seeds)) {
-        (_, true) => "?".to_string(),
-        (true, false) => format!(">={ratio:.1}"),
-        (false, false) => format!("{ratio:.1}"),
+    let ratio = match ratio(r) {
+        Ratio::Measured(x) => format!("{x:.1}"),
+        Ratio::AtLeast(x) => format!(">={x:.1}"),
+        Ratio::Unknown => "?".to_string(),
     };
     format!(
         "{:<32} {:>3}/{:<3} {:>9} {:>5}/{:<3} {:>14} {:>7}",
@@ -228,6 +248,16 @@ fn table_row(r: &BugResult) -> String {
         median(r.median_s_no_feedback, r.found_no_feedback),
         ratio
     )
+}
+
+/// One line of the CSV: the ratio column is empty when unknown, `ratio_is_lower_bound` as the table's `>=`.
+fn csv_row(r: &BugResult) -> String {
+    let (x, lower_bound) = match ratio(r) {
+        Ratio::Measured(x) => (format!("{x:.2}"), false),
+        Ratio::AtLeast(x) => (format!("{x:.2}"), true),
+        Ratio::Unknown => (String::new(), false),
+    };
+    format!("{},{},{},{:.3},{},{:.3},{x},{lower_bound}\n", r.bug, r.seeds, r.found, r.median_s, r.found_no_feedback, r.median_s_no_feedback)
 }
 
 pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
@@ -260,17 +290,7 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     }
     let mut csv = String::from("bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio,ratio_is_lower_bound\n");
     for r in &results {
-        csv += &format!(
-            "{},{},{},{:.3},{},{:.3},{:.2},{}\n",
-            r.bug,
-            r.seeds,
-            r.found,
-            r.median_s,
-            r.found_no_feedback,
-            r.median_s_no_feedback,
-            r.median_s_no_feedback / r.median_s.max(1e-3),
-            censored(r.found_no_feedback, r.seeds)
-        );
+        csv += &csv_row(r);
     }
     std::fs::write(&a.csv, &csv)?;
     if let Some(png) = &a.png {
@@ -349,5 +369,9 @@ mod tests {
         assert!(!row.contains('>') && row.trim_end().ends_with("3.0"), "{row}");
         // Nothing is known of the ratio when the feedback runs themselves mostly found nothing.
         assert!(table_row(&result(2, 0, 60.0, 60.0)).trim_end().ends_with('?'));
+        // The CSV says the same.
+        assert!(csv_row(&result(5, 1, 12.0, 60.0)).ends_with(",5.00,true\n"));
+        assert!(csv_row(&result(5, 4, 10.0, 30.0)).ends_with(",3.00,false\n"));
+        assert!(csv_row(&result(2, 0, 60.0, 60.0)).ends_with(",,false\n"));
     }
 }

@@ -146,7 +146,7 @@ pub fn moe_capacity_drops(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let experts = p.ep * rng.gen_range(1..=2);
     m.moe = Some(MoeConfig {
         experts,
-        top_k: rng.gen_range(2..=experts.max(2)).min(experts),
+        top_k: rng.gen_range(2..=experts),
         capacity_factor: Real(*[0.25, 0.5, 0.75].choose(rng).unwrap_or(&0.5)),
     });
     if !m.layers.contains(&LayerKind::Moe) {

@@ -247,8 +247,7 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     // every partial gradient. When the partials cancel, that round-off is large against their sum,
     // and no single-device run has it. Estimate it from the rows' own gradients: up to one rounding
     // of u per rank and per micro-step, of independent signs (they add in quadrature).
-    let reduce_u = case.train.reduce_dtype().unit_roundoff();
-    let row_magnitudes = (reduce_u > dtype.unit_roundoff()).then(|| reference::row_gradient_root_sum_squares(case, inputs).ok()).flatten();
+    let row_rss = (coarse != dtype).then(|| reference::row_gradient_root_sum_squares(case, inputs).ok()).flatten();
     let roundings = (case.world() + case.parallel.microbatches as usize * case.train.grad_accumulation as usize) as f64;
     v.notes = out.notes.clone();
     // A dynamic loss scaler's skip decisions depend on intermediate magnitudes, which sharding
@@ -268,7 +267,7 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     let scale = ErrorScale::new(&reference.tensors);
     // Reductions in a coarser dtype than the compute dtype (f64 compute, f32 all-reduce) add their
     // own round-off, which no single-device run has: the floor takes the coarser of the two.
-    let u = dtype.unit_roundoff().max(case.train.reduce_dtype().unit_roundoff());
+    let u = u_coarse;
     // The floor stands for round-off no single-device run samples (another summation order across
     // ranks, amplified by the case's conditioning). In f64 the dtype baseline is the reference itself,
     // so it is set much higher there; bugs sit many orders of magnitude above either.
@@ -301,9 +300,9 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
         let adam = adam_noise(case, &reference, &v.checks, &scale, name).unwrap_or(0.0);
         let reduce = name
             .strip_prefix("grad/")
-            .and_then(|param| row_magnitudes.as_ref()?.get(param))
-            .map(|m| {
-                let shifted = r.data.iter().zip(&m.data).map(|(x, m)| x + roundings.sqrt() * reduce_u * m).collect();
+            .and_then(|param| row_rss.as_ref()?.get(param))
+            .map(|rss| {
+                let shifted = r.data.iter().zip(&rss.data).map(|(x, s)| x + roundings.sqrt() * u_coarse * s).collect();
                 err(Some(&Tensor::new(r.shape.clone(), shifted)), r, name)
             })
             .unwrap_or(0.0);

@@ -367,6 +367,9 @@ impl<'a> Rank<'a> {
                 }
             }
         }
+        if self.tokens_dropped.get() {
+            self.features.push("path:moe:drops".into());
+        }
         Ok(RankOut {
             rank: self.rank,
             layout: self.layout,
@@ -376,11 +379,7 @@ impl<'a> Rank<'a> {
             grads0,
             skipped,
             params,
-            features: if self.tokens_dropped.get() {
-                self.features.into_iter().chain(["path:moe:drops".to_string()]).collect()
-            } else {
-                self.features
-            },
+            features: self.features,
         })
     }
 
