@@ -2,7 +2,7 @@
 //! the upstream gradient `grad_out` the inputs carry. Shapes are those of [`OpKind::inputs`].
 
 use ndarray::{Array1, Axis};
-use shardfuzz_kernels::{self as k, DType, Prec};
+use shardfuzz_kernels::{self as k, Prec};
 
 use crate::case::{OpCase, OpKind};
 use crate::inputs::Inputs;
@@ -59,9 +59,9 @@ fn reduce(p: Prec, x: &Mat, dim: usize, max: bool) -> (Mat, Vec<usize>) {
     (if dim == 0 { out.t().to_owned() } else { out }, arg)
 }
 
-/// Runs the op on one device in `dtype`.
-pub fn reference(op: &OpCase, inputs: &Inputs, dtype: DType) -> Result<RunOutput, String> {
-    let p = Prec::new(dtype);
+/// Runs the op on one device at precision `p`.
+pub fn reference(op: &OpCase, inputs: &Inputs, p: Prec) -> Result<RunOutput, String> {
+    let dtype = p.dtype;
     let r = |m: Mat| m.mapv(|x| dtype.round(x));
     let gout = r(input(inputs, "grad_out")?);
     let dim = op.dim.unwrap_or(1) as usize;

@@ -31,5 +31,5 @@ pub use loss::{cross_entropy_fwd_bwd, row_max, row_sum_exp, target_logit, CrossE
 pub use moe::{assign_capacity, capacity, router_bwd, router_fwd, topk_rows, Routing};
 pub use norm::{layernorm_bwd, layernorm_fwd, layernorm_weight_grads, rmsnorm_bwd, rmsnorm_fwd, NormCache, NormGrads};
 pub use optim::{adam_step, sgd_step, AdamConfig};
-pub use prec::Prec;
+pub use prec::{Prec, Rounding};
 pub use softmax::{log_softmax_rows, softmax_rows, softmax_rows_bwd};

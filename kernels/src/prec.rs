@@ -9,25 +9,31 @@ pub struct Prec {
     /// Accumulate dot products in reverse order: the same math with another round-off pattern, which
     /// the oracle uses to measure how much summation order alone moves a result.
     pub reversed_sums: bool,
+    /// When nonzero, every rounding also moves its result by this many unit round-offs of `dtype`,
+    /// up or down (Monte Carlo arithmetic). A correct implementation may round each op differently,
+    /// or compute it a few ulps less accurately (an `rsqrt`, an `exp`); where the math cancels
+    /// (a LayerNorm over two features, whose output hardly depends on its input), that difference is
+    /// amplified far beyond anything perturbing the inputs shows, and such a run measures it.
+    pub jitter_ulps: u8,
 }
 
 impl Prec {
-    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false };
+    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0 };
 
     pub fn new(dtype: DType) -> Prec {
-        Prec { dtype, reversed_sums: false }
+        Prec { dtype, reversed_sums: false, jitter_ulps: 0 }
     }
 
-    /// The accumulation format (f32 for every low-precision dtype).
+    /// The accumulation rounding (f32 for every low-precision dtype).
     #[inline]
-    pub fn acc(self) -> DType {
-        self.dtype.accum()
+    pub fn acc(self) -> Rounding {
+        Rounding { dtype: self.dtype.accum(), jitter_ulps: self.jitter_ulps }
     }
 
     /// Rounds to the storage dtype.
     #[inline]
     pub fn r(self, x: f64) -> f64 {
-        self.dtype.round(x)
+        Rounding { dtype: self.dtype, jitter_ulps: self.jitter_ulps }.round(x)
     }
 
     /// Rounds an elementwise intermediate: f32 for low precision, f64 otherwise.
@@ -40,7 +46,74 @@ impl Prec {
         Prec { reversed_sums: true, ..self }
     }
 
+    /// Every rounding moves its result by `ulps` unit round-offs, up or down (see `jitter_ulps`).
+    pub fn jittered(self, ulps: u8) -> Prec {
+        Prec { jitter_ulps: ulps, ..self }
+    }
+
+    /// No op rounds anything: f64 without jitter.
     pub fn is_exact(self) -> bool {
-        self.dtype == DType::F64
+        self.dtype == DType::F64 && self.jitter_ulps == 0
+    }
+}
+
+/// How one result is rounded: to a dtype, then jittered when asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rounding {
+    pub dtype: DType,
+    pub jitter_ulps: u8,
+}
+
+impl Rounding {
+    #[inline]
+    pub fn round(self, x: f64) -> f64 {
+        let r = self.dtype.round(x);
+        if self.jitter_ulps == 0 || r == 0.0 || !r.is_finite() {
+            return r;
+        }
+        // The direction comes from the value itself, so a run stays deterministic (and, unlike a
+        // uniform draw, never lands near zero jitter exactly where the cancellation is).
+        let up = mix(r.to_bits()) & 1 == 0;
+        let step = f64::from(self.jitter_ulps) * self.dtype.unit_roundoff() * r;
+        self.dtype.round(if up { r + step } else { r - step })
+    }
+
+    pub fn unit_roundoff(self) -> f64 {
+        self.dtype.unit_roundoff()
+    }
+}
+
+/// SplitMix64's finaliser: a well-spread hash of a value's bits.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_moves_each_result_by_the_asked_ulps_both_ways_and_is_deterministic() {
+        let p = Prec::F64.jittered(4);
+        let u = DType::F64.unit_roundoff();
+        let (mut ups, mut downs) = (0, 0);
+        for i in 1..200 {
+            let x = 1.0 + i as f64 / 7.0;
+            let r = p.r(x);
+            let rel = (r - x) / x;
+            assert!((rel.abs() - 4.0 * u).abs() <= 2.0 * u, "{x}: moved by {} ulps", rel / u);
+            assert_eq!(p.acc().round(x), r, "deterministic");
+            if rel > 0.0 {
+                ups += 1;
+            } else {
+                downs += 1;
+            }
+        }
+        assert!(ups > 60 && downs > 60, "{ups} up, {downs} down");
+        assert_eq!(p.r(0.0), 0.0);
+        assert!(!p.is_exact() && Prec::F64.is_exact());
+        assert_eq!(Prec::F64.r(1.0 / 3.0), 1.0 / 3.0, "no jitter unless asked");
     }
 }

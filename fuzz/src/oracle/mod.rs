@@ -227,10 +227,11 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     let perturbed = reference::run(case, &inputs.perturbed(coarse, case.data.seed), shardfuzz_kernels::DType::F64).ok();
     // A second single-device run in the case dtype on neighbouring inputs: its own rounding pattern,
     // underflows and optimizer sign flips, independent of the first baseline's.
-    // Summed in reverse order as well, so it also measures what summation order alone changes (in
-    // f64, where the baseline is the reference itself, that is all it measures).
+    // Summed in reverse order as well, so it also measures what summation order alone changes. In
+    // f64, where the baseline is the reference itself, every rounding is jittered by a few ulps
+    // instead: that samples the round-off where the math cancels, which input perturbation misses.
     let perturbed_baseline = if dtype == shardfuzz_kernels::DType::F64 {
-        reference::run_reversed(case, inputs, dtype).ok()
+        reference::run_jittered(case, inputs, oracle.noise_floor_ulps.round().clamp(1.0, 255.0) as u8).ok()
     } else {
         reference::run_reversed(case, &inputs.perturbed_by(dtype, case.data.seed.wrapping_add(1), 2.0), dtype).ok()
     };

@@ -76,9 +76,9 @@ pub fn head_fwd(
             let mx = ndarray::Array1::from_vec(mx);
             let mut se = k::row_sum_exp(ctx.p, &logits, &mx).to_vec();
             let acc = ctx.p.acc();
-            tp.all_reduce_sum_in(&mut se, acc)?;
+            tp.all_reduce_sum_in(&mut se, acc.dtype)?;
             let mut tl = k::target_logit(&logits, targets, lay.vocab.start).to_vec();
-            tp.all_reduce_sum_in(&mut tl, acc)?;
+            tp.all_reduce_sum_in(&mut tl, acc.dtype)?;
             let losses: Vec<f64> = (0..logits.nrows()).map(|t| ctx.p.r(acc.round(acc.round(se[t].ln()) + mx[t] - tl[t]))).collect();
             let mut d = Mat::zeros(logits.raw_dim());
             for t in 0..logits.nrows() {

@@ -53,6 +53,12 @@ pub fn run_reversed(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOut
     run_with(case, inputs, Prec::new(dtype).reversed(), None)
 }
 
+/// The reference in f64 with every rounding jittered by `ulps` unit round-offs and its dot products
+/// summed in reverse order: what another correct f64 implementation may legitimately differ by.
+pub fn run_jittered(case: &Case, inputs: &Inputs, ulps: u8) -> Result<RunOutput, ReferenceError> {
+    run_with(case, inputs, Prec::new(DType::F64).reversed().jittered(ulps), None)
+}
+
 /// The context of a single-device run: no groups, one micro-batch, no injected bug.
 fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec) -> Ctx<'a> {
     Ctx {
@@ -103,7 +109,7 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
 fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
     let dtype = p.dtype;
     if let Some(op) = &case.op {
-        return crate::ops::reference(op, inputs, dtype).map_err(ReferenceError);
+        return crate::ops::reference(op, inputs, p).map_err(ReferenceError);
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);

@@ -102,7 +102,7 @@ class TorchDTensor(TorchTarget):
             g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             grads[name] = (pieces[name], to_numpy(g))
         features = [f"op:{kind}"] + [f"place:{n}:{'/'.join(_placements(case, n))}" for n in leaves]
-        baseline = single_device(case, inputs, dt) if rank == 0 and dtype_name(case) != "f64" else None
+        baseline = single_device(case, inputs, dt) if rank == 0 else None
         shapes = {name: tuple(inputs[name].shape) for name in leaves}
         return {"out": to_numpy(full) if rank == 0 else None, "grads": grads, "shapes": shapes, "coord": coord,
                 "features": features,
