@@ -27,13 +27,17 @@ impl Prec {
     /// The accumulation rounding (f32 for every low-precision dtype).
     #[inline]
     pub fn acc(self) -> Rounding {
-        Rounding { dtype: self.dtype.accum(), jitter_ulps: self.jitter_ulps }
+        self.rounding_to(self.dtype.accum())
     }
 
     /// Rounds to the storage dtype.
     #[inline]
     pub fn r(self, x: f64) -> f64 {
-        Rounding { dtype: self.dtype, jitter_ulps: self.jitter_ulps }.round(x)
+        self.rounding_to(self.dtype).round(x)
+    }
+
+    fn rounding_to(self, dtype: DType) -> Rounding {
+        Rounding { dtype, jitter_ulps: self.jitter_ulps }
     }
 
     /// Rounds an elementwise intermediate: f32 for low precision, f64 otherwise.
@@ -76,10 +80,6 @@ impl Rounding {
         let up = mix(r.to_bits()) & 1 == 0;
         let step = f64::from(self.jitter_ulps) * self.dtype.unit_roundoff() * r;
         self.dtype.round(if up { r + step } else { r - step })
-    }
-
-    pub fn unit_roundoff(self) -> f64 {
-        self.dtype.unit_roundoff()
     }
 }
 
