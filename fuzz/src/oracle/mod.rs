@@ -201,12 +201,20 @@ fn nan_max(a: f64, b: f64) -> f64 {
     }
 }
 
-/// Whether `t` comes within `world × 16` of the largest finite value of the case dtype: sharded
+/// Whether `t`, or an intermediate of the reference run (`peak`: the residual stream and its
+/// gradient), comes within `world × 16` of the largest finite value of the case dtype: sharded
 /// implementations legitimately hold partial sums that large (a data-parallel rank's gradient is its
-/// local mean, dp times its share of the global one), so an overflow there is not a divergence.
-fn near_overflow(case: &Case, t: &Tensor) -> bool {
+/// local mean, dp times its share of the global one), so an overflow there is not a divergence. An
+/// overflowed intermediate turns every tensor computed from it into inf or NaN (0 × inf), however
+/// small that tensor is in the reference.
+/// Returns the note explaining why, if so.
+fn near_overflow(case: &Case, t: &Tensor, peak: f64) -> Option<String> {
     let headroom = 16.0 * case.world().max(1) as f64;
-    t.max_abs() * headroom >= case.train.dtype.max_finite()
+    let dtype = case.train.dtype;
+    let (what, size) = if t.max_abs() >= peak { ("values", t.max_abs()) } else { ("intermediates", peak) };
+    (size * headroom >= dtype.max_finite()).then(|| {
+        format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range: not comparable")
+    })
 }
 
 fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, oracle: &Oracle) {
@@ -280,9 +288,10 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     if let Some(m) = routing_tie {
         v.notes.push(format!("MoE routing within {m:.2e} of a tie (below 256 u): outputs not comparable"));
     }
+    let peak = reference.tensor(reference::PEAK_ACTIVATION).map_or(0.0, |t| t.data[0]);
     let mut overflow_seen = false;
     for (name, r) in &reference.tensors {
-        if name == reference::SKIPPED_STEPS || name == reference::ROUTING_MARGIN {
+        if [reference::SKIPPED_STEPS, reference::ROUTING_MARGIN, reference::PEAK_ACTIVATION].contains(&name.as_str()) {
             continue;
         }
         // The framework's own single-device run in the case dtype, when the target sent one
@@ -347,9 +356,11 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                     check.note = Some("the case dtype cannot represent this tensor (noise ε above 10 %): not comparable".into());
                 } else if overflow_seen && after_first_step {
                     check.note = Some("an earlier tensor overflowed: not comparable".into());
-                } else if !t.all_finite() && near_overflow(case, baseline.as_ref().and_then(|b| b.tensor(name)).unwrap_or(r)) {
+                } else if let Some(why) =
+                    near_overflow(case, baseline.as_ref().and_then(|b| b.tensor(name)).unwrap_or(r), peak).filter(|_| !t.all_finite())
+                {
                     overflow_seen = true;
-                    check.note = Some("overflow: values within the sharding's headroom of the dtype's range, not comparable".into());
+                    check.note = Some(why);
                 } else if !(r.all_finite() && base.is_finite() && pert.is_finite()) {
                     check.note = Some("reference or baseline not finite: not comparable".into());
                 } else if e.is_nan() || e > check.bound {

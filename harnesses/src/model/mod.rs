@@ -79,6 +79,9 @@ pub struct Ctx<'a> {
     pub routing_margin: std::cell::Cell<f64>,
     /// Some expert was full and dropped a token's choice (the capacity path of the MoE dispatch).
     pub tokens_dropped: std::cell::Cell<bool>,
+    /// Largest magnitude the residual stream or its gradient reached at a block boundary: how close
+    /// the run's intermediates came to the dtype's range, which a tensor's own size does not show.
+    pub peak_activation: std::cell::Cell<f64>,
 }
 
 impl Ctx<'_> {
@@ -103,6 +106,11 @@ impl Ctx<'_> {
     }
     pub fn reduced_precision(&self) -> bool {
         self.dtype() != DType::F64
+    }
+    /// Raises `peak_activation` to `m`'s largest magnitude (NaN counts as nothing).
+    pub fn note_peak(&self, m: &Mat) {
+        let peak = m.iter().fold(self.peak_activation.get(), |p, x| p.max(x.abs()));
+        self.peak_activation.set(peak);
     }
 }
 
@@ -139,16 +147,20 @@ pub fn forward_backward(
     grads: &mut ParamSet,
 ) -> CResult<(f64, Mat)> {
     let mut x = embed_fwd(ctx, params, g, ids)?;
+    ctx.note_peak(&x);
     let mut caches = Vec::with_capacity(ctx.model.layers.len());
     for (i, kind) in ctx.model.layers.iter().enumerate() {
         let (nx, c) = block_fwd(ctx, i, *kind, params, g, &x)?;
         caches.push(c);
         x = nx;
+        ctx.note_peak(&x);
     }
     let (losses, logits, hc) = head_fwd(ctx, params, g, &x, targets, grad_scale)?;
     let mut dx = head_bwd(ctx, params, g, hc, grads)?;
+    ctx.note_peak(&dx);
     for (i, c) in caches.into_iter().enumerate().rev() {
         dx = block_bwd(ctx, i, params, g, c, &dx, grads)?;
+        ctx.note_peak(&dx);
     }
     embed_bwd(ctx, params, g, ids, &dx, grads)?;
     Ok((loss_sum(ctx, &losses), logits))

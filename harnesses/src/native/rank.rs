@@ -73,6 +73,7 @@ impl<'a> Rank<'a> {
             pipelined: self.plan.pp > 1,
             routing_margin: std::cell::Cell::new(f64::INFINITY),
             tokens_dropped: std::cell::Cell::new(false),
+            peak_activation: std::cell::Cell::new(0.0),
         }
     }
 

@@ -19,6 +19,10 @@ pub const SKIPPED_STEPS: &str = "scaler/skipped";
 /// Name of the scalar holding the smallest top-k routing margin of the run (MoE models only).
 pub const ROUTING_MARGIN: &str = "moe/routing_margin";
 
+/// Name of the scalar holding the largest magnitude the residual stream or its gradient reached
+/// (model cases only; see `Ctx::peak_activation`).
+pub const PEAK_ACTIVATION: &str = "run/peak_activation";
+
 /// Why the reference could not run a case.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
@@ -73,6 +77,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         pipelined: false,
         routing_margin: std::cell::Cell::new(f64::INFINITY),
         tokens_dropped: std::cell::Cell::new(false),
+        peak_activation: std::cell::Cell::new(0.0),
     }
 }
 
@@ -183,6 +188,7 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
     if ctx.routing_margin.get().is_finite() {
         out.tensors.push((ROUTING_MARGIN.into(), Tensor::scalar(ctx.routing_margin.get())));
     }
+    out.tensors.push((PEAK_ACTIVATION.into(), Tensor::scalar(ctx.peak_activation.get())));
     if case.train.loss_scale.is_some() {
         out.tensors.push((SKIPPED_STEPS.into(), Tensor::new(vec![skipped.len()], skipped)));
     }
