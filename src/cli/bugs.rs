@@ -155,6 +155,24 @@ fn bench_one(bug: Bug, a: &BugsArgs) -> anyhow::Result<BugResult> {
     })
 }
 
+/// Every campaign of every bug taken together: the benchmark's overall medians with and without
+/// feedback (`seeds` counts the campaigns of each mode).
+fn pooled(results: &[BugResult], budget: f64) -> BugResult {
+    let times: Vec<Option<f64>> = results.iter().flat_map(|r| r.times_s.iter().copied()).collect();
+    let times_nf: Vec<Option<f64>> = results.iter().flat_map(|r| r.times_s_no_feedback.iter().copied()).collect();
+    BugResult {
+        bug: "all bugs (pooled campaigns)".into(),
+        seeds: times.len().max(times_nf.len()) as u64,
+        found: times.iter().flatten().count() as u64,
+        found_no_feedback: times_nf.iter().flatten().count() as u64,
+        median_s: median(&times, budget),
+        median_s_no_feedback: median(&times_nf, budget),
+        times_s: times,
+        times_s_no_feedback: times_nf,
+        excluded_seed_cases: results.iter().map(|r| r.excluded_seed_cases).sum(),
+    }
+}
+
 /// Runs `shardfuzz bench bugs --bug B --json` for every bug, `jobs` processes at a time (the
 /// coverage map is per process), and collects their results.
 fn in_child_processes(bugs: &[Bug], a: &BugsArgs) -> anyhow::Result<Vec<BugResult>> {
@@ -288,8 +306,9 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
         };
         results.push(r);
     }
+    let all = (results.len() > 1).then(|| pooled(&results, a.budget.as_secs_f64()));
     let mut csv = String::from("bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio,ratio_is_lower_bound\n");
-    for r in &results {
+    for r in results.iter().chain(&all) {
         csv += &csv_row(r);
     }
     std::fs::write(&a.csv, &csv)?;
@@ -305,6 +324,9 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
         println!("{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}", "bug", "found", "median_s", "nf_found", "nf_median_s", "ratio");
         for r in &results {
             println!("{}", table_row(r));
+        }
+        if let Some(all) = &all {
+            println!("{}", table_row(all));
         }
         println!("A median of at least half the runs finding nothing is the budget, marked >: the ratio is then a lower bound (>=).");
         println!("csv: {}", a.csv.display());
@@ -373,5 +395,23 @@ mod tests {
         assert!(csv_row(&result(5, 1, 12.0, 60.0)).ends_with(",5.00,true\n"));
         assert!(csv_row(&result(5, 4, 10.0, 30.0)).ends_with(",3.00,false\n"));
         assert!(csv_row(&result(2, 0, 60.0, 60.0)).ends_with(",,false\n"));
+    }
+
+    #[test]
+    fn the_pooled_row_takes_the_median_over_every_campaign_of_every_bug() {
+        let with = |times: Vec<Option<f64>>, times_nf: Vec<Option<f64>>| BugResult {
+            times_s: times,
+            times_s_no_feedback: times_nf,
+            ..result(0, 0, 0.0, 0.0)
+        };
+        let a = with(vec![Some(1.0), Some(2.0), Some(3.0)], vec![None, None, Some(10.0)]);
+        let b = with(vec![Some(4.0), None, Some(5.0)], vec![Some(20.0), None, Some(30.0)]);
+        let all = pooled(&[a, b], 60.0);
+        assert_eq!((all.seeds, all.found, all.found_no_feedback), (6, 5, 3));
+        // Feedback: 1 2 3 4 5 60 → 3.5. Without: 10 20 30 60 60 60 → 45, censored (half found
+        // nothing), so the ratio 45 / 3.5 is a lower bound.
+        assert_eq!(all.median_s, 3.5);
+        assert_eq!(all.median_s_no_feedback, 45.0);
+        assert!(table_row(&all).contains(">=12.9"), "{}", table_row(&all));
     }
 }
