@@ -206,12 +206,12 @@ fn nan_max(a: f64, b: f64) -> f64 {
 /// implementations legitimately hold partial sums that large (a data-parallel rank's gradient is its
 /// local mean, dp times its share of the global one), so an overflow there is not a divergence. An
 /// overflowed intermediate turns every tensor computed from it into inf or NaN (0 × inf), however
-/// small that tensor is in the reference.
-/// Returns the note explaining why, if so.
+/// small that tensor is in the reference. Returns the note that says so.
 fn near_overflow(case: &Case, t: &Tensor, peak: f64) -> Option<String> {
     let headroom = 16.0 * case.world().max(1) as f64;
     let dtype = case.train.dtype;
-    let (what, size) = if t.max_abs() >= peak { ("values", t.max_abs()) } else { ("intermediates", peak) };
+    let own = t.max_abs();
+    let (what, size) = if own >= peak { ("values", own) } else { ("intermediates", peak) };
     (size * headroom >= dtype.max_finite()).then(|| {
         format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range: not comparable")
     })
@@ -291,7 +291,7 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
     let peak = reference.tensor(reference::PEAK_ACTIVATION).map_or(0.0, |t| t.data[0]);
     let mut overflow_seen = false;
     for (name, r) in &reference.tensors {
-        if [reference::SKIPPED_STEPS, reference::ROUTING_MARGIN, reference::PEAK_ACTIVATION].contains(&name.as_str()) {
+        if reference::RUN_STATISTICS.contains(&name.as_str()) {
             continue;
         }
         // The framework's own single-device run in the case dtype, when the target sent one
@@ -356,8 +356,9 @@ fn compare_run(v: &mut Verdict, case: &Case, inputs: &Inputs, out: RunOutput, or
                     check.note = Some("the case dtype cannot represent this tensor (noise ε above 10 %): not comparable".into());
                 } else if overflow_seen && after_first_step {
                     check.note = Some("an earlier tensor overflowed: not comparable".into());
-                } else if let Some(why) =
-                    near_overflow(case, baseline.as_ref().and_then(|b| b.tensor(name)).unwrap_or(r), peak).filter(|_| !t.all_finite())
+                } else if let Some(why) = (!t.all_finite())
+                    .then(|| near_overflow(case, baseline.as_ref().and_then(|b| b.tensor(name)).unwrap_or(r), peak))
+                    .flatten()
                 {
                     overflow_seen = true;
                     check.note = Some(why);

@@ -23,6 +23,9 @@ pub const ROUTING_MARGIN: &str = "moe/routing_margin";
 /// (model cases only; see `Ctx::peak_activation`).
 pub const PEAK_ACTIVATION: &str = "run/peak_activation";
 
+/// The outputs that describe the run rather than a tensor to compare.
+pub const RUN_STATISTICS: [&str; 3] = [SKIPPED_STEPS, ROUTING_MARGIN, PEAK_ACTIVATION];
+
 /// Why the reference could not run a case.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
