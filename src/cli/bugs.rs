@@ -66,9 +66,19 @@ pub struct BugResult {
 
 /// One bug's result as it completes (stderr, before the table).
 fn progress_line(r: &BugResult) -> String {
+    let mode = |times: &[Option<f64>], found: u64, median: f64| {
+        if times.is_empty() {
+            "skipped".to_string()
+        } else {
+            format!("found {found}/{} median {median:>6.2} s", r.seeds)
+        }
+    };
     format!(
-        "{:<32} found {}/{} median {:>6.2} s | no feedback {}/{} median {:>6.2} s (excluded {} seed cases)",
-        r.bug, r.found, r.seeds, r.median_s, r.found_no_feedback, r.seeds, r.median_s_no_feedback, r.excluded_seed_cases
+        "{:<32} {} | no feedback {} (excluded {} seed cases)",
+        r.bug,
+        mode(&r.times_s, r.found, r.median_s),
+        mode(&r.times_s_no_feedback, r.found_no_feedback, r.median_s_no_feedback),
+        r.excluded_seed_cases
     )
 }
 
@@ -233,11 +243,15 @@ enum Ratio {
     Measured(f64),
     AtLeast(f64),
     Unknown,
+    /// One of the modes was skipped (`--feedback-only`, `--no-feedback-only`).
+    NotRun,
 }
 
 fn ratio(r: &BugResult) -> Ratio {
     let x = r.median_s_no_feedback / r.median_s.max(1e-3);
-    if censored(r.found, r.seeds) {
+    if r.times_s.is_empty() || r.times_s_no_feedback.is_empty() {
+        Ratio::NotRun
+    } else if censored(r.found, r.seeds) {
         Ratio::Unknown
     } else if censored(r.found_no_feedback, r.seeds) {
         Ratio::AtLeast(x)
@@ -249,21 +263,26 @@ fn ratio(r: &BugResult) -> Ratio {
 /// One line of the table: the feedback and no-feedback columns, with censored medians marked `>`
 /// and the ratio as `ratio` classifies it.
 fn table_row(r: &BugResult) -> String {
-    let median = |m: f64, found: u64| if censored(found, r.seeds) { format!(">{m:.2}") } else { format!("{m:.2}") };
+    // A skipped mode shows dashes, not a count of 0 and a NaN median.
+    let found = |times: &[Option<f64>], found: u64| if times.is_empty() { "-".to_string() } else { format!("{found}/{}", r.seeds) };
+    let median = |times: &[Option<f64>], m: f64, found: u64| match () {
+        _ if times.is_empty() => "-".to_string(),
+        _ if censored(found, r.seeds) => format!(">{m:.2}"),
+        _ => format!("{m:.2}"),
+    };
     let ratio = match ratio(r) {
         Ratio::Measured(x) => format!("{x:.1}"),
         Ratio::AtLeast(x) => format!(">={x:.1}"),
         Ratio::Unknown => "?".to_string(),
+        Ratio::NotRun => "-".to_string(),
     };
     format!(
-        "{:<32} {:>3}/{:<3} {:>9} {:>5}/{:<3} {:>14} {:>7}",
+        "{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}",
         r.bug,
-        r.found,
-        r.seeds,
-        median(r.median_s, r.found),
-        r.found_no_feedback,
-        r.seeds,
-        median(r.median_s_no_feedback, r.found_no_feedback),
+        found(&r.times_s, r.found),
+        median(&r.times_s, r.median_s, r.found),
+        found(&r.times_s_no_feedback, r.found_no_feedback),
+        median(&r.times_s_no_feedback, r.median_s_no_feedback, r.found_no_feedback),
         ratio
     )
 }
@@ -273,7 +292,7 @@ fn csv_row(r: &BugResult) -> String {
     let (x, lower_bound) = match ratio(r) {
         Ratio::Measured(x) => (format!("{x:.2}"), false),
         Ratio::AtLeast(x) => (format!("{x:.2}"), true),
-        Ratio::Unknown => (String::new(), false),
+        Ratio::Unknown | Ratio::NotRun => (String::new(), false),
     };
     format!("{},{},{},{:.3},{},{:.3},{x},{lower_bound}\n", r.bug, r.seeds, r.found, r.median_s, r.found_no_feedback, r.median_s_no_feedback)
 }
@@ -376,10 +395,20 @@ mod tests {
             found_no_feedback: found_nf,
             median_s: median,
             median_s_no_feedback: median_nf,
-            times_s: vec![],
-            times_s_no_feedback: vec![],
+            times_s: (0..5).map(|i| (i < found).then_some(median)).collect(),
+            times_s_no_feedback: (0..5).map(|i| (i < found_nf).then_some(median_nf)).collect(),
             excluded_seed_cases: 0,
         }
+    }
+
+    #[test]
+    fn a_skipped_mode_shows_dashes_not_a_nan_median() {
+        let r = BugResult { times_s_no_feedback: vec![], median_s_no_feedback: f64::NAN, ..result(5, 0, 12.0, 0.0) };
+        let row = table_row(&r);
+        assert!(!row.contains("NaN") && row.contains("5/5") && row.contains("12.00"), "{row}");
+        assert!(row.split_whitespace().skip(3).all(|c| c == "-"), "{row}");
+        assert!(csv_row(&r).ends_with(",,false\n"));
+        assert!(progress_line(&r).contains("no feedback skipped"), "{}", progress_line(&r));
     }
 
     #[test]
