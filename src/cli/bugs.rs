@@ -263,28 +263,24 @@ fn ratio(r: &BugResult) -> Ratio {
 /// One line of the table: the feedback and no-feedback columns, with censored medians marked `>`
 /// and the ratio as `ratio` classifies it.
 fn table_row(r: &BugResult) -> String {
-    // A skipped mode shows dashes, not a count of 0 and a NaN median.
-    let found = |times: &[Option<f64>], found: u64| if times.is_empty() { "-".to_string() } else { format!("{found}/{}", r.seeds) };
-    let median = |times: &[Option<f64>], m: f64, found: u64| match () {
-        _ if times.is_empty() => "-".to_string(),
-        _ if censored(found, r.seeds) => format!(">{m:.2}"),
-        _ => format!("{m:.2}"),
+    // One mode's found and median columns; a skipped mode shows dashes, not a count of 0 and a NaN median.
+    let mode = |times: &[Option<f64>], found: u64, m: f64| {
+        if times.is_empty() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            let marker = if censored(found, r.seeds) { ">" } else { "" };
+            (format!("{found}/{}", r.seeds), format!("{marker}{m:.2}"))
+        }
     };
+    let (found, median) = mode(&r.times_s, r.found, r.median_s);
+    let (found_nf, median_nf) = mode(&r.times_s_no_feedback, r.found_no_feedback, r.median_s_no_feedback);
     let ratio = match ratio(r) {
         Ratio::Measured(x) => format!("{x:.1}"),
         Ratio::AtLeast(x) => format!(">={x:.1}"),
         Ratio::Unknown => "?".to_string(),
         Ratio::NotRun => "-".to_string(),
     };
-    format!(
-        "{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}",
-        r.bug,
-        found(&r.times_s, r.found),
-        median(&r.times_s, r.median_s, r.found),
-        found(&r.times_s_no_feedback, r.found_no_feedback),
-        median(&r.times_s_no_feedback, r.median_s_no_feedback, r.found_no_feedback),
-        ratio
-    )
+    format!("{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}", r.bug, found, median, found_nf, median_nf, ratio)
 }
 
 /// One line of the CSV: the ratio column is empty when unknown, `ratio_is_lower_bound` as the table's `>=`.
