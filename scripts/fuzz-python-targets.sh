@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes each Python framework target for $SECONDS_PER_TARGET (default 60 s) from the seed corpus and
 # fails on a false positive: any divergent finding, a crash whose site lies in our own worker code,
-# or a hang that is ours. A hang report names where each stuck rank waits and through which
+# or a hang that is ours, and on any harness error (out/harness-errors/: our worker failed, a tensor
+# was not returned). A hang report names where each stuck rank waits and through which
 # framework call our code got there; a hang is the framework's only when every stuck rank waits
 # inside the framework, entered through a framework API other than a bare collective (a collective
 # our harness issued itself, e.g. ranks running different numbers of them, is our mistake). Every
@@ -33,6 +34,9 @@ def framework_hang(reason):
 
 
 bad = []
+for v in sorted(out.glob("harness-errors/*/verdict.json")):
+    print(f"  HARNESS ERROR: {v.parent.name}: {json.loads(v.read_text())['reason'][:500]}")
+    bad.append(v.parent.name)
 for v in sorted(out.glob("findings/*/verdict.json")):
     f = json.loads(v.read_text())
     verdict = f.get("verdict", f)

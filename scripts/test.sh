@@ -9,6 +9,8 @@ echo "== Python framework environment"
 scripts/setup-python.sh
 # The Python-target tests fail (instead of skipping) without the environment.
 export SHARDFUZZ_REQUIRE_PYTHON=1
+echo "== Python worker unit tests"
+(cd harnesses/python && ../../.venv/bin/python -m unittest discover -s tests)
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

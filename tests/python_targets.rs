@@ -117,6 +117,14 @@ fn hooked_then_recovered(hook: &str, timeout_ms: &str, kind: &str) -> Option<(St
     Some((vs[0]["reason"].as_str().unwrap().to_string(), t0.elapsed()))
 }
 
+/// Our own worker code raising is a harness error (the test suite fails on it), never a rejection
+/// or a finding; the next case runs.
+#[test]
+fn our_worker_code_raising_is_a_harness_error_not_a_rejection() {
+    let Some((reason, _)) = hooked_then_recovered("worker-raises", "60000", "harness_error") else { return };
+    assert!(reason.contains("the test hook raised in the worker"), "{reason}");
+}
+
 #[test]
 fn a_rank_killed_mid_case_is_a_crash_and_the_next_case_runs() {
     let Some((reason, _)) = hooked_then_recovered("kill-rank", "60000", "crash") else { return };

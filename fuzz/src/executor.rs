@@ -16,7 +16,7 @@ use shardfuzz_harnesses::target::Target;
 use crate::coverage;
 use crate::findings::FindingStore;
 use crate::input::CaseInput;
-use crate::oracle::{config_class, evaluate, Oracle, Verdict, VerdictKind};
+use crate::oracle::{config_class, evaluate_prepared, Oracle, Prepared, Verdict, VerdictKind};
 
 pub struct CaseExecutor<OT> {
     pub observers: OT,
@@ -70,7 +70,8 @@ impl<OT> CaseExecutor<OT> {
     /// Runs one case through every target; returns the verdicts in target order.
     pub fn run_case(&mut self, case: &Case) -> Vec<Verdict> {
         let t0 = Instant::now();
-        let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, case)).collect();
+        let prep = Prepared::new(case);
+        let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, &prep)).collect();
         coverage::set_last_exec_time(t0.elapsed());
         let expressed = verdicts.iter().any(|v| v.kind != VerdictKind::Unsupported);
         coverage::set_last_expressed(expressed);
@@ -91,12 +92,13 @@ impl<OT> CaseExecutor<OT> {
     }
 
     /// Runs one case through target `i`; a panic anywhere below becomes a crash verdict.
-    fn run_on(&mut self, i: usize, case: &Case) -> Verdict {
+    fn run_on(&mut self, i: usize, prep: &Prepared) -> Verdict {
+        let case = &prep.case;
         let t0 = Instant::now();
         let target = &mut self.targets[i];
         let oracle = self.oracle;
         let name = target.name().to_string();
-        let v = catch_unwind(AssertUnwindSafe(|| evaluate(target.as_mut(), case, &oracle))).unwrap_or_else(|p| {
+        let v = catch_unwind(AssertUnwindSafe(|| evaluate_prepared(target.as_mut(), prep, &oracle))).unwrap_or_else(|p| {
             let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
             Verdict {
                 target: name,
@@ -109,6 +111,7 @@ impl<OT> CaseExecutor<OT> {
                 notes: vec![],
                 versions: Default::default(),
                 threshold: oracle.threshold,
+                members: vec![],
             }
         });
         let external = self.targets[i].take_coverage();
@@ -125,6 +128,13 @@ impl<OT> CaseExecutor<OT> {
             features.dedup();
             coverage::add_features_and_combinations(&features);
             coverage::add_external_coverage(&external);
+        }
+        if v.kind == VerdictKind::HarnessError {
+            match self.store.record_harness_error(case, &v) {
+                Ok(true) => eprintln!("harness error (our code, not the framework): {}: {}", v.target, v.reason),
+                Ok(false) => {}
+                Err(e) => eprintln!("warning: could not write a harness error: {e}"),
+            }
         }
         if v.kind.is_finding() {
             let elapsed = self.elapsed();

@@ -72,6 +72,19 @@ impl FindingStore {
 
     /// Records a finding; returns true when its signature is new. New findings are written at
     /// once; hit counts of known ones are flushed at most once a second.
+    /// Stores a harness error (our code failed, not the framework) beside the findings, in
+    /// `harness-errors/<id>/`: never a finding, but kept so the test suite can fail on it and the
+    /// case can be replayed. Returns whether it was new.
+    pub fn record_harness_error(&self, case: &Case, verdict: &Verdict) -> std::io::Result<bool> {
+        let dir = self.dir.parent().unwrap_or(Path::new(".")).join("harness-errors").join(signature_id(&verdict.signature(case)));
+        if dir.exists() {
+            return Ok(false);
+        }
+        write_atomic(&dir.join("case.json"), case.to_json().as_bytes())?;
+        write_atomic(&dir.join("verdict.json"), serde_json::to_string_pretty(verdict).expect("verdict serialises").as_bytes())?;
+        Ok(true)
+    }
+
     pub fn record(&mut self, case: &Case, verdict: &Verdict, elapsed_s: f64) -> std::io::Result<bool> {
         let signature = verdict.signature(case);
         let now = now_unix();

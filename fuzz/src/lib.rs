@@ -10,3 +10,4 @@ pub mod oracle;
 pub mod plot;
 pub mod report;
 pub mod scheduler;
+pub mod sensitivity;

@@ -34,6 +34,8 @@ fn dot_rows(p: Prec, a: ArrayView2<f64>, bt: ArrayView2<f64>) -> Array2<f64> {
                     s += x * y;
                 }
                 *o = s;
+            } else if p.split_sums > 1 {
+                *o = p.r(split_dot(p, ar, br));
             } else if p.reversed_sums {
                 for (x, y) in ar.iter().zip(br).rev() {
                     s = acc.round(s + acc.round(x * y));
@@ -97,16 +99,32 @@ pub fn linear_fwd(p: Prec, x: &Array2<f64>, w: &Array2<f64>, b: Option<&Array1<f
     }
 }
 
-/// Column sums of `x` (the gradient of a bias), accumulated in order.
+/// A dot product split into `p.split_sums` chunks whose sums are rounded to the storage dtype
+/// before they are added (a row-parallel product's partial sums before the all-reduce).
+fn split_dot(p: Prec, a: &[f64], b: &[f64]) -> f64 {
+    let acc = p.acc();
+    p.chunks(a.len()).fold(0.0, |total, r| {
+        let part = a[r.clone()].iter().zip(&b[r]).fold(0.0, |s, (x, y)| acc.round(s + acc.round(x * y)));
+        acc.round(total + p.r(part))
+    })
+}
+
+/// Column sums of `x` (the gradient of a bias), accumulated in order (in `p.split_sums` chunks of
+/// rows, each rounded to the storage dtype, when asked).
 pub fn sum_rows(p: Prec, x: &Array2<f64>) -> Array1<f64> {
     let acc = p.acc();
-    let mut s = vec![0.0; x.ncols()];
-    for row in x.rows() {
-        for (a, v) in s.iter_mut().zip(row.iter()) {
-            *a = acc.round(*a + v);
+    let mut total = vec![0.0; x.ncols()];
+    for chunk in p.chunks(x.nrows()) {
+        let mut s = vec![0.0; x.ncols()];
+        for row in x.rows().into_iter().skip(chunk.start).take(chunk.len()) {
+            for (a, v) in s.iter_mut().zip(row.iter()) {
+                *a = acc.round(*a + v);
+            }
         }
+        let split = p.split_sums > 1;
+        total.iter_mut().zip(s).for_each(|(t, v)| *t = if split { acc.round(*t + p.r(v)) } else { v });
     }
-    Array1::from_vec(s.into_iter().map(|v| p.r(v)).collect())
+    Array1::from_vec(total.into_iter().map(|v| p.r(v)).collect())
 }
 
 /// Gradients of a linear layer.

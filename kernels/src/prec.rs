@@ -15,13 +15,30 @@ pub struct Prec {
     /// (a LayerNorm over two features, whose output hardly depends on its input), that difference is
     /// amplified far beyond anything perturbing the inputs shows, and such a run measures it.
     pub jitter_ulps: u8,
+    /// When above 1, matrix products and row sums split their reduction into this many contiguous
+    /// chunks (as torch.chunk shards a dimension), round each chunk's sum to the storage dtype, and
+    /// add the rounded partial sums: the rounding of a row-parallel product or a data-parallel
+    /// gradient, whose ranks' partial sums are rounded before the all-reduce.
+    pub split_sums: u8,
 }
 
 impl Prec {
-    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0 };
+    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0, split_sums: 0 };
 
     pub fn new(dtype: DType) -> Prec {
-        Prec { dtype, reversed_sums: false, jitter_ulps: 0 }
+        Prec { dtype, ..Prec::F64 }
+    }
+
+    /// Reductions split into `parts` partial sums rounded to the storage dtype (see `split_sums`).
+    pub fn split(self, parts: u8) -> Prec {
+        Prec { split_sums: parts, ..self }
+    }
+
+    /// The chunks a reduction of length `n` is split into: one unless `split_sums` asks for more.
+    pub fn chunks(self, n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let parts = usize::from(self.split_sums.max(1));
+        let c = n.div_ceil(parts).max(1);
+        (0..parts).map(move |i| (i * c).min(n)..((i + 1) * c).min(n)).filter(|r| !r.is_empty())
     }
 
     /// The accumulation rounding (f32 for every low-precision dtype).
@@ -55,9 +72,9 @@ impl Prec {
         Prec { jitter_ulps: ulps, ..self }
     }
 
-    /// No op rounds anything: f64 without jitter.
+    /// No op rounds anything: f64 without jitter or split sums.
     pub fn is_exact(self) -> bool {
-        self.dtype == DType::F64 && self.jitter_ulps == 0
+        self.dtype == DType::F64 && self.jitter_ulps == 0 && self.split_sums <= 1
     }
 }
 

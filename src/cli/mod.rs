@@ -10,6 +10,7 @@ mod gen;
 mod jobs;
 mod plot;
 mod run;
+mod sensitivity;
 mod table;
 mod targets;
 

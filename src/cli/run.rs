@@ -1,9 +1,10 @@
-//! `shardfuzz run CASE.json... [--target T|all] [--json]`.
+//! `shardfuzz run CASE.json... [--target T|all] [--json]`. Exit 0: every verdict pass, rejected or
+//! unsupported; 1: a divergence, crash or hang; 2: usage or input error; 3: a harness error.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use shardfuzz_fuzz::oracle::{evaluate, Oracle};
+use shardfuzz_fuzz::oracle::{evaluate_prepared, Oracle, Prepared, VerdictKind};
 use shardfuzz_harnesses::case::{Case, CaseError};
 use shardfuzz_harnesses::target::registry::{self, TargetOptions};
 
@@ -21,9 +22,12 @@ pub struct RunArgs {
     /// Inject a bug into the native target (see `shardfuzz bugs`); repeatable.
     #[arg(long)]
     inject: Vec<String>,
-    /// Divergence threshold, as a multiple of the estimated noise ε.
+    /// Divergence threshold of the worst element, as a multiple of its noise ε.
     #[arg(long, default_value_t = Oracle::default().threshold)]
     threshold: f64,
+    /// Divergence threshold of the statistics over a whole tensor (rms, norm, sum, direction).
+    #[arg(long, default_value_t = Oracle::default().stat_threshold)]
+    stat_threshold: f64,
     /// Time a case may take before it is a hang, in milliseconds (0: the target's default, 10 s
     /// for the native target, 60 s for the Python targets).
     #[arg(long, default_value_t = 0)]
@@ -40,7 +44,7 @@ pub fn target_names(spec: &str) -> Vec<String> {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let oracle = Oracle { threshold: a.threshold, ..Oracle::default() };
+    let oracle = Oracle { threshold: a.threshold, stat_threshold: a.stat_threshold, ..Oracle::default() };
     let opts = TargetOptions { inject: a.inject.clone(), timeout_ms: a.timeout_ms };
     let mut targets = vec![];
     for name in target_names(&a.target) {
@@ -60,14 +64,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         })?;
         cases.push((path, case));
     }
-    let mut finding = false;
+    let (mut finding, mut harness_error) = (false, false);
     for (path, case) in &cases {
+        let prep = Prepared::new(case);
         if !a.json {
             println!("case {} — {}", path.display(), case.summary());
         }
         for t in targets.iter_mut() {
-            let v = evaluate(t.as_mut(), case, &oracle);
+            let v = evaluate_prepared(t.as_mut(), &prep, &oracle);
             finding |= v.kind.is_finding();
+            harness_error |= v.kind == VerdictKind::HarnessError;
             if a.json {
                 let mut obj = serde_json::to_value(&v)?;
                 obj["case"] = serde_json::Value::String(path.display().to_string());
@@ -80,6 +86,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         if !a.json {
             println!();
         }
+    }
+    if harness_error {
+        eprintln!("a harness error: our own code failed (see the verdicts above); not a finding");
+        return Ok(ExitCode::from(3));
     }
     Ok(if finding { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

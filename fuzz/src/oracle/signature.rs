@@ -55,6 +55,7 @@ pub fn signature(v: &Verdict, case: &Case) -> String {
             generalise(msg.trim()).chars().take(80).collect()
         }
         VerdictKind::Hang => v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default(),
+        VerdictKind::HarnessError => generalise(&v.reason).chars().take(80).collect(),
         _ => String::new(),
     };
     let raw = format!("{}|{}|{}|{}", v.target, v.kind, site, config_class(case));

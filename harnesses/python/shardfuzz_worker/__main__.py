@@ -6,8 +6,10 @@ import sys
 import traceback
 
 from . import lifetime, protocol, tensors_io
-from .pool import RankDied, RankPool, RanksHung
+from .pool import RankDied, RankPool, RanksHung, test_raise
 from .targets import REGISTRY, load
+from .targets.base import HarnessError, expected_outputs
+from .validation import describe, short
 from .verdicts import classify_failures
 
 
@@ -62,7 +64,7 @@ class Coordinator:
 
     def run(self, msg):
         case = msg["case"]
-        reason = self.target.unsupported(case)
+        reason = ("op" in case and self.target.unsupported_op(case)) or self.target.unsupported(case)
         if reason:
             return {"status": "unsupported", "reason": reason}
         inputs = tensors_io.read_inputs(msg["inputs"])
@@ -91,7 +93,7 @@ class Coordinator:
             reply["coverage"] = sorted(coverage)
             return reply
         combined = self.target.combine(case, [r["out"] for r in results])
-        return self.completed(msg, combined, coverage)
+        return self.completed(msg, combined, coverage, inputs)
 
     def run_local(self, job, msg):
         from .coverage import Coverage
@@ -103,23 +105,23 @@ class Coordinator:
 
             time.sleep(3600)
         try:
+            test_raise(job.get("test_hook"))
             combined = self.target.run_local(job["case"], job["inputs"])
         except Exception as e:  # noqa: BLE001
-            reply = classify_failures(
-                self.target,
-                [(None, {"type": type(e).__name__, "module": type(e).__module__, "message": str(e)[:2000],
-                         "traceback": traceback.format_exc()[-4000:]})],
-                1,
-            )
+            reply = classify_failures(self.target, [(None, describe(e))], 1)
             reply["coverage"] = sorted(self.local_cov.take())
             return reply
-        return self.completed(msg, combined, self.local_cov.take())
+        return self.completed(msg, combined, self.local_cov.take(), job["inputs"])
 
-    def completed(self, msg, combined, coverage):
+    def completed(self, msg, combined, coverage, inputs):
         status = combined.pop("status", "completed")
         if status != "completed":
             return {"status": status, "reason": combined.get("reason", ""), "coverage": sorted(coverage)}
-        tensors_io.write_outputs(msg["output"], combined.get("tensors", {}), combined.get("replicas", {}))
+        tensors = combined.get("tensors", {})
+        missing = [n for n in expected_outputs(msg["case"], inputs) if tensors.get(n) is None]
+        if missing:
+            raise HarnessError(f"{self.target.name} returned no {', '.join(missing)}")
+        tensors_io.write_outputs(msg["output"], tensors, combined.get("replicas", {}))
         return {
             "status": "completed",
             "output": msg["output"],
@@ -127,6 +129,14 @@ class Coordinator:
             "notes": combined.get("notes", []),
             "coverage": sorted(coverage),
         }
+
+
+def worker_failed(e):
+    """A failure of the coordinator's own code (combining, writing outputs): a harness error."""
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" (at {short((frames[-1].filename, frames[-1].lineno, frames[-1].name))})" if frames else ""
+    return {"status": "harness_error", "reason": f"{type(e).__name__}: {e}{at}",
+            "traceback": traceback.format_exc()[-4000:]}
 
 
 def serve(target):
@@ -143,8 +153,7 @@ def serve(target):
         try:
             reply = coord.run(msg)
         except Exception as e:  # noqa: BLE001 - the worker itself failed: report, keep serving
-            reply = {"status": "crash", "reason": f"worker: {type(e).__name__}: {e}",
-                     "traceback": traceback.format_exc()[-4000:]}
+            reply = worker_failed(e)
         reply["id"] = msg.get("id")
         protocol.send(reply)
     for world in list(coord.pools):

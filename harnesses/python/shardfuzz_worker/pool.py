@@ -19,11 +19,11 @@ import socket
 import sys
 import tempfile
 import time
-import traceback
 from multiprocessing.connection import wait
 
 from . import lifetime
 from .coverage import Coverage
+from .validation import describe
 
 #: How long peers of a failed rank get to finish before they count as stranded.
 STRANDED_GRACE_S = 5.0
@@ -115,6 +115,12 @@ def stuck_at(dump):
     return f"{where}, entered from {_short(frames[ours])} via {_short(frames[ours - 1])}"
 
 
+def test_raise(hook):
+    """The `worker-raises` test hook: our own worker code fails (a harness error, never a finding)."""
+    if hook == "worker-raises":
+        raise RuntimeError("the test hook raised in the worker")
+
+
 #: What the abort test hooks print, as a C++ `std::terminate` does.
 _TEST_ABORT = b"terminate called after throwing an instance of 'test::Abort'\n  what():  the test hook aborted this rank\n"
 
@@ -153,19 +159,11 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
         if hook == "sleep" or (hook == "sleep-last-rank" and rank == world - 1):
             time.sleep(3600)
         try:
+            test_raise(hook)
             out = target.run_rank(rank, world, job["case"], job["inputs"])
             conn.send({"ok": True, "out": out, "coverage": cov.take()})
         except BaseException as e:  # noqa: BLE001 - every failure is reported, none kills the rank
-            conn.send(
-                {
-                    "ok": False,
-                    "type": type(e).__name__,
-                    "module": type(e).__module__,
-                    "message": str(e)[:2000],
-                    "traceback": traceback.format_exc()[-4000:],
-                    "coverage": cov.take(),
-                }
-            )
+            conn.send({"ok": False, **describe(e), "coverage": cov.take()})
 
 
 class RankPool:

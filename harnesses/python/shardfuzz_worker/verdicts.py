@@ -1,21 +1,32 @@
-"""Failed ranks to a verdict: the framework's own validation error is `rejected`, anything else a `crash`.
+"""Failed ranks to a verdict: `harness_error`, `rejected` or `crash`, by where each failure was raised
+(validation.py holds the table of every target's validation locations).
 
-A target names the exception types (and message fragments) its framework raises when it refuses a
-configuration up front; every rank must have refused for a rejection, since a refusal on some ranks
-only leaves the others stranded in a collective (a crash of the framework, not a clean rejection).
+A harness error on any rank wins: our worker failed, and what the framework did after that says nothing.
+Every rank must have refused for a rejection, since a refusal on some ranks only leaves the others stranded
+in a collective (a crash of the framework, not a clean rejection).
 """
+
+from .validation import classify, short
 
 
 def classify_failures(target, failed, world):
     real = [f for f in failed if f[1]["type"] != "Stranded"] or failed
+    verdicts = [(rank, f, *classify(target.name, f)) for rank, f in real]
+    for rank, f, kind, frame in verdicts:
+        if kind == "harness_error":
+            return harness_error(f, frame)
     first_rank, first = real[0]
     message = f"{first['type']}: {first['message']}".strip()
-    everyone = len(failed) == world
-    if everyone and all(target.is_rejection(f["type"], f["module"], f["message"], f["traceback"]) for _, f in failed):
+    if len(failed) == world and len(real) == len(failed) and all(v[2] == "rejected" for v in verdicts):
         return {"status": "rejected", "reason": message}
     site = last_frame(first.get("traceback", ""))
     reason = message if not site else f"{message} (at {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
+
+
+def harness_error(f, frame):
+    at = f" (at {short(frame)})" if frame else ""
+    return {"status": "harness_error", "reason": f"{f['type']}: {f['message']}{at}".strip()}
 
 
 def last_frame(tb):

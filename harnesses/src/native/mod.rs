@@ -272,7 +272,7 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
     }
     if plan.case.train.loss_scale.is_some() {
         let copies: Vec<(usize, Tensor)> = outs.iter().map(|o| (o.rank, Tensor::new(vec![o.skipped.len()], o.skipped.clone()))).collect();
-        out.tensors.push((crate::reference::SKIPPED_STEPS.into(), copies[0].1.clone()));
+        out.stats.skipped_steps = Some(outs[0].skipped.iter().map(|&s| s != 0.0).collect());
         out.replicas.push((crate::reference::SKIPPED_STEPS.into(), copies));
     }
     out.notes = notes(plan);

@@ -13,18 +13,9 @@ use crate::model::{forward_backward, Bugs, Ctx, Geom, Layout, ParamSet};
 use crate::target::RunOutput;
 use crate::tensor::Tensor;
 
-/// Name of the tensor that records, per step, whether the dynamic loss scaler skipped it (1) or not (0).
+/// Name of the per-rank copies of the loss scaler's skip decisions, which must agree across ranks
+/// (a replica check; the decisions themselves travel in [`crate::target::RunStats`]).
 pub const SKIPPED_STEPS: &str = "scaler/skipped";
-
-/// Name of the scalar holding the smallest top-k routing margin of the run (MoE models only).
-pub const ROUTING_MARGIN: &str = "moe/routing_margin";
-
-/// Name of the scalar holding the largest magnitude the residual stream or its gradient reached
-/// (model cases only; see `Ctx::peak_activation`).
-pub const PEAK_ACTIVATION: &str = "run/peak_activation";
-
-/// The outputs that describe the run rather than a tensor to compare.
-pub const RUN_STATISTICS: [&str; 3] = [SKIPPED_STEPS, ROUTING_MARGIN, PEAK_ACTIVATION];
 
 /// Why the reference could not run a case.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -58,6 +49,11 @@ pub fn run_with_gradient_noise(
 /// The reference with its dot products summed in reverse order (another round-off pattern).
 pub fn run_reversed(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, ReferenceError> {
     run_with(case, inputs, Prec::new(dtype).reversed(), None)
+}
+
+/// The reference at an arbitrary precision (a dtype with reversed sums or jittered roundings).
+pub fn run_prec(case: &Case, inputs: &Inputs, p: Prec) -> Result<RunOutput, ReferenceError> {
+    run_with(case, inputs, p, None)
 }
 
 /// The reference in f64 with every rounding jittered by `ulps` unit round-offs and its dot products
@@ -114,6 +110,23 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
     Ok(total)
 }
 
+/// In f64, the step-0 gradient of the batch rows `rows` alone, each row's loss scaled as in the
+/// whole batch: the contribution of one micro-batch to the batch gradient (what a schedule that
+/// drops a micro-batch loses).
+pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>) -> Result<ParamSet, ReferenceError> {
+    let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
+    let layout = Layout::single(m);
+    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64));
+    let params: ParamSet = inputs.tensors.iter().cloned().collect();
+    let seq = m.seq as usize;
+    let tokens = rows.start * seq..rows.end * seq;
+    let mut grads = ParamSet::new();
+    let g = Geom { batch: rows.len(), seq };
+    forward_backward(&ctx, &params, &g, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / m.tokens() as f64, &mut grads)
+        .map_err(|e| ReferenceError(e.to_string()))?;
+    Ok(grads)
+}
+
 fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
     let dtype = p.dtype;
     if let Some(op) = &case.op {
@@ -168,7 +181,7 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
             }
         }
         let overflow = scale.is_some() && grads.values().any(|t| !t.all_finite());
-        skipped.push(if overflow { 1.0 } else { 0.0 });
+        skipped.push(overflow);
         if overflow {
             scale = Some(s / 2.0);
             continue;
@@ -188,12 +201,8 @@ fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>)
     for n in &order {
         out.tensors.push((format!("param/{n}"), params[n].clone()));
     }
-    if ctx.routing_margin.get().is_finite() {
-        out.tensors.push((ROUTING_MARGIN.into(), Tensor::scalar(ctx.routing_margin.get())));
-    }
-    out.tensors.push((PEAK_ACTIVATION.into(), Tensor::scalar(ctx.peak_activation.get())));
-    if case.train.loss_scale.is_some() {
-        out.tensors.push((SKIPPED_STEPS.into(), Tensor::new(vec![skipped.len()], skipped)));
-    }
+    out.stats.routing_margin = ctx.routing_margin.get().is_finite().then(|| ctx.routing_margin.get());
+    out.stats.peak_activation = Some(ctx.peak_activation.get());
+    out.stats.skipped_steps = case.train.loss_scale.is_some().then_some(skipped);
     Ok(out)
 }

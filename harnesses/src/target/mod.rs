@@ -30,11 +30,37 @@ pub struct RunOutput {
     pub features: Vec<String>,
     /// Facts worth showing with the verdict (padding added, schedule used …).
     pub notes: Vec<String>,
+    /// What the run measured about itself (loss-scaler decisions, routing margins, peaks).
+    #[serde(default)]
+    pub stats: RunStats,
+    /// The framework's own single-device run of the case in the case dtype, when the target sent
+    /// one: tensors under the same names, a noise sample with the framework's own rounding.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub baseline: Vec<(String, Tensor)>,
+}
+
+/// Facts about a run that are not tensors to compare.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunStats {
+    /// Per step: whether the dynamic loss scaler skipped it (runs with a loss scaler only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<Vec<bool>>,
+    /// The smallest gap between a token's k-th and (k+1)-th router probability (MoE models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_margin: Option<f64>,
+    /// The largest magnitude the residual stream or its gradient reached (model cases only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_activation: Option<f64>,
 }
 
 impl RunOutput {
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    /// The framework's own single-device value of tensor `name`, if it sent one.
+    pub fn baseline_tensor(&self, name: &str) -> Option<&Tensor> {
+        self.baseline.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 }
 
@@ -62,6 +88,9 @@ pub enum Outcome {
     Crash { rank: Option<usize>, message: String, features: Vec<String> },
     /// Ranks waited in a collective that never completed.
     Hang { stuck: Vec<StuckRank>, detail: String, features: Vec<String> },
+    /// Our own harness failed (worker code raised, a tensor was not returned): neither a pass nor a
+    /// finding, and the test suite fails on it.
+    HarnessError { message: String },
 }
 
 impl Outcome {
@@ -72,6 +101,7 @@ impl Outcome {
             Outcome::Rejected { .. } => "rejected",
             Outcome::Crash { .. } => "crash",
             Outcome::Hang { .. } => "hang",
+            Outcome::HarnessError { .. } => "harness_error",
         }
     }
 
@@ -80,7 +110,7 @@ impl Outcome {
         match self {
             Outcome::Completed(o) => &o.features,
             Outcome::Rejected { features, .. } | Outcome::Crash { features, .. } | Outcome::Hang { features, .. } => features,
-            Outcome::Unsupported { .. } => &[],
+            Outcome::Unsupported { .. } | Outcome::HarnessError { .. } => &[],
         }
     }
 }

@@ -28,7 +28,7 @@ pub const PYTHON_ENV: &str = "SHARDFUZZ_PYTHON";
 /// Environment variable naming the directory that holds the `shardfuzz_worker` package.
 pub const WORKER_PATH_ENV: &str = "SHARDFUZZ_WORKER_PATH";
 /// Environment variable with a test hook the worker obeys on the first case (`sleep`, `kill-rank`,
-/// `kill-worker`).
+/// `kill-worker`, `worker-raises`, …: see `shardfuzz_worker/__main__.py`).
 pub const TEST_HOOK_ENV: &str = "SHARDFUZZ_TEST_HOOK";
 
 /// Environment variable that makes the target restart its worker after every case (benchmarks).
@@ -204,6 +204,8 @@ impl PythonTarget {
         }
     }
 
+    // The error is the run's outcome (a crash or hang), returned once per case: its size is no cost.
+    #[allow(clippy::result_large_err)]
     fn request(&mut self, case: &Case, inputs: &Inputs) -> Result<Value, Outcome> {
         self.ensure_worker().map_err(|e| Outcome::Crash { rank: None, message: e, features: vec![] })?;
         self.next_id += 1;
@@ -307,11 +309,23 @@ impl PythonTarget {
         let reason = v["reason"].as_str().unwrap_or_default().to_string();
         match v["status"].as_str().unwrap_or_default() {
             "completed" => match read_outputs(Path::new(v["output"].as_str().unwrap_or_default())) {
-                Ok((tensors, replicas)) => Outcome::Completed(RunOutput { tensors, replicas, features, notes: strings(&v["notes"]) }),
+                Ok((tensors, replicas)) => {
+                    let (baseline, tensors): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(n, _)| n.starts_with(FRAMEWORK_BASELINE));
+                    let baseline = baseline.into_iter().map(|(n, t)| (n[FRAMEWORK_BASELINE.len()..].to_string(), t)).collect();
+                    Outcome::Completed(RunOutput {
+                        tensors,
+                        replicas,
+                        features,
+                        notes: strings(&v["notes"]),
+                        baseline,
+                        ..Default::default()
+                    })
+                }
                 Err(e) => Outcome::Crash { rank: None, message: format!("worker output unreadable: {e}"), features },
             },
             "unsupported" => Outcome::Unsupported { reason },
             "rejected" => Outcome::Rejected { reason, features },
+            "harness_error" => Outcome::HarnessError { message: reason },
             "hang" => {
                 let stuck = v["stuck"]
                     .as_array()
@@ -348,6 +362,9 @@ fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
     safetensors::serialize_to_file(views, &None, &tmp).map_err(std::io::Error::other)?;
     std::fs::rename(tmp, path)
 }
+
+/// Prefix of the tensors of a worker's own single-device run in the case dtype.
+const FRAMEWORK_BASELINE: &str = "baseline/";
 
 type Replicas = Vec<(String, Vec<(usize, Tensor)>)>;
 

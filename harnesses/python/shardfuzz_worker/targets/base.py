@@ -1,20 +1,35 @@
-"""What every target shares: case helpers, shard ranges, assembling full tensors from rank pieces."""
+"""What every target shares: case helpers, op shapes, shard ranges, assembling full tensors from rank pieces."""
 
 import numpy as np
+
+#: Op kinds as the Rust `OpKind` names them; a target implements all of them unless it says otherwise.
+OP_KINDS = (
+    "matmul", "linear", "sum", "max", "softmax", "layernorm", "embedding", "cross_entropy", "reshape", "transpose",
+)
+
+
+class HarnessError(Exception):
+    """Our own worker failed to do its part (a gradient or an output it should have produced is missing):
+    neither a pass nor a finding of the framework. The reply is `harness_error`."""
 
 
 class Target:
     name = ""
     coverage_prefixes = ()
-    #: Exception type names that mean "the framework refused this configuration".
-    rejection_types = ()
-    #: Message fragments that mark an exception of another type as a refusal.
-    rejection_messages = ()
+    #: The op kinds this target implements (op cases of another kind are `unsupported`).
+    op_kinds = OP_KINDS
 
     def versions(self):
         return {}
 
     def unsupported(self, case):
+        return None
+
+    def unsupported_op(self, case):
+        """Why this target cannot run the op case, decided before running: an op kind it does not implement."""
+        kind = case["op"]["kind"]
+        if kind not in self.op_kinds:
+            return f"{self.name} does not implement op {kind!r}"
         return None
 
     def world(self, case):
@@ -33,10 +48,13 @@ class Target:
     def run_local(self, case, inputs):
         raise NotImplementedError
 
-    def is_rejection(self, type_name, module, message, tb):
-        if type_name in self.rejection_types:
-            return True
-        return any(m in message for m in self.rejection_messages)
+
+def grad_or_fail(name, grad):
+    """`grad` unless it is None: a gradient the reference expects that the framework never produced is our
+    harness's failure to collect it, never a zero to report."""
+    if grad is None:
+        raise HarnessError(f"no gradient came back for {name}")
+    return grad
 
 
 def chunk_range(n, parts, index):
@@ -70,3 +88,54 @@ def assemble(shape, pieces):
         idx = tuple(slice(a, b) for a, b in ranges)
         full[idx] = local
     return full
+
+
+# ---------------------------------------------------------------------------------------- op shapes
+
+
+def input_shapes(op):
+    """Float inputs and their full shapes, as `OpKind::inputs` names them (in that order)."""
+    shape = [int(s) for s in op["shape"]]
+    s = lambda i: shape[i] if i < len(shape) else 1  # noqa: E731
+    kind = op["kind"]
+    table = {
+        "matmul": [("a", (s(0), s(1))), ("b", (s(1), s(2)))],
+        "linear": [("x", (s(0), s(1))), ("w", (s(1), s(2))), ("bias", (s(2),))],
+        "layernorm": [("x", (s(0), s(1))), ("w", (s(1),)), ("bias", (s(1),))],
+        "embedding": [("table", (s(1), s(2)))],
+        "cross_entropy": [("logits", (s(0), s(1)))],
+    }
+    return table.get(kind, [("x", (s(0), s(1)))])
+
+
+def output_shape(op):
+    s = [int(d) for d in op["shape"]]
+    dim = op_dim(op)
+    kind = op["kind"]
+    if kind in ("matmul", "linear", "embedding"):
+        return (s[0], s[2])
+    if kind in ("sum", "max"):
+        return (1, s[1]) if dim == 0 else (s[0], 1)
+    if kind == "cross_entropy":
+        return (s[0], 1)
+    if kind == "reshape":
+        return tuple(int(d) for d in op.get("new_shape") or s)
+    if kind == "transpose":
+        return (s[1], s[0])
+    return tuple(s)
+
+
+def op_dim(op):
+    """The reduced dim of sum / max / softmax: 0, or 1 for anything else (as ops.rs reads it)."""
+    d = op.get("dim")
+    return 0 if d is not None and int(d) == 0 else 1
+
+
+def expected_outputs(case, inputs):
+    """Names of the tensors the reference compares, which a completed run must return: an op's output and the
+    gradient of every float input; a model's logits, losses, and every parameter's gradient and final value."""
+    if "op" in case:
+        return ["out"] + [f"grad/{n}" for n, _ in input_shapes(case["op"])]
+    params = [n for n in inputs if n not in ("tokens", "targets")]
+    losses = [f"loss/step{k}" for k in range(case["train"]["steps"])]
+    return ["logits"] + losses + [f"{kind}/{n}" for kind in ("grad", "param") for n in params]

@@ -2,7 +2,8 @@
 
 JAX runs in the worker process itself (`world(case) == 0` makes the coordinator call `run_local`):
 `XLA_FLAGS=--xla_force_host_platform_device_count=8` must be in the environment before jax is imported,
-and `jax_enable_x64` must be on, or float64 silently becomes float32.
+and `jax_enable_x64` must be on, or float64 silently becomes float32. Traceback filtering is off: the
+verdict depends on the framework frame that raised (validation.py), which filtering would hide.
 """
 
 import os
@@ -19,8 +20,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_traceback_filtering", "off")
 
-from .base import Target, dtype_name, parallel  # noqa: E402
+from ..partial import partial_parts  # noqa: E402
+from .base import HarnessError, Target, dtype_name, input_shapes, op_dim, output_shape, parallel  # noqa: E402
 
 LN_EPS = 1e-5
 N_DEVICES = 8
@@ -46,44 +49,6 @@ def mesh(dp, tp):
 
 def placements(case, name):
     return list(case["op"].get("placements", {}).get(name, ["R", "R"]))
-
-
-def input_shapes(op):
-    """Float inputs and their full shapes, as `OpKind::inputs` names them (in that order)."""
-    shape = [int(s) for s in op["shape"]]
-    s = lambda i: shape[i] if i < len(shape) else 1  # noqa: E731
-    kind = op["kind"]
-    table = {
-        "matmul": [("a", (s(0), s(1))), ("b", (s(1), s(2)))],
-        "linear": [("x", (s(0), s(1))), ("w", (s(1), s(2))), ("bias", (s(2),))],
-        "layernorm": [("x", (s(0), s(1))), ("w", (s(1),)), ("bias", (s(1),))],
-        "embedding": [("table", (s(1), s(2)))],
-        "cross_entropy": [("logits", (s(0), s(1)))],
-    }
-    return table.get(kind, [("x", (s(0), s(1)))])
-
-
-def output_shape(op):
-    s = [int(d) for d in op["shape"]]
-    dim = op_dim(op)
-    kind = op["kind"]
-    if kind in ("matmul", "linear", "embedding"):
-        return (s[0], s[2])
-    if kind in ("sum", "max"):
-        return (1, s[1]) if dim == 0 else (s[0], 1)
-    if kind == "cross_entropy":
-        return (s[0], 1)
-    if kind == "reshape":
-        return tuple(int(d) for d in op.get("new_shape") or s)
-    if kind == "transpose":
-        return (s[1], s[0])
-    return tuple(s)
-
-
-def op_dim(op):
-    """The reduced dim of sum / max / softmax: 0, or 1 for anything else (as ops.rs reads it)."""
-    d = op.get("dim")
-    return 0 if d is not None and int(d) == 0 else 1
 
 
 class Layout:
@@ -129,14 +94,19 @@ def check_placements(case, mesh_shape):
     return None
 
 
-def partial_parts(full, layout, mesh_shape):
-    """The summands of a partial input: coordinate 0 of each partial mesh axis holds the value, others zeros."""
-    if not layout.partial:
-        return full
-    sizes = [mesh_shape[AXES.index(a)] for a in layout.partial]
-    parts = np.zeros(tuple(sizes) + full.shape, dtype=full.dtype)
-    parts[(0,) * len(sizes)] = full
-    return parts
+def summands(case, xs, layouts, mesh_shape):
+    """Each input as it enters the sharded program: a Partial one as its summands (uneven, random, exact:
+    partial.py), an array with one leading dim per partial mesh axis; the others as they are."""
+    out = {}
+    for n, x in xs.items():
+        lay = layouts[n]
+        if not lay.partial:
+            out[n] = x
+            continue
+        sizes = [mesh_shape[AXES.index(a)] for a in lay.partial]
+        parts = partial_parts(np.asarray(x, dtype=np.float64), sizes, dtype_name(case), case["data"]["seed"], n)
+        out[n] = parts.astype(x.dtype)
+    return out
 
 
 def parts_grads(name, g, layout):
@@ -192,7 +162,7 @@ def forward(kind, op, xs, ids):
         return xs["x"].reshape(tuple(int(d) for d in op.get("new_shape") or op["shape"]))
     if kind == "transpose":
         return xs["x"].T
-    raise NotImplementedError(f"op {kind}")
+    raise HarnessError(f"op {kind} is not implemented (unsupported_op should have refused it)")
 
 
 # ---------------------------------------------------------------------------------------- HLO features
@@ -212,9 +182,6 @@ def hlo_features(text):
 
 
 class JaxTarget(Target):
-    rejection_types = ("IndivisibleError",)
-    rejection_messages = ("evenly divisible", "should evenly divide")
-
     def __init__(self):
         self.coverage_prefixes = (os.path.join(os.path.dirname(jax.__file__), "_src") + os.sep,)
         self.cache = {}

@@ -5,14 +5,15 @@ PartitionSpec entry of tensor dim d. Where every sharded dim divides evenly the 
 with that NamedSharding; otherwise it goes in replicated and `with_sharding_constraint` inside jit asks
 for the sharding (XLA pads: pad + dynamic-slice), so uneven shards run instead of being refused.
 A Partial input has no NamedSharding: it goes in as its summands, an array with one leading dim per
-partial mesh axis sharded over that axis (the value at coordinate 0, zeros elsewhere, as torch-dtensor
-makes it) that the jitted function sums; the gradients of the other summands come back as replicas.
+partial mesh axis sharded over that axis (uneven random summands that add up to the value exactly, the
+same ones torch-dtensor makes: partial.py) that the jitted function sums; the gradients of the other
+summands come back as replicas.
 One jitted function computes the output and every gradient (jax.vjp inside jit, cotangent grad_out).
 """
 
 
 from .base import dtype_name
-from .jax_common import AXES, JaxTarget, forward, hlo_features, jax, mesh, partial_parts
+from .jax_common import AXES, JaxTarget, forward, hlo_features, jax, mesh, summands
 
 
 def _divisible(shape, layout, mesh_shape):
@@ -34,6 +35,7 @@ class JaxGspmd(JaxTarget):
         op = case["op"]
         kind = op["kind"]
         mesh_shape, dt, shapes, xs, ids, layouts, gout = self.prepare(case, inputs)
+        parts = summands(case, xs, layouts, mesh_shape)
         m = mesh(*mesh_shape)
         padded = {n: not _divisible(s, layouts[n], mesh_shape) for n, s in shapes}
         key = (
@@ -65,7 +67,7 @@ class JaxGspmd(JaxTarget):
                 return out, grads
 
             jitted = jax.jit(step)
-            args = self._args(xs, ids, gout, layouts, mesh_shape, args_sh, repl, dt)
+            args = self._args(parts, ids, gout, args_sh, repl, dt)
             compiled = jitted.lower(*args).compile()
             feats = hlo_features(compiled.as_text())
             entry = (compiled, feats)
@@ -73,7 +75,7 @@ class JaxGspmd(JaxTarget):
                 self.cache.clear()
             self.cache[key] = entry
         else:
-            args = self._args(xs, ids, gout, layouts, mesh_shape, args_sh, repl, dt)
+            args = self._args(parts, ids, gout, args_sh, repl, dt)
         compiled, feats = entry
         out, grads = compiled(*args)
         features = [f"op:{kind}", f"dtype:{dtype_name(case)}"]
@@ -85,11 +87,8 @@ class JaxGspmd(JaxTarget):
         return result
 
     @staticmethod
-    def _args(xs, ids, gout, layouts, mesh_shape, args_sh, repl, dt):
-        arrs = {}
-        for n, x in xs.items():
-            parts = partial_parts(x, layouts[n], mesh_shape)
-            arrs[n] = jax.device_put(jax.numpy.asarray(parts, dtype=dt), args_sh[n])
+    def _args(parts, ids, gout, args_sh, repl, dt):
+        arrs = {n: jax.device_put(jax.numpy.asarray(p, dtype=dt), args_sh[n]) for n, p in parts.items()}
         idv = {n: jax.device_put(v, repl) for n, v in ids.items()}
         return arrs, idv, jax.device_put(jax.numpy.asarray(gout, dtype=dt), repl)
 

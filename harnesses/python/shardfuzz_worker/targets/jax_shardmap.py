@@ -1,9 +1,10 @@
 """jax-shardmap: op-level cases as explicit SPMD programs under jax.shard_map on a [dp, tp] mesh.
 
 Each input enters with the PartitionSpec its placements name (a Partial input as its summands: one
-leading dim per partial mesh axis, the value at coordinate 0 and zeros elsewhere, as torch-dtensor makes
-it). Every op has a sharded algorithm on local blocks with explicit collectives, keeping a sharding where
-the math allows and gathering (all_gather, to='invarying') where it does not:
+leading dim per partial mesh axis, uneven random summands that add up to the value exactly, the same
+ones torch-dtensor makes: partial.py). Every op has a sharded algorithm on local blocks with explicit
+collectives, keeping a sharding where the math allows and gathering (all_gather, to='invarying') where
+it does not:
   matmul / linear  contraction dim sharded alike on both sides -> local matmul + psum; row / column
                    shardings kept; partial summands deferred to one psum where linearity allows
   sum              local sum + psum over the reduced dim's axes (and partial axes)
@@ -19,8 +20,8 @@ shard_map (ValueError "... evenly divisible ...") - a clean rejection.
 """
 
 
-from .base import dtype_name
-from .jax_common import AXES, JaxTarget, LN_EPS, hlo_features, jax, jnp, mesh, op_dim, partial_parts, up
+from .base import HarnessError, dtype_name
+from .jax_common import AXES, JaxTarget, LN_EPS, hlo_features, jax, jnp, mesh, op_dim, summands, up
 
 
 def _ax(axes):
@@ -217,7 +218,7 @@ def _program(kind, op, ctx, loc, ids):
         e = lx.spec_entries()
         return out, P(e[1], e[0])
 
-    raise NotImplementedError(f"op {kind}")
+    raise HarnessError(f"op {kind} has no sharded program (unsupported_op should have refused it)")
 
 
 class JaxShardMap(JaxTarget):
@@ -229,6 +230,7 @@ class JaxShardMap(JaxTarget):
         op = case["op"]
         kind = op["kind"]
         mesh_shape, dt, shapes, xs, ids, layouts, gout = self.prepare(case, inputs)
+        parts = summands(case, xs, layouts, mesh_shape)
         m = mesh(*mesh_shape)
         names = [n for n, _ in shapes]
         id_names = sorted(ids)
@@ -259,7 +261,7 @@ class JaxShardMap(JaxTarget):
                     loc[n] = a.reshape(a.shape[k:]) if k else a
                 return _program(kind, op, _Ctx(mesh_shape, layouts, shapes), loc, idv)[1]
 
-            spec = _probe_spec(probe, xs, ids, layouts, mesh_shape, dt)
+            spec = _probe_spec(probe, parts, ids, layouts, mesh_shape, dt)
             smap = jax.shard_map(body, mesh=m, in_specs=in_specs, out_specs=spec)
 
             def step(arrs, idv, g):
@@ -267,7 +269,7 @@ class JaxShardMap(JaxTarget):
                 (grads,) = vjp(g.astype(out.dtype))
                 return out, grads
 
-            args = self._args(xs, ids, gout, layouts, mesh_shape, m, dt)
+            args = self._args(parts, ids, gout, layouts, m, dt)
             compiled = jax.jit(step).lower(*args).compile()
             feats = sorted(ctx.features) + hlo_features(compiled.as_text())
             entry = (compiled, feats)
@@ -275,7 +277,7 @@ class JaxShardMap(JaxTarget):
                 self.cache.clear()
             self.cache[key] = entry
         else:
-            args = self._args(xs, ids, gout, layouts, mesh_shape, m, dt)
+            args = self._args(parts, ids, gout, layouts, m, dt)
         compiled, feats = entry
         out, grads = compiled(*args)
         features = [f"op:{kind}", f"dtype:{dtype_name(case)}"]
@@ -286,14 +288,13 @@ class JaxShardMap(JaxTarget):
         return result
 
     @staticmethod
-    def _args(xs, ids, gout, layouts, mesh_shape, m, dt):
+    def _args(parts, ids, gout, layouts, m, dt):
         from jax.sharding import NamedSharding, PartitionSpec
 
         repl = NamedSharding(m, PartitionSpec())
         arrs = {}
-        for n, x in xs.items():
-            parts = partial_parts(x, layouts[n], mesh_shape)
-            arr = jnp.asarray(parts, dtype=dt)
+        for n, p in parts.items():
+            arr = jnp.asarray(p, dtype=dt)
             try:
                 arrs[n] = jax.device_put(arr, NamedSharding(m, layouts[n].parts_spec()))
             except Exception:  # noqa: BLE001 - uneven: let shard_map itself refuse the shape
@@ -302,7 +303,7 @@ class JaxShardMap(JaxTarget):
         return arrs, idv, jax.device_put(jnp.asarray(gout, dtype=dt), repl)
 
 
-def _probe_spec(probe, xs, ids, layouts, mesh_shape, dt):
+def _probe_spec(probe, parts, ids, layouts, mesh_shape, dt):
     """The out spec `_program` picks depends only on layouts and shapes: trace the program once
     abstractly (eval_shape, no vma checks) to learn it before building the real shard_map."""
     from jax.sharding import PartitionSpec
@@ -313,9 +314,9 @@ def _probe_spec(probe, xs, ids, layouts, mesh_shape, dt):
         spec_box.append(probe(arrs, idv))
         return jnp.zeros(())
 
-    names = list(xs)
+    names = list(parts)
     in_specs = ({n: layouts[n].parts_spec() for n in names}, {n: PartitionSpec() for n in ids})
-    shp = {n: jax.ShapeDtypeStruct(partial_parts(xs[n], layouts[n], mesh_shape).shape, dt) for n in names}
+    shp = {n: jax.ShapeDtypeStruct(parts[n].shape, dt) for n in names}
     ishp = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in ids.items()}
     f = jax.shard_map(body, mesh=mesh(*mesh_shape), in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False)
     jax.eval_shape(f, shp, ishp)

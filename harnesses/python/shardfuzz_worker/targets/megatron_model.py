@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import dtype_name, parallel
+from .base import dtype_name, grad_or_fail, parallel
 from .torch_common import torch_dtype
 from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
 
@@ -220,7 +220,7 @@ def run(case, inputs, rank, tp):
         if k == 0:
             logits0 = torch.cat(rows).numpy()
             for name, p in named:
-                grads0[name] = case_view(name, p.grad if p.grad is not None else torch.zeros_like(p))
+                grads0[name] = case_view(name, grad_or_fail(name, p.grad))
         if t.get("clip_grad_norm") is not None:
             total = grad_norm(named, tp_group)
             coeff = t["clip_grad_norm"] / (total + 1.0e-6)

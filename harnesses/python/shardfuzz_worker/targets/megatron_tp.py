@@ -38,15 +38,6 @@ def _patch_cuda():
 
 class MegatronTp(TorchTarget):
     name = "megatron-tp"
-    # megatron's divisibility checks (`divide`, `ensure_divisibility`) are asserts.
-    rejection_types = ("AssertionError",)
-
-    def is_rejection(self, type_name, module, message, tb):
-        # ModelParallelConfig validates itself in __post_init__ with ValueErrors (e.g. sequence parallelism
-        # without tensor parallelism).
-        if type_name == "ValueError" and "model_parallel_config.py" in tb:
-            return True
-        return super().is_rejection(type_name, module, message, tb)
 
     def __init__(self):
         super().__init__()

@@ -8,7 +8,6 @@ from .torch_training import combine_dp, single_device, train
 
 class TorchDdp(TorchTarget):
     name = "torch-ddp"
-    rejection_types = ("ValueError",)
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "DDP expresses data parallelism only")

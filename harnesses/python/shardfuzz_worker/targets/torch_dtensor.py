@@ -1,15 +1,17 @@
 """torch-dtensor: op-level cases on a 2-D DeviceMesh [dp, tp] with Shard / Replicate / Partial inputs.
 
 Every rank builds its local piece of each input from the full tensor the fuzzer generated (uneven
-shards as torch.chunk makes them; a Partial dimension holds the value on coordinate 0 and zeros
-elsewhere), wraps it with `DTensor.from_local`, runs the op, and calls `full_tensor()` on the result.
-The gradient of each input is the gradient of its local piece; the fuzzer gets them assembled, with
-the copies on replicated / partial coordinates as replicas that must agree.
+shards as torch.chunk makes them; over Partial mesh dims the value is split into uneven random summands,
+a different nonzero one per coordinate, that add up to it exactly: see partial.py), wraps it with
+`DTensor.from_local`, runs the op, and calls `full_tensor()` on the result. The gradient of each input is
+the gradient of its local piece (for a summand, the gradient of the full value); the fuzzer gets them
+assembled, with the copies on replicated / partial coordinates as replicas that must agree.
 """
 
 import numpy as np
 
-from .base import assemble, chunk_range, dtype_name, parallel
+from ..partial import partial_parts
+from .base import HarnessError, assemble, chunk_range, dtype_name, grad_or_fail, parallel
 from .torch_common import TorchTarget, mesh, to_numpy, torch_dtype
 
 LN_EPS = 1e-5
@@ -30,16 +32,17 @@ def _local_ranges(shape, places, coord, mesh_shape):
     return ranges
 
 
-def _is_partial_zero(places, coord):
-    return any(pl == "P" and coord[m] != 0 for m, pl in enumerate(places))
+def _summand(case, name, full, places, coord, mesh_shape):
+    """This coordinate's summand of `full` over the Partial mesh dims of `places` (`full` itself if none)."""
+    pdims = [m for m, pl in enumerate(places) if pl == "P"]
+    if not pdims:
+        return full
+    parts = partial_parts(full, [mesh_shape[m] for m in pdims], dtype_name(case), case["data"]["seed"], name)
+    return parts[tuple(coord[m] for m in pdims)]
 
 
 class TorchDTensor(TorchTarget):
     name = "torch-dtensor"
-    rejection_types = ("NotImplementedError",)
-    # DTensor refusing the user's own op on a layout it cannot handle, telling them what to do. (The
-    # same message from inside a parallelized module, torch-tp, is a crash: no user call to fix.)
-    rejection_messages = ("Please redistribute the tensor before this operation", "Please redistribute the input first")
 
     def unsupported(self, case):
         if "op" not in case:
@@ -75,9 +78,8 @@ class TorchDTensor(TorchTarget):
         def dtensor(name, full):
             places = _placements(case, name)
             ranges = _local_ranges(full.shape, places, coord, mshape)
-            local = full[tuple(slice(a, b) for a, b in ranges)].copy()
-            if _is_partial_zero(places, coord):
-                local[...] = 0.0
+            summand = _summand(case, name, full, places, coord, mshape)
+            local = summand[tuple(slice(a, b) for a, b in ranges)].copy()
             leaf = torch.tensor(local, dtype=dt, requires_grad=True)
             leaves[name] = leaf
             pieces[name] = ranges
@@ -99,8 +101,7 @@ class TorchDTensor(TorchTarget):
         full.backward(torch.tensor(inputs["grad_out"], dtype=dt).reshape(full.shape))
         grads = {}
         for name, leaf in leaves.items():
-            g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            grads[name] = (pieces[name], to_numpy(g))
+            grads[name] = (pieces[name], to_numpy(grad_or_fail(name, leaf.grad)))
         features = [f"op:{kind}"] + [f"place:{n}:{'/'.join(_placements(case, n))}" for n in leaves]
         baseline = single_device(case, inputs, dt) if rank == 0 else None
         shapes = {name: tuple(inputs[name].shape) for name in leaves}
@@ -156,7 +157,7 @@ def apply_op(op, x, ids):
         return x("x").reshape(tuple(op["new_shape"]))
     if kind == "transpose":
         return x("x").t()
-    raise NotImplementedError(f"op {kind}")
+    raise HarnessError(f"op {kind} is not implemented (unsupported_op should have refused it)")
 
 
 def single_device(case, inputs, dt):
@@ -173,7 +174,7 @@ def single_device(case, inputs, dt):
     out.backward(torch.tensor(inputs["grad_out"], dtype=dt).reshape(out.shape))
     tensors = {"out": to_numpy(out)}
     for name, leaf in leaves.items():
-        tensors[f"grad/{name}"] = to_numpy(leaf.grad) if leaf.grad is not None else np.zeros(leaf.shape)
+        tensors[f"grad/{name}"] = to_numpy(grad_or_fail(f"{name} (single device)", leaf.grad))
     return tensors
 
 

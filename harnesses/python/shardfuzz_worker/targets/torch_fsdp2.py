@@ -9,7 +9,6 @@ from .torch_training import combine_dp, single_device, train
 
 class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
-    rejection_types = ("ValueError", "NotImplementedError")
 
     def unsupported(self, case):
         return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only")

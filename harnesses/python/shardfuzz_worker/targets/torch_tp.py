@@ -15,7 +15,6 @@ from .torch_training import combine_dp, single_device, train
 
 class TorchTp(TorchTarget):
     name = "torch-tp"
-    rejection_types = ("ValueError", "NotImplementedError")
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp",), "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh")

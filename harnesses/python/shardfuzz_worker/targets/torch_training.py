@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range
+from .base import chunk_range, grad_or_fail
 from .torch_model import make_optimizer, to_case_layout
 
 
@@ -26,13 +26,15 @@ def full(t):
 
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
-          forward=None, named=None, loss_ctx=None, view=None):
+          forward=None, named=None, loss_ctx=None, view=None, grad=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `loss_ctx` wraps the loss (torch's loss_parallel); `view(name, t)` turns a parameter or gradient
-    into what this rank reports (default: the full tensor).
+    into what this rank reports (default: the full tensor); `grad(name, p)` is a parameter's step-0
+    gradient (default: p.grad; None is a harness error, never a zero).
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
+    grad = grad or (lambda name, p: p.grad)
     m, t = case["model"], case["train"]
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
@@ -72,8 +74,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if k == 0:
             logits0 = torch.cat(rows).numpy() if rows else None
             for name, p in named:
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                grads0[name] = view(name, g)
+                grads0[name] = view(name, grad_or_fail(name, grad(name, p)))
         if clip is not None:
             clip()
         elif t.get("clip_grad_norm") is not None:

@@ -1,0 +1,295 @@
+//! The comparison of one completed run against the reference and the noise ensemble.
+
+use shardfuzz_harnesses::case::{Case, OptimizerKind};
+use shardfuzz_harnesses::target::RunOutput;
+use shardfuzz_harnesses::tensor::Tensor;
+use shardfuzz_kernels::DType;
+
+use super::compare::ErrorScale;
+use super::ensemble::{coarse_dtype, is_later_step, Member, Prepared};
+use super::stats::{statistics, Stat, Stats};
+use super::{nan_max, Oracle, StatCheck, TensorCheck};
+
+/// Everything about the run that decides whether a tensor can be compared at all.
+struct Exclusions {
+    routing_tie: Option<f64>,
+    scaler_differs: bool,
+    first_step_skipped: bool,
+    peak: f64,
+    overflow_seen: bool,
+}
+
+/// The per-statistic floors and thresholds of this case.
+struct Rules {
+    floors: Stats,
+    thresholds: Stats,
+}
+
+impl Rules {
+    fn new(case: &Case, oracle: &Oracle) -> Rules {
+        let u = coarse_dtype(case).unit_roundoff();
+        // In f64 the dtype member is the reference itself; the floor stands for the round-off no
+        // single-device run samples (another summation order across ranks, amplified by the case's
+        // conditioning), so it is set much higher there.
+        let f64_factor = if u <= DType::F64.unit_roundoff() { 64.0 } else { 1.0 };
+        let mut floors = [oracle.stat_floor_ulps * u * f64_factor; 5];
+        floors[Stat::Max as usize] = oracle.noise_floor_ulps * u * f64_factor;
+        let mut thresholds = [oracle.stat_threshold; 5];
+        thresholds[Stat::Max as usize] = oracle.threshold;
+        Rules { floors, thresholds }
+    }
+}
+
+/// Compares every tensor of `out` with the reference, ε from `members` (and the target's own
+/// single-device baseline). Returns the checks and notes about the run.
+pub fn compare_run(
+    prep: &Prepared,
+    reference: &RunOutput,
+    out: &RunOutput,
+    members: &[&Member],
+    oracle: &Oracle,
+) -> (Vec<TensorCheck>, Vec<String>) {
+    let case = &prep.case;
+    let rules = Rules::new(case, oracle);
+    let scale = ErrorScale::new(&reference.tensors);
+    let mut notes = out.notes.clone();
+    let dtype_member = members.iter().find(|m| m.name == "dtype").map(|m| &m.output);
+    let mut ex = exclusions(case, reference, out, dtype_member, &mut notes);
+    let mut checks = vec![];
+    for (name, r) in &reference.tensors {
+        let denom = scale.denominator(name, r);
+        let mut samples: Vec<(&str, Stats)> =
+            members.iter().filter_map(|m| Some((m.name, statistics(m.tensor(name)?, r, denom)))).collect();
+        if let Some(b) = out.baseline_tensor(name).filter(|b| b.shape == r.shape) {
+            samples.push(("framework", statistics(b, r, denom)));
+        }
+        if let Some(moved) = adam_moves(case, reference, &checks, &scale, name) {
+            samples.push(("adam", statistics(&moved, r, denom)));
+        }
+        let mut check = tensor_check(name, &samples, &rules);
+        let dtype_value = dtype_member.and_then(|b| b.tensor(name));
+        match out.tensor(name) {
+            None => check.note = Some(format!("{MISSING}: the target did not produce this tensor")),
+            Some(t) if t.shape != r.shape => {
+                check.pass = false;
+                check.error = f64::INFINITY;
+                check.ratio = f64::INFINITY;
+                check.note = Some(format!("shape {:?}, reference {:?}", t.shape, r.shape));
+            }
+            Some(t) => judge_tensor(&mut check, case, name, t, r, denom, dtype_value, &mut ex),
+        }
+        checks.push(check);
+    }
+    checks.extend(replica_checks(out, &checks, &scale, &rules));
+    (checks, notes)
+}
+
+/// The note of a tensor the target did not produce: a harness error, never a pass.
+pub const MISSING: &str = "missing";
+
+fn exclusions(case: &Case, reference: &RunOutput, out: &RunOutput, dtype_run: Option<&RunOutput>, notes: &mut Vec<String>) -> Exclusions {
+    let u = coarse_dtype(case).unit_roundoff();
+    // A dynamic loss scaler's skip decisions depend on intermediate magnitudes, which sharding
+    // legitimately changes; when the target skipped other steps than the single-device run in the
+    // same dtype, gradients and parameters are not comparable (replicas still must agree).
+    let skips = |o: Option<&RunOutput>| o.and_then(|o| o.stats.skipped_steps.clone());
+    let single = skips(dtype_run).or_else(|| skips(Some(reference)));
+    let scaler_differs = case.train.loss_scale.is_some() && skips(Some(out)) != single;
+    if scaler_differs {
+        notes.push(format!(
+            "loss scaler skipped steps {:?} in the target, {:?} single-device: gradients and parameters not comparable",
+            skips(Some(out)).unwrap_or_default(),
+            single.unwrap_or_default()
+        ));
+    }
+    // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
+    // closer than round-off can be routed differently by any correct implementation.
+    let routing_tie = reference.stats.routing_margin.filter(|m| *m < 256.0 * u);
+    if let Some(m) = routing_tie {
+        notes.push(format!("MoE routing within {m:.2e} of a tie (below 256 u): outputs not comparable"));
+    }
+    Exclusions {
+        routing_tie,
+        scaler_differs,
+        first_step_skipped: skips(Some(out)).is_some_and(|s| s.first() == Some(&true)),
+        peak: reference.stats.peak_activation.unwrap_or(0.0),
+        overflow_seen: false,
+    }
+}
+
+/// ε per statistic: the largest error of any ensemble member, never below the floor.
+fn tensor_check(name: &str, samples: &[(&str, Stats)], rules: &Rules) -> TensorCheck {
+    let stats: Vec<StatCheck> = Stat::ALL
+        .iter()
+        .map(|&s| {
+            let i = s as usize;
+            let (member, noise) = samples.iter().fold((None, rules.floors[i]), |(m, e), (n, x)| {
+                if x[i].is_nan() || e.is_nan() {
+                    (Some(*n), f64::NAN)
+                } else if x[i] > e {
+                    (Some(*n), x[i])
+                } else {
+                    (m, e)
+                }
+            });
+            StatCheck {
+                stat: s,
+                error: 0.0,
+                noise,
+                bound: rules.thresholds[i] * noise,
+                ratio: 0.0,
+                pass: true,
+                member: member.map(str::to_string),
+            }
+        })
+        .collect();
+    let max = &stats[Stat::Max as usize];
+    let by = |n: &str| samples.iter().filter(|(m, _)| *m == n).map(|(_, s)| s[Stat::Max as usize]).fold(0.0, nan_max);
+    TensorCheck {
+        tensor: name.to_string(),
+        error: 0.0,
+        baseline_error: nan_max(by("dtype"), by("framework")),
+        perturbation_error: samples.iter().filter(|(m, _)| *m != "dtype" && *m != "framework").map(|(_, s)| s[0]).fold(0.0, nan_max),
+        noise: max.noise,
+        bound: max.bound,
+        ratio: 0.0,
+        pass: true,
+        note: None,
+        decided_by: None,
+        stats,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn judge_tensor(
+    check: &mut TensorCheck,
+    case: &Case,
+    name: &str,
+    t: &Tensor,
+    r: &Tensor,
+    denom: f64,
+    dtype_value: Option<&Tensor>,
+    ex: &mut Exclusions,
+) {
+    let values = statistics(t, r, denom);
+    for s in &mut check.stats {
+        s.error = values[s.stat as usize];
+        s.ratio = s.error / s.noise;
+        s.pass = !(s.error.is_nan() || s.error > s.bound);
+    }
+    let max = &check.stats[Stat::Max as usize];
+    check.error = max.error;
+    check.ratio = max.ratio;
+    let after_first_step = is_later_step(name);
+    let why_not = if ex.routing_tie.is_some() {
+        Some("MoE routing near a tie: not comparable".to_string())
+    } else if ex.scaler_differs && (name.starts_with("grad/") || after_first_step) {
+        Some("loss scaler decisions differ: not comparable".into())
+    } else if ex.first_step_skipped && name.starts_with("grad/") {
+        Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into())
+    } else if ex.overflow_seen && after_first_step {
+        Some("an earlier tensor overflowed: not comparable".into())
+    } else if let Some(why) = (!t.all_finite()).then(|| near_overflow(case, dtype_value.unwrap_or(r), ex.peak)).flatten() {
+        ex.overflow_seen = true;
+        Some(why)
+    } else if !(r.all_finite() && check.stats.iter().all(|s| s.noise.is_finite())) {
+        Some("reference or baseline not finite: not comparable".into())
+    } else {
+        None
+    };
+    if why_not.is_some() {
+        check.note = why_not;
+        return;
+    }
+    let worst = check.stats.iter().filter(|s| !s.pass).max_by(|a, b| (a.error / a.bound).total_cmp(&(b.error / b.bound)));
+    if let Some(s) = worst {
+        check.pass = false;
+        check.decided_by = Some(s.stat);
+    }
+}
+
+/// Copies of a replicated tensor must agree: each rank's copy against the first holder's, on every
+/// statistic, within the thresholds × the ε of the tensor itself (two correct copies differ by no
+/// more than two correct implementations do), or × the floors for a tensor not compared itself.
+fn replica_checks(out: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, rules: &Rules) -> Vec<TensorCheck> {
+    let mut result = vec![];
+    for (name, copies) in &out.replicas {
+        let Some((r0, first)) = copies.first() else {
+            continue;
+        };
+        let own = checks.iter().find(|c| &c.tensor == name);
+        let noise = |s: Stat| own.map(|c| c.stats[s as usize].noise).filter(|n| n.is_finite()).unwrap_or(rules.floors[s as usize]);
+        let denom = scale.denominator(name, first);
+        let mut worst: Option<(usize, Vec<StatCheck>)> = None;
+        for (rank, t) in copies.iter().skip(1) {
+            let values = statistics(t, first, denom);
+            let stats: Vec<StatCheck> = Stat::ALL
+                .iter()
+                .map(|&s| {
+                    let (error, noise) = (values[s as usize], noise(s));
+                    let bound = rules.thresholds[s as usize] * noise;
+                    StatCheck { stat: s, error, noise, bound, ratio: error / noise, pass: !(error.is_nan() || error > bound), member: None }
+                })
+                .collect();
+            let badness =
+                |v: &[StatCheck]| v.iter().map(|s| if s.error.is_nan() { f64::INFINITY } else { s.error / s.bound }).fold(0.0, f64::max);
+            if worst.as_ref().is_none_or(|(_, w)| badness(&stats) > badness(w)) {
+                worst = Some((*rank, stats));
+            }
+        }
+        let Some((rank, stats)) = worst else {
+            continue;
+        };
+        let max = &stats[Stat::Max as usize];
+        let failed = stats.iter().filter(|s| !s.pass).max_by(|a, b| (a.error / a.bound).total_cmp(&(b.error / b.bound))).map(|s| s.stat);
+        result.push(TensorCheck {
+            tensor: format!("replicas/{name}"),
+            error: max.error,
+            baseline_error: 0.0,
+            perturbation_error: 0.0,
+            noise: max.noise,
+            bound: max.bound,
+            ratio: max.ratio,
+            pass: failed.is_none(),
+            note: Some(format!("rank {rank} against rank {r0}")),
+            decided_by: failed,
+            stats,
+        });
+    }
+    result
+}
+
+/// For Adam-family optimizers, the noise a parameter inherits from its gradient: Adam divides each
+/// gradient element by its own magnitude, so an element of size |g| carrying absolute noise δ (the
+/// gradient's ε) moves by up to lr·min(1, δ/|g|) per step. Returns the parameter with every
+/// element moved that far, all the same way (the worst case for its norm and sum).
+fn adam_moves(case: &Case, reference: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, name: &str) -> Option<Tensor> {
+    if case.train.optimizer.kind == OptimizerKind::Sgd {
+        return None;
+    }
+    let param = name.strip_prefix("param/")?;
+    let gname = format!("grad/{param}");
+    let g = reference.tensor(&gname)?;
+    let check = checks.iter().find(|c| c.tensor == gname)?;
+    let delta = check.noise * scale.denominator(&gname, g);
+    let step = case.train.optimizer.lr.get() * case.train.steps as f64;
+    let p = reference.tensor(name)?;
+    let moved = p.data.iter().zip(&g.data).map(|(x, gi)| x + step * if gi.abs() <= delta { 1.0 } else { delta / gi.abs() }).collect();
+    Some(Tensor::new(p.shape.clone(), moved))
+}
+
+/// Whether `t`, or an intermediate of the reference run (`peak`: the residual stream and its
+/// gradient), comes within `world × 16` of the largest finite value of the case dtype: sharded
+/// implementations legitimately hold partial sums that large (a data-parallel rank's gradient is its
+/// local mean, dp times its share of the global one), so an overflow there is not a divergence. An
+/// overflowed intermediate turns every tensor computed from it into inf or NaN (0 × inf), however
+/// small that tensor is in the reference. Returns the note that says so.
+fn near_overflow(case: &Case, t: &Tensor, peak: f64) -> Option<String> {
+    let headroom = 16.0 * case.world().max(1) as f64;
+    let dtype = case.train.dtype;
+    let own = t.max_abs();
+    let (what, size) = if own >= peak { ("values", own) } else { ("intermediates", peak) };
+    (size * headroom >= dtype.max_finite()).then(|| {
+        format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range: not comparable")
+    })
+}

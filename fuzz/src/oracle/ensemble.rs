@@ -1,0 +1,195 @@
+//! What a case's correct implementations may legitimately differ by, sampled once per case and
+//! shared by every target the case goes to.
+//!
+//! The noise ensemble: single-device runs whose round-off varies the way a correct sharded run's
+//! does. Members, cheapest and most telling first:
+//!
+//! 1. `dtype`: the reference in the case dtype (our emulation of its roundings), and the target's
+//!    own single-device run in the case dtype when it sends one (the framework's roundings).
+//! 2. `split`: in the case dtype, every matrix product and bias gradient split into as many partial
+//!    sums as the case has ranks (2 to 8), each rounded to the case dtype before they are added:
+//!    the rounding of a row-parallel product's or a data-parallel gradient's partial sums before
+//!    the all-reduce, which no unsplit run has.
+//! 3. `perturbed`: the f64 reference on inputs moved by ±u (how the case's conditioning amplifies
+//!    round-off: TTrace's estimate).
+//! 4. `reordered`: in the case dtype, every dot product summed in reverse order, on inputs rounded
+//!    to their neighbours (another order, another rounding of every input). In f64: every rounding
+//!    jittered by a few ulps, since the f64 reference is the baseline itself there.
+//! 5. `stochastic`: in the case dtype, every rounding of the run (storage and accumulation) moved
+//!    by one ulp up or down: stochastic rounding of every intermediate, the rounding points a
+//!    correct implementation may place elsewhere (low precision only).
+//! 6. `gradient-noise`: for optimizers that normalise each element (Adam), the f64 reference with
+//!    absolute noise of a few u added to its gradients before each step (what a sharded reduction
+//!    puts there), for the tensors of later steps.
+//! 7. `reduce-rounding`: with a reduce dtype coarser than the compute dtype, the reference's step-0
+//!    gradients moved by the reduction's rounding of every partial gradient (u·√roundings times
+//!    the root-sum-square of the rows' gradients).
+//!
+//! The oracle judges with the members computed so far and computes more only when a tensor fails
+//! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
+//! all of them, and the verdict does not depend on the path.
+
+use std::cell::{Cell, OnceCell};
+
+use shardfuzz_harnesses::case::{Case, OptimizerKind};
+use shardfuzz_harnesses::inputs::Inputs;
+use shardfuzz_harnesses::model::ParamSet;
+use shardfuzz_harnesses::reference::{self, GradientNoise};
+use shardfuzz_harnesses::target::RunOutput;
+use shardfuzz_harnesses::tensor::Tensor;
+use shardfuzz_kernels::{DType, Prec};
+
+/// How many ensemble members exist; `Prepared::members(n)` computes the first `n`.
+pub const MEMBERS: usize = 7;
+
+/// The members the fast path judges with before it computes the rest.
+pub const FAST_MEMBERS: usize = 2;
+
+/// Names of the members, in order.
+pub const MEMBER_NAMES: [&str; MEMBERS] = ["dtype", "split", "perturbed", "reordered", "stochastic", "gradient-noise", "reduce-rounding"];
+
+/// A case made ready for judging: inputs, the f64 reference, and the noise ensemble, computed
+/// lazily and at most once.
+pub struct Prepared {
+    pub case: Case,
+    pub inputs: Inputs,
+    reference: OnceCell<Result<RunOutput, String>>,
+    members: [OnceCell<Option<Member>>; MEMBERS],
+    runs: Cell<u32>,
+}
+
+/// One sample of legitimate noise: tensors under the reference's names.
+pub struct Member {
+    pub name: &'static str,
+    pub output: RunOutput,
+    /// Only for tensors of later steps (parameters, losses after step 0).
+    pub later_steps_only: bool,
+    /// Only for step-0 gradients.
+    pub gradients_only: bool,
+}
+
+impl Member {
+    fn new(name: &'static str, output: RunOutput) -> Member {
+        Member { name, output, later_steps_only: false, gradients_only: false }
+    }
+
+    /// This member's value of `tensor`, if it samples that tensor's noise.
+    pub fn tensor(&self, tensor: &str) -> Option<&Tensor> {
+        if self.later_steps_only && !is_later_step(tensor) || self.gradients_only && !tensor.starts_with("grad/") {
+            return None;
+        }
+        self.output.tensor(tensor)
+    }
+}
+
+/// Parameters after the last step and losses after the first.
+pub fn is_later_step(tensor: &str) -> bool {
+    tensor.starts_with("param/") || (tensor.starts_with("loss/") && tensor != "loss/step0")
+}
+
+/// The coarser of the compute and reduce dtypes: the round-off a sharded run may inject.
+pub fn coarse_dtype(case: &Case) -> DType {
+    let (dtype, reduce) = (case.train.dtype, case.train.reduce_dtype());
+    if reduce.unit_roundoff() > dtype.unit_roundoff() {
+        reduce
+    } else {
+        dtype
+    }
+}
+
+impl Prepared {
+    pub fn new(case: &Case) -> Prepared {
+        let inputs = Inputs::generate(case);
+        Prepared::with_inputs(case, inputs)
+    }
+
+    pub fn with_inputs(case: &Case, inputs: Inputs) -> Prepared {
+        Prepared { case: case.clone(), inputs, reference: OnceCell::new(), members: Default::default(), runs: Cell::new(0) }
+    }
+
+    /// The f64 reference (computed on first use), or why it cannot run this case.
+    pub fn reference(&self) -> &Result<RunOutput, String> {
+        self.reference.get_or_init(|| {
+            self.runs.set(self.runs.get() + 1);
+            reference::run(&self.case, &self.inputs, DType::F64).map_err(|e| e.to_string())
+        })
+    }
+
+    /// Reference runs made so far for this case (the f64 reference included).
+    pub fn reference_runs(&self) -> u32 {
+        self.runs.get()
+    }
+
+    /// The first `n` members that apply to this case.
+    pub fn members(&self, n: usize) -> Vec<&Member> {
+        (0..n.min(MEMBERS)).filter_map(|i| self.members[i].get_or_init(|| self.compute(i)).as_ref()).collect()
+    }
+
+    fn compute(&self, i: usize) -> Option<Member> {
+        let (case, inputs, dtype) = (&self.case, &self.inputs, self.case.train.dtype);
+        let low = dtype != DType::F64;
+        let count = |r: Result<RunOutput, reference::ReferenceError>| {
+            self.runs.set(self.runs.get() + 1);
+            r.ok()
+        };
+        let coarse = coarse_dtype(case);
+        match i {
+            0 => low.then(|| count(reference::run(case, inputs, dtype))).flatten().map(|o| Member::new("dtype", o)),
+            1 => {
+                let parts = case.world().clamp(2, 8) as u8;
+                count(reference::run_prec(case, inputs, Prec::new(dtype).split(parts))).map(|o| Member::new("split", o))
+            }
+            2 => count(reference::run(case, &inputs.perturbed(coarse, case.data.seed), DType::F64)).map(|o| Member::new("perturbed", o)),
+            3 => {
+                let out = if low {
+                    count(reference::run_reversed(case, &inputs.perturbed_by(dtype, case.data.seed.wrapping_add(1), 2.0), dtype))
+                } else {
+                    count(reference::run_jittered(case, inputs, 4))
+                };
+                out.map(|o| Member::new("reordered", o))
+            }
+            4 => low
+                .then(|| count(reference::run_prec(case, inputs, Prec::new(dtype).reversed().jittered(1))))
+                .flatten()
+                .map(|o| Member::new("stochastic", o)),
+            5 => self.gradient_noise(coarse).map(|o| Member { later_steps_only: true, ..Member::new("gradient-noise", o) }),
+            6 => self.reduce_rounding(coarse).map(|o| Member { gradients_only: true, ..Member::new("reduce-rounding", o) }),
+            _ => None,
+        }
+    }
+
+    fn gradient_noise(&self, coarse: DType) -> Option<RunOutput> {
+        let case = &self.case;
+        if case.train.optimizer.kind == OptimizerKind::Sgd || case.train.steps == 0 {
+            return None;
+        }
+        self.runs.set(self.runs.get() + 1);
+        let noise = GradientNoise { relative: 4.0 * coarse.unit_roundoff(), seed: case.data.seed };
+        reference::run_with_gradient_noise(case, &self.inputs, DType::F64, Some(noise)).ok()
+    }
+
+    /// A reduction in a coarser dtype than the compute dtype (f64 compute, f32 all-reduce) rounds
+    /// every partial gradient. When the partials cancel, that round-off is large against their
+    /// sum, and no single-device run has it: up to one rounding of u per rank and micro-step, of
+    /// independent signs (they add in quadrature).
+    fn reduce_rounding(&self, coarse: DType) -> Option<RunOutput> {
+        let case = &self.case;
+        if coarse == case.train.dtype {
+            return None;
+        }
+        let reference = self.reference().as_ref().ok()?;
+        self.runs.set(self.runs.get() + case.model.as_ref().map_or(1, |m| m.batch));
+        let rss: ParamSet = reference::row_gradient_root_sum_squares(case, &self.inputs).ok()?;
+        let roundings = (case.world() + case.parallel.microbatches as usize * case.train.grad_accumulation as usize) as f64;
+        let shift = roundings.sqrt() * coarse.unit_roundoff();
+        let tensors = rss
+            .iter()
+            .filter_map(|(param, s)| {
+                let name = format!("grad/{param}");
+                let r = reference.tensor(&name)?;
+                Some((name, Tensor::new(r.shape.clone(), r.data.iter().zip(&s.data).map(|(x, s)| x + shift * s).collect())))
+            })
+            .collect();
+        Some(RunOutput { tensors, ..Default::default() })
+    }
+}

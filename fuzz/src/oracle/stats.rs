@@ -1,0 +1,170 @@
+//! The statistics the oracle compares per tensor, each a dimensionless error against the reference.
+//!
+//! The worst element (`max`) sees a bug confined to a few elements (an off-by-one shard, a padding
+//! value leaking in), but its noise is the noise of the worst element. Bugs that move a whole
+//! tensor coherently (a wrong divisor, a missing or doubled reduction, a dropped micro-batch) show
+//! in statistics whose round-off averages out over the tensor: the normwise error (`rms`), the norm
+//! (`norm`, blind to a permutation, sharp for a scale), the sum (`sum`) and the direction (`direction`,
+//! blind to a scale, sharp for a permutation or a shift). Each gets its own ε from the same noise
+//! ensemble (see `ensemble`).
+
+use serde::{Deserialize, Serialize};
+use shardfuzz_harnesses::tensor::Tensor;
+
+/// One statistic of a tensor against its reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stat {
+    /// max |t − r| / scale: the worst element.
+    Max,
+    /// ‖t − r‖₂ / ‖r‖₂: the normwise error.
+    Rms,
+    /// |‖t‖₂ − ‖r‖₂| / ‖r‖₂: a coherent scale.
+    Norm,
+    /// |Σt − Σr| / Σ|r|: a shifted mean.
+    Sum,
+    /// ‖t/‖t‖ − r/‖r‖‖₂: the direction, whatever the scale.
+    Direction,
+}
+
+impl Stat {
+    pub const ALL: [Stat; 5] = [Stat::Max, Stat::Rms, Stat::Norm, Stat::Sum, Stat::Direction];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stat::Max => "max",
+            Stat::Rms => "rms",
+            Stat::Norm => "norm",
+            Stat::Sum => "sum",
+            Stat::Direction => "direction",
+        }
+    }
+}
+
+impl std::fmt::Display for Stat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The value of every statistic, in [`Stat::ALL`] order.
+pub type Stats = [f64; 5];
+
+/// Every statistic of `t` against `r`. `scale` is the tensor's error scale (its largest reference
+/// value, or a fraction of its family's for tensors that are round-off in exact arithmetic); it
+/// also bounds the normwise denominators from below, so such tensors do not divide by zero.
+///
+/// An element whose reference is not finite is left out when `t` holds the same value there
+/// (both overflowed alike); a non-finite element of `t` anywhere else makes every statistic NaN.
+pub fn statistics(t: &Tensor, r: &Tensor, scale: f64) -> Stats {
+    let mut acc = Sums::default();
+    for (&x, &y) in t.data.iter().zip(&r.data) {
+        if !x.is_finite() || !y.is_finite() {
+            if x.to_bits() == y.to_bits() {
+                continue;
+            }
+            return [f64::NAN; 5];
+        }
+        acc.add(x, y);
+    }
+    acc.finish(scale)
+}
+
+#[derive(Default)]
+struct Sums {
+    max_diff: f64,
+    diff_sq: f64,
+    t_sq: f64,
+    r_sq: f64,
+    t_sum: f64,
+    r_sum: f64,
+    r_abs: f64,
+    dot: f64,
+}
+
+impl Sums {
+    fn add(&mut self, x: f64, y: f64) {
+        let d = x - y;
+        self.max_diff = self.max_diff.max(d.abs());
+        self.diff_sq += d * d;
+        self.t_sq += x * x;
+        self.r_sq += y * y;
+        self.t_sum += x;
+        self.r_sum += y;
+        self.r_abs += y.abs();
+        self.dot += x * y;
+    }
+
+    fn finish(&self, scale: f64) -> Stats {
+        let div = |a: f64, b: f64| if b > 0.0 { a / b } else { a };
+        let (tn, rn) = (self.t_sq.sqrt(), self.r_sq.sqrt());
+        let norm_scale = rn.max(scale);
+        // ‖t̂ − r̂‖² = 2 − 2 cos, computed from the difference so it stays exact near cos = 1:
+        // ‖t̂ − r̂‖² = ‖d‖²/(‖t‖‖r‖) − (‖t‖ − ‖r‖)²/(‖t‖‖r‖). Each vector is normalised by no less
+        // than `scale`, so a tensor that is round-off in exact arithmetic has no direction to lose.
+        let (tn_s, rn_s) = (tn.max(scale), rn.max(scale));
+        let direction = match (tn > 0.0, rn > 0.0) {
+            (true, true) => {
+                let cross = (self.diff_sq - (tn - rn).powi(2)).max(0.0) / (tn * rn);
+                // Scale the unit-vector distance down by how far each vector falls short of `scale`.
+                (cross * (tn / tn_s) * (rn / rn_s) + (tn / tn_s - rn / rn_s).powi(2)).sqrt()
+            }
+            (false, false) => 0.0,
+            (true, false) => tn / tn_s,
+            (false, true) => rn / rn_s,
+        };
+        [
+            div(self.max_diff, scale),
+            div(self.diff_sq.sqrt(), norm_scale),
+            div((tn - rn).abs(), norm_scale),
+            div((self.t_sum - self.r_sum).abs(), self.r_abs.max(scale)),
+            direction,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f64]) -> Tensor {
+        Tensor::new(vec![v.len()], v.to_vec())
+    }
+
+    #[test]
+    fn a_scale_shows_in_norm_and_sum_but_not_in_direction() {
+        let r = t(&[1.0, -2.0, 3.0, 0.5]);
+        let s = statistics(&t(&[0.8, -1.6, 2.4, 0.4]), &r, 3.0);
+        assert!((s[Stat::Norm as usize] - 0.2).abs() < 1e-12);
+        assert!((s[Stat::Rms as usize] - 0.2).abs() < 1e-12);
+        assert!((s[Stat::Sum as usize] - 0.2 * 2.5 / 6.5).abs() < 1e-12);
+        assert!(s[Stat::Direction as usize] < 1e-7);
+    }
+
+    #[test]
+    fn a_permutation_shows_in_direction_but_not_in_norm() {
+        let r = t(&[1.0, -2.0, 3.0, 0.5]);
+        let s = statistics(&t(&[-2.0, 1.0, 3.0, 0.5]), &r, 3.0);
+        assert!(s[Stat::Norm as usize] < 1e-15);
+        assert!(s[Stat::Direction as usize] > 0.5);
+        assert_eq!(s[Stat::Max as usize], 1.0);
+    }
+
+    #[test]
+    fn zeroed_and_non_finite() {
+        let r = t(&[1.0, -2.0]);
+        let s = statistics(&t(&[0.0, 0.0]), &r, 2.0);
+        assert_eq!(s[Stat::Direction as usize], 1.0);
+        assert!((s[Stat::Norm as usize] - 1.0).abs() < 1e-15);
+        assert!(statistics(&t(&[f64::NAN, 0.0]), &r, 2.0)[0].is_nan());
+        let inf = t(&[f64::INFINITY, 1.0]);
+        assert_eq!(statistics(&inf, &inf, 1.0), [0.0; 5], "an element overflowed alike is left out");
+    }
+
+    #[test]
+    fn the_direction_of_a_tiny_error_is_not_lost_to_cancellation() {
+        let r = t(&[1.0, 2.0, 3.0]);
+        let s = statistics(&t(&[1.0, 2.0, 3.0 + 1e-12]), &r, 3.0);
+        assert!(s[Stat::Direction as usize] > 1e-14 && s[Stat::Direction as usize] < 1e-12, "{}", s[4]);
+    }
+}

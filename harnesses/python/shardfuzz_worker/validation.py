@@ -1,0 +1,195 @@
+"""Where each framework refuses a configuration up front: the table that tells `rejected` from `crash`.
+
+A failure is classified by where it was raised, not by its type:
+  * innermost relevant frame in our own package (shardfuzz_worker), or the failure never entered the
+    framework, or it is a HarnessError: `harness_error` (our worker failed, the framework did not);
+  * innermost framework frame in one of the target's validation locations below: `rejected`;
+  * anywhere else in the framework (autograd, dispatch of a supported op, a collective): `crash`.
+
+"Relevant" frames are our package's and the target's framework packages' (FRAMEWORKS); frames of the
+standard library, numpy, pydantic and the like are skipped, so that pydantic raising for a DeepSpeed
+config model counts where DeepSpeed built it, and numpy raising under our code counts as ours. Explicitly
+chained exceptions (`raise ... from e`) are followed: a framework wrapper re-raising a refusal ("Sharding
+propagation failed" around a view op's "Please redistribute") is still a refusal, and the root cause's
+frame decides between harness_error and crash.
+
+VALIDATION: target -> [(path fragment, function or None, message fragment or None)]. A fragment is a
+substring of the file path (with "/" separators); the message fragment narrows a location that also raises
+for other reasons.
+"""
+
+import functools
+import importlib.util
+import os
+import traceback
+
+_TORCH_DTENSOR = [
+    # An op with no sharding strategy for these placements.
+    ("torch/distributed/tensor/_sharding_prop.py", "propagate_op_sharding_non_cached",
+     "does not have a sharding strategy registered"),
+    # View / unbind rules asking the user to redistribute first.
+    ("torch/distributed/tensor/_ops/", None, "Please redistribute"),
+    ("torch/distributed/tensor/_dispatch.py", "as_strided_handler", None),
+    ("torch/distributed/tensor/_dispatch.py", "default_tensor", "is not supported"),
+]
+
+_JAX = [
+    # shard_map's in_specs check of the argument shapes.
+    ("jax/_src/shard_map.py", "_check_specs_vs_args", "evenly divisible"),
+    # jit / device_put refusing an uneven NamedSharding.
+    ("jax/_src/pjit.py", "pjit_check_aval_sharding", "evenly divide"),
+    ("jax/_src/sharding.py", "_common_shard_shape", "evenly divide"),
+    ("jax/_src/core.py", "_check_divisibility", "evenly divide"),
+]
+
+VALIDATION = {
+    "torch-dtensor": _TORCH_DTENSOR,
+    "torch-tp": [
+        # (DTensor's "Please redistribute" from inside a parallelized module is a crash: no user call to fix.)
+        ("torch/distributed/tensor/parallel/api.py", "parallelize_module", None),
+        ("torch/distributed/tensor/parallel/style.py", "_apply", "currently only support"),
+        ("torch/distributed/tensor/parallel/loss.py", "_find_all_reduce_mesh_dim", None),
+        ("torch/distributed/tensor/parallel/loss.py", None, "is only supported on one-dimensional DeviceMesh"),
+    ],
+    "torch-fsdp2": [
+        ("torch/distributed/fsdp/_fully_shard/_fully_shard.py", "fully_shard", None),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_validate_module", None),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_validate_mesh", None),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_get_post_forward_mesh_info", None),
+        ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_verify_managed_param", None),
+    ],
+    "torch-ddp": [
+        # The constructor's argument checks (raised through `_log_and_throw`, see THROW_HELPERS).
+        ("torch/nn/parallel/distributed.py", "__init__", None),
+    ],
+    "jax-gspmd": _JAX,
+    "jax-shardmap": _JAX,
+    "deepspeed-zero": [
+        # The JSON config and its pydantic models (DeepSpeedConfigError, asserts, ValidationError).
+        ("deepspeed/runtime/config.py", None, None),
+        ("deepspeed/runtime/config_utils.py", None, None),
+        ("deepspeed/runtime/zero/config.py", None, None),
+        # The engine's checks of the config against the accelerator ("Type fp16 is not supported ...").
+        ("deepspeed/runtime/engine.py", "_do_sanity_check", None),
+        ("deepspeed/runtime/engine.py", "_do_args_sanity_check", None),
+    ],
+    "megatron-tp": [
+        # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank.
+        ("megatron/core/utils.py", "ensure_divisibility", None),
+        ("megatron/core/model_parallel_config.py", "__post_init__", None),
+        ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
+        ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
+    ],
+}
+
+#: Top-level packages whose frames count as the framework's, per target.
+FRAMEWORKS = {
+    "torch-dtensor": ("torch",),
+    "torch-tp": ("torch",),
+    "torch-fsdp2": ("torch",),
+    "torch-ddp": ("torch",),
+    "jax-gspmd": ("jax", "jaxlib"),
+    "jax-shardmap": ("jax", "jaxlib"),
+    "deepspeed-zero": ("deepspeed", "torch"),
+    "megatron-tp": ("megatron", "torch"),
+}
+
+#: Framework functions that only raise what their caller asks for: the caller is the site.
+THROW_HELPERS = ("_log_and_throw",)
+
+_OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_ROOTS = {}
+
+
+def describe(e):
+    """A failure as the rank sends it: type, message, formatted traceback, and the chain of explicitly
+    chained exceptions (outermost first), each with its frames (file, line, function), innermost last."""
+    chain, seen = [], set()
+    link = e
+    while link is not None and id(link) not in seen and len(chain) < 8:
+        seen.add(id(link))
+        frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(link.__traceback__)]
+        chain.append({"type": type(link).__name__, "message": str(link)[:2000], "frames": frames})
+        link = link.__cause__
+    return {
+        "type": type(e).__name__,
+        "module": type(e).__module__,
+        "message": str(e)[:2000],
+        "traceback": "".join(traceback.format_exception(e))[-4000:],
+        "chain": chain,
+    }
+
+
+def package_roots(target):
+    """Directories of the target's framework packages (found without importing them)."""
+    if target not in _ROOTS:
+        roots = []
+        for pkg in FRAMEWORKS.get(target, ()):
+            spec = importlib.util.find_spec(pkg)
+            for loc in (spec.submodule_search_locations or []) if spec else []:
+                roots.append(os.path.realpath(loc) + os.sep)
+        _ROOTS[target] = tuple(roots)
+    return _ROOTS[target]
+
+
+@functools.lru_cache(maxsize=4096)
+def _real(filename):
+    return os.path.realpath(filename)
+
+
+def owner(filename, roots):
+    """'ours', 'framework' or None (anything else: the standard library, numpy, pydantic, ...)."""
+    path = _real(filename)
+    if path.startswith(_OURS):
+        return "ours"
+    if path.startswith(roots):
+        return "framework"
+    return None
+
+
+def site(frames, roots):
+    """The innermost frame that is ours or the framework's (throw helpers skipped), with its owner."""
+    for frame in reversed(frames):
+        who = owner(frame[0], roots)
+        if who == "framework" and frame[2] in THROW_HELPERS:
+            continue
+        if who:
+            return who, frame
+    return None, None
+
+
+def is_validation(target, frame, message):
+    path = frame[0].replace(os.sep, "/")
+    for fragment, function, text in VALIDATION.get(target, ()):
+        if fragment in path and function in (None, frame[2]) and (text is None or text in message):
+            return True
+    return False
+
+
+def short(frame):
+    """`torch/distributed/x.py:12 in f`; our own files keep their `shardfuzz_worker/` prefix."""
+    path = frame[0].replace(os.sep, "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    if "/shardfuzz_worker/" in path:
+        path = "shardfuzz_worker/" + path.split("/shardfuzz_worker/", 1)[1]
+    return f"{path}:{frame[1]} in {frame[2]}"
+
+
+def classify(target, failure):
+    """('rejected' | 'crash' | 'harness_error', the deciding frame or None) for one rank's failure."""
+    chain = failure.get("chain") or []
+    if not chain:
+        return "crash", None
+    roots = package_roots(target)
+    if chain[0]["type"] == "HarnessError":
+        return "harness_error", site(chain[0]["frames"], roots)[1]
+    for link in chain:
+        who, frame = site(link["frames"], roots)
+        if who == "framework" and is_validation(target, frame, link["message"]):
+            return "rejected", frame
+    who, frame = site(chain[-1]["frames"], roots)
+    if who != "framework":
+        return "harness_error", frame
+    return "crash", frame

@@ -1,0 +1,168 @@
+"""Verdicts by the frame that raised (shardfuzz_worker/validation.py, verdicts.py): synthetic failures with
+frames in the installed frameworks' files, real exceptions, and the table against the installed sources."""
+
+import importlib.util
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from shardfuzz_worker import validation  # noqa: E402
+from shardfuzz_worker.targets.base import HarnessError, grad_or_fail  # noqa: E402
+from shardfuzz_worker.validation import FRAMEWORKS, VALIDATION, classify, describe  # noqa: E402
+from shardfuzz_worker.verdicts import classify_failures  # noqa: E402
+
+OURS = os.path.join(os.path.dirname(validation.__file__), "targets", "torch_dtensor.py")
+POOL = os.path.join(os.path.dirname(validation.__file__), "pool.py")
+
+
+def installed(pkg):
+    spec = importlib.util.find_spec(pkg)
+    return spec.submodule_search_locations[0] if spec else None
+
+
+def fw(pkg, rel, func, line=1):
+    return (os.path.join(installed(pkg), rel), line, func)
+
+
+def failure(*links):
+    """A failure as describe() makes it from (type, message, frames) links, outermost first."""
+    chain = [{"type": t, "message": m, "frames": [(POOL, 1, "_rank_main"), (OURS, 2, "run_rank")] + list(f)}
+             for t, m, f in links]
+    return {"type": chain[0]["type"], "module": "", "message": chain[0]["message"], "traceback": "", "chain": chain}
+
+
+class Target:
+    def __init__(self, name):
+        self.name = name
+
+
+@unittest.skipUnless(installed("torch"), "torch is not installed")
+class TorchFramesTest(unittest.TestCase):
+    def test_a_sharding_strategy_refusal_is_rejected(self):
+        f = failure(("NotImplementedError", "Operator aten.foo does not have a sharding strategy registered.",
+                     [fw("torch", "distributed/tensor/_sharding_prop.py", "propagate_op_sharding_non_cached")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "rejected")
+
+    def test_the_same_type_elsewhere_in_the_framework_is_a_crash(self):
+        f = failure(("NotImplementedError", "something deep",
+                     [fw("torch", "distributed/tensor/_redistribute.py", "redistribute_local_tensor")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "crash")
+
+    def test_our_own_not_implemented_error_is_a_harness_error(self):
+        f = failure(("NotImplementedError", "op conv", []))
+        self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
+
+    def test_a_message_fragment_narrows_a_location(self):
+        rule = fw("torch", "distributed/tensor/_ops/_view_ops.py", "f")
+        f = failure(("RuntimeError", "an assertion in a view rule", [rule]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "crash")
+
+    def test_a_wrapped_refusal_is_rejected(self):
+        wrapper = fw("torch", "distributed/tensor/_dispatch.py", "_propagate_op_sharding_dispatch_slow_path")
+        rule = fw("torch", "distributed/tensor/_ops/_view_ops.py", "analyze")
+        f = failure(("RuntimeError", "... Please redistribute ...\n\nSharding propagation failed", [wrapper]),
+                    ("RuntimeError", "Please redistribute the tensor before this operation.", [wrapper, rule]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "rejected")
+        # The same refusal from inside a parallelized module is no user call to fix: torch-tp has no such entry.
+        self.assertEqual(classify("torch-tp", f)[0], "crash")
+
+    def test_a_framework_error_caused_by_our_code_is_a_harness_error(self):
+        autograd = fw("torch", "autograd/__init__.py", "backward")
+        f = failure(("RuntimeError", "wrapped", [autograd]), ("ValueError", "ours", [autograd, (OURS, 9, "hook")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
+
+    def test_standard_library_frames_count_for_their_caller(self):
+        stdlib = (os.path.join(os.path.dirname(os.__file__), "json", "decoder.py"), 3, "decode")
+        self.assertEqual(classify("torch-dtensor", failure(("JSONDecodeError", "x", [stdlib])))[0], "harness_error")
+        deep = fw("torch", "distributed/tensor/_api.py", "from_local")
+        self.assertEqual(classify("torch-dtensor", failure(("ValueError", "x", [deep, stdlib])))[0], "crash")
+
+    def test_throw_helpers_are_skipped(self):
+        init, throw = fw("torch", "nn/parallel/distributed.py", "__init__"), fw("torch", "nn/parallel/distributed.py", "_log_and_throw")
+        f = failure(("ValueError", "device_ids can only be None or contain a single element.", [init, throw]))
+        self.assertEqual(classify("torch-ddp", f)[0], "rejected")
+        f["chain"][0]["frames"][-2] = fw("torch", "nn/parallel/distributed.py", "forward")
+        self.assertEqual(classify("torch-ddp", f)[0], "crash")
+
+    def test_a_harness_error_is_one_whatever_its_frames(self):
+        f = failure(("HarnessError", "no gradient came back for w", [fw("torch", "autograd/__init__.py", "backward")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
+
+    def test_every_rank_must_refuse(self):
+        t = Target("torch-dtensor")
+        refusal = failure(("NotImplementedError", "Operator x does not have a sharding strategy registered.",
+                           [fw("torch", "distributed/tensor/_sharding_prop.py", "propagate_op_sharding_non_cached")]))
+        stranded = {"type": "Stranded", "module": "", "message": "left waiting", "traceback": ""}
+        self.assertEqual(classify_failures(t, [(0, refusal), (1, refusal)], 2)["status"], "rejected")
+        self.assertEqual(classify_failures(t, [(0, refusal)], 2)["status"], "crash")
+        self.assertEqual(classify_failures(t, [(0, refusal), (1, stranded)], 2)["status"], "crash")
+        ours = failure(("KeyError", "'x'", []))
+        reply = classify_failures(t, [(0, refusal), (1, ours)], 2)
+        self.assertEqual(reply["status"], "harness_error")
+        self.assertIn("KeyError: 'x' (at shardfuzz_worker/targets/torch_dtensor.py:2 in run_rank)", reply["reason"])
+
+
+class RealExceptionsTest(unittest.TestCase):
+    def test_an_exception_raised_by_our_code_is_a_harness_error(self):
+        try:
+            grad_or_fail("w", None)
+        except HarnessError as e:
+            f = describe(e)
+        self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
+        reply = classify_failures(Target("torch-dtensor"), [(0, f)], 1)
+        self.assertEqual(reply["status"], "harness_error")
+        self.assertIn("no gradient came back for w", reply["reason"])
+
+    def test_chained_causes_are_described(self):
+        try:
+            try:
+                raise ValueError("inner")
+            except ValueError as e:
+                raise RuntimeError("outer") from e
+        except RuntimeError as e:
+            f = describe(e)
+        self.assertEqual([c["type"] for c in f["chain"]], ["RuntimeError", "ValueError"])
+        self.assertEqual(f["chain"][1]["frames"][-1][2], "test_chained_causes_are_described")
+
+    @unittest.skipUnless(installed("megatron"), "megatron-core is not installed")
+    def test_megatron_divisibility_assert_is_rejected(self):
+        from megatron.core.utils import divide
+
+        try:
+            divide(3, 2)
+        except AssertionError as e:
+            f = describe(e)
+        self.assertEqual(classify("megatron-tp", f)[0], "rejected")
+        # The same assert type raised by us is ours.
+        try:
+            assert False, "ours"
+        except AssertionError as e:
+            self.assertEqual(classify("megatron-tp", describe(e))[0], "harness_error")
+
+
+class TableTest(unittest.TestCase):
+    def test_every_target_has_a_table_and_frameworks(self):
+        from shardfuzz_worker.targets import REGISTRY
+
+        self.assertEqual(set(VALIDATION), set(REGISTRY))
+        self.assertEqual(set(FRAMEWORKS), set(REGISTRY))
+
+    def test_every_location_exists_in_the_installed_framework(self):
+        for target, rows in VALIDATION.items():
+            for fragment, function, _ in rows:
+                pkg, rel = fragment.split("/", 1)
+                root = installed(pkg)
+                if root is None:
+                    continue
+                self.assertIn(pkg, FRAMEWORKS[target], f"{target}: {fragment} is not in its frameworks")
+                path = os.path.join(root, rel)
+                self.assertTrue(os.path.exists(path), f"{target}: {fragment} does not exist")
+                if function:
+                    with open(path, encoding="utf-8") as f:
+                        self.assertIn(f"def {function}(", f.read(), f"{target}: {function} is not in {fragment}")
+
+
+if __name__ == "__main__":
+    unittest.main()
