@@ -11,3 +11,4 @@ pub mod plot;
 pub mod report;
 pub mod scheduler;
 pub mod sensitivity;
+pub mod trigger_cases;

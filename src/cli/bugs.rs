@@ -45,6 +45,10 @@ pub struct BugsArgs {
     /// each bug (how deep its region lies without guidance).
     #[arg(long, value_name = "N")]
     rates: Option<u64>,
+    /// Instead of campaigns: each bug's trigger case run in every dtype, and whether the oracle
+    /// flags it where the bug changes the run.
+    #[arg(long)]
+    per_dtype: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -313,6 +317,9 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = a.rates {
         return region_rates(&bugs, &a.corpus, n);
     }
+    if a.per_dtype {
+        return per_dtype(&bugs, a.json);
+    }
     let results_by_bug = if a.jobs > 1 { in_child_processes(&bugs, &a)? } else { vec![] };
     let mut results = vec![];
     for bug in bugs {
@@ -385,6 +392,41 @@ fn region_rates(bugs: &[Bug], corpus: &Path, n: u64) -> anyhow::Result<ExitCode>
         println!("{:<32} {:>12.5} {:>14.5}", name, random as f64 / n as f64, mutated as f64 / n as f64);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--per-dtype`: detection of each bug on its trigger case, dtype by dtype.
+fn per_dtype(bugs: &[Bug], json: bool) -> anyhow::Result<ExitCode> {
+    use shardfuzz_fuzz::trigger_cases::{detect_in_dtype, Detection};
+    use shardfuzz_kernels::DType;
+    let dtypes = [DType::F64, DType::F32, DType::BF16, DType::F16];
+    let mut rows = vec![];
+    for bug in bugs {
+        let cells: Vec<Detection> =
+            dtypes.iter().map(|&d| detect_in_dtype(bug.name(), d)).collect::<Result<_, _>>().map_err(|e| anyhow::anyhow!(e))?;
+        rows.push((bug.name(), cells));
+    }
+    let missed = rows.iter().flat_map(|(_, c)| c).filter(|c| matches!(c, Detection::Missed | Detection::CleanNotPass(_))).count();
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(b, cells)| serde_json::json!({"bug": b, "dtypes": dtypes.iter().zip(cells).map(|(d, c)| (d.to_string(), serde_json::to_value(c).unwrap())).collect::<serde_json::Map<_, _>>()}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{:<34} {:>10} {:>10} {:>10} {:>10}", "bug", "f64", "f32", "bf16", "f16");
+        for (b, cells) in &rows {
+            let cell = |c: &Detection| match c {
+                Detection::Found => "found".to_string(),
+                Detection::Missed => "MISSED".into(),
+                Detection::DoesNotFire => "-".into(),
+                Detection::CleanNotPass(k) => format!("clean {k}"),
+                Detection::NoTriggerCase => "no case".into(),
+            };
+            println!("{b:<34} {:>10} {:>10} {:>10} {:>10}", cell(&cells[0]), cell(&cells[1]), cell(&cells[2]), cell(&cells[3]));
+        }
+        println!("(-: the bug leaves every output bit-identical in that dtype)");
+    }
+    Ok(if missed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 #[cfg(test)]

@@ -25,6 +25,11 @@
 //!    gradients moved by the reduction's rounding of every partial gradient (u·√roundings times
 //!    the root-sum-square of the rows' gradients).
 //!
+//! 8. `routing-flip`: with a top-k router whose margin between a token's k-th and (k+1)-th expert
+//!    falls below `ROUTING_FLIP_ULPS` u, the f64 reference with every such token routed to its best
+//!    unchosen expert: top-k routing is discontinuous, and a correct implementation's round-off may
+//!    flip exactly those tokens.
+//!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
 //! all of them, and the verdict does not depend on the path.
@@ -40,13 +45,17 @@ use shardfuzz_harnesses::tensor::Tensor;
 use shardfuzz_kernels::{DType, Prec};
 
 /// How many ensemble members exist; `Prepared::members(n)` computes the first `n`.
-pub const MEMBERS: usize = 7;
+pub const MEMBERS: usize = 8;
+
+/// Router margins below this many unit round-offs (of the coarse dtype) count as near-ties.
+pub const ROUTING_FLIP_ULPS: f64 = 16.0;
 
 /// The members the fast path judges with before it computes the rest.
 pub const FAST_MEMBERS: usize = 2;
 
 /// Names of the members, in order.
-pub const MEMBER_NAMES: [&str; MEMBERS] = ["dtype", "split", "perturbed", "reordered", "stochastic", "gradient-noise", "reduce-rounding"];
+pub const MEMBER_NAMES: [&str; MEMBERS] =
+    ["dtype", "split", "perturbed", "reordered", "stochastic", "gradient-noise", "reduce-rounding", "routing-flip"];
 
 /// A case made ready for judging: inputs, the f64 reference, and the noise ensemble, computed
 /// lazily and at most once.
@@ -154,8 +163,19 @@ impl Prepared {
                 .map(|o| Member::new("stochastic", o)),
             5 => self.gradient_noise(coarse).map(|o| Member { later_steps_only: true, ..Member::new("gradient-noise", o) }),
             6 => self.reduce_rounding(coarse).map(|o| Member { gradients_only: true, ..Member::new("reduce-rounding", o) }),
+            7 => self.routing_flip(coarse).map(|o| Member::new("routing-flip", o)),
             _ => None,
         }
+    }
+
+    fn routing_flip(&self, coarse: DType) -> Option<RunOutput> {
+        let below = ROUTING_FLIP_ULPS * coarse.unit_roundoff();
+        let margin = self.reference().as_ref().ok()?.stats.routing_margin?;
+        if margin >= below {
+            return None;
+        }
+        self.runs.set(self.runs.get() + 1);
+        reference::run_routing_flipped(&self.case, &self.inputs, below).ok()
     }
 
     fn gradient_noise(&self, coarse: DType) -> Option<RunOutput> {

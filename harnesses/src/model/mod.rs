@@ -77,6 +77,9 @@ pub struct Ctx<'a> {
     /// Smallest gap seen between the k-th and (k+1)-th router probability of any token: how close
     /// the routing came to a tie (a discontinuity round-off can flip).
     pub routing_margin: std::cell::Cell<f64>,
+    /// Tokens whose router margin is below this take their best unchosen expert instead of their
+    /// k-th choice: the routing another correct implementation's round-off may pick (0: never).
+    pub flip_routing_below: f64,
     /// Some expert was full and dropped a token's choice (the capacity path of the MoE dispatch).
     pub tokens_dropped: std::cell::Cell<bool>,
     /// Largest magnitude the residual stream or its gradient reached at a block boundary: how close

@@ -83,12 +83,20 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let h = y.ncols();
     let wr = mat(params, &format!("{pre}.moe.router.weight"));
     let logits = k::matmul(ctx.p, &y, &wr);
-    let routing = k::router_fwd(ctx.p, &logits, top_k);
+    let mut routing = k::router_fwd(ctx.p, &logits, top_k);
     if top_k < e_total {
-        for (t, ex) in routing.experts.iter().enumerate() {
+        for t in 0..routing.experts.len() {
+            let ex = &routing.experts[t];
             let chosen = routing.probs[[t, ex[top_k - 1]]];
-            let best_other = (0..e_total).filter(|e| !ex.contains(e)).map(|e| routing.probs[[t, e]]).fold(f64::NEG_INFINITY, f64::max);
+            let (other, best_other) = (0..e_total)
+                .filter(|e| !ex.contains(e))
+                .map(|e| (e, routing.probs[[t, e]]))
+                .fold((0, f64::NEG_INFINITY), |a, b| if b.1 > a.1 { b } else { a });
             ctx.routing_margin.set(ctx.routing_margin.get().min(chosen - best_other));
+            if chosen - best_other < ctx.flip_routing_below {
+                routing.experts[t][top_k - 1] = other;
+                routing.gates[[t, top_k - 1]] = best_other;
+            }
         }
     }
     let cap = k::capacity(g.seq, e_total, top_k, cfg.capacity_factor.get());

@@ -72,6 +72,7 @@ impl<'a> Rank<'a> {
             microbatches: self.plan.microbatches,
             pipelined: self.plan.pp > 1,
             routing_margin: std::cell::Cell::new(f64::INFINITY),
+            flip_routing_below: 0.0,
             tokens_dropped: std::cell::Cell::new(false),
             peak_activation: std::cell::Cell::new(0.0),
         }

@@ -56,6 +56,13 @@ pub fn run_prec(case: &Case, inputs: &Inputs, p: Prec) -> Result<RunOutput, Refe
     run_with(case, inputs, p, None)
 }
 
+/// The f64 reference with every token whose top-k router margin is below `below` routed to its
+/// best unchosen expert instead of its k-th choice: what a correct implementation whose round-off
+/// flips those near-ties computes.
+pub fn run_routing_flipped(case: &Case, inputs: &Inputs, below: f64) -> Result<RunOutput, ReferenceError> {
+    run_with_flips(case, inputs, Prec::new(DType::F64), None, below)
+}
+
 /// The reference in f64 with every rounding jittered by `ulps` unit round-offs and its dot products
 /// summed in reverse order: what another correct f64 implementation may legitimately differ by.
 pub fn run_jittered(case: &Case, inputs: &Inputs, ulps: u8) -> Result<RunOutput, ReferenceError> {
@@ -75,6 +82,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         microbatches: 1,
         pipelined: false,
         routing_margin: std::cell::Cell::new(f64::INFINITY),
+        flip_routing_below: 0.0,
         tokens_dropped: std::cell::Cell::new(false),
         peak_activation: std::cell::Cell::new(0.0),
     }
@@ -128,13 +136,24 @@ pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>)
 }
 
 fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
+    run_with_flips(case, inputs, p, noise, 0.0)
+}
+
+fn run_with_flips(
+    case: &Case,
+    inputs: &Inputs,
+    p: Prec,
+    noise: Option<GradientNoise>,
+    flip_below: f64,
+) -> Result<RunOutput, ReferenceError> {
     let dtype = p.dtype;
     if let Some(op) = &case.op {
         return crate::ops::reference(op, inputs, p).map_err(ReferenceError);
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
-    let ctx = single_device_ctx(m, &layout, p);
+    let mut ctx = single_device_ctx(m, &layout, p);
+    ctx.flip_routing_below = flip_below;
     let mut params: ParamSet = inputs
         .tensors
         .iter()

@@ -1,0 +1,83 @@
+//! The oracle sees the errors real bugs make, in every dtype: a loosened oracle fails here.
+
+use std::collections::BTreeMap;
+
+use shardfuzz_fuzz::generate::random_case;
+use shardfuzz_fuzz::oracle::{judge_prepared, Oracle, Prepared, VerdictKind};
+use shardfuzz_fuzz::sensitivity::{run_case, Corruption};
+use shardfuzz_fuzz::trigger_cases::case;
+use shardfuzz_harnesses::target::registry::{create, TargetOptions};
+use shardfuzz_harnesses::target::Outcome;
+use shardfuzz_kernels::DType;
+
+/// Detection rate of each corruption over the first `n` clean cases in `dtype`.
+fn rates(dtype: DType, n: usize) -> BTreeMap<String, (u32, u32)> {
+    let mut t = create("native", &TargetOptions::default()).unwrap();
+    let mut counts: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    let (mut clean, mut seed) = (0, 7000);
+    while clean < n {
+        let mut c = random_case(seed);
+        seed += 1;
+        c.train.dtype = dtype;
+        c.train.reduce_dtype = None;
+        if dtype != DType::F16 {
+            c.train.loss_scale = None;
+        }
+        let Some(r) = run_case(t.as_mut(), &c, &Oracle::default()) else { continue };
+        assert!(!r.clean.kind.is_finding(), "false positive, seed {}: {}", seed - 1, r.clean.reason);
+        clean += 1;
+        for (corruption, d) in r.detected {
+            if let Some(d) = d {
+                let e = counts.entry(corruption.name()).or_default();
+                e.0 += u32::from(d);
+                e.1 += 1;
+            }
+        }
+    }
+    counts
+}
+
+fn at_least(counts: &BTreeMap<String, (u32, u32)>, c: Corruption, rate: f64, dtype: DType) {
+    let (d, n) = counts[&c.name()];
+    assert!(n > 0 && f64::from(d) >= rate * f64::from(n), "{dtype}: {} detected in {d} of {n} cases, want ≥ {rate}", c.name());
+}
+
+#[test]
+fn coarse_corruptions_are_seen_in_every_dtype_and_fine_ones_in_f32_and_f64() {
+    for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
+        let counts = rates(dtype, 12);
+        for c in [Corruption::Scale(0.5), Corruption::Scale(2.0), Corruption::Zeroed] {
+            at_least(&counts, c, 0.9, dtype);
+        }
+        if matches!(dtype, DType::F32 | DType::F64) {
+            for c in [Corruption::Scale(0.95), Corruption::Scale(1.05)] {
+                at_least(&counts, c, 0.95, dtype);
+            }
+            // Swapping shards of a parameter after Adam whose values hardly differ (norm weights near
+            // one) moves it less than Adam's amplification of round-off can: not every swap shows.
+            for c in [Corruption::Swapped, Corruption::Shifted] {
+                at_least(&counts, c, 0.8, dtype);
+            }
+        }
+    }
+}
+
+/// The issue that started oracle v2: a data-parallel step whose dense gradients come out halved on
+/// every rank passed in bf16 (the bound was 156 % relative error).
+#[test]
+fn gradients_halved_on_every_rank_are_divergent_in_bf16() {
+    let c = case(r#", "dp": 3, "tp": 2"#, r#", "layers": ["attention", "mlp"]"#, r#", "dtype": "bf16""#, 11);
+    let prep = Prepared::new(&c);
+    let Outcome::Completed(mut out) = create("native", &TargetOptions::default()).unwrap().run(&c, &prep.inputs) else {
+        panic!("the native target did not complete the case")
+    };
+    let clean = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out.clone()), &Oracle::default());
+    assert_eq!(clean.kind, VerdictKind::Pass, "{}", clean.reason);
+    for (_, t) in out.tensors.iter_mut().filter(|(n, _)| n.starts_with("grad/")) {
+        t.data.iter_mut().for_each(|x| *x *= 0.5);
+    }
+    let v = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out), &Oracle::default());
+    assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
+    let first = v.first_divergent().unwrap();
+    assert!(first.tensor.starts_with("grad/") && first.decided_by.is_some(), "{first:?}");
+}
