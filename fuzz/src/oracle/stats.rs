@@ -79,7 +79,7 @@ struct Sums {
     t_sum: f64,
     r_sum: f64,
     r_abs: f64,
-    dot: f64,
+    r_max: f64,
 }
 
 impl Sums {
@@ -92,7 +92,7 @@ impl Sums {
         self.t_sum += x;
         self.r_sum += y;
         self.r_abs += y.abs();
-        self.dot += x * y;
+        self.r_max = self.r_max.max(y.abs());
     }
 
     fn finish(&self, scale: f64) -> Stats {
@@ -100,9 +100,11 @@ impl Sums {
         let (tn, rn) = (self.t_sq.sqrt(), self.r_sq.sqrt());
         let norm_scale = rn.max(scale);
         // ‖t̂ − r̂‖² = 2 − 2 cos, computed from the difference so it stays exact near cos = 1:
-        // ‖t̂ − r̂‖² = ‖d‖²/(‖t‖‖r‖) − (‖t‖ − ‖r‖)²/(‖t‖‖r‖). Each vector is normalised by no less
-        // than `scale`, so a tensor that is round-off in exact arithmetic has no direction to lose.
-        let (tn_s, rn_s) = (tn.max(scale), rn.max(scale));
+        // ‖t̂ − r̂‖² = ‖d‖²/(‖t‖‖r‖) − (‖t‖ − ‖r‖)²/(‖t‖‖r‖). A tensor that is round-off in exact
+        // arithmetic (measured against its family's scale, above its own values) has no direction
+        // to lose: each vector is then normalised by no less than that scale.
+        let floor = if scale > self.r_max { scale } else { 0.0 };
+        let (tn_s, rn_s) = (tn.max(floor), rn.max(floor));
         let direction = match (tn > 0.0, rn > 0.0) {
             (true, true) => {
                 let cross = (self.diff_sq - (tn - rn).powi(2)).max(0.0) / (tn * rn);
@@ -159,6 +161,16 @@ mod tests {
         assert!(statistics(&t(&[f64::NAN, 0.0]), &r, 2.0)[0].is_nan());
         let inf = t(&[f64::INFINITY, 1.0]);
         assert_eq!(statistics(&inf, &inf, 1.0), [0.0; 5], "an element overflowed alike is left out");
+    }
+
+    #[test]
+    fn a_scalar_has_no_direction_error_and_a_round_off_tensor_little() {
+        let s = statistics(&t(&[1.0 - 1e-12]), &t(&[1.0]), 1.0);
+        assert_eq!(s[Stat::Direction as usize], 0.0);
+        let s = statistics(&t(&[0.8, -1.6]), &t(&[1.0, -2.0]), 2.0);
+        assert!(s[Stat::Direction as usize] < 1e-15, "a scale is not a direction even below the tensor's own max");
+        let s = statistics(&t(&[-1e-6, 1e-6]), &t(&[1e-6, -1e-6]), 1.0);
+        assert!(s[Stat::Direction as usize] < 1e-5, "{}", s[4]);
     }
 
     #[test]
