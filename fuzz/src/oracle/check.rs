@@ -57,16 +57,16 @@ pub fn compare_run(
     let mut checks = vec![];
     for (name, r) in &reference.tensors {
         let denom = scale.denominator(name, r);
-        let mut samples: Vec<(&str, Stats)> =
-            members.iter().filter_map(|m| Some((m.name, statistics(m.tensor(name)?, r, denom)))).collect();
-        if let Some(b) = out.baseline_tensor(name).filter(|b| b.shape == r.shape) {
-            samples.push(("framework", statistics(b, r, denom)));
-        }
-        if let Some(moved) = adam_moves(case, reference, &checks, &scale, name) {
-            samples.push(("adam", statistics(&moved, r, denom)));
-        }
-        let mut check = tensor_check(name, &samples, &rules);
         let dtype_value = dtype_member.and_then(|b| b.tensor(name));
+        let target = out.tensor(name).filter(|t| t.shape == r.shape);
+        let overflow = target.filter(|t| !t.all_finite()).and_then(|_| near_overflow(case, dtype_value.unwrap_or(r), ex.peak));
+        let mut others: Vec<(&str, &Tensor)> = members.iter().filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
+        others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
+        let moved = adam_moves(case, reference, &checks, &scale, name);
+        others.extend(moved.as_ref().map(|m| ("adam", m)));
+        let mask = comparable_elements(r, &others, target.filter(|_| overflow.is_some()));
+        let samples: Vec<(&str, Stats)> = others.iter().map(|(n, x)| (*n, statistics(x, r, denom, mask.as_deref()))).collect();
+        let mut check = tensor_check(name, &samples, &rules);
         match out.tensor(name) {
             None => check.note = Some(format!("{MISSING}: the target did not produce this tensor")),
             Some(t) if t.shape != r.shape => {
@@ -75,7 +75,7 @@ pub fn compare_run(
                 check.ratio = f64::INFINITY;
                 check.note = Some(format!("shape {:?}, reference {:?}", t.shape, r.shape));
             }
-            Some(t) => judge_tensor(&mut check, case, name, t, r, denom, dtype_value, &mut ex),
+            Some(t) => judge_tensor(&mut check, name, t, r, denom, Masked { mask: mask.as_deref(), overflow }, &mut ex),
         }
         checks.push(check);
     }
@@ -158,18 +158,26 @@ fn tensor_check(name: &str, samples: &[(&str, Stats)], rules: &Rules) -> TensorC
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn judge_tensor(
-    check: &mut TensorCheck,
-    case: &Case,
-    name: &str,
-    t: &Tensor,
-    r: &Tensor,
-    denom: f64,
-    dtype_value: Option<&Tensor>,
-    ex: &mut Exclusions,
-) {
-    let values = statistics(t, r, denom);
+/// Which elements of a tensor are compared, and the overflow that excluded some.
+struct Masked<'a> {
+    mask: Option<&'a [bool]>,
+    overflow: Option<String>,
+}
+
+/// The elements that can be compared: finite in the reference and in every noise sample, and, when
+/// the target's overflow is explained by the case's range (`overflowed`), finite in the target.
+/// None when every element is.
+fn comparable_elements(r: &Tensor, others: &[(&str, &Tensor)], overflowed: Option<&Tensor>) -> Option<Vec<bool>> {
+    let all = |t: &Tensor| t.all_finite();
+    if all(r) && others.iter().all(|(_, t)| all(t)) && overflowed.is_none_or(all) {
+        return None;
+    }
+    let finite = |t: &Tensor, i: usize| t.data.get(i).is_none_or(|x| x.is_finite());
+    Some((0..r.data.len()).map(|i| finite(r, i) && others.iter().all(|(_, t)| finite(t, i)) && overflowed.is_none_or(|t| finite(t, i))).collect())
+}
+
+fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, denom: f64, masked: Masked, ex: &mut Exclusions) {
+    let values = statistics(t, r, denom, masked.mask);
     for s in &mut check.stats {
         s.error = values[s.stat as usize];
         s.ratio = s.error / s.noise;
@@ -179,23 +187,32 @@ fn judge_tensor(
     check.error = max.error;
     check.ratio = max.ratio;
     let after_first_step = is_later_step(name);
+    let compared = masked.mask.map_or(t.data.len(), |m| m.iter().filter(|&&x| x).count());
+    // After an overflow the global gradient norm (clipping) and the loss scaler couple every
+    // parameter to it, so later steps are not compared at all; within a tensor, only the
+    // overflowed elements are left out.
     let why_not = if ex.scaler_differs && (name.starts_with("grad/") || after_first_step) {
         Some("loss scaler decisions differ: not comparable".into())
     } else if ex.first_step_skipped && name.starts_with("grad/") {
         Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into())
     } else if ex.overflow_seen && after_first_step {
         Some("an earlier tensor overflowed: not comparable".into())
-    } else if let Some(why) = (!t.all_finite()).then(|| near_overflow(case, dtype_value.unwrap_or(r), ex.peak)).flatten() {
-        ex.overflow_seen = true;
-        Some(why)
-    } else if !(r.all_finite() && check.stats.iter().all(|s| s.noise.is_finite())) {
-        Some("reference or baseline not finite: not comparable".into())
+    } else if compared == 0 && !t.data.is_empty() {
+        ex.overflow_seen |= masked.overflow.is_some();
+        let why = masked.overflow.as_deref().unwrap_or("no element is finite in the reference and every noise sample");
+        Some(format!("{why}: no element left to compare, not comparable"))
     } else {
         None
     };
     if why_not.is_some() {
         check.note = why_not;
         return;
+    }
+    if let Some(why) = masked.overflow {
+        ex.overflow_seen = true;
+        check.note = Some(format!("{why}; the {compared} finite elements of {} compared", t.data.len()));
+    } else if compared < t.data.len() {
+        check.note = Some(format!("{compared} of {} elements compared (the others not finite in the reference or a noise sample)", t.data.len()));
     }
     let worst = check.stats.iter().filter(|s| !s.pass).max_by(|a, b| (a.error / a.bound).total_cmp(&(b.error / b.bound)));
     if let Some(s) = worst {
@@ -218,7 +235,7 @@ fn replica_checks(out: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, r
         let denom = scale.denominator(name, first);
         let mut worst: Option<(usize, Vec<StatCheck>)> = None;
         for (rank, t) in copies.iter().skip(1) {
-            let values = statistics(t, first, denom);
+            let values = statistics(t, first, denom, None);
             let stats: Vec<StatCheck> = Stat::ALL
                 .iter()
                 .map(|&s| {
@@ -286,6 +303,6 @@ fn near_overflow(case: &Case, t: &Tensor, peak: f64) -> Option<String> {
     let own = t.max_abs();
     let (what, size) = if own >= peak { ("values", own) } else { ("intermediates", peak) };
     (size * headroom >= dtype.max_finite()).then(|| {
-        format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range: not comparable")
+        format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range")
     })
 }

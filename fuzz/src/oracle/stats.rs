@@ -54,11 +54,15 @@ pub type Stats = [f64; 5];
 /// value, or a fraction of its family's for tensors that are round-off in exact arithmetic); it
 /// also bounds the normwise denominators from below, so such tensors do not divide by zero.
 ///
-/// An element whose reference is not finite is left out when `t` holds the same value there
-/// (both overflowed alike); a non-finite element of `t` anywhere else makes every statistic NaN.
-pub fn statistics(t: &Tensor, r: &Tensor, scale: f64) -> Stats {
+/// Only the elements `mask` marks are compared (all when None). An element whose reference is not
+/// finite is left out when `t` holds the same value there (both overflowed alike); a non-finite
+/// element of `t` anywhere else makes every statistic NaN.
+pub fn statistics(t: &Tensor, r: &Tensor, scale: f64, mask: Option<&[bool]>) -> Stats {
     let mut acc = Sums::default();
-    for (&x, &y) in t.data.iter().zip(&r.data) {
+    for (i, (&x, &y)) in t.data.iter().zip(&r.data).enumerate() {
+        if mask.is_some_and(|m| !m[i]) {
+            continue;
+        }
         if !x.is_finite() || !y.is_finite() {
             if x.to_bits() == y.to_bits() {
                 continue;
@@ -136,7 +140,7 @@ mod tests {
     #[test]
     fn a_scale_shows_in_norm_and_sum_but_not_in_direction() {
         let r = t(&[1.0, -2.0, 3.0, 0.5]);
-        let s = statistics(&t(&[0.8, -1.6, 2.4, 0.4]), &r, 3.0);
+        let s = statistics(&t(&[0.8, -1.6, 2.4, 0.4]), &r, 3.0, None);
         assert!((s[Stat::Norm as usize] - 0.2).abs() < 1e-12);
         assert!((s[Stat::Rms as usize] - 0.2).abs() < 1e-12);
         assert!((s[Stat::Sum as usize] - 0.2 * 2.5 / 6.5).abs() < 1e-12);
@@ -146,7 +150,7 @@ mod tests {
     #[test]
     fn a_permutation_shows_in_direction_but_not_in_norm() {
         let r = t(&[1.0, -2.0, 3.0, 0.5]);
-        let s = statistics(&t(&[-2.0, 1.0, 3.0, 0.5]), &r, 3.0);
+        let s = statistics(&t(&[-2.0, 1.0, 3.0, 0.5]), &r, 3.0, None);
         assert!(s[Stat::Norm as usize] < 1e-15);
         assert!(s[Stat::Direction as usize] > 0.5);
         assert_eq!(s[Stat::Max as usize], 1.0);
@@ -155,28 +159,28 @@ mod tests {
     #[test]
     fn zeroed_and_non_finite() {
         let r = t(&[1.0, -2.0]);
-        let s = statistics(&t(&[0.0, 0.0]), &r, 2.0);
+        let s = statistics(&t(&[0.0, 0.0]), &r, 2.0, None);
         assert_eq!(s[Stat::Direction as usize], 1.0);
         assert!((s[Stat::Norm as usize] - 1.0).abs() < 1e-15);
-        assert!(statistics(&t(&[f64::NAN, 0.0]), &r, 2.0)[0].is_nan());
+        assert!(statistics(&t(&[f64::NAN, 0.0]), &r, 2.0, None)[0].is_nan());
         let inf = t(&[f64::INFINITY, 1.0]);
-        assert_eq!(statistics(&inf, &inf, 1.0), [0.0; 5], "an element overflowed alike is left out");
+        assert_eq!(statistics(&inf, &inf, 1.0, None), [0.0; 5], "an element overflowed alike is left out");
     }
 
     #[test]
     fn a_scalar_has_no_direction_error_and_a_round_off_tensor_little() {
-        let s = statistics(&t(&[1.0 - 1e-12]), &t(&[1.0]), 1.0);
+        let s = statistics(&t(&[1.0 - 1e-12]), &t(&[1.0]), 1.0, None);
         assert_eq!(s[Stat::Direction as usize], 0.0);
-        let s = statistics(&t(&[0.8, -1.6]), &t(&[1.0, -2.0]), 2.0);
+        let s = statistics(&t(&[0.8, -1.6]), &t(&[1.0, -2.0]), 2.0, None);
         assert!(s[Stat::Direction as usize] < 1e-15, "a scale is not a direction even below the tensor's own max");
-        let s = statistics(&t(&[-1e-6, 1e-6]), &t(&[1e-6, -1e-6]), 1.0);
+        let s = statistics(&t(&[-1e-6, 1e-6]), &t(&[1e-6, -1e-6]), 1.0, None);
         assert!(s[Stat::Direction as usize] < 1e-5, "{}", s[4]);
     }
 
     #[test]
     fn the_direction_of_a_tiny_error_is_not_lost_to_cancellation() {
         let r = t(&[1.0, 2.0, 3.0]);
-        let s = statistics(&t(&[1.0, 2.0, 3.0 + 1e-12]), &r, 3.0);
+        let s = statistics(&t(&[1.0, 2.0, 3.0 + 1e-12]), &r, 3.0, None);
         assert!(s[Stat::Direction as usize] > 1e-14 && s[Stat::Direction as usize] < 1e-12, "{}", s[4]);
     }
 }
