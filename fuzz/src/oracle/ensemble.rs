@@ -48,7 +48,7 @@ use shardfuzz_kernels::{DType, Prec};
 pub const MEMBERS: usize = 8;
 
 /// Router margins below this many unit round-offs (of the coarse dtype) count as near-ties.
-pub const ROUTING_FLIP_ULPS: f64 = 16.0;
+pub const ROUTING_FLIP_ULPS: f64 = 4.0;
 
 /// The members the fast path judges with before it computes the rest.
 pub const FAST_MEMBERS: usize = 2;
