@@ -173,7 +173,11 @@ fn comparable_elements(r: &Tensor, others: &[(&str, &Tensor)], overflowed: Optio
         return None;
     }
     let finite = |t: &Tensor, i: usize| t.data.get(i).is_none_or(|x| x.is_finite());
-    Some((0..r.data.len()).map(|i| finite(r, i) && others.iter().all(|(_, t)| finite(t, i)) && overflowed.is_none_or(|t| finite(t, i))).collect())
+    Some(
+        (0..r.data.len())
+            .map(|i| finite(r, i) && others.iter().all(|(_, t)| finite(t, i)) && overflowed.is_none_or(|t| finite(t, i)))
+            .collect(),
+    )
 }
 
 fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, denom: f64, masked: Masked, ex: &mut Exclusions) {
@@ -212,7 +216,8 @@ fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, den
         ex.overflow_seen = true;
         check.note = Some(format!("{why}; the {compared} finite elements of {} compared", t.data.len()));
     } else if compared < t.data.len() {
-        check.note = Some(format!("{compared} of {} elements compared (the others not finite in the reference or a noise sample)", t.data.len()));
+        check.note =
+            Some(format!("{compared} of {} elements compared (the others not finite in the reference or a noise sample)", t.data.len()));
     }
     let worst = check.stats.iter().filter(|s| !s.pass).max_by(|a, b| (a.error / a.bound).total_cmp(&(b.error / b.bound)));
     if let Some(s) = worst {
@@ -302,7 +307,6 @@ fn near_overflow(case: &Case, t: &Tensor, peak: f64) -> Option<String> {
     let dtype = case.train.dtype;
     let own = t.max_abs();
     let (what, size) = if own >= peak { ("values", own) } else { ("intermediates", peak) };
-    (size * headroom >= dtype.max_finite()).then(|| {
-        format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range")
-    })
+    (size * headroom >= dtype.max_finite())
+        .then(|| format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range"))
 }
