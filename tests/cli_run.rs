@@ -179,3 +179,19 @@ fn a_coarse_reduction_of_cancelling_partial_gradients_is_not_a_divergence() {
     assert_eq!(embed["stats"][0]["member"], "reduce-rounding", "ε from the f32 rounding of the partial gradients: {embed}");
     assert!(embed["error"].as_f64().unwrap() > 1e-5, "the f32 reduction's round-off is what this case is about: {embed}");
 }
+
+/// Found by `bench clean` (100,000 f32 cases): tp3 + sp, Adam with lr 0.1 on large values. The step-0
+/// gradients agree to 1e-6, but the second step amplifies round-off chaotically: gradient noise at
+/// round-off level moves the step-1 loss by 17 % in the reference, and the sharded run's step-1 loss
+/// lands 10 % away. Later steps of such a run are not comparable (the note says why); step 0 still is.
+#[test]
+fn a_chaotic_second_step_is_not_a_divergence_but_step_zero_is_still_compared() {
+    let v = run_one_case_json(
+        "f32-tp3-sp-adam-chaotic.json",
+        r#"{"schema": 1, "parallel": {"dp": 2, "tp": 3, "pp": 1, "cp": 1, "ep": 1, "sequence_parallel": true, "zero_stage": 1, "microbatches": 1, "pipeline_schedule": "1f1b", "rank_order": "tp-cp-dp-pp"}, "model": {"vocab": 2, "hidden": 12, "ffn": 12, "heads": 3, "kv_heads": 3, "seq": 6, "batch": 4, "layers": ["mlp", "attention", "attention"], "norm": "rmsnorm", "activation": "gelu", "bias": true, "tied_embeddings": false}, "train": {"steps": 2, "optimizer": {"kind": "adamw", "lr": 0.1, "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.0}, "clip_grad_norm": 10.0, "grad_accumulation": 1, "dtype": "f32"}, "data": {"seed": 2796404002351221506, "distribution": "large"}, "name": "f32-tp3-sp-adam-chaotic-second-step"}"#,
+    );
+    assert_eq!(v["kind"], "pass", "{}", v["reason"]);
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("later steps amplify round-off")), "{}", v["notes"]);
+    let grad = v["checks"].as_array().unwrap().iter().find(|c| c["tensor"] == "grad/embed.weight").unwrap();
+    assert!(grad.get("note").is_none(), "step-0 gradients are still compared: {grad}");
+}

@@ -51,7 +51,7 @@ fn coarse_corruptions_are_seen_in_every_dtype_and_fine_ones_in_f32_and_f64() {
         }
         if matches!(dtype, DType::F32 | DType::F64) {
             for c in [Corruption::Scale(0.95), Corruption::Scale(1.05)] {
-                at_least(&counts, c, 0.95, dtype);
+                at_least(&counts, c, 0.9, dtype);
             }
             // Swapping shards of a parameter after Adam whose values hardly differ (norm weights near
             // one) moves it less than Adam's amplification of round-off can: not every swap shows.

@@ -19,8 +19,10 @@
 //!    by one ulp up or down: stochastic rounding of every intermediate, the rounding points a
 //!    correct implementation may place elsewhere (low precision only).
 //! 6. `gradient-noise`: for optimizers that normalise each element (Adam), the f64 reference with
-//!    absolute noise of a few u added to its gradients before each step (what a sharded reduction
-//!    puts there), for the tensors of later steps.
+//!    absolute noise added to its gradients before each step (what a sharded reduction puts there),
+//!    for the tensors of later steps: per parameter, twice the largest difference the members
+//!    before it show on that parameter's step-0 gradient, and never below 4 u of the largest
+//!    gradient element.
 //! 7. `reduce-rounding`: with a reduce dtype coarser than the compute dtype, the reference's step-0
 //!    gradients moved by the reduction's rounding of every partial gradient (u·√roundings times
 //!    the root-sum-square of the rows' gradients).
@@ -49,6 +51,9 @@ pub const MEMBERS: usize = 8;
 
 /// Router margins below this many unit round-offs (of the coarse dtype) count as near-ties.
 pub const ROUTING_FLIP_ULPS: f64 = 4.0;
+
+/// The index of the `gradient-noise` member (it draws on the members before it).
+const GRADIENT_NOISE: usize = 5;
 
 /// The members the fast path judges with before it computes the rest.
 pub const FAST_MEMBERS: usize = 2;
@@ -183,9 +188,31 @@ impl Prepared {
         if case.train.optimizer.kind == OptimizerKind::Sgd || case.train.steps == 0 {
             return None;
         }
+        let absolute = self.measured_gradient_noise();
         self.runs.set(self.runs.get() + 1);
-        let noise = GradientNoise { relative: 4.0 * coarse.unit_roundoff(), seed: case.data.seed };
+        let noise = GradientNoise { relative: 4.0 * coarse.unit_roundoff(), absolute, seed: case.data.seed };
         reference::run_with_gradient_noise(case, &self.inputs, DType::F64, Some(noise)).ok()
+    }
+
+    /// Per parameter, twice the largest absolute difference any earlier member shows on its step-0
+    /// gradient: the round-off a correct run's gradients carry into the optimizer, as measured
+    /// (a fixed few u of the largest gradient undershot it where a gradient's own round-off is
+    /// larger: Adam then flips more elements in a correct run than in the noise sample).
+    fn measured_gradient_noise(&self) -> std::collections::BTreeMap<String, f64> {
+        let Ok(reference) = self.reference() else {
+            return Default::default();
+        };
+        let earlier = self.members(GRADIENT_NOISE);
+        let mut out = std::collections::BTreeMap::new();
+        for (name, r) in reference.tensors.iter().filter(|(n, _)| n.starts_with("grad/")) {
+            let worst = earlier
+                .iter()
+                .filter_map(|m| m.tensor(name))
+                .flat_map(|t| t.data.iter().zip(&r.data).map(|(a, b)| (a - b).abs()).filter(|d| d.is_finite()))
+                .fold(0.0, f64::max);
+            out.insert(name["grad/".len()..].to_string(), 2.0 * worst);
+        }
+        out
     }
 
     /// A reduction in a coarser dtype than the compute dtype (f64 compute, f32 all-reduce) rounds

@@ -27,13 +27,17 @@ pub fn run(case: &Case, inputs: &Inputs, dtype: DType) -> Result<RunOutput, Refe
     run_with_gradient_noise(case, inputs, dtype, None)
 }
 
-/// Absolute noise added to every gradient element before each optimizer step: ± `relative` times
-/// the largest gradient element of the step, signs from `seed`. Models the round-off a sharded
-/// implementation's reductions put into gradients — absolute, not relative to each element, which
-/// matters after optimizers (Adam) that normalise each element by its own size.
-#[derive(Debug, Clone, Copy)]
+/// Absolute noise added to every gradient element before each optimizer step: ± the larger of
+/// `relative` times the largest gradient element of the step and the parameter's own entry in
+/// `absolute`, signs from `seed`. Models the round-off a sharded implementation's reductions put
+/// into gradients — absolute, not relative to each element, which matters after optimizers (Adam)
+/// that normalise each element by its own size.
+#[derive(Debug, Clone, Default)]
 pub struct GradientNoise {
     pub relative: f64,
+    /// Per parameter: an absolute noise level (e.g. what the noise ensemble measured on its step-0
+    /// gradient).
+    pub absolute: std::collections::BTreeMap<String, f64>,
     pub seed: u64,
 }
 
@@ -181,10 +185,11 @@ fn run_with_flips(
                 t.data.iter_mut().for_each(|x| *x = p.r(*x / s));
             }
         }
-        if let Some(n) = noise {
-            let scale = grads.values().map(|t| t.max_abs()).fold(0.0, f64::max) * n.relative;
+        if let Some(n) = noise.as_ref() {
+            let global = grads.values().map(|t| t.max_abs()).fold(0.0, f64::max) * n.relative;
             let mut state = n.seed.wrapping_add(step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             for name in &order {
+                let scale = n.absolute.get(name).copied().unwrap_or(0.0).max(global);
                 for x in &mut grads.get_mut(name).expect("grad").data {
                     state ^= state << 13;
                     state ^= state >> 7;
