@@ -140,19 +140,20 @@ fn write_csv(path: &std::path::Path, rows: &[Row]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The distinct values, in the order they first appear.
+fn in_order<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let mut out: Vec<String> = vec![];
+    for v in values {
+        if !out.contains(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
 fn print_table(t: &Totals, csv: &std::path::Path) {
-    let dtypes: Vec<String> = t.rows.iter().map(|r| r.dtype.clone()).fold(vec![], |mut v, d| {
-        if !v.contains(&d) {
-            v.push(d);
-        }
-        v
-    });
-    let targets: Vec<String> = t.rows.iter().map(|r| r.target.clone()).fold(vec![], |mut v, d| {
-        if !v.contains(&d) {
-            v.push(d);
-        }
-        v
-    });
+    let dtypes = in_order(t.rows.iter().map(|r| &r.dtype));
+    let targets = in_order(t.rows.iter().map(|r| &r.target));
     for target in &targets {
         println!("target {target}: detected / cases per corruption and dtype");
         print!("  {:<20}", "corruption");
