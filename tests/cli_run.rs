@@ -195,3 +195,16 @@ fn a_chaotic_second_step_is_not_a_divergence_but_step_zero_is_still_compared() {
     let grad = v["checks"].as_array().unwrap().iter().find(|c| c["tensor"] == "grad/embed.weight").unwrap();
     assert!(grad.get("note").is_none(), "step-0 gradients are still compared: {grad}");
 }
+
+/// Found by a clean 10-minute native campaign: vocab 1, so every token is the same and the
+/// single-device runs compute every token's logit identically (each noise member moves them all
+/// together, direction 0), while the sharded run (tp4 with an f32 all-reduce) rounds each token its
+/// own way. The direction's ε is now never below the normwise one.
+#[test]
+fn identical_tokens_rounded_differently_by_ranks_are_not_a_divergence() {
+    let v = run_one_case_json(
+        "f64-reduce-f32-vocab1.json",
+        r#"{"schema": 1, "name": "f64-reduce-f32-vocab1-identical-tokens", "parallel": {"dp": 2, "tp": 4, "pp": 1, "cp": 1, "ep": 1, "sequence_parallel": false, "zero_stage": 1, "microbatches": 2, "pipeline_schedule": "gpipe", "rank_order": "dp-pp-cp-tp"}, "model": {"vocab": 1, "hidden": 16, "ffn": 6, "heads": 4, "kv_heads": 2, "seq": 4, "batch": 5, "layers": ["mlp", "attention"], "norm": "rmsnorm", "activation": "gelu", "bias": true, "tied_embeddings": false, "moe": {"experts": 4, "top_k": 3, "capacity_factor": 0.5}}, "train": {"steps": 2, "optimizer": {"kind": "adamw", "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.1}, "grad_accumulation": 1, "dtype": "f64", "reduce_dtype": "f32"}, "data": {"seed": 197641928422255648, "distribution": "uniform"}}"#,
+    );
+    assert_eq!(v["kind"], "pass", "{}", v["reason"]);
+}

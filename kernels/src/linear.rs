@@ -99,13 +99,14 @@ pub fn linear_fwd(p: Prec, x: &Array2<f64>, w: &Array2<f64>, b: Option<&Array1<f
     }
 }
 
-/// A dot product split into `p.split_sums` chunks whose sums are rounded to the storage dtype
+/// A dot product split into `p.split_sums` chunks whose sums are rounded (to the storage dtype, or
+/// `p.split_dtype`)
 /// before they are added (a row-parallel product's partial sums before the all-reduce).
 fn split_dot(p: Prec, a: &[f64], b: &[f64]) -> f64 {
     let acc = p.acc();
     p.chunks(a.len()).fold(0.0, |total, r| {
         let part = a[r.clone()].iter().zip(&b[r]).fold(0.0, |s, (x, y)| acc.round(s + acc.round(x * y)));
-        acc.round(total + p.r(part))
+        acc.round(total + p.partial(part))
     })
 }
 
@@ -122,7 +123,7 @@ pub fn sum_rows(p: Prec, x: &Array2<f64>) -> Array1<f64> {
             }
         }
         let split = p.split_sums > 1;
-        total.iter_mut().zip(s).for_each(|(t, v)| *t = if split { acc.round(*t + p.r(v)) } else { v });
+        total.iter_mut().zip(s).for_each(|(t, v)| *t = if split { acc.round(*t + p.partial(v)) } else { v });
     }
     Array1::from_vec(total.into_iter().map(|v| p.r(v)).collect())
 }

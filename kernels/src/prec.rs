@@ -20,10 +20,13 @@ pub struct Prec {
     /// add the rounded partial sums: the rounding of a row-parallel product or a data-parallel
     /// gradient, whose ranks' partial sums are rounded before the all-reduce.
     pub split_sums: u8,
+    /// The dtype split partial sums are rounded to (the reduce dtype of an all-reduce, which may be
+    /// coarser than the compute dtype); the storage dtype when None.
+    pub split_dtype: Option<DType>,
 }
 
 impl Prec {
-    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0, split_sums: 0 };
+    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0, split_sums: 0, split_dtype: None };
 
     pub fn new(dtype: DType) -> Prec {
         Prec { dtype, ..Prec::F64 }
@@ -32,6 +35,20 @@ impl Prec {
     /// Reductions split into `parts` partial sums rounded to the storage dtype (see `split_sums`).
     pub fn split(self, parts: u8) -> Prec {
         Prec { split_sums: parts, ..self }
+    }
+
+    /// Split partial sums rounded to `dtype` instead of the storage dtype (see `split_dtype`).
+    pub fn split_into(self, parts: u8, dtype: DType) -> Prec {
+        Prec { split_sums: parts, split_dtype: Some(dtype), ..self }
+    }
+
+    /// Rounds a split partial sum.
+    #[inline]
+    pub fn partial(self, x: f64) -> f64 {
+        match self.split_dtype {
+            Some(d) => self.rounding_to(d).round(x),
+            None => self.r(x),
+        }
     }
 
     /// The chunks a reduction of length `n` is split into: one unless `split_sums` asks for more.

@@ -7,7 +7,8 @@
 //! 1. `dtype`: the reference in the case dtype (our emulation of its roundings), and the target's
 //!    own single-device run in the case dtype when it sends one (the framework's roundings).
 //! 2. `split`: in the case dtype, every matrix product and bias gradient split into as many partial
-//!    sums as the case has ranks (2 to 8), each rounded to the case dtype before they are added:
+//!    sums as the case has ranks (2 to 8), each rounded to the case dtype (the reduce dtype when that
+//!    is coarser: f64 compute with an f32 all-reduce) before they are added:
 //!    the rounding of a row-parallel product's or a data-parallel gradient's partial sums before
 //!    the all-reduce, which no unsplit run has.
 //! 3. `perturbed`: the f64 reference on inputs moved by ±u (how the case's conditioning amplifies
@@ -151,7 +152,7 @@ impl Prepared {
             0 => low.then(|| count(reference::run(case, inputs, dtype))).flatten().map(|o| Member::new("dtype", o)),
             1 => {
                 let parts = case.world().clamp(2, 8) as u8;
-                count(reference::run_prec(case, inputs, Prec::new(dtype).split(parts))).map(|o| Member::new("split", o))
+                count(reference::run_prec(case, inputs, Prec::new(dtype).split_into(parts, coarse))).map(|o| Member::new("split", o))
             }
             2 => count(reference::run(case, &inputs.perturbed(coarse, case.data.seed), DType::F64)).map(|o| Member::new("perturbed", o)),
             3 => {
