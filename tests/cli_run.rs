@@ -222,3 +222,16 @@ fn a_chaotic_sgd_second_step_in_bf16_is_not_a_divergence() {
     assert_eq!(v["kind"], "pass", "{}", v["reason"]);
     assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("later steps amplify round-off")), "{}", v["notes"]);
 }
+
+/// Found by a clean 10-minute native campaign: f64 compute with an f32 reduction under tp2 + sp. The
+/// sequence-parallel collectives round whole activations to f32, which neither the split member (it
+/// rounds partial sums) nor input perturbation sampled: an MoE weight gradient moved coherently by
+/// 19 f32 ulps. The `dtype` member now runs in the reduce dtype when that is coarser.
+#[test]
+fn activations_rounded_to_a_coarser_reduce_dtype_are_not_a_divergence() {
+    let v = run_one_case_json(
+        "f64-reduce-f32-tp2-sp-moe.json",
+        r#"{"schema": 1, "name": "f64-reduce-f32-tp2-sp-moe", "parallel": {"dp": 1, "tp": 2, "pp": 1, "cp": 1, "ep": 1, "sequence_parallel": true, "zero_stage": 0, "microbatches": 1, "pipeline_schedule": "gpipe", "rank_order": "tp-cp-dp-pp"}, "model": {"vocab": 27, "hidden": 16, "ffn": 1, "heads": 4, "kv_heads": 2, "seq": 4, "batch": 11, "layers": ["moe", "mlp"], "norm": "rmsnorm", "activation": "swiglu", "bias": true, "tied_embeddings": true, "moe": {"experts": 2, "top_k": 2, "capacity_factor": 0.25}}, "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "weight_decay": 0.0}, "clip_grad_norm": 0.1, "grad_accumulation": 2, "dtype": "f64", "reduce_dtype": "f32"}, "data": {"seed": 69258, "distribution": "outliers"}}"#,
+    );
+    assert_eq!(v["kind"], "pass", "{}", v["reason"]);
+}

@@ -4,7 +4,8 @@
 //! The noise ensemble: single-device runs whose round-off varies the way a correct sharded run's
 //! does. Members, cheapest and most telling first:
 //!
-//! 1. `dtype`: the reference in the case dtype (our emulation of its roundings), and the target's
+//! 1. `dtype`: the reference in the case dtype (in the reduce dtype when that is coarser than an f64
+//!    compute dtype: any tensor a rank communicates may be rounded to it), and the target's
 //!    own single-device run in the case dtype when it sends one (the framework's roundings).
 //! 2. `split`: in the case dtype, every matrix product and bias gradient split into as many partial
 //!    sums as the case has ranks (2 to 8), each rounded to the case dtype (the reduce dtype when that
@@ -150,7 +151,9 @@ impl Prepared {
         };
         let coarse = coarse_dtype(case);
         match i {
-            0 => low.then(|| count(reference::run(case, inputs, dtype))).flatten().map(|o| Member::new("dtype", o)),
+            // With a reduce dtype coarser than an f64 compute dtype, any tensor a rank communicates
+            // may be rounded to it: the whole run in the reduce dtype bounds that.
+            0 => (coarse != DType::F64).then(|| count(reference::run(case, inputs, coarse))).flatten().map(|o| Member::new("dtype", o)),
             1 => {
                 let parts = case.world().clamp(2, 8) as u8;
                 count(reference::run_prec(case, inputs, Prec::new(dtype).split_into(parts, coarse))).map(|o| Member::new("split", o))
