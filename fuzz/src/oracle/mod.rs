@@ -58,7 +58,7 @@ impl Default for Oracle {
 }
 
 /// See `Oracle::stat_threshold`; the README's oracle section has the measurement behind it.
-pub const STAT_THRESHOLD: f64 = 16.0;
+pub const STAT_THRESHOLD: f64 = 24.0;
 /// See `Oracle::stat_floor_ulps`.
 pub const STAT_FLOOR_ULPS: f64 = 2.0;
 
