@@ -86,14 +86,14 @@ pub fn run_case(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Option
         _ => return None,
     };
     let (name, versions) = (target.name().to_string(), target.versions());
-    let judge = |o: RunOutput| judge_prepared(&name, versions.clone(), &prep, Outcome::Completed(o), oracle);
-    let clean = judge(out.clone());
+    let judge = |o: RunOutput, oracle: &Oracle| judge_prepared(&name, versions.clone(), &prep, Outcome::Completed(o), oracle);
+    // The clean run judged with the whole ensemble (the verdict is the fast path's, and its ε is
+    // the one a corrupted run is judged with, which picks the candidates).
+    let clean = judge(out.clone(), &Oracle { fast_path: false, ..*oracle });
     if clean.kind != VerdictKind::Pass {
         return Some(CaseResult { clean, detected: vec![], misses: vec![] });
     }
-    // Candidates by the ε of the whole ensemble, which a corrupted run is judged with.
-    let full = Oracle { fast_path: false, ..*oracle };
-    let candidates = candidates(&prep, &judge_prepared(&name, versions.clone(), &prep, Outcome::Completed(out.clone()), &full));
+    let candidates = candidates(&prep, &clean);
     let mut misses = vec![];
     let detected = CORRUPTIONS
         .iter()
@@ -104,7 +104,7 @@ pub fn run_case(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Option
             (
                 *c,
                 corrupted.map(|(o, what)| {
-                    let v = judge(o);
+                    let v = judge(o, oracle);
                     let found = v.kind == VerdictKind::Divergent;
                     if !found {
                         misses.push(miss(c, &what, &v));

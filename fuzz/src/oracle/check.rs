@@ -131,13 +131,13 @@ fn exclusions(case: &Case, reference: &RunOutput, out: &RunOutput, dtype_run: Op
     }
 }
 
-/// Raises a statistic's ε to `floor` (derived from the normwise statistic `rms`), keeping its bound
-/// at the same multiple.
-fn raise_noise(s: &mut StatCheck, floor: f64, rms: &StatCheck) {
+/// Raises a statistic's ε to `floor`, keeping its bound at the same multiple; `why` names where
+/// the floor came from.
+fn raise_noise(s: &mut StatCheck, floor: f64, why: impl FnOnce() -> String) {
     if s.noise < floor {
         s.bound *= floor / s.noise;
         s.noise = floor;
-        s.member = Some(format!("rms ({})", rms.member.as_deref().unwrap_or("floor")));
+        s.member = Some(why());
     }
 }
 
@@ -148,12 +148,8 @@ fn raise_noise(s: &mut StatCheck, floor: f64, rms: &StatCheck) {
 /// their ε is taken no smaller than the normwise one.
 fn bound_by_normwise(check: &mut TensorCheck) {
     let rms = check.stats[Stat::Rms as usize].noise;
-    for s in &mut check.stats {
-        if matches!(s.stat, Stat::Norm | Stat::Sum | Stat::Direction) && s.noise < rms {
-            s.bound *= rms / s.noise;
-            s.noise = rms;
-            s.member = Some("rms (after an adaptive step)".into());
-        }
+    for s in check.stats.iter_mut().filter(|s| matches!(s.stat, Stat::Norm | Stat::Sum | Stat::Direction)) {
+        raise_noise(s, rms, || "rms (after an adaptive step)".into());
     }
 }
 
@@ -181,7 +177,7 @@ fn chaos(reference: &RunOutput, members: &[&Member]) -> Option<f64> {
 /// equally and moves them together, where ranks round each their own way: a clean campaign met
 /// logits of identical tokens whose members all kept direction 0, and the sharded run did not).
 fn tensor_check(name: &str, samples: &[(&str, Stats)], rules: &Rules) -> TensorCheck {
-    let stats: Vec<StatCheck> = Stat::ALL
+    let mut stats: Vec<StatCheck> = Stat::ALL
         .iter()
         .map(|&s| {
             let i = s as usize;
@@ -205,14 +201,14 @@ fn tensor_check(name: &str, samples: &[(&str, Stats)], rules: &Rules) -> TensorC
             }
         })
         .collect();
-    let mut stats = stats;
     let rms = stats[Stat::Rms as usize].clone();
-    raise_noise(&mut stats[Stat::Direction as usize], rms.noise, &rms);
+    let from_rms = || format!("rms ({})", rms.member.as_deref().unwrap_or("floor"));
+    raise_noise(&mut stats[Stat::Direction as usize], rms.noise, from_rms);
     // A run whose normwise error is within its bound (T·ε_rms) may move the norm by the second-order
     // term alone, (T·ε_rms)²/2: a tensor made mostly of round-off (a bf16 parameter after a large
     // step on large values, elementwise ε 26 %) cannot be judged by its norm more tightly than that.
     let threshold = rules.thresholds[Stat::Rms as usize];
-    raise_noise(&mut stats[Stat::Norm as usize], threshold * rms.noise * rms.noise / 2.0, &rms);
+    raise_noise(&mut stats[Stat::Norm as usize], threshold * rms.noise * rms.noise / 2.0, from_rms);
     let max = &stats[Stat::Max as usize];
     let by = |n: &str| samples.iter().filter(|(m, _)| *m == n).map(|(_, s)| s[Stat::Max as usize]).fold(0.0, nan_max);
     TensorCheck {

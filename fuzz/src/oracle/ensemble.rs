@@ -61,10 +61,6 @@ const GRADIENT_NOISE: usize = 5;
 /// The members the fast path judges with before it computes the rest.
 pub const FAST_MEMBERS: usize = 2;
 
-/// Names of the members, in order.
-pub const MEMBER_NAMES: [&str; MEMBERS] =
-    ["dtype", "split", "perturbed", "reordered", "stochastic", "gradient-noise", "reduce-rounding", "routing-flip"];
-
 /// A case made ready for judging: inputs, the f64 reference, and the noise ensemble, computed
 /// lazily and at most once.
 pub struct Prepared {
