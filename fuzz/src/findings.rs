@@ -138,3 +138,51 @@ impl FindingStore {
         m
     }
 }
+
+/// A case to work on: a finding directory (`case.json` + `verdict.json`) or a bare case file.
+pub struct FindingSource {
+    pub case: Case,
+    /// The stored finding, when the source is a finding directory.
+    pub finding: Option<Finding>,
+    /// The finding directory, when it is one.
+    pub dir: Option<PathBuf>,
+}
+
+impl FindingSource {
+    pub fn load(path: &Path) -> anyhow::Result<FindingSource> {
+        if path.is_dir() {
+            let case = Case::load(&path.join("case.json")).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let verdict = path.join("verdict.json");
+            let text = std::fs::read_to_string(&verdict).map_err(|e| anyhow::anyhow!("{}: {e}", verdict.display()))?;
+            let finding: Finding =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not a finding record: {e}", verdict.display()))?;
+            return Ok(FindingSource { case, finding: Some(finding), dir: Some(path.to_path_buf()) });
+        }
+        let case = Case::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(FindingSource { case, finding: None, dir: None })
+    }
+
+    /// The target: `--target` if given, else the finding's, else `native`.
+    pub fn target(&self, flag: Option<&str>) -> String {
+        flag.map(String::from).or_else(|| self.finding.as_ref().map(|f| f.target.clone())).unwrap_or_else(|| "native".into())
+    }
+
+    /// Bugs injected into the native target: `--inject` if given, else those the finding recorded.
+    pub fn injected(&self, flag: &[String]) -> Vec<String> {
+        if !flag.is_empty() {
+            return flag.to_vec();
+        }
+        let recorded = self.finding.as_ref().and_then(|f| f.versions.get("injected"));
+        recorded.map(|s| s.split(',').filter(|b| !b.is_empty()).map(String::from).collect()).unwrap_or_default()
+    }
+
+    /// The minimized case beside the finding, if one was stored.
+    pub fn minimized(&self) -> Option<Case> {
+        Case::load(&self.dir.as_ref()?.join(MINIMIZED)).ok()
+    }
+}
+
+/// File name of a finding's minimized case.
+pub const MINIMIZED: &str = "minimized.json";
+/// File name of a finding's minimization record (passes, executions, sizes).
+pub const MINIMIZATION: &str = "minimization.json";

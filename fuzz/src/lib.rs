@@ -5,6 +5,8 @@ pub mod executor;
 pub mod findings;
 pub mod generate;
 pub mod input;
+pub mod localize;
+pub mod minimize;
 pub mod mutators;
 pub mod oracle;
 pub mod plot;

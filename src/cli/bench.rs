@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Bugs(super::bugs::BugsArgs),
     /// Python targets: cases/s with persistent workers against respawning them for every case.
     Frameworks(super::bench_frameworks::FrameworksArgs),
+    /// The minimizer on each injected bug's trigger case: executions, seconds, elements before/after.
+    Minimize(super::bench_minimize::MinimizeBenchArgs),
     /// Corrupt correct runs the way bugs do: how often the oracle sees it, per dtype.
     Sensitivity(super::sensitivity::SensitivityArgs),
 }
@@ -66,6 +68,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Bugs(b) => return super::bugs::run(b),
         BenchCommand::Frameworks(f) => return super::bench_frameworks::run(f),
         BenchCommand::Sensitivity(s) => return super::sensitivity::run(s),
+        BenchCommand::Minimize(m) => return super::bench_minimize::run(m),
     };
     let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
     let oracle = Oracle { fast_path: !a.full_ensemble, stat_threshold: a.stat_threshold, ..Oracle::default() };

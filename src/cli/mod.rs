@@ -4,10 +4,12 @@
 mod baseline;
 mod bench;
 mod bench_frameworks;
+mod bench_minimize;
 mod bugs;
 mod fuzz;
 mod gen;
 mod jobs;
+mod minimize;
 mod plot;
 mod run;
 mod sensitivity;
@@ -33,6 +35,8 @@ pub struct Cli {
 enum Command {
     /// A coverage-guided fuzz campaign (resumable; CI mode with --fail-on-finding).
     Fuzz(fuzz::FuzzArgs),
+    /// Shrink a failing case (a finding directory or a case file) to a minimal one that fails the same way.
+    Minimize(minimize::MinimizeArgs),
     /// Draw coverage and findings over time from a campaign directory.
     Plot(plot::PlotArgs),
     /// Print the findings of a campaign directory as a baseline of known signatures.
@@ -63,6 +67,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Fuzz(a) => fuzz::run(a),
         Command::Baseline(a) => baseline::run(a),
         Command::Plot(a) => plot::run(a),
+        Command::Minimize(a) => minimize::run(a),
         Command::Gen(a) => gen::run(a),
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?);

@@ -17,7 +17,7 @@ pub mod stats;
 
 pub use compare::{relative_error, ErrorScale};
 pub use ensemble::Prepared;
-pub use signature::{config_class, signature, signature_id};
+pub use signature::{config_class, crash_site, generalise, signature, signature_id};
 pub use stats::Stat;
 
 use std::collections::BTreeMap;
@@ -167,7 +167,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// The first tensor that failed its check, if any.
+    /// The first tensor that failed its check, if any (checks are in execution order).
     pub fn first_divergent(&self) -> Option<&TensorCheck> {
         self.checks.iter().find(|c| !c.pass)
     }
@@ -265,6 +265,8 @@ fn judge_completed(
             break;
         }
     }
+    // In execution order, so that the first failing check is where the divergence first shows.
+    v.checks.sort_by_key(|c| crate::localize::execution_order(&prep.case, &c.tensor));
     conclude(v);
 }
 

@@ -6,7 +6,7 @@ use shardfuzz_harnesses::case::Case;
 use super::{Verdict, VerdictKind};
 
 /// Replaces every run of digits by `#`, so layer indices, ranks and sizes do not split a bug.
-fn generalise(s: &str) -> String {
+pub fn generalise(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut in_digits = false;
     for ch in s.chars() {
@@ -46,20 +46,55 @@ pub fn config_class(case: &Case) -> String {
     parts.join("+")
 }
 
-/// The deduplication key of a finding.
+/// The deduplication key of a finding. A crash is one finding per (target, exception type,
+/// normalised message, raising frame) and a hang one per stuck collective, whatever the
+/// configuration; a divergence is one per (target, first divergent tensor family in execution
+/// order, strategy set), since the same wrong tensor under other strategies is usually another bug.
 pub fn signature(v: &Verdict, case: &Case) -> String {
-    let site = match v.kind {
-        VerdictKind::Divergent => v.first_divergent().map(|c| generalise(&c.tensor)).unwrap_or_default(),
-        VerdictKind::Crash => {
-            let msg: String = v.reason.split(':').skip(usize::from(v.crash_rank.is_some())).collect::<Vec<_>>().join(":");
-            generalise(msg.trim()).chars().take(80).collect()
+    match v.kind {
+        VerdictKind::Divergent => {
+            let site = crate::localize::first_divergent(v, case).map(|c| generalise(&c.tensor)).unwrap_or_default();
+            format!("{}|{}|{}|{}", v.target, v.kind, site, config_class(case))
         }
-        VerdictKind::Hang => v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default(),
-        VerdictKind::HarnessError => generalise(&v.reason).chars().take(80).collect(),
-        _ => String::new(),
+        VerdictKind::Crash => format!("{}|{}|{}", v.target, v.kind, crash_site(v)),
+        VerdictKind::Hang => {
+            let site = v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default();
+            format!("{}|{}|{}", v.target, v.kind, site)
+        }
+        VerdictKind::HarnessError => format!("{}|{}|{}", v.target, v.kind, generalise(&v.reason).chars().take(80).collect::<String>()),
+        _ => format!("{}|{}||{}", v.target, v.kind, config_class(case)),
+    }
+}
+
+/// A crash's site: exception type, normalised message (digits generalised, 80 characters) and the
+/// raising frame (file tail and function, no line number), from a reason such as
+/// `rank 1: ValueError: shape [4, 6] … (at File ".../torch/distributed/tensor/_ops/_view_ops.py", line 9, in f)`.
+pub fn crash_site(v: &Verdict) -> String {
+    let reason = match v.crash_rank {
+        Some(_) => v.reason.split_once(':').map_or(v.reason.as_str(), |(_, rest)| rest),
+        None => v.reason.as_str(),
     };
-    let raw = format!("{}|{}|{}|{}", v.target, v.kind, site, config_class(case));
-    raw
+    let (message, frame) = match reason.rfind(" (at File ") {
+        Some(i) => (&reason[..i], reason[i + 5..].trim_end_matches(')')),
+        None => (reason, ""),
+    };
+    let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    let message: String = generalise(&message).chars().take(80).collect();
+    let frame = raising_frame(frame);
+    if frame.is_empty() {
+        message
+    } else {
+        format!("{message} @ {frame}")
+    }
+}
+
+/// `File "/x/site-packages/torch/a/b.py", line 12, in f` → `torch/a/b.py:f`.
+fn raising_frame(frame: &str) -> String {
+    let Some(rest) = frame.strip_prefix("File \"") else { return String::new() };
+    let Some((path, tail)) = rest.split_once('"') else { return String::new() };
+    let path = path.rsplit_once("site-packages/").map_or(path, |(_, p)| p);
+    let func = tail.rsplit_once(" in ").map_or("", |(_, f)| f.trim());
+    format!("{path}:{func}")
 }
 
 /// A short, file-name-safe digest of a signature.
@@ -82,5 +117,23 @@ mod tests {
         assert_eq!(generalise("grad/layers.12.attn.k.weight"), "grad/layers.#.attn.k.weight");
         assert_eq!(signature_id("a"), signature_id("a"));
         assert_ne!(signature_id("a"), signature_id("b"));
+    }
+
+    #[test]
+    fn a_crash_site_is_type_message_and_frame_without_rank_or_line() {
+        let v = Verdict {
+            target: "torch-tp".into(),
+            kind: VerdictKind::Crash,
+            reason: "rank 1: RuntimeError: size 6 vs 4 (at File \"/v/lib/python3.12/site-packages/torch/distributed/tensor/_dispatch.py\", line 17, in dispatch)".into(),
+            checks: vec![],
+            stuck: vec![],
+            crash_rank: Some(1),
+            features: vec![],
+            notes: vec![],
+            versions: Default::default(),
+            threshold: 1.0,
+            members: vec![],
+        };
+        assert_eq!(crash_site(&v), "RuntimeError: size # vs # @ torch/distributed/tensor/_dispatch.py:dispatch");
     }
 }

@@ -53,8 +53,17 @@ pub fn python_interpreter() -> PathBuf {
     PathBuf::from("python3")
 }
 
-fn worker_path() -> PathBuf {
+pub fn worker_path() -> PathBuf {
     std::env::var_os(WORKER_PATH_ENV).map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("python"))
+}
+
+/// The worker's `PYTHONPATH`: the worker package first, then what the user's environment adds.
+pub fn worker_pythonpath() -> std::ffi::OsString {
+    let mut paths = vec![worker_path()];
+    if let Some(extra) = std::env::var_os("PYTHONPATH") {
+        paths.extend(std::env::split_paths(&extra));
+    }
+    std::env::join_paths(paths).unwrap_or_else(|_| worker_path().into_os_string())
 }
 
 fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
@@ -126,7 +135,7 @@ impl PythonTarget {
     fn start(&mut self) -> Result<(), String> {
         let mut cmd = Command::new(&self.python);
         cmd.args(["-u", "-m", "shardfuzz_worker", "--target", &self.name])
-            .env("PYTHONPATH", worker_path())
+            .env("PYTHONPATH", worker_pythonpath())
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("OMP_NUM_THREADS", "1")
             .env("TOKENIZERS_PARALLELISM", "false")
@@ -347,7 +356,8 @@ fn strings(v: &Value) -> Vec<String> {
     v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
 }
 
-fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
+/// Writes the inputs as the worker reads them (float64 tensors, int64 ids), atomically.
+pub fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
     let mut bufs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![];
     for (name, t) in &inputs.tensors {

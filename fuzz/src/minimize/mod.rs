@@ -1,0 +1,224 @@
+//! The minimizer: a deterministic shrinker built from small named passes run to a fixpoint
+//! (Hypothesis style). A candidate is kept only when it is valid, strictly simpler than the current
+//! case (no measure of [`Complexity`] grows and one shrinks) and still fails the same way: same
+//! target, verdict kind, and first divergent tensor (layer indices generalised) or crash site.
+
+pub mod bench;
+mod passes;
+
+pub use passes::{Pass, PASSES};
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use shardfuzz_harnesses::case::{Case, Distribution, Limits, OptimizerKind, Placement, RankOrder};
+use shardfuzz_harnesses::inputs::Inputs;
+use shardfuzz_harnesses::target::Target;
+
+use crate::oracle::{crash_site, evaluate, generalise, Oracle, Verdict, VerdictKind};
+
+/// How a finding fails: what a smaller case must reproduce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureKey {
+    pub target: String,
+    pub kind: VerdictKind,
+    pub site: String,
+}
+
+impl FailureKey {
+    /// The key of a finding verdict (None for a verdict that is not a finding).
+    pub fn of(v: &Verdict) -> Option<FailureKey> {
+        let site = match v.kind {
+            VerdictKind::Divergent => generalise(&v.first_divergent()?.tensor),
+            VerdictKind::Crash => crash_site(v),
+            VerdictKind::Hang => v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default(),
+            _ => return None,
+        };
+        Some(FailureKey { target: v.target.clone(), kind: v.kind, site })
+    }
+}
+
+/// Tensor elements of a case's inputs (parameters or op operands, and token ids).
+pub fn case_elements(case: &Case) -> usize {
+    let inputs = Inputs::generate(case);
+    inputs.tensors.iter().map(|(_, t)| t.numel()).sum::<usize>() + inputs.tokens.len() + inputs.targets.len()
+}
+
+/// Every measure of how complex a case is; lower is simpler in each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Complexity(Vec<u64>);
+
+impl Complexity {
+    pub fn of(case: &Case) -> Complexity {
+        let p = &case.parallel;
+        let t = &case.train;
+        let b = |x: bool| u64::from(x);
+        let mut v = vec![
+            p.world(),
+            (p.dp + p.tp + p.pp + p.cp + p.ep) as u64,
+            b(p.sequence_parallel) + p.zero_stage as u64 + p.microbatches as u64,
+            b(p.pipeline_schedule != Default::default()) + b(p.rank_order != RankOrder::default()),
+            t.steps as u64,
+            t.grad_accumulation as u64,
+            case_elements(case) as u64,
+            passes::dtype_rank(t.dtype) as u64,
+            b(t.reduce_dtype.is_some()),
+            b(case.data.distribution != Distribution::Normal),
+            b(t.clip_grad_norm.is_some())
+                + b(t.loss_scale.is_some())
+                + b(t.optimizer.kind != OptimizerKind::Sgd)
+                + b(t.optimizer.weight_decay.0 != 0.0),
+        ];
+        if let Some(m) = &case.model {
+            let moe = m.moe.as_ref().map_or(0, |e| e.experts + e.top_k);
+            v.push(m.layers.len() as u64);
+            v.push((m.hidden + m.ffn + m.vocab + m.seq + m.batch + m.heads + m.kv_heads + moe) as u64);
+            v.push(b(m.bias) + b(m.tied_embeddings) + b(m.activation != Default::default()));
+        }
+        if let Some(op) = &case.op {
+            v.push(op.shape.iter().map(|&x| x as u64).sum());
+            let weight = |pl: &Placement| match pl {
+                Placement::Partial => 2,
+                Placement::Shard(_) => 1,
+                Placement::Replicate => 0,
+            };
+            v.push(op.placements.values().flatten().map(weight).sum());
+            v.push(b(op.dim.is_some_and(|d| d != 1)));
+        }
+        Complexity(v)
+    }
+
+    /// No measure larger and at least one smaller.
+    pub fn strictly_simpler_than(&self, other: &Complexity) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|(a, b)| a <= b) && self.0 != other.0
+    }
+}
+
+/// Limits on the work a minimization may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub max_execs: u64,
+    pub max_time: Duration,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { max_execs: 500, max_time: Duration::from_secs(600) }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PassStats {
+    pub name: String,
+    /// Candidates run through the target.
+    pub calls: u64,
+    /// Candidates kept.
+    pub successes: u64,
+}
+
+/// The result of a minimization.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Minimized {
+    pub key: FailureKey,
+    pub case: Case,
+    pub verdict: Verdict,
+    /// Target runs, the original's included.
+    pub execs: u64,
+    pub seconds: f64,
+    pub elements_before: usize,
+    pub elements_after: usize,
+    pub passes: Vec<PassStats>,
+    /// The budget ran out before the fixpoint.
+    pub budget_exhausted: bool,
+}
+
+/// Shrinks `case`, which must fail on `target`, to a fixpoint of [`PASSES`] within `budget`.
+pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: Budget) -> anyhow::Result<Minimized> {
+    let start = Instant::now();
+    let verdict = evaluate(target, case, oracle);
+    let key = FailureKey::of(&verdict)
+        .ok_or_else(|| anyhow::anyhow!("the case does not fail on {}: {} ({})", target.name(), verdict.kind, verdict.reason))?;
+    let mut m = Minimized {
+        key,
+        case: case.clone(),
+        verdict,
+        execs: 1,
+        seconds: 0.0,
+        elements_before: case_elements(case),
+        elements_after: 0,
+        passes: PASSES.iter().map(|p| PassStats { name: p.name.into(), ..Default::default() }).collect(),
+        budget_exhausted: false,
+    };
+    let mut tried: HashSet<Case> = HashSet::from([case.clone()]);
+    let out_of_budget = |m: &Minimized| m.execs >= budget.max_execs || start.elapsed() >= budget.max_time;
+    'fixpoint: loop {
+        let mut progressed = false;
+        for (i, pass) in PASSES.iter().enumerate() {
+            loop {
+                if out_of_budget(&m) {
+                    m.budget_exhausted = true;
+                    break 'fixpoint;
+                }
+                match try_pass(target, oracle, pass, &mut m, i, &mut tried, &out_of_budget) {
+                    true => progressed = true,
+                    false => break,
+                }
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    m.seconds = start.elapsed().as_secs_f64();
+    m.elements_after = case_elements(&m.case);
+    Ok(m)
+}
+
+/// Runs one pass's candidates until one is kept (true) or none is.
+fn try_pass(
+    target: &mut dyn Target,
+    oracle: &Oracle,
+    pass: &Pass,
+    m: &mut Minimized,
+    index: usize,
+    tried: &mut HashSet<Case>,
+    out_of_budget: &dyn Fn(&Minimized) -> bool,
+) -> bool {
+    let current = Complexity::of(&m.case);
+    for cand in (pass.candidates)(&m.case) {
+        if out_of_budget(m) {
+            return false;
+        }
+        if !tried.insert(cand.clone())
+            || cand.validate(&Limits::default()).is_err()
+            || !Complexity::of(&cand).strictly_simpler_than(&current)
+        {
+            continue;
+        }
+        m.execs += 1;
+        m.passes[index].calls += 1;
+        let v = evaluate(target, &cand, oracle);
+        if v.kind.is_finding() && FailureKey::of(&v).as_ref() == Some(&m.key) {
+            m.passes[index].successes += 1;
+            m.case = cand;
+            m.verdict = v;
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simpler_means_nothing_grows() {
+        let a = Complexity(vec![2, 3, 4]);
+        assert!(Complexity(vec![1, 3, 4]).strictly_simpler_than(&a));
+        assert!(!Complexity(vec![1, 3, 5]).strictly_simpler_than(&a));
+        assert!(!a.strictly_simpler_than(&a));
+    }
+}

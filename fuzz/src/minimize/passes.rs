@@ -1,0 +1,280 @@
+//! The shrink passes: each turns a case into candidates that change one thing towards simpler,
+//! simplest first. The driver keeps a candidate only when it is valid, strictly simpler
+//! ([`super::Complexity`]) and still fails the same way.
+
+use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Placement, RankOrder, Real};
+use shardfuzz_kernels::DType;
+
+/// A named shrink pass.
+pub struct Pass {
+    pub name: &'static str,
+    pub candidates: fn(&Case) -> Vec<Case>,
+}
+
+/// Every pass, in the order the driver runs them: the ones that remove most first.
+pub const PASSES: &[Pass] = &[
+    Pass { name: "fewer-ranks", candidates: fewer_ranks },
+    Pass { name: "drop-strategies", candidates: drop_strategies },
+    Pass { name: "fewer-layers", candidates: fewer_layers },
+    Pass { name: "fewer-steps", candidates: fewer_steps },
+    Pass { name: "smaller-dims", candidates: smaller_dims },
+    Pass { name: "smaller-op-shape", candidates: smaller_op_shape },
+    Pass { name: "simpler-placements", candidates: simpler_placements },
+    Pass { name: "simpler-dtype", candidates: simpler_dtype },
+    Pass { name: "simpler-data", candidates: simpler_data },
+    Pass { name: "drop-features", candidates: drop_features },
+];
+
+fn with(case: &Case, f: impl FnOnce(&mut Case)) -> Case {
+    let mut c = case.clone();
+    f(&mut c);
+    c
+}
+
+/// Smaller values of `x`, simplest first: 1, 2, then halves and x − 1.
+fn smaller(x: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [1, 2, x / 2, x.saturating_sub(1)].into_iter().filter(|&y| y >= 1 && y < x).collect();
+    v.dedup();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn fewer_ranks(case: &Case) -> Vec<Case> {
+    let mut out = vec![];
+    let p = &case.parallel;
+    type Get = fn(&mut Case) -> &mut u32;
+    let axes: [(u32, Get); 5] = [
+        (p.pp, |c| &mut c.parallel.pp),
+        (p.cp, |c| &mut c.parallel.cp),
+        (p.dp, |c| &mut c.parallel.dp),
+        (p.tp, |c| &mut c.parallel.tp),
+        (p.ep, |c| &mut c.parallel.ep),
+    ];
+    for (degree, get) in axes {
+        for d in smaller(degree) {
+            out.push(with(case, |c| *get(c) = d));
+        }
+    }
+    out
+}
+
+fn drop_strategies(case: &Case) -> Vec<Case> {
+    let p = &case.parallel;
+    let mut out = vec![];
+    if p.sequence_parallel {
+        out.push(with(case, |c| c.parallel.sequence_parallel = false));
+    }
+    for z in 0..p.zero_stage {
+        out.push(with(case, |c| c.parallel.zero_stage = z));
+    }
+    for m in smaller(p.microbatches) {
+        out.push(with(case, |c| c.parallel.microbatches = m));
+    }
+    if p.pipeline_schedule != Default::default() {
+        out.push(with(case, |c| c.parallel.pipeline_schedule = Default::default()));
+    }
+    if p.rank_order != RankOrder::default() {
+        out.push(with(case, |c| c.parallel.rank_order = RankOrder::default()));
+    }
+    out
+}
+
+fn fewer_layers(case: &Case) -> Vec<Case> {
+    let Some(m) = &case.model else { return vec![] };
+    let n = m.layers.len();
+    let mut out = vec![];
+    // The last layer alone, then the first alone, then one layer removed at a time.
+    if n > 1 {
+        out.push(with(case, |c| c.model.as_mut().unwrap().layers = vec![m.layers[n - 1]]));
+        out.push(with(case, |c| c.model.as_mut().unwrap().layers = vec![m.layers[0]]));
+        for i in 0..n {
+            out.push(with(case, |c| {
+                c.model.as_mut().unwrap().layers.remove(i);
+            }));
+        }
+    }
+    out
+}
+
+fn fewer_steps(case: &Case) -> Vec<Case> {
+    let t = &case.train;
+    let mut out = vec![];
+    for s in smaller(t.steps) {
+        out.push(with(case, |c| c.train.steps = s));
+    }
+    for a in smaller(t.grad_accumulation) {
+        out.push(with(case, |c| c.train.grad_accumulation = a));
+    }
+    out
+}
+
+/// The degrees a size may be divided by in this case, with whether each divides `x`.
+fn divisibility(case: &Case, x: u32) -> Vec<bool> {
+    let p = &case.parallel;
+    [p.tp, p.dp, p.cp, p.pp, p.ep, p.microbatches, p.dp * p.microbatches, 2 * p.cp].iter().map(|&d| d > 1 && x % d == 0).collect()
+}
+
+/// Smaller sizes in the same divisibility class as `x` (the class the failure may need).
+fn smaller_same_class(case: &Case, x: u32) -> Vec<u32> {
+    let class = divisibility(case, x);
+    let mut v: Vec<u32> = (1..x).filter(|&y| divisibility(case, y) == class).collect();
+    // The four simplest, then the largest (the smallest step).
+    v.truncate(4);
+    if let Some(last) = (1..x).rev().find(|&y| divisibility(case, y) == class) {
+        v.push(last);
+    }
+    v.dedup();
+    v
+}
+
+fn smaller_dims(case: &Case) -> Vec<Case> {
+    let Some(m) = &case.model else { return vec![] };
+    type Get = fn(&mut Case) -> &mut u32;
+    let dims: [(u32, Get); 6] = [
+        (m.hidden, |c| &mut c.model.as_mut().unwrap().hidden),
+        (m.ffn, |c| &mut c.model.as_mut().unwrap().ffn),
+        (m.vocab, |c| &mut c.model.as_mut().unwrap().vocab),
+        (m.seq, |c| &mut c.model.as_mut().unwrap().seq),
+        (m.batch, |c| &mut c.model.as_mut().unwrap().batch),
+        (m.heads, |c| &mut c.model.as_mut().unwrap().heads),
+    ];
+    let mut out = vec![];
+    for (x, get) in dims {
+        for y in smaller_same_class(case, x) {
+            out.push(with(case, |c| *get(c) = y));
+        }
+    }
+    // Fewer heads and key/value heads together (grouped-query attention needs kv | heads), and
+    // hidden with heads (hidden is heads × head_dim).
+    for kv in smaller(m.kv_heads) {
+        out.push(with(case, |c| c.model.as_mut().unwrap().kv_heads = kv));
+    }
+    for h in smaller(m.heads) {
+        out.push(with(case, |c| {
+            let mm = c.model.as_mut().unwrap();
+            mm.hidden = mm.hidden / m.heads * h;
+            mm.heads = h;
+            mm.kv_heads = mm.kv_heads.min(h);
+        }));
+    }
+    if let Some(moe) = &m.moe {
+        for e in smaller(moe.experts) {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().experts = e));
+        }
+        for k in smaller(moe.top_k) {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().top_k = k));
+        }
+    }
+    out
+}
+
+fn smaller_op_shape(case: &Case) -> Vec<Case> {
+    let Some(op) = &case.op else { return vec![] };
+    let mut out = vec![];
+    for (i, &x) in op.shape.iter().enumerate() {
+        for y in smaller_same_class(case, x) {
+            out.push(with(case, |c| c.op.as_mut().unwrap().shape[i] = y));
+        }
+    }
+    out
+}
+
+fn simpler_placements(case: &Case) -> Vec<Case> {
+    let Some(op) = &case.op else { return vec![] };
+    let mut out = vec![];
+    for (name, places) in &op.placements {
+        for (m, pl) in places.iter().enumerate() {
+            // Partial → Shard → Replicate.
+            let simpler: &[Placement] = match pl {
+                Placement::Partial => &[Placement::Replicate, Placement::Shard(0)],
+                Placement::Shard(_) => &[Placement::Replicate],
+                Placement::Replicate => &[],
+            };
+            for s in simpler {
+                out.push(with(case, |c| c.op.as_mut().unwrap().placements.get_mut(name).unwrap()[m] = *s));
+            }
+        }
+    }
+    out
+}
+
+/// Rank of a dtype in simplicity: f64 first, then f32.
+pub fn dtype_rank(d: DType) -> u8 {
+    match d {
+        DType::F64 => 0,
+        DType::F32 => 1,
+        DType::F16 => 2,
+        DType::BF16 => 3,
+    }
+}
+
+fn simpler_dtype(case: &Case) -> Vec<Case> {
+    let mut out = vec![];
+    if case.train.reduce_dtype.is_some() {
+        out.push(with(case, |c| c.train.reduce_dtype = None));
+    }
+    for d in [DType::F64, DType::F32] {
+        if dtype_rank(d) < dtype_rank(case.train.dtype) {
+            out.push(with(case, |c| {
+                c.train.dtype = d;
+                c.train.reduce_dtype = None;
+            }));
+            out.push(with(case, |c| c.train.dtype = d));
+        }
+    }
+    out
+}
+
+fn simpler_data(case: &Case) -> Vec<Case> {
+    match case.data.distribution {
+        Distribution::Normal => vec![],
+        _ => vec![with(case, |c| c.data.distribution = Distribution::Normal)],
+    }
+}
+
+fn drop_features(case: &Case) -> Vec<Case> {
+    let mut out = vec![];
+    let t = &case.train;
+    if t.clip_grad_norm.is_some() {
+        out.push(with(case, |c| c.train.clip_grad_norm = None));
+    }
+    if t.loss_scale.is_some() {
+        out.push(with(case, |c| c.train.loss_scale = None));
+    }
+    if t.optimizer.kind != OptimizerKind::Sgd {
+        out.push(with(case, |c| c.train.optimizer.kind = OptimizerKind::Sgd));
+    }
+    if t.optimizer.weight_decay.0 != 0.0 {
+        out.push(with(case, |c| c.train.optimizer.weight_decay = Real(0.0)));
+    }
+    if let Some(m) = &case.model {
+        if m.bias {
+            out.push(with(case, |c| c.model.as_mut().unwrap().bias = false));
+        }
+        if m.tied_embeddings {
+            out.push(with(case, |c| c.model.as_mut().unwrap().tied_embeddings = false));
+        }
+        if m.activation != Default::default() {
+            out.push(with(case, |c| c.model.as_mut().unwrap().activation = Default::default()));
+        }
+    }
+    if let Some(op) = &case.op {
+        if op.new_shape.is_some() || op.dim.is_some_and(|d| d != 1) {
+            out.push(with(case, |c| c.op.as_mut().unwrap().dim = None));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaller_values_are_ordered_and_below() {
+        assert_eq!(smaller(8), vec![1, 2, 4, 7]);
+        assert_eq!(smaller(2), vec![1]);
+        assert!(smaller(1).is_empty());
+    }
+}
