@@ -56,6 +56,8 @@ pub struct CampaignOptions {
     /// Queue directories of sibling campaigns whose new entries are imported every few seconds
     /// (parallel jobs on one machine, or nodes sharing a synced directory).
     pub sync_dirs: Vec<PathBuf>,
+    /// Minimize every new finding in the background, within this budget each.
+    pub minimize: Option<crate::minimize::Budget>,
 }
 
 /// What a campaign did.
@@ -185,6 +187,8 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     }
     writeln!(log, "[{}] {} seed cases loaded", hms(executor.elapsed()), state.corpus().count())?;
 
+    let minimizer =
+        opts.minimize.map(|b| crate::minimize::background::BackgroundMinimizer::start(opts.target_options.clone(), opts.oracle, b));
     let mut last_status = Instant::now();
     let mut last_stats = Instant::now();
     let mut last_execs = *state.executions();
@@ -212,6 +216,9 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         }
         for sig in std::mem::take(&mut executor.new_findings) {
             writeln!(log, "[{}] new finding: {sig}", hms(executor.elapsed()))?;
+            if let Some(m) = &minimizer {
+                m.submit(out.join("findings").join(crate::oracle::signature_id(&sig)));
+            }
         }
         if !opts.sync_dirs.is_empty() && last_sync.elapsed() >= Duration::from_secs(3) {
             last_sync = Instant::now();
@@ -276,6 +283,11 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         executor.store.findings.len(),
     )?;
     executor.store.flush()?;
+    if let Some(m) = minimizer {
+        for line in m.finish() {
+            writeln!(log, "[{}] {line}", hms(executor.elapsed()))?;
+        }
+    }
     let new_signatures: Vec<String> =
         executor.store.findings.values().filter(|f| f.first_seen_elapsed_s >= elapsed_base).map(|f| f.signature.clone()).collect();
     let by_kind: Vec<String> = executor.verdicts.iter().map(|(k, n)| format!("{k} {n}")).collect();

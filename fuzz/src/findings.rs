@@ -41,6 +41,32 @@ pub struct Finding {
     pub first_seen_elapsed_s: f64,
     pub versions: BTreeMap<String, String>,
     pub verdict: Verdict,
+    /// The configurations this finding was seen under, by configuration class (`tp+sp`, `dp+zero2`…);
+    /// each member's smallest case is `members/<class>.json`.
+    #[serde(default)]
+    pub members: BTreeMap<String, Member>,
+}
+
+/// One configuration class of a finding.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Member {
+    pub hits: u64,
+    pub first_seen_elapsed_s: f64,
+    /// The smallest case seen in this class: its summary and tensor elements.
+    pub summary: String,
+    pub elements: usize,
+}
+
+impl Finding {
+    /// The member whose stored case is smallest: (class, member).
+    pub fn smallest_member(&self) -> Option<(&String, &Member)> {
+        self.members.iter().min_by_key(|(_, m)| m.elements)
+    }
+}
+
+fn member_file(class: &str) -> String {
+    let safe: String = class.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    format!("members/{safe}.json")
 }
 
 /// All findings of a campaign directory.
@@ -91,14 +117,19 @@ impl FindingStore {
         if let Some(f) = self.findings.get_mut(&signature) {
             f.hits += 1;
             f.last_seen_unix = now;
-            self.dirty.insert(signature);
+            let dir = self.dir.join(&f.id);
+            if add_member(f, &dir, case, elapsed_s)? {
+                write_atomic(&dir.join("verdict.json"), serde_json::to_string_pretty(&*f).expect("finding serialises").as_bytes())?;
+            } else {
+                self.dirty.insert(signature);
+            }
             if self.last_flush.elapsed().as_secs_f64() > 1.0 {
                 self.flush()?;
             }
             return Ok(false);
         }
         let id = signature_id(&signature);
-        let f = Finding {
+        let mut f = Finding {
             id: id.clone(),
             signature: signature.clone(),
             kind: verdict.kind.name().to_string(),
@@ -110,9 +141,11 @@ impl FindingStore {
             first_seen_elapsed_s: elapsed_s,
             versions: verdict.versions.clone(),
             verdict: verdict.clone(),
+            members: BTreeMap::new(),
         };
         let d = self.dir.join(&id);
         write_atomic(&d.join("case.json"), case.to_json().as_bytes())?;
+        add_member(&mut f, &d, case, elapsed_s)?;
         write_atomic(&d.join("verdict.json"), serde_json::to_string_pretty(&f).expect("finding serialises").as_bytes())?;
         self.findings.insert(signature, f);
         Ok(true)
@@ -137,6 +170,27 @@ impl FindingStore {
         }
         m
     }
+}
+
+/// Counts a hit in the case's configuration class; stores the case when the class is new or the
+/// case is smaller than the class's stored one. Returns whether the record must be written now.
+fn add_member(f: &mut Finding, dir: &Path, case: &Case, elapsed_s: f64) -> std::io::Result<bool> {
+    let class = crate::oracle::config_class(case);
+    let elements = crate::minimize::case_elements(case);
+    let member = f.members.entry(class.clone()).or_insert_with(|| Member {
+        hits: 0,
+        first_seen_elapsed_s: elapsed_s,
+        summary: case.summary(),
+        elements: usize::MAX,
+    });
+    member.hits += 1;
+    if elements >= member.elements {
+        return Ok(false);
+    }
+    member.elements = elements;
+    member.summary = case.summary();
+    write_atomic(&dir.join(member_file(&class)), case.to_json().as_bytes())?;
+    Ok(true)
 }
 
 /// A case to work on: a finding directory (`case.json` + `verdict.json`) or a bare case file.
@@ -174,6 +228,12 @@ impl FindingSource {
         }
         let recorded = self.finding.as_ref().and_then(|f| f.versions.get("injected"));
         recorded.map(|s| s.split(',').filter(|b| !b.is_empty()).map(String::from).collect()).unwrap_or_default()
+    }
+
+    /// The stored case of the finding's smallest member (the finding's own case if none).
+    pub fn smallest_case(&self) -> Case {
+        let stored = self.finding.as_ref().and_then(|f| f.smallest_member()).zip(self.dir.as_ref());
+        stored.and_then(|((class, _), dir)| Case::load(&dir.join(member_file(class))).ok()).unwrap_or_else(|| self.case.clone())
     }
 
     /// The minimized case beside the finding, if one was stored.

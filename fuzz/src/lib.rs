@@ -1,4 +1,5 @@
 //! shardfuzz engine: the oracle, the LibAFL fuzzer, campaigns, minimizer and reports.
+pub mod bugreport;
 pub mod campaign;
 pub mod coverage;
 pub mod executor;
@@ -13,4 +14,5 @@ pub mod plot;
 pub mod report;
 pub mod scheduler;
 pub mod sensitivity;
+pub mod triage;
 pub mod trigger_cases;

@@ -106,7 +106,7 @@ pub fn localize(case: &Case, v: &Verdict, out: &RunOutput, reference: &RunOutput
     let (phase, owner) = place_of(case, &check.tensor);
     let mut loc = Localization { tensor: check.tensor.clone(), phase, owner, ratio: check.ratio, split: None, replicas: vec![] };
     let (Some(t), Some(r)) = (out.tensor(&check.tensor), reference.tensor(&check.tensor)) else { return Some(loc) };
-    if t.shape != r.shape || !(check.noise > 0.0) {
+    if t.shape != r.shape || check.noise.is_nan() || check.noise <= 0.0 {
         return Some(loc);
     }
     let unit = ErrorScale::new(&reference.tensors).denominator(&check.tensor, r) * check.noise;

@@ -135,6 +135,7 @@ fn time_to_finding(bug: &str, corpus: &Path, seed: u64, budget: Duration, feedba
         status: false,
         stop_on_finding: true,
         sync_dirs: vec![],
+        minimize: None,
     };
     let s = run_campaign(&opts)?;
     Ok(s.findings.iter().map(|f| f.first_seen_elapsed_s).min_by(|a, b| a.partial_cmp(b).unwrap()))

@@ -59,6 +59,12 @@ pub struct FuzzArgs {
     /// campaigns spread over machines that share or rsync their out directories).
     #[arg(long)]
     sync: Vec<PathBuf>,
+    /// Minimize every new finding in the background of the search (`minimized.json` beside it).
+    #[arg(long)]
+    minimize: bool,
+    /// Most time one background minimization may take.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    minimize_time: Duration,
 }
 
 /// Parses `90`, `90s`, `10m`, `2h`.
@@ -97,6 +103,10 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
         status: !a.quiet,
         stop_on_finding: false,
         sync_dirs: a.sync.clone(),
+        minimize: a.minimize.then_some(shardfuzz_fuzz::minimize::Budget {
+            max_execs: shardfuzz_fuzz::minimize::Budget::default().max_execs,
+            max_time: a.minimize_time,
+        }),
     };
     let summary = if a.jobs > 1 { super::jobs::run_jobs(&opts, a.jobs)? } else { run_campaign(&opts)? };
     let new: Vec<_> = summary.findings.iter().filter(|f| !baseline.contains(&f.signature)).collect();

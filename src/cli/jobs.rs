@@ -28,6 +28,9 @@ fn worker_args(opts: &CampaignOptions, i: usize, jobs: usize) -> Vec<String> {
     for b in &opts.target_options.inject {
         args.extend(["--inject".into(), b.clone()]);
     }
+    if let Some(b) = opts.minimize {
+        args.extend(["--minimize".into(), "--minimize-time".into(), format!("{}s", b.max_time.as_secs_f64())]);
+    }
     args.extend(["--sync".into(), opts.out.join("queue").display().to_string()]);
     for j in (0..jobs).filter(|&j| j != i) {
         args.extend(["--sync".into(), dir(j).join("queue").display().to_string()]);

@@ -41,7 +41,7 @@ pub fn run(a: MinimizeArgs) -> anyhow::Result<ExitCode> {
     let opts = TargetOptions { inject: src.injected(&a.inject), timeout_ms: 0 };
     let mut target = registry::create(&name, &opts).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
     let budget = Budget { max_execs: a.max_execs, max_time: a.max_time };
-    let m = minimize(target.as_mut(), &src.case, &Oracle::default(), budget)?;
+    let m = minimize(target.as_mut(), &src.smallest_case(), &Oracle::default(), budget)?;
     let out = a.out.clone().unwrap_or_else(|| match &src.dir {
         Some(d) => d.join(MINIMIZED),
         None => a.input.with_extension("min.json"),

@@ -11,10 +11,12 @@ mod gen;
 mod jobs;
 mod minimize;
 mod plot;
+mod report;
 mod run;
 mod sensitivity;
 mod table;
 mod targets;
+mod triage;
 
 use std::process::ExitCode;
 
@@ -37,6 +39,10 @@ enum Command {
     Fuzz(fuzz::FuzzArgs),
     /// Shrink a failing case (a finding directory or a case file) to a minimal one that fails the same way.
     Minimize(minimize::MinimizeArgs),
+    /// One table of a campaign's deduplicated findings (also JSON and SARIF).
+    Triage(triage::TriageArgs),
+    /// A bug report for a finding: configuration in words, observed vs expected, localization, likely cause, a repro.
+    Report(report::ReportArgs),
     /// Draw coverage and findings over time from a campaign directory.
     Plot(plot::PlotArgs),
     /// Print the findings of a campaign directory as a baseline of known signatures.
@@ -68,6 +74,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Baseline(a) => baseline::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Minimize(a) => minimize::run(a),
+        Command::Triage(a) => triage::run(a),
+        Command::Report(a) => report::run(a),
         Command::Gen(a) => gen::run(a),
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&shardfuzz_harnesses::case::Case::json_schema())?);

@@ -3,6 +3,7 @@
 //! case (no measure of [`Complexity`] grows and one shrinks) and still fails the same way: same
 //! target, verdict kind, and first divergent tensor (layer indices generalised) or crash site.
 
+pub mod background;
 pub mod bench;
 mod passes;
 

@@ -53,7 +53,7 @@ pub fn config_class(case: &Case) -> String {
 pub fn signature(v: &Verdict, case: &Case) -> String {
     match v.kind {
         VerdictKind::Divergent => {
-            let site = crate::localize::first_divergent(v, case).map(|c| generalise(&c.tensor)).unwrap_or_default();
+            let site = crate::localize::first_divergent(v, case).map(|c| tensor_family(&c.tensor)).unwrap_or_default();
             format!("{}|{}|{}|{}", v.target, v.kind, site, config_class(case))
         }
         VerdictKind::Crash => format!("{}|{}|{}", v.target, v.kind, crash_site(v)),
@@ -63,6 +63,16 @@ pub fn signature(v: &Verdict, case: &Case) -> String {
         }
         VerdictKind::HarnessError => format!("{}|{}|{}", v.target, v.kind, generalise(&v.reason).chars().take(80).collect::<String>()),
         _ => format!("{}|{}||{}", v.target, v.kind, config_class(case)),
+    }
+}
+
+/// A tensor's family: its name with layer indices generalised and the `.weight` / `.bias` suffix
+/// dropped (`grad/layers.3.moe.down.bias` → `grad/layers.#.moe.down`): one module's tensors.
+pub fn tensor_family(name: &str) -> String {
+    let g = generalise(name);
+    match g.strip_suffix(".weight").or_else(|| g.strip_suffix(".bias")) {
+        Some(stem) => stem.to_string(),
+        None => g,
     }
 }
 

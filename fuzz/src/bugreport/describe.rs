@@ -1,0 +1,112 @@
+//! A case in plain words, with the divisibility facts a maintainer looks for first.
+
+use shardfuzz_harnesses::case::{Case, OptimizerKind};
+
+fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
+    (d > 1).then(|| {
+        let verdict = if x % d == 0 { "divisible" } else { "not divisible" };
+        format!("{by}={d} over {what}={x} ({verdict})")
+    })
+}
+
+/// The parallel layout, e.g. "TP=2 over hidden=10 (not divisible), sequence parallel; DP=2 with ZeRO-2".
+fn parallel_words(case: &Case) -> Vec<String> {
+    let p = &case.parallel;
+    let mut out = vec![];
+    match (&case.model, &case.op) {
+        (Some(m), _) => {
+            let tp = [("hidden", m.hidden), ("ffn", m.ffn), ("vocab", m.vocab), ("heads", m.heads), ("kv_heads", m.kv_heads)];
+            out.extend(tp.iter().filter_map(|(w, x)| divides(w, *x, "TP", p.tp)));
+            if p.sequence_parallel && p.tp > 1 {
+                out.push(format!("sequence parallel ({})", divides("seq", m.seq, "TP", p.tp).unwrap_or_default()));
+            }
+            out.extend(divides("batch", m.batch, "DP", p.dp));
+            out.extend(divides("seq", m.seq, "CP", p.cp));
+            if p.pp > 1 {
+                out.push(
+                    format!("PP={} stages over {} layers, {:?} schedule", p.pp, m.layers.len(), p.pipeline_schedule)
+                        .to_lowercase()
+                        .replace("pp=", "PP="),
+                );
+            }
+            if p.ep > 1 {
+                out.push(format!("EP={} over {} experts", p.ep, m.moe.as_ref().map_or(0, |e| e.experts)));
+            }
+        }
+        (None, Some(op)) => {
+            out.push(format!("a {}×{} device mesh [dp, tp]", p.dp, p.tp));
+            for (name, places) in &op.placements {
+                let shown: Vec<String> = places.iter().map(|x| x.to_string()).collect();
+                out.push(format!("{name} placed [{}]", shown.join(", ")));
+            }
+        }
+        _ => {}
+    }
+    if p.zero_stage > 0 && p.dp > 1 {
+        out.push(format!("ZeRO stage {}", p.zero_stage));
+    }
+    if p.microbatches > 1 {
+        out.push(format!("{} micro-batches", p.microbatches));
+    }
+    out
+}
+
+/// The workload, e.g. "a 2-layer model (attention, mlp), vocab 7, hidden 4, …".
+fn workload_words(case: &Case) -> String {
+    if let Some(op) = &case.op {
+        let shape: Vec<String> = op.shape.iter().map(|x| x.to_string()).collect();
+        let dim = op.dim.map(|d| format!(" along dim {d}")).unwrap_or_default();
+        return format!("the op `{:?}`{dim} on shape [{}] ({})", op.kind, shape.join(", "), op.kind.shape_help()).to_lowercase();
+    }
+    let Some(m) = &case.model else { return String::new() };
+    let layers: Vec<String> = m.layers.iter().map(|l| format!("{l:?}").to_lowercase()).collect();
+    format!(
+        "a {}-layer model ({}), vocab {}, hidden {}, ffn {}, {} heads / {} kv heads, sequence {}, batch {}, {:?} norm, {:?}{}{}",
+        m.layers.len(),
+        layers.join(", "),
+        m.vocab,
+        m.hidden,
+        m.ffn,
+        m.heads,
+        m.kv_heads,
+        m.seq,
+        m.batch,
+        m.norm,
+        m.activation,
+        if m.bias { ", biases" } else { ", no biases" },
+        if m.tied_embeddings { ", tied embeddings" } else { "" },
+    )
+}
+
+fn train_words(case: &Case) -> String {
+    let t = &case.train;
+    let opt = match t.optimizer.kind {
+        OptimizerKind::Sgd => "SGD",
+        OptimizerKind::Adam => "Adam",
+        OptimizerKind::Adamw => "AdamW",
+    };
+    let mut s = format!("{} step(s) of {opt} (lr {})", t.steps, t.optimizer.lr.0);
+    if t.grad_accumulation > 1 {
+        s += &format!(", {} accumulation steps", t.grad_accumulation);
+    }
+    if let Some(c) = &t.clip_grad_norm {
+        s += &format!(", gradient clipping at {}", c.0);
+    }
+    if let Some(l) = &t.loss_scale {
+        s += &format!(", loss scale {}", l.0);
+    }
+    s += &format!(", dtype {}", t.dtype);
+    if let Some(r) = t.reduce_dtype {
+        s += &format!(" (reductions in {r})");
+    }
+    s + &format!(", {:?} data (seed {})", case.data.distribution, case.data.seed).to_lowercase()
+}
+
+/// The case in plain words, one line per aspect.
+pub fn describe(case: &Case) -> Vec<String> {
+    let mut lines = vec![workload_words(case)];
+    let par = parallel_words(case);
+    lines.push(if par.is_empty() { "no parallelism".into() } else { par.join("; ") });
+    lines.push(train_words(case));
+    lines
+}
