@@ -112,6 +112,7 @@ impl<OT> CaseExecutor<OT> {
                 versions: Default::default(),
                 threshold: oracle.threshold,
                 members: vec![],
+                localization: None,
             }
         });
         let external = self.targets[i].take_coverage();

@@ -58,7 +58,7 @@ pub fn place_of(case: &Case, name: &str) -> (String, String) {
 }
 
 /// One chunk of a tensor dimension and its error.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChunkError {
     pub index: usize,
     /// Element range `[start, end)` of the dimension.
@@ -69,7 +69,7 @@ pub struct ChunkError {
 }
 
 /// A split of one dimension over `parts` ranks.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChunkSplit {
     pub dim: usize,
     pub parts: usize,
@@ -77,7 +77,7 @@ pub struct ChunkSplit {
 }
 
 /// One holder's copy of a replicated tensor.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaError {
     pub rank: usize,
     /// Against the reference, in ε.
@@ -87,7 +87,7 @@ pub struct ReplicaError {
 }
 
 /// Where a divergence shows.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Localization {
     pub tensor: String,
     pub phase: String,

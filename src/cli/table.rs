@@ -63,6 +63,11 @@ pub fn render(v: &Verdict) -> String {
     if !v.members.is_empty() {
         s += &format!("  ε from: {} (and the target's own single-device run where it sent one)\n", v.members.join(", "));
     }
+    if let Some(l) = &v.localization {
+        for line in l.to_string().lines() {
+            s += &format!("  {line}\n");
+        }
+    }
     for n in &v.notes {
         s += &format!("  note: {n}\n");
     }

@@ -255,6 +255,9 @@ fn drop_features(case: &Case) -> Vec<Case> {
         if m.tied_embeddings {
             out.push(with(case, |c| c.model.as_mut().unwrap().tied_embeddings = false));
         }
+        if m.moe.is_some() && !m.layers.contains(&shardfuzz_harnesses::case::LayerKind::Moe) {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe = None));
+        }
         if m.activation != Default::default() {
             out.push(with(case, |c| c.model.as_mut().unwrap().activation = Default::default()));
         }

@@ -164,6 +164,9 @@ pub struct Verdict {
     /// Noise-ensemble members this verdict was judged with (the fast path stops at the first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// Where a divergence first shows: tensor, phase, layer or op, and which ranks' pieces disagree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub localization: Option<crate::localize::Localization>,
 }
 
 impl Verdict {
@@ -208,6 +211,7 @@ pub fn judge_prepared(target: &str, versions: BTreeMap<String, String>, prep: &P
         versions,
         threshold: oracle.threshold,
         members: vec![],
+        localization: None,
     };
     match outcome {
         Outcome::Unsupported { reason } => {
@@ -268,6 +272,9 @@ fn judge_completed(
     // In execution order, so that the first failing check is where the divergence first shows.
     v.checks.sort_by_key(|c| crate::localize::execution_order(&prep.case, &c.tensor));
     conclude(v);
+    if v.kind == VerdictKind::Divergent {
+        v.localization = crate::localize::localize(&prep.case, v, out, reference);
+    }
 }
 
 /// The larger of two errors, NaN if either is (`f64::max` would drop the NaN).

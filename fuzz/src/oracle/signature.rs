@@ -143,6 +143,7 @@ mod tests {
             versions: Default::default(),
             threshold: 1.0,
             members: vec![],
+            localization: None,
         };
         assert_eq!(crash_site(&v), "RuntimeError: size # vs # @ torch/distributed/tensor/_dispatch.py:dispatch");
     }
