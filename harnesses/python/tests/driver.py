@@ -26,8 +26,8 @@ TOLERANCE = {"f64": 1e-12, "f32": 2e-5, "f16": 1e-2, "bf16": 6e-2}
 
 
 class Worker:
-    def __init__(self, target, python=sys.executable):
-        env = dict(os.environ, PYTHONPATH=PKG_DIR, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    def __init__(self, target, python=sys.executable, env=None):
+        env = {**os.environ, "PYTHONPATH": PKG_DIR, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen([python, "-u", "-m", "shardfuzz_worker", "--target", target], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.hello = json.loads(self.proc.stdout.readline())

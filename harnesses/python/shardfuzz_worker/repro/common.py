@@ -1,0 +1,175 @@
+"""What every repro generator shares: refusals, bounds, embedded arrays, source taken from the worker, the header
+and the assembly of the script."""
+
+import ast
+import base64
+import io
+import os
+import textwrap
+import zlib
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER_DIR = os.path.dirname(HERE)
+STATS = ("max", "rms", "norm", "sum", "direction")
+
+
+class ReproError(Exception):
+    """The target or the case cannot be expressed as a repro script (the CLI exits 2 with this message)."""
+
+
+def refuse_op_case(target, worker, case, fields):
+    """ReproError when the worker's target `worker` would not run the op case (`fields`: the case fields its
+    other refusals are about)."""
+    if "op" not in case:
+        raise ReproError(f"{target} runs op cases only: the case has no case.op")
+    why = worker.unsupported_op(case)
+    if why:
+        raise ReproError(f"{target} cannot run case.op.kind {case['op'].get('kind')!r}: {why}")
+    why = worker.unsupported(case)
+    if why:
+        raise ReproError(f"{target} cannot run this case ({fields}): {why}")
+
+
+def load_bounds(raw):
+    """{tensor: {stat: bound}} with float bounds; refuses a stat the fuzzer does not compute."""
+    if not isinstance(raw, dict) or not raw:
+        raise ReproError("BOUNDS must be a non-empty object {tensor name: {stat: bound}}")
+    bounds = {}
+    for name, stats in raw.items():
+        if not isinstance(stats, dict):
+            raise ReproError(f"BOUNDS[{name!r}] must be an object {{stat: bound}}")
+        unknown = sorted(set(stats) - set(STATS))
+        if unknown:
+            raise ReproError(f"BOUNDS[{name!r}] names unknown statistics {unknown} (known: {', '.join(STATS)})")
+        kept = {s: float(b) for s, b in stats.items() if b is not None}
+        if kept:
+            bounds[name] = kept
+    return bounds
+
+
+def split_bounds(bounds, producible):
+    """(bounds of the tensors the repro computes, names it drops); refuses when nothing is left."""
+    kept = {n: b for n, b in bounds.items() if n in producible}
+    dropped = [n for n in bounds if n not in producible]
+    if not kept:
+        raise ReproError(f"BOUNDS names no tensor this repro computes (it computes: {', '.join(sorted(producible))})")
+    return kept, dropped
+
+
+def require_inputs(inputs, names, target):
+    missing = [n for n in names if n not in inputs]
+    if missing:
+        raise ReproError(f"{target}: INPUTS lacks {', '.join(missing)}, which the case needs")
+
+
+def valid_placement(pl, ndim):
+    """"R", "P", or "S(d)" with d a dim of an ndim-d tensor."""
+    if pl in ("R", "P"):
+        return True
+    return pl.startswith("S(") and pl.endswith(")") and pl[2:-1].isdigit() and int(pl[2:-1]) < ndim
+
+
+def embed(arrays):
+    """The arrays as a zlib-compressed .npz, base64, in lines of 100 characters (read back by load_blob)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{n: np.ascontiguousarray(a) for n, a in arrays.items()})
+    text = base64.b64encode(zlib.compress(buf.getvalue(), 9)).decode()
+    lines = "\n".join(text[i:i + 100] for i in range(0, len(text), 100))
+    return f'BLOB = """\n{lines}\n"""\n'
+
+
+def _top_level(relpath):
+    """(source text, {name: top-level function / class / assignment node}) of a worker module, not imported."""
+    with open(os.path.join(WORKER_DIR, relpath)) as f:
+        text = f.read()
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.Assign):
+            found.update({t.id: node for t in node.targets if isinstance(t, ast.Name)})
+    return text, found
+
+
+def worker_source(relpath, *names):
+    """Source of top-level functions, classes and assignments `names` of a worker module (path relative to
+    shardfuzz_worker/), in the order asked."""
+    text, found = _top_level(relpath)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise RuntimeError(f"{relpath} has no top-level {', '.join(missing)}")
+    parts = [ast.get_source_segment(text, found[n]) for n in names]
+    return f"# from shardfuzz_worker/{relpath}\n" + "\n\n\n".join(parts) + "\n"
+
+
+def worker_op_source(relpath, name, kind):
+    """Source of the op function `name` of a worker module with only the branch of op `kind`: its
+    `if kind == "...":` blocks of the other kinds left out."""
+    text, found = _top_level(relpath)
+    func = found[name]
+    lines = text.splitlines()
+    drop = set()
+    for stmt in func.body:
+        test = stmt.test if isinstance(stmt, ast.If) else None
+        if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "kind"
+                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value != kind):
+            drop.update(range(stmt.lineno, stmt.end_lineno + 1))
+    kept = [lines[i - 1] for i in range(func.lineno, func.end_lineno + 1) if i not in drop]
+    return f"# from shardfuzz_worker/{relpath} (the branch of op {kind!r} only)\n" + "\n".join(kept) + "\n"
+
+
+def template(name):
+    with open(os.path.join(HERE, "templates", f"{name}.py")) as f:
+        return f.read()
+
+
+def literal(name, value):
+    """`NAME = value` as readable Python: a dict too long for one line gets one line per key."""
+    return f"{name} = {_literal(value, 0, len(name) + 3)}\n"
+
+
+def _literal(value, indent, used):
+    text = repr(value)
+    if not isinstance(value, dict) or not value or indent + used + len(text) <= 110:
+        return text
+    pad = " " * (indent + 4)
+    items = [f"{pad}{k!r}: {_literal(v, indent + 4, len(repr(k)) + 3)}," for k, v in value.items()]
+    return "{\n" + "\n".join(items) + "\n" + " " * indent + "}"
+
+
+def header(title, about, command, dropped, case_name):
+    lines = [f"shardfuzz repro: {title}", ""]
+    for line in about:
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        lines += textwrap.wrap(line, 110, subsequent_indent=indent, break_on_hyphens=False)
+    lines += ["", f"Run (in this file's folder):  {command}"]
+    lines += [
+        "Runs the sharded path and a single-device float64 reference on the same inputs (embedded below), computes",
+        "the fuzzer's statistics of every tensor it bounded, and prints",
+        "  MISMATCH: <tensor> <stat> <value> > bound <b>   (exit status 1)  or",
+        "  OK: all tensors within the fuzzer's noise bounds  (exit status 0).",
+        "Needs only the framework and numpy.",
+    ]
+    if dropped:
+        lines += ["", "Not reproduced here (the fuzzer bounded them, this script does not compute them):"]
+        lines += textwrap.wrap(", ".join(dropped), 100, initial_indent="  ", subsequent_indent="  ")
+    lines += ["", f"Generated by shardfuzz_worker.repro from case {case_name!r}."]
+    return '#!/usr/bin/env python3\n"""' + "\n".join(lines) + '\n"""\n'
+
+
+def assemble(head, imports, sections, blob):
+    """The script: header, imports, then each section, the data blob, the entry point."""
+    body = "\n\n".join(s.strip("\n") + "\n" for s in sections)
+    tail = '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+    return f"{head}\n{imports.strip()}\n\n{body}\n\n{rule('inputs')}\n{blob}{tail}"
+
+
+def rule(title):
+    """A section rule of the generated script."""
+    return f"# {'-' * (77 - len(title))} {title}\n"
+
+
+def mesh_words(dp, tp, what="ranks"):
+    return f"mesh [dp={dp}, tp={tp}] ({dp * tp} {what})"

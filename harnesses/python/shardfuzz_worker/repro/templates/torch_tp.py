@@ -1,0 +1,91 @@
+# ---------------------------------------------- training (as torch_training.py)
+
+
+def train(model, data, loss_ctx, view):
+    """The case's training steps on the whole batch in GRAD_ACCUMULATION micro-batches: summed token
+    cross-entropy scaled by 1 / tokens, backward, optional gradient clipping, the optimizer step.
+    Returns logits of step 0, every step's loss, step-0 gradients and final parameters (case layout)."""
+    b, s = M["batch"], M["seq"]
+    ids = torch.tensor(data["tokens"].astype(np.int64)).view(b, s)
+    tgt = torch.tensor(data["targets"].astype(np.int64)).view(b, s)
+    tokens = b * s
+    bounds = np.linspace(0, b, GRAD_ACCUMULATION + 1).round().astype(int)
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    opt = make_optimizer(CASE, params)
+    out = {}
+    for k in range(CASE["train"]["steps"]):
+        opt.zero_grad()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        rows = []
+        for a, c in zip(bounds[:-1], bounds[1:]):
+            with loss_ctx():
+                logits = model(ids[a:c])
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+                (loss * (1 / tokens)).backward()
+            loss_sum += full(loss)
+            if k == 0:
+                rows.append(full(logits).reshape(-1, logits.shape[-1]))
+        out[f"loss/step{k}"] = np.array(float(loss_sum) / tokens)
+        if k == 0:
+            out["logits"] = torch.cat(rows).numpy()[:, : M["vocab"]]
+            missing = [n for n, p in named if p.grad is None]
+            if missing:
+                raise RuntimeError(f"no gradient came back for {', '.join(missing)}")
+            out.update({f"grad/{n}": view(n, p.grad) for n, p in named})
+        if CASE["train"].get("clip_grad_norm") is not None:
+            torch.nn.utils.clip_grad_norm_(params, CASE["train"]["clip_grad_norm"], foreach=False)
+        opt.step()
+    out.update({f"param/{n}": view(n, p) for n, p in named})
+    return out
+
+
+# ---------------------------------------------------- sharded run and reference
+
+
+def run_sharded(data, rank):
+    """The model under tensor parallelism, as the fuzzer's torch-tp ranks run it: parallelize_module with the
+    plan above (and, without sequence parallelism, replicated norms fed local tensors), loss under loss_parallel.
+    Replicated parameters are reported from this rank's local copy, sharded ones gathered."""
+    model = Model(M).to(DTYPE)
+    load_case_params(model, data, DTYPE)
+    mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
+    parallelize_module(model, mesh, tp_plan())
+    if not SEQUENCE_PARALLEL:
+        def to_dt(mod, args, dm):
+            return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
+
+        def to_local(mod, out, dm):
+            return out.to_local()
+
+        for name, mod in model.named_modules():
+            if name.endswith("norm"):
+                distribute_module(mod, mesh, input_fn=to_dt, output_fn=to_local)
+
+    def view(name, t):
+        if isinstance(t, DTensor) and all(isinstance(pl, Replicate) for pl in t.placements):
+            local = t.to_local()
+        elif isinstance(t, DTensor):
+            local = t.full_tensor()
+        else:
+            local = t
+        return to_case_layout(name, local.detach().to(torch.float64, copy=True)).numpy()
+
+    return train(model, data, loss_parallel, view)
+
+
+def run_reference(data):
+    """The same training in float64 on one device with plain torch: the single-device reference."""
+    model = Model(M).to(torch.float64)
+    load_case_params(model, data, torch.float64)
+    return train(model, data, contextlib.nullcontext, lambda name, t: to_case_layout(name, full(t)).numpy())
+
+
+def run(rank):
+    data = load_blob()
+    sharded = run_sharded(data, rank)
+    if rank != 0:
+        return None
+    reference = run_reference(data)
+    dump(sharded, reference)
+    return report(sharded, reference, BOUNDS)

@@ -1,0 +1,129 @@
+//! From finding to standalone repro on the framework targets: with a test-only fault injected into
+//! the framework (`harnesses/python/tests/faults/sitecustomize.py`, active when `PYTHONPATH` holds
+//! that directory and `SHARDFUZZ_TEST_FAULT` names the fault), a case diverges on the target;
+//! `minimize` shrinks it, `report` writes a repro script, and the script alone, copied into an empty
+//! directory, exits 1 and prints the mismatch with the fault and exits 0 without it.
+//!
+//! Needs the framework environment (`scripts/setup-python.sh`); skipped without it unless
+//! `SHARDFUZZ_REQUIRE_PYTHON` is set (as `scripts/test.sh` does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python_ready() -> bool {
+    let ready = root().join(".venv/bin/python").exists();
+    if !ready {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no Python environment: run scripts/setup-python.sh");
+        eprintln!("skipped: no .venv (run scripts/setup-python.sh)");
+    }
+    ready
+}
+
+fn faults_dir() -> PathBuf {
+    root().join("harnesses/python/tests/faults")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// shardfuzz with the fault on.
+fn shardfuzz(args: &[&str], fault: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+        .args(args)
+        .env("PYTHONPATH", faults_dir())
+        .env("SHARDFUZZ_TEST_FAULT", fault)
+        .output()
+        .expect("run shardfuzz")
+}
+
+/// Runs the repro command in `dir` with only the fault directory on PYTHONPATH.
+fn run_repro(dir: &Path, command: &str, fault: Option<&str>) -> Output {
+    let path = format!("{}:{}", root().join(".venv/bin").display(), std::env::var("PATH").unwrap_or_default());
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(command).current_dir(dir).env("PATH", path).env("PYTHONPATH", faults_dir()).env_remove("SHARDFUZZ_TEST_FAULT");
+    if let Some(f) = fault {
+        c.env("SHARDFUZZ_TEST_FAULT", f);
+    }
+    c.output().expect("run the repro")
+}
+
+fn finding_to_repro(target: &str, fault: &str, case: &str) {
+    if !python_ready() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let case_path = tmp.path().join("case.json");
+    std::fs::write(&case_path, case).unwrap();
+    let case_arg = case_path.display().to_string();
+
+    let o = shardfuzz(&["run", "--target", target, "--json", &case_arg], fault);
+    assert_eq!(o.status.code(), Some(1), "the fault does not make the case diverge on {target}:\n{}", text(&o));
+
+    let o = shardfuzz(&["minimize", &case_arg, "--target", target, "--max-execs", "40", "--json"], fault);
+    assert!(o.status.success(), "{}", text(&o));
+    let record: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(record["key"]["kind"], "divergent", "{record:#?}");
+    assert!(record["elements_after"].as_u64() <= record["elements_before"].as_u64());
+
+    let report_dir = tmp.path().join("report");
+    let min = tmp.path().join("case.min.json").display().to_string();
+    let o = shardfuzz(&["report", &min, "--target", target, "--out", &report_dir.display().to_string(), "--format", "json"], fault);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
+    let command = report["repro"]["command"].as_str().unwrap().to_string();
+
+    // The script alone, in a directory holding nothing else.
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::copy(report_dir.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    let with_fault = run_repro(clean.path(), &command, Some(fault));
+    assert_eq!(with_fault.status.code(), Some(1), "`{command}` with {fault}:\n{}", text(&with_fault));
+    assert!(String::from_utf8_lossy(&with_fault.stdout).contains("MISMATCH"), "{}", text(&with_fault));
+    let without = run_repro(clean.path(), &command, None);
+    assert_eq!(without.status.code(), Some(0), "`{command}` without the fault:\n{}", text(&without));
+    assert!(String::from_utf8_lossy(&without.stdout).contains("OK"), "{}", text(&without));
+}
+
+#[test]
+fn torch_dtensor_partial_reduction_at_half_scale_minimizes_reports_and_reproduces() {
+    finding_to_repro(
+        "torch-dtensor",
+        "dtensor-partial-half",
+        r#"{"schema": 1, "parallel": {"dp": 2, "tp": 2, "pp": 1},
+            "op": {"kind": "matmul", "shape": [6, 8, 5], "placements": {"a": ["R", "S(1)"], "b": ["R", "S(0)"]}},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f32"},
+            "data": {"seed": 11}}"#,
+    );
+}
+
+#[test]
+fn jax_gspmd_sharding_constraint_that_scales_minimizes_reports_and_reproduces() {
+    finding_to_repro(
+        "jax-gspmd",
+        "jax-wsc-scale",
+        r#"{"schema": 1, "parallel": {"dp": 2, "tp": 2, "pp": 1},
+            "op": {"kind": "softmax", "shape": [8, 6], "dim": 1, "placements": {"x": ["S(0)", "S(1)"]}},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f32"},
+            "data": {"seed": 12}}"#,
+    );
+}
+
+#[test]
+fn torch_tp_row_parallel_reduction_at_half_scale_minimizes_reports_and_reproduces() {
+    finding_to_repro(
+        "torch-tp",
+        "dtensor-partial-half",
+        r#"{"schema": 1, "parallel": {"dp": 1, "tp": 2, "pp": 1},
+            "model": {"vocab": 8, "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4, "batch": 2,
+                      "layers": ["attention", "mlp"]},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f32"},
+            "data": {"seed": 13}}"#,
+    );
+}
