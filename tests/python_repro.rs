@@ -127,3 +127,39 @@ fn torch_tp_row_parallel_reduction_at_half_scale_minimizes_reports_and_reproduce
             "data": {"seed": 13}}"#,
     );
 }
+
+/// A real crash of torch 2.x (no fault injected): `loss_parallel` over a vocabulary smaller than
+/// the tensor-parallel degree indexes an empty shard instead of refusing the layout. The report's
+/// standalone script reproduces it on its own (exit 1, `CRASH`). Should a torch release fix it, the
+/// script exits 0 and this test names the release that did.
+#[test]
+fn torch_tp_real_crash_on_an_empty_vocab_shard_reproduces_standalone() {
+    if !python_ready() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let case = tmp.path().join("case.json");
+    std::fs::write(
+        &case,
+        r#"{"schema": 1, "parallel": {"dp": 1, "tp": 2, "pp": 1},
+            "model": {"vocab": 1, "hidden": 2, "ffn": 2, "heads": 2, "kv_heads": 2, "seq": 2, "batch": 2,
+                      "layers": ["mlp"], "bias": false},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"},
+            "data": {"seed": 65205}}"#,
+    )
+    .unwrap();
+    let out = tmp.path().join("report");
+    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+        .args(["report", &case.display().to_string(), "--target", "torch-tp", "--format", "json", "--out", &out.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["verdict"]["kind"], "crash", "{:#?}", report["verdict"]);
+    let command = report["repro"]["command"].as_str().unwrap().to_string();
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "torch {} no longer crashes?\n{}", report["environment"]["torch"], text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("CRASH on rank"), "{}", text(&run));
+}

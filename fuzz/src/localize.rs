@@ -65,6 +65,7 @@ pub struct ChunkError {
     pub start: usize,
     pub end: usize,
     /// Worst element error of the chunk in units of the tensor's ε.
+    #[serde(deserialize_with = "crate::oracle::nan::f64_or_nan")]
     pub ratio: f64,
 }
 
@@ -81,8 +82,10 @@ pub struct ChunkSplit {
 pub struct ReplicaError {
     pub rank: usize,
     /// Against the reference, in ε.
+    #[serde(deserialize_with = "crate::oracle::nan::f64_or_nan")]
     pub vs_reference: f64,
     /// Against the first holder's copy, in ε.
+    #[serde(deserialize_with = "crate::oracle::nan::f64_or_nan")]
     pub vs_first: f64,
 }
 
@@ -92,6 +95,7 @@ pub struct Localization {
     pub tensor: String,
     pub phase: String,
     pub owner: String,
+    #[serde(deserialize_with = "crate::oracle::nan::f64_or_nan")]
     pub ratio: f64,
     /// The split that separates good from bad chunks best (none for a scalar or an even error).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use shardfuzz_fuzz::minimize::bench::bench;
+use shardfuzz_fuzz::minimize::bench::{bench, bench_campaign};
 use shardfuzz_fuzz::minimize::Budget;
 
 #[derive(clap::Args)]
@@ -17,15 +17,25 @@ pub struct MinimizeBenchArgs {
     max_time: Duration,
     #[arg(long)]
     json: bool,
+    /// Minimize every finding of this campaign directory instead (from each one's smallest member).
+    #[arg(long)]
+    campaign: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: MinimizeBenchArgs) -> anyhow::Result<ExitCode> {
-    let rows = bench(a.seed, Budget { max_execs: a.max_execs, max_time: a.max_time }).map_err(|e| anyhow::anyhow!(e))?;
+    let budget = Budget { max_execs: a.max_execs, max_time: a.max_time };
+    let rows = match &a.campaign {
+        Some(dir) => bench_campaign(dir, budget)?,
+        None => bench(a.seed, budget).map_err(|e| anyhow::anyhow!(e))?,
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<32} {:>6} {:>7} {:>9} {:>9} {:>7}  minimized case / failure", "bug", "execs", "seconds", "elements", "after", "after%");
+    println!(
+        "{:<32} {:>6} {:>7} {:>9} {:>9} {:>7}  minimized case / failure",
+        "bug or finding", "execs", "seconds", "elements", "after", "after%"
+    );
     for r in &rows {
         match &r.result {
             Some(m) => println!(

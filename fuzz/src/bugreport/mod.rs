@@ -87,6 +87,12 @@ fn title(case: &Case, v: &Verdict) -> String {
     let class = crate::oracle::config_class(case);
     match v.first_divergent() {
         Some(c) => format!("[{}] wrong `{}` under {class} ({})", v.target, c.tensor, case.train.dtype),
+        None if v.kind == crate::oracle::VerdictKind::Crash => {
+            let (message, frame) = crate::oracle::crash_parts(v);
+            let message: String = message.chars().take(100).collect();
+            let at = if frame.is_empty() { String::new() } else { format!(" in {frame}") };
+            format!("[{}] crash under {class}: {message}{at}", v.target)
+        }
         None => format!("[{}] {} under {class}: {}", v.target, v.kind, v.reason.chars().take(90).collect::<String>()),
     }
 }

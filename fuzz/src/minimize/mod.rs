@@ -174,6 +174,9 @@ pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: B
     }
     m.seconds = start.elapsed().as_secs_f64();
     m.elements_after = case_elements(&m.case);
+    if let Some(n) = &case.name {
+        m.case.name = Some(format!("{n} (minimized)"));
+    }
     Ok(m)
 }
 

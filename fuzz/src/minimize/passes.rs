@@ -115,16 +115,20 @@ fn divisibility(case: &Case, x: u32) -> Vec<bool> {
     [p.tp, p.dp, p.cp, p.pp, p.ep, p.microbatches, p.dp * p.microbatches, 2 * p.cp].iter().map(|&d| d > 1 && x % d == 0).collect()
 }
 
-/// Smaller sizes in the same divisibility class as `x` (the class the failure may need).
+/// Smaller sizes, simplest first: the few smallest in the same divisibility class as `x` (the
+/// class the failure may need) and the largest of them (the smallest step), then the plain
+/// simplifications (1, 2, halves, x − 1), which may cross into another class.
 fn smaller_same_class(case: &Case, x: u32) -> Vec<u32> {
     let class = divisibility(case, x);
-    let mut v: Vec<u32> = (1..x).filter(|&y| divisibility(case, y) == class).collect();
-    // The four simplest, then the largest (the smallest step).
-    v.truncate(4);
+    let mut v: Vec<u32> = (1..x).filter(|&y| divisibility(case, y) == class).take(4).collect();
     if let Some(last) = (1..x).rev().find(|&y| divisibility(case, y) == class) {
         v.push(last);
     }
-    v.dedup();
+    for y in smaller(x) {
+        if !v.contains(&y) {
+            v.push(y);
+        }
+    }
     v
 }
 

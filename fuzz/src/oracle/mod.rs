@@ -12,12 +12,13 @@
 mod check;
 mod compare;
 pub mod ensemble;
+pub mod nan;
 mod signature;
 pub mod stats;
 
 pub use compare::{relative_error, ErrorScale};
 pub use ensemble::Prepared;
-pub use signature::{config_class, crash_site, generalise, signature, signature_id};
+pub use signature::{config_class, crash_parts, crash_site, generalise, signature, signature_id};
 pub use stats::Stat;
 
 use std::collections::BTreeMap;
@@ -106,17 +107,23 @@ impl std::fmt::Display for VerdictKind {
 pub struct TensorCheck {
     pub tensor: String,
     /// Relative error of the target against the f64 reference.
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub error: f64,
     /// Relative error of the single-device run in the case dtype (0 for f64).
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub baseline_error: f64,
     /// Change of the f64 reference when the inputs are perturbed by the dtype's unit round-off, or
     /// (larger of the two) the error of a second dtype run on inputs one ulp away.
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub perturbation_error: f64,
     /// ε = max(baseline, perturbation, floor).
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub noise: f64,
     /// threshold × ε.
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub bound: f64,
     /// error / ε.
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub ratio: f64,
     pub pass: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,11 +140,15 @@ pub struct TensorCheck {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatCheck {
     pub stat: Stat,
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub error: f64,
     /// ε: the largest value of this statistic over the noise ensemble, or the floor.
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub noise: f64,
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub bound: f64,
     /// error / ε.
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub ratio: f64,
     pub pass: bool,
     /// The ensemble member that set ε (none: the floor).
@@ -160,6 +171,7 @@ pub struct Verdict {
     pub features: Vec<String>,
     pub notes: Vec<String>,
     pub versions: BTreeMap<String, String>,
+    #[serde(deserialize_with = "nan::f64_or_nan")]
     pub threshold: f64,
     /// Noise-ensemble members this verdict was judged with (the fast path stops at the first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -80,6 +80,18 @@ pub fn tensor_family(name: &str) -> String {
 /// raising frame (file tail and function, no line number), from a reason such as
 /// `rank 1: ValueError: shape [4, 6] … (at File ".../torch/distributed/tensor/_ops/_view_ops.py", line 9, in f)`.
 pub fn crash_site(v: &Verdict) -> String {
+    let (message, frame) = crash_parts(v);
+    let message: String = generalise(&message).chars().take(80).collect();
+    if frame.is_empty() {
+        message
+    } else {
+        format!("{message} @ {frame}")
+    }
+}
+
+/// A crash's message (rank prefix and frame removed, whitespace collapsed) and its raising frame
+/// (`torch/a/b.py:f`, empty when the reason names none).
+pub fn crash_parts(v: &Verdict) -> (String, String) {
     let reason = match v.crash_rank {
         Some(_) => v.reason.split_once(':').map_or(v.reason.as_str(), |(_, rest)| rest),
         None => v.reason.as_str(),
@@ -88,14 +100,7 @@ pub fn crash_site(v: &Verdict) -> String {
         Some(i) => (&reason[..i], reason[i + 5..].trim_end_matches(')')),
         None => (reason, ""),
     };
-    let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    let message: String = generalise(&message).chars().take(80).collect();
-    let frame = raising_frame(frame);
-    if frame.is_empty() {
-        message
-    } else {
-        format!("{message} @ {frame}")
-    }
+    (message.split_whitespace().collect::<Vec<_>>().join(" "), raising_frame(frame))
 }
 
 /// `File "/x/site-packages/torch/a/b.py", line 12, in f` → `torch/a/b.py:f`.

@@ -33,9 +33,10 @@ def refuse_op_case(target, worker, case, fields):
 
 
 def load_bounds(raw):
-    """{tensor: {stat: bound}} with float bounds; refuses a stat the fuzzer does not compute."""
-    if not isinstance(raw, dict) or not raw:
-        raise ReproError("BOUNDS must be a non-empty object {tensor name: {stat: bound}}")
+    """{tensor: {stat: bound}} with float bounds; refuses a stat the fuzzer does not compute. Empty for a crash
+    or a hang: the script then reproduces the failure itself (it exits 1 when the framework raises)."""
+    if not isinstance(raw, dict):
+        raise ReproError("BOUNDS must be an object {tensor name: {stat: bound}}")
     bounds = {}
     for name, stats in raw.items():
         if not isinstance(stats, dict):
@@ -53,7 +54,7 @@ def split_bounds(bounds, producible):
     """(bounds of the tensors the repro computes, names it drops); refuses when nothing is left."""
     kept = {n: b for n, b in bounds.items() if n in producible}
     dropped = [n for n in bounds if n not in producible]
-    if not kept:
+    if bounds and not kept:
         raise ReproError(f"BOUNDS names no tensor this repro computes (it computes: {', '.join(sorted(producible))})")
     return kept, dropped
 
@@ -149,6 +150,7 @@ def header(title, about, command, dropped, case_name):
         "Runs the sharded path and a single-device float64 reference on the same inputs (embedded below), computes",
         "the fuzzer's statistics of every tensor it bounded, and prints",
         "  MISMATCH: <tensor> <stat> <value> > bound <b>   (exit status 1)  or",
+        "  CRASH on rank <r>: <exception>                 (exit status 1)  or",
         "  OK: all tensors within the fuzzer's noise bounds  (exit status 0).",
         "Needs only the framework and numpy.",
     ]
@@ -162,7 +164,7 @@ def header(title, about, command, dropped, case_name):
 def assemble(head, imports, sections, blob):
     """The script: header, imports, then each section, the data blob, the entry point."""
     body = "\n\n".join(s.strip("\n") + "\n" for s in sections)
-    tail = '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+    tail = '\n\nif __name__ == "__main__":\n    sys.exit(crash_guard(main))\n'
     return f"{head}\n{imports.strip()}\n\n{body}\n\n{rule('inputs')}\n{blob}{tail}"
 
 
