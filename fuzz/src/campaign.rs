@@ -114,10 +114,17 @@ fn previous_progress(stats: &Path) -> (f64, u64) {
         .and_then(|t| {
             t.lines().rev().find_map(|l| {
                 let f: Vec<&str> = l.split(',').collect();
-                (f.len() == 6).then(|| Some((f[0].parse::<f64>().ok()?, f[1].parse::<u64>().ok()?))).flatten()
+                (f.len() >= 6).then(|| Some((f[0].parse::<f64>().ok()?, f[1].parse::<u64>().ok()?))).flatten()
             })
         })
         .unwrap_or((0.0, 0))
+}
+
+/// This process's resident set size in MiB (0 where /proc is not available).
+pub fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+    kb.unwrap_or(0.0) / 1024.0
 }
 
 fn hms(s: f64) -> String {
@@ -134,7 +141,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let new_stats = !stats_path.exists();
     let mut stats = std::fs::OpenOptions::new().create(true).append(true).open(&stats_path)?;
     if new_stats {
-        writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings")?;
+        writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb")?;
     }
     let mut targets = vec![];
     for name in opts.target.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -197,7 +204,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
     let mut last_sync = Instant::now() - Duration::from_secs(60);
     let write_stats = |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: usize, findings: usize| {
-        writeln!(stats, "{elapsed:.1},{},{rate:.1},{corpus},{cov},{findings}", execs_base + execs)
+        writeln!(stats, "{elapsed:.1},{},{rate:.1},{corpus},{cov},{findings},{:.0}", execs_base + execs, rss_mb())
     };
     loop {
         let stop = opts.time.is_some_and(|t| started.elapsed() >= t)

@@ -39,7 +39,7 @@ pub fn read_stats(path: &Path) -> anyhow::Result<Vec<StatsRow>> {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<f64> = l.split(',').filter_map(|x| x.parse().ok()).collect();
-            (f.len() == 6).then(|| StatsRow { elapsed_s: f[0], execs: f[1], coverage: f[4], findings: f[5] })
+            (f.len() >= 6).then(|| StatsRow { elapsed_s: f[0], execs: f[1], coverage: f[4], findings: f[5] })
         })
         .collect())
 }
