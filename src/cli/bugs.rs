@@ -1,5 +1,7 @@
 //! `shardfuzz bench bugs`: for each injected bug, K campaigns (seeds) from the seed corpus minus the
 //! cases that already trigger the bug, time to the first finding with coverage feedback and without.
+//! A finding counts only when the fault caused it: the clean target does not fail the same way on
+//! its case.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -138,7 +140,16 @@ fn time_to_finding(bug: &str, corpus: &Path, seed: u64, budget: Duration, feedba
         minimize: None,
     };
     let s = run_campaign(&opts)?;
-    Ok(s.findings.iter().map(|f| f.first_seen_elapsed_s).min_by(|a, b| a.partial_cmp(b).unwrap()))
+    let caused: Vec<f64> = s.findings.iter().filter(|f| caused_by_fault(f, out.path())).map(|f| f.first_seen_elapsed_s).collect();
+    Ok(caused.into_iter().min_by(|a, b| a.total_cmp(b)))
+}
+
+/// Whether the fault caused finding `f`: the clean target does not fail the same way on its case.
+fn caused_by_fault(f: &shardfuzz_fuzz::findings::Finding, out: &Path) -> bool {
+    let Ok(case) = shardfuzz_harnesses::case::Case::load(&out.join("findings").join(&f.id).join("case.json")) else { return false };
+    let Ok(mut clean) = registry::create("native", &TargetOptions { inject: vec![], timeout_ms: 10_000 }) else { return false };
+    let v = evaluate(clean.as_mut(), &case, &Oracle::default());
+    !(v.kind.is_finding() && v.signature(&case) == f.signature)
 }
 
 /// Every campaign of one bug: `seeds` with feedback, `seeds` without.
