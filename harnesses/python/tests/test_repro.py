@@ -1,8 +1,9 @@
 """Repro scripts (shardfuzz_worker.repro): generated through the CLI into an empty folder and run there with only
 the test faults on PYTHONPATH, each one passes on the framework as it is and reports a MISMATCH (exit status 1)
-under a test fault that breaks the framework (tests/faults/sitecustomize.py); it imports nothing but the framework,
-numpy and the standard library; torch-dtensor's sharded results are the worker's, bit for bit; a case the
-generator cannot express exits 2. Skipped where torch or jax is not installed."""
+under a test fault that breaks the framework's sharded path (tests/faults/sitecustomize.py); it imports nothing but
+the framework, numpy and the standard library; the sharded results of torch-dtensor and of every model-case target
+but torch-tp are the worker's, bit for bit; a case the generator cannot express exits 2. Skipped where the
+framework is not installed."""
 
 import ast
 import importlib.util
@@ -25,6 +26,8 @@ from driver import Worker, op_inputs, worst_error  # noqa: E402
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_JAX = importlib.util.find_spec("jax") is not None
+HAVE_DEEPSPEED = HAVE_TORCH and importlib.util.find_spec("deepspeed") is not None
+HAVE_MEGATRON = HAVE_TORCH and importlib.util.find_spec("megatron") is not None
 ALLOWED_IMPORTS = {"torch", "jax", "numpy"} | set(sys.stdlib_module_names)
 TIGHT = {"max": 1e-6, "rms": 1e-6, "norm": 1e-6}
 
@@ -80,6 +83,29 @@ def model_inputs(case):
     return inputs
 
 
+def model_case(name, parallel, steps=2, grad_accumulation=1, optimizer=None, dtype="f32", clip=None, **model):
+    """A small dense model case (layernorm with bias, gelu) on `parallel` (what differs from dp = tp = pp = 1)."""
+    m = {"vocab": 13, "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4, "batch": 4,
+         "layers": ["attention", "mlp"], "norm": "layernorm", "activation": "gelu", "bias": True,
+         "tied_embeddings": False, **model}
+    train = {"steps": steps, "optimizer": optimizer or {"kind": "sgd", "lr": 0.1}, "dtype": dtype}
+    if grad_accumulation > 1:
+        train["grad_accumulation"] = grad_accumulation
+    if clip is not None:
+        train["clip_grad_norm"] = clip
+    return {"schema": 1, "name": name, "parallel": {"dp": 1, "tp": 1, "pp": 1, **parallel}, "model": m,
+            "train": train, "data": {"seed": 11, "distribution": "normal"}}
+
+
+def model_bounds(case, inputs):
+    """Every tensor a model case compares, bounded by what f32 against float64 leaves after a few steps: a few
+    1e-7 relative."""
+    params = [n for n in inputs if n not in ("tokens", "targets")]
+    losses = [f"loss/step{k}" for k in range(case["train"]["steps"])]
+    names = ["logits"] + losses + [f"{k}/{n}" for k in ("grad", "param") for n in params]
+    return {n: {"max": 1e-5, "rms": 1e-5, "norm": 1e-5} for n in names}
+
+
 def generate(target, case, inputs, bounds, out_dir):
     """Runs the CLI; returns (exit status, stdout, stderr)."""
     from safetensors.numpy import save_file
@@ -122,11 +148,14 @@ class ReproChecks:
 
     target = None
     fault = None
+    #: Framework packages the scripts may import besides torch, jax, numpy and the standard library.
+    extra_imports = ()
 
     @classmethod
     def setUpClass(cls):
         cls.root = tempfile.mkdtemp(prefix="shardfuzz-repro-")
         cls.generated = {}
+        cls.worker = None
         for key, (case, inputs, bounds) in cls.make_cases().items():
             folder = os.path.join(cls.root, key)
             rc, out, err = generate(cls.target, case, inputs, bounds, folder)
@@ -136,6 +165,8 @@ class ReproChecks:
 
     @classmethod
     def tearDownClass(cls):
+        if cls.worker is not None:
+            cls.worker.close()
         shutil.rmtree(cls.root, ignore_errors=True)
 
     def check_detects_fault(self, key):
@@ -151,6 +182,21 @@ class ReproChecks:
         self.assertRegex(bad.stdout, r"(?m)^MISMATCH: \S+ (max|rms|norm) \S+ > bound ")
         return dump
 
+    def check_matches_worker(self, key, dump, expected):
+        """The script's sharded tensors (`expected`: their names) are what the worker returns for the case, bit
+        for bit."""
+        _, _, case, inputs = self.generated[key]
+        if self.worker is None:
+            type(self).worker = Worker(self.target)  # one per class, closed in tearDownClass
+        reply, outputs = self.worker.run(case, inputs)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        with np.load(dump) as z:
+            names = [n[len("sharded/"):] for n in z.files if n.startswith("sharded/")]
+            self.assertEqual(sorted(names), sorted(expected))
+            for name in names:
+                got = z[f"sharded/{name}"]
+                np.testing.assert_array_equal(got, outputs[name].reshape(got.shape), f"{key}: {name}")
+
     def test_imports_only_the_framework_numpy_and_the_standard_library(self):
         for key, (folder, _, _, _) in self.generated.items():
             with open(os.path.join(folder, "repro.py")) as f:
@@ -163,7 +209,30 @@ class ReproChecks:
                     self.assertEqual(node.level, 0, f"{key}: relative import")
                     modules.add(node.module.split(".")[0])
             with self.subTest(key):
-                self.assertLessEqual(modules, ALLOWED_IMPORTS)
+                self.assertLessEqual(modules, ALLOWED_IMPORTS | set(self.extra_imports))
+
+
+class ModelReproChecks(ReproChecks):
+    """One model case on `parallel` (case options `options`): the script passes, reports a MISMATCH under the
+    target's fault, and its sharded tensors are the worker's."""
+
+    parallel = {}
+    options = {}
+
+    @classmethod
+    def make_cases(cls):
+        case = model_case(f"{cls.target}-model", cls.parallel, **cls.options)
+        inputs = model_inputs(case)
+        return {"model": (case, inputs, model_bounds(case, inputs))}
+
+    def test_detects_the_fault_and_matches_the_worker(self):
+        dump = self.check_detects_fault("model")
+        _, _, case, inputs = self.generated["model"]
+        self.check_matches_worker("model", dump, model_bounds(case, inputs))
+
+    def test_the_command_runs_one_process_per_rank(self):
+        p = self.generated["model"][2]["parallel"]
+        self.assertEqual(self.generated["model"][1], f"torchrun --nproc_per_node {p['dp'] * p['tp']} repro.py")
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
@@ -178,33 +247,13 @@ class TorchDTensorReproTest(ReproChecks, unittest.TestCase):
                              dtype="f64")
         return {k: (c, op_inputs(c), op_bounds(c)) for k, c in (("partial", partial), ("contracted", contracted))}
 
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.worker = Worker(cls.target)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.worker.close()
-        super().tearDownClass()
-
     def test_a_partial_input_detects_a_halved_reduction(self):
-        self.check_matches_worker("partial", self.check_detects_fault("partial"))
+        dump = self.check_detects_fault("partial")
+        self.check_matches_worker("partial", dump, op_bounds(self.generated["partial"][2]))
 
     def test_a_contracted_dim_sharded_on_both_sides_detects_a_halved_reduction(self):
-        self.check_matches_worker("contracted", self.check_detects_fault("contracted"))
-
-    def check_matches_worker(self, key, dump):
-        """The script's sharded output and gradients are what the worker returns for the case, bit for bit."""
-        _, _, case, inputs = self.generated[key]
-        reply, outputs = self.worker.run(case, inputs)
-        self.assertEqual(reply["status"], "completed", reply.get("reason"))
-        with np.load(dump) as z:
-            names = [n[len("sharded/"):] for n in z.files if n.startswith("sharded/")]
-            self.assertEqual(sorted(names), sorted(op_bounds(case)))
-            for name in names:
-                got = z[f"sharded/{name}"]
-                np.testing.assert_array_equal(got, outputs[name].reshape(got.shape), f"{key}: {name}")
+        dump = self.check_detects_fault("contracted")
+        self.check_matches_worker("contracted", dump, op_bounds(self.generated["contracted"][2]))
 
 
 @unittest.skipUnless(HAVE_JAX, "jax is not installed")
@@ -222,6 +271,29 @@ class JaxGspmdReproTest(ReproChecks, unittest.TestCase):
         self.check_detects_fault("linear")
 
 
+@unittest.skipUnless(HAVE_JAX, "jax is not installed")
+class JaxShardMapReproTest(ReproChecks, unittest.TestCase):
+    target = "jax-shardmap"
+    fault = "jax-psum-scale"
+
+    @classmethod
+    def make_cases(cls):
+        # Rows over dp, the contraction dim over tp on both sides (local matmul + psum), a Partial bias.
+        linear = op_case("linear-psum", "linear", [4, 6, 8], {"x": ["S(0)", "S(1)"], "w": ["R", "S(0)"],
+                                                              "bias": ["R", "P"]}, dp=2)
+        # Vocab-parallel: pmax, psum of the exp-sums and of the target logits.
+        xent = op_case("xent-vocab", "cross_entropy", [4, 8], {"logits": ["S(0)", "S(1)"]}, dp=2)
+        return {k: (c, op_inputs(c), op_bounds(c)) for k, c in (("linear", linear), ("xent", xent))}
+
+    def test_a_sharded_contraction_detects_a_scaled_psum(self):
+        dump = self.check_detects_fault("linear")
+        self.check_matches_worker("linear", dump, op_bounds(self.generated["linear"][2]))
+
+    def test_a_vocab_parallel_cross_entropy_detects_a_scaled_psum(self):
+        dump = self.check_detects_fault("xent")
+        self.check_matches_worker("xent", dump, op_bounds(self.generated["xent"][2]))
+
+
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchTpReproTest(ReproChecks, unittest.TestCase):
     target = "torch-tp"
@@ -229,17 +301,9 @@ class TorchTpReproTest(ReproChecks, unittest.TestCase):
 
     @classmethod
     def make_cases(cls):
-        model = {"vocab": 13, "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4, "batch": 4,
-                 "layers": ["attention", "mlp"], "norm": "layernorm", "activation": "gelu", "bias": True,
-                 "tied_embeddings": False}
-        case = {"schema": 1, "name": "tp2-f32", "parallel": {"dp": 1, "tp": 2, "pp": 1}, "model": model,
-                "train": {"steps": 2, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"},
-                "data": {"seed": 11, "distribution": "normal"}}
+        case = model_case("tp2-f32", {"tp": 2})
         inputs = model_inputs(case)
-        params = [n for n in inputs if n not in ("tokens", "targets")]
-        names = ["logits", "loss/step0", "loss/step1"] + [f"{k}/{n}" for k in ("grad", "param") for n in params]
-        # f32 against float64 after two steps: a few 1e-7 relative.
-        bounds = {n: {"max": 1e-5, "rms": 1e-5, "norm": 1e-5} for n in names}
+        bounds = model_bounds(case, inputs)
         bounds["replicas/grad/embed.weight"] = {"max": 1e-6}  # not computed: dropped, named in the header
         return {"tp2": (case, inputs, bounds)}
 
@@ -255,19 +319,74 @@ class TorchTpReproTest(ReproChecks, unittest.TestCase):
         self.assertIn("tp=2", head)
 
 
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class TorchFsdp2ReproTest(ModelReproChecks, unittest.TestCase):
+    target = "torch-fsdp2"
+    fault = "fsdp2-avg-off-by-one"
+    # ZeRO-3 (reshard after forward), two micro-batches per rank, weight decay. (Not Adam: it would turn the
+    # round-off gradient of the key bias, zero in exact arithmetic, into a whole step.)
+    parallel = {"dp": 2, "zero_stage": 3}
+    options = {"grad_accumulation": 2, "optimizer": {"kind": "sgd", "lr": 0.1, "weight_decay": 0.1}}
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class TorchDdpReproTest(ModelReproChecks, unittest.TestCase):
+    target = "torch-ddp"
+    fault = "ddp-avg-off-by-one"
+    # no_sync() on the first of two micro-batches; gradient clipping.
+    parallel = {"dp": 2}
+    options = {"grad_accumulation": 2, "clip": 0.5}
+
+
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class MegatronTpReproTest(ModelReproChecks, unittest.TestCase):
+    target = "megatron-tp"
+    fault = "megatron-reduce-half"
+    extra_imports = ("megatron",)
+    parallel = {"tp": 2}
+    options = {"vocab": 14}  # megatron shards the vocabulary evenly (13 would fail its divisibility assert)
+
+
+@unittest.skipUnless(HAVE_DEEPSPEED, "deepspeed is not installed")
+class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
+    target = "deepspeed-zero"
+    fault = "deepspeed-reduce-half"
+    extra_imports = ("deepspeed",)
+    # ZeRO-2 (partitioned gradients), two micro-batches per rank: the engine's own accumulation.
+    parallel = {"dp": 2, "zero_stage": 2}
+    options = {"grad_accumulation": 2}
+
+
 class RefusalTest(unittest.TestCase):
     def test_a_target_or_case_it_cannot_express_exits_2(self):
         case = op_case("m", "matmul", [2, 3, 2], {})
         folder = tempfile.mkdtemp(prefix="shardfuzz-repro-")
         try:
-            rc, out, err = generate("deepspeed-zero", case, op_inputs(case), op_bounds(case), folder)
+            rc, out, err = generate("no-such-target", case, op_inputs(case), op_bounds(case), folder)
             self.assertEqual((rc, out), (2, ""))
-            self.assertIn("no repro generator for target 'deepspeed-zero'", err)
+            self.assertIn("no repro generator for target 'no-such-target'", err)
             if HAVE_TORCH:
                 model = {k: v for k, v in case.items() if k != "op"} | {"model": {"vocab": 5}}
                 rc, _, err = generate("torch-dtensor", model, op_inputs(case), op_bounds(case), folder)
                 self.assertEqual(rc, 2)
                 self.assertIn("case.op", err)
+                rc, _, err = generate("torch-ddp", case, op_inputs(case), op_bounds(case), folder)
+                self.assertEqual(rc, 2)
+                self.assertIn("runs model cases only", err)
+            self.assertFalse(os.path.exists(os.path.join(folder, "repro.py")))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+    def test_a_model_case_a_data_parallel_target_cannot_run_names_the_case_fields(self):
+        case = model_case("ddp-tp", {"dp": 2, "tp": 2})
+        inputs = model_inputs(case)
+        folder = tempfile.mkdtemp(prefix="shardfuzz-repro-")
+        try:
+            rc, out, err = generate("torch-ddp", case, inputs, model_bounds(case, inputs), folder)
+            self.assertEqual((rc, out), (2, ""))
+            self.assertIn("case.parallel", err)
+            self.assertIn("DDP expresses data parallelism only", err)
             self.assertFalse(os.path.exists(os.path.join(folder, "repro.py")))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -296,6 +415,10 @@ class FaultsInTheWorkerTest(unittest.TestCase):
     @unittest.skipUnless(HAVE_JAX, "jax is not installed")
     def test_jax_gspmd(self):
         self.check_worker_sees("jax-gspmd", "jax-wsc-scale")
+
+    @unittest.skipUnless(HAVE_JAX, "jax is not installed")
+    def test_jax_shardmap(self):
+        self.check_worker_sees("jax-shardmap", "jax-psum-scale")
 
 
 if __name__ == "__main__":

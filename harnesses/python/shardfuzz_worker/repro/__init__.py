@@ -18,6 +18,11 @@ GENERATORS = {
     "torch-dtensor": "torch_dtensor",
     "jax-gspmd": "jax_gspmd",
     "torch-tp": "torch_tp",
+    "torch-fsdp2": "torch_fsdp2",
+    "torch-ddp": "torch_ddp",
+    "megatron-tp": "megatron_tp",
+    "deepspeed-zero": "deepspeed_zero",
+    "jax-shardmap": "jax_shardmap",
 }
 
 

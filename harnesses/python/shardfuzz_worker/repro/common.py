@@ -90,7 +90,8 @@ def _top_level(relpath):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             found[node.name] = node
         elif isinstance(node, ast.Assign):
-            found.update({t.id: node for t in node.targets if isinstance(t, ast.Name)})
+            names = [e for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            found.update({t.id: node for t in names if isinstance(t, ast.Name)})
     return text, found
 
 
@@ -107,18 +108,33 @@ def worker_source(relpath, *names):
 
 def worker_op_source(relpath, name, kind):
     """Source of the op function `name` of a worker module with only the branch of op `kind`: its
-    `if kind == "...":` blocks of the other kinds left out."""
+    `if kind == "...":` / `if kind in (...):` blocks of other kinds left out."""
     text, found = _top_level(relpath)
     func = found[name]
     lines = text.splitlines()
     drop = set()
     for stmt in func.body:
-        test = stmt.test if isinstance(stmt, ast.If) else None
-        if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "kind"
-                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value != kind):
+        kinds = _branch_kinds(stmt)
+        if kinds is not None and kind not in kinds:
             drop.update(range(stmt.lineno, stmt.end_lineno + 1))
-    kept = [lines[i - 1] for i in range(func.lineno, func.end_lineno + 1) if i not in drop]
+    kept = []
+    for i in range(func.lineno, func.end_lineno + 1):
+        if i not in drop and (lines[i - 1].strip() or (kept and kept[-1].strip())):
+            kept.append(lines[i - 1])  # (one blank line where branches were left out)
     return f"# from shardfuzz_worker/{relpath} (the branch of op {kind!r} only)\n" + "\n".join(kept) + "\n"
+
+
+def _branch_kinds(stmt):
+    """The op kinds of an `if kind == "k":` or `if kind in ("k", ...):` statement; None for another one."""
+    test = stmt.test if isinstance(stmt, ast.If) else None
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "kind"):
+        return None
+    op, right = test.ops[0], test.comparators[0]
+    if isinstance(op, ast.Eq) and isinstance(right, ast.Constant):
+        return {right.value}
+    if isinstance(op, ast.In) and isinstance(right, ast.Tuple):
+        return {e.value for e in right.elts if isinstance(e, ast.Constant)}
+    return None
 
 
 def template(name):

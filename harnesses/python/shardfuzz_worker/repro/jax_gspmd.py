@@ -34,11 +34,16 @@ JNP_DTYPES = {"f64": "jnp.float64", "f32": "jnp.float32", "bf16": "jnp.bfloat16"
 def check(case):
     from ..targets.jax_gspmd import TARGET as WORKER
 
-    refuse_op_case(TARGET, WORKER, case, "case.parallel / case.train.dtype / case.op.placements")
+    check_jax_op_case(case, TARGET, WORKER)
+
+
+def check_jax_op_case(case, target, worker):
+    """ReproError unless the JAX target `worker` would run the op case and its placements are R, P or S(d)."""
+    refuse_op_case(target, worker, case, "case.parallel / case.train.dtype / case.op.placements")
     shapes = dict(input_shapes(case["op"]))
     for name, places in case["op"].get("placements", {}).items():
         if not all(valid_placement(pl, len(shapes[name])) for pl in places):
-            raise ReproError(f"{TARGET}: case.op.placements[{name!r}] holds a placement other than R, P or S(d)")
+            raise ReproError(f"{target}: case.op.placements[{name!r}] holds a placement other than R, P or S(d)")
 
 
 def producible(case):
@@ -120,6 +125,7 @@ def generate(case, inputs, bounds, dropped):
         worker_source("targets/jax_common.py", "LN_EPS", "up"),
         worker_op_source("targets/jax_common.py", "forward", op["kind"]).replace("HarnessError", "ValueError"),
         template("jax_gspmd"),
+        template("jax_main"),
     ]
     head = header(f"{TARGET}, op {op['kind']}", describe(case, lays), command, dropped, case.get("name", ""))
     return assemble(head, IMPORTS, sections, embed(arrays(case, inputs, lays, ids))), command

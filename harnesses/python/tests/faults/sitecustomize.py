@@ -7,6 +7,16 @@ Put this folder on PYTHONPATH and set SHARDFUZZ_TEST_FAULT; every Python process
                         all-reduce, reduce-scatter) returns half the sum.
   jax-wsc-scale         jax.lax.with_sharding_constraint multiplies its input by 1.5 when the sharding it asks
                         for is not fully replicated.
+  jax-psum-scale        jax.lax.psum (the all-reduce of shard_map programs) returns 1.5 times the sum.
+  fsdp2-avg-off-by-one  torch FSDP2's gradient reduce-scatter averages over world + 1 ranks: its divide factors
+                        (_fsdp_collectives._get_gradient_divide_factors) sum, then divide by the group size + 1.
+  ddp-avg-off-by-one    torch DistributedDataParallel's gradient bucket all-reduce averages over world + 1 ranks
+                        (a comm hook that DistributedDataParallel.__init__ registers in place of the built-in one).
+  megatron-reduce-half  megatron-core's tensor-parallel region all-reduce (tensor_parallel.mappings._reduce: the
+                        outputs of row-parallel layers and of the vocab-parallel embedding) returns half the sum.
+  deepspeed-reduce-half every SUM reduction DeepSpeed issues through its torch comm backend
+                        (deepspeed.comm.torch.TorchBackend: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
+                        reduce_scatter_tensor; ZeRO's gradient reductions) yields half the sum.
 
 Without SHARDFUZZ_TEST_FAULT this does nothing but run the sitecustomize it shadows, if there is one.
 """
@@ -57,10 +67,102 @@ def _scale_sharding_constraints(module):
     module.with_sharding_constraint = with_sharding_constraint
 
 
+def _scale_psum(module):
+    psum = module.psum
+
+    def scaled_psum(x, axis_name, **kwargs):
+        import jax
+
+        return jax.tree.map(lambda a: a * 1.5, psum(x, axis_name, **kwargs))
+
+    module.psum = scaled_psum
+
+
+def _fsdp2_divide_off_by_one(module):
+    factors = module._get_gradient_divide_factors
+
+    def _get_gradient_divide_factors(rs_group, ar_group, reduce_dtype, device_type="", factor=None,
+                                     force_sum_reduction_for_comms=False):
+        size = (rs_group.size() if rs_group is not None else 1) * (ar_group.size() if ar_group is not None else 1)
+        # A sum, then a division by the given factor: size + 1 in place of the size.
+        return factors(rs_group, ar_group, reduce_dtype, device_type, float(size + 1), True)
+
+    module._get_gradient_divide_factors = _get_gradient_divide_factors
+
+
+def _ddp_average_off_by_one(module):
+    ddp = module.DistributedDataParallel
+    init = ddp.__init__
+
+    def allreduce_hook(state, bucket):
+        import torch.distributed as dist
+
+        buf = bucket.buffer()
+        buf.div_(dist.get_world_size(state) + 1)
+        return dist.all_reduce(buf, group=state, async_op=True).get_future().then(lambda f: f.value()[0])
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.register_comm_hook(self.process_group, allreduce_hook)
+
+    ddp.__init__ = __init__
+
+
+def _halve_megatron_reduce(module):
+    reduce = module._reduce
+
+    def _reduce(input_, group):
+        out = reduce(input_, group)
+        return out * 0.5 if group.size() > 1 else out
+
+    module._reduce = _reduce
+
+
+#: TorchBackend methods that reduce: (position, name) of what they reduce and of their op argument (their
+#: decorators hide the signatures from inspect).
+_DS_REDUCTIONS = {
+    "all_reduce": ((0, "tensor"), (1, "op")),
+    "all_reduce_coalesced": ((0, "tensors"), (1, "op")),
+    "reduce": ((0, "tensor"), (2, "op")),
+    "reduce_scatter": ((1, "input_list"), (2, "op")),
+    "reduce_scatter_tensor": ((1, "input_tensor"), (2, "op")),
+}
+
+
+def _argument(args, kwargs, where, default=None):
+    pos, name = where
+    return args[pos] if pos < len(args) else kwargs.get(name, default)
+
+
+def _halve_deepspeed_reductions(module):
+    import torch
+
+    backend = module.TorchBackend
+    for name, (what, op) in _DS_REDUCTIONS.items():
+        method = getattr(backend, name)
+
+        def halving(self, *args, _method=method, _what=what, _op=op, **kwargs):
+            reduce_op = self._reduce_op(_argument(args, kwargs, _op, torch.distributed.ReduceOp.SUM))
+            if reduce_op == torch.distributed.ReduceOp.SUM:
+                inputs = _argument(args, kwargs, _what)
+                with torch.no_grad():
+                    for t in inputs if isinstance(inputs, (list, tuple)) else [inputs]:
+                        if t.is_floating_point():
+                            t.mul_(0.5)  # a sum of halves: half the sum
+            return _method(self, *args, **kwargs)
+
+        setattr(backend, name, halving)
+
+
 #: Fault name -> (module to patch once it has been executed, patch).
 FAULTS = {
     "dtensor-partial-half": ("torch.distributed.tensor.placement_types", _halve_partial_reductions),
     "jax-wsc-scale": ("jax.lax", _scale_sharding_constraints),
+    "jax-psum-scale": ("jax.lax", _scale_psum),
+    "fsdp2-avg-off-by-one": ("torch.distributed.fsdp._fully_shard._fsdp_collectives", _fsdp2_divide_off_by_one),
+    "ddp-avg-off-by-one": ("torch.nn.parallel.distributed", _ddp_average_off_by_one),
+    "megatron-reduce-half": ("megatron.core.tensor_parallel.mappings", _halve_megatron_reduce),
+    "deepspeed-reduce-half": ("deepspeed.comm.torch", _halve_deepspeed_reductions),
 }
 
 

@@ -1,0 +1,36 @@
+"""Repro of a deepspeed-zero model case: the case's model trained by a DeepSpeed engine (the case's ZeRO stage)
+over the data-parallel ranks on DeepSpeed's CPU accelerator with gloo, each rank training on its rows of the
+batch, under torchrun."""
+
+from ..targets.base import parallel
+from .common import literal
+from .torch_dp import generate_dp
+from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
+from .torch_model import producible  # noqa: F401 - the generator's interface
+
+TARGET = "deepspeed-zero"
+
+IMPORTS = TORCH_IMPORTS.replace("import io\n", "import importlib\nimport io\n") + """
+os.environ["DS_ACCELERATOR"] = "cpu"  # as the fuzzer's deepspeed-zero ranks (before deepspeed is imported)
+
+import deepspeed  # noqa: E402
+from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad  # noqa: E402
+"""
+
+
+def check(case):
+    from ..targets.deepspeed_zero import TARGET as WORKER
+
+    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+
+
+def generate(case, inputs, bounds, dropped):
+    from ..targets.deepspeed_zero import TARGET as WORKER
+
+    p = parallel(case)
+    config = WORKER.config(case, p["dp"])
+    what = (f"DeepSpeed ZeRO stage {p['zero_stage']} (deepspeed.initialize, CPU accelerator, gloo) over"
+            f" dp={p['dp']} ranks")
+    settings = ["# The engine's configuration, as the worker's DeepSpeedZero.config() writes it for this case.",
+                literal("DS_CONFIG", config)]
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

@@ -1,0 +1,87 @@
+"""Repro of a megatron-tp model case: the case's model from megatron-core's tensor-parallel layers (the worker's
+megatron_model.py) over the tensor-parallel ranks under torchrun, against the torch targets' plain model in
+float64 on one device."""
+
+import re
+
+from ..targets.base import dtype_name, parallel
+from .common import assemble, embed, header, literal, rule, template, worker_source
+from .torch_model import IMPORTS as TORCH_IMPORTS
+from .torch_model import MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
+from .torch_model import producible, training_source  # noqa: F401 - producible: the generator's interface
+
+TARGET = "megatron-tp"
+
+IMPORTS = TORCH_IMPORTS.replace("import sys\n", "import sys\nimport types\n") + """
+from megatron.core import parallel_state
+"""
+
+MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
+                   "load_local", "case_view", "grad_norm", "run", "assemble_outputs")
+
+
+def check(case):
+    from ..targets.megatron_tp import TARGET as WORKER
+
+    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+
+
+def renamed(source, names):
+    """`source` with every call or definition `Name(` of `names` ({old: new}) renamed."""
+    for old, new in names.items():
+        source = re.sub(rf"\b{old}\(", f"{new}(", source)
+    return source
+
+
+def sources():
+    """The helpers, the plain torch model (its blocks renamed Ref*: megatron's blocks take their names), the
+    worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
+    helpers = (worker_source("targets/base.py", "parallel", "dtype_name")
+               + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
+               + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
+    plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
+    plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(
+        "torch_model.py\n", "torch_model.py (Attention, Mlp, Block renamed Ref*)\n", 1)
+    megatron = worker_source("targets/megatron_model.py", *MEGATRON_SOURCE)
+    megatron = re.sub(r"(?m)^def run\(", "def run_megatron(", megatron).replace(
+        "megatron_model.py\n", "megatron_model.py (run renamed run_megatron)\n", 1)
+    return [
+        rule("helpers (as the worker's)") + "\n" + helpers,
+        rule("the plain torch model (the reference's)") + "\n" + plain,
+        training_source(),
+        rule("the megatron model and its training (as the worker's)") + "\n" + megatron,
+    ]
+
+
+def describe(case):
+    p = parallel(case)
+    sp = ", sequence parallel" if p["sequence_parallel"] else ""
+    return [
+        f"megatron-core tensor parallelism (VocabParallelEmbedding, Column/RowParallelLinear,"
+        f" vocab_parallel_cross_entropy) over tp={p['tp']} ranks{sp}, dtype {dtype_name(case)}."
+        " Reference: the torch targets' plain model (the same math) in float64.",
+        *model_about(case),
+    ]
+
+
+def generate(case, inputs, bounds, dropped):
+    arrays = model_arrays(case, inputs, TARGET)
+    p = parallel(case)
+    command = f"torchrun --nproc_per_node {p['tp']} repro.py"
+    config = [
+        rule("the case"),
+        literal("CASE", case),
+        f"TP = WORLD = {p['tp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        model_line(case),
+        literal("BOUNDS", bounds),
+    ]
+    sections = [
+        "\n".join(c.rstrip("\n") for c in config),
+        template("common"),
+        *sources(),
+        template("torch_reference"),
+        template("megatron_tp"),
+        template("torch_main"),
+    ]
+    head = header(f"{TARGET}, model", describe(case), command, dropped, case.get("name", ""))
+    return assemble(head, IMPORTS, sections, embed(arrays)), command

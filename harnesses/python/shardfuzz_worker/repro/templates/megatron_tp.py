@@ -1,0 +1,25 @@
+# -------------------------------------------------------------- the sharded run
+
+
+def run_sharded(data, rank):
+    """megatron-core's tensor-parallel model (MegatronModel above) over the tp ranks, as the fuzzer's megatron-tp
+    ranks run it: megatron's parallel state over all ranks, torch.cuda.current_device pointed at the CPU, then the
+    worker's megatron training loop (run_megatron) on the whole batch. Returns this rank's slices."""
+    _patch_cuda()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD, create_gloo_process_groups=False)
+    return run_megatron(CASE, data, rank, WORLD)
+
+
+def run(rank):
+    """Rank 0 gathers the ranks' slices, assembles them as the fuzzer does (sharded tensors concatenated,
+    replicated ones from rank 0) and compares."""
+    data = load_blob()
+    mine = run_sharded(data, rank)
+    outs = [None] * WORLD if rank == 0 else None
+    dist.gather_object(mine, outs, dst=0)
+    if rank != 0:
+        return None
+    sharded = combine_dp(CASE, assemble_outputs(CASE, outs), [])["tensors"]
+    reference = run_reference(data)
+    dump(sharded, reference)
+    return report(sharded, reference, BOUNDS)

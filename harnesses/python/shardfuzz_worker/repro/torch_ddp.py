@@ -1,0 +1,22 @@
+"""Repro of a torch-ddp model case: the case's model in DistributedDataParallel over the data-parallel ranks,
+each training on its rows of the batch, under torchrun."""
+
+from ..targets.base import parallel
+from .torch_dp import generate_dp
+from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
+from .torch_model import producible  # noqa: F401 - the generator's interface
+
+TARGET = "torch-ddp"
+
+IMPORTS = TORCH_IMPORTS + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+
+
+def check(case):
+    from ..targets.torch_ddp import TARGET as WORKER
+
+    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+
+
+def generate(case, inputs, bounds, dropped):
+    what = f"torch DistributedDataParallel (bucket_cap_mb=1) over dp={parallel(case)['dp']} ranks"
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, [], IMPORTS)

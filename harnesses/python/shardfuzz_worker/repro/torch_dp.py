@@ -1,0 +1,37 @@
+"""What the generators of the data-parallel torch targets (torch-fsdp2, torch-ddp, deepspeed-zero) share: the
+script runs the worker's own training loop on each rank's rows of the batch under torchrun, gathers the ranks'
+results as the worker does and compares them with the same loop in float64 on one rank."""
+
+from ..targets.base import dtype_name, parallel
+from .common import assemble, embed, header, literal, rule, template
+from .torch_model import TORCH_DTYPES, model_about, model_arrays, model_line, model_source, training_source
+
+
+def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports):
+    """(script, command) of a dp target: `what` is the header's first line (without the dtype), `settings` the
+    target's configuration lines, `imports` the script's imports; its template (named after the target)
+    defines run_sharded(data, rank)."""
+    arrays = model_arrays(case, inputs, target)
+    dp = parallel(case)["dp"]
+    command = f"torchrun --nproc_per_node {dp} repro.py"
+    config = [
+        rule("the case"),
+        literal("CASE", case),
+        f"DP = WORLD = {dp}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        *settings,
+        model_line(case),
+        literal("BOUNDS", bounds),
+    ]
+    sections = [
+        "\n".join(c.rstrip("\n") for c in config),
+        template("common"),
+        model_source(),
+        training_source(),
+        template(target.replace("-", "_")),
+        template("torch_reference"),
+        template("torch_dp"),
+        template("torch_main"),
+    ]
+    about = [f"{what}, dtype {dtype_name(case)}.", *model_about(case)]
+    head = header(f"{target}, model", about, command, dropped, case.get("name", ""))
+    return assemble(head, imports, sections, embed(arrays)), command

@@ -1,0 +1,102 @@
+"""What the generators of the torch model-case targets share: refusals, tensor names, the case's model and its
+training loop taken from the worker, the header lines about the model, and the embedded inputs."""
+
+from ..targets.base import dtype_name
+from .common import ReproError, rule, worker_source
+
+TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
+MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "is_linear_weight",
+                "load_case_params", "to_case_layout", "make_optimizer")
+
+IMPORTS = """
+import base64
+import contextlib
+import gc
+import io
+import math
+import os
+import sys
+import zlib
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+"""
+
+
+def check_model_case(case, target, worker, fields):
+    """ReproError unless the worker's target `worker` would run the case (`fields`: what its refusals are
+    about) and its dtype has a torch dtype."""
+    if "op" in case:
+        raise ReproError(f"{target} runs model cases only (the case has case.op, not case.model)")
+    why = worker.unsupported(case)
+    if why:
+        raise ReproError(f"{target} cannot run this case ({fields}): {why}")
+    if dtype_name(case) not in TORCH_DTYPES:
+        raise ReproError(f"{target}: case.train.dtype {dtype_name(case)!r} has no torch dtype")
+
+
+def param_names(case):
+    """The model's parameter names (as the case and the fuzzer name them), from a model on the meta device."""
+    import torch
+
+    from ..targets.torch_model import Model, model_defaults
+
+    with torch.device("meta"):
+        return [n for n, _ in Model(model_defaults(case)).named_parameters()]
+
+
+def producible(case):
+    params = param_names(case)
+    losses = [f"loss/step{k}" for k in range(case["train"]["steps"])]
+    return {"logits", *losses} | {f"{kind}/{n}" for kind in ("grad", "param") for n in params}
+
+
+def model_about(case):
+    """Header lines: the model, the training, what is compared."""
+    from ..targets.torch_model import model_defaults
+
+    m, t = model_defaults(case), case["train"]
+    o = t["optimizer"]
+    opt = ", ".join(f"{k}={v}" for k, v in o.items() if k != "kind")
+    return [
+        f"Model: vocab {m['vocab']}, hidden {m['hidden']}, ffn {m['ffn']}, heads {m['heads']} (kv {m['kv_heads']}),"
+        f" layers {m['layers']}, {m['norm']}, {m['activation']}, bias {m['bias']};"
+        f" batch {m['batch']} x seq {m['seq']}.",
+        f"Training: {t['steps']} step(s) of {o['kind']} ({opt}), grad accumulation {t.get('grad_accumulation', 1)},"
+        f" clip_grad_norm {t.get('clip_grad_norm')}; loss = token-mean cross-entropy.",
+        "Compared: step-0 logits and gradients, every step's loss, final parameters (as BOUNDS lists them).",
+    ]
+
+
+def model_line(case):
+    """`M = ...`: the case's model with the defaults torch_model.model_defaults() fills in."""
+    from ..targets.torch_model import model_defaults
+
+    m = model_defaults(case)
+    defaults = {k: v for k, v in m.items() if k not in case["model"]}
+    return f'M = {{**CASE["model"], **{defaults!r}}}  # with model_defaults()' if defaults else 'M = CASE["model"]'
+
+
+def model_source():
+    return rule("the model (as the worker's)") + "\n" + worker_source("targets/torch_model.py", *MODEL_SOURCE)
+
+
+def training_source():
+    """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
+    base = worker_source("targets/base.py", "chunk_range", "grad_or_fail").replace("HarnessError", "RuntimeError")
+    loop = worker_source("targets/torch_training.py", "full", "train", "combine_dp")
+    return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop
+
+
+def model_arrays(case, inputs, target):
+    """The embedded inputs: parameters as float64 (values of the case dtype), token ids and targets as int64."""
+    from .common import require_inputs
+
+    params = param_names(case)
+    require_inputs(inputs, params + ["tokens", "targets"], target)
+    arrays = {n: inputs[n].astype("float64") for n in params}
+    arrays.update({n: inputs[n].astype("int64").reshape(-1) for n in ("tokens", "targets")})
+    return arrays
