@@ -98,15 +98,14 @@ def describe(case, lays):
     return lines
 
 
-def generate(case, inputs, bounds, dropped):
+def op_preamble(case, inputs, target):
+    """What both JAX generators start from: (op, shapes, id inputs, layouts, the case's config lines)."""
     op = case["op"]
     p = parallel(case)
     shapes = input_shapes(op)
     ids = [n for n in ("tokens", "targets") if n in inputs] if op["kind"] in ("embedding", "cross_entropy") else []
     need = {"embedding": ["tokens"], "cross_entropy": ["targets"]}.get(op["kind"], [])
-    require_inputs(inputs, [n for n, _ in shapes] + ["grad_out"] + need, TARGET)
-    lays = layouts(case)
-    command = "python repro.py"
+    require_inputs(inputs, [n for n, _ in shapes] + ["grad_out"] + need, target)
     config = [
         rule("the case"),
         literal("CASE", case),
@@ -114,6 +113,14 @@ def generate(case, inputs, bounds, dropped):
         'OP = CASE["op"]',
         literal("SHAPES", {n: list(s) for n, s in shapes}),
         f"OUT_SHAPE = {tuple(output_shape(op))}\nIDS = {ids}",
+    ]
+    return op, shapes, ids, layouts(case), config
+
+
+def generate(case, inputs, bounds, dropped):
+    op, shapes, ids, lays, config = op_preamble(case, inputs, TARGET)
+    command = "python repro.py"
+    config += [
         "# PartitionSpec entries of what enters jit (partial axes first), summand axes, entered replicated",
         literal("LAYOUT", {n: {k: lay[k] for k in ("spec", "partial", "padded")} for n, lay in lays.items()}),
         literal("BOUNDS", bounds),

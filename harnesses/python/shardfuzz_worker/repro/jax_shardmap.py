@@ -2,9 +2,9 @@
 [dp, tp] mesh of host CPU devices, one process."""
 
 from ..targets.base import dtype_name, input_shapes, output_shape, parallel
-from .common import assemble, embed, header, literal, mesh_words, require_inputs, rule, template
+from .common import assemble, embed, header, literal, mesh_words, rule, template
 from .common import worker_op_source, worker_source
-from .jax_gspmd import IMPORTS, JNP_DTYPES, arrays, check_jax_op_case, layouts
+from .jax_gspmd import IMPORTS, arrays, check_jax_op_case, op_preamble
 
 TARGET = "jax-shardmap"
 
@@ -47,21 +47,9 @@ def sources(kind):
 
 
 def generate(case, inputs, bounds, dropped):
-    op = case["op"]
-    p = parallel(case)
-    shapes = input_shapes(op)
-    ids = [n for n in ("tokens", "targets") if n in inputs] if op["kind"] in ("embedding", "cross_entropy") else []
-    need = {"embedding": ["tokens"], "cross_entropy": ["targets"]}.get(op["kind"], [])
-    require_inputs(inputs, [n for n, _ in shapes] + ["grad_out"] + need, TARGET)
-    lays = layouts(case)
+    op, shapes, ids, lays, config = op_preamble(case, inputs, TARGET)
     command = "python repro.py"
-    config = [
-        rule("the case"),
-        literal("CASE", case),
-        f"DP, TP = {p['dp']}, {p['tp']}\nDTYPE = {JNP_DTYPES[dtype_name(case)]}",
-        'OP = CASE["op"]',
-        literal("SHAPES", {n: list(s) for n, s in shapes}),
-        f"OUT_SHAPE = {tuple(output_shape(op))}\nIDS = {ids}",
+    config += [
         literal("PLACES", {n: lays[n]["places"] for n, _ in shapes}),
         literal("BOUNDS", bounds),
     ]
