@@ -47,6 +47,10 @@ pub struct BugsArgs {
     /// each bug (how deep its region lies without guidance).
     #[arg(long, value_name = "N")]
     rates: Option<u64>,
+    /// Also run pure random generation (fresh random cases, no corpus, no mutation) for the same budget
+    /// and seeds: the baseline guidance must beat.
+    #[arg(long)]
+    random: bool,
     /// Instead of campaigns: each bug's trigger case run in every dtype, and whether the oracle
     /// flags it where the bug changes the run.
     #[arg(long)]
@@ -68,6 +72,17 @@ pub struct BugResult {
     pub times_s: Vec<Option<f64>>,
     pub times_s_no_feedback: Vec<Option<f64>>,
     pub excluded_seed_cases: usize,
+    /// Pure random generation (`--random`): found, median, times.
+    #[serde(default)]
+    pub found_random: u64,
+    #[serde(default = "nan", deserialize_with = "nan_if_null")]
+    pub median_s_random: f64,
+    #[serde(default)]
+    pub times_s_random: Vec<Option<f64>>,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// One bug's result as it completes (stderr, before the table).
@@ -80,10 +95,11 @@ fn progress_line(r: &BugResult) -> String {
         }
     };
     format!(
-        "{:<32} {} | no feedback {} (excluded {} seed cases)",
+        "{:<32} {} | no feedback {} | random generation {} (excluded {} seed cases)",
         r.bug,
         mode(&r.times_s, r.found, r.median_s),
         mode(&r.times_s_no_feedback, r.found_no_feedback, r.median_s_no_feedback),
+        mode(&r.times_s_random, r.found_random, r.median_s_random),
         r.excluded_seed_cases
     )
 }
@@ -152,6 +168,28 @@ fn caused_by_fault(f: &shardfuzz_fuzz::findings::Finding, out: &Path) -> bool {
     !(v.kind.is_finding() && v.signature(&case) == f.signature)
 }
 
+/// Seconds until a fresh random case (seeded from `seed`) fails on the buggy target in a way the
+/// clean target does not, within `budget`.
+fn time_to_finding_random(bug: &str, seed: u64, budget: Duration) -> anyhow::Result<Option<f64>> {
+    let opts = TargetOptions { inject: vec![bug.to_string()], timeout_ms: 10_000 };
+    let mut buggy = registry::create("native", &opts).map_err(|e| anyhow::anyhow!(e))?;
+    let mut clean = registry::create("native", &TargetOptions { inject: vec![], timeout_ms: 10_000 }).map_err(|e| anyhow::anyhow!(e))?;
+    let start = std::time::Instant::now();
+    let mut i: u64 = 0;
+    while start.elapsed() < budget {
+        let case = shardfuzz_fuzz::generate::random_case(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i));
+        i += 1;
+        let v = evaluate(buggy.as_mut(), &case, &Oracle::default());
+        if v.kind.is_finding() {
+            let c = evaluate(clean.as_mut(), &case, &Oracle::default());
+            if !(c.kind.is_finding() && c.signature(&case) == v.signature(&case)) {
+                return Ok(Some(start.elapsed().as_secs_f64()));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Every campaign of one bug: `seeds` with feedback, `seeds` without.
 fn bench_one(bug: Bug, a: &BugsArgs) -> anyhow::Result<BugResult> {
     let budget = a.budget.as_secs_f64();
@@ -160,7 +198,11 @@ fn bench_one(bug: Bug, a: &BugsArgs) -> anyhow::Result<BugResult> {
     let excluded = filtered_corpus(&a.corpus, name, tmp.path())?;
     let mut times = vec![];
     let mut times_nf = vec![];
+    let mut times_rnd = vec![];
     for s in 0..a.seeds {
+        if a.random {
+            times_rnd.push(time_to_finding_random(name, s, a.budget)?);
+        }
         if !a.no_feedback_only {
             times.push(time_to_finding(name, tmp.path(), s, a.budget, true)?);
         }
@@ -178,6 +220,9 @@ fn bench_one(bug: Bug, a: &BugsArgs) -> anyhow::Result<BugResult> {
         times_s: times,
         times_s_no_feedback: times_nf,
         excluded_seed_cases: excluded,
+        found_random: times_rnd.iter().flatten().count() as u64,
+        median_s_random: median(&times_rnd, budget),
+        times_s_random: times_rnd,
     })
 }
 
@@ -186,6 +231,7 @@ fn bench_one(bug: Bug, a: &BugsArgs) -> anyhow::Result<BugResult> {
 fn pooled(results: &[BugResult], budget: f64) -> BugResult {
     let times: Vec<Option<f64>> = results.iter().flat_map(|r| r.times_s.iter().copied()).collect();
     let times_nf: Vec<Option<f64>> = results.iter().flat_map(|r| r.times_s_no_feedback.iter().copied()).collect();
+    let times_rnd: Vec<Option<f64>> = results.iter().flat_map(|r| r.times_s_random.iter().copied()).collect();
     BugResult {
         bug: "all bugs (pooled campaigns)".into(),
         seeds: times.len().max(times_nf.len()) as u64,
@@ -196,6 +242,9 @@ fn pooled(results: &[BugResult], budget: f64) -> BugResult {
         times_s: times,
         times_s_no_feedback: times_nf,
         excluded_seed_cases: results.iter().map(|r| r.excluded_seed_cases).sum(),
+        found_random: times_rnd.iter().flatten().count() as u64,
+        median_s_random: median(&times_rnd, budget),
+        times_s_random: times_rnd,
     }
 }
 
@@ -223,6 +272,9 @@ fn in_child_processes(bugs: &[Bug], a: &BugsArgs) -> anyhow::Result<Vec<BugResul
             }
             if a.no_feedback_only {
                 cmd.arg("--no-feedback-only");
+            }
+            if a.random {
+                cmd.arg("--random");
             }
             running.push((bug, cmd.spawn()?));
         }
@@ -296,7 +348,8 @@ fn table_row(r: &BugResult) -> String {
         Ratio::Unknown => "?".to_string(),
         Ratio::NotRun => "-".to_string(),
     };
-    format!("{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}", r.bug, found, median, found_nf, median_nf, ratio)
+    let (found_rnd, median_rnd) = mode(&r.times_s_random, r.found_random, r.median_s_random);
+    format!("{:<32} {:>7} {:>9} {:>9} {:>14} {:>7} {:>9} {:>12}", r.bug, found, median, found_nf, median_nf, ratio, found_rnd, median_rnd)
 }
 
 /// One line of the CSV: the ratio column is empty when unknown, `ratio_is_lower_bound` as the table's `>=`.
@@ -309,11 +362,12 @@ fn csv_row(r: &BugResult) -> String {
     // A skipped mode leaves its found and median fields empty, as the table shows dashes.
     let mode = |times: &[Option<f64>], found: u64, m: f64| if times.is_empty() { ",".to_string() } else { format!("{found},{m:.3}") };
     format!(
-        "{},{},{},{},{x},{lower_bound}\n",
+        "{},{},{},{},{x},{lower_bound},{}\n",
         r.bug,
         r.seeds,
         mode(&r.times_s, r.found, r.median_s),
-        mode(&r.times_s_no_feedback, r.found_no_feedback, r.median_s_no_feedback)
+        mode(&r.times_s_no_feedback, r.found_no_feedback, r.median_s_no_feedback),
+        mode(&r.times_s_random, r.found_random, r.median_s_random)
     )
 }
 
@@ -349,7 +403,9 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
         results.push(r);
     }
     let all = (results.len() > 1).then(|| pooled(&results, a.budget.as_secs_f64()));
-    let mut csv = String::from("bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio,ratio_is_lower_bound\n");
+    let mut csv = String::from(
+        "bug,seeds,found,median_s,found_no_feedback,median_s_no_feedback,ratio,ratio_is_lower_bound,found_random,median_s_random\n",
+    );
     for r in results.iter().chain(&all) {
         csv += &csv_row(r);
     }
@@ -363,7 +419,10 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
-        println!("{:<32} {:>7} {:>9} {:>9} {:>14} {:>7}", "bug", "found", "median_s", "nf_found", "nf_median_s", "ratio");
+        println!(
+            "{:<32} {:>7} {:>9} {:>9} {:>14} {:>7} {:>9} {:>12}",
+            "bug", "found", "median_s", "nf_found", "nf_median_s", "ratio", "rnd_found", "rnd_median_s"
+        );
         for r in &results {
             println!("{}", table_row(r));
         }
