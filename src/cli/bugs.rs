@@ -515,6 +515,9 @@ mod tests {
             times_s: (0..5).map(|i| (i < found).then_some(median)).collect(),
             times_s_no_feedback: (0..5).map(|i| (i < found_nf).then_some(median_nf)).collect(),
             excluded_seed_cases: 0,
+            found_random: 0,
+            median_s_random: f64::NAN,
+            times_s_random: vec![],
         }
     }
 
@@ -524,7 +527,7 @@ mod tests {
         let row = table_row(&r);
         assert!(!row.contains("NaN") && row.contains("5/5") && row.contains("12.00"), "{row}");
         assert!(row.split_whitespace().skip(3).all(|c| c == "-"), "{row}");
-        assert_eq!(csv_row(&r), "b,5,5,12.000,,,,false\n");
+        assert_eq!(csv_row(&r), "b,5,5,12.000,,,,false,,\n");
         assert!(progress_line(&r).contains("no feedback skipped"), "{}", progress_line(&r));
     }
 
