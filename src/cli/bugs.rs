@@ -65,9 +65,9 @@ pub struct BugResult {
     pub found_no_feedback: u64,
     /// Median seconds to the first finding (a campaign that found nothing counts as the budget;
     /// NaN, written as null, when that mode did not run).
-    #[serde(deserialize_with = "nan_if_null")]
+    #[serde(deserialize_with = "shardfuzz_fuzz::oracle::nan::f64_or_nan")]
     pub median_s: f64,
-    #[serde(deserialize_with = "nan_if_null")]
+    #[serde(deserialize_with = "shardfuzz_fuzz::oracle::nan::f64_or_nan")]
     pub median_s_no_feedback: f64,
     pub times_s: Vec<Option<f64>>,
     pub times_s_no_feedback: Vec<Option<f64>>,
@@ -75,7 +75,7 @@ pub struct BugResult {
     /// Pure random generation (`--random`): found, median, times.
     #[serde(default)]
     pub found_random: u64,
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
+    #[serde(default = "nan", deserialize_with = "shardfuzz_fuzz::oracle::nan::f64_or_nan")]
     pub median_s_random: f64,
     #[serde(default)]
     pub times_s_random: Vec<Option<f64>>,
@@ -102,10 +102,6 @@ fn progress_line(r: &BugResult) -> String {
         mode(&r.times_s_random, r.found_random, r.median_s_random),
         r.excluded_seed_cases
     )
-}
-
-fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 fn median(times: &[Option<f64>], budget: f64) -> f64 {

@@ -17,7 +17,7 @@ use serde::Serialize;
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::target::{Outcome, Target};
 
-use crate::localize::{localize, place_of, Localization};
+use crate::localize::{place_of, Localization};
 use crate::oracle::{judge_prepared, Oracle, Prepared, Stat, Verdict};
 
 /// One statistic of a tensor, observed against its bound.
@@ -55,9 +55,10 @@ pub fn build(target: &mut dyn Target, case: &Case, oracle: &Oracle, repro_dir: &
     let prep = Prepared::new(case);
     let outcome = target.run(case, &prep.inputs);
     let verdict = judge_prepared(target.name(), target.versions(), &prep, outcome.clone(), oracle);
-    let (mut loc, mut values, mut scale_dir) = (None, vec![], None);
+    // The oracle localized the divergence already; only the values are read here.
+    let loc = verdict.localization.clone();
+    let (mut values, mut scale_dir) = (vec![], None);
     if let (Outcome::Completed(out), Ok(reference)) = (&outcome, prep.reference()) {
-        loc = localize(case, &verdict, out, reference);
         if let Some(l) = &loc {
             if let (Some(t), Some(r)) = (out.tensor(&l.tensor), reference.tensor(&l.tensor)) {
                 values = worst_elements(t, r, 6);

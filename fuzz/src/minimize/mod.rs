@@ -17,7 +17,7 @@ use shardfuzz_harnesses::case::{Case, Distribution, Limits, OptimizerKind, Place
 use shardfuzz_harnesses::inputs::Inputs;
 use shardfuzz_harnesses::target::Target;
 
-use crate::oracle::{crash_site, evaluate, generalise, Oracle, Verdict, VerdictKind};
+use crate::oracle::{crash_site, evaluate, generalise, hang_site, Oracle, Verdict, VerdictKind};
 
 /// How a finding fails: what a smaller case must reproduce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,7 +33,7 @@ impl FailureKey {
         let site = match v.kind {
             VerdictKind::Divergent => generalise(&v.first_divergent()?.tensor),
             VerdictKind::Crash => crash_site(v),
-            VerdictKind::Hang => v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default(),
+            VerdictKind::Hang => hang_site(v),
             _ => return None,
         };
         Some(FailureKey { target: v.target.clone(), kind: v.kind, site })

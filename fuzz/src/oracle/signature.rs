@@ -58,8 +58,7 @@ pub fn signature(v: &Verdict, case: &Case) -> String {
         }
         VerdictKind::Crash => format!("{}|{}|{}", v.target, v.kind, crash_site(v)),
         VerdictKind::Hang => {
-            let site = v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default();
-            format!("{}|{}|{}", v.target, v.kind, site)
+            format!("{}|{}|{}", v.target, v.kind, hang_site(v))
         }
         VerdictKind::HarnessError => format!("{}|{}|{}", v.target, v.kind, generalise(&v.reason).chars().take(80).collect::<String>()),
         _ => format!("{}|{}||{}", v.target, v.kind, config_class(case)),
@@ -74,6 +73,11 @@ pub fn tensor_family(name: &str) -> String {
         Some(stem) => stem.to_string(),
         None => g,
     }
+}
+
+/// A hang's site: the first stuck collective and its group, numbers generalised.
+pub fn hang_site(v: &Verdict) -> String {
+    v.stuck.first().map(|s| generalise(&format!("{} in {}", s.collective, s.group))).unwrap_or_default()
 }
 
 /// A crash's site: exception type, normalised message (digits generalised, 80 characters) and the
