@@ -240,3 +240,26 @@ fn activations_rounded_to_a_coarser_reduce_dtype_are_not_a_divergence() {
     );
     assert_eq!(v["kind"], "pass", "{}", v["reason"]);
 }
+
+/// Every clean case that once went past a bound while the statistics' thresholds were calibrated
+/// (`tests/clean-cases/`, each named by its dtype and `bench clean` seed): bias gradients whose
+/// members' sums or norms all cancelled, Adam flipping round-off gradients' signs (with L2 weight
+/// decay), later losses moved by those flips, and 16-bit gradients made mostly of round-off. Each
+/// must pass; the oracle stays sensitive to real errors (`fuzz/tests/sensitivity.rs`).
+#[test]
+fn the_clean_cases_met_while_calibrating_the_thresholds_pass() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clean-cases");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    cases.sort();
+    assert!(cases.len() >= 10, "{} cases", cases.len());
+    let mut args = vec!["run".to_string(), "--json".to_string()];
+    args.extend(cases.iter().map(|p| p.to_string_lossy().to_string()));
+    let o = bin().args(&args).output().unwrap();
+    let out = stdout(&o);
+    let verdicts: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(verdicts.len(), cases.len(), "{}", stderr(&o));
+    for (case, v) in cases.iter().zip(&verdicts) {
+        assert_eq!(v["kind"], "pass", "{}: {}", case.display(), v["reason"]);
+    }
+    assert_eq!(o.status.code(), Some(0));
+}

@@ -46,18 +46,26 @@ fn at_least(counts: &BTreeMap<String, (u32, u32)>, c: Corruption, rate: f64, dty
 fn coarse_corruptions_are_seen_in_every_dtype_and_fine_ones_in_f32_and_f64() {
     for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
         let counts = rates(dtype, 12);
+        // A parameter after Adam whose gradient is mostly round-off moves by up to 2 lr per
+        // element in a correct run: even a halving of it can hide there.
         for c in [Corruption::Scale(0.5), Corruption::Scale(2.0), Corruption::Zeroed] {
             at_least(&counts, c, 0.9, dtype);
+        }
+        // A 20 % scale is 51 bf16 unit round-offs: the statistics over a whole tensor see it in most
+        // cases (the oracle before this check saw half of them in bf16).
+        let fine = if dtype == DType::BF16 { 0.75 } else { 0.9 };
+        for c in [Corruption::Scale(0.8), Corruption::Scale(1.25)] {
+            at_least(&counts, c, fine, dtype);
         }
         if matches!(dtype, DType::F32 | DType::F64) {
             for c in [Corruption::Scale(0.95), Corruption::Scale(1.05)] {
                 at_least(&counts, c, 0.9, dtype);
             }
-            // Swapping shards of a parameter after Adam whose values hardly differ (norm weights near
-            // one) moves it less than Adam's amplification of round-off can: not every swap shows.
-            for c in [Corruption::Swapped, Corruption::Shifted] {
-                at_least(&counts, c, 0.8, dtype);
-            }
+        }
+        // Swapping shards of a parameter after Adam whose values hardly differ (norm weights near
+        // one) moves it less than Adam's amplification of round-off can: not every swap shows.
+        for c in [Corruption::Swapped, Corruption::Shifted] {
+            at_least(&counts, c, 0.8, dtype);
         }
     }
 }

@@ -38,9 +38,10 @@ pub struct CleanArgs {
     seed: u64,
     #[arg(long)]
     json: bool,
-    /// The oracle's threshold for the statistics over a whole tensor (calibration only).
-    #[arg(long, default_value_t = shardfuzz_fuzz::oracle::STAT_THRESHOLD)]
-    stat_threshold: f64,
+    /// Divergence threshold of the statistics over a whole tensor (rms, norm, sum, direction), in
+    /// every dtype (default: 8).
+    #[arg(long)]
+    stat_threshold: Option<f64>,
     /// Judge every case with the whole noise ensemble (no fast path): the margins then show how
     /// close clean runs come to the thresholds with the ε a failing tensor would get.
     #[arg(long)]
@@ -71,7 +72,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Minimize(m) => return super::bench_minimize::run(m),
     };
     let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
-    let oracle = Oracle { fast_path: !a.full_ensemble, stat_threshold: a.stat_threshold, ..Oracle::default() };
+    let oracle = Oracle { fast_path: !a.full_ensemble, ..Oracle::default() }.with_stat_threshold(a.stat_threshold);
     let mut counts = std::collections::BTreeMap::<VerdictKind, u64>::new();
     let mut false_positives = vec![];
     let mut margins = Margins::default();

@@ -25,9 +25,10 @@ pub struct RunArgs {
     /// Divergence threshold of the worst element, as a multiple of its noise ε.
     #[arg(long, default_value_t = Oracle::default().threshold)]
     threshold: f64,
-    /// Divergence threshold of the statistics over a whole tensor (rms, norm, sum, direction).
-    #[arg(long, default_value_t = Oracle::default().stat_threshold)]
-    stat_threshold: f64,
+    /// Divergence threshold of the statistics over a whole tensor (rms, norm, sum, direction), in
+    /// every dtype (default: 8).
+    #[arg(long)]
+    stat_threshold: Option<f64>,
     /// Time a case may take before it is a hang, in milliseconds (0: the target's default, 10 s
     /// for the native target, 60 s for the Python targets).
     #[arg(long, default_value_t = 0)]
@@ -44,7 +45,7 @@ pub fn target_names(spec: &str) -> Vec<String> {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
-    let oracle = Oracle { threshold: a.threshold, stat_threshold: a.stat_threshold, ..Oracle::default() };
+    let oracle = Oracle { threshold: a.threshold, ..Oracle::default() }.with_stat_threshold(a.stat_threshold);
     let opts = TargetOptions { inject: a.inject.clone(), timeout_ms: a.timeout_ms };
     let mut targets = vec![];
     for name in target_names(&a.target) {

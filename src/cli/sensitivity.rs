@@ -25,9 +25,10 @@ pub struct SensitivityArgs {
     seed: u64,
     #[arg(long)]
     json: bool,
-    /// The oracle's threshold for the statistics over a whole tensor (calibration only).
-    #[arg(long, default_value_t = shardfuzz_fuzz::oracle::STAT_THRESHOLD)]
-    stat_threshold: f64,
+    /// Divergence threshold of the statistics over a whole tensor (rms, norm, sum, direction), in
+    /// every dtype (default: 8).
+    #[arg(long)]
+    stat_threshold: Option<f64>,
     /// Print every corruption the oracle passed.
     #[arg(long)]
     show_misses: bool,
@@ -76,7 +77,7 @@ pub fn run(a: SensitivityArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn measure(target: &mut dyn shardfuzz_harnesses::target::Target, dtype: DType, a: &SensitivityArgs, totals: &mut Totals) {
-    let oracle = Oracle { stat_threshold: a.stat_threshold, ..Oracle::default() };
+    let oracle = Oracle::default().with_stat_threshold(a.stat_threshold);
     let mut counts = vec![(0u64, 0u64); CORRUPTIONS.len()];
     let (mut clean, mut tried) = (0u64, 0u64);
     while clean < a.cases && tried < a.cases * 50 {
