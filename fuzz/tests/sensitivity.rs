@@ -89,3 +89,23 @@ fn gradients_halved_on_every_rank_are_divergent_in_bf16() {
     let first = v.first_divergent().unwrap();
     assert!(first.tensor.starts_with("grad/") && first.decided_by.is_some(), "{first:?}");
 }
+
+/// Injected bugs the oracle sees in bf16 on their own trigger cases (`bench bugs --per-dtype`): a
+/// halved expert gradient next to tokens routed within round-off of a tie among them, which raising
+/// the whole tensor's ε once hid.
+#[test]
+fn injected_bugs_stay_visible_in_bf16() {
+    use shardfuzz_fuzz::trigger_cases::{detect_in_dtype, Detection};
+    for bug in [
+        "sp-norm-grad-not-reduced",
+        "dp-average-world",
+        "zero-partition-offset",
+        "accum-loss-not-divided",
+        "gqa-kv-not-replicated",
+        "moe-split-sizes-dropped",
+        "tied-embedding-grad-not-reduced",
+    ] {
+        let d = detect_in_dtype(bug, DType::BF16).unwrap();
+        assert!(matches!(d, Detection::Found), "{bug}: {d:?}");
+    }
+}

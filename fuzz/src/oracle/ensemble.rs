@@ -33,7 +33,8 @@
 //! 8. `routing-flip`: with a top-k router whose margin between a token's k-th and (k+1)-th expert
 //!    falls below `ROUTING_FLIP_ULPS` u, the f64 reference with every such token routed to its best
 //!    unchosen expert: top-k routing is discontinuous, and a correct implementation's round-off may
-//!    flip exactly those tokens.
+//!    flip exactly those tokens. The oracle does not take ε from it: the elements it moves are left
+//!    out of the comparison (`check::without_rerouted`).
 //!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
