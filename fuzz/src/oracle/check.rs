@@ -295,7 +295,8 @@ fn comparable_elements(r: &Tensor, others: &[(&str, &Tensor)], overflowed: Optio
 fn without_rerouted(r: &Tensor, flipped: &Tensor, others: &[(&str, &Tensor)], mask: Option<Vec<bool>>, floor: f64) -> Vec<bool> {
     let mut keep = mask.unwrap_or_else(|| vec![true; r.data.len()]);
     for (i, k) in keep.iter_mut().enumerate() {
-        let noise = others.iter().filter_map(|(_, t)| t.data.get(i)).map(|x| (x - r.data[i]).abs()).filter(|d| d.is_finite()).fold(0.0, f64::max);
+        let noise =
+            others.iter().filter_map(|(_, t)| t.data.get(i)).map(|x| (x - r.data[i]).abs()).filter(|d| d.is_finite()).fold(0.0, f64::max);
         let moved = flipped.data.get(i).map_or(f64::INFINITY, |x| (x - r.data[i]).abs());
         if !(moved <= 2.0 * noise + floor) {
             *k = false;
@@ -342,11 +343,10 @@ fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, den
         ex.overflow_seen = true;
         check.note = Some(format!("{why}; the {compared} finite elements of {} compared", t.data.len()));
     } else if compared < t.data.len() {
-        check.note =
-            Some(format!(
-                "{compared} of {} elements compared (the others not finite in the reference or a noise sample, or moved by a near-tie routing)",
-                t.data.len()
-            ));
+        check.note = Some(format!(
+            "{compared} of {} elements compared (the others not finite in the reference or a noise sample, or moved by a near-tie routing)",
+            t.data.len()
+        ));
     }
     let worst = check.stats.iter().filter(|s| !s.pass).max_by(|a, b| (a.error / a.bound).total_cmp(&(b.error / b.bound)));
     if let Some(s) = worst {
