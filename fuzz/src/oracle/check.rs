@@ -298,7 +298,7 @@ fn without_rerouted(r: &Tensor, flipped: &Tensor, others: &[(&str, &Tensor)], ma
         let noise =
             others.iter().filter_map(|(_, t)| t.data.get(i)).map(|x| (x - r.data[i]).abs()).filter(|d| d.is_finite()).fold(0.0, f64::max);
         let moved = flipped.data.get(i).map_or(f64::INFINITY, |x| (x - r.data[i]).abs());
-        if !(moved <= 2.0 * noise + floor) {
+        if moved.is_nan() || moved > 2.0 * noise + floor {
             *k = false;
         }
     }
