@@ -62,15 +62,15 @@ impl Default for Oracle {
     }
 }
 
-/// See `Oracle::stat_threshold`; the README's oracle section has the measurement behind it.
-pub const STAT_THRESHOLD: f64 = 8.0;
-
 impl Oracle {
     /// The statistics' threshold set to `t` when given (calibration runs).
     pub fn with_stat_threshold(self, t: Option<f64>) -> Oracle {
         Oracle { stat_threshold: t.unwrap_or(self.stat_threshold), ..self }
     }
 }
+
+/// See `Oracle::stat_threshold`; the README's oracle section has the measurement behind it.
+pub const STAT_THRESHOLD: f64 = 8.0;
 /// See `Oracle::stat_floor_ulps`.
 pub const STAT_FLOOR_ULPS: f64 = 2.0;
 

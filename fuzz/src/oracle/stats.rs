@@ -81,15 +81,14 @@ pub fn statistics(t: &Tensor, r: &Tensor, scale: f64, mask: Option<&[bool]>) -> 
 /// gradient, round-off in exact arithmetic, whose members' sums all cancelled and whose sharded
 /// run's did not); this ties it to the normwise noise, which many elements sample.
 pub fn sum_per_rms(r: &Tensor, scale: f64, mask: Option<&[bool]>) -> f64 {
-    let (mut sq, mut abs) = (0.0, 0.0);
+    let mut acc = Sums::default();
     for (i, &y) in r.data.iter().enumerate() {
         if mask.is_some_and(|m| !m[i]) || !y.is_finite() {
             continue;
         }
-        sq += y * y;
-        abs += y.abs();
+        acc.add(y, y);
     }
-    let (norm_scale, sum_scale) = (f64::sqrt(sq).max(scale), f64::max(abs, scale));
+    let (norm_scale, sum_scale) = acc.scales(scale);
     if sum_scale > 0.0 {
         norm_scale / sum_scale
     } else {
@@ -132,10 +131,16 @@ impl Sums {
         self.r_max = self.r_max.max(y.abs());
     }
 
+    /// The denominators of the normwise statistics and of the sum: the reference's norm and its
+    /// sum of magnitudes, never below the tensor's error scale.
+    fn scales(&self, scale: f64) -> (f64, f64) {
+        (self.r_sq.sqrt().max(scale), self.r_abs.max(scale))
+    }
+
     fn finish(&self, scale: f64) -> Stats {
         let div = |a: f64, b: f64| if b > 0.0 { a / b } else { a };
         let (tn, rn) = (self.t_sq.sqrt(), self.r_sq.sqrt());
-        let norm_scale = rn.max(scale);
+        let (norm_scale, sum_scale) = self.scales(scale);
         // ‖t̂ − r̂‖² = 2 − 2 cos, computed from the difference so it stays exact near cos = 1:
         // ‖t̂ − r̂‖² = ‖d‖²/(‖t‖‖r‖) − (‖t‖ − ‖r‖)²/(‖t‖‖r‖). A tensor that is round-off in exact
         // arithmetic (measured against its family's scale, above its own values) has no direction
@@ -156,7 +161,7 @@ impl Sums {
             div(self.max_diff, scale),
             div(self.diff_sq.sqrt(), norm_scale),
             div((tn - rn).abs(), norm_scale),
-            div((self.t_sum - self.r_sum).abs(), self.r_abs.max(scale)),
+            div((self.t_sum - self.r_sum).abs(), sum_scale),
             direction,
         ]
     }
