@@ -87,7 +87,7 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
 }
 
 fn placement(u: &mut Unstructured) -> Result<Placement> {
-    pick(u, &[Placement::Replicate, Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::Partial])
+    pick(u, &[Placement::Replicate, Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::PARTIAL])
 }
 
 fn op(u: &mut Unstructured) -> Result<OpCase> {
@@ -147,6 +147,7 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
         parallel,
         model,
         op,
+        library_op: None,
         train,
         data: Data {
             seed: u.arbitrary()?,

@@ -80,7 +80,7 @@ impl Complexity {
         if let Some(op) = &case.op {
             v.push(op.shape.iter().map(|&x| x as u64).sum());
             let weight = |pl: &Placement| match pl {
-                Placement::Partial => 2,
+                Placement::Partial(_) => 2,
                 Placement::Shard(_) => 1,
                 Placement::Replicate => 0,
             };

@@ -191,7 +191,7 @@ fn simpler_placements(case: &Case) -> Vec<Case> {
         for (m, pl) in places.iter().enumerate() {
             // Partial → Shard → Replicate.
             let simpler: &[Placement] = match pl {
-                Placement::Partial => &[Placement::Replicate, Placement::Shard(0)],
+                Placement::Partial(_) => &[Placement::Replicate, Placement::Shard(0)],
                 Placement::Shard(_) => &[Placement::Replicate],
                 Placement::Replicate => &[],
             };

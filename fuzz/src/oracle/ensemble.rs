@@ -87,6 +87,17 @@ impl Member {
         Member { name, output, later_steps_only: false, gradients_only: false }
     }
 
+    /// A noise member the framework computed itself (library-op cases: the worker's `perturbed`
+    /// and `reordered` runs of the op).
+    pub fn from_framework(name: &str, tensors: &[(String, Tensor)]) -> Member {
+        let name = match name {
+            "perturbed" => "perturbed",
+            "reordered" => "reordered",
+            _ => "framework-member",
+        };
+        Member::new(name, RunOutput { tensors: tensors.to_vec(), ..Default::default() })
+    }
+
     /// This member's value of `tensor`, if it samples that tensor's noise.
     pub fn tensor(&self, tensor: &str) -> Option<&Tensor> {
         if self.later_steps_only && !is_later_step(tensor) || self.gradients_only && !tensor.starts_with("grad/") {

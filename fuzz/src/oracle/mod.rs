@@ -262,6 +262,7 @@ pub fn judge_prepared(target: &str, versions: BTreeMap<String, String>, prep: &P
             v.kind = VerdictKind::HarnessError;
             v.reason = message;
         }
+        Outcome::Completed(out) if prep.case.library_op.is_some() => judge_library_op(&mut v, prep, &out, oracle),
         Outcome::Completed(out) => match prep.reference() {
             Err(e) => {
                 v.kind = VerdictKind::Unsupported;
@@ -297,6 +298,28 @@ fn judge_completed(
     conclude(v);
     if v.kind == VerdictKind::Divergent {
         v.localization = crate::localize::localize(&prep.case, v, out, reference);
+    }
+}
+
+/// Judges a library-op case: its reference and noise members are the framework's own
+/// single-device computations, sent with the run (the Rust kernels do not know the op).
+fn judge_library_op(v: &mut Verdict, prep: &Prepared, out: &shardfuzz_harnesses::target::RunOutput, oracle: &Oracle) {
+    if out.reference.is_empty() {
+        v.kind = VerdictKind::HarnessError;
+        v.reason = "the target sent no float64 reference for a library-op case".into();
+        return;
+    }
+    let reference = shardfuzz_harnesses::target::RunOutput { tensors: out.reference.clone(), ..Default::default() };
+    let members: Vec<ensemble::Member> = out.noise.iter().map(|(name, t)| ensemble::Member::from_framework(name, t)).collect();
+    let members: Vec<&ensemble::Member> = members.iter().collect();
+    let (checks, notes) = check::compare_run(prep, &reference, out, &members, oracle);
+    v.checks = checks;
+    v.notes = notes;
+    v.members = members.iter().map(|m| m.name.to_string()).collect();
+    v.checks.sort_by_key(|c| crate::localize::execution_order(&prep.case, &c.tensor));
+    conclude(v);
+    if v.kind == VerdictKind::Divergent {
+        v.localization = crate::localize::localize(&prep.case, v, out, &reference);
     }
 }
 

@@ -25,6 +25,9 @@ pub fn generalise(s: &str) -> String {
 
 /// The strategies a case combines, e.g. `tp+sp+dp+zero2`.
 pub fn config_class(case: &Case) -> String {
+    if let Some(l) = &case.library_op {
+        return format!("lib-{}", l.full_name());
+    }
     let p = &case.parallel;
     let mut parts = vec![];
     if case.op.is_some() {

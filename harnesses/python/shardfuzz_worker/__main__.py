@@ -53,6 +53,7 @@ class Coordinator:
         while self.pools and sum(self.pools) + world > self.MAX_POOLED_RANKS:
             oldest = next(iter(self.pools))
             self.pools.pop(oldest).kill()
+        self.target.before_fork()
         p = RankPool(self.target, world)
         self.pools[world] = p
         return p
@@ -145,6 +146,13 @@ def serve(target):
         msg = protocol.receive()
         if msg is None or msg.get("cmd") == "quit":
             break
+        if msg.get("cmd") == "vocabulary":
+            # Asked for on demand: reading an op database (OpInfo) takes seconds.
+            try:
+                protocol.send({"id": msg.get("id"), "status": "ok", "ops": target.vocabulary()})
+            except Exception as e:  # noqa: BLE001 - a failure of our code reading it: a harness error
+                protocol.send({"id": msg.get("id"), **worker_failed(e)})
+            continue
         if msg.get("cmd") != "run":
             protocol.send({"id": msg.get("id"), "status": "crash", "reason": f"unknown command {msg.get('cmd')!r}"})
             continue

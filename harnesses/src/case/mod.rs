@@ -4,6 +4,7 @@
 //! exactly what the fuzzer is after, and a target either supports it or rejects it cleanly.
 
 mod data;
+mod library_op;
 mod model;
 mod op;
 mod parallel;
@@ -13,7 +14,8 @@ mod validate;
 
 pub use data::{Data, Distribution};
 pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
-pub use op::{OpCase, OpKind, Placement};
+pub use library_op::{LibraryOp, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS};
+pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder};
 pub use real::Real;
 pub use train::{Optimizer, OptimizerKind, Train};
@@ -38,9 +40,13 @@ pub struct Case {
     /// A model to train; exactly one of `model` and `op` is present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<Model>,
-    /// A single op on sharded inputs; exactly one of `model` and `op` is present.
+    /// A single op on sharded inputs; exactly one of `model`, `op` and `library_op` is present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op: Option<OpCase>,
+    /// One op of a framework's own vocabulary on its sample inputs, over an N-D mesh (the
+    /// `parallel` degrees are not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library_op: Option<LibraryOp>,
     pub train: Train,
     pub data: Data,
 }
@@ -91,7 +97,10 @@ impl Case {
     }
 
     pub fn world(&self) -> usize {
-        self.parallel.world() as usize
+        match &self.library_op {
+            Some(l) => l.world() as usize,
+            None => self.parallel.world() as usize,
+        }
     }
 
     /// A short description used in tables and logs.
@@ -125,6 +134,10 @@ impl Case {
         }
         if let Some(o) = &self.op {
             s += &format!(" | op {:?} {:?}", o.kind, o.shape);
+        }
+        if let Some(l) = &self.library_op {
+            let places: Vec<String> = l.placements.iter().map(|p| p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")).collect();
+            s = format!("mesh {:?} | {} sample {} [{}]", l.mesh, l.full_name(), l.sample, places.join(", "));
         }
         s + &format!(" | {}", self.train.dtype)
     }

@@ -90,8 +90,36 @@ pub enum Placement {
     /// Split along a tensor dimension like `torch.chunk` (uneven: last shards smaller or empty).
     Shard(usize),
     Replicate,
-    /// Every rank holds a summand; the value is the sum over the mesh dimension.
-    Partial,
+    /// Every rank holds a partial value; the value is their reduction over the mesh dimension
+    /// (`P` is a sum; `P(avg)`, `P(max)`, `P(min)` the other reductions DTensor's `Partial` knows).
+    Partial(Reduce),
+}
+
+/// The reduction a `Partial` placement stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reduce {
+    Sum,
+    Avg,
+    Max,
+    Min,
+}
+
+impl Reduce {
+    pub const ALL: [Reduce; 4] = [Reduce::Sum, Reduce::Avg, Reduce::Max, Reduce::Min];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reduce::Sum => "sum",
+            Reduce::Avg => "avg",
+            Reduce::Max => "max",
+            Reduce::Min => "min",
+        }
+    }
+}
+
+impl Placement {
+    /// A partial sum: the one partial placement the built-in op kinds take.
+    pub const PARTIAL: Placement = Placement::Partial(Reduce::Sum);
 }
 
 impl std::fmt::Display for Placement {
@@ -99,7 +127,8 @@ impl std::fmt::Display for Placement {
         match self {
             Placement::Shard(d) => write!(f, "S({d})"),
             Placement::Replicate => f.write_str("R"),
-            Placement::Partial => f.write_str("P"),
+            Placement::Partial(Reduce::Sum) => f.write_str("P"),
+            Placement::Partial(r) => write!(f, "P({})", r.name()),
         }
     }
 }
@@ -109,13 +138,18 @@ impl std::str::FromStr for Placement {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "R" => Ok(Placement::Replicate),
-            "P" => Ok(Placement::Partial),
+            "P" => Ok(Placement::PARTIAL),
+            _ if s.starts_with("P(") => Reduce::ALL
+                .into_iter()
+                .find(|r| s == format!("P({})", r.name()))
+                .map(Placement::Partial)
+                .ok_or_else(|| format!("a partial placement is \"P\" or \"P(sum|avg|max|min)\" (got \"{s}\")")),
             _ => s
                 .strip_prefix("S(")
                 .and_then(|r| r.strip_suffix(')'))
                 .and_then(|d| d.parse().ok())
                 .map(Placement::Shard)
-                .ok_or_else(|| format!("placement must be \"R\", \"P\" or \"S(dim)\" (got \"{s}\")")),
+                .ok_or_else(|| format!("placement must be \"R\", \"P\", \"P(avg|max|min)\" or \"S(dim)\" (got \"{s}\")")),
         }
     }
 }
@@ -140,7 +174,7 @@ impl JsonSchema for Placement {
         schemars::schema::SchemaObject {
             instance_type: Some(schemars::schema::InstanceType::String.into()),
             string: Some(Box::new(schemars::schema::StringValidation {
-                pattern: Some(r"^(R|P|S\([0-9]+\))$".into()),
+                pattern: Some(r"^(R|P|P\((sum|avg|max|min)\)|S\([0-9]+\))$".into()),
                 ..Default::default()
             })),
             ..Default::default()

@@ -1,6 +1,6 @@
 //! Structural validation of a case. Every violated rule is reported, each naming its field.
 
-use super::{Case, LayerKind, Model, OpCase, OpKind, Placement, Train};
+use super::{Case, LayerKind, LibraryOp, Model, OpCase, OpKind, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS};
 
 /// Bounds a case must respect.
 #[derive(Debug, Clone)]
@@ -69,10 +69,11 @@ impl Case {
         if p.world() > limits.max_world {
             r.fail("parallel", format!("world dp*tp*pp*cp = {} exceeds the maximum of {} ranks", p.world(), limits.max_world));
         }
-        match (&self.model, &self.op) {
-            (Some(m), None) => validate_model(m, &mut r),
-            (None, Some(o)) => validate_op(o, &mut r),
-            _ => r.fail("model", "exactly one of `model` and `op` must be present"),
+        match (&self.model, &self.op, &self.library_op) {
+            (Some(m), None, None) => validate_model(m, &mut r),
+            (None, Some(o), None) => validate_op(o, &mut r),
+            (None, None, Some(l)) => validate_library_op(l, &mut r),
+            _ => r.fail("model", "exactly one of `model`, `op` and `library_op` must be present"),
         }
         validate_train(&self.train, limits, &mut r);
         if r.0.is_empty() {
@@ -198,11 +199,38 @@ fn validate_op(o: &OpCase, r: &mut Report) {
             r.fail(&field, format!("must give one placement per mesh dimension [dp, tp] (got {})", places.len()));
         }
         for pl in places {
-            if let Placement::Shard(d) = pl {
-                if *d >= ishape.len() {
-                    r.fail(&field, format!("S({d}) names a dimension the {}-d input does not have", ishape.len()));
+            match pl {
+                Placement::Shard(d) if *d >= ishape.len() => {
+                    r.fail(&field, format!("S({d}) names a dimension the {}-d input does not have", ishape.len()))
                 }
+                Placement::Partial(red) if *red != Reduce::Sum => {
+                    r.fail(&field, format!("{pl}: built-in op cases take partial sums (\"P\") only; other reductions are for library_op"))
+                }
+                _ => {}
             }
+        }
+    }
+}
+
+fn validate_library_op(l: &LibraryOp, r: &mut Report) {
+    if l.name.trim().is_empty() {
+        r.fail("library_op.name", "must name an op of the target's vocabulary (`shardfuzz targets --ops`)");
+    }
+    if l.mesh.is_empty() || l.mesh.len() > MAX_MESH_DIMS {
+        r.fail("library_op.mesh", format!("must have 1 to {MAX_MESH_DIMS} dimensions (got {})", l.mesh.len()));
+    }
+    for (i, &d) in l.mesh.iter().enumerate() {
+        r.at_least_one(&format!("library_op.mesh[{i}]"), d as u64);
+    }
+    if l.world() > MAX_MESH_RANKS {
+        r.fail("library_op.mesh", format!("{:?} has {} ranks, more than {MAX_MESH_RANKS}", l.mesh, l.world()));
+    }
+    for (i, places) in l.placements.iter().enumerate() {
+        if places.len() != l.mesh.len() {
+            r.fail(
+                format!("library_op.placements[{i}]"),
+                format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()),
+            );
         }
     }
 }

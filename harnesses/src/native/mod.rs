@@ -150,6 +150,9 @@ impl Target for NativeTarget {
     }
 
     fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
+        if case.library_op.is_some() {
+            return Outcome::Unsupported { reason: "the native target has no library ops (a framework's own op vocabulary)".into() };
+        }
         if case.op.is_some() {
             return op::run(self, case, inputs);
         }

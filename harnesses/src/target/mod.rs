@@ -37,6 +37,13 @@ pub struct RunOutput {
     /// one: tensors under the same names, a noise sample with the framework's own rounding.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub baseline: Vec<(String, Tensor)>,
+    /// The framework's own float64 single-device computation (library-op cases, whose reference
+    /// only the framework can compute): the oracle's reference for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference: Vec<(String, Tensor)>,
+    /// The framework's own noise samples (library-op cases): `(member, tensors)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub noise: Vec<(String, Vec<(String, Tensor)>)>,
 }
 
 /// Facts about a run that are not tensors to compare.
@@ -127,5 +134,10 @@ pub trait Target: Send {
     /// Python lines and branches). Feeds the engine's map; empty for targets without it.
     fn take_coverage(&mut self) -> Vec<u64> {
         vec![]
+    }
+    /// The library ops (a framework's own op vocabulary) this target runs as `library_op` cases;
+    /// empty for targets without one.
+    fn vocabulary(&mut self) -> Result<Vec<crate::case::VocabularyEntry>, String> {
+        Ok(vec![])
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{Outcome, RunOutput, StuckRank, Target};
-use crate::case::Case;
+use crate::case::{Case, VocabularyEntry};
 use crate::inputs::Inputs;
 use crate::tensor::Tensor;
 
@@ -112,6 +112,8 @@ pub struct PythonTarget {
     next_id: u64,
     coverage: Vec<u64>,
     respawn_every_case: bool,
+    /// The worker's library ops, once asked for.
+    vocabulary: Option<Vec<VocabularyEntry>>,
 }
 
 impl PythonTarget {
@@ -127,6 +129,7 @@ impl PythonTarget {
             next_id: 0,
             coverage: vec![],
             respawn_every_case: std::env::var_os(RESPAWN_ENV).is_some(),
+            vocabulary: None,
         };
         t.start()?;
         Ok(t)
@@ -305,6 +308,33 @@ impl Target for PythonTarget {
     fn take_coverage(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.coverage)
     }
+
+    fn vocabulary(&mut self) -> Result<Vec<VocabularyEntry>, String> {
+        if let Some(v) = &self.vocabulary {
+            return Ok(v.clone());
+        }
+        self.ensure_worker()?;
+        self.next_id += 1;
+        let id = self.next_id;
+        let w = self.worker.as_mut().expect("started above");
+        writeln!(w.stdin, "{}", json!({"cmd": "vocabulary", "id": id})).and_then(|_| w.stdin.flush()).map_err(|e| format!("{}: {e}", self.name))?;
+        let reply = loop {
+            match w.lines.recv_timeout(STARTUP) {
+                Ok(line) => match serde_json::from_str::<Value>(&line) {
+                    Ok(v) if v["id"].as_u64() == Some(id) => break v,
+                    _ => continue,
+                },
+                Err(_) => return Err(format!("{}: no vocabulary within {} s: {}", self.name, STARTUP.as_secs(), w.stderr_tail())),
+            }
+        };
+        if reply["status"] != "ok" {
+            return Err(format!("{}: reading its op vocabulary failed: {}", self.name, reply["reason"].as_str().unwrap_or_default()));
+        }
+        let ops: Vec<VocabularyEntry> =
+            serde_json::from_value(reply["ops"].clone()).map_err(|e| format!("{}: bad vocabulary from the worker: {e}", self.name))?;
+        self.vocabulary = Some(ops.clone());
+        Ok(ops)
+    }
 }
 
 impl PythonTarget {
@@ -319,14 +349,23 @@ impl PythonTarget {
         match v["status"].as_str().unwrap_or_default() {
             "completed" => match read_outputs(Path::new(v["output"].as_str().unwrap_or_default())) {
                 Ok((tensors, replicas)) => {
-                    let (baseline, tensors): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(n, _)| n.starts_with(FRAMEWORK_BASELINE));
-                    let baseline = baseline.into_iter().map(|(n, t)| (n[FRAMEWORK_BASELINE.len()..].to_string(), t)).collect();
+                    let (baseline, tensors) = strip_prefix(tensors, FRAMEWORK_BASELINE);
+                    let (reference, tensors) = strip_prefix(tensors, FRAMEWORK_REFERENCE);
+                    let (members, tensors) = strip_prefix(tensors, FRAMEWORK_MEMBER);
+                    let mut noise: BTreeMap<String, Vec<(String, Tensor)>> = BTreeMap::new();
+                    for (name, t) in members {
+                        if let Some((member, tensor)) = name.split_once('/') {
+                            noise.entry(member.to_string()).or_default().push((tensor.to_string(), t));
+                        }
+                    }
                     Outcome::Completed(RunOutput {
                         tensors,
                         replicas,
                         features,
                         notes: strings(&v["notes"]),
                         baseline,
+                        reference,
+                        noise: noise.into_iter().collect(),
                         ..Default::default()
                     })
                 }
@@ -375,6 +414,16 @@ pub fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
 
 /// Prefix of the tensors of a worker's own single-device run in the case dtype.
 const FRAMEWORK_BASELINE: &str = "baseline/";
+/// Prefix of the framework's own float64 reference (library-op cases).
+const FRAMEWORK_REFERENCE: &str = "reference/";
+/// Prefix of the framework's own noise members, `member/{name}/{tensor}` (library-op cases).
+const FRAMEWORK_MEMBER: &str = "member/";
+
+/// Tensors whose names start with `prefix` (the prefix removed), and the others.
+fn strip_prefix(tensors: Vec<(String, Tensor)>, prefix: &str) -> (Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
+    let (with, without): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(n, _)| n.starts_with(prefix));
+    (with.into_iter().map(|(n, t)| (n[prefix.len()..].to_string(), t)).collect(), without)
+}
 
 type Replicas = Vec<(String, Vec<(usize, Tensor)>)>;
 

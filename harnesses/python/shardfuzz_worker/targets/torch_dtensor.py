@@ -44,7 +44,39 @@ def _summand(case, name, full, places, coord, mesh_shape):
 class TorchDTensor(TorchTarget):
     name = "torch-dtensor"
 
+    def __init__(self):
+        super().__init__()
+        import os
+
+        import torch
+
+        # DTensor's own code: sharding propagation, op strategies, redistribution.
+        self.coverage_prefixes = (os.path.join(os.path.dirname(torch.__file__), "distributed", "tensor") + os.sep,)
+
+    def vocabulary(self):
+        from .torch_opinfo import vocabulary
+
+        return vocabulary()
+
+    def world(self, case):
+        # Library ops run every rank in this process (LocalTensorMode); built-in op cases on gloo ranks.
+        return 0 if "library_op" in case else super().world(case)
+
+    def before_fork(self):
+        from .torch_local_dtensor import release_process_group
+
+        release_process_group()
+
+    def run_local(self, case, inputs):
+        from .torch_library_op import run
+
+        return run(case)
+
     def unsupported(self, case):
+        if "library_op" in case:
+            from .torch_library_op import unsupported
+
+            return unsupported(case)
         if "op" not in case:
             return "torch-dtensor runs op-level cases only"
         p = parallel(case)

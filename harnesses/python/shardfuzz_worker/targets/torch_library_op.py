@@ -1,0 +1,154 @@
+"""A library-op case end to end for torch-dtensor: the OpInfo sample, the single-device computations the
+oracle judges with, the sharded run, and the tensors the fuzzer compares.
+
+Tensors sent back: `out/k` (the k-th tensor output, rank 0's gathered copy; the other ranks' copies as
+replicas) and `grad/j` (the gradient of the j-th tensor argument, assembled from the ranks' pieces; the
+copies held on replicated / partial coordinates as replicas), under the same names `reference/…` (float64
+on the rounded inputs), `baseline/…` (the case dtype) and `member/perturbed/…`, `member/reordered/…` (the
+noise ensemble: float64 on inputs moved by ±u, and the case dtype on inputs moved by ±u). Integer outputs
+(indices, masks) are compared in float64 cases only: in low precision a tie the rounding creates may break
+either way in a correct implementation.
+"""
+
+import math
+import traceback
+
+import numpy as np
+
+from .base import assemble
+from .torch_local_dtensor import local_ranges, run_sharded
+from .torch_opinfo import Prepared, dtype_supported, find, torch_dtype, unit_roundoff
+
+#: Frames of PyTorch's single-process simulation of ranks: a failure there is the simulation's limit
+#: (an op it cannot run per rank), not DTensor's.
+SIMULATION = "torch/distributed/_local_tensor"
+
+
+class Unsupported(Exception):
+    pass
+
+
+def unsupported(case):
+    lib = case["library_op"]
+    try:
+        op = find(lib)
+    except KeyError as e:
+        return str(e)
+    if not dtype_supported(op, case["train"]["dtype"], bool(lib.get("backward", True)) and op.supports_autograd):
+        return f"{op.name} has no {case['train']['dtype']} CPU kernel (or backward) in this torch"
+    return None
+
+
+def single_device(prep, dtype_name, notes):
+    """Reference, baseline and members: {prefix: tensors}; Unsupported when the plain op fails on the sample
+    (a baseline or member that fails is left out, with a note)."""
+    import torch
+
+    u = unit_roundoff(dtype_name)
+    runs = {"reference": (torch.float64, None), "member/perturbed": (torch.float64, u)}
+    if dtype_name != "f64":
+        runs["baseline"] = (torch_dtype(dtype_name), None)
+        runs["member/reordered"] = (torch_dtype(dtype_name), u)
+    out = {}
+    for prefix, (dt, perturb) in runs.items():
+        try:
+            out[prefix] = prep.run(dt, perturb)
+        except Exception as e:  # noqa: BLE001 - the op itself refuses this sample on one device
+            if prefix == "reference":
+                raise Unsupported(f"the single-device op fails on this sample: {type(e).__name__}: {str(e)[:200]}") from e
+            notes.append(f"{prefix}: the single-device run failed ({type(e).__name__}: {str(e)[:120]}); left out")
+    return out
+
+
+def run(case):
+    lib, seed, dtype_name = case["library_op"], int(case["data"]["seed"]), case["train"]["dtype"]
+    op = find(lib)
+    prep = Prepared(op, lib, seed, dtype_name)
+    notes = []
+    try:
+        single = single_device(prep, dtype_name, notes)
+    except Unsupported as e:
+        return {"status": "unsupported", "reason": str(e)}
+    try:
+        sharded = run_sharded(prep, lib, seed)
+    except Exception as e:  # noqa: BLE001
+        if any(SIMULATION in f.filename.replace("\\", "/") for f in traceback.extract_tb(e.__traceback__)[-3:]):
+            return {"status": "unsupported", "reason": f"LocalTensorMode cannot simulate this op: {type(e).__name__}: {str(e)[:200]}"}
+        raise
+    return combine(case, prep, single, sharded, notes)
+
+
+def combine(case, prep, single, sharded, notes):
+    tensors, replicas = {}, {}
+    reference = single["reference"]
+    low = case["train"]["dtype"] != "f64"
+    for k, copies in enumerate(sharded["outs"]):
+        name = f"out/{k}"
+        ranks = sorted(copies)
+        tensors[name] = copies[ranks[0]]
+        if len(ranks) > 1:
+            replicas[name] = [(r, copies[r]) for r in ranks]
+    for j, (places, pieces) in sharded["grads"].items():
+        shape = np.shape(reference.get(f"grad/{j}", next(iter(pieces.values()))))
+        wrong = misshapen(shape, places, pieces, sharded["mesh"])
+        if wrong:
+            # Sent as it came: the oracle reports the shape against the reference's.
+            notes.append(f"grad/{j}: {wrong}")
+            tensors[f"grad/{j}"] = pieces[min(pieces)]
+            continue
+        copies = grad_copies(shape, places, pieces, sharded["mesh"])
+        tensors[f"grad/{j}"] = copies[0][1]
+        if len(copies) > 1:
+            replicas[f"grad/{j}"] = copies
+    for name, ref in reference.items():
+        if name not in tensors:
+            notes.append(f"{name}: DTensor produced no such tensor")
+            tensors[name] = np.full(np.shape(ref), np.nan)
+    for prefix, run in single.items():
+        for name, t in run.items():
+            if not (low and name in prep.integer_outputs):
+                tensors[f"{prefix}/{name}"] = t
+    return {"tensors": tensors, "replicas": replicas, "features": features(case, prep, sharded), "notes": notes}
+
+
+def misshapen(shape, places, pieces, mesh_shape):
+    """Why a rank's gradient piece cannot be the piece its placements give it, or None."""
+    for rank in sorted(pieces):
+        ranges = local_ranges(shape, places, np.unravel_index(rank, mesh_shape), mesh_shape)
+        want = tuple(b - a for a, b in ranges)
+        if np.shape(pieces[rank]) != want:
+            return f"rank {rank}'s local gradient has shape {list(np.shape(pieces[rank]))}, its placements {places} give {list(want)}"
+    return None
+
+
+def grad_copies(shape, places, pieces, mesh_shape):
+    """Full copies of one argument's gradient: ranks that share their coordinates on every replicated or
+    partial mesh dim hold one copy between them (in rank order)."""
+    free = [m for m, s in enumerate(places) if not s.startswith("S(")]
+    groups = {}
+    for rank in sorted(pieces):
+        coord = np.unravel_index(rank, mesh_shape)
+        ranges = local_ranges(shape, places, coord, mesh_shape)
+        groups.setdefault(tuple(int(coord[m]) for m in free), []).append((rank, (ranges, pieces[rank])))
+    copies = [(members[0][0], assemble(shape, [p for _, p in members])) for members in groups.values()]
+    return sorted(copies, key=lambda c: c[0])
+
+
+def features(case, prep, sharded):
+    lib = case["library_op"]
+    mesh = sharded["mesh"]
+    out = [f"lib:op:{prep.op.name}", f"lib:family:{type(prep.op).__name__}", f"lib:mesh:{len(mesh)}d",
+           f"lib:args:{len(prep.positions)}", f"lib:outs:{len(sharded['outs'])}"]
+    for j, places in enumerate(sharded["places"]):
+        full = prep.leaves[prep.positions[j]]
+        out.append(f"lib:place:{j}:{'/'.join(places)}")
+        for m, s in enumerate(places):
+            if s.startswith("S("):
+                n = full.shape[int(s[2:-1])]
+                out.append("lib:shard:empty" if n < mesh[m] else ("lib:shard:uneven" if n % mesh[m] else "lib:shard:even"))
+            elif s.startswith("P"):
+                out.append(f"lib:partial:{s}")
+    if lib.get("backward", True) and prep.grad_args:
+        out.append("lib:backward")
+    out.append(f"lib:world:{math.prod(mesh)}")
+    return sorted(set(out))

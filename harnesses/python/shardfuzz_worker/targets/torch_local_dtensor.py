@@ -1,0 +1,182 @@
+"""A library-op case through DTensor with every rank in this one process: PyTorch's LocalTensorMode over a
+fake process group (what DTensor's own op tests use), so a case costs milliseconds instead of a gloo round
+trip. Every collective DTensor issues runs on the per-rank values for real.
+
+Each tensor argument is built per rank from the full (rounded) value and the case's placements: `S(d)` as
+torch.chunk splits (uneven and empty shards included), nested in mesh-dimension order; over the partial
+mesh dims of an argument the value is split into per-rank partial values whose reduction is the value
+exactly (`P`: uneven random summands, partial.py; `P(avg)`: those summands times the group size;
+`P(max)` / `P(min)`: one rank holds the value, the others strictly less / more). The outputs are gathered
+with `full_tensor()` on every rank (rank 0's copy is the output; the others must agree), and the backward
+runs through that gather, so the op's backward sharding rules run too.
+"""
+
+import math
+
+import numpy as np
+
+from ..partial import partial_parts, round_to
+from .base import chunk_range
+from .torch_opinfo import call, output_leaves, to_array, torch_dtype
+
+_STATE = {"pg": False, "modes": {}, "meshes": {}}
+
+
+def ensure_process_group():
+    import logging
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not _STATE["pg"]:
+        # Performance advice on every multi-dim redistribution: noise on stderr, at a cost per case.
+        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+        _STATE["pg"] = True
+
+
+def release_process_group():
+    """Before forking rank pools: the fake group must not be inherited by gloo ranks."""
+    import torch.distributed as dist
+
+    if _STATE["pg"]:
+        dist.destroy_process_group()
+        _STATE.update(pg=False, modes={}, meshes={})
+
+
+def mode_and_mesh(shape):
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ensure_process_group()
+    world = math.prod(shape)
+    mode = _STATE["modes"].setdefault(world, LocalTensorMode(frozenset(range(world))))
+    key = tuple(shape)
+    if key not in _STATE["meshes"]:
+        with mode:
+            _STATE["meshes"][key] = init_device_mesh("cpu", key)
+    return mode, _STATE["meshes"][key]
+
+
+def normalise(places, ndim, mesh_ndim):
+    """The case's placement strings for one argument, made valid for its rank: `S(d)` taken modulo the
+    argument's dimensions (a 0-d argument is replicated), missing mesh dims replicated, and every
+    partial dim given the reduction of the first one (nested mixed reductions have no single value)."""
+    out = []
+    for s in list(places)[:mesh_ndim] + ["R"] * (mesh_ndim - len(places)):
+        if s.startswith("S("):
+            s = f"S({int(s[2:-1]) % ndim})" if ndim else "R"
+        out.append(s)
+    partials = [s for s in out if s.startswith("P")]
+    return [partials[0] if s.startswith("P") else s for s in out]
+
+
+def reduce_of(s):
+    return "sum" if s == "P" else s[2:-1]
+
+
+def placement_object(s):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if s == "R":
+        return Replicate()
+    if s.startswith("S("):
+        return Shard(int(s[2:-1]))
+    return Partial(reduce_of(s))
+
+
+def local_ranges(shape, places, coord, mesh_shape):
+    ranges = [(0, n) for n in shape]
+    for m, s in enumerate(places):
+        if s.startswith("S("):
+            d = int(s[2:-1])
+            a, b = ranges[d]
+            lo, hi = chunk_range(b - a, mesh_shape[m], coord[m])
+            ranges[d] = (a + lo, a + hi)
+    return ranges
+
+
+def partial_values(full, places, mesh_shape, dtype_name, seed, name):
+    """Per partial-group coordinate, the partial value a rank holds: array of shape group sizes + full."""
+    pdims = [m for m, s in enumerate(places) if s.startswith("P")]
+    sizes = [mesh_shape[m] for m in pdims]
+    if not pdims:
+        return pdims, full[None]
+    k, how = int(np.prod(sizes)), reduce_of(places[pdims[0]])
+    if how in ("sum", "avg"):
+        parts = partial_parts(full, sizes, dtype_name, seed, name).reshape((k,) + full.shape)
+        if how == "avg":
+            parts = round_to(parts * k, dtype_name)
+    else:
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, k, len(name)])
+        sign = -1.0 if how == "max" else 1.0
+        moved = round_to(full + sign * (np.abs(full) + 1.0) * rng.uniform(0.25, 1.0, size=(k,) + full.shape), dtype_name)
+        moved = np.minimum(moved, full) if how == "max" else np.maximum(moved, full)
+        holder = rng.integers(0, k, size=full.shape)
+        parts = np.where(np.arange(k).reshape((k,) + (1,) * full.ndim) == holder, full, moved)
+    return pdims, parts.reshape(tuple(sizes) + full.shape)
+
+
+def build_argument(mode, mesh, full, places, mesh_shape, dtype_name, seed, name, grad):
+    """The DTensor of one argument and its per-rank leaf (None when it takes no gradient)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    values = full.detach().to(torch.float64).numpy()
+    pdims, parts = partial_values(values, places, mesh_shape, dtype_name, seed, name)
+    dt = full.dtype if not full.is_floating_point() else torch_dtype(dtype_name)
+
+    def local(rank):
+        coord = np.unravel_index(rank, mesh_shape)
+        piece = parts[tuple(coord[m] for m in pdims)] if pdims else parts[0]
+        idx = tuple(slice(a, b) for a, b in local_ranges(values.shape, places, coord, mesh_shape))
+        return torch.from_numpy(np.array(piece[idx], dtype=np.float64, copy=True, ndmin=0)).to(dt)
+
+    lt = mode.rank_map(local)
+    if grad:
+        lt.requires_grad_(True)
+    d = DTensor.from_local(lt, mesh, [placement_object(s) for s in places], run_check=False,
+                           shape=full.shape, stride=torch.empty(tuple(full.shape)).stride())
+    return d, (lt if grad else None)
+
+
+def per_rank(t, world):
+    """Rank → float64 array of a (Local)Tensor that every rank computed."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    if isinstance(t, LocalTensor):
+        return {r: to_array(v) for r, v in t._local_tensors.items()}
+    arr = to_array(t)
+    return {r: arr for r in range(world)}
+
+
+def run_sharded(prep, lib, seed):
+    """Forward (and backward) of the op over the case's mesh: {"outs": [rank → array], "grads": {j: (places,
+    rank → local array)}, "places": [normalised placements per tensor argument]}."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    world = math.prod(mesh_shape)
+    mode, mesh = mode_and_mesh(mesh_shape)
+    given = lib.get("placements") or []
+    leaves, grads, places_used = list(prep.leaves), {}, []
+    with mode:
+        for j, i in enumerate(prep.positions):
+            full = prep.leaves[i]
+            places = normalise(given[j] if j < len(given) else [], full.ndim, len(mesh_shape))
+            places_used.append(places)
+            d, leaf = build_argument(mode, mesh, full, places, mesh_shape, prep.dtype_name, seed, f"arg{j}", i in prep.grad_args)
+            leaves[i] = d
+            if leaf is not None:
+                grads[j] = (places, leaf)
+        outs = output_leaves(call(prep.op, leaves, prep.spec))
+        fulls = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
+        pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
+        inputs = [leaf for _, leaf in grads.values()]
+        got = [None] * len(inputs)
+        if pairs and inputs:
+            got = torch.autograd.grad([f for f, _ in pairs], inputs, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
+        result_outs = [per_rank(f, world) for f in fulls]
+        result_grads = {j: (places, per_rank(g, world)) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}
+    return {"outs": result_outs, "grads": result_grads, "places": places_used, "world": world, "mesh": mesh_shape}

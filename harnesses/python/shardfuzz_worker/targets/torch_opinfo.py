@@ -1,0 +1,185 @@
+"""PyTorch's OpInfo database as a vocabulary: which ops exist, their sample inputs, and the single-device
+computations the oracle compares a sharded run with (the float64 reference, the case dtype baseline, and
+the noise members).
+
+The sample inputs are the ones PyTorch's own op tests use (`op.sample_inputs`), drawn in float64 under
+`torch.manual_seed(data.seed)` and then rounded to the case dtype, so the reference and every run see the
+same values. Ops whose result is random or uninitialised memory are left out of the vocabulary.
+"""
+
+import collections
+import functools
+
+import numpy as np
+
+from .base import HarnessError
+
+#: Name fragments of ops whose result is random or uninitialised: nothing to compare.
+NONDETERMINISTIC = ("rand", "dropout", "normal", "bernoulli", "multinomial", "uniform", "exponential_",
+                    "geometric_", "cauchy_", "log_normal_", "empty", "new_empty", "randperm")
+
+#: How many ops' sample lists stay cached (sample generation is most of a cheap op's cost).
+SAMPLE_CACHE = 256
+
+
+@functools.lru_cache(maxsize=1)
+def op_table():
+    """{(name, variant): OpInfo} for every op with a float64 CPU kernel and a deterministic result."""
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    table = {}
+    for op in op_db:
+        if any(f in op.name for f in NONDETERMINISTIC):
+            continue
+        if torch.float64 not in op.supported_dtypes("cpu"):
+            continue
+        table[(op.name, op.variant_test_name)] = op
+    return table
+
+
+def vocabulary():
+    """[{name, variant, family}] in a stable order; family is the OpInfo class (UnaryUfuncInfo …)."""
+    return [{"name": n, "variant": v, "family": type(op).__name__} for (n, v), op in sorted(op_table().items())]
+
+
+def find(lib):
+    op = op_table().get((lib["name"], lib.get("variant", "")))
+    if op is None:
+        raise KeyError(f"{lib['name']!r} (variant {lib.get('variant', '')!r}) is not in this torch's OpInfo vocabulary")
+    return op
+
+
+_samples = collections.OrderedDict()
+
+
+def samples(op, seed, grad):
+    """The op's float64 sample inputs drawn under `seed` (cached: drawing them is deterministic)."""
+    import torch
+
+    key = (op.name, op.variant_test_name, seed, grad)
+    if key in _samples:
+        _samples.move_to_end(key)
+        return _samples[key]
+    torch.manual_seed(seed % (2**63))
+    got = list(op.sample_inputs("cpu", torch.float64, requires_grad=grad))
+    _samples[key] = got
+    while len(_samples) > SAMPLE_CACHE:
+        _samples.popitem(last=False)
+    return got
+
+
+def flatten(sample):
+    """(leaves, spec, tensor positions) of the call `op(input, *args, **kwargs)`."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(((sample.input,) + tuple(sample.args), dict(sample.kwargs)))
+    return leaves, spec, [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+
+def call(op, leaves, spec):
+    import torch.utils._pytree as pytree
+
+    args, kwargs = pytree.tree_unflatten(leaves, spec)
+    return op(*args, **kwargs)
+
+
+def output_leaves(out):
+    import torch
+    import torch.utils._pytree as pytree
+
+    return [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+
+def unit_roundoff(dtype_name):
+    return {"f64": 2.0**-53, "f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11}[dtype_name]
+
+
+class Prepared:
+    """One library-op case made concrete: the sample's tensors rounded to the case dtype (float64 values),
+    which of them get gradients, and the upstream gradient of every float output."""
+
+    def __init__(self, op, lib, seed, dtype_name):
+        import torch
+
+        self.op, self.dtype_name = op, dtype_name
+        grad = bool(lib.get("backward", True)) and op.supports_autograd
+        got = samples(op, seed, grad)
+        if not got:
+            raise HarnessError(f"OpInfo {op.name} gave no sample inputs")
+        self.index = int(lib.get("sample", 0)) % len(got)
+        leaves, self.spec, self.positions = flatten(got[self.index])
+        self.leaves = list(leaves)
+        dt = torch_dtype(dtype_name)
+        for i in self.positions:
+            t = leaves[i].detach()
+            if t.is_floating_point():
+                t = t.to(dt).to(torch.float64)
+            self.leaves[i] = t
+        self.grad_args = [i for i in self.positions if grad and leaves[i].requires_grad and self.leaves[i].is_floating_point()]
+        self.seed = seed
+
+    def run(self, dtype, perturb=None):
+        """The op single-device in `dtype` on the rounded inputs (times (1 + perturb·r), r = ±1, when
+        given): `{name: float64 array}` with outputs `out/i` and gradients `grad/j` (j: tensor argument)."""
+        import torch
+
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 7])
+        leaves = list(self.leaves)
+        for i in self.positions:
+            t = leaves[i]
+            if t.is_floating_point():
+                if perturb:
+                    t = t * torch.from_numpy(np.asarray(1 + perturb * rng.choice([-1.0, 1.0], size=tuple(t.shape))))
+                t = t.to(dtype).detach().requires_grad_(i in self.grad_args)
+            leaves[i] = t
+        outs = output_leaves(call(self.op, leaves, self.spec))
+        self.integer_outputs = {f"out/{k}" for k, o in enumerate(outs) if not (o.is_floating_point() or o.is_complex())}
+        result = {f"out/{k}": to_array(o) for k, o in enumerate(outs)}
+        self.backward(outs, [leaves[i] for i in self.grad_args], result)
+        return result
+
+    def grad_outputs(self, outs):
+        """The upstream gradient of each differentiable output (seeded, rounded to the case dtype)."""
+        import torch
+
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 11])
+        dt = torch_dtype(self.dtype_name)
+        return [torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(dt) if o.requires_grad else None for o in outs]
+
+    def backward(self, outs, inputs, result):
+        import torch
+
+        pairs = [(o, g) for o, g in zip(outs, self.grad_outputs(outs)) if g is not None]
+        if not pairs or not inputs:
+            return
+        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+        for i, g in zip(self.grad_args, grads):
+            if g is not None:
+                result[f"grad/{self.positions.index(i)}"] = to_array(g)
+
+
+def to_array(t):
+    """A tensor as a float64 array (complex as a trailing [real, imaginary] dimension)."""
+    import torch
+
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t.to(torch.float64).numpy()
+
+
+def torch_dtype(name):
+    import torch
+
+    return {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[name]
+
+
+def dtype_supported(op, dtype_name, backward):
+    import torch
+
+    dt = torch_dtype(dtype_name)
+    if dt not in op.supported_dtypes("cpu"):
+        return False
+    return not backward or dt in op.supported_backward_dtypes("cpu")
