@@ -132,6 +132,16 @@ fn hms(s: f64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
+/// A fresh random case: with library ops to draw from, three in four are library-op cases.
+fn fresh_case(seed: u64, vocabulary: &crate::library_ops::Vocabulary) -> Case {
+    if seed % 4 != 0 {
+        if let Some(c) = crate::library_ops::random_library_case(seed, vocabulary) {
+            return c;
+        }
+    }
+    random_case(seed)
+}
+
 pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let out = &opts.out;
     std::fs::create_dir_all(out.join("queue"))?;
@@ -148,6 +158,15 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         targets.push(registry::create(name, &opts.target_options).map_err(|e| anyhow::anyhow!("--target: {e}"))?);
     }
     anyhow::ensure!(!targets.is_empty(), "--target: no target named");
+    let mut ops = vec![];
+    for t in targets.iter_mut() {
+        ops.extend(t.vocabulary().map_err(|e| anyhow::anyhow!("--target: {e}"))?);
+    }
+    let vocabulary = std::sync::Arc::new(crate::library_ops::Vocabulary::new(ops));
+    if !vocabulary.is_empty() {
+        writeln!(log, "[{}] library ops: {}", hms(elapsed_base), vocabulary.entries.len())?;
+    }
+    let fresh_case = |seed: u64| fresh_case(seed, &vocabulary);
     let store = FindingStore::open(&out.join("findings"))?;
     writeln!(
         log,
@@ -175,7 +194,10 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut fuzzer = StdFuzzer::new(RareFeatureScheduler::new(), feedback, objective);
     let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, opts.feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
-    let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(SemanticMutator::new(), NonZeroUsize::new(8).expect("8 > 0")));
+    let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(
+        SemanticMutator::new().with_vocabulary(vocabulary.clone()),
+        NonZeroUsize::new(8).expect("8 > 0")
+    ));
 
     let started = Instant::now();
     // Seeds: the queue of a resumed campaign, then --corpus; random cases if there is nothing.
@@ -184,7 +206,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         seeds.extend(load_cases(dir, &mut log));
     }
     if seeds.is_empty() {
-        seeds = (0..16).map(|i| random_case(opts.seed.wrapping_add(i))).collect();
+        seeds = (0..16).map(|i| fresh_case(opts.seed.wrapping_add(i))).collect();
     }
     let mut digests = std::collections::HashSet::new();
     for case in seeds {
@@ -219,7 +241,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         round += 1;
         if round % FRESH_EVERY_ROUNDS == 0 {
             fresh = fresh.wrapping_add(1);
-            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(random_case(fresh)))?;
+            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
         }
         for sig in std::mem::take(&mut executor.new_findings) {
             writeln!(log, "[{}] new finding: {sig}", hms(executor.elapsed()))?;

@@ -6,6 +6,7 @@ pub mod executor;
 pub mod findings;
 pub mod generate;
 pub mod input;
+pub mod library_ops;
 pub mod localize;
 pub mod minimize;
 pub mod mutators;

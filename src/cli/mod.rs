@@ -58,8 +58,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// List the bugs that can be injected into the native target.
     Bugs,
-    /// List the targets.
-    Targets,
+    /// List the targets (with the number of library ops each can express).
+    Targets(targets::Args),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -88,6 +88,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Targets => targets::run(),
+        Command::Targets(a) => targets::run(&a),
     }
 }

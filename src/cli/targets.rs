@@ -1,28 +1,77 @@
-//! `shardfuzz targets`: every registered target, whether it can run here, and the versions it runs.
+//! `shardfuzz targets`: every registered target, whether it can run here, the versions it runs, and
+//! how many library ops (a framework's own op vocabulary) it can express.
 
 use std::process::ExitCode;
 
+use shardfuzz_harnesses::case::VocabularyEntry;
 use shardfuzz_harnesses::target::registry::{self, TargetOptions};
 
-pub fn run() -> anyhow::Result<ExitCode> {
-    println!("python: {}", shardfuzz_harnesses::target::python::python_interpreter().display());
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// One JSON object per target: name, available, versions, ops (the library-op count), description.
+    #[arg(long)]
+    json: bool,
+    /// Also list every library op of every target (`name` or `name.variant`, with its family).
+    #[arg(long)]
+    ops: bool,
+}
+
+struct Probe {
+    versions: std::collections::BTreeMap<String, String>,
+    ops: Vec<VocabularyEntry>,
+}
+
+fn probe(info: &registry::TargetInfo) -> Result<Probe, String> {
+    let mut t = (info.create)(&TargetOptions::default())?;
+    let ops = t.vocabulary()?;
+    Ok(Probe { versions: t.versions(), ops })
+}
+
+pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
+    if !a.json {
+        println!("python: {}", shardfuzz_harnesses::target::python::python_interpreter().display());
+    }
     // Workers import their frameworks in parallel (several seconds each).
-    let probes: Vec<_> = registry::TARGETS
-        .iter()
-        .map(|t| std::thread::spawn(move || (t, (t.create)(&TargetOptions::default()).map(|t| t.versions()))))
-        .collect();
-    println!("{:<16} {:<11} {:<44} description", "target", "status", "versions");
+    let probes: Vec<_> = registry::TARGETS.iter().map(|t| std::thread::spawn(move || (t, probe(t)))).collect();
+    if !a.json {
+        println!("{:<16} {:<11} {:>5} {:<44} description", "target", "status", "ops", "versions");
+    }
     for p in probes {
         let (t, result) = p.join().map_err(|_| anyhow::anyhow!("probing a target panicked"))?;
-        let (status, versions) = match result {
-            Ok(v) => {
-                let shown: Vec<String> =
-                    v.iter().filter(|(k, _)| k.as_str() != "python-executable").map(|(k, v)| format!("{k} {v}")).collect();
-                ("available", shown.join(", "))
+        if a.json {
+            let mut o = serde_json::json!({"name": t.name, "description": t.description, "available": result.is_ok()});
+            match &result {
+                Ok(p) => {
+                    o["versions"] = serde_json::json!(p.versions);
+                    o["ops"] = serde_json::json!(p.ops.len());
+                    if a.ops {
+                        o["op_names"] = serde_json::json!(p.ops);
+                    }
+                }
+                Err(e) => {
+                    o["versions"] = serde_json::json!({});
+                    o["ops"] = serde_json::json!(0);
+                    o["reason"] = serde_json::json!(e);
+                }
             }
-            Err(e) => ("unavailable", e.chars().take(120).collect()),
+            println!("{o}");
+            continue;
+        }
+        let (status, ops, versions) = match &result {
+            Ok(p) => {
+                let shown: Vec<String> =
+                    p.versions.iter().filter(|(k, _)| k.as_str() != "python-executable").map(|(k, v)| format!("{k} {v}")).collect();
+                ("available", if p.ops.is_empty() { "-".to_string() } else { p.ops.len().to_string() }, shown.join(", "))
+            }
+            Err(e) => ("unavailable", "-".to_string(), e.chars().take(120).collect()),
         };
-        println!("{:<16} {:<11} {:<44} {}", t.name, status, versions, t.description);
+        println!("{:<16} {:<11} {:>5} {:<44} {}", t.name, status, ops, versions, t.description);
+        if let (true, Ok(p)) = (a.ops, &result) {
+            for op in &p.ops {
+                let name = if op.variant.is_empty() { op.name.clone() } else { format!("{}.{}", op.name, op.variant) };
+                println!("    {name:<48} {}", op.family);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -19,6 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{Case, Limits};
 
 use crate::input::CaseInput;
+use crate::library_ops::{Vocabulary, LIBRARY_MUTATIONS};
 
 /// A named semantic mutation: returns whether it changed the case.
 pub type MutationFn = fn(&mut Case, &mut ChaCha8Rng) -> bool;
@@ -61,6 +62,18 @@ fn keep_batch_supported(c: &mut Case, rng: &mut ChaCha8Rng) {
     }
 }
 
+/// Applies one random library-op mutation to a copy of `case` until a valid one results.
+pub fn mutate_library_case(case: &Case, vocab: &Vocabulary, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
+    for _ in 0..8 {
+        let (name, f) = LIBRARY_MUTATIONS[rng.gen_range(0..LIBRARY_MUTATIONS.len())];
+        let mut c = case.clone();
+        if f(&mut c, vocab, rng) && c != *case && c.validate(limits).is_ok() {
+            return Some((c, name));
+        }
+    }
+    None
+}
+
 /// Applies one random mutation to a copy of `case` until a valid one results (or gives up).
 pub fn mutate_case(case: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
     for _ in 0..8 {
@@ -99,6 +112,8 @@ pub fn crossover(a: &Case, b: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> O
 /// corpus entry.
 pub struct SemanticMutator {
     limits: Limits,
+    /// The campaign targets' library ops (library-op cases mutate over it).
+    vocabulary: std::sync::Arc<Vocabulary>,
     /// How often each mutation produced a case that was run.
     pub applied: std::collections::BTreeMap<&'static str, u64>,
 }
@@ -110,7 +125,15 @@ pub const MAX_MUTATED_WORLD: u64 = 8;
 
 impl SemanticMutator {
     pub fn new() -> SemanticMutator {
-        SemanticMutator { limits: Limits { max_world: MAX_MUTATED_WORLD, ..Limits::default() }, applied: Default::default() }
+        SemanticMutator {
+            limits: Limits { max_world: MAX_MUTATED_WORLD, ..Limits::default() },
+            vocabulary: Default::default(),
+            applied: Default::default(),
+        }
+    }
+
+    pub fn with_vocabulary(self, vocabulary: std::sync::Arc<Vocabulary>) -> SemanticMutator {
+        SemanticMutator { vocabulary, ..self }
     }
 }
 
@@ -149,7 +172,12 @@ where
         let stack = rng.gen_range(1..=3);
         let mut changed = false;
         for _ in 0..stack {
-            if let Some((c, name)) = mutate_case(&case, &mut rng, &self.limits) {
+            let mutated = if case.library_op.is_some() {
+                mutate_library_case(&case, &self.vocabulary, &mut rng, &self.limits)
+            } else {
+                mutate_case(&case, &mut rng, &self.limits)
+            };
+            if let Some((c, name)) = mutated {
                 case = c;
                 changed = true;
                 *self.applied.entry(name).or_default() += 1;

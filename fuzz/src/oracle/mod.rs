@@ -212,7 +212,36 @@ pub fn evaluate(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Verdic
 /// target the same `Prepared` goes to.
 pub fn evaluate_prepared(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle) -> Verdict {
     let outcome = target.run(&prep.case, &prep.inputs);
-    judge_prepared(target.name(), target.versions(), prep, outcome, oracle)
+    let v = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
+    if !v.kind.is_finding() {
+        return v;
+    }
+    match target.confirm(&prep.case, &prep.inputs) {
+        Some(outcome) => confirmed(v, judge_prepared(target.name(), target.versions(), prep, outcome, oracle)),
+        None => v,
+    }
+}
+
+/// A simulated run's finding against the same case on real ranks: kept (with the real run's
+/// verdict in its notes) when the real run finds it too, else not a finding of the framework.
+fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
+    if real.kind == simulated.kind {
+        let mut v = simulated;
+        v.notes.push(format!("confirmed on real process-group ranks: {} — {}", real.kind, real.reason));
+        return v;
+    }
+    if real.kind.is_finding() || real.kind == VerdictKind::HarnessError {
+        // Both are findings of another kind (a crash on real ranks where the simulation diverged):
+        // the real ranks' verdict is the one a user meets.
+        let mut v = real;
+        v.notes.push(format!("the in-process simulation gave: {} — {}", simulated.kind, simulated.reason));
+        return v;
+    }
+    let mut v = simulated;
+    v.notes.push(format!("the in-process simulation gave: {} — {}", v.kind, v.reason));
+    v.reason = format!("the in-process rank simulation (LocalTensorMode) differs from real ranks, which give {}: {}", real.kind, real.reason);
+    v.kind = VerdictKind::Unsupported;
+    v
 }
 
 /// Judges an outcome a target already produced.

@@ -70,6 +70,9 @@ class Coordinator:
             return {"status": "unsupported", "reason": reason}
         inputs = tensors_io.read_inputs(msg["inputs"])
         world = self.target.world(case)
+        if msg.get("processes") and hasattr(self.target, "process_world"):
+            # Confirming a finding of an in-process simulation on real ranks.
+            world = self.target.process_world(case)
         timeout = float(msg.get("timeout_s", 60))
         job = {"case": case, "inputs": inputs, "test_hook": msg.get("test_hook")}
         if world == 0:

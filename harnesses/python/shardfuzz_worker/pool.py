@@ -169,7 +169,10 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
 class RankPool:
     def __init__(self, target, world, init_timeout_s=120.0):
         self.world = world
-        ctx = mp.get_context("fork")
+        method = getattr(target, "start_method", "fork")
+        ctx = mp.get_context(method)
+        if method == "forkserver":
+            ctx.set_forkserver_preload(list(getattr(target, "preload", ())))
         port = free_loopback_port()
         self.procs, self.conns = [], []
         self.stderr_dir = _stderr_dir()

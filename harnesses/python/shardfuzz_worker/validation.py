@@ -31,6 +31,9 @@ _TORCH_DTENSOR = [
     ("torch/distributed/tensor/_ops/", None, "Please redistribute"),
     ("torch/distributed/tensor/_dispatch.py", "as_strided_handler", None),
     ("torch/distributed/tensor/_dispatch.py", "default_tensor", "is not supported"),
+    # An op (or its Python decomposition) that makes plain tensors of its own and mixes them in.
+    # (Raised from C++ dispatch: the innermost Python frame is wherever the op was called.)
+    ("torch/", None, "got mixed torch.Tensor and DTensor"),
 ]
 
 _JAX = [
@@ -92,6 +95,13 @@ FRAMEWORKS = {
     "jax-shardmap": ("jax", "jaxlib"),
     "deepspeed-zero": ("deepspeed", "torch"),
     "megatron-tp": ("megatron", "torch"),
+}
+
+#: Exception types that are a refusal wherever they are raised, per target: DTensor propagates shardings
+#: on fake tensors, which cannot run an op whose output shape or value depends on the data (nonzero,
+#: unique, allclose).
+REFUSAL_TYPES = {
+    "torch-dtensor": ("DataDependentOutputException", "DynamicOutputShapeException"),
 }
 
 #: Framework functions that only raise what their caller asks for: the caller is the site.
@@ -187,7 +197,7 @@ def classify(target, failure):
         return "harness_error", site(chain[0]["frames"], roots)[1]
     for link in chain:
         who, frame = site(link["frames"], roots)
-        if who == "framework" and is_validation(target, frame, link["message"]):
+        if who == "framework" and (is_validation(target, frame, link["message"]) or link["type"] in REFUSAL_TYPES.get(target, ())):
             return "rejected", frame
     who, frame = site(chain[-1]["frames"], roots)
     if who != "framework":

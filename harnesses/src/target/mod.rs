@@ -140,4 +140,10 @@ pub trait Target: Send {
     fn vocabulary(&mut self) -> Result<Vec<crate::case::VocabularyEntry>, String> {
         Ok(vec![])
     }
+    /// Runs a library-op case again on real ranks (one process each) when `run` simulated them in
+    /// one process: a finding of the simulation is confirmed, or shown to be the simulation's.
+    /// `None` when the target has no other way to run it.
+    fn confirm(&mut self, _case: &Case, _inputs: &Inputs) -> Option<Outcome> {
+        None
+    }
 }

@@ -218,7 +218,7 @@ impl PythonTarget {
 
     // The error is the run's outcome (a crash or hang), returned once per case: its size is no cost.
     #[allow(clippy::result_large_err)]
-    fn request(&mut self, case: &Case, inputs: &Inputs) -> Result<Value, Outcome> {
+    fn request(&mut self, case: &Case, inputs: &Inputs, processes: bool) -> Result<Value, Outcome> {
         self.ensure_worker().map_err(|e| Outcome::Crash { rank: None, message: e, features: vec![] })?;
         self.next_id += 1;
         let id = self.next_id;
@@ -232,7 +232,7 @@ impl PythonTarget {
         })?;
         let mut msg = json!({
             "cmd": "run", "id": id, "case": case, "inputs": in_path, "output": out_path,
-            "timeout_s": self.timeout.as_secs_f64(),
+            "timeout_s": self.timeout.as_secs_f64(), "processes": processes,
         });
         // Test hooks apply to the first case only, so that a test sees the next case recover.
         if let (Ok(hook), 1) = (std::env::var(TEST_HOOK_ENV), id) {
@@ -298,7 +298,7 @@ impl Target for PythonTarget {
     }
 
     fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
-        let outcome = self.run_in_worker(case, inputs);
+        let outcome = self.run_in_worker(case, inputs, false);
         if self.respawn_every_case {
             self.drop_worker();
         }
@@ -307,6 +307,16 @@ impl Target for PythonTarget {
 
     fn take_coverage(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.coverage)
+    }
+
+    fn confirm(&mut self, case: &Case, inputs: &Inputs) -> Option<Outcome> {
+        if case.library_op.is_none() {
+            return None;
+        }
+        let coverage = std::mem::take(&mut self.coverage);
+        let outcome = self.run_in_worker(case, inputs, true);
+        self.coverage = coverage;
+        Some(outcome)
     }
 
     fn vocabulary(&mut self) -> Result<Vec<VocabularyEntry>, String> {
@@ -338,8 +348,8 @@ impl Target for PythonTarget {
 }
 
 impl PythonTarget {
-    fn run_in_worker(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
-        let v = match self.request(case, inputs) {
+    fn run_in_worker(&mut self, case: &Case, inputs: &Inputs, processes: bool) -> Outcome {
+        let v = match self.request(case, inputs, processes) {
             Ok(v) => v,
             Err(outcome) => return outcome,
         };

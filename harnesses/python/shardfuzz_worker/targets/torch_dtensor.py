@@ -8,6 +8,8 @@ the gradient of its local piece (for a summand, the gradient of the full value);
 assembled, with the copies on replicated / partial coordinates as replicas that must agree.
 """
 
+import math
+
 import numpy as np
 
 from ..partial import partial_parts
@@ -43,6 +45,10 @@ def _summand(case, name, full, places, coord, mesh_shape):
 
 class TorchDTensor(TorchTarget):
     name = "torch-dtensor"
+    #: This coordinator runs autograd itself (library-op cases), and autograd's threads do not survive a
+    #: fork: ranks come from a fork server, a clean process that has imported torch once.
+    start_method = "forkserver"
+    preload = ("torch", "torch.distributed.tensor", "shardfuzz_worker.targets.torch_dtensor")
 
     def __init__(self):
         super().__init__()
@@ -72,6 +78,12 @@ class TorchDTensor(TorchTarget):
 
         return run(case)
 
+    def process_world(self, case):
+        """Ranks of a library-op case confirmed on real gloo ranks (one process each)."""
+        if "library_op" in case:
+            return math.prod(int(d) for d in case["library_op"]["mesh"])
+        return super().world(case)
+
     def unsupported(self, case):
         if "library_op" in case:
             from .torch_library_op import unsupported
@@ -87,6 +99,10 @@ class TorchDTensor(TorchTarget):
         return None
 
     def run_rank(self, rank, world, case, inputs):
+        if "library_op" in case:
+            from .torch_library_op import run_rank
+
+            return run_rank(rank, case)
         import torch
         from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -142,6 +158,10 @@ class TorchDTensor(TorchTarget):
                 "baseline": baseline}
 
     def combine(self, case, outs):
+        if "library_op" in case:
+            from .torch_library_op import combine_ranks
+
+            return combine_ranks(case, outs)
         tensors = {"out": outs[0]["out"]}
         replicas = {}
         for name in outs[0]["grads"]:

@@ -16,7 +16,7 @@ import traceback
 import numpy as np
 
 from .base import assemble
-from .torch_local_dtensor import local_ranges, run_sharded
+from .torch_local_dtensor import local_ranges, run_on_rank, run_sharded
 from .torch_opinfo import Prepared, dtype_supported, find, torch_dtype, unit_roundoff
 
 #: Frames of PyTorch's single-process simulation of ranks: a failure there is the simulation's limit
@@ -57,6 +57,9 @@ def single_device(prep, dtype_name, notes):
             if prefix == "reference":
                 raise Unsupported(f"the single-device op fails on this sample: {type(e).__name__}: {str(e)[:200]}") from e
             notes.append(f"{prefix}: the single-device run failed ({type(e).__name__}: {str(e)[:120]}); left out")
+    again = prep.run(torch.float64, rng_seed=1)
+    if any(not np.array_equal(again.get(n), t, equal_nan=True) for n, t in out["reference"].items()):
+        raise Unsupported("the op's result is random: two float64 runs on the same inputs under different seeds differ")
     return out
 
 
@@ -75,6 +78,31 @@ def run(case):
         if any(SIMULATION in f.filename.replace("\\", "/") for f in traceback.extract_tb(e.__traceback__)[-3:]):
             return {"status": "unsupported", "reason": f"LocalTensorMode cannot simulate this op: {type(e).__name__}: {str(e)[:200]}"}
         raise
+    return combine(case, prep, single, sharded, notes)
+
+
+def run_rank(rank, case):
+    """This rank's part of the case on a real process group (confirming what the simulation found)."""
+    lib, seed = case["library_op"], int(case["data"]["seed"])
+    prep = Prepared(find(lib), lib, seed, case["train"]["dtype"])
+    return run_on_rank(prep, lib, seed, rank)
+
+
+def combine_ranks(case, outs):
+    """The ranks' results of `run_rank` joined with the single-device computations, as `run` sends them."""
+    lib, seed, dtype_name = case["library_op"], int(case["data"]["seed"]), case["train"]["dtype"]
+    prep = Prepared(find(lib), lib, seed, dtype_name)
+    notes = ["ran on real process-group ranks (gloo), one process per rank"]
+    try:
+        single = single_device(prep, dtype_name, notes)
+    except Unsupported as e:
+        return {"status": "unsupported", "reason": str(e)}
+    sharded = {
+        "outs": [{r: o["outs"][k] for r, o in enumerate(outs)} for k in range(len(outs[0]["outs"]))],
+        "grads": {j: (places, {r: o["grads"][j][1] for r, o in enumerate(outs)}) for j, (places, _) in outs[0]["grads"].items()},
+        "places": outs[0]["places"],
+        "mesh": tuple(int(d) for d in lib["mesh"]),
+    }
     return combine(case, prep, single, sharded, notes)
 
 

@@ -58,14 +58,17 @@ def mode_and_mesh(shape):
     return mode, _STATE["meshes"][key]
 
 
-def normalise(places, ndim, mesh_ndim):
-    """The case's placement strings for one argument, made valid for its rank: `S(d)` taken modulo the
-    argument's dimensions (a 0-d argument is replicated), missing mesh dims replicated, and every
-    partial dim given the reduction of the first one (nested mixed reductions have no single value)."""
+def normalise(places, ndim, mesh_ndim, floating):
+    """The case's placement strings for one argument, made valid for it: `S(d)` taken modulo the
+    argument's dimensions (a 0-d argument is replicated), missing mesh dims replicated, partial only for
+    floating-point arguments (an index or mask split into partial values is not one), and every partial
+    dim given the reduction of the first one (nested mixed reductions have no single value)."""
     out = []
     for s in list(places)[:mesh_ndim] + ["R"] * (mesh_ndim - len(places)):
         if s.startswith("S("):
             s = f"S({int(s[2:-1]) % ndim})" if ndim else "R"
+        if s.startswith("P") and not floating:
+            s = "R"
         out.append(s)
     partials = [s for s in out if s.startswith("P")]
     return [partials[0] if s.startswith("P") else s for s in out]
@@ -117,27 +120,62 @@ def partial_values(full, places, mesh_shape, dtype_name, seed, name):
     return pdims, parts.reshape(tuple(sizes) + full.shape)
 
 
-def build_argument(mode, mesh, full, places, mesh_shape, dtype_name, seed, name, grad):
-    """The DTensor of one argument and its per-rank leaf (None when it takes no gradient)."""
+class ArgumentLayout:
+    """One tensor argument's placements and the per-rank pieces they give it."""
+
+    def __init__(self, full, places, mesh_shape, dtype_name, seed, name):
+        import torch
+
+        self.full, self.places, self.mesh_shape = full, places, mesh_shape
+        self.values = full.detach().to(torch.float64).numpy()
+        self.pdims, self.parts = partial_values(self.values, places, mesh_shape, dtype_name, seed, name)
+        self.dtype = torch_dtype(dtype_name) if full.is_floating_point() else full.dtype
+
+    def local(self, rank):
+        """The piece rank `rank` holds (its partial value, sliced to its shards), in the case dtype."""
+        import torch
+
+        coord = np.unravel_index(rank, self.mesh_shape)
+        piece = self.parts[tuple(coord[m] for m in self.pdims)] if self.pdims else self.parts[0]
+        idx = tuple(slice(a, b) for a, b in local_ranges(self.values.shape, self.places, coord, self.mesh_shape))
+        return torch.from_numpy(np.array(piece[idx], dtype=np.float64, copy=True, ndmin=0)).to(self.dtype)
+
+    def dtensor(self, local, mesh):
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        shape = tuple(self.full.shape)
+        return DTensor.from_local(local, mesh, [placement_object(s) for s in self.places], run_check=False,
+                                  shape=torch.Size(shape), stride=torch.empty(shape).stride())
+
+
+def run_op(prep, lib, seed, mesh, local_of):
+    """The op on DTensors whose local pieces `local_of(layout)` makes (a LocalTensor of every rank's, or
+    this rank's own): (gathered outputs, {j: (placements, gradient)}, placements per argument)."""
     import torch
     from torch.distributed.tensor import DTensor
 
-    values = full.detach().to(torch.float64).numpy()
-    pdims, parts = partial_values(values, places, mesh_shape, dtype_name, seed, name)
-    dt = full.dtype if not full.is_floating_point() else torch_dtype(dtype_name)
-
-    def local(rank):
-        coord = np.unravel_index(rank, mesh_shape)
-        piece = parts[tuple(coord[m] for m in pdims)] if pdims else parts[0]
-        idx = tuple(slice(a, b) for a, b in local_ranges(values.shape, places, coord, mesh_shape))
-        return torch.from_numpy(np.array(piece[idx], dtype=np.float64, copy=True, ndmin=0)).to(dt)
-
-    lt = mode.rank_map(local)
-    if grad:
-        lt.requires_grad_(True)
-    d = DTensor.from_local(lt, mesh, [placement_object(s) for s in places], run_check=False,
-                           shape=full.shape, stride=torch.empty(tuple(full.shape)).stride())
-    return d, (lt if grad else None)
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    given = lib.get("placements") or []
+    leaves, grads, places_used = list(prep.leaves), {}, []
+    for j, i in enumerate(prep.positions):
+        full = prep.leaves[i]
+        places = normalise(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
+        places_used.append(places)
+        layout = ArgumentLayout(full, places, mesh_shape, prep.dtype_name, seed, f"arg{j}")
+        local = local_of(layout)
+        if i in prep.grad_args:
+            local.requires_grad_(True)
+            grads[j] = (places, local)
+        leaves[i] = layout.dtensor(local, mesh)
+    outs = output_leaves(call(prep.op, leaves, prep.spec))
+    fulls = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
+    pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
+    inputs = [leaf for _, leaf in grads.values()]
+    got = [None] * len(inputs)
+    if pairs and inputs:
+        got = torch.autograd.grad([f for f, _ in pairs], inputs, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
+    return fulls, {j: (places, g) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}, places_used
 
 
 def per_rank(t, world):
@@ -151,32 +189,25 @@ def per_rank(t, world):
 
 
 def run_sharded(prep, lib, seed):
-    """Forward (and backward) of the op over the case's mesh: {"outs": [rank → array], "grads": {j: (places,
-    rank → local array)}, "places": [normalised placements per tensor argument]}."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
+    """Forward (and backward) of the op over the case's mesh, every rank simulated in this process:
+    {"outs": [rank → array], "grads": {j: (places, rank → local array)}, "places": [placements per
+    tensor argument], "mesh": mesh shape}."""
     mesh_shape = tuple(int(d) for d in lib["mesh"])
     world = math.prod(mesh_shape)
     mode, mesh = mode_and_mesh(mesh_shape)
-    given = lib.get("placements") or []
-    leaves, grads, places_used = list(prep.leaves), {}, []
     with mode:
-        for j, i in enumerate(prep.positions):
-            full = prep.leaves[i]
-            places = normalise(given[j] if j < len(given) else [], full.ndim, len(mesh_shape))
-            places_used.append(places)
-            d, leaf = build_argument(mode, mesh, full, places, mesh_shape, prep.dtype_name, seed, f"arg{j}", i in prep.grad_args)
-            leaves[i] = d
-            if leaf is not None:
-                grads[j] = (places, leaf)
-        outs = output_leaves(call(prep.op, leaves, prep.spec))
-        fulls = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
-        pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
-        inputs = [leaf for _, leaf in grads.values()]
-        got = [None] * len(inputs)
-        if pairs and inputs:
-            got = torch.autograd.grad([f for f, _ in pairs], inputs, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
-        result_outs = [per_rank(f, world) for f in fulls]
-        result_grads = {j: (places, per_rank(g, world)) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}
-    return {"outs": result_outs, "grads": result_grads, "places": places_used, "world": world, "mesh": mesh_shape}
+        fulls, grads, places = run_op(prep, lib, seed, mesh, lambda layout: mode.rank_map(layout.local))
+        outs = [per_rank(f, world) for f in fulls]
+        grads = {j: (pl, per_rank(g, world)) for j, (pl, g) in grads.items()}
+    return {"outs": outs, "grads": grads, "places": places, "mesh": mesh_shape}
+
+
+def run_on_rank(prep, lib, seed, rank):
+    """The same on a real process group (this process is rank `rank`): this rank's arrays."""
+    from .torch_common import mesh as cached_mesh
+
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    mesh = cached_mesh(mesh_shape, tuple(f"d{m}" for m in range(len(mesh_shape))))
+    fulls, grads, places = run_op(prep, lib, seed, mesh, lambda layout: layout.local(rank))
+    return {"outs": [to_array(f) for f in fulls], "grads": {j: (pl, to_array(g)) for j, (pl, g) in grads.items()},
+            "places": places}

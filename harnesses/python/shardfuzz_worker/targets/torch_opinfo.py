@@ -15,8 +15,8 @@ import numpy as np
 from .base import HarnessError
 
 #: Name fragments of ops whose result is random or uninitialised: nothing to compare.
-NONDETERMINISTIC = ("rand", "dropout", "normal", "bernoulli", "multinomial", "uniform", "exponential_",
-                    "geometric_", "cauchy_", "log_normal_", "empty", "new_empty", "randperm")
+NONDETERMINISTIC = ("rand", "dropout", "normal", "bernoulli", "multinomial", "uniform", "exponential",
+                    "geometric", "cauchy", "log_normal", "empty", "randperm", "fractional_max_pool")
 
 #: How many ops' sample lists stay cached (sample generation is most of a cheap op's cost).
 SAMPLE_CACHE = 256
@@ -120,11 +120,13 @@ class Prepared:
         self.grad_args = [i for i in self.positions if grad and leaves[i].requires_grad and self.leaves[i].is_floating_point()]
         self.seed = seed
 
-    def run(self, dtype, perturb=None):
+    def run(self, dtype, perturb=None, rng_seed=0):
         """The op single-device in `dtype` on the rounded inputs (times (1 + perturb·r), r = ±1, when
-        given): `{name: float64 array}` with outputs `out/i` and gradients `grad/j` (j: tensor argument)."""
+        given): `{name: float64 array}` with outputs `out/i` and gradients `grad/j` (j: tensor argument).
+        torch's generator is seeded with `rng_seed` first (another seed tells a random op)."""
         import torch
 
+        torch.manual_seed(rng_seed)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 7])
         leaves = list(self.leaves)
         for i in self.positions:
