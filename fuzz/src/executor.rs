@@ -16,7 +16,7 @@ use shardfuzz_harnesses::target::Target;
 use crate::coverage;
 use crate::findings::FindingStore;
 use crate::input::CaseInput;
-use crate::oracle::{config_class, evaluate_prepared, Oracle, Prepared, Verdict, VerdictKind};
+use crate::oracle::{config_class, evaluate_confirming, Confirmations, Oracle, Prepared, Verdict, VerdictKind};
 
 pub struct CaseExecutor<OT> {
     pub observers: OT,
@@ -36,6 +36,8 @@ pub struct CaseExecutor<OT> {
     pub seen: Vec<bool>,
     pub coverage: usize,
     pub new_findings: Vec<String>,
+    /// Simulated findings already confirmed on real ranks, by signature.
+    pub confirmations: Confirmations,
 }
 
 impl<OT> CaseExecutor<OT> {
@@ -60,6 +62,7 @@ impl<OT> CaseExecutor<OT> {
             seen: vec![false; coverage::MAP_SIZE],
             coverage: 0,
             new_findings: vec![],
+            confirmations: Confirmations::default(),
         }
     }
 
@@ -98,7 +101,8 @@ impl<OT> CaseExecutor<OT> {
         let target = &mut self.targets[i];
         let oracle = self.oracle;
         let name = target.name().to_string();
-        let v = catch_unwind(AssertUnwindSafe(|| evaluate_prepared(target.as_mut(), prep, &oracle))).unwrap_or_else(|p| {
+        let known = &mut self.confirmations;
+        let v = catch_unwind(AssertUnwindSafe(|| evaluate_confirming(target.as_mut(), prep, &oracle, known))).unwrap_or_else(|p| {
             let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
             Verdict {
                 target: name,

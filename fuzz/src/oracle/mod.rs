@@ -211,15 +211,46 @@ pub fn evaluate(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Verdic
 /// Runs a prepared case through `target`: the reference and the noise ensemble are shared by every
 /// target the same `Prepared` goes to.
 pub fn evaluate_prepared(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle) -> Verdict {
+    evaluate_confirming(target, prep, oracle, &mut Confirmations::default())
+}
+
+/// Real-rank verdicts of simulated findings, by signature. A confirmation starts a process group
+/// (seconds): a campaign confirms the first case of each signature and judges the later ones by
+/// it.
+#[derive(Default)]
+pub struct Confirmations(std::collections::HashMap<String, Verdict>);
+
+/// `evaluate_prepared`, reusing the confirmations already made for a finding's signature.
+pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle, known: &mut Confirmations) -> Verdict {
     let outcome = target.run(&prep.case, &prep.inputs);
     let v = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
-    if !v.kind.is_finding() {
+    if !v.kind.is_finding() || prep.case.library_op.is_none() {
         return v;
     }
+    let sig = v.signature(&prep.case);
+    if let Some(real) = known.0.get(&sig) {
+        return judged_by_earlier(v, real);
+    }
     match target.confirm(&prep.case, &prep.inputs) {
-        Some(outcome) => confirmed(v, judge_prepared(target.name(), target.versions(), prep, outcome, oracle)),
+        Some(outcome) => {
+            let real = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
+            known.0.insert(sig, real.clone());
+            confirmed(v, real)
+        }
         None => v,
     }
+}
+
+/// A simulated finding whose signature an earlier case already took to real ranks.
+fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
+    if real.kind.is_finding() || real.kind == VerdictKind::HarnessError {
+        v.notes.push(format!("an earlier case with this signature gave on real process-group ranks: {} — {}", real.kind, real.reason));
+        return v;
+    }
+    v.notes.push(format!("the in-process simulation gave: {} — {}", v.kind, v.reason));
+    v.reason = format!("the in-process rank simulation (LocalTensorMode) differs from real ranks for this signature (an earlier case gave {} there)", real.kind);
+    v.kind = VerdictKind::Unsupported;
+    v
 }
 
 /// A simulated run's finding against the same case on real ranks: kept (with the real run's

@@ -17,7 +17,7 @@ import numpy as np
 
 from .base import assemble
 from .torch_local_dtensor import local_ranges, run_on_rank, run_sharded
-from .torch_opinfo import Prepared, dtype_supported, find, torch_dtype, unit_roundoff
+from .torch_opinfo import Prepared, UnsupportedSample, dtype_supported, find, torch_dtype, unit_roundoff
 
 #: Frames of PyTorch's single-process simulation of ranks: a failure there is the simulation's limit
 #: (an op it cannot run per rank), not DTensor's.
@@ -57,6 +57,8 @@ def single_device(prep, dtype_name, notes):
             if prefix == "reference":
                 raise Unsupported(f"the single-device op fails on this sample: {type(e).__name__}: {str(e)[:200]}") from e
             notes.append(f"{prefix}: the single-device run failed ({type(e).__name__}: {str(e)[:120]}); left out")
+    if not out["reference"]:
+        raise Unsupported("the op returns no tensor (a Python number or an empty structure): nothing to compare")
     again = prep.run(torch.float64, rng_seed=1)
     if any(not np.array_equal(again.get(n), t, equal_nan=True) for n, t in out["reference"].items()):
         raise Unsupported("the op's result is random: two float64 runs on the same inputs under different seeds differ")
@@ -65,12 +67,11 @@ def single_device(prep, dtype_name, notes):
 
 def run(case):
     lib, seed, dtype_name = case["library_op"], int(case["data"]["seed"]), case["train"]["dtype"]
-    op = find(lib)
-    prep = Prepared(op, lib, seed, dtype_name)
     notes = []
     try:
+        prep = Prepared(find(lib), lib, seed, dtype_name)
         single = single_device(prep, dtype_name, notes)
-    except Unsupported as e:
+    except (Unsupported, UnsupportedSample) as e:
         return {"status": "unsupported", "reason": str(e)}
     try:
         sharded = run_sharded(prep, lib, seed)

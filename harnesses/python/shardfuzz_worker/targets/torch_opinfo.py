@@ -96,6 +96,10 @@ def unit_roundoff(dtype_name):
     return {"f64": 2.0**-53, "f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11}[dtype_name]
 
 
+class UnsupportedSample(Exception):
+    """A sample shardfuzz cannot shard (sparse or nested tensors, no tensor output)."""
+
+
 class Prepared:
     """One library-op case made concrete: the sample's tensors rounded to the case dtype (float64 values),
     which of them get gradients, and the upstream gradient of every float output."""
@@ -110,6 +114,9 @@ class Prepared:
             raise HarnessError(f"OpInfo {op.name} gave no sample inputs")
         self.index = int(lib.get("sample", 0)) % len(got)
         leaves, self.spec, self.positions = flatten(got[self.index])
+        odd = [str(leaves[i].layout) for i in self.positions if leaves[i].layout != torch.strided or leaves[i].is_nested]
+        if odd:
+            raise UnsupportedSample(f"sample {self.index} has {odd[0]} tensors: DTensor shards strided dense tensors")
         self.leaves = list(leaves)
         dt = torch_dtype(dtype_name)
         for i in self.positions:

@@ -5,6 +5,11 @@ Put this folder on PYTHONPATH and set SHARDFUZZ_TEST_FAULT; every Python process
 
   dtensor-partial-half  torch DTensor's Partial reduction (Partial._reduce_value, Partial._reduce_shard_value:
                         all-reduce, reduce-scatter) returns half the sum.
+  dtensor-reduction-rule-replicate
+                        a wrong DTensor sharding rule: a reduction over a sharded dimension (sum, amax,
+                        norms …: _ops._math_ops.get_placement_from_reduction_op, which the reduction rules
+                        ask for the output placement) marks its output Replicate instead of Partial, so the
+                        ranks' partial results are never reduced.
   jax-wsc-scale         jax.lax.with_sharding_constraint multiplies its input by 1.5 when the sharding it asks
                         for is not fully replicated.
   jax-psum-scale        jax.lax.psum (the all-reduce of shard_map programs) returns 1.5 times the sum.
@@ -41,6 +46,15 @@ def _halve_partial_reductions(module):
 
     partial._reduce_value = _reduce_value
     partial._reduce_shard_value = _reduce_shard_value
+
+
+def _reduction_rule_replicate(module):
+    def get_placement_from_reduction_op(reduction_op):
+        from torch.distributed.tensor import Replicate
+
+        return Replicate()
+
+    module.get_placement_from_reduction_op = get_placement_from_reduction_op
 
 
 def _replicated(sharding):
@@ -157,6 +171,7 @@ def _halve_deepspeed_reductions(module):
 #: Fault name -> (module to patch once it has been executed, patch).
 FAULTS = {
     "dtensor-partial-half": ("torch.distributed.tensor.placement_types", _halve_partial_reductions),
+    "dtensor-reduction-rule-replicate": ("torch.distributed.tensor._ops._math_ops", _reduction_rule_replicate),
     "jax-wsc-scale": ("jax.lax", _scale_sharding_constraints),
     "jax-psum-scale": ("jax.lax", _scale_psum),
     "fsdp2-avg-off-by-one": ("torch.distributed.fsdp._fully_shard._fsdp_collectives", _fsdp2_divide_off_by_one),
