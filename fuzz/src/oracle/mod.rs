@@ -248,7 +248,10 @@ fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
         return v;
     }
     v.notes.push(format!("the in-process simulation gave: {} — {}", v.kind, v.reason));
-    v.reason = format!("the in-process rank simulation (LocalTensorMode) differs from real ranks for this signature (an earlier case gave {} there)", real.kind);
+    v.reason = format!(
+        "the in-process rank simulation (LocalTensorMode) differs from real ranks for this signature (an earlier case gave {} there)",
+        real.kind
+    );
     v.kind = VerdictKind::Unsupported;
     v
 }
@@ -270,7 +273,8 @@ fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
     }
     let mut v = simulated;
     v.notes.push(format!("the in-process simulation gave: {} — {}", v.kind, v.reason));
-    v.reason = format!("the in-process rank simulation (LocalTensorMode) differs from real ranks, which give {}: {}", real.kind, real.reason);
+    v.reason =
+        format!("the in-process rank simulation (LocalTensorMode) differs from real ranks, which give {}: {}", real.kind, real.reason);
     v.kind = VerdictKind::Unsupported;
     v
 }

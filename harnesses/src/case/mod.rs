@@ -13,8 +13,8 @@ mod train;
 mod validate;
 
 pub use data::{Data, Distribution};
-pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
 pub use library_op::{LibraryOp, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS};
+pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
 pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder};
 pub use real::Real;

@@ -327,7 +327,9 @@ impl Target for PythonTarget {
         self.next_id += 1;
         let id = self.next_id;
         let w = self.worker.as_mut().expect("started above");
-        writeln!(w.stdin, "{}", json!({"cmd": "vocabulary", "id": id})).and_then(|_| w.stdin.flush()).map_err(|e| format!("{}: {e}", self.name))?;
+        writeln!(w.stdin, "{}", json!({"cmd": "vocabulary", "id": id}))
+            .and_then(|_| w.stdin.flush())
+            .map_err(|e| format!("{}: {e}", self.name))?;
         let reply = loop {
             match w.lines.recv_timeout(STARTUP) {
                 Ok(line) => match serde_json::from_str::<Value>(&line) {

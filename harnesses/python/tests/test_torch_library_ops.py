@@ -1,0 +1,168 @@
+"""torch-dtensor's library ops (OpInfo) end to end through the worker, as the Rust side drives it: the
+vocabulary, a handful of ops per family in float64 under shard / replicate / partial placements agreeing
+with the float64 reference the worker sends, the single-device tensors the oracle needs, refusals, and a
+test fault in one DTensor sharding rule that the comparison sees. Skipped where torch is not installed."""
+
+import importlib.util
+import json
+import os
+import sys
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from driver import Worker  # noqa: E402
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+#: (op, variant, sample, mesh, placements): a few ops per OpInfo family, sharded evenly and unevenly,
+#: replicated and partial, on 1-D and 2-D meshes.
+CASES = [
+    ("neg", "", 6, [2], [["S(0)"]]),
+    ("exp", "", 7, [2, 2], [["S(1)", "P"]]),
+    ("add", "", 3, [2, 2], [["S(0)", "S(1)"], ["R", "P"]]),
+    ("mul", "", 5, [3], [["S(1)"], ["S(1)"]]),
+    ("where", "", 2, [2], [["S(0)"], ["S(0)"], ["R"]]),
+    ("sum", "", 8, [2], [["S(0)"]]),
+    ("amax", "", 6, [2], [["S(0)"]]),
+    ("mean", "", 5, [3], [["S(1)"]]),
+    ("logsumexp", "", 3, [2], [["S(0)"]]),
+    ("mm", "", 0, [2], [["S(1)"], ["S(0)"]]),
+    ("bmm", "", 0, [2, 2], [["S(0)", "R"], ["R", "S(2)"]]),
+    ("addmm", "", 1, [2], [["R"], ["S(0)"], ["R"]]),
+    ("matmul", "", 4, [4], [["P"], ["R"]]),
+    ("cumsum", "", 2, [2], [["S(0)"]]),
+    ("nn.functional.layer_norm", "", 3, [2], [["S(0)"], ["R"], ["R"]]),
+    ("nn.functional.gelu", "", 1, [2, 2], [["S(0)", "R"]]),
+    ("transpose", "", 3, [2], [["S(0)"]]),
+    ("permute", "", 1, [2, 2], [["S(0)", "S(1)"]]),
+    ("reshape", "", 1, [2], [["S(1)"]]),
+    ("cat", "", 1, [2], [["S(0)"], ["S(0)"]]),
+    ("index_select", "", 2, [2], [["S(1)"], ["R"]]),
+    ("gather", "", 3, [2], [["S(0)"], ["S(0)"]]),
+    ("nn.functional.cross_entropy", "", 1, [2], [["S(0)"], ["S(0)"]]),
+    ("topk", "", 1, [2], [["S(0)"]]),
+]
+
+
+def library_case(name, variant, sample, mesh, placements, dtype="f64", seed=3):
+    return {"schema": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1},
+            "library_op": {"name": name, "variant": variant, "sample": sample, "mesh": mesh, "placements": placements},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": dtype},
+            "data": {"seed": seed}}
+
+
+def worst_against_reference(outputs):
+    """(worst relative error of a compared tensor against its reference, its name)."""
+    worst = (0.0, "")
+    for name, ref in outputs.items():
+        if not name.startswith("reference/"):
+            continue
+        got = outputs[name[len("reference/"):]]
+        scale = max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0)
+        err = float(np.max(np.abs(got - ref))) / scale if ref.size else 0.0
+        if np.shape(got) != np.shape(ref) or not np.isfinite(err):
+            err = float("inf")
+        worst = max(worst, (err, name))
+    return worst
+
+
+class LibraryWorker(unittest.TestCase):
+    env = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.worker = Worker("torch-dtensor", env=cls.env)
+        assert cls.worker.hello["event"] == "ready", cls.worker.hello
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.worker.close()
+
+    def run_case(self, case):
+        return self.worker.run(case, {"none": np.zeros(0)})
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class TorchLibraryOpsTest(LibraryWorker):
+    def test_the_vocabulary_is_pytorchs_opinfo_database(self):
+        w = self.worker
+        w.proc.stdin.write(json.dumps({"cmd": "vocabulary", "id": 999}) + "\n")
+        w.proc.stdin.flush()
+        reply = json.loads(w.proc.stdout.readline())
+        self.assertEqual(reply["status"], "ok")
+        names = {(o["name"], o["variant"]) for o in reply["ops"]}
+        self.assertGreaterEqual(len(names), 300)
+        self.assertIn(("addmm", ""), names)
+        self.assertNotIn(("bernoulli", ""), names, "random ops are left out")
+
+    def test_ops_of_every_family_agree_with_the_float64_reference(self):
+        for name, variant, sample, mesh, placements in CASES:
+            with self.subTest(op=name, mesh=mesh, placements=placements):
+                reply, outputs = self.run_case(library_case(name, variant, sample, mesh, placements))
+                self.assertEqual(reply["status"], "completed", reply.get("reason"))
+                self.assertIn("reference/out/0", outputs)
+                err, tensor = worst_against_reference(outputs)
+                self.assertLessEqual(err, 1e-9, tensor)
+                self.assertIn(f"lib:op:{name}", reply["features"])
+
+    def test_low_precision_cases_send_the_baseline_and_the_noise_members(self):
+        reply, outputs = self.run_case(library_case("mm", "", 0, [2], [["S(1)"], ["S(0)"]], dtype="bf16"))
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        for prefix in ("reference", "baseline", "member/perturbed", "member/reordered"):
+            self.assertIn(f"{prefix}/out/0", outputs)
+            self.assertIn(f"{prefix}/grad/0", outputs)
+
+    def test_replicated_copies_come_back_as_replicas(self):
+        reply, outputs = self.run_case(library_case("add", "", 3, [2, 2], [["S(0)", "R"], ["R", "R"]]))
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertIn("replica/1/out/0", outputs)
+        self.assertIn("replica/1/grad/0", outputs, "grad of a tensor replicated over mesh dim 1: a copy per column")
+
+    def test_unknown_ops_and_data_dependent_ops_are_not_findings(self):
+        reply, _ = self.run_case(library_case("no_such_op", "", 0, [2], []))
+        self.assertEqual(reply["status"], "unsupported")
+        reply, _ = self.run_case(library_case("nonzero", "", 1, [2], [["S(0)"]]))
+        self.assertEqual(reply["status"], "rejected", reply.get("reason"))
+
+    def test_a_case_runs_on_real_gloo_ranks_with_the_same_answer(self):
+        case = library_case("add", "", 3, [2, 2], [["S(0)", "S(1)"], ["R", "P"]])
+        w = self.worker
+        w.next_id += 1
+        inputs = os.path.join(w.scratch, "none.safetensors")
+        from safetensors.numpy import load_file, save_file
+
+        save_file({"none": np.zeros(0)}, inputs)
+        out = os.path.join(w.scratch, "gloo.safetensors")
+        w.proc.stdin.write(json.dumps({"cmd": "run", "id": w.next_id, "case": case, "inputs": inputs, "output": out,
+                                       "timeout_s": 120, "processes": True}) + "\n")
+        w.proc.stdin.flush()
+        reply = json.loads(w.proc.stdout.readline())
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertLessEqual(worst_against_reference(load_file(out))[0], 1e-9)
+        self.assertIn("gloo", " ".join(reply["notes"]))
+
+
+FAULTS = os.path.join(HERE, "faults")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class WrongShardingRuleTest(LibraryWorker):
+    """A test fault in one DTensor rule (reductions over a sharded dim marked Replicate, not Partial)."""
+
+    env = {"PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), FAULTS]),
+           "SHARDFUZZ_TEST_FAULT": "dtensor-reduction-rule-replicate"}
+
+    def test_a_reduction_over_a_sharded_dimension_is_wrong_under_the_fault(self):
+        reply, outputs = self.run_case(library_case("sum", "", 8, [2], [["S(0)"]]))
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertGreater(worst_against_reference(outputs)[0], 1e-3)
+        reply, outputs = self.run_case(library_case("neg", "", 6, [2], [["S(0)"]]))
+        self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9, "an op without a reduction is unaffected")
+
+
+if __name__ == "__main__":
+    unittest.main()
