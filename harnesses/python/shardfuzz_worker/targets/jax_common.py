@@ -194,7 +194,16 @@ class JaxTarget(Target):
     def world(self, case):
         return 0
 
+    def vocabulary(self):
+        from .jax_library_op import vocabulary
+
+        return vocabulary()
+
     def unsupported(self, case):
+        if "library_op" in case:
+            from .jax_library_op import unsupported
+
+            return unsupported(case)
         if "op" not in case:
             return f"{self.name} runs op-level cases only (model cases are not implemented for JAX)"
         p = parallel(case)

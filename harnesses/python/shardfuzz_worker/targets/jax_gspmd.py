@@ -30,6 +30,10 @@ class JaxGspmd(JaxTarget):
     name = "jax-gspmd"
 
     def run_local(self, case, inputs):
+        if "library_op" in case:
+            from .jax_library_op import run
+
+            return run(case, "gspmd")
         from jax.sharding import NamedSharding, PartitionSpec
 
         op = case["op"]

@@ -225,6 +225,10 @@ class JaxShardMap(JaxTarget):
     name = "jax-shardmap"
 
     def run_local(self, case, inputs):
+        if "library_op" in case:
+            from .jax_library_op import run
+
+            return run(case, "shardmap")
         from jax.sharding import PartitionSpec
 
         op = case["op"]

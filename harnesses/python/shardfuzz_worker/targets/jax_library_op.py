@@ -1,0 +1,441 @@
+"""A library-op case end to end for jax-gspmd and jax-shardmap: the sample of a `jax_ops` entry, the
+single-device computations the oracle judges with, the sharded run, and the tensors the fuzzer compares
+(the same reply torch_library_op.combine makes).
+
+Inputs: the op's sample `sample % len(samples)` drawn from `data.seed`, float inputs rounded to the case
+dtype (float64 values). Single-device runs, each one jitted function computing the outputs and, when the
+case asks for the backward and the op has float inputs and float outputs, the vjp of every float input
+with a seeded cotangent per float output (rounded to the case dtype):
+  reference          float64 on the rounded inputs
+  baseline           the case dtype (low precision only)
+  member/perturbed   float64 on the inputs times (1 ± u), u the dtype's unit roundoff
+  member/reordered   the case dtype on those inputs (low precision only)
+Sharded runs, over a mesh of the case's shape on the first prod(mesh) of the 8 host CPU devices, axes
+("a0", "a1", "a2"):
+  gspmd     one jitted function: each input constrained with `with_sharding_constraint` to the
+            NamedSharding its placements name (S(d) over mesh dim m: axis m in the spec entry of tensor
+            dim d, several axes on one dim allowed; uneven shards padded by XLA), a Partial input entering
+            as its summands (one leading dim per partial mesh axis, summed inside), the op and its vjp.
+  shardmap  the op inside `jax.shard_map` on the value rebuilt per device (psum of the summands,
+            tiled all_gather of every sharded dim), its outputs replicated (out_specs P()); a dim the
+            mesh does not divide is refused by shard_map (a clean rejection, validation.py).
+Only Partial sums exist in JAX's programs: P(avg|max|min) placements run as replicated (noted).
+The gradient of a summand is the gradient of the whole value: the first summand's is sent, the others as
+replicas (as jax_gspmd does). Compiled programs are cached by op, sample, shapes, dtype, mesh and
+placements; a repeated structure costs the runs only.
+"""
+
+import collections
+import math
+
+import numpy as np
+
+from ..partial import partial_parts, round_to
+from . import jax_ops
+from .jax_common import N_DEVICES, device_copies, hlo_features, jax, jnp
+
+AXES = ("a0", "a1", "a2")
+DTYPES = {"f64": jnp.float64, "f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+UNIT_ROUNDOFF = {"f64": 2.0**-53, "f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11}
+TARGET_KINDS = ("gspmd", "shardmap")
+
+#: Compiled programs and sample lists kept (least recently used out first).
+CACHE_SIZE = 512
+SAMPLE_CACHE = 256
+
+
+class _Lru(collections.OrderedDict):
+    def __init__(self, size):
+        super().__init__()
+        self.size = size
+
+    def get_or(self, key, make):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = make()
+        self[key] = value
+        while len(self) > self.size:
+            self.popitem(last=False)
+        return value
+
+
+_COMPILED = _Lru(CACHE_SIZE)
+_SAMPLES = _Lru(SAMPLE_CACHE)
+_MESHES = {}
+
+
+class Unsupported(Exception):
+    pass
+
+
+def vocabulary():
+    return jax_ops.vocabulary()
+
+
+def unsupported(case):
+    lib = case["library_op"]
+    try:
+        jax_ops.find(lib["name"], lib.get("variant", ""))
+    except KeyError as e:
+        return str(e)
+    mesh = [int(d) for d in lib.get("mesh") or []]
+    if not 1 <= len(mesh) <= len(AXES) or min(mesh) < 1:
+        return f"a library-op mesh has 1 to {len(AXES)} dims of size >= 1 (got {mesh})"
+    if math.prod(mesh) > N_DEVICES:
+        return f"mesh {mesh} needs more than the {N_DEVICES} host CPU devices"
+    if case["train"]["dtype"] not in DTYPES:
+        return f"dtype {case['train']['dtype']} is not mapped for JAX"
+    return None
+
+
+def mesh_of(shape):
+    from jax.sharding import Mesh
+
+    if shape not in _MESHES:
+        devs = np.array(jax.devices()[: math.prod(shape)]).reshape(shape)
+        _MESHES[shape] = Mesh(devs, AXES[: len(shape)])
+    return _MESHES[shape]
+
+
+def is_float(dtype):
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+# ---------------------------------------------------------------------------------------- the case
+
+
+class Prepared:
+    """One library-op case made concrete: the sample's inputs (floats rounded to the case dtype, as float64
+    values), which are float, the output structure, and the upstream gradient of every float output."""
+
+    def __init__(self, lib, seed, dtype_name):
+        self.op = jax_ops.find(lib["name"], lib.get("variant", ""))
+        self.seed, self.dtype_name = int(seed), dtype_name
+        got = _SAMPLES.get_or((self.op.name, self.seed), lambda: self.op.samples(self.seed))
+        self.index = int(lib.get("sample", 0)) % len(got)
+        raw, self.kwargs = got[self.index]
+        self.floating = [np.issubdtype(np.asarray(x).dtype, np.floating) for x in raw]
+        self.inputs = [round_to(x, dtype_name) if f else np.asarray(x) for x, f in zip(raw, self.floating)]
+        self.float_args = [j for j, f in enumerate(self.floating) if f]
+        self.structure = tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in self.inputs)
+        self.static = repr(sorted(self.kwargs.items()))
+        self.key = (self.op.name, self.index, self.structure, self.static)
+        self.outs = _COMPILED.get_or(("outs",) + self.key, self._out_structure)
+        self.float_outs = [k for k, (_, dt) in enumerate(self.outs) if is_float(dt)]
+        self.integer_outputs = {f"out/{k}" for k in range(len(self.outs)) if k not in self.float_outs}
+        self.grad = bool(lib.get("backward", True)) and self.op.grad and bool(self.float_args) and bool(self.float_outs)
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 11])
+        self.cots = [round_to(rng.standard_normal(self.outs[k][0]), dtype_name) for k in self.float_outs] if self.grad else []
+
+    def _out_structure(self):
+        """[(shape, dtype)] of the op's outputs (float64 inputs), traced abstractly."""
+        specs = [jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype) for x in self.inputs]
+        try:
+            got = jax.eval_shape(lambda *xs: jax.tree_util.tree_leaves(self.op(*xs, **self.kwargs)), *specs)
+        except Exception as e:  # noqa: BLE001 - the op refuses its own sample: not a case to run
+            raise Unsupported(f"the op fails on this sample: {type(e).__name__}: {str(e)[:200]}") from e
+        if not got:
+            raise Unsupported("the op returns no array: nothing to compare")
+        return [(tuple(o.shape), o.dtype) for o in got]
+
+    def perturbed(self, u):
+        """The inputs times (1 + u·r), r = ±1 per element (seeded), float inputs only."""
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 7])
+        out = list(self.inputs)
+        for j in self.float_args:
+            x = out[j]
+            out[j] = x * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(x)))
+        return out
+
+
+def make_step(call, float_args, grad):
+    """A traceable (args, cots) -> (outputs, gradients of the float args): `call(args)` gives the outputs."""
+
+    def step(args, cots):
+        def fwd(fvals):
+            vals = list(args)
+            for p, j in enumerate(float_args):
+                vals[j] = fvals[p]
+            outs = call(vals)
+            return [o for o in outs if is_float(o.dtype)], outs
+
+        fvals = [args[j] for j in float_args]
+        if not grad:
+            return fwd(fvals)[1], []
+        floats, vjp, outs = jax.vjp(fwd, fvals, has_aux=True)
+        (grads,) = vjp([c.astype(o.dtype) for c, o in zip(cots, floats)])
+        return outs, grads
+
+    return step
+
+
+def _op_call(prep):
+    return lambda vals: jax.tree_util.tree_leaves(prep.op(*vals, **prep.kwargs))
+
+
+def to_array(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------- single device
+
+
+def single_run(prep, run_dtype, inputs):
+    """The op on one device in `run_dtype` on `inputs`: {out/k, grad/j: float64 array}."""
+    key = ("single", jnp.dtype(run_dtype).name, prep.grad) + prep.key
+    fn = _COMPILED.get_or(key, lambda: jax.jit(make_step(_op_call(prep), prep.float_args, prep.grad)))
+    args = [jnp.asarray(x, dtype=run_dtype) if f else x for x, f in zip(inputs, prep.floating)]
+    outs, grads = fn(args, [np.asarray(c) for c in prep.cots])
+    result = {f"out/{k}": to_array(o) for k, o in enumerate(outs)}
+    for j, g in zip(prep.float_args, grads):
+        result[f"grad/{j}"] = to_array(g)
+    return result
+
+
+def single_device(prep, notes):
+    """{prefix: tensors} of the reference, baseline and members; Unsupported when the op fails on one device
+    in float64 or in the case dtype (the sharded run would fail alike: no finding)."""
+    name = prep.dtype_name
+    u = UNIT_ROUNDOFF[name]
+    low = name != "f64"
+    runs = [("reference", jnp.float64, False), ("member/perturbed", jnp.float64, True)]
+    if low:
+        runs += [("baseline", DTYPES[name], False), ("member/reordered", DTYPES[name], True)]
+    out = {}
+    moved = prep.perturbed(u)
+    for prefix, dt, perturb in runs:
+        try:
+            out[prefix] = single_run(prep, dt, moved if perturb else prep.inputs)
+        except Exception as e:  # noqa: BLE001 - the op itself refuses this sample on one device
+            if prefix in ("reference", "baseline"):
+                raise Unsupported(f"the single-device op fails in {jnp.dtype(dt).name}: {type(e).__name__}: {str(e)[:200]}") from e
+            notes.append(f"{prefix}: the single-device run failed ({type(e).__name__}: {str(e)[:120]}); left out")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- placements
+
+
+def normalise(places, ndim, mesh_ndim, floating):
+    """The case's placement strings for one argument, made valid for it (as torch_local_dtensor.normalise):
+    `S(d)` modulo the argument's dims (a 0-d argument replicated), missing mesh dims replicated, partial
+    only for float arguments, every partial dim given the first one's reduction."""
+    out = []
+    for s in list(places)[:mesh_ndim] + ["R"] * (mesh_ndim - len(places)):
+        if s.startswith("S("):
+            s = f"S({int(s[2:-1]) % ndim})" if ndim else "R"
+        if s.startswith("P") and not floating:
+            s = "R"
+        out.append(s)
+    partials = [s for s in out if s.startswith("P")]
+    return [partials[0] if s.startswith("P") else s for s in out]
+
+
+class Layout:
+    """One argument's placements over the mesh: mesh axes per tensor dim, and partial-sum axes."""
+
+    def __init__(self, places, ndim):
+        self.places = places
+        self.dims = [[] for _ in range(ndim)]
+        self.partial = []
+        for m, s in enumerate(places):
+            if s == "P":
+                self.partial.append(AXES[m])
+            elif s.startswith("S("):
+                self.dims[int(s[2:-1])].append(AXES[m])
+
+    def entries(self):
+        return [None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in self.dims]
+
+    def spec(self):
+        """PartitionSpec of the argument as it enters: one leading dim per partial axis, then its dims."""
+        from jax.sharding import PartitionSpec
+
+        return PartitionSpec(*self.partial, *self.entries())
+
+    def divides(self, shape, mesh_shape):
+        return all(shape[d] % math.prod(mesh_shape[AXES.index(a)] for a in axes) == 0
+                   for d, axes in enumerate(self.dims) if axes)
+
+
+def layouts(prep, lib, notes):
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    given = lib.get("placements") or []
+    out = []
+    for j, x in enumerate(prep.inputs):
+        places = normalise(given[j] if j < len(given) else [], np.ndim(x), len(mesh_shape), prep.floating[j])
+        if any(s.startswith("P(") for s in places):
+            notes.append(f"arg {j}: {places[[s.startswith('P') for s in places].index(True)]} has no JAX counterpart "
+                         "(partial sums only): run as replicated")
+            places = ["R" if s.startswith("P(") else s for s in places]
+        out.append(Layout(places, np.ndim(x)))
+    return out
+
+
+def entering(prep, lays, mesh_shape):
+    """Each argument as it enters the sharded program (float64 values): a Partial one as its summands
+    (uneven, random, exact in the case dtype; the same split torch-dtensor makes of argument j)."""
+    out = []
+    for j, (x, lay) in enumerate(zip(prep.inputs, lays)):
+        if lay.partial:
+            sizes = [mesh_shape[AXES.index(a)] for a in lay.partial]
+            x = partial_parts(x, sizes, prep.dtype_name, prep.seed, f"arg{j}")
+        out.append(x)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- sharded runs
+
+
+def _gspmd_call(prep, lays, m):
+    from jax.sharding import NamedSharding
+
+    def call(vals):
+        fulls = []
+        for v, lay in zip(vals, lays):
+            v = jax.lax.with_sharding_constraint(v, NamedSharding(m, lay.spec()))
+            if lay.partial:
+                v = v.sum(axis=tuple(range(len(lay.partial))))
+            fulls.append(v)
+        return _op_call(prep)(fulls)
+
+    return call
+
+
+def _shardmap_call(prep, lays, m):
+    from jax.sharding import PartitionSpec
+
+    def body(*vals):
+        fulls = []
+        for v, lay in zip(vals, lays):
+            k = len(lay.partial)
+            if k:
+                v = jax.lax.psum(v.reshape(v.shape[k:]), tuple(lay.partial))
+            for d, axes in enumerate(lay.dims):
+                if axes:
+                    v = jax.lax.all_gather(v, tuple(axes), axis=d, tiled=True, to="invarying")
+            fulls.append(v)
+        return tuple(_op_call(prep)(fulls))
+
+    smap = jax.shard_map(body, mesh=m, in_specs=tuple(lay.spec() for lay in lays),
+                         out_specs=tuple(PartitionSpec() for _ in prep.outs))
+    return lambda vals: list(smap(*vals))
+
+
+def sharded_args(prep, parts, lays, m, mesh_shape):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    dt = DTYPES[prep.dtype_name]
+    repl = NamedSharding(m, PartitionSpec())
+    args = []
+    for x, f, lay in zip(parts, prep.floating, lays):
+        arr = jnp.asarray(x, dtype=dt) if f else jnp.asarray(x)
+        shape = np.shape(x)[len(lay.partial):]
+        # Uneven: in replicated, the constraint inside jit (gspmd) or shard_map's own check does the rest.
+        args.append(jax.device_put(arr, NamedSharding(m, lay.spec()) if lay.divides(shape, mesh_shape) else repl))
+    cots = [jax.device_put(np.asarray(c), repl) for c in prep.cots]
+    return args, cots
+
+
+def run_sharded(prep, lib, target_kind, notes):
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    m = mesh_of(mesh_shape)
+    lays = layouts(prep, lib, notes)
+    parts = entering(prep, lays, mesh_shape)
+    args, cots = sharded_args(prep, parts, lays, m, mesh_shape)
+    key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays)) + prep.key
+
+    def build():
+        call = (_gspmd_call if target_kind == "gspmd" else _shardmap_call)(prep, lays, m)
+        compiled = jax.jit(make_step(call, prep.float_args, prep.grad)).lower(args, cots).compile()
+        try:
+            feats = hlo_features(compiled.as_text())
+        except Exception:  # noqa: BLE001 - features are a nicety
+            feats = []
+        return compiled, feats
+
+    compiled, feats = _COMPILED.get_or(key, build)
+    outs, grads = compiled(args, cots)
+    return {"outs": list(outs), "grads": dict(zip(prep.float_args, grads)), "layouts": lays, "mesh": mesh_shape,
+            "hlo": feats}
+
+
+def _copies(arr, shape, k):
+    """Full copies of one jax Array per replica (device groups), a summands array's `k` leading dims
+    split into one copy per summand: [(label, float64 array of `shape`)]."""
+    reps = []
+    for r, c in device_copies(arr):
+        if k:
+            flat = c.reshape((-1,) + tuple(shape))
+            reps += [(r * flat.shape[0] + i, flat[i]) for i in range(flat.shape[0])]
+        else:
+            reps.append((r, c.reshape(shape)))
+    return reps
+
+
+# ---------------------------------------------------------------------------------------- the reply
+
+
+def run(case, target_kind):
+    assert target_kind in TARGET_KINDS, target_kind
+    lib, seed, dtype_name = case["library_op"], int(case["data"]["seed"]), case["train"]["dtype"]
+    notes = []
+    try:
+        prep = Prepared(lib, seed, dtype_name)
+        single = single_device(prep, notes)
+    except Unsupported as e:
+        return {"status": "unsupported", "reason": str(e)}
+    sharded = run_sharded(prep, lib, target_kind, notes)
+    return combine(case, prep, single, sharded, notes, target_kind)
+
+
+def combine(case, prep, single, sharded, notes, target_kind):
+    tensors, replicas = {}, {}
+    low = case["train"]["dtype"] != "f64"
+    for k, o in enumerate(sharded["outs"]):
+        name = f"out/{k}"
+        tensors[name] = to_array(o)
+        reps = _copies(o, np.shape(o), 0)
+        if len(reps) > 1:
+            replicas[name] = reps
+    for j, g in sharded["grads"].items():
+        name = f"grad/{j}"
+        lay = sharded["layouts"][j]
+        shape = np.shape(prep.inputs[j])
+        k = len(lay.partial)
+        full = to_array(g)
+        tensors[name] = full.reshape((-1,) + shape)[0] if k else full
+        reps = _copies(g, shape, k)
+        if len(reps) > 1:
+            replicas[name] = reps
+    reference = single["reference"]
+    for name, ref in reference.items():
+        if name not in tensors:
+            notes.append(f"{name}: the sharded run produced no such tensor")
+            tensors[name] = np.full(np.shape(ref), np.nan)
+    for prefix, got in single.items():
+        for name, t in got.items():
+            if not (low and name in prep.integer_outputs):
+                tensors[f"{prefix}/{name}"] = t
+    return {"tensors": tensors, "replicas": replicas, "features": features(case, prep, sharded, target_kind), "notes": notes}
+
+
+def features(case, prep, sharded, target_kind):
+    mesh = sharded["mesh"]
+    out = [f"lib:op:{prep.op.name}", f"lib:family:{prep.op.family}", f"lib:mesh:{len(mesh)}d",
+           f"lib:args:{len(prep.inputs)}", f"lib:outs:{len(prep.outs)}", f"lib:world:{math.prod(mesh)}",
+           f"lib:jax:{target_kind}", f"dtype:{prep.dtype_name}"]
+    for j, lay in enumerate(sharded["layouts"]):
+        out.append(f"lib:place:{j}:{'/'.join(lay.places)}")
+        shape = np.shape(prep.inputs[j])
+        for m, s in enumerate(lay.places):
+            if s.startswith("S("):
+                n = shape[int(s[2:-1])]
+                out.append("lib:shard:empty" if n < mesh[m] else ("lib:shard:uneven" if n % mesh[m] else "lib:shard:even"))
+            elif s.startswith("P"):
+                out.append(f"lib:partial:{s}")
+    if prep.grad:
+        out.append("lib:backward")
+    out += sharded["hlo"]
+    return sorted(set(out))
