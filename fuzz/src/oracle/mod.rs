@@ -214,6 +214,9 @@ pub fn evaluate_prepared(target: &mut dyn Target, prep: &Prepared, oracle: &Orac
     evaluate_confirming(target, prep, oracle, &mut Confirmations::default())
 }
 
+/// How a worker's notes say a library-op case already ran on real ranks (nothing to confirm).
+pub const REAL_RANKS_NOTE: &str = "ran on real process-group ranks";
+
 /// Real-rank verdicts of simulated findings, by signature. A confirmation starts a process group
 /// (seconds): a campaign confirms the first case of each signature and judges the later ones by
 /// it.
@@ -224,7 +227,8 @@ pub struct Confirmations(std::collections::HashMap<String, Verdict>);
 pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle, known: &mut Confirmations) -> Verdict {
     let outcome = target.run(&prep.case, &prep.inputs);
     let v = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
-    if !v.kind.is_finding() || prep.case.library_op.is_none() {
+    let real_already = v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE));
+    if !v.kind.is_finding() || prep.case.library_op.is_none() || real_already {
         return v;
     }
     let sig = v.signature(&prep.case);

@@ -249,7 +249,8 @@ op("jax.numpy.clip", "select", jnp.clip, [
     S(N(4, 6), N(4, 6), N(4, 6)),  # array bounds: min and max as arguments
 ])
 op("jax.lax.clamp", "select", lambda lo, x, hi: lax.clamp(lo, x, hi), [
-    S(N(), N(5), U(0.5, 1.0)), S(U(-1, -0.5, 3, 4), N(3, 4), U(0.5, 1, 3, 4)), S(U(-1, -0.2), N(2, 3, 2), U(0.2, 1)),
+    # (Scalar bounds around an array: JAX cannot differentiate them, every backward case would be unsupported.)
+    S(U(-1, -0.5, 5), N(5), U(0.5, 1.0, 5)), S(U(-1, -0.5, 3, 4), N(3, 4), U(0.5, 1, 3, 4)), S(U(-1, -0.2), N(), U(0.2, 1)),
 ])
 
 # ---------------------------------------------------------------------------------------- reductions
@@ -366,7 +367,7 @@ op("jax.lax.conv_general_dilated", "conv", lax.conv_general_dilated, [
     S(N(1, 4, 5, 5), N(4, 2, 2, 2), window_strides=(1, 2), padding="VALID", dimension_numbers=_C2, feature_group_count=2),
     S(N(2, 3, 7), N(2, 3, 2), window_strides=(1,), padding=((2, 0),), rhs_dilation=(2,), dimension_numbers=_C1),
     S(N(1, 5, 6, 2), N(3, 3, 2, 4), window_strides=(1, 1), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
-    S(N(1, 2, 5), N(3, 2, 2), window_strides=(1,), padding="VALID", lhs_dilation=(2,), dimension_numbers=_C1),
+    S(N(1, 2, 5), N(3, 2, 2), window_strides=(1,), padding=((1, 1),), lhs_dilation=(2,), dimension_numbers=_C1),
 ])
 op("jax.lax.conv", "conv", lax.conv, [
     S(N(2, 3, 6, 5), N(4, 3, 3, 2), window_strides=(1, 1), padding="VALID"),
@@ -376,7 +377,7 @@ op("jax.lax.conv_with_general_padding", "conv", lax.conv_with_general_padding, [
     S(N(1, 2, 5, 6), N(3, 2, 2, 3), window_strides=(1, 1), padding=((1, 0), (2, 1)), lhs_dilation=(1, 1), rhs_dilation=(1, 2)),
 ])
 op("jax.lax.conv_transpose", "conv", lax.conv_transpose, [
-    S(N(1, 2, 4, 4), N(3, 3, 3, 2), strides=(2, 2), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+    S(N(1, 4, 4, 3), N(3, 3, 3, 2), strides=(2, 2), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
     S(N(2, 5, 3), N(2, 3, 4), strides=(1,), padding="VALID", dimension_numbers=("NHC", "HIO", "NHC")),
 ])
 op("jax.numpy.convolve", "conv", jnp.convolve, [S(N(7), N(3)), S(N(5), N(4), mode="same"), S(N(6), N(2), mode="valid")])
@@ -384,8 +385,10 @@ op("jax.numpy.correlate", "conv", jnp.correlate, [S(N(7), N(3)), S(N(5), N(4), m
 
 
 def _reduce_window(x, how, window, strides, padding):
+    # A Python scalar init: JAX recognises the monoid (max / add / min) and can differentiate it; an init
+    # array made inside the trace is a tracer, which makes it the generic, non-differentiable reduce_window.
     init, fn = {"max": (-jnp.inf, lax.max), "sum": (0.0, lax.add), "min": (jnp.inf, lax.min)}[how]
-    return lax.reduce_window(x, jnp.asarray(init, x.dtype), fn, window, strides, padding)
+    return lax.reduce_window(x, init, fn, window, strides, padding)
 
 
 op("jax.lax.reduce_window", "pool", _reduce_window, [

@@ -19,6 +19,13 @@ from .torch_common import TorchTarget, mesh, to_numpy, torch_dtype
 LN_EPS = 1e-5
 
 
+def simulates_ranks():
+    """Whether this torch can run every rank of a mesh in one process (torch.distributed._local_tensor)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch.distributed._local_tensor") is not None
+
+
 def _placements(case, name):
     return case["op"].get("placements", {}).get(name, ["R", "R"])
 
@@ -65,8 +72,16 @@ class TorchDTensor(TorchTarget):
         return vocabulary()
 
     def world(self, case):
-        # Library ops run every rank in this process (LocalTensorMode); built-in op cases on gloo ranks.
-        return 0 if "library_op" in case else super().world(case)
+        # Library ops run every rank in this process (LocalTensorMode, where this torch has it; on gloo
+        # ranks where it does not); built-in op cases on gloo ranks.
+        if "library_op" in case:
+            return 0 if simulates_ranks() else self.process_world(case)
+        return super().world(case)
+
+    def versions(self):
+        v = super().versions()
+        v["library-op-ranks"] = "LocalTensorMode (one process)" if simulates_ranks() else "gloo processes"
+        return v
 
     def before_fork(self):
         from .torch_local_dtensor import release_process_group
