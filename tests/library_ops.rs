@@ -44,7 +44,8 @@ fn targets_json_counts_the_library_ops_of_torch_dtensor() {
     }
     let o = shardfuzz(&["targets", "--json"], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows: Vec<Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect();
+    let rows: Vec<Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect();
     let dtensor = rows.iter().find(|r| r["name"] == "torch-dtensor").expect("torch-dtensor listed");
     assert_eq!(dtensor["available"], true);
     assert!(dtensor["ops"].as_u64().unwrap() >= 300, "{dtensor}");

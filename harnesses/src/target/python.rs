@@ -310,9 +310,7 @@ impl Target for PythonTarget {
     }
 
     fn confirm(&mut self, case: &Case, inputs: &Inputs) -> Option<Outcome> {
-        if case.library_op.is_none() {
-            return None;
-        }
+        case.library_op.as_ref()?;
         let coverage = std::mem::take(&mut self.coverage);
         let outcome = self.run_in_worker(case, inputs, true);
         self.coverage = coverage;
@@ -432,7 +430,9 @@ const FRAMEWORK_REFERENCE: &str = "reference/";
 const FRAMEWORK_MEMBER: &str = "member/";
 
 /// Tensors whose names start with `prefix` (the prefix removed), and the others.
-fn strip_prefix(tensors: Vec<(String, Tensor)>, prefix: &str) -> (Vec<(String, Tensor)>, Vec<(String, Tensor)>) {
+type Named = Vec<(String, Tensor)>;
+
+fn strip_prefix(tensors: Named, prefix: &str) -> (Named, Named) {
     let (with, without): (Vec<_>, Vec<_>) = tensors.into_iter().partition(|(n, _)| n.starts_with(prefix));
     (with.into_iter().map(|(n, t)| (n[prefix.len()..].to_string(), t)).collect(), without)
 }

@@ -1,0 +1,220 @@
+"""JAX library ops (targets/jax_ops.py, targets/jax_library_op.py) for jax-gspmd and jax-shardmap, run in
+this process as the worker's `run_local` runs them: the vocabulary, two ops of every family sharded over
+meshes [2] and [2, 2] agreeing with the float64 reference, uneven and empty shards under GSPMD (and
+shard_map's clean refusal of them), Partial inputs, the low-precision tensors, unsupported cases, and one
+case through the worker protocol. Skipped where jax is not installed.
+
+    cd harnesses/python && ../../.venv/bin/python -m unittest tests.test_jax_library_ops
+"""
+
+import importlib.util
+import os
+import sys
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+HAVE_JAX = importlib.util.find_spec("jax") is not None
+#: Relative agreement of a sharded float64 run with the float64 reference.
+RTOL = 1e-9
+
+
+def lib_case(name, sample=0, mesh=(2,), placements=(), dtype="f64", seed=5, backward=True):
+    return {"schema": 1, "name": f"lib-{name}",
+            "library_op": {"name": name, "variant": "", "sample": sample, "mesh": list(mesh),
+                           "placements": [list(p) for p in placements], "backward": backward},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": dtype},
+            "data": {"seed": seed, "distribution": "normal"}}
+
+
+def pick(op, mesh, seed=5):
+    """(sample index, placements) sharding one argument of one of the op's samples over every dim of `mesh`
+    ([2] or [2, 2]) evenly (so that shard_map runs it too), or None."""
+    for i, (xs, _) in enumerate(op.samples(seed)):
+        for j, x in enumerate(xs):
+            shape = np.shape(x)
+            even = [d for d, n in enumerate(shape) if n % 2 == 0]
+            if not even:
+                continue
+            if len(mesh) == 1:
+                places = [f"S({even[0]})"]
+            elif len(even) >= 2:
+                places = [f"S({even[0]})", f"S({even[1]})"]
+            elif shape[even[0]] % 4 == 0:
+                places = [f"S({even[0]})", f"S({even[0]})"]
+            else:
+                places = [f"S({even[0]})", "R"]
+            return i, [["R"] * len(mesh)] * j + [places]
+    return None
+
+
+@unittest.skipUnless(HAVE_JAX, "jax is not installed")
+class JaxLibraryOps(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        from shardfuzz_worker.targets import jax_gspmd, jax_library_op, jax_ops, jax_shardmap
+
+        cls.ops, cls.lib = jax_ops, jax_library_op
+        cls.targets = {"gspmd": jax_gspmd.TARGET, "shardmap": jax_shardmap.TARGET}
+
+    def run_case(self, case, kind="gspmd"):
+        target = self.targets[kind]
+        self.assertIsNone(target.unsupported(case))
+        self.assertEqual(target.world(case), 0)
+        return target.run_local(case, {})
+
+    def assert_close(self, got, want, what):
+        got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+        self.assertEqual(got.shape, want.shape, what)
+        if got.size == 0:
+            return
+        scale = max(float(np.nanmax(np.abs(want))), 1e-30)
+        same_nan = np.isnan(got) == np.isnan(want)
+        self.assertTrue(same_nan.all(), f"{what}: NaN where the reference has none (or the other way)")
+        err = float(np.nanmax(np.abs(got - want))) if not np.isnan(want).all() else 0.0
+        self.assertLessEqual(err, RTOL * scale, f"{what}: max error {err:.3g} against max |reference| {scale:.3g}")
+
+    def assert_matches_reference(self, reply, what):
+        self.assertNotIn("status", reply, f"{what}: {reply.get('reason')}")
+        tensors = reply["tensors"]
+        ref = {n[len("reference/"):]: t for n, t in tensors.items() if n.startswith("reference/")}
+        self.assertIn("out/0", ref, what)
+        for name, want in ref.items():
+            self.assert_close(tensors[name], want, f"{what} {name}")
+        for name, copies in reply["replicas"].items():
+            for rank, copy in copies:
+                self.assert_close(copy, tensors[name], f"{what} {name} replica {rank}")
+
+    # ------------------------------------------------------------------------------------------------
+
+    def test_vocabulary(self):
+        vocab = self.targets["gspmd"].vocabulary()
+        self.assertGreaterEqual(len(vocab), 100)
+        names = [e["name"] for e in vocab]
+        self.assertEqual(len(names), len(set(names)))
+        self.assertTrue(all(e["variant"] == "" and e["family"] for e in vocab))
+        self.assertTrue(all(n.startswith(("jax.numpy.", "jax.lax.", "jax.nn.", "jax.ops.", "shardfuzz.")) for n in names))
+        self.assertEqual(self.targets["shardmap"].vocabulary(), vocab)
+        families = {e["family"] for e in vocab}
+        for f in ("unary", "binary", "reduction", "cumulative", "matmul", "conv", "indexing", "gather_scatter", "shape",
+                  "sort", "pad_concat", "softmax_loss", "shift_rotate"):
+            self.assertIn(f, families)
+
+    def test_two_ops_per_family_f64(self):
+        by_family = {}
+        for e in self.targets["gspmd"].vocabulary():
+            by_family.setdefault(e["family"], []).append(e["name"])
+        for family, names in sorted(by_family.items()):
+            for name in sorted(names)[:2]:
+                op = self.ops.find(name)
+                for mesh in ((2,), (2, 2)):
+                    got = pick(op, mesh)
+                    self.assertIsNotNone(got, f"{name}: no sample with a dim the mesh {mesh} divides")
+                    sample, places = got
+                    for kind in ("gspmd", "shardmap"):
+                        with self.subTest(family=family, op=name, mesh=mesh, target=kind):
+                            reply = self.run_case(lib_case(name, sample, mesh, places), kind)
+                            what = f"{kind} {name} sample {sample} mesh {list(mesh)} {places}"
+                            self.assert_matches_reference(reply, what)
+                            feats = reply["features"]
+                            self.assertIn(f"lib:op:{name}", feats)
+                            self.assertIn(f"lib:family:{family}", feats)
+                            self.assertIn(f"lib:mesh:{len(mesh)}d", feats)
+                            self.assertIn("lib:shard:even", feats)
+
+    def test_uneven_and_empty_shards_under_gspmd(self):
+        # jax.numpy.cumsum sample 0: one (5,) argument.
+        reply = self.run_case(lib_case("jax.numpy.cumsum", 0, (2,), [["S(0)"]]))
+        self.assert_matches_reference(reply, "cumsum 5 over 2")
+        self.assertIn("lib:shard:uneven", reply["features"])
+        self.assertIn("grad/0", reply["tensors"])
+        reply = self.run_case(lib_case("jax.numpy.cumsum", 0, (8,), [["S(0)"]]))
+        self.assert_matches_reference(reply, "cumsum 5 over 8")
+        self.assertIn("lib:shard:empty", reply["features"])
+        # Two mesh axes on one dim, the matmul's contraction dim (4) split unevenly over 3 x 2 devices.
+        reply = self.run_case(lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]]))
+        self.assert_matches_reference(reply, "matmul, contraction dim over 3 x 2")
+
+    def test_uneven_shard_map_is_rejected(self):
+        from shardfuzz_worker.validation import describe
+        from shardfuzz_worker.verdicts import classify_failures
+
+        target = self.targets["shardmap"]
+        try:
+            target.run_local(lib_case("jax.numpy.cumsum", 0, (2,), [["S(0)"]]), {})
+        except Exception as e:  # noqa: BLE001
+            verdict = classify_failures(target, [(None, describe(e))], 1)
+        else:
+            self.fail("shard_map ran a (5,) argument split over 2 devices")
+        self.assertEqual(verdict["status"], "rejected", verdict)
+
+    def test_partial_inputs(self):
+        # A partial sum over both mesh dims of the matmul's left operand, its right one sharded on a0.
+        case = lib_case("jax.numpy.matmul", 0, (2, 2), [["P", "P"], ["S(0)", "R"]])
+        for kind in ("gspmd", "shardmap"):
+            with self.subTest(target=kind):
+                reply = self.run_case(case, kind)
+                self.assert_matches_reference(reply, f"{kind} partial matmul")
+                self.assertIn("lib:partial:P", reply["features"])
+                # Every summand's gradient is the value's: 4 summands, each a copy of grad/0.
+                labels = {rank for rank, _ in reply["replicas"]["grad/0"]}
+                self.assertGreaterEqual(len(labels), 4)
+        reply = self.run_case(lib_case("jax.numpy.matmul", 0, (2,), [["P(avg)"]]))
+        self.assert_matches_reference(reply, "P(avg) run as replicated")
+        self.assertTrue(any("P(avg)" in n for n in reply["notes"]), reply["notes"])
+        self.assertIn("lib:place:0:R", reply["features"])
+
+    def test_low_precision_tensors(self):
+        reply = self.run_case(lib_case("jax.numpy.matmul", 0, (2, 2), [["S(0)", "R"], ["R", "S(1)"]], dtype="bf16"))
+        tensors = reply["tensors"]
+        for prefix in ("reference", "baseline", "member/perturbed", "member/reordered"):
+            for name in ("out/0", "grad/0", "grad/1"):
+                self.assertIn(f"{prefix}/{name}", tensors)
+        # The inputs are rounded to bf16: the baseline (bf16 on one device) is near the reference.
+        ref, base = tensors["reference/out/0"], tensors["baseline/out/0"]
+        self.assertLess(np.abs(base - ref).max(), 0.1 * max(1.0, np.abs(ref).max()))
+        self.assertLess(np.abs(tensors["out/0"] - ref).max(), 0.1 * max(1.0, np.abs(ref).max()))
+        reply = self.run_case(lib_case("jax.numpy.matmul", 0, (2,), [["S(0)"]], dtype="f64"))
+        self.assertFalse([n for n in reply["tensors"] if n.startswith(("baseline/", "member/reordered/"))])
+        self.assertIn("member/perturbed/out/0", reply["tensors"])
+        # Integer outputs are compared in float64 only: in bf16 they come without reference or members.
+        reply = self.run_case(lib_case("jax.numpy.argmax", 1, (2,), [["S(1)"]], dtype="bf16"))
+        self.assertIn("out/0", reply["tensors"])
+        self.assertFalse([n for n in reply["tensors"] if n.endswith("/out/0")])
+
+    def test_unsupported(self):
+        target = self.targets["gspmd"]
+        self.assertIn("not in the JAX", target.unsupported(lib_case("jax.numpy.no_such_op")))
+        self.assertIn("not in the JAX", self.targets["shardmap"].unsupported(lib_case("addmm")))
+        variant = lib_case("jax.numpy.sum")
+        variant["library_op"]["variant"] = "dim"
+        self.assertIsNotNone(target.unsupported(variant))
+        self.assertIsNotNone(target.unsupported(lib_case("jax.numpy.sum", mesh=(4, 4))))
+        self.assertIsNone(target.unsupported(lib_case("jax.numpy.sum", mesh=(2, 2, 2))))
+
+    def test_through_the_worker(self):
+        from safetensors.numpy import save_file  # noqa: F401 - the driver needs it
+
+        from driver import Worker
+
+        worker = Worker("jax-gspmd")
+        try:
+            self.assertEqual(worker.hello["event"], "ready", worker.hello)
+            case = lib_case("jax.nn.softmax", 1, (2, 2), [["S(1)", "R"]], dtype="f32")
+            reply, outputs = worker.run(case, {"unused": np.zeros(1)})
+            self.assertEqual(reply["status"], "completed", reply)
+            self.assertIn("lib:op:jax.nn.softmax", reply["features"])
+            for name in ("out/0", "grad/0", "reference/out/0", "baseline/grad/0", "member/reordered/out/0"):
+                self.assertIn(name, outputs)
+            reply, _ = worker.run(lib_case("jax.numpy.no_such_op"), {"unused": np.zeros(1)})
+            self.assertEqual(reply["status"], "unsupported", reply)
+        finally:
+            worker.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
