@@ -87,6 +87,17 @@ impl Complexity {
             v.push(op.placements.values().flatten().map(weight).sum());
             v.push(b(op.dim.is_some_and(|d| d != 1)));
         }
+        if let Some(l) = &case.library_op {
+            v.push(l.world() + l.mesh.len() as u64);
+            let weight = |pl: &Placement| match pl {
+                Placement::Partial(shardfuzz_harnesses::case::Reduce::Sum) => 2,
+                Placement::Partial(_) => 3,
+                Placement::Shard(_) => 1,
+                Placement::Replicate => 0,
+            };
+            v.push(l.placements.iter().flatten().map(weight).sum());
+            v.push(l.placements.len() as u64 + b(l.backward));
+        }
         Complexity(v)
     }
 

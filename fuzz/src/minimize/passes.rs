@@ -2,7 +2,7 @@
 //! simplest first. The driver keeps a candidate only when it is valid, strictly simpler
 //! ([`super::Complexity`]) and still fails the same way.
 
-use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Placement, RankOrder, Real};
+use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Placement, RankOrder, Real, Reduce};
 use shardfuzz_kernels::DType;
 
 /// A named shrink pass.
@@ -41,6 +41,9 @@ fn smaller(x: u32) -> Vec<u32> {
 }
 
 fn fewer_ranks(case: &Case) -> Vec<Case> {
+    if let Some(l) = &case.library_op {
+        return fewer_mesh_ranks(case, &l.mesh);
+    }
     let mut out = vec![];
     let p = &case.parallel;
     type Get = fn(&mut Case) -> &mut u32;
@@ -184,7 +187,67 @@ fn smaller_op_shape(case: &Case) -> Vec<Case> {
     out
 }
 
+fn lib(c: &mut Case) -> &mut shardfuzz_harnesses::case::LibraryOp {
+    c.library_op.as_mut().expect("a library-op case")
+}
+
+/// A library op's mesh with a dimension dropped (its placements with it) or made smaller.
+fn fewer_mesh_ranks(case: &Case, mesh: &[u32]) -> Vec<Case> {
+    let mut out = vec![];
+    if mesh.len() > 1 {
+        for m in 0..mesh.len() {
+            out.push(with(case, |c| {
+                let l = lib(c);
+                l.mesh.remove(m);
+                l.placements.iter_mut().for_each(|p| {
+                    if m < p.len() {
+                        p.remove(m);
+                    }
+                });
+            }));
+        }
+    }
+    for (m, &d) in mesh.iter().enumerate() {
+        for smaller_d in smaller(d) {
+            out.push(with(case, |c| lib(c).mesh[m] = smaller_d));
+        }
+    }
+    out
+}
+
+/// A library op's placements one step simpler (P(max) → P → S(0) → R), trailing arguments
+/// replicated, or the backward pass dropped.
+fn simpler_library_placements(case: &Case) -> Vec<Case> {
+    let Some(l) = &case.library_op else { return vec![] };
+    let mut out = vec![];
+    if !l.placements.is_empty() {
+        out.push(with(case, |c| {
+            lib(c).placements.pop();
+        }));
+    }
+    for (arg, places) in l.placements.iter().enumerate() {
+        for (m, pl) in places.iter().enumerate() {
+            let simpler: &[Placement] = match pl {
+                Placement::Partial(Reduce::Sum) => &[Placement::Replicate, Placement::Shard(0)],
+                Placement::Partial(_) => &[Placement::Replicate, Placement::PARTIAL],
+                Placement::Shard(_) => &[Placement::Replicate],
+                Placement::Replicate => &[],
+            };
+            for s in simpler {
+                out.push(with(case, |c| lib(c).placements[arg][m] = *s));
+            }
+        }
+    }
+    if l.backward {
+        out.push(with(case, |c| lib(c).backward = false));
+    }
+    out
+}
+
 fn simpler_placements(case: &Case) -> Vec<Case> {
+    if case.library_op.is_some() {
+        return simpler_library_placements(case);
+    }
     let Some(op) = &case.op else { return vec![] };
     let mut out = vec![];
     for (name, places) in &op.placements {
