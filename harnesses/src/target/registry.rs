@@ -35,7 +35,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-dtensor",
-        description: "PyTorch DTensor: op-level cases on 1-D/2-D DeviceMesh with Shard / Replicate / Partial (uneven shards)",
+        description: "PyTorch DTensor: op cases on 1-D/2-D DeviceMesh, and OpInfo library ops on 1-3-D meshes, with Shard / Replicate / Partial (uneven shards)",
         create: |o| python("torch-dtensor", o),
     },
     TargetInfo {
