@@ -12,8 +12,6 @@ import functools
 
 import numpy as np
 
-from .base import HarnessError
-
 #: Name fragments of ops whose result is random or uninitialised: nothing to compare.
 NONDETERMINISTIC = ("rand", "dropout", "normal", "bernoulli", "multinomial", "uniform", "exponential",
                     "geometric", "cauchy", "log_normal", "empty", "randperm", "fractional_max_pool")
@@ -51,22 +49,42 @@ def find(lib):
 
 
 _samples = collections.OrderedDict()
+#: Per op: how many samples it generates (the same under every seed: the generators draw values, not
+#: structure), learnt the first time, so that later cases draw only up to the one they use.
+_counts = {}
 
 
-def samples(op, seed, grad):
-    """The op's float64 sample inputs drawn under `seed` (cached: drawing them is deterministic)."""
-    import torch
-
-    key = (op.name, op.variant_test_name, seed, grad)
-    if key in _samples:
-        _samples.move_to_end(key)
-        return _samples[key]
-    torch.manual_seed(seed % (2**63))
-    got = list(op.sample_inputs("cpu", torch.float64, requires_grad=grad))
-    _samples[key] = got
+def sample(op, seed, grad, index):
+    """(the sample `index` modulo their count, its index): the op's float64 sample inputs are drawn under
+    `seed`, only as far as the one asked for once their count is known (drawing is most of a cheap op's cost)."""
+    key = (op.name, op.variant_test_name, grad)
+    count = _counts.get(key)
+    got = _samples.get((key, seed), [])
+    if count is None:
+        got = draw(op, seed, grad)
+        _counts[key] = count = len(got)
+    want = index % count if count else 0
+    if len(got) <= want:
+        got = draw(op, seed, grad, want + 1)
+        if len(got) <= want:
+            # This seed draws fewer samples than the first one did: take them all.
+            got = draw(op, seed, grad)
+            want = index % len(got) if got else 0
+    _samples[(key, seed)] = got
+    _samples.move_to_end((key, seed))
     while len(_samples) > SAMPLE_CACHE:
         _samples.popitem(last=False)
-    return got
+    return (got[want], want) if got else (None, 0)
+
+
+def draw(op, seed, grad, limit=None):
+    """The first `limit` (all) sample inputs in float64 under `seed`."""
+    import itertools
+
+    import torch
+
+    torch.manual_seed(seed % (2**63))
+    return list(itertools.islice(op.sample_inputs("cpu", torch.float64, requires_grad=grad), limit))
 
 
 def flatten(sample):
@@ -109,11 +127,10 @@ class Prepared:
 
         self.op, self.dtype_name = op, dtype_name
         grad = bool(lib.get("backward", True)) and op.supports_autograd
-        got = samples(op, seed, grad)
-        if not got:
-            raise HarnessError(f"OpInfo {op.name} gave no sample inputs")
-        self.index = int(lib.get("sample", 0)) % len(got)
-        leaves, self.spec, self.positions = flatten(got[self.index])
+        chosen, self.index = sample(op, seed, grad, int(lib.get("sample", 0)))
+        if chosen is None:
+            raise UnsupportedSample(f"OpInfo {op.name} generates no sample inputs on CPU in float64")
+        leaves, self.spec, self.positions = flatten(chosen)
         odd = [str(leaves[i].layout) for i in self.positions if leaves[i].layout != torch.strided or leaves[i].is_nested]
         if odd:
             raise UnsupportedSample(f"sample {self.index} has {odd[0]} tensors: DTensor shards strided dense tensors")
