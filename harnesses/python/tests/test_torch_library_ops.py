@@ -166,3 +166,33 @@ class WrongShardingRuleTest(LibraryWorker):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class LibraryOpReproTest(unittest.TestCase):
+    """The standalone script of a library-op finding: OK on the framework as it is, MISMATCH under the test
+    fault's wrong reduction rule (the embedded sample, every rank's piece, the op by its public name)."""
+
+    def test_the_repro_passes_clean_and_detects_the_wrong_rule(self):
+        import shutil
+        import tempfile
+
+        from test_repro import generate, run_script
+
+        case = library_case("sum", "", 8, [2], [["S(0)"]], dtype="f32")
+        bounds = {"out/0": {"max": 1e-5, "rms": 1e-5}, "grad/0": {"max": 1e-5, "rms": 1e-5}}
+        folder = tempfile.mkdtemp(prefix="shardfuzz-lib-repro-")
+        try:
+            status, command, err = generate("torch-dtensor", case, {"none": np.zeros(0)}, bounds, folder)
+            self.assertEqual(status, 0, err)
+            self.assertEqual(command.strip(), "torchrun --nproc_per_node 2 repro.py")
+            with open(os.path.join(folder, "repro.py")) as f:
+                self.assertIn('OP_PATH = \'torch.sum\'', f.read())
+            clean = run_script(folder, command.strip())
+            self.assertEqual(clean.returncode, 0, clean.stdout[-2000:] + clean.stderr[-2000:])
+            self.assertIn("OK: all tensors within", clean.stdout)
+            faulty = run_script(folder, command.strip(), fault="dtensor-reduction-rule-replicate")
+            self.assertEqual(faulty.returncode, 1, faulty.stdout[-2000:])
+            self.assertIn("MISMATCH: out/0", faulty.stdout)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -28,6 +28,12 @@ GENERATORS = {
 
 def generate(target, case, inputs, raw_bounds):
     """(script text, command) for one case; ReproError when the target or the case cannot be expressed."""
+    if "library_op" in case and target == "torch-dtensor":
+        from . import torch_library_op as module
+
+        module.check(case)
+        bounds, dropped = split_bounds(load_bounds(raw_bounds), module.producible(case))
+        return module.generate(case, inputs, bounds, dropped)
     if target not in GENERATORS:
         raise ReproError(f"no repro generator for target {target!r} (supported: {', '.join(sorted(GENERATORS))})")
     module = importlib.import_module(f".{GENERATORS[target]}", __name__)

@@ -75,7 +75,7 @@ def valid_placement(pl, ndim):
 def embed(arrays):
     """The arrays as a zlib-compressed .npz, base64, in lines of 100 characters (read back by load_blob)."""
     buf = io.BytesIO()
-    np.savez(buf, **{n: np.ascontiguousarray(a) for n, a in arrays.items()})
+    np.savez(buf, **{n: np.asarray(a, order="C") for n, a in arrays.items()})  # (0-d stays 0-d)
     text = base64.b64encode(zlib.compress(buf.getvalue(), 9)).decode()
     lines = "\n".join(text[i:i + 100] for i in range(0, len(text), 100))
     return f'BLOB = """\n{lines}\n"""\n'

@@ -177,7 +177,8 @@ class Prepared:
     def backward(self, outs, inputs, result):
         import torch
 
-        pairs = [(o, g) for o, g in zip(outs, self.grad_outputs(outs)) if g is not None]
+        self.last_grad_outputs = self.grad_outputs(outs)
+        pairs = [(o, g) for o, g in zip(outs, self.last_grad_outputs) if g is not None]
         if not pairs or not inputs:
             return
         grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g.to(o.dtype) for o, g in pairs], allow_unused=True)

@@ -1,0 +1,118 @@
+# ---------------------------------------------------- sharded run and reference
+
+
+def resolve_op():
+    """The op: a public torch function, or PyTorch's OpInfo entry (torch.testing internals need expecttest)."""
+    if OP_PATH:
+        import importlib
+
+        module, name = OP_PATH.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return next(o for o in op_db if o.name == OPINFO[0] and o.variant_test_name == OPINFO[1])
+
+
+def placement(s):
+    if s == "R":
+        return Replicate()
+    if s.startswith("S("):
+        return Shard(int(s[2:-1]))
+    return Partial("sum" if s == "P" else s[2:-1])
+
+
+def dtype_of(j):
+    return getattr(torch, ARG_DTYPES[j].replace("torch.", ""))
+
+
+def call(op, tensors):
+    leaves = list(LEAVES)
+    for j, pos in enumerate(POSITIONS):
+        leaves[pos] = tensors[j]
+    args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(SPEC))
+    return op(*args, **kwargs)
+
+
+def forward_backward(op, tensors, leaves, gouts):
+    """Outputs (float64 arrays, after `gather` on each) and the gradients of `leaves` from the upstream gradients."""
+    outs = [o for o in pytree.tree_leaves(call(op, tensors)) if isinstance(o, torch.Tensor)]
+    gathered = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
+    pairs = [(f, gouts[k]) for k, f in enumerate(gathered) if k in gouts and f.requires_grad]
+    grads = [None] * len(leaves)
+    if pairs and leaves:
+        grads = torch.autograd.grad([f for f, _ in pairs], leaves, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
+    return [to_numpy(f) for f in gathered], grads
+
+
+def run_sharded(data, rank, op):
+    mesh = init_device_mesh("cpu", MESH)
+    tensors, leaves = [], []
+    for j in range(len(POSITIONS)):
+        full = data[f"arg{j}"]
+        local = torch.tensor(data[f"arg{j}@rank{rank}"]).to(dtype_of(j))
+        if j in GRAD_ARGS:
+            local.requires_grad_(True)
+            leaves.append(local)
+        tensors.append(DTensor.from_local(local, mesh, [placement(s) for s in PLACEMENTS[j]], run_check=False,
+                                          shape=torch.Size(full.shape), stride=torch.empty(full.shape).stride()))
+    gouts = {int(n[4:]): torch.tensor(data[n]).to(DTYPE) for n in data if n.startswith("gout")}
+    outs, grads = forward_backward(op, tensors, leaves, gouts)
+    return outs, [None if g is None else to_numpy(g) for g in grads]
+
+
+def assemble_grad(data, j, pieces):
+    """Argument j's gradient from the ranks' local pieces: each rank's piece sits where its shards put it (the
+    copy of the ranks at coordinate 0 of every replicated / partial mesh dim, as the fuzzer takes it)."""
+    full = np.zeros(data[f"arg{j}"].shape)
+    for rank, piece in enumerate(pieces):
+        coord = np.unravel_index(rank, MESH)
+        places = PLACEMENTS[j]
+        if any(coord[m] != 0 for m, s in enumerate(places) if not s.startswith("S(")):
+            continue
+        ranges = [(0, n) for n in full.shape]
+        for m, s in enumerate(places):
+            if s.startswith("S("):
+                d = int(s[2:-1])
+                a, b = ranges[d]
+                c = -(-(b - a) // MESH[m])
+                lo = min(coord[m] * c, b - a)
+                ranges[d] = (a + lo, a + min(lo + c, b - a))
+        if np.shape(piece) != tuple(b - a for a, b in ranges):
+            raise SystemExit(f"grad/{j}: rank {rank}'s local gradient has shape {np.shape(piece)}, its placements give {ranges}")
+        full[tuple(slice(a, b) for a, b in ranges)] = piece
+    return full
+
+
+def run_reference(data, op):
+    """The same op on one device in float64 on the same (rounded) values."""
+    tensors, leaves = [], []
+    for j in range(len(POSITIONS)):
+        t = torch.tensor(data[f"arg{j}"]).to(torch.float64 if dtype_of(j).is_floating_point else dtype_of(j))
+        if j in GRAD_ARGS:
+            t.requires_grad_(True)
+            leaves.append(t)
+        tensors.append(t)
+    gouts = {int(n[4:]): torch.tensor(data[n]) for n in data if n.startswith("gout")}
+    outs, grads = forward_backward(op, tensors, leaves, gouts)
+    result = {f"out/{k}": o for k, o in enumerate(outs)}
+    result.update({f"grad/{j}": to_numpy(g) for j, g in zip(GRAD_ARGS, grads) if g is not None})
+    return result
+
+
+def run(rank):
+    data = load_blob()
+    op = resolve_op()
+    outs, grads = run_sharded(data, rank, op)
+    gathered = [None] * WORLD if rank == 0 else None
+    dist.gather_object(grads, gathered, dst=0)
+    if rank != 0:
+        return None
+    sharded = {f"out/{k}": o for k, o in enumerate(outs)}
+    for i, j in enumerate(GRAD_ARGS):
+        pieces = [g[i] for g in gathered]
+        if all(p is not None for p in pieces):
+            sharded[f"grad/{j}"] = assemble_grad(data, j, pieces)
+    reference = run_reference(data, op)
+    dump(sharded, reference)
+    bounds = {n: b for n, b in BOUNDS.items() if n in sharded and n in reference}
+    return report(sharded, reference, bounds)

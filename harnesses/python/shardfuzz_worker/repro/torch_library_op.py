@@ -1,0 +1,133 @@
+"""Repro of a torch-dtensor library-op case (an OpInfo op): the sample's tensors and every rank's local piece
+embedded, DTensor.from_local on a real gloo mesh under torchrun, against the same op single-device in float64."""
+
+import numpy as np
+
+from .common import ReproError, embed, header, literal, rule, template
+
+IMPORTS = """
+import base64
+import gc
+import io
+import os
+import sys
+import zlib
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+"""
+
+TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
+PLAIN = (bool, int, float, str, type(None))
+
+
+def check(case):
+    from ..targets.torch_library_op import unsupported
+
+    why = unsupported(case)
+    if why:
+        raise ReproError(f"torch-dtensor cannot run this library op here: {why}")
+
+
+def op_path(op):
+    """`torch.sum`, `torch.nn.functional.mse_loss` … when the OpInfo's function is a public torch function
+    (found by identity in torch's public namespaces), else None."""
+    import importlib
+
+    f = op.op
+    name = getattr(f, "__name__", "") or ""
+    for module in ("torch", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft", "torch.masked"):
+        try:
+            if name and getattr(importlib.import_module(module), name, None) is f:
+                return f"{module}.{name}"
+        except ImportError:
+            continue
+    return None
+
+
+def structure(prep):
+    """The call's non-tensor leaves as literals (tensors as None) and its pytree spec as JSON."""
+    import torch.utils._pytree as pytree
+
+    leaves = []
+    for i, x in enumerate(prep.leaves):
+        if i in prep.positions:
+            leaves.append(None)
+        elif isinstance(x, PLAIN) or (isinstance(x, (list, tuple)) and all(isinstance(y, PLAIN) for y in x)):
+            leaves.append(x)
+        else:
+            raise ReproError(f"the sample has an argument a repro cannot write as a literal: {type(x).__name__}")
+    return leaves, pytree.treespec_dumps(prep.spec)
+
+
+def arrays(prep, lib, seed):
+    from ..targets.torch_local_dtensor import ArgumentLayout, normalise
+
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    world = int(np.prod(mesh_shape))
+    given = lib.get("placements") or []
+    out, places, dtypes = {}, [], []
+    for j, i in enumerate(prep.positions):
+        full = prep.leaves[i]
+        p = normalise(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
+        layout = ArgumentLayout(full, p, mesh_shape, prep.dtype_name, seed, f"arg{j}")
+        out[f"arg{j}"] = layout.values
+        for r in range(world):
+            out[f"arg{j}@rank{r}"] = layout.local(r).to(dtype=full.dtype if not full.is_floating_point() else
+                                                       __import__("torch").float64).numpy()
+        places.append(p)
+        dtypes.append(str(layout.dtype))
+    return out, places, dtypes
+
+
+def generate(case, inputs, bounds, dropped):
+    import torch
+
+    from ..targets.torch_opinfo import Prepared, find
+
+    lib, seed = case["library_op"], int(case["data"]["seed"])
+    op = find(lib)
+    prep = Prepared(op, lib, seed, case["train"]["dtype"])
+    data, places, dtypes = arrays(prep, lib, seed)
+    prep.run(torch.float64)
+    for k, g in enumerate(getattr(prep, "last_grad_outputs", [])):
+        if g is not None:
+            data[f"gout{k}"] = g.to(torch.float64).numpy()
+    leaves, spec = structure(prep)
+    world = int(np.prod(lib["mesh"]))
+    path = op_path(op)
+    command = f"torchrun --nproc_per_node {world} repro.py"
+    config = [
+        rule("the case"),
+        literal("CASE", case),
+        f"MESH = {tuple(int(d) for d in lib['mesh'])}\nWORLD = {world}\nDTYPE = {TORCH_DTYPES[case['train']['dtype']]}",
+        literal("OP_PATH", path),
+        literal("OPINFO", [lib["name"], lib.get("variant", "")]),
+        literal("LEAVES", leaves),
+        literal("SPEC", spec),
+        literal("POSITIONS", list(prep.positions)),
+        literal("GRAD_ARGS", [prep.positions.index(i) for i in prep.grad_args]),
+        literal("ARG_DTYPES", dtypes),
+        literal("PLACEMENTS", places),
+        literal("BOUNDS", bounds),
+    ]
+    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), template("torch_library_op"),
+                template("torch_main")]
+    about = [f"torch DTensor {lib['name']}{'.' + lib['variant'] if lib.get('variant') else ''} (OpInfo sample "
+             f"{prep.index}, seed {seed}) on a mesh {list(lib['mesh'])} ({world} ranks), dtype {case['train']['dtype']}.",
+             "Placements of the tensor arguments, per mesh dim (P = a random uneven partial value per rank):"]
+    about += [f"  argument {j} {list(prep.leaves[i].shape)}: [{', '.join(places[j])}]" for j, i in enumerate(prep.positions)]
+    about.append("The op is " + (f"{path}." if path else f"PyTorch's OpInfo entry {lib['name']!r} (needs expecttest)."))
+    head = header(f"torch-dtensor, library op {lib['name']}", about, command, dropped, case.get("name", ""))
+    from .common import assemble
+
+    return assemble(head, IMPORTS, sections, embed(data)), command
+
+
+def producible(case):
+    """Every output and gradient name the run may produce (the sample decides which exist)."""
+    return {f"out/{k}" for k in range(16)} | {f"grad/{j}" for j in range(16)}
