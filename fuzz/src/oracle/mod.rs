@@ -263,14 +263,15 @@ fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
 /// A simulated run's finding against the same case on real ranks: kept (with the real run's
 /// verdict in its notes) when the real run finds it too, else not a finding of the framework.
 fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
-    if real.kind == simulated.kind {
+    let same_crash = simulated.kind != VerdictKind::Crash || crash_site(&simulated) == crash_site(&real);
+    if real.kind == simulated.kind && same_crash {
         let mut v = simulated;
         v.notes.push(format!("confirmed on real process-group ranks: {} — {}", real.kind, real.reason));
         return v;
     }
     if real.kind.is_finding() || real.kind == VerdictKind::HarnessError {
-        // Both are findings of another kind (a crash on real ranks where the simulation diverged):
-        // the real ranks' verdict is the one a user meets.
+        // Both are findings of another kind or site (a crash on real ranks where the simulation
+        // diverged, or crashed elsewhere): the real ranks' verdict is the one a user meets.
         let mut v = real;
         v.notes.push(format!("the in-process simulation gave: {} — {}", simulated.kind, simulated.reason));
         return v;

@@ -88,6 +88,16 @@ def Uniq(n, k, negative=False):
     return make
 
 
+def Cover(n, k):
+    """`n` segment ids in [0, k) (k <= n) that name every segment at least once, shuffled."""
+
+    def make(r):
+        ids = np.concatenate([np.arange(k), r.integers(0, k, n - k)])
+        return r.permutation(ids).astype(np.int64)
+
+    return make
+
+
 def B(*s, p=0.5):
     """Bool mask, True with probability p."""
     return lambda r: np.asarray(r.random(s) < p)
@@ -287,7 +297,7 @@ op("jax.numpy.any", "reduction", jnp.any, [S(B(5, p=0.2)), S(B(3, 5, p=0.2), axi
                                            S(B(4, 6, p=0.3), axis=1, keepdims=True)])
 op("jax.numpy.all", "reduction", jnp.all, _BOOL_REDUCE)
 op("jax.numpy.count_nonzero", "reduction", jnp.count_nonzero, [S(B(5)), S(B(3, 5), axis=0), S(B(2, 3, 4), axis=(0, 2))])
-op("jax.numpy.average", "reduction", jnp.average, [S(N(5), Pos(5)), S(N(3, 4), Pos(4), axis=1), S(N(3, 4), Pos(3, 4), axis=None),
+op("jax.numpy.average", "reduction", lambda a, w, **kw: jnp.average(a, weights=w, **kw), [S(N(5), Pos(5)), S(N(3, 4), Pos(4), axis=1), S(N(3, 4), Pos(3, 4), axis=None),
                                                    S(N(2, 3, 5), Pos(3), axis=1)])
 op("jax.numpy.quantile", "reduction", jnp.quantile, [S(D(7), q=0.3), S(D(3, 5), q=0.5, axis=1), S(D(4, 6), q=0.75, axis=0, keepdims=True)])
 op("jax.numpy.linalg.norm", "reduction", jnp.linalg.norm, [
@@ -308,7 +318,7 @@ op("jax.numpy.cumprod", "cumulative", jnp.cumprod, _with(CUM, lambda *s: U(0.6, 
 op("jax.numpy.cumulative_sum", "cumulative", jnp.cumulative_sum, [
     S(N(5)), S(N(3, 5), axis=0, include_initial=True), S(N(2, 3, 4), axis=-1)])
 op("jax.numpy.cumulative_prod", "cumulative", jnp.cumulative_prod, [
-    S(U(0.6, 1.5, 5)), S(U(0.6, 1.5, 3, 5), axis=1, include_initial=True)])
+    S(U(0.6, 1.5, 5)), S(U(0.6, 1.5, 3, 5), axis=1, include_initial=True), S(U(0.6, 1.5, 4, 3), axis=0)])
 LAXCUM = [S(N(5)), S(N(3, 5), axis=1), S(N(3, 5), axis=0, reverse=True), S(N(2, 3, 4), axis=2), S(N(6, 2), reverse=True)]
 op("jax.lax.cumsum", "cumulative", lax.cumsum, LAXCUM)
 op("jax.lax.cumprod", "cumulative", lax.cumprod, _with(LAXCUM, lambda *s: U(0.6, 1.5, *s)))
@@ -356,7 +366,7 @@ op("jax.numpy.vecmat", "matmul", jnp.vecmat, [S(N(3), N(3, 4)), S(N(2, 5), N(2, 
 op("jax.numpy.kron", "matmul", jnp.kron, [S(N(2, 3), N(3, 2)), S(N(3), N(4)), S(N(2, 2), N(1, 3))])
 op("jax.numpy.cross", "matmul", jnp.cross, [S(N(3), N(3)), S(N(4, 3), N(4, 3)), S(N(2, 3), N(3)), S(N(3, 5), N(3, 5), axis=0)])
 
-# ---------------------------------------------------------------------------------------- conv / pool
+# ---------------------------------------------------------------------------------------- conv (and pooling)
 
 _C1 = ("NCH", "OIH", "NCH")
 _C2 = ("NCHW", "OIHW", "NCHW")
@@ -391,7 +401,7 @@ def _reduce_window(x, how, window, strides, padding):
     return lax.reduce_window(x, init, fn, window, strides, padding)
 
 
-op("jax.lax.reduce_window", "pool", _reduce_window, [
+op("jax.lax.reduce_window", "conv", _reduce_window, [
     S(D(2, 3, 6), how="max", window=(1, 1, 2), strides=(1, 1, 2), padding="VALID"),
     S(N(1, 5, 7), how="sum", window=(1, 3, 3), strides=(1, 1, 2), padding="SAME"),
     S(D(4, 6), how="max", window=(2, 2), strides=(1, 1), padding=((0, 1), (1, 0))),
@@ -485,18 +495,25 @@ op("jax.numpy.ndarray.at.add", "gather_scatter", _at("add"), [
     S(N(6, 3), I(0, 6, 5), N(5, 3)), S(N(7), I(-7, 7, 9), N(9)), S(N(5, 2), I(-5, 9, 4), N(4, 2)),  # out of range: dropped
     S(N(4, 3, 2), I(0, 4, 3), N(3, 3, 2)), S(N(5), I(0, 5, 6), N()),
 ])
+# (Unique indices: JAX differentiates a scatter-multiply only when no index repeats.)
 op("jax.numpy.ndarray.at.multiply", "gather_scatter", _at("multiply"), [
-    S(N(6, 3), I(0, 6, 5), U(0.6, 1.5, 5, 3)), S(N(7), I(-7, 7, 4), U(0.6, 1.5, 4))])
+    S(N(6, 3), Uniq(6, 4), U(0.6, 1.5, 4, 3), unique_indices=True), S(N(7), Uniq(7, 4, negative=True), U(0.6, 1.5, 4), unique_indices=True)])
 op("jax.numpy.ndarray.at.max", "gather_scatter", _at("max"), [S(D(6, 3), I(0, 6, 5), D(5, 3)), S(D(7), I(-7, 7, 4), D(4))])
 op("jax.numpy.ndarray.at.min", "gather_scatter", _at("min"), [S(D(6, 3), I(0, 6, 5), D(5, 3)), S(D(7), I(-7, 7, 4), D(4))])
 op("jax.numpy.ndarray.at.get", "gather_scatter", lambda x, idx, **kw: x.at[idx].get(**kw), [
     S(N(6, 3), I(-8, 8, 4), mode="fill", fill_value=0.0), S(N(7), I(-9, 9, 5), mode="clip"), S(N(5, 2), I(0, 5, 2, 3), mode="clip"),
 ])
-for _name, _mk in [("segment_sum", N), ("segment_max", D), ("segment_min", D), ("segment_prod", lambda *s: U(0.6, 1.5, *s))]:
+op("jax.ops.segment_sum", "gather_scatter", jax.ops.segment_sum, [
+    S(N(7), I(0, 3, 7), num_segments=3), S(N(6, 3), I(0, 4, 6), num_segments=4),
+    S(N(5, 2), I(-1, 6, 5), num_segments=5),  # ids out of range: dropped (an empty segment sums to 0)
+])
+# Every segment non-empty (an empty one is ±inf for max / min); JAX differentiates a segment product only
+# with unique ids, which segments rarely have: forward only.
+for _name, _mk, _grad in [("segment_max", D, True), ("segment_min", D, True), ("segment_prod", lambda *s: U(0.6, 1.5, *s), False)]:
     op(f"jax.ops.{_name}", "gather_scatter", getattr(jax.ops, _name), [
-        S(_mk(7), I(0, 3, 7), num_segments=3), S(_mk(6, 3), I(0, 4, 6), num_segments=4),
-        S(_mk(5, 2), I(-1, 6, 5), num_segments=5),  # ids out of range: dropped
-    ])
+        S(_mk(7), Cover(7, 3), num_segments=3), S(_mk(6, 3), Cover(6, 4), num_segments=4),
+        S(_mk(5, 2), Cover(5, 5), num_segments=5, indices_are_sorted=False),
+    ], grad=_grad)
 op("jax.numpy.bincount", "gather_scatter", lambda x, w, length: jnp.bincount(x, w, length=length), [
     S(I(0, 5, 7), N(7), length=5), S(I(0, 8, 6), N(6), length=4)])
 op("jax.lax.gather", "gather_scatter", lambda x, idx, **kw: lax.gather(x, idx, **kw), [
@@ -524,14 +541,14 @@ op("jax.numpy.swapaxes", "shape", jnp.swapaxes, [S(N(2, 3, 4), axis1=0, axis2=2)
 op("jax.numpy.squeeze", "shape", jnp.squeeze, [S(N(1, 5)), S(N(4, 1, 3), axis=1), S(N(1, 3, 1), axis=(0, 2)), S(N(1))])
 op("jax.numpy.expand_dims", "shape", jnp.expand_dims, [S(N(5), axis=0), S(N(3, 4), axis=-1), S(N(2, 3), axis=(0, 2)), S(N(), axis=0)])
 op("jax.numpy.broadcast_to", "shape", jnp.broadcast_to, [S(N(5), shape=(3, 5)), S(N(3, 1), shape=(2, 3, 4)), S(N(), shape=(2, 3)),
-                                                         S(N(1, 7), shape=(5, 7))])
+                                                         S(N(1, 7), shape=(5, 7)), S(N(4, 1), shape=(4, 3))])
 op("jax.numpy.flip", "shape", jnp.flip, [S(N(5)), S(N(3, 4), axis=0), S(N(2, 3, 4), axis=(0, 2)), S(N(6, 2), axis=-1)])
 op("jax.numpy.fliplr", "shape", jnp.fliplr, [S(N(3, 5)), S(N(2, 3, 4))])
 op("jax.numpy.flipud", "shape", jnp.flipud, [S(N(5)), S(N(3, 4))])
 op("jax.numpy.ravel", "shape", jnp.ravel, [S(N(3, 4)), S(N(2, 3, 2)), S(N(4, 3), order="F")])
 op("jax.numpy.tile", "shape", jnp.tile, [S(N(3), reps=2), S(N(2, 3), reps=(2, 1)), S(N(3, 2), reps=(1, 2, 2)), S(N(), reps=3)])
 op("jax.numpy.repeat", "shape", jnp.repeat, [
-    S(N(3), repeats=2), S(N(2, 3), repeats=3, axis=1), S(N(3, 2), repeats=(1, 3, 2), axis=0, total_repeat_length=6),
+    S(N(3), repeats=2), S(N(2, 3), repeats=3, axis=1), S(N(3, 2), repeats=3, axis=0, total_repeat_length=9),
     S(N(2, 2), repeats=2),
 ])
 op("jax.numpy.atleast_3d", "shape", jnp.atleast_3d, [S(N()), S(N(5)), S(N(3, 4))])
@@ -542,10 +559,10 @@ op("jax.numpy.unstack", "shape", jnp.unstack, [S(N(3, 4)), S(N(2, 3, 2), axis=1)
 op("jax.lax.rev", "shape", lax.rev, [S(N(5), dimensions=(0,)), S(N(3, 4), dimensions=(1,)), S(N(2, 3, 4), dimensions=(0, 2))])
 op("jax.lax.broadcast_in_dim", "shape", lax.broadcast_in_dim, [
     S(N(3), shape=(2, 3), broadcast_dimensions=(1,)), S(N(3, 1), shape=(3, 4, 2), broadcast_dimensions=(0, 2)),
-    S(N(), shape=(4,), broadcast_dimensions=())])
+    S(N(), shape=(4,), broadcast_dimensions=()), S(N(4), shape=(4, 3), broadcast_dimensions=(0,))])
 op("jax.lax.reshape", "shape", lax.reshape, [S(N(3, 4), new_sizes=(2, 6)), S(N(2, 3, 4), new_sizes=(4, 6), dimensions=(2, 0, 1))])
 op("jax.lax.transpose", "shape", lax.transpose, [S(N(3, 4), permutation=(1, 0)), S(N(2, 3, 4), permutation=(1, 2, 0))])
-op("jax.lax.squeeze", "shape", lax.squeeze, [S(N(1, 5), dimensions=(0,)), S(N(3, 1, 1), dimensions=(1, 2))])
+op("jax.lax.squeeze", "shape", lax.squeeze, [S(N(1, 5), dimensions=(0,)), S(N(3, 1, 1), dimensions=(1, 2)), S(N(4, 1), dimensions=(1,))])
 op("jax.lax.expand_dims", "shape", lax.expand_dims, [S(N(5), dimensions=(1,)), S(N(3, 4), dimensions=(0, 3))])
 op("jax.lax.collapse", "shape", lax.collapse, [S(N(2, 3, 4), start_dimension=0, stop_dimension=2), S(N(3, 4, 2), start_dimension=1)])
 
@@ -567,7 +584,8 @@ op("jax.numpy.split", "pad_concat", jnp.split, [
     S(N(6), indices_or_sections=3), S(N(4, 6), indices_or_sections=2, axis=1), S(N(7, 2), indices_or_sections=(2, 5)),
     S(N(2, 5, 3), indices_or_sections=(1, 3), axis=1),
 ])
-op("jax.numpy.array_split", "pad_concat", jnp.array_split, [S(N(7), indices_or_sections=3), S(N(3, 5), indices_or_sections=2, axis=1)])
+op("jax.numpy.array_split", "pad_concat", jnp.array_split, [S(N(7), indices_or_sections=3), S(N(3, 5), indices_or_sections=2, axis=1),
+                                                               S(N(6, 5), indices_or_sections=4, axis=1)])
 op("jax.lax.split", "pad_concat", lax.split, [S(N(7), sizes=(2, 5)), S(N(3, 6), sizes=(1, 2, 3), axis=1)])
 op("jax.numpy.pad", "pad_concat", jnp.pad, [
     S(N(5), pad_width=2), S(N(3, 4), pad_width=((1, 0), (2, 1)), mode="constant", constant_values=0.5),
@@ -588,7 +606,7 @@ op("jax.numpy.argsort", "sort", jnp.argsort, [S(D(7)), S(D(3, 5), axis=0), S(D(2
 op("jax.lax.top_k", "sort", lax.top_k, [S(D(7), k=3), S(D(3, 5), k=2), S(D(2, 3, 4), k=4), S(D(6), k=1)])
 op("jax.lax.sort", "sort", lambda *xs, **kw: lax.sort(xs, **kw), [
     S(D(7), N(7), dimension=0, num_keys=1), S(D(3, 5), dimension=1), S(D(4, 3), N(4, 3), N(4, 3), dimension=0, num_keys=1)])
-op("jax.lax.sort_key_val", "sort", lax.sort_key_val, [S(D(7), N(7)), S(D(3, 5), N(3, 5), dimension=0)])
+op("jax.lax.sort_key_val", "sort", lax.sort_key_val, [S(D(7), N(7)), S(D(3, 5), N(3, 5), dimension=0), S(D(4, 3), N(4, 3), dimension=1)])
 op("jax.numpy.lexsort", "sort", lambda *keys, axis=-1: jnp.lexsort(keys, axis=axis), [S(I(0, 3, 7), D(7)), S(D(3, 4), I(0, 2, 3, 4), axis=0)])
 op("jax.numpy.searchsorted", "search", jnp.searchsorted, [
     S(Sorted(7), N(5)), S(Sorted(5), N(3, 4), side="right"), S(Sorted(4), N(6)), S(Sorted(6), N())])
