@@ -30,6 +30,11 @@ def unsupported(case):
         return str(e)
     if not dtype_supported(op, case["train"]["dtype"], bool(lib.get("backward", True)) and op.supports_autograd):
         return f"{op.name} has no {case['train']['dtype']} CPU kernel (or backward) in this torch"
+    try:
+        # Decided here, before any rank runs: the sample itself (drawn once, cached).
+        Prepared(op, lib, int(case["data"]["seed"]), case["train"]["dtype"])
+    except UnsupportedSample as e:
+        return str(e)
     return None
 
 
