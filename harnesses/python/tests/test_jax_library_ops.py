@@ -4,6 +4,14 @@ meshes [2] and [2, 2] agreeing with the float64 reference, uneven and empty shar
 shard_map's clean refusal of them), Partial inputs, the low-precision tensors, unsupported cases, and one
 case through the worker protocol. Skipped where jax is not installed.
 
+The placements here are chosen to pass on a correct JAX. jax 0.12.0.1 (CPU, 8 host devices) has real
+GSPMD bugs that these library ops find, and the tests stay clear of them: the vjp of cummax /
+cumprod / cumlogsumexp with the scan dim sharded and a cotangent that arrives replicated comes out wrong;
+so do max-pool gradients (reduce_window) in f32 on a 2-D sharding, conv / jnp.convolve with both operands
+sharded unevenly on a 2-D mesh, and scatter-min / segment_min / segment_prod with index arrays split
+unevenly over the second mesh axis. Some sort, median, take and gather cases with uneven shards on a 2-D
+mesh abort the process in XLA's spmd_partitioner_util.h (IsScalarWithElementType check).
+
     cd harnesses/python && ../../.venv/bin/python -m unittest tests.test_jax_library_ops
 """
 

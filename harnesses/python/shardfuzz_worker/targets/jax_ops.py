@@ -297,7 +297,8 @@ op("jax.numpy.any", "reduction", jnp.any, [S(B(5, p=0.2)), S(B(3, 5, p=0.2), axi
                                            S(B(4, 6, p=0.3), axis=1, keepdims=True)])
 op("jax.numpy.all", "reduction", jnp.all, _BOOL_REDUCE)
 op("jax.numpy.count_nonzero", "reduction", jnp.count_nonzero, [S(B(5)), S(B(3, 5), axis=0), S(B(2, 3, 4), axis=(0, 2))])
-op("jax.numpy.average", "reduction", lambda a, w, **kw: jnp.average(a, weights=w, **kw), [S(N(5), Pos(5)), S(N(3, 4), Pos(4), axis=1), S(N(3, 4), Pos(3, 4), axis=None),
+op("jax.numpy.average", "reduction", lambda a, w, **kw: jnp.average(a, weights=w, **kw), [
+    S(N(5), Pos(5)), S(N(3, 4), Pos(4), axis=1), S(N(3, 4), Pos(3, 4), axis=None),
                                                    S(N(2, 3, 5), Pos(3), axis=1)])
 op("jax.numpy.quantile", "reduction", jnp.quantile, [S(D(7), q=0.3), S(D(3, 5), q=0.5, axis=1), S(D(4, 6), q=0.75, axis=0, keepdims=True)])
 op("jax.numpy.linalg.norm", "reduction", jnp.linalg.norm, [
@@ -497,7 +498,9 @@ op("jax.numpy.ndarray.at.add", "gather_scatter", _at("add"), [
 ])
 # (Unique indices: JAX differentiates a scatter-multiply only when no index repeats.)
 op("jax.numpy.ndarray.at.multiply", "gather_scatter", _at("multiply"), [
-    S(N(6, 3), Uniq(6, 4), U(0.6, 1.5, 4, 3), unique_indices=True), S(N(7), Uniq(7, 4, negative=True), U(0.6, 1.5, 4), unique_indices=True)])
+    S(N(6, 3), Uniq(6, 4), U(0.6, 1.5, 4, 3), unique_indices=True),
+    S(N(7), Uniq(7, 4, negative=True), U(0.6, 1.5, 4), unique_indices=True),
+])
 op("jax.numpy.ndarray.at.max", "gather_scatter", _at("max"), [S(D(6, 3), I(0, 6, 5), D(5, 3)), S(D(7), I(-7, 7, 4), D(4))])
 op("jax.numpy.ndarray.at.min", "gather_scatter", _at("min"), [S(D(6, 3), I(0, 6, 5), D(5, 3)), S(D(7), I(-7, 7, 4), D(4))])
 op("jax.numpy.ndarray.at.get", "gather_scatter", lambda x, idx, **kw: x.at[idx].get(**kw), [
@@ -517,14 +520,17 @@ for _name, _mk, _grad in [("segment_max", D, True), ("segment_min", D, True), ("
 op("jax.numpy.bincount", "gather_scatter", lambda x, w, length: jnp.bincount(x, w, length=length), [
     S(I(0, 5, 7), N(7), length=5), S(I(0, 8, 6), N(6), length=4)])
 op("jax.lax.gather", "gather_scatter", lambda x, idx, **kw: lax.gather(x, idx, **kw), [
-    S(N(5, 4), I(0, 4, 3, 1), dimension_numbers=lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,)),
+    S(N(5, 4), I(0, 4, 3, 1),
+      dimension_numbers=lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,)),
       slice_sizes=(1, 4), mode="clip"),
-    S(N(6, 5), I(-2, 7, 4, 2), dimension_numbers=lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1)),
+    S(N(6, 5), I(-2, 7, 4, 2),
+      dimension_numbers=lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1)),
       slice_sizes=(2, 3), mode="clip"),
 ])
 op("jax.lax.scatter_add", "gather_scatter", lambda x, idx, u, **kw: lax.scatter_add(x, idx, u, **kw), [
     S(N(5, 4), I(0, 5, 3, 1), N(3, 4),
-      dimension_numbers=lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,)),
+      dimension_numbers=lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
+                                                    scatter_dims_to_operand_dims=(0,)),
       mode="clip"),
 ])
 
