@@ -75,3 +75,45 @@ fn schema_names_every_section() {
         assert!(s.contains(f), "schema lacks {f}");
     }
 }
+
+const LIBRARY: &str = r#"{
+  "schema": 1,
+  "parallel": {"dp": 1, "tp": 1, "pp": 1},
+  "library_op": {"name": "addmm", "sample": 1, "mesh": [2, 3], "placements": [["P(max)", "S(0)"], ["R", "P"]]},
+  "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "bf16"},
+  "data": {"seed": 7}
+}"#;
+
+#[test]
+fn a_library_op_case_round_trips_and_its_world_is_its_mesh() {
+    let c = Case::from_json(LIBRARY).unwrap();
+    assert_eq!(c.world(), 6);
+    let l = c.library_op.as_ref().unwrap();
+    assert_eq!(l.placements[0][0], Placement::Partial(Reduce::Max));
+    assert_eq!(l.placements[1][1], Placement::PARTIAL);
+    assert!(l.backward, "backward defaults to true");
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    assert!(c.summary().contains("addmm sample 1 [P(max)/S(0), R/P]"), "{}", c.summary());
+}
+
+#[test]
+fn library_op_rules_name_their_field() {
+    let e = error_of(&LIBRARY.replace("[2, 3]", "[2, 2, 2, 2]"));
+    assert!(e.contains("library_op.mesh: must have 1 to 3 dimensions"), "{e}");
+    let e = error_of(&LIBRARY.replace("[2, 3]", "[3, 3]"));
+    assert!(e.contains("library_op.mesh") && e.contains("more than 8"), "{e}");
+    let e = error_of(&LIBRARY.replace(r#"["R", "P"]"#, r#"["R"]"#));
+    assert!(e.contains("library_op.placements[1]: must give one placement per mesh dimension"), "{e}");
+    let e = error_of(&LIBRARY.replace("P(max)", "P(mean)"));
+    assert!(e.contains("P(sum|avg|max|min)"), "{e}");
+    let both = LIBRARY.replace(r#""library_op""#, r#""op": {"kind": "sum", "shape": [2, 2]}, "library_op""#);
+    assert!(error_of(&both).contains("exactly one of `model`, `op` and `library_op`"));
+}
+
+#[test]
+fn builtin_op_cases_take_partial_sums_only() {
+    let t = r#"{"schema": 1, "parallel": {"dp": 1, "tp": 2, "pp": 1},
+      "op": {"kind": "sum", "shape": [4, 4], "placements": {"x": ["R", "P(avg)"]}},
+      "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"}, "data": {"seed": 1}}"#;
+    assert!(error_of(t).contains("partial sums (\"P\") only"), "{}", error_of(t));
+}
