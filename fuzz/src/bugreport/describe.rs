@@ -102,8 +102,38 @@ fn train_words(case: &Case) -> String {
     s + &format!(", {:?} data (seed {})", case.data.distribution, case.data.seed).to_lowercase()
 }
 
+/// A library op, its sample, mesh and placements in plain words.
+fn library_op_words(case: &Case) -> Option<Vec<String>> {
+    let l = case.library_op.as_ref()?;
+    let mesh: Vec<String> = l.mesh.iter().map(|d| d.to_string()).collect();
+    let mut lines = vec![format!(
+        "the framework's op `{}` (its sample input {}{}) on a {} mesh of {} ranks",
+        l.full_name(),
+        l.sample,
+        if l.backward { ", forward and backward" } else { ", forward only" },
+        mesh.join("×"),
+        l.world()
+    )];
+    let places: Vec<String> = l
+        .placements
+        .iter()
+        .enumerate()
+        .map(|(j, p)| format!("argument {j} [{}]", p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")))
+        .collect();
+    lines.push(if places.is_empty() {
+        "every argument replicated".into()
+    } else {
+        format!("placements per mesh dim: {}", places.join("; "))
+    });
+    Some(lines)
+}
+
 /// The case in plain words, one line per aspect.
 pub fn describe(case: &Case) -> Vec<String> {
+    if let Some(mut lines) = library_op_words(case) {
+        lines.push(train_words(case).split(", ").filter(|w| w.starts_with("dtype") || w.contains("seed")).collect::<Vec<_>>().join(", "));
+        return lines;
+    }
     let mut lines = vec![workload_words(case)];
     let par = parallel_words(case);
     lines.push(if par.is_empty() { "no parallelism".into() } else { par.join("; ") });

@@ -42,6 +42,13 @@ pub fn markdown(r: &BugReport) -> String {
 
 fn observed(s: &mut String, r: &BugReport) {
     let _ = writeln!(s, "## Observed vs expected\n\n{}: {}\n", r.verdict.kind, r.verdict.reason);
+    // How the run was made (a simulated finding confirmed on real ranks, tensors not compared …).
+    for note in &r.verdict.notes {
+        let _ = writeln!(s, "- {}", note.lines().next().unwrap_or_default());
+    }
+    if !r.verdict.notes.is_empty() {
+        let _ = writeln!(s);
+    }
     if r.observed.is_empty() {
         return;
     }

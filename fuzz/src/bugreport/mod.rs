@@ -55,10 +55,19 @@ pub fn build(target: &mut dyn Target, case: &Case, oracle: &Oracle, repro_dir: &
     let prep = Prepared::new(case);
     let outcome = target.run(case, &prep.inputs);
     let verdict = judge_prepared(target.name(), target.versions(), &prep, outcome.clone(), oracle);
+    let verdict = crate::oracle::confirm_finding(target, &prep, verdict, oracle);
     // The oracle localized the divergence already; only the values are read here.
     let loc = verdict.localization.clone();
     let (mut values, mut scale_dir) = (vec![], None);
-    if let (Outcome::Completed(out), Ok(reference)) = (&outcome, prep.reference()) {
+    // A library op's reference is the framework's own, sent with the run.
+    let worker_reference = match &outcome {
+        Outcome::Completed(out) if case.library_op.is_some() => {
+            Ok(shardfuzz_harnesses::target::RunOutput { tensors: out.reference.clone(), ..Default::default() })
+        }
+        _ => Err(String::new()),
+    };
+    let reference = if case.library_op.is_some() { &worker_reference } else { prep.reference() };
+    if let (Outcome::Completed(out), Ok(reference)) = (&outcome, reference) {
         if let Some(l) = &loc {
             if let (Some(t), Some(r)) = (out.tensor(&l.tensor), reference.tensor(&l.tensor)) {
                 values = worst_elements(t, r, 6);

@@ -245,6 +245,18 @@ pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Or
     }
 }
 
+/// A verdict of a simulated run (library ops), confirmed on real ranks as `evaluate` does.
+pub fn confirm_finding(target: &mut dyn Target, prep: &Prepared, v: Verdict, oracle: &Oracle) -> Verdict {
+    let real_already = v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE));
+    if !v.kind.is_finding() || prep.case.library_op.is_none() || real_already {
+        return v;
+    }
+    match target.confirm(&prep.case, &prep.inputs) {
+        Some(outcome) => confirmed(v, judge_prepared(target.name(), target.versions(), prep, outcome, oracle)),
+        None => v,
+    }
+}
+
 /// A simulated finding whose signature an earlier case already took to real ranks.
 fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
     if real.kind.is_finding() || real.kind == VerdictKind::HarnessError {
