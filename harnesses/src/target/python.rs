@@ -39,7 +39,7 @@ const STARTUP: Duration = Duration::from_secs(300);
 /// Extra time this side waits beyond the case timeout before it declares the worker itself hung:
 /// the worker's own timeout excludes starting a rank pool (import, fork, gloo rendezvous).
 const GRACE: Duration = Duration::from_secs(150);
-const STDERR_LINES: usize = 40;
+const STDERR_LINES: usize = 200;
 
 /// The interpreter: `$SHARDFUZZ_PYTHON`, else the project's `.venv`, else `python3`.
 pub fn python_interpreter() -> PathBuf {
@@ -270,7 +270,7 @@ impl PythonTarget {
                 let status = w.child.try_wait().ok().flatten().map(|s| format!(" ({s})")).unwrap_or_default();
                 let tail = w.stderr_tail();
                 w.kill();
-                let last = tail.lines().last().unwrap_or("").to_string();
+                let last = abort_line(&tail);
                 Err(Outcome::Crash { rank: None, message: format!("{why}{status} mid-case: {last}"), features: vec![] })
             }
         }
@@ -399,6 +399,14 @@ impl PythonTarget {
             _ => Outcome::Crash { rank: v["rank"].as_u64().map(|r| r as usize), message: reason, features },
         }
     }
+}
+
+/// What a worker that died printed about why: the line of a failed check or an abort (XLA's
+/// `Check failed: …`, C++'s `terminate called …`) when there is one, else its last line (a stack
+/// frame of the abort handler says nothing, and its addresses would split one abort into many).
+fn abort_line(stderr: &str) -> String {
+    const WHY: [&str; 4] = ["Check failed", "terminate called", "Fatal Python error", "what():"];
+    stderr.lines().rev().find(|l| WHY.iter().any(|w| l.contains(w))).or_else(|| stderr.lines().last()).unwrap_or("").trim().to_string()
 }
 
 fn strings(v: &Value) -> Vec<String> {
