@@ -311,6 +311,12 @@ impl Target for PythonTarget {
 
     fn confirm(&mut self, case: &Case, inputs: &Inputs) -> Option<Outcome> {
         case.library_op.as_ref()?;
+        // Only a worker that simulated its ranks in one process has real ones to confirm on (JAX's
+        // host devices are real already).
+        let simulated = self.versions.get("library-op-ranks").is_some_and(|v| v.starts_with("LocalTensorMode"));
+        if !simulated {
+            return None;
+        }
         let coverage = std::mem::take(&mut self.coverage);
         let outcome = self.run_in_worker(case, inputs, true);
         self.coverage = coverage;
