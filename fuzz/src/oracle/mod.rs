@@ -227,8 +227,7 @@ pub struct Confirmations(std::collections::HashMap<String, Verdict>);
 pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle, known: &mut Confirmations) -> Verdict {
     let outcome = target.run(&prep.case, &prep.inputs);
     let v = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
-    let real_already = v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE));
-    if !v.kind.is_finding() || prep.case.library_op.is_none() || real_already {
+    if !needs_confirmation(&v, prep) {
         return v;
     }
     let sig = v.signature(&prep.case);
@@ -247,8 +246,7 @@ pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Or
 
 /// A verdict of a simulated run (library ops), confirmed on real ranks as `evaluate` does.
 pub fn confirm_finding(target: &mut dyn Target, prep: &Prepared, v: Verdict, oracle: &Oracle) -> Verdict {
-    let real_already = v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE));
-    if !v.kind.is_finding() || prep.case.library_op.is_none() || real_already {
+    if !needs_confirmation(&v, prep) {
         return v;
     }
     match target.confirm(&prep.case, &prep.inputs) {
@@ -270,6 +268,11 @@ fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
     );
     v.kind = VerdictKind::Unsupported;
     v
+}
+
+/// A library-op finding that did not run on real ranks already.
+fn needs_confirmation(v: &Verdict, prep: &Prepared) -> bool {
+    v.kind.is_finding() && prep.case.library_op.is_some() && !v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE))
 }
 
 /// A simulated run's finding against the same case on real ranks: kept (with the real run's

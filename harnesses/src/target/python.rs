@@ -84,6 +84,19 @@ struct Worker {
 }
 
 impl Worker {
+    /// The reply to request `id` (anything else on the line, a stale reply, is skipped).
+    fn reply(&self, id: u64, within: Duration) -> Result<Value, RecvTimeoutError> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let line = self.lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))?;
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if v["id"].as_u64() == Some(id) {
+                    return Ok(v);
+                }
+            }
+        }
+    }
+
     fn stderr_tail(&self) -> String {
         let lines = self.stderr.lock().map(|l| l.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
         lines.join("\n")
@@ -243,23 +256,17 @@ impl PythonTarget {
         let deadline = self.timeout + GRACE;
         let reply = match sent {
             Err(e) => Err(format!("cannot write to the worker: {e}")),
-            Ok(()) => loop {
-                match w.lines.recv_timeout(deadline) {
-                    // Anything else on the line (a stale reply) is skipped.
-                    Ok(line) => match serde_json::from_str::<Value>(&line) {
-                        Ok(v) if v["id"].as_u64() == Some(id) => break Ok(v),
-                        _ => continue,
-                    },
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.drop_worker();
-                        return Err(Outcome::Hang {
-                            stuck: vec![],
-                            detail: format!("the worker did not answer within {:.0} s", deadline.as_secs_f64()),
-                            features: vec![],
-                        });
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break Err("the worker exited".to_string()),
+            Ok(()) => match w.reply(id, deadline) {
+                Ok(v) => Ok(v),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.drop_worker();
+                    return Err(Outcome::Hang {
+                        stuck: vec![],
+                        detail: format!("the worker did not answer within {:.0} s", deadline.as_secs_f64()),
+                        features: vec![],
+                    });
                 }
+                Err(RecvTimeoutError::Disconnected) => Err("the worker exited".to_string()),
             },
         };
         match reply {
@@ -334,15 +341,9 @@ impl Target for PythonTarget {
         writeln!(w.stdin, "{}", json!({"cmd": "vocabulary", "id": id}))
             .and_then(|_| w.stdin.flush())
             .map_err(|e| format!("{}: {e}", self.name))?;
-        let reply = loop {
-            match w.lines.recv_timeout(STARTUP) {
-                Ok(line) => match serde_json::from_str::<Value>(&line) {
-                    Ok(v) if v["id"].as_u64() == Some(id) => break v,
-                    _ => continue,
-                },
-                Err(_) => return Err(format!("{}: no vocabulary within {} s: {}", self.name, STARTUP.as_secs(), w.stderr_tail())),
-            }
-        };
+        let reply = w
+            .reply(id, STARTUP)
+            .map_err(|_| format!("{}: no vocabulary within {} s: {}", self.name, STARTUP.as_secs(), w.stderr_tail()))?;
         if reply["status"] != "ok" {
             return Err(format!("{}: reading its op vocabulary failed: {}", self.name, reply["reason"].as_str().unwrap_or_default()));
         }

@@ -97,8 +97,8 @@ def generate(case, inputs, bounds, dropped):
     sections = [
         "\n".join(c.rstrip("\n") for c in config),
         template("common"),
-        rule("the op (as the worker runs it)") + "\n" + worker_source("targets/base.py", "chunk_range"),
-        worker_source("targets/torch_dtensor.py", "LN_EPS", "_local_ranges"),
+        rule("the op (as the worker runs it)") + "\n" + worker_source("targets/base.py", "chunk_range", "shard_ranges"),
+        worker_source("targets/torch_dtensor.py", "LN_EPS"),
         worker_op_source("targets/torch_dtensor.py", "apply_op", op["kind"]).replace("HarnessError", "ValueError"),
         template("torch_dtensor"),
         template("torch_main"),

@@ -65,7 +65,8 @@ def structure(prep):
 
 
 def arrays(prep, lib, seed):
-    from ..targets.torch_local_dtensor import ArgumentLayout, normalise
+    from ..targets.base import normalise_placements
+    from ..targets.torch_local_dtensor import ArgumentLayout
 
     mesh_shape = tuple(int(d) for d in lib["mesh"])
     world = int(np.prod(mesh_shape))
@@ -73,12 +74,12 @@ def arrays(prep, lib, seed):
     out, places, dtypes = {}, [], []
     for j, i in enumerate(prep.positions):
         full = prep.leaves[i]
-        p = normalise(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
+        p = normalise_placements(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
         layout = ArgumentLayout(full, p, mesh_shape, prep.dtype_name, seed, f"arg{j}")
         out[f"arg{j}"] = layout.values
         for r in range(world):
-            out[f"arg{j}@rank{r}"] = layout.local(r).to(dtype=full.dtype if not full.is_floating_point() else
-                                                       __import__("torch").float64).numpy()
+            local = layout.local(r)
+            out[f"arg{j}@rank{r}"] = (local.double() if local.is_floating_point() else local).numpy()
         places.append(p)
         dtypes.append(str(layout.dtype))
     return out, places, dtypes
@@ -129,5 +130,10 @@ def generate(case, inputs, bounds, dropped):
 
 
 def producible(case):
-    """Every output and gradient name the run may produce (the sample decides which exist)."""
-    return {f"out/{k}" for k in range(16)} | {f"grad/{j}" for j in range(16)}
+    """The outputs and gradients this case's sample gives (its float64 single-device run names them)."""
+    import torch
+
+    from ..targets.torch_opinfo import Prepared, find
+
+    lib = case["library_op"]
+    return set(Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"]).run(torch.float64))

@@ -71,6 +71,35 @@ def chunk_range(n, parts, index):
     return start, min(start + c, n)
 
 
+def shard_ranges(shape, places, coord, mesh_shape):
+    """Per tensor dim, the (start, stop) a mesh coordinate holds under placement strings `places` (one per
+    mesh dim; `S(d)` as torch.chunk splits, nested in mesh-dimension order)."""
+    ranges = [(0, n) for n in shape]
+    for m, s in enumerate(places):
+        if s.startswith("S("):
+            d = int(s[2:-1])
+            a, b = ranges[d]
+            lo, hi = chunk_range(b - a, mesh_shape[m], coord[m])
+            ranges[d] = (a + lo, a + hi)
+    return ranges
+
+
+def normalise_placements(places, ndim, mesh_ndim, floating):
+    """A library-op case's placement strings for one argument, made valid for it: `S(d)` taken modulo the
+    argument's dimensions (a 0-d argument is replicated), missing mesh dims replicated, partial only for
+    floating-point arguments (an index or mask split into partial values is not one), and every partial
+    dim given the reduction of the first one (nested mixed reductions have no single value)."""
+    out = []
+    for s in list(places)[:mesh_ndim] + ["R"] * (mesh_ndim - len(places)):
+        if s.startswith("S("):
+            s = f"S({int(s[2:-1]) % ndim})" if ndim else "R"
+        if s.startswith("P") and not floating:
+            s = "R"
+        out.append(s)
+    partials = [s for s in out if s.startswith("P")]
+    return [partials[0] if s.startswith("P") else s for s in out]
+
+
 def parallel(case):
     p = case["parallel"]
     return {k: p.get(k, d) for k, d in (("dp", 1), ("tp", 1), ("pp", 1), ("cp", 1), ("ep", 1))} | {

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..partial import partial_parts, round_to
 from . import jax_ops
+from .base import normalise_placements
 from .jax_common import N_DEVICES, device_copies, hlo_features, jax, jnp
 
 AXES = ("a0", "a1", "a2")
@@ -217,21 +218,6 @@ def single_device(prep, notes):
 # ---------------------------------------------------------------------------------------- placements
 
 
-def normalise(places, ndim, mesh_ndim, floating):
-    """The case's placement strings for one argument, made valid for it (as torch_local_dtensor.normalise):
-    `S(d)` modulo the argument's dims (a 0-d argument replicated), missing mesh dims replicated, partial
-    only for float arguments, every partial dim given the first one's reduction."""
-    out = []
-    for s in list(places)[:mesh_ndim] + ["R"] * (mesh_ndim - len(places)):
-        if s.startswith("S("):
-            s = f"S({int(s[2:-1]) % ndim})" if ndim else "R"
-        if s.startswith("P") and not floating:
-            s = "R"
-        out.append(s)
-    partials = [s for s in out if s.startswith("P")]
-    return [partials[0] if s.startswith("P") else s for s in out]
-
-
 class Layout:
     """One argument's placements over the mesh: mesh axes per tensor dim, and partial-sum axes."""
 
@@ -264,7 +250,7 @@ def layouts(prep, lib, notes):
     given = lib.get("placements") or []
     out = []
     for j, x in enumerate(prep.inputs):
-        places = normalise(given[j] if j < len(given) else [], np.ndim(x), len(mesh_shape), prep.floating[j])
+        places = normalise_placements(given[j] if j < len(given) else [], np.ndim(x), len(mesh_shape), prep.floating[j])
         if any(s.startswith("P(") for s in places):
             notes.append(f"arg {j}: {places[[s.startswith('P') for s in places].index(True)]} has no JAX counterpart "
                          "(partial sums only): run as replicated")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..partial import partial_parts
-from .base import HarnessError, assemble, chunk_range, dtype_name, grad_or_fail, parallel
+from .base import HarnessError, assemble, dtype_name, grad_or_fail, parallel, shard_ranges
 from .torch_common import TorchTarget, mesh, to_numpy, torch_dtype
 
 LN_EPS = 1e-5
@@ -28,17 +28,6 @@ def simulates_ranks():
 
 def _placements(case, name):
     return case["op"].get("placements", {}).get(name, ["R", "R"])
-
-
-def _local_ranges(shape, places, coord, mesh_shape):
-    ranges = [(0, n) for n in shape]
-    for mdim, pl in enumerate(places):
-        if pl.startswith("S("):
-            d = int(pl[2:-1])
-            a, b = ranges[d]
-            lo, hi = chunk_range(b - a, mesh_shape[mdim], coord[mdim])
-            ranges[d] = (a + lo, a + hi)
-    return ranges
 
 
 def _summand(case, name, full, places, coord, mesh_shape):
@@ -140,7 +129,7 @@ class TorchDTensor(TorchTarget):
 
         def dtensor(name, full):
             places = _placements(case, name)
-            ranges = _local_ranges(full.shape, places, coord, mshape)
+            ranges = shard_ranges(full.shape, places, coord, mshape)
             summand = _summand(case, name, full, places, coord, mshape)
             local = summand[tuple(slice(a, b) for a, b in ranges)].copy()
             leaf = torch.tensor(local, dtype=dt, requires_grad=True)

@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from .base import assemble
-from .torch_local_dtensor import local_ranges, run_on_rank, run_sharded
+from .base import assemble, shard_ranges
+from .torch_local_dtensor import run_on_rank, run_sharded
 from .torch_opinfo import Prepared, UnsupportedSample, dtype_supported, find, torch_dtype, unit_roundoff
 
 class Unsupported(Exception):
@@ -166,7 +166,7 @@ def uncomparable_integer_outputs(prep, single, low):
 def misshapen(shape, places, pieces, mesh_shape):
     """Why a rank's gradient piece cannot be the piece its placements give it, or None."""
     for rank in sorted(pieces):
-        ranges = local_ranges(shape, places, np.unravel_index(rank, mesh_shape), mesh_shape)
+        ranges = shard_ranges(shape, places, np.unravel_index(rank, mesh_shape), mesh_shape)
         want = tuple(b - a for a, b in ranges)
         if np.shape(pieces[rank]) != want:
             return f"rank {rank}'s local gradient has shape {list(np.shape(pieces[rank]))}, its placements {places} give {list(want)}"
@@ -180,7 +180,7 @@ def grad_copies(shape, places, pieces, mesh_shape):
     groups = {}
     for rank in sorted(pieces):
         coord = np.unravel_index(rank, mesh_shape)
-        ranges = local_ranges(shape, places, coord, mesh_shape)
+        ranges = shard_ranges(shape, places, coord, mesh_shape)
         groups.setdefault(tuple(int(coord[m]) for m in free), []).append((rank, (ranges, pieces[rank])))
     copies = [(members[0][0], assemble(shape, [p for _, p in members])) for members in groups.values()]
     return sorted(copies, key=lambda c: c[0])

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..partial import partial_parts, round_to
-from .base import chunk_range
+from .base import normalise_placements, shard_ranges
 from .torch_opinfo import call, output_leaves, to_array, torch_dtype
 
 _STATE = {"pg": False, "modes": {}, "meshes": {}}
@@ -58,22 +58,6 @@ def mode_and_mesh(shape):
     return mode, _STATE["meshes"][key]
 
 
-def normalise(places, ndim, mesh_ndim, floating):
-    """The case's placement strings for one argument, made valid for it: `S(d)` taken modulo the
-    argument's dimensions (a 0-d argument is replicated), missing mesh dims replicated, partial only for
-    floating-point arguments (an index or mask split into partial values is not one), and every partial
-    dim given the reduction of the first one (nested mixed reductions have no single value)."""
-    out = []
-    for s in list(places)[:mesh_ndim] + ["R"] * (mesh_ndim - len(places)):
-        if s.startswith("S("):
-            s = f"S({int(s[2:-1]) % ndim})" if ndim else "R"
-        if s.startswith("P") and not floating:
-            s = "R"
-        out.append(s)
-    partials = [s for s in out if s.startswith("P")]
-    return [partials[0] if s.startswith("P") else s for s in out]
-
-
 def reduce_of(s):
     return "sum" if s == "P" else s[2:-1]
 
@@ -86,17 +70,6 @@ def placement_object(s):
     if s.startswith("S("):
         return Shard(int(s[2:-1]))
     return Partial(reduce_of(s))
-
-
-def local_ranges(shape, places, coord, mesh_shape):
-    ranges = [(0, n) for n in shape]
-    for m, s in enumerate(places):
-        if s.startswith("S("):
-            d = int(s[2:-1])
-            a, b = ranges[d]
-            lo, hi = chunk_range(b - a, mesh_shape[m], coord[m])
-            ranges[d] = (a + lo, a + hi)
-    return ranges
 
 
 def partial_values(full, places, mesh_shape, dtype_name, seed, name):
@@ -137,7 +110,7 @@ class ArgumentLayout:
 
         coord = np.unravel_index(rank, self.mesh_shape)
         piece = self.parts[tuple(coord[m] for m in self.pdims)] if self.pdims else self.parts[0]
-        idx = tuple(slice(a, b) for a, b in local_ranges(self.values.shape, self.places, coord, self.mesh_shape))
+        idx = tuple(slice(a, b) for a, b in shard_ranges(self.values.shape, self.places, coord, self.mesh_shape))
         return torch.from_numpy(np.array(piece[idx], dtype=np.float64, copy=True, ndmin=0)).to(self.dtype)
 
     def dtensor(self, local, mesh):
@@ -160,7 +133,7 @@ def run_op(prep, lib, seed, mesh, local_of):
     leaves, grads, places_used = list(prep.leaves), {}, []
     for j, i in enumerate(prep.positions):
         full = prep.leaves[i]
-        places = normalise(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
+        places = normalise_placements(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
         places_used.append(places)
         layout = ArgumentLayout(full, places, mesh_shape, prep.dtype_name, seed, f"arg{j}")
         local = local_of(layout)

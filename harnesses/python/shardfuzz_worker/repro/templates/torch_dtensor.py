@@ -14,7 +14,7 @@ def run_sharded(data, rank):
 
     def dtensor(name):
         full, places = data[name], PLACEMENTS[name]
-        ranges[name] = _local_ranges(full.shape, places, coord, (DP, TP))
+        ranges[name] = shard_ranges(full.shape, places, coord, (DP, TP))
         pdims = [m for m, pl in enumerate(places) if pl == "P"]
         summand = data[f"{name}@summands"][tuple(coord[m] for m in pdims)] if pdims else full
         local = summand[tuple(slice(a, b) for a, b in ranges[name])].copy()
