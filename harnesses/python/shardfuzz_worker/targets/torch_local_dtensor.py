@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..partial import partial_parts, round_to
+from ..partial import partial_parts, round_to, split_rng
 from .base import normalise_placements, shard_ranges
 from .torch_opinfo import call, output_leaves, to_array, torch_dtype
 
@@ -84,7 +84,7 @@ def partial_values(full, places, mesh_shape, dtype_name, seed, name):
         if how == "avg":
             parts = round_to(parts * k, dtype_name)
     else:
-        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, k, len(name)])
+        rng = split_rng(seed, name)
         sign = -1.0 if how == "max" else 1.0
         moved = round_to(full + sign * (np.abs(full) + 1.0) * rng.uniform(0.25, 1.0, size=(k,) + full.shape), dtype_name)
         moved = np.minimum(moved, full) if how == "max" else np.maximum(moved, full)
