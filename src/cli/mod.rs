@@ -27,10 +27,12 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Python interpreter for the framework targets (default: $SHARDFUZZ_PYTHON, else ./.venv, else
-    /// python3): point it at the environment whose framework builds you want to fuzz.
-    #[arg(long, global = true, value_name = "PATH")]
-    python: Option<std::path::PathBuf>,
+    /// Python interpreter for the framework targets: a PATH for all of them, or TARGET=PATH for one
+    /// (repeatable; default: $SHARDFUZZ_PYTHON, else the environment each target declares, `.venv` or
+    /// `.venv-NAME`, as `shardfuzz targets` shows): point it at the environment whose framework builds
+    /// you want to fuzz.
+    #[arg(long, global = true, value_name = "[TARGET=]PATH")]
+    python: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -63,10 +65,9 @@ enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Some(p) = &cli.python {
-        anyhow::ensure!(p.exists(), "--python: {} does not exist", p.display());
+    if !cli.python.is_empty() {
         // Read by the Python targets when they start their workers (and inherited by `--jobs` children).
-        std::env::set_var(shardfuzz_harnesses::target::python::PYTHON_ENV, p);
+        std::env::set_var(shardfuzz_harnesses::target::python::PYTHON_ENV, python_spec(&cli.python)?);
     }
     match cli.command {
         Command::Run(a) => run::run(a),
@@ -90,4 +91,25 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Targets(a) => targets::run(&a),
     }
+}
+
+/// The `--python` values as one `$SHARDFUZZ_PYTHON` list, each checked: a known Python target, an existing
+/// interpreter, at most one plain path.
+fn python_spec(values: &[String]) -> anyhow::Result<String> {
+    use shardfuzz_harnesses::target::{python::is_target_entry, registry};
+    let mut plain = 0;
+    for v in values {
+        anyhow::ensure!(!v.contains(','), "--python {v}: a path with a comma cannot be passed (give one entry per flag)");
+        let path = if is_target_entry(v) {
+            let (target, path) = v.split_once('=').expect("checked");
+            anyhow::ensure!(registry::is_python(target), "--python {v}: `{target}` is not a Python target (see `shardfuzz targets`)");
+            path
+        } else {
+            plain += 1;
+            v.as_str()
+        };
+        anyhow::ensure!(std::path::Path::new(path).exists(), "--python {v}: {path} does not exist");
+    }
+    anyhow::ensure!(plain <= 1, "--python: at most one plain PATH (the others as TARGET=PATH)");
+    Ok(values.join(","))
 }

@@ -28,9 +28,6 @@ fn probe(info: &registry::TargetInfo) -> Result<Probe, String> {
 }
 
 pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
-    if !a.json {
-        println!("python: {}", shardfuzz_harnesses::target::python::python_interpreter().display());
-    }
     // Workers import their frameworks in parallel (several seconds each).
     let probes: Vec<_> = registry::TARGETS.iter().map(|t| std::thread::spawn(move || (t, probe(t)))).collect();
     if !a.json {
@@ -40,6 +37,10 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         let (t, result) = p.join().map_err(|_| anyhow::anyhow!("probing a target panicked"))?;
         if a.json {
             let mut o = serde_json::json!({"name": t.name, "description": t.description, "available": result.is_ok()});
+            if t.env.is_some() {
+                o["python"] = serde_json::json!(registry::interpreter(t.name));
+                o["env"] = serde_json::json!(t.env);
+            }
             match &result {
                 Ok(p) => {
                     o["versions"] = serde_json::json!(p.versions);
@@ -66,6 +67,9 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
             Err(e) => ("unavailable", "-".to_string(), e.chars().take(120).collect()),
         };
         println!("{:<16} {:<11} {:>5} {:<44} {}", t.name, status, ops, versions, t.description);
+        if let Some(env) = t.env {
+            println!("{:<16} python ({env}): {}", "", registry::interpreter(t.name).display());
+        }
         if let (true, Ok(p)) = (a.ops, &result) {
             for op in &p.ops {
                 let name = if op.variant.is_empty() { op.name.clone() } else { format!("{}.{}", op.name, op.variant) };

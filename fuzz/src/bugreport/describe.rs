@@ -18,7 +18,8 @@ fn parallel_words(case: &Case) -> Vec<String> {
             let tp = [("hidden", m.hidden), ("ffn", m.ffn), ("vocab", m.vocab), ("heads", m.heads), ("kv_heads", m.kv_heads)];
             out.extend(tp.iter().filter_map(|(w, x)| divides(w, *x, "TP", p.tp)));
             if p.sequence_parallel && p.tp > 1 {
-                out.push(format!("sequence parallel ({})", divides("seq", m.seq, "TP", p.tp).unwrap_or_default()));
+                let how = divides("seq", m.seq, "TP", p.tp).unwrap_or_default();
+                out.push(format!("sequence parallel, {} ({how})", p.sequence_parallel_mode.name()));
             }
             out.extend(divides("batch", m.batch, "DP", p.dp));
             out.extend(divides("seq", m.seq, "CP", p.cp));

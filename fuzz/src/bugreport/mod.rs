@@ -154,7 +154,7 @@ fn environment(target: &str, v: &Verdict) -> BTreeMap<String, String> {
         env.insert("cpu".into(), cpu);
     }
     if shardfuzz_harnesses::target::registry::is_python(target) {
-        if let Some(py) = repro::python_version() {
+        if let Some(py) = repro::python_version(target) {
             env.insert("python".into(), py);
         }
     }

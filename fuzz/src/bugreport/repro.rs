@@ -8,8 +8,8 @@ use std::process::Command;
 
 use serde::Serialize;
 use shardfuzz_harnesses::case::Case;
-use shardfuzz_harnesses::target::python::{python_interpreter, worker_pythonpath, write_inputs};
-use shardfuzz_harnesses::target::registry::is_python;
+use shardfuzz_harnesses::target::python::{worker_pythonpath, write_inputs};
+use shardfuzz_harnesses::target::registry::{interpreter, is_python};
 
 use crate::findings::write_atomic;
 use crate::oracle::{Prepared, Stat, Verdict};
@@ -73,7 +73,8 @@ fn script(target: &str, prep: &Prepared, v: &Verdict, dir: &Path) -> Result<Stri
     let (inputs, bounds_file) = (tmp.path().join("inputs.safetensors"), tmp.path().join("bounds.json"));
     write_inputs(&inputs, &prep.inputs).map_err(|e| e.to_string())?;
     std::fs::write(&bounds_file, bounds(v).to_string()).map_err(|e| e.to_string())?;
-    let out = Command::new(python_interpreter())
+    let python = interpreter(target);
+    let out = Command::new(&python)
         .args(["-m", "shardfuzz_worker.repro", "--target", target, "--case"])
         .arg(dir.join("case.json"))
         .arg("--inputs")
@@ -84,7 +85,7 @@ fn script(target: &str, prep: &Prepared, v: &Verdict, dir: &Path) -> Result<Stri
         .arg(dir)
         .env("PYTHONPATH", worker_pythonpath())
         .output()
-        .map_err(|e| format!("{}: {e}", python_interpreter().display()))?;
+        .map_err(|e| format!("{}: {e}", python.display()))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("the generator failed").trim().to_string());
@@ -96,8 +97,8 @@ fn script(target: &str, prep: &Prepared, v: &Verdict, dir: &Path) -> Result<Stri
     Ok(cmd)
 }
 
-/// The Python version of the interpreter the targets run in.
-pub fn python_version() -> Option<String> {
-    let out = Command::new(python_interpreter()).args(["-c", "import platform; print(platform.python_version())"]).output().ok()?;
+/// The Python version of the interpreter `target` runs in.
+pub fn python_version(target: &str) -> Option<String> {
+    let out = Command::new(interpreter(target)).args(["-c", "import platform; print(platform.python_version())"]).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

@@ -31,6 +31,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("microbatches-vs-pipeline", parallel::microbatches_vs_pipeline),
     ("zero-stage", parallel::zero_stage),
     ("sequence-parallel", parallel::toggle_sequence_parallel),
+    ("sequence-parallel-mode", parallel::sequence_parallel_mode),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
     ("world-size-one", parallel::world_size_one),

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule};
+use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode};
 
 fn divisors(n: u32) -> Vec<u32> {
     (1..=n.max(1)).filter(|d| n % d == 0).collect()
@@ -78,6 +78,17 @@ pub fn zero_stage(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 
 pub fn toggle_sequence_parallel(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     c.parallel.sequence_parallel = !c.parallel.sequence_parallel;
+    if c.parallel.tp == 1 {
+        c.parallel.tp = 2;
+    }
+    true
+}
+
+/// Another realisation of sequence parallelism (sequence parallelism switched on with it).
+pub fn sequence_parallel_mode(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let others: Vec<_> = SequenceParallelMode::ALL.into_iter().filter(|m| *m != c.parallel.sequence_parallel_mode).collect();
+    c.parallel.sequence_parallel_mode = *others.choose(rng).expect("three modes");
+    c.parallel.sequence_parallel = true;
     if c.parallel.tp == 1 {
         c.parallel.tp = 2;
     }

@@ -45,6 +45,16 @@ _JAX = [
     ("jax/_src/core.py", "_check_divisibility", "evenly divide"),
 ]
 
+_COLOSSALAI = [
+    # from_native_module: a width not a multiple of the tensor-parallel size.
+    ("colossalai/shardformer/layer/", "from_native_module", "integer multiples of tensor parallel size"),
+    # Sequence split / reduce-scatter of a sequence not a multiple of the group size (explicit assertions).
+    ("colossalai/shardformer/layer/_operation.py", None, "is not a multiple of"),
+    # The plugins' and ShardConfig's argument checks.
+    ("colossalai/booster/plugin/", "__init__", None),
+    ("colossalai/shardformer/shard/shard_config.py", "__post_init__", None),
+]
+
 VALIDATION = {
     "torch-dtensor": _TORCH_DTENSOR,
     "torch-tp": [
@@ -83,6 +93,7 @@ VALIDATION = {
         ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
         ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
     ],
+    "colossalai-tp": _COLOSSALAI,
 }
 
 #: Top-level packages whose frames count as the framework's, per target.
@@ -95,6 +106,7 @@ FRAMEWORKS = {
     "jax-shardmap": ("jax", "jaxlib"),
     "deepspeed-zero": ("deepspeed", "torch"),
     "megatron-tp": ("megatron", "torch"),
+    "colossalai-tp": ("colossalai", "torch"),
 }
 
 #: Exception types that are a refusal wherever they are raised, per target: DTensor propagates shardings

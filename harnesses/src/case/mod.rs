@@ -16,7 +16,7 @@ pub use data::{Data, Distribution};
 pub use library_op::{LibraryOp, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS};
 pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
 pub use op::{OpCase, OpKind, Placement, Reduce};
-pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder};
+pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode};
 pub use real::Real;
 pub use train::{Optimizer, OptimizerKind, Train};
 pub use validate::{Limits, Violation};

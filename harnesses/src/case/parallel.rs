@@ -22,6 +22,11 @@ pub struct Parallel {
     /// Shard the norm/residual regions along the sequence over the TP group.
     #[serde(default)]
     pub sequence_parallel: bool,
+    /// How sequence parallelism is realised, where a framework offers several (Colossal-AI's
+    /// `sequence_parallelism_mode`); the same model either way. Read only with `sequence_parallel`;
+    /// targets with one realisation run it for `split_gather` and refuse the others.
+    #[serde(default, skip_serializing_if = "SequenceParallelMode::is_default")]
+    pub sequence_parallel_mode: SequenceParallelMode,
     /// ZeRO stage 0..=3 over the data-parallel group.
     #[serde(default)]
     pub zero_stage: u8,
@@ -48,6 +53,7 @@ impl Default for Parallel {
             cp: 1,
             ep: 1,
             sequence_parallel: false,
+            sequence_parallel_mode: SequenceParallelMode::SplitGather,
             zero_stage: 0,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
@@ -68,6 +74,34 @@ impl Parallel {
             Axis::Cp => self.cp,
             Axis::Dp => self.dp,
             Axis::Pp => self.pp,
+        }
+    }
+}
+
+/// Sequence parallelism's realisation: `split_gather` (Megatron's: all-gather the sequence before the
+/// column-parallel linears, reduce-scatter after the row-parallel ones), `ring` (the same with ring
+/// all-gather-matmul), `all_to_all` (DeepSpeed Ulysses: sequence-split to head-split around attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SequenceParallelMode {
+    #[default]
+    SplitGather,
+    Ring,
+    AllToAll,
+}
+
+impl SequenceParallelMode {
+    pub const ALL: [SequenceParallelMode; 3] = [Self::SplitGather, Self::Ring, Self::AllToAll];
+
+    pub fn is_default(&self) -> bool {
+        *self == Self::SplitGather
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::SplitGather => "split_gather",
+            Self::Ring => "ring",
+            Self::AllToAll => "all_to_all",
         }
     }
 }

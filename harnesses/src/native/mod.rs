@@ -156,6 +156,11 @@ impl Target for NativeTarget {
         if case.op.is_some() {
             return op::run(self, case, inputs);
         }
+        let p = &case.parallel;
+        if p.sequence_parallel && p.tp > 1 && !p.sequence_parallel_mode.is_default() {
+            let reason = format!("the native target realises sequence parallelism as split_gather only, not {}", p.sequence_parallel_mode.name());
+            return Outcome::Unsupported { reason };
+        }
         let plan = match Plan::new(case, self.bugs) {
             Ok(p) => p,
             Err(r) => {

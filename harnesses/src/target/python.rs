@@ -41,16 +41,39 @@ const STARTUP: Duration = Duration::from_secs(300);
 const GRACE: Duration = Duration::from_secs(150);
 const STDERR_LINES: usize = 200;
 
-/// The interpreter: `$SHARDFUZZ_PYTHON`, else the project's `.venv`, else `python3`.
-pub fn python_interpreter() -> PathBuf {
+/// The interpreter a target runs in. `$SHARDFUZZ_PYTHON` (what `--python` sets) is a comma-separated list
+/// of `TARGET=PATH` entries and at most one plain `PATH`: a target's own entry wins, then the plain path;
+/// without either, the environment the target declares (`env`: `main` is the project's `.venv`, any other
+/// name `.venv-NAME`, as `scripts/setup-python.sh` builds them), else `python3`.
+pub fn python_interpreter_for(target: &str, env: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(PYTHON_ENV) {
-        return PathBuf::from(p);
+        let spec = p.to_string_lossy().into_owned();
+        let entries: Vec<&str> = spec.split(',').filter(|e| !e.is_empty()).collect();
+        let own = entries.iter().find_map(|e| e.strip_prefix(target).and_then(|rest| rest.strip_prefix('=')));
+        let plain = entries.iter().find(|e| !is_target_entry(e));
+        if let Some(path) = own.or(plain.copied()) {
+            return PathBuf::from(path);
+        }
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let dir = if env == MAIN_ENV { ".venv".to_string() } else { format!(".venv-{env}") };
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir).join("bin/python");
     if venv.exists() {
         return venv;
     }
     PathBuf::from("python3")
+}
+
+/// The environment most targets run in (`.venv`).
+pub const MAIN_ENV: &str = "main";
+
+/// The interpreter of the main environment (see [`python_interpreter_for`]).
+pub fn python_interpreter() -> PathBuf {
+    python_interpreter_for("", MAIN_ENV)
+}
+
+/// Whether a `--python` entry is `TARGET=PATH` (a target name has no `/`).
+pub fn is_target_entry(entry: &str) -> bool {
+    entry.split_once('=').is_some_and(|(t, _)| !t.is_empty() && !t.contains('/'))
 }
 
 pub fn worker_path() -> PathBuf {
@@ -131,10 +154,10 @@ pub struct PythonTarget {
 
 impl PythonTarget {
     /// Starts the worker for `name`; fails when Python or the framework is not available.
-    pub fn new(name: &str, timeout: Duration) -> Result<PythonTarget, String> {
+    pub fn new(name: &str, env: &str, timeout: Duration) -> Result<PythonTarget, String> {
         let mut t = PythonTarget {
             name: name.to_string(),
-            python: python_interpreter(),
+            python: python_interpreter_for(name, env),
             scratch: scratch_dir().map_err(|e| format!("scratch directory: {e}"))?,
             timeout,
             worker: None,

@@ -11,10 +11,12 @@ pub struct TargetOptions {
     pub timeout_ms: u64,
 }
 
-/// A registered target: name, one-line description, constructor.
+/// A registered target: name, one-line description, the Python environment it runs in, constructor.
 pub struct TargetInfo {
     pub name: &'static str,
     pub description: &'static str,
+    /// The environment its worker runs in (`main`: `.venv`; another name: `.venv-NAME`); None: in-process.
+    pub env: Option<&'static str>,
     pub create: fn(&TargetOptions) -> Result<Box<dyn Target>, String>,
 }
 
@@ -22,6 +24,7 @@ pub const TARGETS: &[TargetInfo] = &[
     TargetInfo {
         name: "native",
         description: "embedded sharded implementation: TP/SP, DP/ZeRO, PP, EP on simulated ranks (threads)",
+        env: None,
         create: |o| {
             let bugs = crate::model::Bugs::parse(&o.inject)?;
             let ms = if o.timeout_ms == 0 { 10_000 } else { o.timeout_ms };
@@ -31,61 +34,88 @@ pub const TARGETS: &[TargetInfo] = &[
     TargetInfo {
         name: "nop",
         description: "single-device run in the case dtype (no sharding): for tests",
+        env: None,
         create: |_| Ok(Box::new(NopTarget)),
     },
     TargetInfo {
         name: "torch-dtensor",
         description: "PyTorch DTensor: op cases on 1-D/2-D DeviceMesh, and OpInfo library ops on 1-3-D meshes, with Shard / Replicate / Partial (uneven shards)",
-        create: |o| python("torch-dtensor", o),
+        env: Some(MAIN),
+        create: |o| python("torch-dtensor", MAIN, o),
     },
     TargetInfo {
         name: "torch-tp",
         description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
-        create: |o| python("torch-tp", o),
+        env: Some(MAIN),
+        create: |o| python("torch-tp", MAIN, o),
     },
     TargetInfo {
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks",
-        create: |o| python("torch-fsdp2", o),
+        env: Some(MAIN),
+        create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
-        create: |o| python("torch-ddp", o),
+        env: Some(MAIN),
+        create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {
         name: "jax-shardmap",
         description: "JAX shard_map with explicit collectives (psum, all_gather, psum_scatter) on host devices",
-        create: |o| python("jax-shardmap", o),
+        env: Some(MAIN),
+        create: |o| python("jax-shardmap", MAIN, o),
     },
     TargetInfo {
         name: "jax-gspmd",
         description: "JAX jit with NamedSharding and with_sharding_constraint: XLA GSPMD partitions (and pads)",
-        create: |o| python("jax-gspmd", o),
+        env: Some(MAIN),
+        create: |o| python("jax-gspmd", MAIN, o),
     },
     TargetInfo {
         name: "deepspeed-zero",
         description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
-        create: |o| python("deepspeed-zero", o),
+        env: Some(MAIN),
+        create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy",
-        create: |o| python("megatron-tp", o),
+        env: Some(MAIN),
+        create: |o| python("megatron-tp", MAIN, o),
+    },
+    TargetInfo {
+        name: "colossalai-tp",
+        description: "Colossal-AI shardformer Linear1D_Col / Linear1D_Row / VocabParallelEmbedding1D / VocabParallelLMHead1D + cross_entropy_1d, sequence parallel split_gather / ring",
+        env: Some("colossalai"),
+        create: |o| python("colossalai-tp", "colossalai", o),
     },
 ];
 
 /// Default time a Python target's case may take before it is a hang.
 const PYTHON_TIMEOUT_MS: u64 = 60_000;
 
-fn python(name: &str, o: &TargetOptions) -> Result<Box<dyn Target>, String> {
+use super::python::MAIN_ENV as MAIN;
+
+fn python(name: &str, env: &str, o: &TargetOptions) -> Result<Box<dyn Target>, String> {
     let ms = if o.timeout_ms == 0 { PYTHON_TIMEOUT_MS } else { o.timeout_ms };
-    Ok(Box::new(super::PythonTarget::new(name, std::time::Duration::from_millis(ms))?))
+    Ok(Box::new(super::PythonTarget::new(name, env, std::time::Duration::from_millis(ms))?))
 }
 
 /// Whether `name` runs in a Python worker.
 pub fn is_python(name: &str) -> bool {
-    !matches!(name, "native" | "nop")
+    environment(name).is_some()
+}
+
+/// The Python environment target `name` runs in (None: not a Python target, or no such target).
+pub fn environment(name: &str) -> Option<&'static str> {
+    TARGETS.iter().find(|t| t.name == name).and_then(|t| t.env)
+}
+
+/// The interpreter target `name` runs in (see [`super::python::python_interpreter_for`]).
+pub fn interpreter(name: &str) -> std::path::PathBuf {
+    super::python::python_interpreter_for(name, environment(name).unwrap_or(MAIN))
 }
 
 /// Creates the target called `name`.

@@ -11,6 +11,7 @@ REGISTRY = {
     "jax-gspmd": "jax_gspmd",
     "deepspeed-zero": "deepspeed_zero",
     "megatron-tp": "megatron_tp",
+    "colossalai-tp": "colossalai_tp",
 }
 
 

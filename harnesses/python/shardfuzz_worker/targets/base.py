@@ -104,9 +104,18 @@ def parallel(case):
     p = case["parallel"]
     return {k: p.get(k, d) for k, d in (("dp", 1), ("tp", 1), ("pp", 1), ("cp", 1), ("ep", 1))} | {
         "sequence_parallel": p.get("sequence_parallel", False),
+        "sequence_parallel_mode": p.get("sequence_parallel_mode", "split_gather"),
         "zero_stage": p.get("zero_stage", 0),
         "microbatches": p.get("microbatches", 1),
     }
+
+
+def unsupported_sp_mode(case, name, modes=("split_gather",)):
+    """Why target `name` cannot realise the case's sequence-parallel mode (it offers `modes`), or None."""
+    p = parallel(case)
+    if p["sequence_parallel"] and p["tp"] > 1 and p["sequence_parallel_mode"] not in modes:
+        return f"{name} realises sequence parallelism as {' / '.join(modes)} only, not {p['sequence_parallel_mode']}"
+    return None
 
 
 def dtype_name(case):

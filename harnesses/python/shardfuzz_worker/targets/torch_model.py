@@ -148,15 +148,18 @@ def unsupported_model(case):
     return None
 
 
-def unsupported_layout(case, axes, what):
-    """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why)."""
+def unsupported_layout(case, axes, what, sp_modes=("split_gather",)):
+    """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), and the
+    sequence-parallel mode is one of `sp_modes`."""
     why = unsupported_model(case)
     if why:
         return why
     p = case["parallel"]
     if any(p.get(a, 1) > 1 for a in ("dp", "tp", "pp", "cp", "ep") if a not in axes):
         return what
-    return None
+    from .base import unsupported_sp_mode
+
+    return unsupported_sp_mode(case, what.split(" ")[0], sp_modes)
 
 
 def build(case, inputs):

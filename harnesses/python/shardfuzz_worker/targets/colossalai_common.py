@@ -1,0 +1,188 @@
+"""Shared by the Colossal-AI targets: the start-up shims it needs on a CPU-only machine with gloo, the process
+group, versions. Measured on Colossal-AI 0.5.0 / torch 2.5.1 (../shared/reference/colossalai-on-cpu.md):
+
+  A  colossalai.accelerator's CPU accelerator raises for current_device / synchronize / manual_seed / streams
+     and passes a device to torch.get_rng_state: a subclass with CPU no-ops replaces it.
+  B  gloo has no list-form reduce_scatter (sequence parallelism's reduce-scatter) and no list-form all_to_all:
+     both are implemented over collectives gloo has, with the same results (sum of every rank's chunk).
+  D  LowLevelZeroOptimizer._sanity_checks insists on CUDA parameters: only its dtype check is kept.
+  E  Tensor.record_stream on CPU tensors: a no-op.
+  G  pipeline/p2p.py reads dist.Backend.HCCL, absent from torch's CPU build: defined.
+
+None of them changes what Colossal-AI computes: they stand in for device management and for collectives
+gloo lacks.
+"""
+
+import contextlib
+import datetime
+import os
+
+from .torch_common import TorchTarget
+
+
+class _Done:
+    """The handle of a collective that already completed (the shims run synchronously)."""
+
+    def wait(self, *_args, **_kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def _cpu_accelerator():
+    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
+    import torch
+
+    class ShardfuzzCpuAccelerator(CpuAccelerator):
+        def current_device(self):
+            return 0
+
+        def set_device(self, device=None):
+            pass
+
+        def get_device_name(self, device=None):
+            return "cpu"
+
+        def synchronize(self, device=None):
+            pass
+
+        def device_count(self):
+            return 1
+
+        def get_rng_state(self, device=None):
+            return torch.get_rng_state()
+
+        def set_rng_state(self, new_state, device=None):
+            torch.set_rng_state(new_state)
+
+        def manual_seed(self, seed):
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed):
+            torch.manual_seed(seed)
+
+        def empty_cache(self):
+            pass
+
+        def memory_allocated(self, device=None):
+            return 0
+
+        def max_memory_allocated(self, device=None):
+            return 0
+
+        def reset_peak_memory_stats(self, device=None):
+            pass
+
+        def Stream(self, device=None, priority=0, **kwargs):  # noqa: N802 (the accelerator API's name)
+            return None
+
+        def current_stream(self, device=None):
+            return None
+
+        def default_stream(self, device=None):
+            return None
+
+        def stream(self, stream_):
+            return contextlib.nullcontext()
+
+    return ShardfuzzCpuAccelerator()
+
+
+def _reduce_scatter_list(output, input_list, op=None, group=None, async_op=False):
+    """List-form reduce_scatter over an all_reduce of the concatenated chunks (gloo has no reduce_scatter)."""
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1) for t in input_list])
+    dist.all_reduce(flat, op=op if op is not None else dist.ReduceOp.SUM, group=group)
+    rank = dist.get_rank(group)
+    start = sum(t.numel() for t in input_list[:rank])
+    output.copy_(flat[start:start + input_list[rank].numel()].view_as(output))
+    return _Done() if async_op else None
+
+
+def _all_to_all_list(output_list, input_list, group=None, async_op=False):
+    """List-form all_to_all over all_to_all_single (gloo implements only the single-tensor form)."""
+    import torch
+    import torch.distributed as dist
+
+    flat_in = torch.cat([t.reshape(-1) for t in input_list])
+    flat_out = torch.empty(sum(t.numel() for t in output_list), dtype=flat_in.dtype)
+    dist.all_to_all_single(flat_out, flat_in, output_split_sizes=[t.numel() for t in output_list],
+                           input_split_sizes=[t.numel() for t in input_list], group=group)
+    start = 0
+    for t in output_list:
+        t.copy_(flat_out[start:start + t.numel()].view_as(t))
+        start += t.numel()
+    return _Done() if async_op else None
+
+
+def install_shims():
+    """Shims A, B, D, E, G (idempotent; in every rank after the process group exists)."""
+    import torch
+    import torch.distributed as dist
+    from colossalai.accelerator import api
+
+    api._ACCELERATOR = _cpu_accelerator()
+    real_rs, real_a2a = dist.reduce_scatter, dist.all_to_all
+    if not getattr(real_rs, "shardfuzz_shim", False):
+        def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            if dist.get_backend(group) == "gloo":
+                return _reduce_scatter_list(output, input_list, op, group, async_op)
+            return real_rs(output, input_list, op=op, group=group, async_op=async_op)
+
+        def all_to_all(output_list, input_list, group=None, async_op=False):
+            if dist.get_backend(group) == "gloo":
+                return _all_to_all_list(output_list, input_list, group, async_op)
+            return real_a2a(output_list, input_list, group=group, async_op=async_op)
+
+        reduce_scatter.shardfuzz_shim = all_to_all.shardfuzz_shim = True
+        dist.reduce_scatter, dist.all_to_all = reduce_scatter, all_to_all
+    torch.Tensor.record_stream = lambda self, stream=None: None
+    if not hasattr(dist.Backend, "HCCL"):
+        dist.Backend.HCCL = "hccl"
+    torch.cuda.set_device = lambda *_a, **_k: None
+    _shim_zero_sanity_checks()
+
+
+def _shim_zero_sanity_checks():
+    from colossalai.zero.low_level import low_level_optim
+
+    def sanity_checks(self):  # low_level_optim.py:253 without its device assertion
+        for group in self.optim.param_groups:
+            for p in group["params"]:
+                if not getattr(p, "skip_zero_check", False):
+                    assert p.dtype == self._dtype, f"Parameters are expected to have the same dtype `{self._dtype}`, but got `{p.dtype}`"
+
+    low_level_optim.LowLevelZeroOptimizer._sanity_checks = sanity_checks
+
+
+class ColossalTarget(TorchTarget):
+    """A torch target whose ranks run Colossal-AI: imported once before the ranks fork, shimmed in each."""
+
+    def __init__(self):
+        super().__init__()
+        # Imported once here, before ranks are forked (a missing colossalai makes the target unavailable).
+        import colossalai
+        import colossalai.shardformer.layer  # noqa: F401
+        import colossalai.zero.low_level.low_level_optim  # noqa: F401
+
+        self.coverage_prefixes = (os.path.dirname(colossalai.__file__) + os.sep,)
+
+    def versions(self):
+        from importlib.metadata import version
+
+        import torch
+
+        return {"torch": torch.__version__.split("+")[0], "colossalai": version("colossalai"), "backend": "gloo"}
+
+    def init_rank(self, rank, world, timeout_s):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        # (colossalai.launch would set no timeout: one rank's exception would hang its peers.)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        install_shims()
