@@ -132,7 +132,9 @@ def build(case, inputs, group):
     plain = Model(m).to(dt)
     load_case_params(plain, inputs, dt)
     p = parallel(case)
-    sp_mode = p["sequence_parallel_mode"] if p["sequence_parallel"] else None
+    # (On one rank there is no sequence to split: ShardConfig refuses split_gather / ring without tensor
+    # parallelism, and the model cases mean no sequence parallelism there.)
+    sp_mode = p["sequence_parallel_mode"] if p["sequence_parallel"] and dist.get_world_size(group) > 1 else None
     return ColossalModel(plain, m, group, sp_mode), dt
 
 
@@ -179,15 +181,22 @@ def run(case, inputs, rank, tp):
             clip_global(named, t["clip_grad_norm"], rank, group)
         opt.step()
     final = {name: case_view(name, p) for name, p in named}
-    return {"logits": logits0, "losses": losses, "grads": grads0, "params": final}
+    # from_native_module leaves a linear narrower than tp unsharded (linear.py:303, :500): what is sharded
+    # is what Colossal-AI made a distributed tensor.
+    sharded = {name: is_distributed_tensor(p) for name, p in named}
+    return {"logits": logits0, "losses": losses, "grads": grads0, "params": final, "sharded": sharded}
+
+
+def is_distributed_tensor(p):
+    from colossalai.tensor.d_tensor import is_distributed_tensor as sharded
+
+    return sharded(p)
 
 
 def clip_global(named, max_norm, rank, group):
     """Clipping by the global norm as HybridParallelPlugin's optimizer takes it over tensor-parallel shards:
     sharded parameters from every rank, replicated ones once (plain torch clipping on the local shards
     would be the bug the taxonomy lists)."""
-    from colossalai.tensor.d_tensor import is_distributed_tensor
-
     sq = torch.zeros((), dtype=torch.float64)
     for _, p in named:
         if p.grad is not None and (is_distributed_tensor(p) or rank == 0):
@@ -211,7 +220,7 @@ def assemble_outputs(case, outs):
         names = list(outs[0][kind])
         merged = {}
         for name in names:
-            d = shard_dim(name)
+            d = shard_dim(name) if outs[0]["sharded"][name] else None
             if d is not None:
                 merged[name] = np.concatenate([o[kind][name] for o in outs], axis=d)
                 if name in VOCAB_PARALLEL:
