@@ -186,3 +186,6 @@ class ColossalTarget(TorchTarget):
         # (colossalai.launch would set no timeout: one rank's exception would hang its peers.)
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         install_shims()
+        from .. import known_fixes
+
+        known_fixes.apply(self.name)

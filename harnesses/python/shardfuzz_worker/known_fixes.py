@@ -1,0 +1,66 @@
+"""Fixes of known framework bugs, applied only on request: the test suite's baseline of known findings.
+
+A divergence the fuzzer reports is a *known* finding when the same case passes once the fix of a bug already
+reported (docs/findings/, listed in the README) is applied; anything else stays a new finding (or, in the test
+suite, a false positive). `SHARDFUZZ_KNOWN_FIXES=name,name` makes every rank apply those fixes at start-up.
+Each fix is the smallest correct change, written against the released code it patches.
+"""
+
+import os
+
+ENV = "SHARDFUZZ_KNOWN_FIXES"
+
+
+def _colossalai_row_bias_sp():
+    """Colossal-AI 0.5.0: Linear1D_Row adds its bias to the reduce-scattered (sequence-chunk) output under
+    split_gather / ring sequence parallelism, but leaves the bias unmarked, so its partial gradient is never
+    all-reduced (docs/findings/colossalai-0.5.0-row-bias-grad-sequence-parallel.py). Fix: mark it."""
+    from colossalai.shardformer.layer import Linear1D_Row
+    from colossalai.shardformer.layer.utils import SeqParallelUtils, is_share_sp_tp
+
+    original = Linear1D_Row.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.bias is not None and is_share_sp_tp(self.seq_parallel_mode):
+            SeqParallelUtils.marked_as_sp_partial_derived_param(self.bias)
+
+    Linear1D_Row.__init__ = init
+
+
+def _colossalai_ring_gather():
+    """Colossal-AI 0.5.0: _ring_as_gather saves `send_tensors` instead of the received chunk in its final
+    round, so ring mode's gathered input (and the column linear's weight gradient) is wrong
+    (docs/findings/colossalai-0.5.0-ring-sp-column-weight-grad.py). Fix: the gathered input by all_gather."""
+    from colossalai.shardformer.layer import _operation
+
+    original = _operation._ring_as_gather
+
+    def ring_as_gather(func, input_to_gather=None, input_local=None, process_group=None, gather_dim=1, keep_item=False):
+        output, _ = original(func, input_to_gather=input_to_gather, input_local=input_local,
+                             process_group=process_group, gather_dim=gather_dim, keep_item=keep_item)
+        gathered = {k: _operation._gather(v, gather_dim, process_group) for k, v in input_to_gather.items()}
+        return output, gathered
+
+    _operation._ring_as_gather = ring_as_gather
+
+
+#: name -> (target, the fix)
+FIXES = {
+    "colossalai-row-bias-sp": ("colossalai-tp", _colossalai_row_bias_sp),
+    "colossalai-ring-gather": ("colossalai-tp", _colossalai_ring_gather),
+}
+
+
+def requested():
+    return [n for n in os.environ.get(ENV, "").split(",") if n]
+
+
+def apply(target):
+    """Applies the requested fixes that concern `target` (an unknown name is our error, raised)."""
+    for name in requested():
+        if name not in FIXES:
+            raise KeyError(f"{ENV}: unknown fix {name!r} (known: {', '.join(sorted(FIXES))})")
+        fix_target, fix = FIXES[name]
+        if fix_target == target:
+            fix()
