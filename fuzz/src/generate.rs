@@ -43,6 +43,8 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         // change every generated case after it, and with it the benchmarks' fixed case streams).
         sequence_parallel_mode: SequenceParallelMode::SplitGather,
         zero_stage: if dp > 1 && (ep == 1 || u.ratio(1, 10)?) { u.int_in_range(0..=3)? } else { 0 },
+        // (Offloading comes from the `zero-offload` mutator, for the reason given above.)
+        zero_offload: false,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         rank_order: order,

@@ -44,7 +44,7 @@ fn parallel_words(case: &Case) -> Vec<String> {
         _ => {}
     }
     if p.zero_stage > 0 && p.dp > 1 {
-        out.push(format!("ZeRO stage {}", p.zero_stage));
+        out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
     }
     if p.microbatches > 1 {
         out.push(format!("{} micro-batches", p.microbatches));

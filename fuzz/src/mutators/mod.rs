@@ -32,6 +32,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("zero-stage", parallel::zero_stage),
     ("sequence-parallel", parallel::toggle_sequence_parallel),
     ("sequence-parallel-mode", parallel::sequence_parallel_mode),
+    ("zero-offload", parallel::zero_offload),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
     ("world-size-one", parallel::world_size_one),

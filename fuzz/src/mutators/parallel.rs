@@ -95,6 +95,18 @@ pub fn sequence_parallel_mode(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// ZeRO optimizer states offloaded to the host, or back (a ZeRO stage switched on with it).
+pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.zero_offload = !c.parallel.zero_offload;
+    if c.parallel.zero_stage == 0 {
+        c.parallel.zero_stage = rng.gen_range(1..=2);
+    }
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    true
+}
+
 pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let mut axes = Axis::ALL;
     axes.shuffle(rng);

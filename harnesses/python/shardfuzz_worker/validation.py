@@ -94,6 +94,7 @@ VALIDATION = {
         ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
     ],
     "colossalai-tp": _COLOSSALAI,
+    "colossalai-zero": _COLOSSALAI,
 }
 
 #: Top-level packages whose frames count as the framework's, per target.
@@ -107,6 +108,7 @@ FRAMEWORKS = {
     "deepspeed-zero": ("deepspeed", "torch"),
     "megatron-tp": ("megatron", "torch"),
     "colossalai-tp": ("colossalai", "torch"),
+    "colossalai-zero": ("colossalai", "torch"),
 }
 
 #: Exception types that are a refusal wherever they are raised, per target: DTensor propagates shardings

@@ -30,6 +30,10 @@ pub struct Parallel {
     /// ZeRO stage 0..=3 over the data-parallel group.
     #[serde(default)]
     pub zero_stage: u8,
+    /// ZeRO with its optimizer states (and master weights) offloaded to host memory, where a target offers
+    /// it (Colossal-AI's `cpu_offload`); targets without offloading refuse it. Read only with a ZeRO stage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub zero_offload: bool,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -55,6 +59,7 @@ impl Default for Parallel {
             sequence_parallel: false,
             sequence_parallel_mode: SequenceParallelMode::SplitGather,
             zero_stage: 0,
+            zero_offload: false,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             rank_order: RankOrder::default(),

@@ -161,6 +161,9 @@ impl Target for NativeTarget {
             let reason = format!("the native target realises sequence parallelism as split_gather only, not {}", p.sequence_parallel_mode.name());
             return Outcome::Unsupported { reason };
         }
+        if p.zero_offload && p.zero_stage > 0 {
+            return Outcome::Unsupported { reason: "the native target has no ZeRO offloading".into() };
+        }
         let plan = match Plan::new(case, self.bugs) {
             Ok(p) => p,
             Err(r) => {

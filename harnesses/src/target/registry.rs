@@ -91,6 +91,12 @@ pub const TARGETS: &[TargetInfo] = &[
         env: Some("colossalai"),
         create: |o| python("colossalai-tp", "colossalai", o),
     },
+    TargetInfo {
+        name: "colossalai-zero",
+        description: "Colossal-AI Booster + LowLevelZeroPlugin: ZeRO stages 1-2 over the data-parallel ranks, fp32/bf16/fp16, optional CPU offload",
+        env: Some("colossalai"),
+        create: |o| python("colossalai-zero", "colossalai", o),
+    },
 ];
 
 /// Default time a Python target's case may take before it is a hang.

@@ -12,6 +12,7 @@ REGISTRY = {
     "deepspeed-zero": "deepspeed_zero",
     "megatron-tp": "megatron_tp",
     "colossalai-tp": "colossalai_tp",
+    "colossalai-zero": "colossalai_zero",
 }
 
 

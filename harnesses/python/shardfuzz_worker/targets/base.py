@@ -106,6 +106,7 @@ def parallel(case):
         "sequence_parallel": p.get("sequence_parallel", False),
         "sequence_parallel_mode": p.get("sequence_parallel_mode", "split_gather"),
         "zero_stage": p.get("zero_stage", 0),
+        "zero_offload": p.get("zero_offload", False),
         "microbatches": p.get("microbatches", 1),
     }
 

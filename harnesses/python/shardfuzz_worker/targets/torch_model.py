@@ -148,17 +148,19 @@ def unsupported_model(case):
     return None
 
 
-def unsupported_layout(case, axes, what, sp_modes=("split_gather",)):
-    """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), and the
-    sequence-parallel mode is one of `sp_modes`."""
+def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False):
+    """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), the
+    sequence-parallel mode is one of `sp_modes`, and ZeRO offloading only where the target has it."""
     why = unsupported_model(case)
     if why:
         return why
     p = case["parallel"]
     if any(p.get(a, 1) > 1 for a in ("dp", "tp", "pp", "cp", "ep") if a not in axes):
         return what
-    from .base import unsupported_sp_mode
+    from .base import parallel, unsupported_sp_mode
 
+    if not offload and parallel(case)["zero_offload"] and parallel(case)["zero_stage"] > 0:
+        return f"{what.split(' ')[0]} has no ZeRO offloading"
     return unsupported_sp_mode(case, what.split(" ")[0], sp_modes)
 
 

@@ -1,0 +1,96 @@
+"""colossalai-zero: the case's model trained through Colossal-AI's Booster with LowLevelZeroPlugin (ZeRO stage 1
+or 2 from the case, optimizer states on the host with `zero_offload`) over the data-parallel ranks.
+
+The plugin owns the model's precision (`fp32` / `bf16` / `fp16` from the case dtype, fp32 master weights), the
+gradient reduction (bucketed, averaged over the ranks), clipping (`max_norm`: the global norm over the
+partitions) and the optimizer step (the case's torch optimizer, wrapped in LowLevelZeroOptimizer). Micro-batches
+are accumulated by the ZeRO optimizer itself (every backward reduces into its gradient partitions; one step).
+fp16 runs with a loss scale of 1 that stays 1 (initial_scale=1, min_scale=1): the reference has no scaling.
+
+Step-0 gradients are the optimizer's reduced gradients before the step (`get_param_grad`, gathered from the
+partitions); final parameters are the working parameters after the last step (the fp32 masters rounded to the
+case dtype). As for DeepSpeed, the reference rounds parameters to the case dtype after every step while the
+plugin keeps fp32 masters: a difference of the order of one rounding per step.
+"""
+
+from .base import dtype_name, parallel, reduce_dtype_name
+from .colossalai_common import ColossalTarget
+from .torch_common import torch_dtype
+from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_training import combine_dp, single_device, train
+
+PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
+
+def step(zero_opt):
+    """The step and the zero_grad every training loop with Colossal-AI calls after it."""
+    zero_opt.step()
+    zero_opt.zero_grad()
+
+
+class ColossalZero(ColossalTarget):
+    name = "colossalai-zero"
+
+    def __init__(self):
+        super().__init__()
+        import colossalai.booster.plugin.low_level_zero_plugin  # noqa: F401
+
+    def unsupported(self, case):
+        why = unsupported_layout(case, ("dp",), "colossalai-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)",
+                                 offload=True)
+        if why:
+            return why
+        p, dt = parallel(case), dtype_name(case)
+        if p["zero_stage"] not in (1, 2):
+            # LowLevelZeroPlugin asserts `stage in (1, 2)`; stage 3 is Gemini's, which needs CUDA.
+            return f"LowLevelZeroPlugin runs ZeRO stages 1 and 2, not {p['zero_stage']} (stage 3 is Gemini: CUDA only)"
+        if dt not in PRECISION:
+            # Its master weights and gradient partitions are fp32.
+            return "LowLevelZeroPlugin keeps fp32 master weights: f64 training is not expressed"
+        rd = reduce_dtype_name(case)
+        if rd not in (dt, "f32"):
+            return f"gradient reduction in {rd} for {dt} parameters is not expressed by LowLevelZeroPlugin"
+        return None
+
+    def plugin(self, case):
+        from colossalai.booster.plugin import LowLevelZeroPlugin
+        import torch
+
+        p, t, dt = parallel(case), case["train"], dtype_name(case)
+        clip = t.get("clip_grad_norm")
+        communication = torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None
+        return LowLevelZeroPlugin(stage=p["zero_stage"], precision=PRECISION[dt], initial_scale=1, min_scale=1,
+                                  max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
+                                  communication_dtype=communication, overlap_communication=False,
+                                  reduce_bucket_size_in_m=1)
+
+    def run_rank(self, rank, world, case, inputs):
+        import torch
+        from colossalai.booster import Booster
+
+        dt = torch_dtype(dtype_name(case))
+        model = Model(model_defaults(case)).to(dt)
+        load_case_params(model, inputs, dt)
+        names = [n for n, _ in model.named_parameters()]
+        opt = make_optimizer(case, list(model.parameters()))
+        booster = Booster(plugin=self.plugin(case))
+        boosted, zero_opt, *_ = booster.boost(model, opt)
+        params = dict(boosted.unwrap().named_parameters())
+        named = [(n, params[n]) for n in names]
+
+        def view(name, t):
+            return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
+
+        out = train(case, inputs, boosted, [p for _, p in named], rank, world,
+                    backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: step(zero_opt), clip=lambda: None,
+                    named=named, view=view, grad=lambda name, p: zero_opt.get_param_grad(p))
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
+
+    def combine(self, case, outs):
+        p = parallel(case)
+        offload = ":offload" if p["zero_offload"] else ""
+        return combine_dp(case, outs, [f"colossalai:dp{len(outs)}:zero{p['zero_stage']}{offload}"])
+
+
+TARGET = ColossalZero()
