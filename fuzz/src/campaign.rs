@@ -64,6 +64,8 @@ pub struct CampaignOptions {
 #[derive(Debug, Clone)]
 pub struct CampaignSummary {
     pub execs: u64,
+    /// Executions some target could express (not `unsupported` on every target): the cases that ran.
+    pub expressed: u64,
     pub elapsed_s: f64,
     pub corpus: usize,
     pub coverage: usize,
@@ -330,6 +332,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     )?;
     Ok(CampaignSummary {
         execs: *state.executions(),
+        expressed: executor.expressed,
         elapsed_s: executor.elapsed(),
         corpus: state.corpus().count(),
         coverage: executor.coverage,

@@ -32,6 +32,8 @@ pub struct CaseExecutor<OT> {
     /// Time spent inside the target and the oracle.
     pub target_time: Duration,
     pub verdicts: BTreeMap<VerdictKind, u64>,
+    /// Cases some target could express (not unsupported everywhere).
+    pub expressed: u64,
     /// Every map slot ever hit.
     pub seen: Vec<bool>,
     pub coverage: usize,
@@ -59,6 +61,7 @@ impl<OT> CaseExecutor<OT> {
             start: Instant::now(),
             target_time: Duration::ZERO,
             verdicts: BTreeMap::new(),
+            expressed: 0,
             seen: vec![false; coverage::MAP_SIZE],
             coverage: 0,
             new_findings: vec![],
@@ -77,6 +80,7 @@ impl<OT> CaseExecutor<OT> {
         let verdicts: Vec<Verdict> = (0..self.targets.len()).map(|i| self.run_on(i, &prep)).collect();
         coverage::set_last_exec_time(t0.elapsed());
         let expressed = verdicts.iter().any(|v| v.kind != VerdictKind::Unsupported);
+        self.expressed += u64::from(expressed);
         coverage::set_last_expressed(expressed);
         if !self.feedback || !expressed {
             // Without feedback nothing is interesting; when no target could express the case,

@@ -111,7 +111,7 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
     let summary = if a.jobs > 1 { super::jobs::run_jobs(&opts, a.jobs)? } else { run_campaign(&opts)? };
     let new: Vec<_> = summary.findings.iter().filter(|f| !baseline.contains(&f.signature)).collect();
     eprintln!(
-        "done: {} execs in {:.1} s ({:.0}/s), corpus {}, coverage {}, {} finding(s), {} not in the baseline; time in target+oracle {:.0} %",
+        "done: {} execs in {:.1} s ({:.0}/s), corpus {}, coverage {}, {} finding(s), {} not in the baseline; time in target+oracle {:.0} %; {} of them expressed by a target ({:.1}/s)",
         summary.execs,
         summary.process_s,
         summary.execs as f64 / summary.process_s.max(1e-9),
@@ -119,7 +119,9 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
         summary.coverage,
         summary.findings.len(),
         new.len(),
-        100.0 * summary.target_s / summary.process_s.max(1e-9)
+        100.0 * summary.target_s / summary.process_s.max(1e-9),
+        summary.expressed,
+        summary.expressed as f64 / summary.process_s.max(1e-9)
     );
     for f in &new {
         eprintln!("  {} {} [{}] {}: {}", f.id, f.kind, f.target, f.summary, f.verdict.reason);

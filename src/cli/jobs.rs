@@ -64,6 +64,7 @@ pub fn run_jobs(opts: &CampaignOptions, jobs: usize) -> anyhow::Result<CampaignS
     }
     let mut summary = CampaignSummary {
         execs: 0,
+        expressed: 0,
         elapsed_s: 0.0,
         corpus: 0,
         coverage: 0,
@@ -86,6 +87,7 @@ pub fn run_jobs(opts: &CampaignOptions, jobs: usize) -> anyhow::Result<CampaignS
                     .unwrap_or(0.0)
             };
             summary.execs += num(" execs") as u64;
+            summary.expressed += num(" of them expressed") as u64;
             summary.elapsed_s = summary.elapsed_s.max(num(" s ("));
             summary.process_s = summary.elapsed_s;
             summary.target_s += num(" %") / 100.0 * summary.elapsed_s / jobs as f64;
