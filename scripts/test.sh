@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests, and every seed case.
 # Sets up what it needs: the Rust toolchain builds the native target; scripts/setup-python.sh
-# creates .venv with the pinned frameworks for the Python targets (first run: minutes, ~6 GB).
+# creates .venv and .venv-colossalai with the pinned frameworks for the Python targets (first run:
+# ~10 min, ~12 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -11,6 +12,8 @@ scripts/setup-python.sh
 export SHARDFUZZ_REQUIRE_PYTHON=1
 echo "== Python worker unit tests"
 (cd harnesses/python && ../../.venv/bin/python -m unittest discover -s tests)
+echo "== Python worker unit tests in the colossalai environment"
+(cd harnesses/python && ../../.venv-colossalai/bin/python -m unittest tests.test_colossalai)
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

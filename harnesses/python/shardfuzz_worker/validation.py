@@ -47,11 +47,13 @@ _JAX = [
 
 _COLOSSALAI = [
     # from_native_module: a width not a multiple of the tensor-parallel size.
-    ("colossalai/shardformer/layer/", "from_native_module", "integer multiples of tensor parallel size"),
+    ("colossalai/shardformer/layer/linear.py", "from_native_module", "integer multiples of tensor parallel size"),
+    ("colossalai/shardformer/layer/embedding.py", "from_native_module", "integer multiples of tensor parallel size"),
     # Sequence split / reduce-scatter of a sequence not a multiple of the group size (explicit assertions).
     ("colossalai/shardformer/layer/_operation.py", None, "is not a multiple of"),
     # The plugins' and ShardConfig's argument checks.
-    ("colossalai/booster/plugin/", "__init__", None),
+    ("colossalai/booster/plugin/low_level_zero_plugin.py", "__init__", None),
+    ("colossalai/booster/plugin/hybrid_parallel_plugin.py", "__init__", None),
     ("colossalai/shardformer/shard/shard_config.py", "__post_init__", None),
 ]
 

@@ -158,7 +158,8 @@ impl Target for NativeTarget {
         }
         let p = &case.parallel;
         if p.sequence_parallel && p.tp > 1 && !p.sequence_parallel_mode.is_default() {
-            let reason = format!("the native target realises sequence parallelism as split_gather only, not {}", p.sequence_parallel_mode.name());
+            let reason =
+                format!("the native target realises sequence parallelism as split_gather only, not {}", p.sequence_parallel_mode.name());
             return Outcome::Unsupported { reason };
         }
         if p.zero_offload && p.zero_stage > 0 {

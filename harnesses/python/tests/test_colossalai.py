@@ -1,0 +1,112 @@
+"""The Colossal-AI targets' own pieces, in the colossalai environment (.venv-colossalai; skipped elsewhere):
+the gloo stand-ins for collectives gloo lacks against their definitions, the refusal table against the
+installed sources, the known fixes, and what each target refuses."""
+
+import importlib.util
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HAVE_COLOSSALAI = importlib.util.find_spec("colossalai") is not None
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "corpus")
+
+
+def _collectives(rank, world, port, out):
+    import torch
+    import torch.distributed as dist
+
+    from shardfuzz_worker.targets.colossalai_common import _all_to_all_list, _reduce_scatter_list
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    chunks = [torch.arange(6, dtype=torch.float64).view(2, 3) * (rank + 1) + 10 * i for i in range(world)]
+    got = torch.empty(2, 3, dtype=torch.float64)
+    _reduce_scatter_list(got, chunks)
+    want = sum(torch.arange(6, dtype=torch.float64).view(2, 3) * (r + 1) + 10 * rank for r in range(world))
+    sizes = [i + 1 for i in range(world)]  # rank r sends i + 1 values to rank i
+    sent = [torch.full((sizes[i],), float(100 * rank + i)) for i in range(world)]
+    received = [torch.empty(rank + 1) for _ in range(world)]
+    _all_to_all_list(received, sent)
+    ok_a2a = all(torch.equal(received[r], torch.full((rank + 1,), float(100 * r + rank))) for r in range(world))
+    out[rank] = (bool(torch.equal(got, want)), ok_a2a)
+    dist.destroy_process_group()
+
+
+def case(name, **parallel):
+    with open(os.path.join(CORPUS, name)) as f:
+        c = json.load(f)
+    c["parallel"].update(parallel)
+    return c
+
+
+@unittest.skipUnless(HAVE_COLOSSALAI, "colossalai is not installed in this environment")
+class ColossalAiTest(unittest.TestCase):
+    def test_gloo_stand_ins_compute_what_the_collectives_define(self):
+        import torch.multiprocessing as mp
+
+        out = mp.Manager().dict()
+        mp.spawn(_collectives, args=(3, 29581, out), nprocs=3)
+        self.assertEqual(dict(out), {r: (True, True) for r in range(3)})
+
+    def test_every_refusal_location_exists_in_the_installed_colossalai(self):
+        from shardfuzz_worker.validation import FRAMEWORKS, VALIDATION
+
+        root = os.path.dirname(importlib.util.find_spec("colossalai").origin)
+        for target in ("colossalai-tp", "colossalai-zero"):
+            self.assertIn("colossalai", FRAMEWORKS[target])
+            for fragment, function, _ in VALIDATION[target]:
+                path = os.path.join(os.path.dirname(root), fragment)
+                self.assertTrue(os.path.isfile(path), fragment)
+                if function:
+                    with open(path, encoding="utf-8") as f:
+                        self.assertIn(f"def {function}(", f.read(), f"{function} in {fragment}")
+
+    def test_an_unknown_known_fix_is_our_error(self):
+        from shardfuzz_worker import known_fixes
+
+        os.environ[known_fixes.ENV] = "no-such-fix"
+        try:
+            with self.assertRaises(KeyError):
+                known_fixes.apply("colossalai-tp")
+        finally:
+            del os.environ[known_fixes.ENV]
+
+    def test_each_known_fix_names_a_target_and_patches_what_exists(self):
+        from shardfuzz_worker import known_fixes
+        from shardfuzz_worker.targets import REGISTRY
+
+        for name, (target, fix) in known_fixes.FIXES.items():
+            self.assertIn(target, REGISTRY, name)
+            self.assertIn("docs/findings/", fix.__doc__, f"{name}: its repro")
+        from colossalai.shardformer.layer import _operation
+
+        before = _operation._ring_as_gather
+        known_fixes.FIXES["colossalai-ring-gather"][1]()
+        self.assertIsNot(_operation._ring_as_gather, before)
+        _operation._ring_as_gather = before
+
+    def test_colossalai_tp_refuses_what_it_cannot_express(self):
+        from shardfuzz_worker.targets.colossalai_tp import TARGET
+
+        self.assertIsNone(TARGET.unsupported(case("tp2-sp-bf16-swiglu.json")))
+        self.assertIsNone(TARGET.unsupported(case("tp2-sp-bf16-swiglu.json", sequence_parallel_mode="ring")))
+        self.assertIn("all_to_all", TARGET.unsupported(case("tp2-sp-bf16-swiglu.json", sequence_parallel_mode="all_to_all")))
+        self.assertIn("fp32", TARGET.unsupported(case("tp2-sp.json")))
+        self.assertIn("heads divisible by tp", TARGET.unsupported(case("tp2-heads-not-divisible-rejected.json")))
+        self.assertIn("tensor (and sequence) parallelism only", TARGET.unsupported(case("dp2-even-f32.json")))
+
+    def test_colossalai_zero_refuses_what_it_cannot_express(self):
+        from shardfuzz_worker.targets.colossalai_zero import TARGET
+
+        self.assertIsNone(TARGET.unsupported(case("zero2-bf16.json")))
+        self.assertIsNone(TARGET.unsupported(case("zero2-bf16.json", zero_offload=True)))
+        self.assertIn("not 3", TARGET.unsupported(case("zero2-bf16.json", zero_stage=3)))
+        self.assertIn("not 0", TARGET.unsupported(case("zero2-bf16.json", zero_stage=0)))
+        self.assertIn("f64", TARGET.unsupported(case("zero1-dp2.json")))
+
+
+if __name__ == "__main__":
+    unittest.main()
