@@ -82,7 +82,7 @@ def passes(case_file, fixes):
 
 def known_fix(finding_dir):
     """The known fix(es) under which the finding's case passes, or None."""
-    mine = sorted(n for n, (t, _) in FIXES.items() if t == target)
+    mine = sorted(n for n, (targets, _) in FIXES.items() if target in targets)
     for fixes in [[n] for n in mine] + ([mine] if len(mine) > 1 else []):
         if passes(finding_dir / "case.json", fixes):
             return "+".join(fixes)

@@ -45,10 +45,12 @@ def _colossalai_ring_gather():
     _operation._ring_as_gather = ring_as_gather
 
 
-#: name -> (target, the fix)
+COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
+
+#: name -> (the targets it concerns, the fix)
 FIXES = {
-    "colossalai-row-bias-sp": ("colossalai-tp", _colossalai_row_bias_sp),
-    "colossalai-ring-gather": ("colossalai-tp", _colossalai_ring_gather),
+    "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
+    "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
 }
 
 
@@ -61,6 +63,6 @@ def apply(target):
     for name in requested():
         if name not in FIXES:
             raise KeyError(f"{ENV}: unknown fix {name!r} (known: {', '.join(sorted(FIXES))})")
-        fix_target, fix = FIXES[name]
-        if fix_target == target:
+        targets, fix = FIXES[name]
+        if target in targets:
             fix()

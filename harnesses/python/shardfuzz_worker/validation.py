@@ -54,7 +54,12 @@ _COLOSSALAI = [
     # The plugins' and ShardConfig's argument checks.
     ("colossalai/booster/plugin/low_level_zero_plugin.py", "__init__", None),
     ("colossalai/booster/plugin/hybrid_parallel_plugin.py", "__init__", None),
+    ("colossalai/booster/plugin/hybrid_parallel_plugin.py", "configure", "Please set precision"),
     ("colossalai/shardformer/shard/shard_config.py", "__post_init__", None),
+    # Shardformer policies' divisibility assertions (heads by tp, ...).
+    ("colossalai/shardformer/policies/llama.py", "module_policy", "divisible"),
+    # The pipeline schedule's split of a batch into equal micro-batches.
+    ("colossalai/pipeline/schedule/one_f_one_b.py", "load_batch", "divided"),
 ]
 
 VALIDATION = {
@@ -97,6 +102,7 @@ VALIDATION = {
     ],
     "colossalai-tp": _COLOSSALAI,
     "colossalai-zero": _COLOSSALAI,
+    "colossalai-hybrid": _COLOSSALAI,
 }
 
 #: Top-level packages whose frames count as the framework's, per target.
@@ -111,6 +117,7 @@ FRAMEWORKS = {
     "megatron-tp": ("megatron", "torch"),
     "colossalai-tp": ("colossalai", "torch"),
     "colossalai-zero": ("colossalai", "torch"),
+    "colossalai-hybrid": ("colossalai", "torch", "transformers"),
 }
 
 #: Exception types that are a refusal wherever they are raised, per target: DTensor propagates shardings

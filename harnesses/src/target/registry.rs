@@ -97,6 +97,12 @@ pub const TARGETS: &[TargetInfo] = &[
         env: Some("colossalai"),
         create: |o| python("colossalai-zero", "colossalai", o),
     },
+    TargetInfo {
+        name: "colossalai-hybrid",
+        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama: tp x pp (1F1B) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
+        env: Some("colossalai"),
+        create: |o| python("colossalai-hybrid", "colossalai", o),
+    },
 ];
 
 /// Default time a Python target's case may take before it is a hang.

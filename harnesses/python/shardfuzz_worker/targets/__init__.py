@@ -13,6 +13,7 @@ REGISTRY = {
     "megatron-tp": "megatron_tp",
     "colossalai-tp": "colossalai_tp",
     "colossalai-zero": "colossalai_zero",
+    "colossalai-hybrid": "colossalai_hybrid",
 }
 
 

@@ -1,0 +1,102 @@
+"""colossalai-hybrid: the case's model as a `transformers` Llama (colossalai_llama.py) trained through Colossal-AI's
+Booster with HybridParallelPlugin: tp x pp x dp from the case (ranks dp-outermost, as the plugin lays them out),
+ZeRO stage 0-2 over dp (with `zero_offload`), sequence parallelism in each mode the plugin offers
+(`split_gather` and `ring` over the tensor-parallel group; `all_to_all`, DeepSpeed-Ulysses, over a
+sequence-parallel group of the case's tp ranks with tensor parallelism off), the 1F1B pipeline schedule with the
+case's micro-batches, clipping by the plugin's global norm, fp32 / bf16 / fp16 precision (fp32 masters).
+
+The loss is the case's: token cross-entropy summed and divided by the global token count (each data-parallel
+rank scaled by dp, since the plugin averages gradients over dp; each micro-batch by the micro-batch count, which
+the pipeline schedule divides by). Logits are the full vocabulary (`parallel_output=False`).
+
+Reported: losses, step-0 logits, step-0 gradients (after the plugin's own synchronisation: data-parallel
+all-reduce or ZeRO partitions, sequence-parallel partial gradients) and final parameters, each rank's local
+shard with its tp / pp / dp coordinates; `combine` concatenates tensor-parallel shards and keeps every
+data-parallel copy as a replica.
+"""
+
+from .base import dtype_name, parallel, reduce_dtype_name
+from .colossalai_common import ColossalTarget
+from .torch_common import torch_dtype
+from .torch_model import unsupported_layout
+
+PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+SP_MODES = ("split_gather", "ring", "all_to_all")
+
+
+class ColossalHybrid(ColossalTarget):
+    name = "colossalai-hybrid"
+
+    def __init__(self):
+        super().__init__()
+        import colossalai.booster.plugin.hybrid_parallel_plugin  # noqa: F401
+        import transformers.models.llama.modeling_llama  # noqa: F401
+
+    def world(self, case):
+        p = parallel(case)
+        return p["dp"] * p["tp"] * p["pp"]
+
+    def unsupported(self, case):
+        why = unsupported_layout(case, ("dp", "tp", "pp"), "colossalai-hybrid runs dp x tp x pp (no cp/ep)", SP_MODES,
+                                 offload=True)
+        if why:
+            return why
+        from .colossalai_llama import expressible
+
+        why = expressible(case["model"])
+        if why:
+            return why
+        p, dt, t = parallel(case), dtype_name(case), case["train"]
+        if dt not in PRECISION:
+            return "HybridParallelPlugin keeps fp32 master weights (and Llama's RMSNorm computes in fp32): f64 is not expressed"
+        if p["zero_stage"] > 2:
+            return "HybridParallelPlugin runs ZeRO stages 0-2 (stage 3 is Gemini: CUDA only)"
+        if p["pp"] > 1 and case["parallel"].get("pipeline_schedule", "gpipe") != "1f1b":
+            return "Colossal-AI's pipeline schedules are 1F1B and interleaved, not GPipe"
+        if p["pp"] > 1 and t.get("grad_accumulation", 1) > 1:
+            return "under pipeline parallelism the micro-batches are the accumulation (grad_accumulation is not expressed)"
+        rd = reduce_dtype_name(case)
+        if rd not in (dt, "f32"):
+            return f"gradient reduction in {rd} for {dt} parameters is not expressed by HybridParallelPlugin"
+        return None
+
+    def plugin(self, case):
+        from colossalai.booster.plugin import HybridParallelPlugin
+        import torch
+
+        p, t, dt = parallel(case), case["train"], dtype_name(case)
+        sp = p["sequence_parallel"] and p["tp"] > 1
+        ulysses = sp and p["sequence_parallel_mode"] == "all_to_all"
+        clip = t.get("clip_grad_norm")
+        kw = dict(
+            tp_size=1 if ulysses else p["tp"], pp_size=p["pp"], sp_size=p["tp"] if ulysses else None,
+            precision=PRECISION[dt], zero_stage=p["zero_stage"], cpu_offload=p["zero_offload"],
+            enable_sequence_parallelism=sp, sequence_parallelism_mode=p["sequence_parallel_mode"] if sp else None,
+            parallel_output=False, initial_scale=1, min_scale=1, max_norm=float(clip) if clip is not None else 0.0,
+            overlap_communication=False, overlap_p2p=False, enable_metadata_cache=False,
+            communication_dtype=torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None,
+        )
+        if p["pp"] > 1:
+            kw["num_microbatches"] = p["microbatches"]
+        return HybridParallelPlugin(**kw)
+
+    def run_rank(self, rank, world, case, inputs):
+        from .colossalai_hybrid_run import run
+
+        out = run(self.plugin(case), case, inputs, torch_dtype(dtype_name(case)))
+        if rank == 0:
+            from .colossalai_hybrid_run import single_device
+
+            out["baseline"] = single_device(case, inputs)
+        return out
+
+    def combine(self, case, outs):
+        from .colossalai_hybrid_run import combine
+
+        p = parallel(case)
+        sp = p["sequence_parallel_mode"] if p["sequence_parallel"] and p["tp"] > 1 else "none"
+        feature = f"colossalai-hybrid:dp{p['dp']}:tp{p['tp']}:pp{p['pp']}:zero{p['zero_stage']}:sp-{sp}"
+        return combine(case, outs, [feature])
+
+
+TARGET = ColossalHybrid()

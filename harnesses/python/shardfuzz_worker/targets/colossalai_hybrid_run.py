@@ -1,0 +1,205 @@
+"""colossalai-hybrid's training on one rank, its single-device baseline, and the assembly of the ranks' shards
+(see colossalai_hybrid.py)."""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .base import chunk_range, grad_or_fail
+from .colossalai_llama import build, case_name, shard_dim, to_case
+from .torch_model import make_optimizer, model_defaults
+
+
+class Place:
+    """Where this rank sits in the plugin's mesh."""
+
+    def __init__(self, plugin):
+        sm = plugin.stage_manager
+        # (Under all_to_all the plugin's dp_size counts the sequence-parallel ranks too, over which it averages
+        # gradients; the data is split over dp_group only.)
+        self.dp, self.dp_rank = plugin.dp_group.size(), dist.get_rank(plugin.dp_group)
+        self.tp_rank = dist.get_rank(plugin.tp_group)
+        self.sp_rank = dist.get_rank(plugin.sp_group) if plugin.sp_size > 1 else 0
+        self.stage = sm.stage if sm is not None else 0
+        self.last = sm is None or sm.is_last_stage()
+        self.pipelined = sm is not None
+
+
+def local_view(case, name, t):
+    return to_case(name, t.detach().to(torch.float64, copy=True)).contiguous().numpy()
+
+
+def reported_name(m, hf_name):
+    name = case_name(hf_name)
+    # Under pipeline parallelism the last stage holds its own copy of a tied embedding as lm_head.
+    return "embed.weight" if (name == "lm_head.weight" and m.get("tied_embeddings")) else name
+
+
+def batches(case, inputs, place):
+    m = model_defaults(case)
+    b, s = m["batch"], m["seq"]
+    ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
+    tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
+    lo, hi = chunk_range(b, place.dp, place.dp_rank)
+    return ids[lo:hi], tgt[lo:hi], (lo * s, hi * s)
+
+
+def run(plugin, case, inputs, dt):
+    from colossalai.booster import Booster
+
+    m, t = model_defaults(case), case["train"]
+    model = build(m, inputs, dt)
+    opt = make_optimizer(case, list(model.parameters()))
+    booster = Booster(plugin=plugin)
+    boosted, zopt, *_ = booster.boost(model, opt)
+    place = Place(plugin)
+    named = [(reported_name(m, n), p) for n, p in boosted.unwrap().named_parameters()]
+    ids, tgt, rows = batches(case, inputs, place)
+    scale = place.dp / (m["batch"] * m["seq"])
+    step_fn = pipeline_step if place.pipelined else plain_step
+    losses, logits0, grads0 = [], None, {}
+    for k in range(t["steps"]):
+        raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0)
+        losses.append(raw)
+        if k == 0:
+            logits0 = logits
+            grad = getattr(zopt, "get_param_grad", None)
+            for name, p in named:
+                g = grad(p) if grad is not None else p.grad
+                grads0[name] = local_view(case, name, grad_or_fail(name, g))
+        zopt.step()
+        zopt.zero_grad()
+    from colossalai.tensor.d_tensor import is_distributed_tensor
+
+    return {
+        "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
+        "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
+        "sharded": {n: is_distributed_tensor(p) for n, p in named},
+    }
+
+
+def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
+    """Forward and backward of this rank's rows, in the case's accumulation micro-batches; returns the summed
+    token loss and (if asked) the logits."""
+    ga = case["train"].get("grad_accumulation", 1)
+    bounds = np.linspace(0, ids.shape[0], ga + 1).round().astype(int)
+    raw, rows = 0.0, []
+    for i in range(ga):
+        a, c = int(bounds[i]), int(bounds[i + 1])
+        out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
+        logits = out.logits
+        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+        booster.backward(l * scale, zopt)
+        raw += float(l.detach().to(torch.float64))
+        if keep_logits:
+            rows.append(logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64))
+    return raw, (torch.cat(rows).numpy() if keep_logits else None)
+
+
+def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
+    """One 1F1B step over the case's micro-batches (the schedule divides each micro-batch loss by their count,
+    which the criterion multiplies back); the summed token loss and logits on the last stage, else None."""
+    micro = case["parallel"].get("microbatches", 1)
+    size = ids.shape[0] // micro if micro else ids.shape[0]
+    seen = {"i": 0}
+
+    def criterion(outputs, micro_batch):
+        i = seen["i"]
+        seen["i"] += 1
+        logits = outputs.logits
+        target = tgt[i * size:(i + 1) * size].reshape(-1)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="sum") * (scale * micro)
+
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ret = booster.execute_pipeline(iter([batch]), boosted, criterion, zopt, return_loss=True, return_outputs=keep_logits)
+    if ret.get("loss") is None:
+        return None, None
+    raw = float(ret["loss"].detach().to(torch.float64)) / scale
+    logits = None
+    if keep_logits:
+        logits = ret["outputs"]["logits"].detach().reshape(-1, ret["outputs"]["logits"].shape[-1]).to(torch.float64).numpy()
+    return raw, logits
+
+
+def single_device(case, inputs):
+    """The same Llama, plain transformers on one device in the case dtype: the oracle's noise baseline."""
+    from .torch_common import torch_dtype
+
+    m, t = model_defaults(case), case["train"]
+    dt = torch_dtype(t["dtype"])
+    model = build(m, inputs, dt)
+    opt = make_optimizer(case, list(model.parameters()))
+    b, s = m["batch"], m["seq"]
+    ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
+    tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
+    out = {}
+    for k in range(t["steps"]):
+        opt.zero_grad()
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum")
+        (l / (b * s)).backward()
+        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / (b * s))
+        if k == 0:
+            out["logits"] = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64).numpy()
+            for n, p in model.named_parameters():
+                out[f"grad/{reported_name(m, n)}"] = local_view(case, case_name(n), p.grad)
+        if t.get("clip_grad_norm") is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip_grad_norm"], foreach=False)
+        opt.step()
+    for n, p in model.named_parameters():
+        out[f"param/{reported_name(m, n)}"] = local_view(case, case_name(n), p)
+    return out
+
+
+def assemble(case, name, pieces):
+    """Full tensors from one kind's per-rank pieces of `name`: [(rank, place, local, sharded)] -> the copies,
+    one per (dp rank, stage), each concatenated over its tensor-parallel ranks (cut to the case's vocabulary)."""
+    m = case["model"]
+    groups = {}
+    for rank, place, local, sharded in pieces:
+        groups.setdefault((place[0], place[1]), []).append((place[2], rank, local, sharded))
+    copies = []
+    vocab_rows = m["vocab"] if name in ("embed.weight", "lm_head.weight") else None  # (padded by Colossal-AI)
+    for key in sorted(groups):
+        members = sorted(groups[key])
+        d = shard_dim(name)
+        if members[0][3] and d is not None:
+            copies.append((members[0][1], np.concatenate([x[2] for x in members], axis=_case_axis(name, d))[:vocab_rows]))
+        else:
+            copies.extend((r, local[:vocab_rows]) for _, r, local, _ in members)
+    return copies
+
+
+def _case_axis(name, llama_dim):
+    from .colossalai_llama import is_projection_weight
+
+    return 1 - llama_dim if is_projection_weight(name) else llama_dim
+
+
+def combine(case, outs, features):
+    m = case["model"]
+    tensors, replicas = {}, {}
+    for kind, prefix in (("grads", "grad"), ("params", "param")):
+        names = sorted({n for o in outs for n in o[kind]})
+        for name in names:
+            pieces = [(r, o["place"], o[kind][name], o["sharded"][name]) for r, o in enumerate(outs) if name in o[kind]]
+            copies = assemble(case, name, pieces)
+            tensors[f"{prefix}/{name}"] = copies[0][1]
+            if len(copies) > 1:
+                replicas[f"{prefix}/{name}"] = copies
+    # One rank per dp rank on the last stage (tensor- and sequence-parallel rank 0).
+    last = [o for o in outs if o["place"][3] and o["place"][2] == 0 and o["place"][4] == 0]
+    steps = len(last[0]["losses"])
+    total = m["batch"] * m["seq"]
+    for k in range(steps):
+        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in last) / total)
+    logits = np.zeros((total, m["vocab"]))
+    for o in last:
+        a, b = o["rows"]
+        if b > a:
+            logits[a:b] = o["logits"][:, : m["vocab"]]
+    tensors["logits"] = logits
+    for name, v in (outs[0].get("baseline") or {}).items():
+        tensors[f"baseline/{name}"] = v
+    return {"tensors": tensors, "replicas": replicas, "features": features}

@@ -1,0 +1,109 @@
+"""The case's model as a `transformers` Llama (no weights downloaded: built from a LlamaConfig sized by the case,
+its parameters the case's), and the translation between the case's parameter names and layouts and Llama's.
+
+A Llama decoder layer is the case's ("attention", "mlp") pair: input_layernorm + self_attn, then
+post_attention_layernorm + mlp (gate/up/down with SiLU: the case's swiglu), RMSNorm (eps 1e-5), GQA,
+attention scale head_dim^-0.5, no tied embeddings unless the case ties them. The case's model has no
+positional encoding: the model's rotary embedding is made the identity (cos 1, sin 0) on this instance,
+which leaves every other computation Llama's own.
+"""
+
+import re
+
+import torch
+
+NORM_EPS = 1e-5
+
+
+def expressible(m):
+    """Why the case's model is not a Llama, or None."""
+    kinds = list(m["layers"])
+    if len(kinds) % 2 or kinds != ["attention", "mlp"] * (len(kinds) // 2):
+        return "a Llama model is (attention, mlp) layer pairs"
+    if m.get("norm", "layernorm") != "rmsnorm":
+        return "a Llama model normalises with RMSNorm (the case uses LayerNorm)"
+    if m.get("activation", "gelu") != "swiglu":
+        return "a Llama MLP is SwiGLU (the case uses GELU)"
+    return None
+
+
+def config(m, dtype):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn"],
+        num_hidden_layers=len(m["layers"]) // 2, num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
+        head_dim=m["hidden"] // m["heads"], rms_norm_eps=NORM_EPS, attention_bias=m["bias"], mlp_bias=m["bias"],
+        tie_word_embeddings=bool(m.get("tied_embeddings")), hidden_act="silu", attention_dropout=0.0,
+        torch_dtype=dtype, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+        _attn_implementation="eager",
+    )
+
+
+class NoRotation(torch.nn.Module):
+    """In place of LlamaRotaryEmbedding: cos 1 and sin 0 at every position (no positional encoding)."""
+
+    def forward(self, x, position_ids):
+        shape = (position_ids.shape[0], position_ids.shape[1], self.head_dim)
+        return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
+
+
+def build(m, inputs, dtype):
+    """The Llama of the case with its initial parameters, in `dtype`."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(config(m, dtype)).to(dtype)
+    rot = NoRotation()
+    rot.head_dim = m["hidden"] // m["heads"]
+    model.model.rotary_emb = rot
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(to_llama(case_name(name), torch.tensor(inputs[case_name(name)])).to(dtype))
+    return model
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(input_layernorm|post_attention_layernorm|self_attn|mlp)(?:\.(\w+)_proj)?\.(weight|bias)$")
+
+
+def case_name(name):
+    """Llama's parameter name -> the case's."""
+    fixed = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "final_norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+    if name in fixed:
+        return fixed[name]
+    match = _LAYER.match(name)
+    if not match:
+        raise KeyError(f"harness: no case name for Llama parameter {name}")
+    i, part, proj, leaf = int(match[1]), match[2], match[3], match[4]
+    if part == "input_layernorm":
+        return f"layers.{2 * i}.norm.{leaf}"
+    if part == "post_attention_layernorm":
+        return f"layers.{2 * i + 1}.norm.{leaf}"
+    if part == "self_attn":
+        return f"layers.{2 * i}.attn.{proj}.{leaf}"
+    return f"layers.{2 * i + 1}.mlp.{proj}.{leaf}"
+
+
+def is_projection_weight(case):
+    return case.endswith(".weight") and (".attn." in case or ".mlp." in case)
+
+
+def to_llama(case, t):
+    """A case-layout tensor in Llama's layout (linear weights [out, in])."""
+    return t.t() if is_projection_weight(case) else t
+
+
+def to_case(case, t):
+    return t.t() if is_projection_weight(case) else t
+
+
+def shard_dim(case):
+    """The dimension (Llama layout) along which tensor parallelism shards a parameter, or None."""
+    if case in ("embed.weight", "lm_head.weight"):
+        return 0
+    parts = case.split(".")
+    if len(parts) == 5 and parts[2] in ("attn", "mlp"):
+        if parts[3] in ("q", "k", "v", "gate", "up"):
+            return 0  # column-parallel: output features (weight rows and bias)
+        return 1 if parts[4] == "weight" else None  # row-parallel: input features; its bias is replicated
+    return None
