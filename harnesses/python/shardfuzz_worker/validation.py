@@ -56,6 +56,8 @@ _COLOSSALAI = [
     ("colossalai/booster/plugin/hybrid_parallel_plugin.py", "__init__", None),
     ("colossalai/booster/plugin/hybrid_parallel_plugin.py", "configure", "Please set precision"),
     ("colossalai/shardformer/shard/shard_config.py", "__post_init__", None),
+    # The sharder re-raising a layer's refusal ("Failed to replace ... not integer multiples of tensor parallel size").
+    ("colossalai/shardformer/shard/sharder.py", "_replace_sub_module", "integer multiples of tensor parallel size"),
     # Shardformer policies' divisibility assertions (heads by tp, ...).
     ("colossalai/shardformer/policies/llama.py", "module_policy", "divisible"),
     # The pipeline schedule's split of a batch into equal micro-batches.

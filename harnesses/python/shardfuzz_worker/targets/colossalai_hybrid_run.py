@@ -1,6 +1,8 @@
 """colossalai-hybrid's training on one rank, its single-device baseline, and the assembly of the ranks' shards
 (see colossalai_hybrid.py)."""
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -87,10 +89,14 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
     raw, rows = 0.0, []
     for i in range(ga):
         a, c = int(bounds[i]), int(bounds[i + 1])
-        out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
-        logits = out.logits
-        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
-        booster.backward(l * scale, zopt)
+        # Colossal-AI's accumulation idiom: no_sync for all but the last micro-batch, except under ZeRO-2,
+        # which refuses no_sync ("run gradient accumulation with gradient synchronization allowed").
+        quiet = i < ga - 1 and case["parallel"].get("zero_stage", 0) != 2
+        with booster.no_sync(boosted, zopt) if quiet else contextlib.nullcontext():
+            out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
+            logits = out.logits
+            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+            booster.backward(l * scale, zopt)
         raw += float(l.detach().to(torch.float64))
         if keep_logits:
             rows.append(logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64))
