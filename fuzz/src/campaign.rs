@@ -197,7 +197,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, opts.feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
     let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(
-        SemanticMutator::new().with_vocabulary(vocabulary.clone()),
+        SemanticMutator::new().with_vocabulary(vocabulary.clone()).with_offered(&registry::offered(&opts.target)),
         NonZeroUsize::new(8).expect("8 > 0")
     ));
 

@@ -76,10 +76,32 @@ pub fn mutate_library_case(case: &Case, vocab: &Vocabulary, rng: &mut ChaCha8Rng
     None
 }
 
-/// Applies one random mutation to a copy of `case` until a valid one results (or gives up).
+/// Mutations towards a configuration only some targets offer, with the case feature they need
+/// (`TargetInfo::offers`): a campaign uses them only when one of its targets offers the feature,
+/// instead of spending executions on cases every target refuses.
+pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[("sequence-parallel-mode", "sequence_parallel_mode"), ("zero-offload", "zero_offload")];
+
+/// The mutations a campaign whose targets offer `offered` uses.
+pub fn enabled_mutations(offered: &[&str]) -> Vec<(&'static str, MutationFn)> {
+    let needs = |name: &str| OPTIONAL_MUTATIONS.iter().find(|(m, _)| *m == name).map(|(_, f)| *f);
+    MUTATIONS.iter().copied().filter(|(name, _)| needs(name).is_none_or(|f| offered.contains(&f))).collect()
+}
+
+/// Applies one random mutation to a copy of `case` until a valid one results (or gives up); none of
+/// the optional mutations.
 pub fn mutate_case(case: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
+    mutate_case_with(case, rng, limits, &enabled_mutations(&[]))
+}
+
+/// [`mutate_case`] over the given mutations.
+pub fn mutate_case_with(
+    case: &Case,
+    rng: &mut ChaCha8Rng,
+    limits: &Limits,
+    mutations: &[(&'static str, MutationFn)],
+) -> Option<(Case, &'static str)> {
     for _ in 0..8 {
-        let (name, f) = MUTATIONS[rng.gen_range(0..MUTATIONS.len())];
+        let (name, f) = mutations[rng.gen_range(0..mutations.len())];
         let mut c = case.clone();
         let mutated = f(&mut c, rng);
         keep_batch_supported(&mut c, rng);
@@ -118,6 +140,8 @@ pub struct SemanticMutator {
     vocabulary: std::sync::Arc<Vocabulary>,
     /// How often each mutation produced a case that was run.
     pub applied: std::collections::BTreeMap<&'static str, u64>,
+    /// The mutations in use (the optional ones only where a campaign target offers their feature).
+    mutations: Vec<(&'static str, MutationFn)>,
 }
 
 /// The largest world a mutated case may ask for: the generator's bound. Every 3-D layout fits in
@@ -131,7 +155,13 @@ impl SemanticMutator {
             limits: Limits { max_world: MAX_MUTATED_WORLD, ..Limits::default() },
             vocabulary: Default::default(),
             applied: Default::default(),
+            mutations: enabled_mutations(&[]),
         }
+    }
+
+    /// Also the optional mutations whose feature a campaign target offers.
+    pub fn with_offered(self, offered: &[&str]) -> SemanticMutator {
+        SemanticMutator { mutations: enabled_mutations(offered), ..self }
     }
 
     pub fn with_vocabulary(self, vocabulary: std::sync::Arc<Vocabulary>) -> SemanticMutator {
@@ -177,7 +207,7 @@ where
             let mutated = if case.library_op.is_some() {
                 mutate_library_case(&case, &self.vocabulary, &mut rng, &self.limits)
             } else {
-                mutate_case(&case, &mut rng, &self.limits)
+                mutate_case_with(&case, &mut rng, &self.limits, &self.mutations)
             };
             if let Some((c, name)) = mutated {
                 case = c;
@@ -223,6 +253,17 @@ mod tests {
                 c.validate(&limits).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn optional_mutations_only_where_a_target_offers_their_feature() {
+        let names = |m: Vec<(&'static str, MutationFn)>| m.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let plain = names(enabled_mutations(&[]));
+        assert_eq!(plain.len(), MUTATIONS.len() - OPTIONAL_MUTATIONS.len());
+        assert!(!plain.contains(&"zero-offload") && !plain.contains(&"sequence-parallel-mode"));
+        let offload = names(enabled_mutations(&["zero_offload"]));
+        assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
+        assert_eq!(names(enabled_mutations(&["zero_offload", "sequence_parallel_mode"])).len(), MUTATIONS.len());
     }
 
     #[test]

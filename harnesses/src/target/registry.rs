@@ -17,6 +17,9 @@ pub struct TargetInfo {
     pub description: &'static str,
     /// The environment its worker runs in (`main`: `.venv`; another name: `.venv-NAME`); None: in-process.
     pub env: Option<&'static str>,
+    /// Optional case features it can express (`sequence_parallel_mode` beyond split_gather,
+    /// `zero_offload`): campaigns mutate towards a feature only when one of their targets offers it.
+    pub offers: &'static [&'static str],
     pub create: fn(&TargetOptions) -> Result<Box<dyn Target>, String>,
 }
 
@@ -25,6 +28,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "native",
         description: "embedded sharded implementation: TP/SP, DP/ZeRO, PP, EP on simulated ranks (threads)",
         env: None,
+        offers: &[],
         create: |o| {
             let bugs = crate::model::Bugs::parse(&o.inject)?;
             let ms = if o.timeout_ms == 0 { 10_000 } else { o.timeout_ms };
@@ -35,72 +39,84 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "nop",
         description: "single-device run in the case dtype (no sharding): for tests",
         env: None,
+        offers: &[],
         create: |_| Ok(Box::new(NopTarget)),
     },
     TargetInfo {
         name: "torch-dtensor",
         description: "PyTorch DTensor: op cases on 1-D/2-D DeviceMesh, and OpInfo library ops on 1-3-D meshes, with Shard / Replicate / Partial (uneven shards)",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("torch-dtensor", MAIN, o),
     },
     TargetInfo {
         name: "torch-tp",
         description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("torch-tp", MAIN, o),
     },
     TargetInfo {
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {
         name: "jax-shardmap",
         description: "JAX shard_map with explicit collectives (psum, all_gather, psum_scatter) on host devices",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("jax-shardmap", MAIN, o),
     },
     TargetInfo {
         name: "jax-gspmd",
         description: "JAX jit with NamedSharding and with_sharding_constraint: XLA GSPMD partitions (and pads)",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("jax-gspmd", MAIN, o),
     },
     TargetInfo {
         name: "deepspeed-zero",
         description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy",
         env: Some(MAIN),
+        offers: &[],
         create: |o| python("megatron-tp", MAIN, o),
     },
     TargetInfo {
         name: "colossalai-tp",
         description: "Colossal-AI shardformer Linear1D_Col / Linear1D_Row / VocabParallelEmbedding1D / VocabParallelLMHead1D + cross_entropy_1d, sequence parallel split_gather / ring",
         env: Some("colossalai"),
+        offers: &["sequence_parallel_mode"],
         create: |o| python("colossalai-tp", "colossalai", o),
     },
     TargetInfo {
         name: "colossalai-zero",
         description: "Colossal-AI Booster + LowLevelZeroPlugin: ZeRO stages 1-2 over the data-parallel ranks, fp32/bf16/fp16, optional CPU offload",
         env: Some("colossalai"),
+        offers: &["zero_offload"],
         create: |o| python("colossalai-zero", "colossalai", o),
     },
     TargetInfo {
         name: "colossalai-hybrid",
         description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama: tp x pp (1F1B) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
+        offers: &["sequence_parallel_mode", "zero_offload"],
         create: |o| python("colossalai-hybrid", "colossalai", o),
     },
 ];
@@ -118,6 +134,12 @@ fn python(name: &str, env: &str, o: &TargetOptions) -> Result<Box<dyn Target>, S
 /// Whether `name` runs in a Python worker.
 pub fn is_python(name: &str) -> bool {
     environment(name).is_some()
+}
+
+/// The optional case features the targets of a `--target` list (comma-separated) offer.
+pub fn offered(targets: &str) -> Vec<&'static str> {
+    let names: Vec<&str> = targets.split(',').map(str::trim).collect();
+    TARGETS.iter().filter(|t| names.contains(&t.name)).flat_map(|t| t.offers.iter().copied()).collect()
 }
 
 /// The Python environment target `name` runs in (None: not a Python target, or no such target).
