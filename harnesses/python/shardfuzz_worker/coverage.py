@@ -3,6 +3,10 @@
 A PY_START callback enables LINE and BRANCH events only on code objects whose file lies under one of
 the prefixes; every location reports once and is disabled, and `take()` re-arms everything for the
 next case. The result is a set of 32-bit hashes the fuzzer folds into its coverage map.
+
+Before Python 3.12 (the colossalai environment runs 3.10) there is no sys.monitoring: line coverage then
+comes from sys.settrace, whose call hook traces only frames of code under the prefixes (no branch
+events; every line event costs a callback, so it is slower).
 """
 
 import sys
@@ -17,7 +21,10 @@ class Coverage:
         self.hits = set()
         self.enabled = False
         mon = getattr(sys, "monitoring", None)
-        if mon is None or not self.prefixes:
+        if not self.prefixes:
+            return
+        if mon is None:
+            self._trace()
             return
         self.mon = mon
         ev = mon.events
@@ -47,9 +54,28 @@ class Coverage:
         self.hits.add(zlib.crc32(f"{code.co_filename}:{code.co_firstlineno}:{src}>{dst}".encode()))
         return self.mon.DISABLE
 
+    def _trace(self):
+        prefixes, lines = self.prefixes, set()
+        self.lines = lines
+
+        def local(frame, event, _arg):
+            if event == "line":
+                lines.add((frame.f_code, frame.f_lineno))
+            return local
+
+        def call(frame, _event, _arg):
+            return local if frame.f_code.co_filename.startswith(prefixes) else None
+
+        sys.settrace(call)
+        self.enabled = True
+
     def take(self):
         hits = self.hits
         self.hits = set()
-        if self.enabled:
+        lines = getattr(self, "lines", None)
+        if lines:
+            hits |= {zlib.crc32(f"{c.co_filename}:{c.co_firstlineno}:{n}".encode()) for c, n in lines}
+            lines.clear()
+        elif self.enabled and hasattr(self, "mon"):
             self.mon.restart_events()
         return hits
