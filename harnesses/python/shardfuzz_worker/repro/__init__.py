@@ -23,6 +23,8 @@ GENERATORS = {
     "megatron-tp": "megatron_tp",
     "deepspeed-zero": "deepspeed_zero",
     "jax-shardmap": "jax_shardmap",
+    "colossalai-tp": "colossalai_tp",
+    "colossalai-zero": "colossalai_zero",
 }
 
 
