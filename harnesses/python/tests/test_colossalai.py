@@ -108,6 +108,37 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIn("not 0", TARGET.unsupported(case("zero2-bf16.json", zero_stage=0)))
         self.assertIn("f64", TARGET.unsupported(case("zero1-dp2.json")))
 
+    def test_colossalai_hybrid_refuses_what_a_llama_or_the_plugin_cannot_express(self):
+        from shardfuzz_worker.targets.colossalai_hybrid import TARGET
+
+        self.assertIsNone(TARGET.unsupported(case("llama-pp2-tp2-1f1b-f32.json")))
+        self.assertIsNone(TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json", sequence_parallel_mode="all_to_all")))
+        self.assertIn("GPipe", TARGET.unsupported(case("llama-pp2-tp2-1f1b-f32.json", pipeline_schedule="gpipe")))
+        self.assertIn("RMSNorm", TARGET.unsupported(case("tp2-sp-bf16-swiglu.json")))
+        self.assertIn("stages 0-2", TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json", zero_stage=3)))
+
+    def test_the_case_llama_loads_every_case_parameter_in_place(self):
+        import torch
+        from transformers import LlamaForCausalLM
+
+        from shardfuzz_worker.targets.colossalai_llama import build, case_name, config, to_case
+
+        m = dict(case("llama-pp2-tp2-1f1b-f32.json")["model"])
+        shapes = LlamaForCausalLM(config(m, torch.float64)).named_parameters()
+        # Distinct values per parameter and element, in the case's layout.
+        inputs = {case_name(n): to_case(case_name(n), torch.arange(p.numel(), dtype=torch.float64).view(p.shape) + k).numpy()
+                  for k, (n, p) in enumerate(shapes)}
+        self.assertIn("layers.2.attn.q.weight", inputs)
+        self.assertIn("layers.3.mlp.gate.bias", inputs)
+        self.assertEqual(len(inputs), 3 + 2 * (2 + 8 + 6))  # embed, head, final norm; per pair: 2 norms, attn, mlp
+        model = build(m, inputs, torch.float64)
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(to_case(case_name(n), p.detach()), torch.tensor(inputs[case_name(n)])), n)
+        ids = torch.tensor([[1, 2, 3]])
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 3, m["hidden"]), torch.arange(3)[None])
+        self.assertTrue(bool((cos == 1).all() and (sin == 0).all()), "no positional encoding")
+        self.assertEqual(model(input_ids=ids).logits.shape, (1, 3, m["vocab"]))
+
 
 if __name__ == "__main__":
     unittest.main()
