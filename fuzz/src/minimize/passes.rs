@@ -71,7 +71,7 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if p.zero_offload {
         out.push(with(case, |c| c.parallel.zero_offload = false));
     }
-    if p.sequence_parallel && !p.sequence_parallel_mode.is_default() {
+    if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
     }
     for z in 0..p.zero_stage {
