@@ -45,12 +45,33 @@ def _colossalai_ring_gather():
     _operation._ring_as_gather = ring_as_gather
 
 
+def _colossalai_narrow_linear_sp():
+    """Colossal-AI 0.5.0: from_native_module keeps a linear narrower than tp as the native layer; under
+    split_gather / ring sequence parallelism it runs on the sequence chunk and its gradients stay partial
+    (docs/findings/colossalai-0.5.0-unsharded-linear-grad-sequence-parallel.py). Fix: mark them."""
+    from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row
+    from colossalai.shardformer.layer.utils import SeqParallelUtils, is_share_sp_tp
+
+    for cls in (Linear1D_Col, Linear1D_Row):
+        original = cls.from_native_module
+
+        def from_native_module(module, process_group, *args, _original=original, **kwargs):
+            out = _original(module, process_group, *args, **kwargs)
+            if out is module and is_share_sp_tp(kwargs.get("seq_parallel_mode")):
+                for p in module.parameters():
+                    SeqParallelUtils.marked_as_sp_partial_derived_param(p)
+            return out
+
+        cls.from_native_module = staticmethod(from_native_module)
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
+    "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
 }
 
 

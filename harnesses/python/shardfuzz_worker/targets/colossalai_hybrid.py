@@ -53,6 +53,9 @@ class ColossalHybrid(ColossalTarget):
             return "HybridParallelPlugin runs ZeRO stages 0-2 (stage 3 is Gemini: CUDA only)"
         if p["pp"] > 1 and case["parallel"].get("pipeline_schedule", "gpipe") != "1f1b":
             return "Colossal-AI's pipeline schedules are 1F1B and interleaved, not GPipe"
+        if case["model"]["batch"] % p["dp"]:
+            # Colossal-AI feeds data-parallel ranks through a DistributedSampler: the same number of rows each.
+            return "Colossal-AI gives every data-parallel rank the same number of rows (batch not divisible by dp)"
         if p["pp"] > 1 and t.get("grad_accumulation", 1) > 1:
             return "under pipeline parallelism the micro-batches are the accumulation (grad_accumulation is not expressed)"
         rd = reduce_dtype_name(case)
