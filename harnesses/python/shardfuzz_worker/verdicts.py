@@ -3,8 +3,12 @@
 
 A harness error on any rank wins: our worker failed, and what the framework did after that says nothing.
 Every rank must have refused for a rejection, since a refusal on some ranks only leaves the others stranded
-in a collective (a crash of the framework, not a clean rejection).
+in a collective (a crash of the framework, not a clean rejection). A crash is reported on the first rank whose
+error is its own, not a peer's closed or reset connection (what the ranks that outlived the failing one see).
 """
+
+#: What gloo raises on a rank whose peer died: never the cause of a crash.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 from .validation import classify, short
 
@@ -15,13 +19,17 @@ def classify_failures(target, failed, world):
     for rank, f, kind, frame in verdicts:
         if kind == "harness_error":
             return harness_error(f, frame)
-    first_rank, first = real[0]
+    first_rank, first = next(((r, f) for r, f in real if not peer_gone(f)), real[0])
     message = f"{first['type']}: {first['message']}".strip()
     if len(failed) == world and len(real) == len(failed) and all(v[2] == "rejected" for v in verdicts):
         return {"status": "rejected", "reason": message}
     site = last_frame(first.get("traceback", ""))
     reason = message if not site else f"{message} (at {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
+
+
+def peer_gone(f):
+    return "gloo/transport" in f.get("message", "") and any(m in f["message"] for m in PEER_GONE)
 
 
 def harness_error(f, frame):

@@ -104,6 +104,17 @@ class TorchFramesTest(unittest.TestCase):
         self.assertIn("KeyError: 'x' (at shardfuzz_worker/targets/torch_dtensor.py:2 in run_rank)", reply["reason"])
 
 
+    def test_a_crash_names_the_rank_whose_error_is_its_own(self):
+        t = Target("torch-dtensor")
+        gone = failure(("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                        "[127.0.0.1]:29841", [fw("torch", "distributed/distributed_c10d.py", "recv")]))
+        cause = failure(("IndexError", "list index out of range", [fw("torch", "distributed/tensor/_api.py", "f")]))
+        reply = classify_failures(t, [(0, gone), (1, cause)], 2)
+        self.assertEqual((reply["status"], reply["rank"]), ("crash", 1))
+        self.assertIn("IndexError", reply["reason"])
+        self.assertEqual(classify_failures(t, [(0, gone), (1, gone)], 2)["rank"], 0)
+
+
 class RealExceptionsTest(unittest.TestCase):
     def test_an_exception_raised_by_our_code_is_a_harness_error(self):
         try:
