@@ -20,6 +20,7 @@ class Coverage:
         self.prefixes = tuple(p for p in prefixes if p)
         self.hits = set()
         self.enabled = False
+        self.mon = self.lines = None
         mon = getattr(sys, "monitoring", None)
         if not self.prefixes:
             return
@@ -72,10 +73,9 @@ class Coverage:
     def take(self):
         hits = self.hits
         self.hits = set()
-        lines = getattr(self, "lines", None)
-        if lines:
-            hits |= {zlib.crc32(f"{c.co_filename}:{c.co_firstlineno}:{n}".encode()) for c, n in lines}
-            lines.clear()
-        elif self.enabled and hasattr(self, "mon"):
+        if self.lines is not None:
+            hits |= {zlib.crc32(f"{c.co_filename}:{c.co_firstlineno}:{n}".encode()) for c, n in self.lines}
+            self.lines.clear()
+        elif self.enabled:
             self.mon.restart_events()
         return hits

@@ -66,11 +66,6 @@ pub fn python_interpreter_for(target: &str, env: &str) -> PathBuf {
 /// The environment most targets run in (`.venv`).
 pub const MAIN_ENV: &str = "main";
 
-/// The interpreter of the main environment (see [`python_interpreter_for`]).
-pub fn python_interpreter() -> PathBuf {
-    python_interpreter_for("", MAIN_ENV)
-}
-
 /// Whether a `--python` entry is `TARGET=PATH` (a target name has no `/`).
 pub fn is_target_entry(entry: &str) -> bool {
     entry.split_once('=').is_some_and(|(t, _)| !t.is_empty() && !t.contains('/'))

@@ -71,6 +71,13 @@ def chunk_range(n, parts, index):
     return start, min(start + c, n)
 
 
+def micro_batches(n, count):
+    """The non-empty [start, stop) row ranges of `count` accumulation micro-batches over n rows (sizes differing
+    by at most one row, as train() takes them)."""
+    bounds = np.linspace(0, n, count + 1).round().astype(int)
+    return [(int(bounds[i]), int(bounds[i + 1])) for i in range(count) if bounds[i + 1] > bounds[i]]
+
+
 def shard_ranges(shape, places, coord, mesh_shape):
     """Per tensor dim, the (start, stop) a mesh coordinate holds under placement strings `places` (one per
     mesh dim; `S(d)` as torch.chunk splits, nested in mesh-dimension order)."""

@@ -5,6 +5,7 @@ group, versions. Measured on Colossal-AI 0.5.0 / torch 2.5.1 (../shared/referenc
      and passes a device to torch.get_rng_state: a subclass with CPU no-ops replaces it.
   B  gloo has no list-form reduce_scatter (sequence parallelism's reduce-scatter) and no list-form all_to_all:
      both are implemented over collectives gloo has, with the same results (sum of every rank's chunk).
+  C  torch.cuda.set_device (called by modeling code on any device): a no-op.
   D  LowLevelZeroOptimizer._sanity_checks insists on CUDA parameters: only its dtype check is kept.
   E  Tensor.record_stream on CPU tensors: a no-op.
   G  pipeline/p2p.py reads dist.Backend.HCCL, absent from torch's CPU build: defined.
@@ -119,7 +120,7 @@ def _all_to_all_list(output_list, input_list, group=None, async_op=False):
 
 
 def install_shims():
-    """Shims A, B, D, E, G (idempotent; in every rank after the process group exists)."""
+    """Shims A-E and G (idempotent; in every rank after the process group exists)."""
     import torch
     import torch.distributed as dist
     from colossalai.accelerator import api

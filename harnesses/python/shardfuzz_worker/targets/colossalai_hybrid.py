@@ -32,10 +32,6 @@ class ColossalHybrid(ColossalTarget):
         import colossalai.booster.plugin.hybrid_parallel_plugin  # noqa: F401
         import transformers.models.llama.modeling_llama  # noqa: F401
 
-    def world(self, case):
-        p = parallel(case)
-        return p["dp"] * p["tp"] * p["pp"]
-
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp", "tp", "pp"), "colossalai-hybrid runs dp x tp x pp (no cp/ep)", SP_MODES,
                                  offload=True)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, grad_or_fail
+from .base import chunk_range, grad_or_fail, micro_batches
 from .colossalai_llama import build, case_name, shard_dim, to_case
 from .torch_model import make_optimizer, model_defaults
 
@@ -84,14 +84,12 @@ def run(plugin, case, inputs, dt):
 def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
     """Forward and backward of this rank's rows, in the case's accumulation micro-batches; returns the summed
     token loss and (if asked) the logits."""
-    ga = case["train"].get("grad_accumulation", 1)
-    bounds = np.linspace(0, ids.shape[0], ga + 1).round().astype(int)
+    chunks = micro_batches(ids.shape[0], case["train"].get("grad_accumulation", 1))
     raw, rows = 0.0, []
-    for i in range(ga):
-        a, c = int(bounds[i]), int(bounds[i + 1])
+    for i, (a, c) in enumerate(chunks):
         # Colossal-AI's accumulation idiom: no_sync for all but the last micro-batch, except under ZeRO-2,
         # which refuses no_sync ("run gradient accumulation with gradient synchronization allowed").
-        quiet = i < ga - 1 and case["parallel"].get("zero_stage", 0) != 2
+        quiet = i < len(chunks) - 1 and case["parallel"].get("zero_stage", 0) != 2
         with booster.no_sync(boosted, zopt) if quiet else contextlib.nullcontext():
             out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
             logits = out.logits

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import dtype_name, grad_or_fail, parallel
+from .base import dtype_name, grad_or_fail, micro_batches, parallel
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
 from .torch_model import Model, causal_attention, load_case_params, make_optimizer, model_defaults
@@ -153,8 +153,7 @@ def run(case, inputs, rank, tp):
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     global_tokens = b * s
     ga = t.get("grad_accumulation", 1)
-    bounds = np.linspace(0, b, ga + 1).round().astype(int)
-    chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga) if bounds[i + 1] > bounds[i]]
+    chunks = micro_batches(b, ga)
     vocab_padded = model.lm_head.out_features  # what shardformer's Llama passes as vocab_size
 
     losses, logits0, grads0 = [], None, {}

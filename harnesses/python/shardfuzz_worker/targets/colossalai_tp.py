@@ -38,7 +38,7 @@ class ColossalTp(ColossalTarget):
         if m.get("tied_embeddings"):
             return "tied embeddings are not expressed by colossalai-tp"
         tp = p["tp"]
-        if m["heads"] % tp or m["kv_heads"] < tp or m["kv_heads"] % tp:
+        if m["heads"] % tp or m["kv_heads"] % tp:
             # What shardformer's policies assert before sharding attention (policies/llama.py:97-103).
             return "shardformer needs attention heads and kv heads divisible by tp"
         return None

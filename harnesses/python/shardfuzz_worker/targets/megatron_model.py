@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import dtype_name, grad_or_fail, parallel
+from .base import dtype_name, grad_or_fail, micro_batches, parallel
 from .torch_common import torch_dtype
 from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
 
@@ -195,9 +195,7 @@ def run(case, inputs, rank, tp):
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     global_tokens = b * s
     ga = t.get("grad_accumulation", 1)
-    # The micro-batches train() takes (exactly ga, sizes differing by at most one row).
-    bounds = np.linspace(0, b, ga + 1).round().astype(int)
-    chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga) if bounds[i + 1] > bounds[i]]
+    chunks = micro_batches(b, ga)
     sp_cfg = types.SimpleNamespace(sequence_parallel=sp, qk_layernorm=False)
 
     losses, logits0, grads0 = [], None, {}
