@@ -53,18 +53,17 @@ fn an_unsupported_configuration_is_rejected_cleanly_with_exit_0() {
 
 #[test]
 fn an_injected_bug_is_a_divergence_with_exit_1_in_its_region_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let seed = std::fs::read_to_string(corpus("tp3-sp-uneven-seq.json")).unwrap();
-    let region = seed
-        .replace("\"sequence_parallel\": true", "\"sequence_parallel\": true, \"microbatches\": 2")
-        .replace("\"dtype\": \"f64\"", "\"dtype\": \"f32\", \"grad_accumulation\": 2");
-    assert_ne!(region, seed);
-    let p = write_case(dir.path(), "region.json", &region);
-    let o = run(&["run", "--inject", "row-parallel-bias-every-rank", p.to_str().unwrap()]);
+    // The fault's region is tensor parallelism with biases: the seed is in it.
+    let o = run(&["run", "--inject", "row-parallel-bias-every-rank", corpus("tp3-sp-uneven-seq.json").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("DIVERGENT"), "{}", stdout(&o));
-    // The seed lacks three conditions of the region (micro-batches, accumulation, reduced precision).
-    let o = run(&["run", "--inject", "row-parallel-bias-every-rank", corpus("tp3-sp-uneven-seq.json").to_str().unwrap()]);
+    // The same seed without biases is not.
+    let dir = tempfile::tempdir().unwrap();
+    let seed = std::fs::read_to_string(corpus("tp3-sp-uneven-seq.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&seed).unwrap();
+    v["model"]["bias"] = false.into();
+    let p = write_case(dir.path(), "no-bias.json", &v.to_string());
+    let o = run(&["run", "--inject", "row-parallel-bias-every-rank", p.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 

@@ -29,11 +29,10 @@ pub fn norm_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, x: &Mat) -> (Mat, NormS
     (y, NormState { x: x.clone(), cache })
 }
 
-/// The injected fault's region: with gradient accumulation in reduced precision over uneven sequence
-/// shards of a pipeline stage, the bias gradients of sequence-parallel replicated parameters are
-/// never reduced.
+/// The injected fault: under sequence parallelism the bias gradients of replicated parameters are
+/// never reduced (callers check sequence parallelism).
 fn sp_bias_grads_skipped(ctx: &Ctx) -> bool {
-    ctx.bug(Bug::SpNormGradNotReduced) && ctx.sp_uneven() && ctx.accumulation > 1 && ctx.reduced_precision() && ctx.pipelined
+    ctx.bug(Bug::SpNormGradNotReduced)
 }
 
 /// Norm backward. Under sequence parallelism each rank saw only its rows, so the weight and bias
@@ -76,11 +75,10 @@ fn row_parallel_out(ctx: &Ctx, g: &Geom, partial: Mat, bias: Option<ndarray::Arr
     })
 }
 
-/// The injected fault's region: the micro-batched, accumulated, reduced-precision path of an uneven
-/// sequence-parallel reduce-scatter.
+/// The injected fault: the bias goes in before the reduction (a change only where there is one,
+/// tp > 1).
 pub(crate) fn row_bias_early(ctx: &Ctx) -> bool {
-    let fused = ctx.microbatches > 1 && ctx.accumulation > 1 && ctx.reduced_precision();
-    ctx.bug(Bug::RowParallelBiasEveryRank) && ctx.sp_uneven() && fused
+    ctx.bug(Bug::RowParallelBiasEveryRank)
 }
 
 /// Gradient of a row-parallel bias: summed over the rows held; partial under sequence parallelism.
@@ -153,11 +151,8 @@ pub fn block_bwd(ctx: &Ctx, i: usize, params: &ParamSet, g: &Geom, cache: BlockC
 
 fn attention_scale(ctx: &Ctx) -> f64 {
     let d = ctx.model.head_dim() as f64;
-    // The injected fault's region: the micro-batched, accumulated, reduced-precision grouped-query
-    // path (with biases) with several local heads under sequence parallelism.
-    let gqa = ctx.model.kv_heads < ctx.model.heads;
-    let fused = ctx.microbatches > 1 && ctx.accumulation > 1 && ctx.reduced_precision();
-    if ctx.bug(Bug::AttnScaleLocalHeads) && ctx.sp() && gqa && ctx.layout.local_heads() > 1 && fused && ctx.model.bias {
+    // The injected fault: the head size computed from the local heads (wrong wherever tp > 1).
+    if ctx.bug(Bug::AttnScaleLocalHeads) {
         let local = ctx.layout.local_heads().max(1) as f64;
         1.0 / (ctx.model.hidden as f64 / local).sqrt()
     } else {
@@ -248,8 +243,7 @@ fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: Norm
         let b = opt_vec1(params, &format!("{pre}.mlp.{n}.bias"));
         k::linear_fwd(ctx.p, &y, &w, b.as_ref())
     };
-    let swiglu_path = ctx.model.activation == Activation::Swiglu && ctx.reduced_precision() && ctx.microbatches > 1;
-    if ctx.bug(Bug::EmptyShardIndexed) && swiglu_path {
+    if ctx.bug(Bug::EmptyShardIndexed) {
         if let Some(b) = params.get(&format!("{pre}.mlp.up.bias")) {
             // The injected fault: "peek at the first bias element" without checking the shard size.
             let _first = b.data[0];
@@ -258,13 +252,12 @@ fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: Norm
     let (up, gate, act) = activation_fwd(ctx, lin);
     let wd = mat(params, &format!("{pre}.mlp.down.weight"));
     let partial = k::matmul(ctx.p, &act, &wd);
-    let out =
-        if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() && ctx.sp() && ctx.microbatches > 1 && ctx.accumulation > 1 {
-            // The injected fault: a rank with nothing to contribute skips the collective.
-            partial
-        } else {
-            row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.mlp.down.bias")))?
-        };
+    let out = if ctx.bug(Bug::CollectiveNonEmptyOnly) && ctx.layout.ffn.is_empty() {
+        // The injected fault: a rank with nothing to contribute skips the collective.
+        partial
+    } else {
+        row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.mlp.down.bias")))?
+    };
     Ok((out, BlockCache::Mlp(MlpState { norm, y, up, gate, act })))
 }
 

@@ -53,11 +53,7 @@ pub fn head_fwd(
     let w = mat(params, head_name(ctx));
     let mut logits = k::matmul_nt(ctx.p, &z, &w);
     let lay = ctx.layout;
-    // The injected fault's region: micro-batched, accumulated sequence parallelism in reduced precision
-    // behind an RMSNorm.
-    let fused = ctx.microbatches > 1 && ctx.accumulation > 1 && ctx.reduced_precision();
-    let rms = ctx.model.norm == crate::case::NormKind::Rmsnorm;
-    let unmasked = ctx.bug(Bug::VocabPadUnmasked) && ctx.sp() && fused && rms;
+    let unmasked = ctx.bug(Bug::VocabPadUnmasked);
     if !unmasked {
         for (j, mut col) in logits.columns_mut().into_iter().enumerate() {
             if lay.vocab.start + j >= lay.vocab_real {

@@ -69,11 +69,6 @@ pub struct Ctx<'a> {
     /// Expert-parallel group (None: every expert is local).
     pub ep: Option<&'a dyn GroupOps>,
     pub bugs: Bugs,
-    /// Gradient-accumulation steps and pipeline micro-batches of the run (1 for the reference).
-    pub accumulation: usize,
-    pub microbatches: usize,
-    /// More than one pipeline stage.
-    pub pipelined: bool,
     /// Smallest gap seen between the k-th and (k+1)-th router probability of any token: how close
     /// the routing came to a tie (a discontinuity round-off can flip).
     pub routing_margin: std::cell::Cell<f64>,
@@ -102,13 +97,6 @@ impl Ctx<'_> {
     }
     pub fn dtype(&self) -> DType {
         self.p.dtype
-    }
-    /// Sequence parallelism with sequence shards of different lengths (the padded path).
-    pub fn sp_uneven(&self) -> bool {
-        self.sp() && self.model.seq as usize % self.tp_size() != 0
-    }
-    pub fn reduced_precision(&self) -> bool {
-        self.dtype() != DType::F64
     }
     /// Raises `peak_activation` to `m`'s largest magnitude (NaN counts as nothing).
     pub fn note_peak(&self, m: &Mat) {

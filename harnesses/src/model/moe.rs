@@ -103,10 +103,8 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let members = ep_size(ctx);
     let mut sent: Vec<Vec<Entry>> = vec![vec![]; members];
     let mut kept_only: Vec<Vec<Entry>> = vec![vec![]; members];
-    // The injected fault's region: reduced-precision top-k > 1 routing over several expert-parallel
-    // ranks, with accumulation and micro-batches.
-    let fused = ctx.reduced_precision() && ctx.accumulation > 1 && ctx.microbatches > 1;
-    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && members > 1 && top_k > 1 && fused;
+    // The injected fault's region: an all-to-all over several expert-parallel ranks.
+    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && members > 1;
     for b in 0..g.batch {
         let toks = b * g.seq..(b + 1) * g.seq;
         let slots = k::assign_capacity(&routing.experts[toks.clone()], e_total, cap);

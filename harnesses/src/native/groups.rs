@@ -103,13 +103,7 @@ impl<'a> Groups<'a> {
         let rank = comm.rank();
         let mesh = &plan.mesh;
         let dt = plan.case.train.reduce_dtype();
-        // The injected fault's region: up-cast reductions (a reduce dtype of its own) with
-        // accumulation and micro-batches.
-        let t = &plan.case.train;
-        let lose = plan.bug(Bug::RingRemainderLost)
-            && t.reduce_dtype.is_some_and(|r| r != t.dtype)
-            && plan.accumulation > 1
-            && plan.microbatches > 1;
+        let lose = plan.bug(Bug::RingRemainderLost);
         let dp_ranks = mesh.group(rank, Axis::Dp);
         let d = mesh.coord(rank, Axis::Dp);
         let ep = plan.ep;

@@ -95,10 +95,6 @@ impl<'a> Plan<'a> {
         balanced(self.model.batch as usize, self.dp, d)
     }
 
-    pub fn reduced_precision(&self) -> bool {
-        self.case.train.dtype != shardfuzz_kernels::DType::F64
-    }
-
     /// Batch rows of accumulation step `a` on data-parallel rank `d`.
     fn accumulation_rows(&self, d: usize, a: usize) -> Range<usize> {
         let rows = self.dp_rows(d);
@@ -120,11 +116,8 @@ impl<'a> Plan<'a> {
                 Piece { rows: chunk.start + r.start..chunk.start + r.end }
             })
             .collect();
-        // The injected fault's region: accumulation around a 1F1B pipeline of tensor-parallel
-        // SwiGLU/RMSNorm stages.
-        let one_f_one_b = self.pp > 1 && self.schedule == PipelineSchedule::OneFOneB && self.accumulation > 1 && self.tp > 1;
-        let one_f_one_b =
-            one_f_one_b && self.model.activation == crate::case::Activation::Swiglu && self.model.norm == crate::case::NormKind::Rmsnorm;
+        // The injected fault's region: a 1F1B pipeline whose chunk does not divide into micro-batches.
+        let one_f_one_b = self.pp > 1 && self.schedule == PipelineSchedule::OneFOneB;
         if self.bug(Bug::PipelineDropsLastMicrobatch) && one_f_one_b && chunk.len() % self.microbatches != 0 && self.microbatches > 1 {
             out.pop();
         }

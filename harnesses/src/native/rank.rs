@@ -68,9 +68,6 @@ impl<'a> Rank<'a> {
             tp: Some(&self.groups.tp as &dyn GroupOps),
             ep: if self.plan.ep > 1 { Some(&self.groups.ep as &dyn GroupOps) } else { None },
             bugs: self.plan.bugs,
-            accumulation: self.plan.accumulation,
-            microbatches: self.plan.microbatches,
-            pipelined: self.plan.pp > 1,
             routing_margin: std::cell::Cell::new(f64::INFINITY),
             flip_routing_below: 0.0,
             tokens_dropped: std::cell::Cell::new(false),
@@ -187,7 +184,8 @@ impl<'a> Rank<'a> {
         let seq = self.plan.model.seq as usize;
         let mut fwd = |j: usize, states: &mut Vec<Option<PieceState>>| -> CResult<()> {
             let st = states[j].as_mut().expect("forward before backward");
-            if let Some((loss, logits)) = self.forward(params, st, self.tag(step, a, j, false), grad_scale)? {
+            let scale = self.piece_grad_scale(grad_scale, &st.piece, n);
+            if let Some((loss, logits)) = self.forward(params, st, self.tag(step, a, j, false), scale)? {
                 out.0 = self.p.acc().round(out.0 + loss);
                 if step == 0 {
                     let rows = st.piece.rows.start * seq..st.piece.rows.end * seq;
@@ -224,6 +222,18 @@ impl<'a> Rank<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The loss-gradient scale of one micro-batch: the global token mean's, or with the injected
+    /// fault the mean over the micro-batch's own tokens (then over micro-batches, accumulation steps
+    /// and data-parallel ranks), which differs wherever micro-batches hold different token counts.
+    fn piece_grad_scale(&self, grad_scale: f64, piece: &Piece, pieces: usize) -> f64 {
+        let plan = self.plan;
+        let own = plan.dp * plan.accumulation * pieces * piece.rows.len() * plan.model.seq as usize;
+        if !plan.bug(Bug::LossMeanPerMicrobatch) || own == plan.global_tokens || own == 0 {
+            return grad_scale;
+        }
+        grad_scale * plan.global_tokens as f64 / own as f64
     }
 
     /// Whether this rank counts element-wise toward the global gradient norm for `name`
@@ -283,10 +293,7 @@ impl<'a> Rank<'a> {
             let mut grads = ParamSet::new();
             let mut acc = (0.0, vec![]);
             for a in 0..plan.accumulation {
-                // The injected fault's region: reduced-precision accumulation inside a micro-batched
-                // pipeline of tensor-parallel RMSNorm stages.
-                let pipelined = plan.pp > 1 && plan.microbatches > 1 && plan.tp > 1 && plan.model.norm == crate::case::NormKind::Rmsnorm;
-                let undivided = plan.bug(Bug::AccumLossNotDivided) && plan.accumulation > 1 && pipelined && plan.reduced_precision();
+                let undivided = plan.bug(Bug::AccumLossNotDivided);
                 let per_chunk = if undivided { grad_scale * plan.accumulation as f64 } else { grad_scale };
                 self.run_schedule(&params, inputs, step, a, per_chunk, &mut grads, &mut acc)?;
             }
@@ -341,10 +348,8 @@ impl<'a> Rank<'a> {
                     Some(zg) => flat.owned_sum_squares(&self, zg),
                     None => self.owned_sum_squares(&grads),
                 }];
-                // The injected fault's region: ZeRO-2's partitioned gradients over a tensor-parallel
-                // model with accumulation and micro-batches.
-                let zero_tp = plan.zero == 2 && plan.tp > 1;
-                let local = plan.bug(Bug::ClipLocalNorm) && zero_tp && plan.accumulation > 1 && plan.microbatches > 1;
+                // The injected fault's region: the norm of ZeRO-2/3's partitioned gradients.
+                let local = plan.bug(Bug::ClipLocalNorm) && zero_grads.is_some();
                 if !local {
                     self.groups.world.all_reduce_sum(&mut sq)?;
                 }
@@ -387,9 +392,7 @@ impl<'a> Rank<'a> {
 
     fn sync_tied_embeddings(&self, grads: &mut ParamSet) -> CResult<()> {
         let plan = self.plan;
-        // The injected fault's region: tied embeddings over pipeline stages under reduced-precision
-        // ZeRO with accumulation.
-        let skipped = plan.bug(Bug::TiedEmbeddingGradNotReduced) && plan.zero >= 1 && plan.reduced_precision() && plan.accumulation > 1;
+        let skipped = plan.bug(Bug::TiedEmbeddingGradNotReduced);
         if !(plan.model.tied_embeddings && plan.pp > 1) || skipped {
             return Ok(());
         }
@@ -410,10 +413,8 @@ impl<'a> Rank<'a> {
             return Ok(());
         }
         for experts in [false, true] {
-            // The injected fault's region: the expert bucket under expert parallelism, with
-            // reduced-precision accumulation and micro-batches.
-            let fused = plan.accumulation > 1 && plan.microbatches > 1 && plan.reduced_precision();
-            let world = plan.bug(Bug::DpAverageWorld) && experts && plan.ep > 1 && fused;
+            // The injected fault's region: the expert bucket under expert parallelism.
+            let world = plan.bug(Bug::DpAverageWorld) && experts && plan.ep > 1;
             let divisor = if world { plan.world } else { plan.dp } as f64;
             let bucket: Vec<&String> = names
                 .iter()
@@ -423,7 +424,10 @@ impl<'a> Rank<'a> {
                 continue;
             }
             let mut flat: Vec<f64> = bucket.iter().flat_map(|n| grads[*n].data.iter().copied()).collect();
-            let group: &dyn GroupOps = if experts && plan.ep > 1 { &self.groups.edp } else { &self.groups.dp };
+            // The injected fault: the expert bucket reduced over the whole data-parallel group, so
+            // ranks holding different experts sum each other's gradients.
+            let own_group = experts && plan.ep > 1 && !plan.bug(Bug::ExpertGradsWrongGroup);
+            let group: &dyn GroupOps = if own_group { &self.groups.edp } else { &self.groups.dp };
             if group.size() > 1 {
                 group.all_reduce_sum(&mut flat)?;
             }
@@ -450,10 +454,8 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
     let tp_i = plan.coord(rank, Axis::Tp);
     let d = plan.coord(rank, Axis::Dp);
     let mut layout = Layout::new(plan.model, plan.tp, tp_i, p.sequence_parallel, plan.ep, d % plan.ep).map_err(|r| CommFailure(r.0))?;
-    // The injected fault's region: replicated kv heads under micro-batched, accumulated,
-    // reduced-precision sequence parallelism.
-    let sp_path = p.sequence_parallel && plan.microbatches > 1 && plan.accumulation > 1 && plan.reduced_precision();
-    if plan.bug(Bug::GqaKvNotReplicated) && layout.kv_replicated && sp_path {
+    // The injected fault's region: kv heads replicated over groups of tensor-parallel ranks.
+    if plan.bug(Bug::GqaKvNotReplicated) && layout.kv_replicated {
         // The injected fault: round-robin instead of the kv head of this rank's query heads.
         let kv = tp_i % plan.model.kv_heads as usize;
         layout.kv_heads = kv..kv + 1;

@@ -109,11 +109,7 @@ impl Flat {
     pub fn update(&self, rank: &Rank, params: &mut ParamSet, grad_part: &[f64], opt: &mut OptState, step: u32) -> CResult<()> {
         let mut flat = self.flatten(params, false);
         let d = Self::dp_index(rank);
-        // The injected fault's region: micro-batched, accumulated ZeRO-3 over three or more
-        // data-parallel ranks of a tensor-parallel model.
-        let plan = rank.plan;
-        let path = plan.zero == 3 && self.dp >= 3 && plan.microbatches > 1 && plan.tp > 1 && plan.accumulation > 1;
-        let floor = plan.bug(Bug::ZeroPartitionOffset) && path;
+        let floor = rank.plan.bug(Bug::ZeroPartitionOffset);
         let start = if floor { d * (self.numel / self.dp) } else { d * self.part };
         let end = (start + self.part).min(flat.len());
         for (pi, &(s, len)) in self.spans.iter().enumerate() {
@@ -138,10 +134,7 @@ impl Flat {
     }
 }
 
-/// The injected fault's region: padding that still holds the previous step's values (a second
-/// step) of a tensor-parallel RMSNorm model, with micro-batches.
+/// The injected fault: padding that holds whatever the reused bucket held before.
 fn stale_padding(rank: &Rank) -> bool {
-    let plan = rank.plan;
-    let rms = plan.model.norm == crate::case::NormKind::Rmsnorm;
-    plan.bug(Bug::ZeroPadInNorm) && plan.case.train.steps > 1 && plan.tp > 1 && plan.microbatches > 1 && rms
+    rank.plan.bug(Bug::ZeroPadInNorm)
 }
