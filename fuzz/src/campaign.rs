@@ -3,7 +3,7 @@
 //! ```text
 //! out/queue/<hash>.json        corpus (the same JSON as hand-written cases)
 //! out/findings/<id>/           case.json + verdict.json per deduplicated finding
-//! out/stats.csv                elapsed_s,execs,execs_per_sec,corpus,edges,findings
+//! out/stats.csv                elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb,framework_cov
 //! out/fuzz.log                 what happened, with timestamps
 //! ```
 
@@ -48,6 +48,9 @@ pub struct CampaignOptions {
     pub execs: Option<u64>,
     pub seed: u64,
     pub feedback: bool,
+    /// Pure random generation: every execution a fresh random case, no corpus, no mutation, no
+    /// feedback (the baseline guidance is measured against).
+    pub random_generation: bool,
     pub oracle: Oracle,
     /// Print the status line once a second.
     pub status: bool,
@@ -69,6 +72,8 @@ pub struct CampaignSummary {
     pub elapsed_s: f64,
     pub corpus: usize,
     pub coverage: usize,
+    /// Distinct framework line/branch events reported by Python targets (`framework_cov`).
+    pub framework_cov: usize,
     pub edges_instrumented: usize,
     /// Every finding of the out directory (old and new).
     pub findings: Vec<Finding>,
@@ -153,7 +158,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let new_stats = !stats_path.exists();
     let mut stats = std::fs::OpenOptions::new().create(true).append(true).open(&stats_path)?;
     if new_stats {
-        writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb")?;
+        writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb,framework_cov")?;
     }
     let mut targets = vec![];
     for name in opts.target.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -172,11 +177,12 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let store = FindingStore::open(&out.join("findings"))?;
     writeln!(
         log,
-        "[{}] start: target {} seed {} feedback {} (resumed at {elapsed_base:.0} s)",
+        "[{}] start: target {} seed {} feedback {}{} (resumed at {elapsed_base:.0} s)",
         hms(elapsed_base),
         opts.target,
         opts.seed,
-        opts.feedback
+        opts.feedback && !opts.random_generation,
+        if opts.random_generation { " (pure random generation)" } else { "" }
     )?;
 
     // Coverage map → observer → feedback. Objectives are recorded by our own deduplicating store.
@@ -194,7 +200,8 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         &mut objective,
     )?;
     let mut fuzzer = StdFuzzer::new(RareFeatureScheduler::new(), feedback, objective);
-    let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, opts.feedback, elapsed_base);
+    let feedback = opts.feedback && !opts.random_generation;
+    let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
     let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(
         SemanticMutator::new().with_vocabulary(vocabulary.clone()).with_offered(&registry::offered(&opts.target)),
@@ -204,10 +211,10 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let started = Instant::now();
     // Seeds: the queue of a resumed campaign, then --corpus; random cases if there is nothing.
     let mut seeds = load_cases(&out.join("queue"), &mut log);
-    if let Some(dir) = &opts.corpus {
+    if let Some(dir) = opts.corpus.as_ref().filter(|_| !opts.random_generation) {
         seeds.extend(load_cases(dir, &mut log));
     }
-    if seeds.is_empty() {
+    if seeds.is_empty() && !opts.random_generation {
         seeds = (0..16).map(|i| fresh_case(opts.seed.wrapping_add(i))).collect();
     }
     let mut digests = std::collections::HashSet::new();
@@ -227,9 +234,10 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut round: u64 = 0;
     let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
     let mut last_sync = Instant::now() - Duration::from_secs(60);
-    let write_stats = |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: usize, findings: usize| {
-        writeln!(stats, "{elapsed:.1},{},{rate:.1},{corpus},{cov},{findings},{:.0}", execs_base + execs, rss_mb())
-    };
+    let write_stats =
+        |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: (usize, usize), findings: usize| {
+            writeln!(stats, "{elapsed:.1},{},{rate:.1},{corpus},{},{findings},{:.0},{}", execs_base + execs, cov.0, rss_mb(), cov.1)
+        };
     loop {
         let stop = opts.time.is_some_and(|t| started.elapsed() >= t)
             || opts.execs.is_some_and(|n| *state.executions() >= n)
@@ -237,11 +245,16 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         if stop {
             break;
         }
-        fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
+        if opts.random_generation {
+            fresh = fresh.wrapping_add(1);
+            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
+        } else {
+            fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
+        }
         // A fresh case from `arbitrary` every few rounds (about one execution in 300) keeps
         // the search from narrowing onto the seeds; more would turn the campaign into random testing.
         round += 1;
-        if round % FRESH_EVERY_ROUNDS == 0 {
+        if round % FRESH_EVERY_ROUNDS == 0 && !opts.random_generation {
             fresh = fresh.wrapping_add(1);
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
         }
@@ -295,7 +308,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
                     execs,
                     rate,
                     state.corpus().count(),
-                    executor.coverage,
+                    (executor.coverage, executor.framework_lines.len()),
                     executor.store.findings.len(),
                 )?;
                 last_stats = Instant::now();
@@ -310,7 +323,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         *state.executions(),
         rate,
         state.corpus().count(),
-        executor.coverage,
+        (executor.coverage, executor.framework_lines.len()),
         executor.store.findings.len(),
     )?;
     executor.store.flush()?;
@@ -336,6 +349,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         elapsed_s: executor.elapsed(),
         corpus: state.corpus().count(),
         coverage: executor.coverage,
+        framework_cov: executor.framework_lines.len(),
         edges_instrumented: coverage::edge_guards(),
         findings: executor.store.findings.values().cloned().collect(),
         new_signatures,

@@ -37,6 +37,9 @@ pub struct CaseExecutor<OT> {
     /// Every map slot ever hit.
     pub seen: Vec<bool>,
     pub coverage: usize,
+    /// Distinct line/branch events of the frameworks' own code a Python target reported, in every
+    /// mode (feedback or not): the FuzzBench-style measure of what a campaign exercised.
+    pub framework_lines: std::collections::HashSet<u64>,
     pub new_findings: Vec<String>,
     /// Simulated findings already confirmed on real ranks, by signature.
     pub confirmations: Confirmations,
@@ -64,6 +67,7 @@ impl<OT> CaseExecutor<OT> {
             expressed: 0,
             seen: vec![false; coverage::MAP_SIZE],
             coverage: 0,
+            framework_lines: Default::default(),
             new_findings: vec![],
             confirmations: Confirmations::default(),
         }
@@ -124,6 +128,7 @@ impl<OT> CaseExecutor<OT> {
             }
         });
         let external = self.targets[i].take_coverage();
+        self.framework_lines.extend(external.iter().copied());
         self.target_time += t0.elapsed();
         *self.verdicts.entry(v.kind).or_default() += 1;
         if self.feedback {

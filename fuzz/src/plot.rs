@@ -30,6 +30,8 @@ pub struct StatsRow {
     pub execs: f64,
     pub coverage: f64,
     pub findings: f64,
+    /// Distinct framework line/branch events (0 for campaigns before the column existed).
+    pub framework_cov: f64,
 }
 
 pub fn read_stats(path: &Path) -> anyhow::Result<Vec<StatsRow>> {
@@ -39,7 +41,13 @@ pub fn read_stats(path: &Path) -> anyhow::Result<Vec<StatsRow>> {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<f64> = l.split(',').filter_map(|x| x.parse().ok()).collect();
-            (f.len() >= 6).then(|| StatsRow { elapsed_s: f[0], execs: f[1], coverage: f[4], findings: f[5] })
+            (f.len() >= 6).then(|| StatsRow {
+                elapsed_s: f[0],
+                execs: f[1],
+                coverage: f[4],
+                findings: f[5],
+                framework_cov: f.get(7).copied().unwrap_or(0.0),
+            })
         })
         .collect())
 }
@@ -102,6 +110,37 @@ pub fn bug_chart(png: &Path, rows: &[(String, f64, f64)]) -> anyhow::Result<()> 
         if fb.is_finite() {
             chart.draw_series(std::iter::once(Rectangle::new([(0.0, y + 0.1), (*fb, y + 0.5)], BLUE.filled()))).map_err(err)?;
         }
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Framework code covered over time, one line per (label, colour) series of (seconds, value).
+pub fn series_chart(png: &Path, title: &str, series: &[(String, RGBColor, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+    let text = fonts();
+    let root = BitMapBackend::new(png, (1000, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let points = || series.iter().flat_map(|s| s.2.iter());
+    let t_max = points().map(|p| p.0).fold(1.0, f64::max);
+    let y_max = points().map(|p| p.1).fold(1.0, f64::max) * 1.1;
+    let mut b = ChartBuilder::on(&root);
+    b.margin(15).x_label_area_size(if text { 35 } else { 5 }).y_label_area_size(if text { 60 } else { 5 });
+    if text {
+        b.caption(title, ("sans-serif", 18));
+    }
+    let mut chart = b.build_cartesian_2d(0.0..t_max, 0.0..y_max).map_err(err)?;
+    if text {
+        chart.configure_mesh().x_desc("elapsed s").draw().map_err(err)?;
+    }
+    for (label, color, pts) in series {
+        let drawn = chart.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2))).map_err(err)?;
+        if text {
+            let c = *color;
+            drawn.label(label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        }
+    }
+    if text {
+        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(err)?;
     }
     root.present().map_err(err)?;
     Ok(())

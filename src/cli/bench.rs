@@ -23,6 +23,8 @@ pub enum BenchCommand {
     Minimize(super::bench_minimize::MinimizeBenchArgs),
     /// Corrupt correct runs the way bugs do: how often the oracle sees it, per dtype.
     Sensitivity(super::sensitivity::SensitivityArgs),
+    /// Framework code covered over time: coverage-guided campaigns against pure random generation.
+    Guidance(super::bench_guidance::GuidanceArgs),
 }
 
 #[derive(clap::Args)]
@@ -69,6 +71,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Bugs(b) => return super::bugs::run(b),
         BenchCommand::Frameworks(f) => return super::bench_frameworks::run(f),
         BenchCommand::Sensitivity(s) => return super::sensitivity::run(s),
+        BenchCommand::Guidance(g) => return super::bench_guidance::run(g),
         BenchCommand::Minimize(m) => return super::bench_minimize::run(m),
     };
     let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;

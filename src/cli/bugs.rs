@@ -145,6 +145,7 @@ fn time_to_finding(bug: &str, corpus: &Path, seed: u64, budget: Duration, feedba
         execs: None,
         seed,
         feedback,
+        random_generation: false,
         oracle: Oracle::default(),
         status: false,
         stop_on_finding: true,

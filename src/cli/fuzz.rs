@@ -35,6 +35,10 @@ pub struct FuzzArgs {
     /// Turn coverage feedback off (random generation and mutation only).
     #[arg(long)]
     no_feedback: bool,
+    /// Pure random generation: every execution a fresh random case, no corpus, no mutation, no
+    /// feedback (the baseline coverage guidance is measured against; `bench guidance`).
+    #[arg(long)]
+    random_generation: bool,
     /// Exit 1 when a finding whose signature is not in the baseline appears.
     #[arg(long)]
     fail_on_finding: bool,
@@ -99,6 +103,7 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
         execs: a.execs,
         seed: a.seed,
         feedback: !a.no_feedback,
+        random_generation: a.random_generation,
         oracle: Oracle { threshold: a.threshold, ..Oracle::default() },
         status: !a.quiet,
         stop_on_finding: false,
@@ -111,7 +116,7 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
     let summary = if a.jobs > 1 { super::jobs::run_jobs(&opts, a.jobs)? } else { run_campaign(&opts)? };
     let new: Vec<_> = summary.findings.iter().filter(|f| !baseline.contains(&f.signature)).collect();
     eprintln!(
-        "done: {} execs in {:.1} s ({:.0}/s), corpus {}, coverage {}, {} finding(s), {} not in the baseline; time in target+oracle {:.0} %; {} of them expressed by a target ({:.1}/s)",
+        "done: {} execs in {:.1} s ({:.0}/s), corpus {}, coverage {}, {} finding(s), {} not in the baseline; time in target+oracle {:.0} %; {} of them expressed by a target ({:.1}/s){}",
         summary.execs,
         summary.process_s,
         summary.execs as f64 / summary.process_s.max(1e-9),
@@ -121,7 +126,8 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
         new.len(),
         100.0 * summary.target_s / summary.process_s.max(1e-9),
         summary.expressed,
-        summary.expressed as f64 / summary.process_s.max(1e-9)
+        summary.expressed as f64 / summary.process_s.max(1e-9),
+        if summary.framework_cov > 0 { format!("; framework lines/branches covered {}", summary.framework_cov) } else { String::new() }
     );
     for f in &new {
         eprintln!("  {} {} [{}] {}: {}", f.id, f.kind, f.target, f.summary, f.verdict.reason);

@@ -22,6 +22,9 @@ fn worker_args(opts: &CampaignOptions, i: usize, jobs: usize) -> Vec<String> {
     if let Some(n) = opts.execs {
         args.extend(["--execs".into(), (n / jobs as u64).max(1).to_string()]);
     }
+    if opts.random_generation {
+        args.push("--random-generation".into());
+    }
     if !opts.feedback {
         args.push("--no-feedback".into());
     }
@@ -68,6 +71,7 @@ pub fn run_jobs(opts: &CampaignOptions, jobs: usize) -> anyhow::Result<CampaignS
         elapsed_s: 0.0,
         corpus: 0,
         coverage: 0,
+        framework_cov: 0,
         edges_instrumented: 0,
         findings: vec![],
         new_signatures: vec![],

@@ -4,6 +4,7 @@
 mod baseline;
 mod bench;
 mod bench_frameworks;
+mod bench_guidance;
 mod bench_minimize;
 mod bugs;
 mod fuzz;
