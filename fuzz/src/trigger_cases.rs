@@ -132,29 +132,68 @@ pub enum Detection {
 /// Runs `bug`'s trigger case in `dtype` through the clean and the buggy native target.
 pub fn detect_in_dtype(bug: &str, dtype: shardfuzz_kernels::DType) -> Result<Detection, String> {
     use shardfuzz_harnesses::target::registry::{create, TargetOptions};
-    use shardfuzz_harnesses::target::Outcome;
-
-    use crate::oracle::{judge_prepared, Oracle, Prepared, VerdictKind};
     let Some((_, p, m, t, _)) = BUG_CASES.iter().find(|c| c.0 == bug) else {
         return Ok(Detection::NoTriggerCase);
     };
     let mut c = case(p, m, t, 5);
     c.train.dtype = dtype;
     c.train.reduce_dtype = None;
-    let prep = Prepared::new(&c);
     let mut clean = create("native", &TargetOptions::default())?;
     let mut buggy = create("native", &TargetOptions { inject: vec![bug.to_string()], timeout_ms: 10_000 })?;
-    let (a, b) = (clean.run(&c, &prep.inputs), buggy.run(&c, &prep.inputs));
+    Ok(detect(clean.as_mut(), buggy.as_mut(), &c))
+}
+
+/// What a fault's region shows in one dtype over random cases: of the cases where the fault
+/// changed the run (and the clean target passed), how many the oracle flagged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct RegionDetection {
+    pub tries: u64,
+    pub fired: u64,
+    pub found: u64,
+}
+
+/// Random cases (seeded from `seed`) forced to `dtype`, until `want` of them are in `bug`'s region
+/// or `tries` were drawn.
+pub fn region_detection(bug: &str, dtype: shardfuzz_kernels::DType, tries: u64, want: u64, seed: u64) -> Result<RegionDetection, String> {
+    use shardfuzz_harnesses::target::registry::{create, TargetOptions};
+    let mut clean = create("native", &TargetOptions::default())?;
+    let mut buggy = create("native", &TargetOptions { inject: vec![bug.to_string()], timeout_ms: 10_000 })?;
+    let mut r = RegionDetection::default();
+    while r.tries < tries && r.fired < want {
+        let mut c = crate::generate::random_case(seed.wrapping_mul(0x9e37_79b9).wrapping_add(r.tries));
+        r.tries += 1;
+        c.train.dtype = dtype;
+        c.train.reduce_dtype = None;
+        match detect(clean.as_mut(), buggy.as_mut(), &c) {
+            Detection::Found => (r.fired, r.found) = (r.fired + 1, r.found + 1),
+            Detection::Missed => r.fired += 1,
+            _ => {}
+        }
+    }
+    Ok(r)
+}
+
+/// Runs `c` through the clean and the buggy target and says what the fault did to it.
+fn detect(clean: &mut dyn shardfuzz_harnesses::target::Target, buggy: &mut dyn shardfuzz_harnesses::target::Target, c: &Case) -> Detection {
+    use shardfuzz_harnesses::target::Outcome;
+
+    use crate::oracle::{judge_prepared, Oracle, Prepared, VerdictKind};
+    let prep = Prepared::new(c);
+    let (a, b) = (clean.run(c, &prep.inputs), buggy.run(c, &prep.inputs));
     let oracle = Oracle::default();
     let clean_verdict = judge_prepared("native", Default::default(), &prep, a.clone(), &oracle);
     if clean_verdict.kind != VerdictKind::Pass {
-        return Ok(Detection::CleanNotPass(clean_verdict.kind.to_string()));
+        return Detection::CleanNotPass(clean_verdict.kind.to_string());
     }
     if let (Outcome::Completed(x), Outcome::Completed(y)) = (&a, &b) {
         if x.tensors == y.tensors && x.replicas == y.replicas {
-            return Ok(Detection::DoesNotFire);
+            return Detection::DoesNotFire;
         }
     }
     let v = judge_prepared("native", Default::default(), &prep, b, &oracle);
-    Ok(if v.kind.is_finding() { Detection::Found } else { Detection::Missed })
+    if v.kind.is_finding() {
+        Detection::Found
+    } else {
+        Detection::Missed
+    }
 }

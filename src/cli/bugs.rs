@@ -55,6 +55,13 @@ pub struct BugsArgs {
     /// flags it where the bug changes the run.
     #[arg(long)]
     per_dtype: bool,
+    /// With --per-dtype: also random cases forced to each dtype, until N of them are in each
+    /// fault's region (the fault changes the run, the clean target passes), at most 40·N drawn;
+    /// prints found/fired per fault and dtype.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    region_cases: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -381,6 +388,9 @@ pub fn run(a: BugsArgs) -> anyhow::Result<ExitCode> {
         return region_rates(&bugs, &a.corpus, n);
     }
     if a.per_dtype {
+        if a.region_cases > 0 {
+            region_per_dtype(&bugs, a.region_cases, a.seed, a.json)?;
+        }
         return per_dtype(&bugs, a.json);
     }
     let results_by_bug = if a.jobs > 1 { in_child_processes(&bugs, &a)? } else { vec![] };
@@ -460,6 +470,34 @@ fn region_rates(bugs: &[Bug], corpus: &Path, n: u64) -> anyhow::Result<ExitCode>
         println!("{:<32} {:>12.5} {:>14.5}", name, random as f64 / n as f64, mutated as f64 / n as f64);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--per-dtype --region-cases N`: detection over random cases in each fault's region, per dtype.
+fn region_per_dtype(bugs: &[Bug], want: u64, seed: u64, json: bool) -> anyhow::Result<()> {
+    use shardfuzz_fuzz::trigger_cases::region_detection;
+    use shardfuzz_kernels::DType;
+    let dtypes = [DType::F64, DType::F32, DType::BF16, DType::F16];
+    if !json {
+        println!("random cases in each fault's region: found / fired (tries), seed {seed}");
+        println!("{:<34} {:>16} {:>16} {:>16} {:>16}", "bug", "f64", "f32", "bf16", "f16");
+    }
+    for bug in bugs {
+        let mut cells = vec![];
+        for &d in &dtypes {
+            let r = region_detection(bug.name(), d, 40 * want, want, seed).map_err(|e| anyhow::anyhow!(e))?;
+            cells.push((d, r));
+        }
+        if json {
+            let v: serde_json::Map<String, serde_json::Value> =
+                cells.iter().map(|(d, r)| (d.to_string(), serde_json::to_value(r).expect("plain struct"))).collect();
+            println!("{}", serde_json::json!({"bug": bug.name(), "region": v}));
+        } else {
+            let cell = |r: &shardfuzz_fuzz::trigger_cases::RegionDetection| format!("{}/{} ({})", r.found, r.fired, r.tries);
+            let c: Vec<String> = cells.iter().map(|(_, r)| cell(r)).collect();
+            println!("{:<34} {:>16} {:>16} {:>16} {:>16}", bug.name(), c[0], c[1], c[2], c[3]);
+        }
+    }
+    Ok(())
 }
 
 /// `--per-dtype`: detection of each bug on its trigger case, dtype by dtype.
