@@ -230,7 +230,9 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let mut last_status = Instant::now();
     let mut last_stats = Instant::now();
     let mut last_execs = *state.executions();
-    let mut fresh = opts.seed ^ 0x5eed;
+    // Campaign seeds 0, 1, 2 … must start far apart: consecutive starts would draw the same fresh
+    // cases shifted by one (two "independent" random-generation runs were the same run).
+    let mut fresh = opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed;
     let mut round: u64 = 0;
     let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
     let mut last_sync = Instant::now() - Duration::from_secs(60);

@@ -39,7 +39,15 @@ const STARTUP: Duration = Duration::from_secs(300);
 /// Extra time this side waits beyond the case timeout before it declares the worker itself hung:
 /// the worker's own timeout excludes starting a rank pool (import, fork, gloo rendezvous).
 const GRACE: Duration = Duration::from_secs(150);
+/// The same for a case the worker runs in its own process (simulated ranks, JAX host devices): no
+/// rank pool to start, and nothing in the worker bounds a Python loop that never ends.
+const IN_PROCESS_GRACE: Duration = Duration::from_secs(10);
 const STDERR_LINES: usize = 200;
+
+/// How long this side waits for the worker's reply to a case whose own timeout is `timeout`.
+fn reply_deadline(timeout: Duration, in_process: bool) -> Duration {
+    timeout + if in_process { IN_PROCESS_GRACE } else { GRACE }
+}
 
 /// The interpreter a target runs in. `$SHARDFUZZ_PYTHON` (what `--python` sets) is a comma-separated list
 /// of `TARGET=PATH` entries and at most one plain `PATH`: a target's own entry wins, then the plain path;
@@ -138,6 +146,8 @@ pub struct PythonTarget {
     scratch: tempfile::TempDir,
     /// Time a case may take before it is a hang.
     timeout: Duration,
+    /// The same for a library-op case.
+    op_timeout: Duration,
     worker: Option<Worker>,
     versions: BTreeMap<String, String>,
     next_id: u64,
@@ -149,12 +159,13 @@ pub struct PythonTarget {
 
 impl PythonTarget {
     /// Starts the worker for `name`; fails when Python or the framework is not available.
-    pub fn new(name: &str, env: &str, timeout: Duration) -> Result<PythonTarget, String> {
+    pub fn new(name: &str, env: &str, timeout: Duration, op_timeout: Duration) -> Result<PythonTarget, String> {
         let mut t = PythonTarget {
             name: name.to_string(),
             python: python_interpreter_for(name, env),
             scratch: scratch_dir().map_err(|e| format!("scratch directory: {e}"))?,
             timeout,
+            op_timeout,
             worker: None,
             versions: BTreeMap::new(),
             next_id: 0,
@@ -261,9 +272,11 @@ impl PythonTarget {
             message: format!("writing inputs: {e}"),
             features: vec![],
         })?;
+        let op = case.library_op.is_some();
+        let timeout = if op { self.op_timeout } else { self.timeout };
         let mut msg = json!({
             "cmd": "run", "id": id, "case": case, "inputs": in_path, "output": out_path,
-            "timeout_s": self.timeout.as_secs_f64(), "processes": processes,
+            "timeout_s": timeout.as_secs_f64(), "processes": processes,
         });
         // Test hooks apply to the first case only, so that a test sees the next case recover.
         if let (Ok(hook), 1) = (std::env::var(TEST_HOOK_ENV), id) {
@@ -271,7 +284,10 @@ impl PythonTarget {
         }
         let w = self.worker.as_mut().expect("started above");
         let sent = writeln!(w.stdin, "{msg}").and_then(|_| w.stdin.flush());
-        let deadline = self.timeout + GRACE;
+        // A worker whose library-op cases start a rank pool says so (`library-op-ranks`); JAX's
+        // host devices and torch's simulated ranks live in the worker itself.
+        let pool = self.versions.get("library-op-ranks").is_some_and(|v| !v.starts_with("LocalTensorMode"));
+        let deadline = reply_deadline(timeout, op && !processes && !pool);
         let reply = match sent {
             Err(e) => Err(format!("cannot write to the worker: {e}")),
             Ok(()) => match w.reply(id, deadline) {
@@ -496,4 +512,16 @@ fn read_outputs(path: &Path) -> Result<(Vec<(String, Tensor)>, Replicas), String
         }
     }
     Ok((tensors, replicas.into_iter().collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_case_in_the_worker_process_waits_its_timeout_and_a_short_grace_a_rank_pool_the_long_one() {
+        let t = Duration::from_secs(20);
+        assert_eq!(reply_deadline(t, true), Duration::from_secs(30));
+        assert_eq!(reply_deadline(t, false), Duration::from_secs(170));
+    }
 }

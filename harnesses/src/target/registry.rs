@@ -123,12 +123,17 @@ pub const TARGETS: &[TargetInfo] = &[
 
 /// Default time a Python target's case may take before it is a hang.
 const PYTHON_TIMEOUT_MS: u64 = 60_000;
+/// Default for a library-op case: one op on small sample inputs takes milliseconds (a new JAX shape
+/// compiles in under a second), while each hang at the model cases' 60 s (plus the grace for a rank
+/// pool no simulated op case starts) cost a torch-dtensor campaign 3.5 minutes.
+const PYTHON_OP_TIMEOUT_MS: u64 = 20_000;
 
 use super::python::MAIN_ENV as MAIN;
 
 fn python(name: &str, env: &str, o: &TargetOptions) -> Result<Box<dyn Target>, String> {
-    let ms = if o.timeout_ms == 0 { PYTHON_TIMEOUT_MS } else { o.timeout_ms };
-    Ok(Box::new(super::PythonTarget::new(name, env, std::time::Duration::from_millis(ms))?))
+    let (ms, op_ms) = if o.timeout_ms == 0 { (PYTHON_TIMEOUT_MS, PYTHON_OP_TIMEOUT_MS) } else { (o.timeout_ms, o.timeout_ms) };
+    let d = std::time::Duration::from_millis;
+    Ok(Box::new(super::PythonTarget::new(name, env, d(ms), d(op_ms))?))
 }
 
 /// Whether `name` runs in a Python worker.
