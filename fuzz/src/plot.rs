@@ -115,8 +115,11 @@ pub fn bug_chart(png: &Path, rows: &[(String, f64, f64)]) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Framework code covered over time, one line per (label, colour) series of (seconds, value).
-pub fn series_chart(png: &Path, title: &str, series: &[(String, RGBColor, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+/// A labelled, coloured line of (seconds, value) points.
+pub type Series = (String, RGBColor, Vec<(f64, f64)>);
+
+/// Framework code covered over time, one line per series.
+pub fn series_chart(png: &Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
     let text = fonts();
     let root = BitMapBackend::new(png, (1000, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
