@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bug-finding benchmark: how deep each bug's region lies, then every injected bug, K campaign seeds,
-# time to the first finding with and without coverage feedback (table, CSV, PNG); then a clean
+# time to the first finding with and without coverage feedback and with pure random generation
+# (table, CSV, PNG); each fault's detection per dtype on random cases in its region; then a clean
 # campaign that must report 0 findings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,7 +14,8 @@ cargo build --release -q
 bin=target/release/shardfuzz
 echo "how deep each bug's region lies: share of random cases / of seed cases mutated 1-3 times that trigger it"
 $bin bench bugs --rates 1000
-$bin bench bugs --seeds "$seeds" --budget "$budget" --jobs "$jobs" --csv bench-bugs.csv --png bench-bugs.png
+$bin bench bugs --seeds "$seeds" --budget "$budget" --jobs "$jobs" --random --csv bench-bugs.csv --png bench-bugs.png
+$bin bench bugs --per-dtype --region-cases 30 || true
 out=$(mktemp -d)
 echo "clean native target, $clean:"
 status=0
