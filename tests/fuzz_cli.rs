@@ -53,7 +53,7 @@ fn a_campaign_leaves_its_directory_and_a_second_run_resumes_it() {
     assert!(out.join("queue").read_dir().unwrap().count() >= 40);
     assert!(out.join("findings").is_dir() && out.join("fuzz.log").is_file());
     let first = stats_lines(&out);
-    assert_eq!(first[0], "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb");
+    assert_eq!(first[0], "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb,framework_cov");
     let rss: f64 = first.last().unwrap().split(',').nth(6).unwrap().parse().unwrap();
     assert!(rss > 1.0, "no RSS recorded: {first:?}");
     let last_elapsed: f64 = first.last().unwrap().split(',').next().unwrap().parse().unwrap();
