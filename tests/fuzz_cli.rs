@@ -178,3 +178,17 @@ fn kill_9_loses_nothing_and_the_campaign_resumes() {
     assert!(std::fs::read_to_string(out.join("fuzz.log")).unwrap().matches("start:").count() >= 3);
     assert_all_json_parses(&out);
 }
+
+#[test]
+fn pure_random_generation_ignores_the_corpus_and_keeps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = fuzz(&out, &["--corpus", corpus().to_str().unwrap(), "--time", "2s", "--quiet", "--random-generation", "--seed", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = std::fs::read_to_string(out.join("fuzz.log")).unwrap();
+    assert!(log.contains("0 seed cases loaded") && log.contains("pure random generation"), "{log}");
+    assert_eq!(out.join("queue").read_dir().unwrap().count(), 0, "random generation added corpus entries");
+    let last = stats_lines(&out).last().unwrap().clone();
+    let execs: u64 = last.split(',').nth(1).unwrap().parse().unwrap();
+    assert!(execs > 20, "{last}");
+}

@@ -175,13 +175,14 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     }
     let fresh_case = |seed: u64| fresh_case(seed, &vocabulary);
     let store = FindingStore::open(&out.join("findings"))?;
+    let use_feedback = opts.feedback && !opts.random_generation;
     writeln!(
         log,
         "[{}] start: target {} seed {} feedback {}{} (resumed at {elapsed_base:.0} s)",
         hms(elapsed_base),
         opts.target,
         opts.seed,
-        opts.feedback && !opts.random_generation,
+        use_feedback,
         if opts.random_generation { " (pure random generation)" } else { "" }
     )?;
 
@@ -200,8 +201,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         &mut objective,
     )?;
     let mut fuzzer = StdFuzzer::new(RareFeatureScheduler::new(), feedback, objective);
-    let feedback = opts.feedback && !opts.random_generation;
-    let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, feedback, elapsed_base);
+    let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, use_feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
     let mut stages = tuple_list!(StdMutationalStage::with_max_iterations(
         SemanticMutator::new().with_vocabulary(vocabulary.clone()).with_offered(&registry::offered(&opts.target)),
@@ -247,16 +247,14 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         if stop {
             break;
         }
-        if opts.random_generation {
-            fresh = fresh.wrapping_add(1);
-            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
-        } else {
+        if !opts.random_generation {
             fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
         }
         // A fresh case from `arbitrary` every few rounds (about one execution in 300) keeps
         // the search from narrowing onto the seeds; more would turn the campaign into random testing.
+        // Pure random generation runs one every round and nothing else.
         round += 1;
-        if round % FRESH_EVERY_ROUNDS == 0 && !opts.random_generation {
+        if opts.random_generation || round % FRESH_EVERY_ROUNDS == 0 {
             fresh = fresh.wrapping_add(1);
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
         }

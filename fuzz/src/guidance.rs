@@ -85,13 +85,21 @@ pub fn coverage_at(rows: &[StatsRow], t: f64) -> f64 {
     rows.iter().take_while(|r| r.elapsed_s <= t + 1e-9).last().map_or(0.0, |r| r.framework_cov)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median (NaN of nothing).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+/// The targets of `runs`, in the order they ran.
+fn targets(runs: &[GuidanceRun]) -> Vec<&str> {
+    let mut t: Vec<&str> = runs.iter().map(|r| r.target.as_str()).collect();
+    t.dedup();
+    t
 }
 
 /// The median over a mode's runs of one target, at each checkpoint.
@@ -115,9 +123,7 @@ pub struct GuidanceRow {
 }
 
 pub fn summarize(runs: &[GuidanceRun], time_s: f64) -> Vec<GuidanceRow> {
-    let mut targets: Vec<String> = runs.iter().map(|r| r.target.clone()).collect();
-    targets.dedup();
-    targets
+    targets(runs)
         .into_iter()
         .map(|t| {
             let pick = |mode: Mode, f: &dyn Fn(&GuidanceRun) -> f64| {
@@ -134,7 +140,7 @@ pub fn summarize(runs: &[GuidanceRun], time_s: f64) -> Vec<GuidanceRow> {
                 random_findings: pick(Mode::Random, &|r| r.findings as f64),
                 guided_expressed: pick(Mode::Guided, &|r| r.expressed as f64),
                 random_expressed: pick(Mode::Random, &|r| r.expressed as f64),
-                target: t,
+                target: t.to_string(),
             }
         })
         .collect()
@@ -147,9 +153,7 @@ pub fn over_time_table(runs: &[GuidanceRun], checkpoints: &[f64]) -> String {
         out += &format!(" {:>8}", format!("{t:.0}s"));
     }
     out.push('\n');
-    let mut targets: Vec<&str> = runs.iter().map(|r| r.target.as_str()).collect();
-    targets.dedup();
-    for t in targets {
+    for t in targets(runs) {
         for mode in [Mode::Guided, Mode::Random] {
             out += &format!("{t:<20} {:<7}", mode.name());
             for v in median_curve(runs, t, mode, checkpoints) {
@@ -166,10 +170,8 @@ pub fn chart(runs: &[GuidanceRun], time_s: f64, png: &Path) -> anyhow::Result<()
     use plotters::style::{RGBColor, BLUE, GREEN, MAGENTA, RED};
     let palette = [BLUE, RED, GREEN, MAGENTA, RGBColor(200, 120, 0), RGBColor(0, 150, 150), RGBColor(120, 60, 160), RGBColor(90, 90, 30)];
     let checkpoints: Vec<f64> = (0..=60).map(|i| time_s * i as f64 / 60.0).collect();
-    let mut targets: Vec<&str> = runs.iter().map(|r| r.target.as_str()).collect();
-    targets.dedup();
     let mut series = vec![];
-    for (i, t) in targets.iter().enumerate() {
+    for (i, t) in targets(runs).into_iter().enumerate() {
         let c = palette[i % palette.len()];
         let faded = RGBColor(c.0 / 2 + 110, c.1 / 2 + 110, c.2 / 2 + 110);
         for (mode, color) in [(Mode::Guided, c), (Mode::Random, faded)] {

@@ -111,18 +111,9 @@ fn progress_line(r: &BugResult) -> String {
     )
 }
 
+/// Median seconds, a campaign that found nothing counting as the budget.
 fn median(times: &[Option<f64>], budget: f64) -> f64 {
-    let mut v: Vec<f64> = times.iter().map(|t| t.unwrap_or(budget)).collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    shardfuzz_fuzz::guidance::median(times.iter().map(|t| t.unwrap_or(budget)).collect())
 }
 
 /// The seed corpus without the cases that already trigger `bug`, written to `dir`.
@@ -472,11 +463,14 @@ fn region_rates(bugs: &[Bug], corpus: &Path, n: u64) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// The dtypes `--per-dtype` measures, in table order.
+const DTYPES: [shardfuzz_kernels::DType; 4] =
+    [shardfuzz_kernels::DType::F64, shardfuzz_kernels::DType::F32, shardfuzz_kernels::DType::BF16, shardfuzz_kernels::DType::F16];
+
 /// `--per-dtype --region-cases N`: detection over random cases in each fault's region, per dtype.
 fn region_per_dtype(bugs: &[Bug], want: u64, seed: u64, json: bool) -> anyhow::Result<()> {
     use shardfuzz_fuzz::trigger_cases::region_detection;
-    use shardfuzz_kernels::DType;
-    let dtypes = [DType::F64, DType::F32, DType::BF16, DType::F16];
+    let dtypes = DTYPES;
     if !json {
         println!("random cases in each fault's region: found / fired (tries), seed {seed}");
         println!("{:<34} {:>16} {:>16} {:>16} {:>16}", "bug", "f64", "f32", "bf16", "f16");
@@ -503,8 +497,7 @@ fn region_per_dtype(bugs: &[Bug], want: u64, seed: u64, json: bool) -> anyhow::R
 /// `--per-dtype`: detection of each bug on its trigger case, dtype by dtype.
 fn per_dtype(bugs: &[Bug], json: bool) -> anyhow::Result<ExitCode> {
     use shardfuzz_fuzz::trigger_cases::{detect_in_dtype, Detection};
-    use shardfuzz_kernels::DType;
-    let dtypes = [DType::F64, DType::F32, DType::BF16, DType::F16];
+    let dtypes = DTYPES;
     let mut rows = vec![];
     for bug in bugs {
         let cells: Vec<Detection> =
