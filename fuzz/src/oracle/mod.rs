@@ -237,11 +237,20 @@ pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Or
     match target.confirm(&prep.case, &prep.inputs) {
         Some(outcome) => {
             let real = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
-            known.0.insert(sig, real.clone());
+            // Only an agreement, or a clean real run (the simulation's own failure), speaks for later
+            // cases of the signature: a different finding on real ranks belongs to this case alone.
+            if agrees(&v, &real) || !(real.kind.is_finding() || real.kind == VerdictKind::HarnessError) {
+                known.0.insert(sig, real.clone());
+            }
             confirmed(v, real)
         }
         None => v,
     }
+}
+
+/// Whether real ranks found what the simulation found: the same kind, and a crash at the same site.
+fn agrees(simulated: &Verdict, real: &Verdict) -> bool {
+    real.kind == simulated.kind && (simulated.kind != VerdictKind::Crash || crash_site(simulated) == crash_site(real))
 }
 
 /// A verdict of a simulated run (library ops), confirmed on real ranks as `evaluate` does.
@@ -278,8 +287,7 @@ fn needs_confirmation(v: &Verdict, prep: &Prepared) -> bool {
 /// A simulated run's finding against the same case on real ranks: kept (with the real run's
 /// verdict in its notes) when the real run finds it too, else not a finding of the framework.
 fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
-    let same_crash = simulated.kind != VerdictKind::Crash || crash_site(&simulated) == crash_site(&real);
-    if real.kind == simulated.kind && same_crash {
+    if agrees(&simulated, &real) {
         let mut v = simulated;
         v.notes.push(format!("confirmed on real process-group ranks: {} — {}", real.kind, real.reason));
         return v;

@@ -27,6 +27,9 @@ from .validation import describe
 
 #: How long peers of a failed rank get to finish before they count as stranded.
 STRANDED_GRACE_S = 5.0
+#: The same for a single op (a library-op case): peers do the same few milliseconds of work, so one
+#: still busy a second after the failure (or twice the failing rank's own time) waits in a collective.
+OP_STRANDED_GRACE_S = 1.0
 
 
 class RankDied(Exception):
@@ -193,12 +196,13 @@ class RankPool:
     def run(self, job, timeout_s):
         for c in self.conns:
             c.send(job)
-        return self._gather(timeout_s)
+        return self._gather(timeout_s, grace_s=OP_STRANDED_GRACE_S if "library_op" in job["case"] else STRANDED_GRACE_S)
 
-    def _gather(self, timeout_s):
+    def _gather(self, timeout_s, grace_s=STRANDED_GRACE_S):
         results = [None] * self.world
         pending = {c: r for r, c in enumerate(self.conns)}
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
             left = deadline - time.monotonic()
@@ -230,7 +234,9 @@ class RankPool:
                         continue
                     del pending[obj]
                     if not results[r].get("ok", True):
-                        deadline = min(deadline, time.monotonic() + STRANDED_GRACE_S)
+                        now = time.monotonic()
+                        grace = min(STRANDED_GRACE_S, max(grace_s, 2 * (now - start)))
+                        deadline = min(deadline, now + grace)
                 elif obj in sentinels:
                     r = sentinels[obj]
                     p = self.procs[r]

@@ -14,6 +14,17 @@ def torch_dtype(name):
     return {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[name]
 
 
+def skip_absent_device_seeding():
+    """`torch.manual_seed` also queues a seed for each accelerator not initialised yet, with a formatted
+    stack trace of the call (`torch.cuda._lazy_call`): most of a cheap op case's time, since OpInfo seeds
+    every sample it draws. Seeding a device that does not exist here changes nothing: it is skipped."""
+    import torch
+
+    for device in (torch.cuda, torch.xpu, torch.mtia):
+        if not device.is_available():
+            device.manual_seed_all = lambda seed: None
+
+
 class TorchTarget(Target):
     coverage_prefixes = ()
 
@@ -27,6 +38,7 @@ class TorchTarget(Target):
         import torch.distributed.tensor.parallel  # noqa: F401
         import torch.nn.parallel  # noqa: F401
 
+        skip_absent_device_seeding()
         root = os.path.dirname(torch.__file__)
         self.coverage_prefixes = (os.path.join(root, "distributed") + os.sep, os.path.join(root, "nn", "parallel") + os.sep)
 
@@ -40,6 +52,7 @@ class TorchTarget(Target):
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        skip_absent_device_seeding()
         torch.use_deterministic_algorithms(True, warn_only=True)
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
 

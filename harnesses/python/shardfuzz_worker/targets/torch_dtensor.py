@@ -42,9 +42,13 @@ def _summand(case, name, full, places, coord, mesh_shape):
 class TorchDTensor(TorchTarget):
     name = "torch-dtensor"
     #: This coordinator runs autograd itself (library-op cases), and autograd's threads do not survive a
-    #: fork: ranks come from a fork server, a clean process that has imported torch once.
+    #: fork: ranks come from a fork server, a clean process that has imported torch once. Nor does the
+    #: simulation's fake process group reach them, so it is never torn down: destroying it left cached
+    #: sharding decisions naming groups that no longer exist ("Could not resolve the process group").
     start_method = "forkserver"
-    preload = ("torch", "torch.distributed.tensor", "shardfuzz_worker.targets.torch_dtensor")
+    #: OpInfo's database too: importing it takes each fresh rank seconds (a confirmation starts ranks).
+    preload = ("torch", "torch.distributed.tensor", "torch.testing._internal.common_methods_invocations",
+               "shardfuzz_worker.targets.torch_dtensor")
 
     def __init__(self):
         super().__init__()
@@ -71,11 +75,6 @@ class TorchDTensor(TorchTarget):
         v = super().versions()
         v["library-op-ranks"] = "LocalTensorMode (one process)" if simulates_ranks() else "gloo processes"
         return v
-
-    def before_fork(self):
-        from .torch_local_dtensor import release_process_group
-
-        release_process_group()
 
     def run_local(self, case, inputs):
         from .torch_library_op import run

@@ -35,15 +35,6 @@ def ensure_process_group():
         _STATE["pg"] = True
 
 
-def release_process_group():
-    """Before forking rank pools: the fake group must not be inherited by gloo ranks."""
-    import torch.distributed as dist
-
-    if _STATE["pg"]:
-        dist.destroy_process_group()
-        _STATE.update(pg=False, modes={}, meshes={})
-
-
 def mode_and_mesh(shape):
     from torch.distributed._local_tensor import LocalTensorMode
     from torch.distributed.device_mesh import init_device_mesh

@@ -1,0 +1,85 @@
+//! Findings of an in-process rank simulation are confirmed on real ranks, and a confirmation speaks
+//! for later cases of the same signature only when it can: when the real ranks agreed, or when they
+//! ran cleanly (the simulation's own failure). A different finding on real ranks is that case's alone.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use shardfuzz_fuzz::oracle::{evaluate_confirming, Confirmations, Oracle, Prepared, VerdictKind};
+use shardfuzz_harnesses::case::Case;
+use shardfuzz_harnesses::inputs::Inputs;
+use shardfuzz_harnesses::target::{Outcome, Target};
+
+/// Replays scripted outcomes: `runs` for the simulated runs, `real` for confirmations.
+struct Scripted {
+    runs: VecDeque<Outcome>,
+    real: VecDeque<Outcome>,
+    confirmations: usize,
+}
+
+impl Target for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn versions(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+    fn run(&mut self, _case: &Case, _inputs: &Inputs) -> Outcome {
+        self.runs.pop_front().expect("a scripted simulated run")
+    }
+    fn confirm(&mut self, _case: &Case, _inputs: &Inputs) -> Option<Outcome> {
+        self.confirmations += 1;
+        Some(self.real.pop_front().expect("a scripted confirmation"))
+    }
+}
+
+fn crash(message: &str) -> Outcome {
+    Outcome::Crash { rank: None, message: message.to_string(), features: vec![] }
+}
+
+fn hang() -> Outcome {
+    Outcome::Hang { stuck: vec![], detail: "ranks [0] did not finish within 20.0 s".into(), features: vec![] }
+}
+
+fn library_op_case() -> Prepared {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../corpus/lib-torch-sum-uneven-3.json")).unwrap();
+    Prepared::new(&Case::from_json(&text).unwrap())
+}
+
+const SIM_ONLY: &str = "RuntimeError: Could not resolve the process group registered under the name 19 (at File \"/x/torch/distributed/_local_tensor/__init__.py\", line 1443, in __torch_dispatch__)";
+
+#[test]
+fn a_different_finding_on_real_ranks_is_not_reused_for_the_signature() {
+    let prep = library_op_case();
+    let mut target = Scripted {
+        runs: VecDeque::from([crash(SIM_ONLY), crash(SIM_ONLY)]),
+        real: VecDeque::from([hang(), crash("ok")]),
+        confirmations: 0,
+    };
+    let mut known = Confirmations::default();
+    let first = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
+    assert_eq!(first.kind, VerdictKind::Hang, "the real ranks' finding is the one a user meets: {first:?}");
+    // The scripted second confirmation is a crash elsewhere: confirmed again, not judged by the hang.
+    let second = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
+    assert_eq!(target.confirmations, 2, "the second case of the signature must be confirmed itself");
+    assert_eq!(second.kind, VerdictKind::Crash);
+    assert!(second.notes.iter().any(|n| n.contains("simulation gave")), "{:?}", second.notes);
+}
+
+#[test]
+fn an_agreeing_or_clean_confirmation_speaks_for_later_cases() {
+    let prep = library_op_case();
+    let boom = "IndexError: amax(): Expected reduction dim 0 to have non-zero size. (at File \"/x/torch/_ops.py\", line 916, in __call__)";
+    let mut target = Scripted {
+        runs: VecDeque::from([crash(boom), crash(boom), crash(SIM_ONLY), crash(SIM_ONLY)]),
+        real: VecDeque::from([crash(boom), Outcome::Unsupported { reason: "clean".into() }]),
+        confirmations: 0,
+    };
+    let mut known = Confirmations::default();
+    let oracle = Oracle::default();
+    assert_eq!(evaluate_confirming(&mut target, &prep, &oracle, &mut known).kind, VerdictKind::Crash);
+    let again = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
+    assert_eq!((again.kind, target.confirmations), (VerdictKind::Crash, 1), "{:?}", again.notes);
+    assert_eq!(evaluate_confirming(&mut target, &prep, &oracle, &mut known).kind, VerdictKind::Unsupported);
+    let later = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
+    assert_eq!((later.kind, target.confirmations), (VerdictKind::Unsupported, 2), "a simulation-only crash stays the simulation's");
+}
