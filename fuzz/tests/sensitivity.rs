@@ -45,7 +45,7 @@ fn at_least(counts: &BTreeMap<String, (u32, u32)>, c: Corruption, rate: f64, dty
 #[test]
 fn coarse_corruptions_are_seen_in_every_dtype_and_fine_ones_in_f32_and_f64() {
     for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
-        let counts = rates(dtype, 12);
+        let counts = rates(dtype, 24);
         // A parameter after Adam whose gradient is mostly round-off moves by up to 2 lr per
         // element in a correct run: even a halving of it can hide there.
         for c in [Corruption::Scale(0.5), Corruption::Scale(2.0), Corruption::Zeroed] {

@@ -187,13 +187,32 @@ impl Prepared {
     }
 
     fn routing_flip(&self, coarse: DType) -> Option<RunOutput> {
-        let below = ROUTING_FLIP_ULPS * coarse.unit_roundoff();
+        let below = self.routing_flip_below(coarse);
         let margin = self.reference().as_ref().ok()?.stats.routing_margin?;
         if margin >= below {
             return None;
         }
         self.runs.set(self.runs.get() + 1);
         reference::run_routing_flipped(&self.case, &self.inputs, below).ok()
+    }
+
+    /// The router margin below which a correct run may route a token the other way:
+    /// [`ROUTING_FLIP_ULPS`] u, or twice the largest change of a step-0 router probability
+    /// between the reference and a member computed so far, when round-off moves them further
+    /// (an ill-conditioned router input: a clean f16 tp4 campaign case with large values moved
+    /// router probabilities by far more than 4 u, flipping tokens the 4 u rule kept).
+    pub fn routing_flip_below(&self, coarse: DType) -> f64 {
+        let floor = ROUTING_FLIP_ULPS * coarse.unit_roundoff();
+        let Some(reference) = self.reference().as_ref().ok().and_then(|r| r.stats.router_probs.as_ref()) else {
+            return floor;
+        };
+        let moved = self
+            .members
+            .iter()
+            .filter_map(|m| m.get()?.as_ref()?.output.stats.router_probs.as_ref())
+            .flat_map(|probs| probs.iter().zip(reference).map(|(a, b)| (a - b).abs()))
+            .fold(0.0, f64::max);
+        floor.max(2.0 * moved)
     }
 
     fn gradient_noise(&self, coarse: DType) -> Option<RunOutput> {

@@ -55,6 +55,9 @@ pub struct RunStats {
     /// The smallest gap between a token's k-th and (k+1)-th router probability (MoE models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing_margin: Option<f64>,
+    /// Every router probability of step 0, in call order (single-device reference runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_probs: Option<Vec<f64>>,
     /// The largest magnitude the residual stream or its gradient reached (model cases only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_activation: Option<f64>,
