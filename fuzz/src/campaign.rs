@@ -34,7 +34,8 @@ use crate::mutators::SemanticMutator;
 use crate::oracle::Oracle;
 use crate::scheduler::RareFeatureScheduler;
 
-/// Rounds (one corpus entry mutated up to 8 times) between two fresh random cases.
+/// Rounds (one corpus entry mutated up to 8 times) between two fresh random cases, unless
+/// `--adaptive-generation` lets the share follow the yields (`generation_share`).
 const FRESH_EVERY_ROUNDS: u64 = 64;
 
 /// Everything `shardfuzz fuzz` needs.
@@ -51,6 +52,9 @@ pub struct CampaignOptions {
     /// Pure random generation: every execution a fresh random case, no corpus, no mutation, no
     /// feedback (the baseline guidance is measured against).
     pub random_generation: bool,
+    /// With feedback, the share of fresh cases follows what fresh cases and mutations have been
+    /// finding lately (`generation_share`) instead of one fresh case every 64 rounds.
+    pub adaptive_generation: bool,
     pub oracle: Oracle,
     /// Print the status line once a second.
     pub status: bool,
@@ -234,6 +238,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     // cases shifted by one (two "independent" random-generation runs were the same run).
     let mut fresh = opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed;
     let mut round: u64 = 0;
+    let mut share = crate::generation_share::GenerationShare::default();
     let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
     let mut last_sync = Instant::now() - Duration::from_secs(60);
     let write_stats =
@@ -247,16 +252,26 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
         if stop {
             break;
         }
+        let before = (*state.executions(), state.corpus().count());
         if !opts.random_generation {
             fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
         }
-        // A fresh case from `arbitrary` every few rounds (about one execution in 300) keeps
-        // the search from narrowing onto the seeds; more would turn the campaign into random testing.
-        // Pure random generation runs one every round and nothing else.
+        let round_execs = *state.executions() - before.0;
+        share.record_mutations(round_execs, (state.corpus().count() - before.1) as u64);
+        // Fresh cases keep the search from narrowing onto the seeds: with feedback as many as the
+        // yields say (`generation_share`), without it one every few rounds. Pure random
+        // generation runs one every round and nothing else.
         round += 1;
-        if opts.random_generation || round % FRESH_EVERY_ROUNDS == 0 {
+        let n_fresh = match (opts.random_generation, use_feedback) {
+            (true, _) => 1,
+            (false, true) if opts.adaptive_generation => share.fresh_after(round_execs),
+            (false, _) => usize::from(round % FRESH_EVERY_ROUNDS == 0),
+        };
+        for _ in 0..n_fresh {
             fresh = fresh.wrapping_add(1);
+            let entries = state.corpus().count();
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
+            share.record_fresh((state.corpus().count() - entries) as u64);
         }
         for sig in std::mem::take(&mut executor.new_findings) {
             writeln!(log, "[{}] new finding: {sig}", hms(executor.elapsed()))?;

@@ -5,6 +5,7 @@ pub mod coverage;
 pub mod executor;
 pub mod findings;
 pub mod generate;
+pub mod generation_share;
 pub mod guidance;
 pub mod input;
 pub mod library_ops;

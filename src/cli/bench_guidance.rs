@@ -28,6 +28,10 @@ pub struct GuidanceArgs {
     out: PathBuf,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The guided campaigns with `fuzz --adaptive-generation` (fresh cases in proportion to what
+    /// they find).
+    #[arg(long)]
+    adaptive_generation: bool,
     /// Summary as JSON lines on stdout.
     #[arg(long)]
     json: bool,
@@ -51,6 +55,7 @@ pub fn run(a: GuidanceArgs) -> anyhow::Result<ExitCode> {
             seed: a.seed,
             feedback: true,
             random_generation: false,
+            adaptive_generation: a.adaptive_generation,
             oracle: Oracle::default(),
             status: false,
             stop_on_finding: false,

@@ -144,6 +144,7 @@ fn time_to_finding(bug: &str, corpus: &Path, seed: u64, budget: Duration, feedba
         seed,
         feedback,
         random_generation: false,
+        adaptive_generation: false,
         oracle: Oracle::default(),
         status: false,
         stop_on_finding: true,

@@ -39,6 +39,10 @@ pub struct FuzzArgs {
     /// feedback (the baseline coverage guidance is measured against; `bench guidance`).
     #[arg(long)]
     random_generation: bool,
+    /// Fresh random cases in proportion to what they find against mutations (a two-armed bandit
+    /// on corpus additions per execution) instead of one every 64 rounds.
+    #[arg(long)]
+    adaptive_generation: bool,
     /// Exit 1 when a finding whose signature is not in the baseline appears.
     #[arg(long)]
     fail_on_finding: bool,
@@ -104,6 +108,7 @@ pub fn run(a: FuzzArgs) -> anyhow::Result<ExitCode> {
         seed: a.seed,
         feedback: !a.no_feedback,
         random_generation: a.random_generation,
+        adaptive_generation: a.adaptive_generation,
         oracle: Oracle { threshold: a.threshold, ..Oracle::default() },
         status: !a.quiet,
         stop_on_finding: false,

@@ -25,6 +25,9 @@ fn worker_args(opts: &CampaignOptions, i: usize, jobs: usize) -> Vec<String> {
     if opts.random_generation {
         args.push("--random-generation".into());
     }
+    if opts.adaptive_generation {
+        args.push("--adaptive-generation".into());
+    }
     if !opts.feedback {
         args.push("--no-feedback".into());
     }

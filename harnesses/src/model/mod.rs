@@ -160,6 +160,16 @@ pub fn forward_backward(
     Ok((loss_sum(ctx, &losses), logits))
 }
 
+/// The summed loss of a forward pass alone (no gradients).
+pub fn forward_loss(ctx: &Ctx, params: &ParamSet, g: &Geom, ids: &[usize], targets: &[usize]) -> CResult<f64> {
+    let mut x = embed_fwd(ctx, params, g, ids)?;
+    for (i, kind) in ctx.model.layers.iter().enumerate() {
+        x = block_fwd(ctx, i, *kind, params, g, &x)?.0;
+    }
+    let (losses, _, _) = head_fwd(ctx, params, g, &x, targets, 1.0)?;
+    Ok(loss_sum(ctx, &losses))
+}
+
 /// Sum of per-token losses in the accumulation precision.
 pub fn loss_sum(ctx: &Ctx, losses: &[f64]) -> f64 {
     let acc = ctx.p.acc();

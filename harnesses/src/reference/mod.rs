@@ -9,7 +9,7 @@ use shardfuzz_kernels::{DType, Prec};
 
 use crate::case::Case;
 use crate::inputs::Inputs;
-use crate::model::{forward_backward, Bugs, Ctx, Geom, Layout, ParamSet};
+use crate::model::{forward_backward, forward_loss, Bugs, Ctx, Geom, Layout, ParamSet};
 use crate::target::RunOutput;
 use crate::tensor::Tensor;
 
@@ -71,6 +71,16 @@ pub fn run_routing_flipped(case: &Case, inputs: &Inputs, below: f64) -> Result<R
 /// summed in reverse order: what another correct f64 implementation may legitimately differ by.
 pub fn run_jittered(case: &Case, inputs: &Inputs, ulps: u8) -> Result<RunOutput, ReferenceError> {
     run_with(case, inputs, Prec::new(DType::F64).reversed().jittered(ulps), None)
+}
+
+/// The loss at the parameters the last step left (one more forward): where the last step's
+/// gradients, which no later loss shows, took the run. Leaves the run's statistics as they were.
+fn final_loss(ctx: &Ctx, params: &ParamSet, g: &Geom, inputs: &Inputs) -> Option<f64> {
+    let (margin, peak) = (ctx.routing_margin.get(), ctx.peak_activation.get());
+    let loss = forward_loss(ctx, params, g, &inputs.tokens, &inputs.targets).ok();
+    ctx.routing_margin.set(margin);
+    ctx.peak_activation.set(peak);
+    loss
 }
 
 /// The context of a single-device run: no groups, one micro-batch, no injected bug.
@@ -227,6 +237,9 @@ fn run_with_flips(
     }
     out.stats.routing_margin = ctx.routing_margin.get().is_finite().then(|| ctx.routing_margin.get());
     out.stats.peak_activation = Some(ctx.peak_activation.get());
+    if case.train.steps >= 2 {
+        out.stats.final_loss = final_loss(&ctx, &params, &g, inputs).map(|l| l / tokens);
+    }
     out.stats.skipped_steps = case.train.loss_scale.is_some().then_some(skipped);
     Ok(out)
 }

@@ -58,6 +58,10 @@ pub struct RunStats {
     /// Every router probability of step 0, in call order (single-device reference runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router_probs: Option<Vec<f64>>,
+    /// The loss at the final parameters, one forward past the last step (single-device reference
+    /// runs of two or more steps): the oracle's chaos rule reads it, nothing compares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_loss: Option<f64>,
     /// The largest magnitude the residual stream or its gradient reached (model cases only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_activation: Option<f64>,
