@@ -34,6 +34,17 @@ out, target = pathlib.Path(sys.argv[1]), sys.argv[2]
 BARE_COLLECTIVES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py", "deepspeed/comm/")
 
 
+def real_rank_hangs(verdict):
+    """The hang reasons a verdict carries: its own, and what real process-group ranks gave when a
+    simulated hang (the in-process worker did not answer) was confirmed on them."""
+    reasons = [verdict["reason"]]
+    for note in verdict.get("notes", []):
+        m = re.search(r"on real process-group ranks: hang — (.*)", note)
+        if m:
+            reasons.append(m.group(1))
+    return reasons
+
+
 def framework_hang(reason):
     waits = re.findall(r"rank \d+ waits at ([^;]*)", reason)
     def theirs(w):
@@ -95,7 +106,7 @@ for v in sorted(out.glob("findings/*/verdict.json")):
     library_op = "|lib-" in f.get("signature", "")
     real_divergence = kind == "divergent" and library_op and library_op_divergence_is_real(v.parent, verdict)
     known = kind == "divergent" and not library_op and known_fix(v.parent)
-    ours = (kind == "divergent" and not real_divergence and not known) or harness or (kind == "hang" and not framework_hang(reason))
+    ours = (kind == "divergent" and not real_divergence and not known) or harness or (kind == "hang" and not any(framework_hang(r) for r in real_rank_hangs(verdict)))
     tag = "FALSE POSITIVE" if ours else f"known finding ({known})" if known else "finding"
     print(f"  {tag}: {v.parent.name} {kind}: {reason.splitlines()[0][:500]}")
     if ours:
