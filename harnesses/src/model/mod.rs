@@ -75,9 +75,10 @@ pub struct Ctx<'a> {
     /// Tokens whose router margin is below this take their best unchosen expert instead of their
     /// k-th choice: the routing another correct implementation's round-off may pick (0: never).
     pub flip_routing_below: f64,
-    /// Every router probability computed, in call order (single-device runs: the noise members'
-    /// routing is compared with the reference's to measure how far round-off moves it).
-    pub router_probs: std::cell::RefCell<Vec<f64>>,
+    /// While `Some`, every router probability computed, in call order (a single-device run's first
+    /// step: the noise members' routing is compared with the reference's to measure how far
+    /// round-off moves it). `None`, the default, records nothing.
+    pub router_probs: std::cell::RefCell<Option<Vec<f64>>>,
     /// Some expert was full and dropped a token's choice (the capacity path of the MoE dispatch).
     pub tokens_dropped: std::cell::Cell<bool>,
     /// Largest magnitude the residual stream or its gradient reached at a block boundary: how close

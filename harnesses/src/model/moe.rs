@@ -84,7 +84,9 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let wr = mat(params, &format!("{pre}.moe.router.weight"));
     let logits = k::matmul(ctx.p, &y, &wr);
     let mut routing = k::router_fwd(ctx.p, &logits, top_k);
-    ctx.router_probs.borrow_mut().extend(routing.probs.iter());
+    if let Some(probs) = ctx.router_probs.borrow_mut().as_mut() {
+        probs.extend(routing.probs.iter());
+    }
     if top_k < e_total {
         for t in 0..routing.experts.len() {
             let ex = &routing.experts[t];

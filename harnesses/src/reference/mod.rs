@@ -94,7 +94,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         bugs: Bugs::none(),
         routing_margin: std::cell::Cell::new(f64::INFINITY),
         flip_routing_below: 0.0,
-        router_probs: Default::default(),
+        router_probs: std::cell::RefCell::new(Some(vec![])),
         tokens_dropped: std::cell::Cell::new(false),
         peak_activation: std::cell::Cell::new(0.0),
     }
@@ -207,8 +207,7 @@ fn run_with_flips(
             }
         }
         if step == 0 {
-            let probs = ctx.router_probs.take();
-            out.stats.router_probs = (!probs.is_empty()).then_some(probs);
+            out.stats.router_probs = ctx.router_probs.take().filter(|p| !p.is_empty());
             out.tensors.push(("logits".into(), Tensor::from_mat(logits)));
             for n in &order {
                 out.tensors.push((format!("grad/{n}"), grads[n].clone()));

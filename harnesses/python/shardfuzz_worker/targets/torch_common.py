@@ -20,8 +20,9 @@ def skip_absent_device_seeding():
     every sample it draws. Seeding a device that does not exist here changes nothing: it is skipped."""
     import torch
 
-    for device in (torch.cuda, torch.xpu, torch.mtia):
-        if not device.is_available():
+    for name in ("cuda", "xpu", "mtia"):
+        device = getattr(torch, name, None)
+        if device is not None and hasattr(device, "manual_seed_all") and not device.is_available():
             device.manual_seed_all = lambda seed: None
 
 
