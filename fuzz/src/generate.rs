@@ -47,6 +47,8 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         zero_offload: false,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
+        // (Interleaving comes from the `schedule` mutator, for the reason given above.)
+        virtual_stages: 1,
         rank_order: order,
     })
 }

@@ -59,7 +59,7 @@ impl Complexity {
             p.world(),
             (p.dp + p.tp + p.pp + p.cp + p.ep) as u64,
             b(p.sequence_parallel) + p.zero_stage as u64 + p.microbatches as u64,
-            b(p.pipeline_schedule != Default::default()) + b(p.rank_order != RankOrder::default()),
+            b(p.pipeline_schedule != Default::default()) + p.virtual_stages as u64 + b(p.rank_order != RankOrder::default()),
             t.steps as u64,
             t.grad_accumulation as u64,
             case_elements(case) as u64,

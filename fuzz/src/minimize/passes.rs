@@ -81,7 +81,13 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
         out.push(with(case, |c| c.parallel.microbatches = m));
     }
     if p.pipeline_schedule != Default::default() {
-        out.push(with(case, |c| c.parallel.pipeline_schedule = Default::default()));
+        out.push(with(case, |c| {
+            c.parallel.pipeline_schedule = Default::default();
+            c.parallel.virtual_stages = 1;
+        }));
+    }
+    for v in smaller(p.virtual_stages).into_iter().filter(|&v| v >= 2) {
+        out.push(with(case, |c| c.parallel.virtual_stages = v));
     }
     if p.rank_order != RankOrder::default() {
         out.push(with(case, |c| c.parallel.rank_order = RankOrder::default()));

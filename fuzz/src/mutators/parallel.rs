@@ -115,11 +115,12 @@ pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
-pub fn schedule(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.pipeline_schedule = match c.parallel.pipeline_schedule {
-        PipelineSchedule::Gpipe => PipelineSchedule::OneFOneB,
-        PipelineSchedule::OneFOneB => PipelineSchedule::Gpipe,
-    };
+/// Another pipeline schedule; interleaved with 2 to 4 model chunks per rank.
+pub fn schedule(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let p = &mut c.parallel;
+    let others: Vec<PipelineSchedule> = PipelineSchedule::ALL.into_iter().filter(|s| *s != p.pipeline_schedule).collect();
+    p.pipeline_schedule = *others.choose(rng).expect("three schedules");
+    p.virtual_stages = if p.pipeline_schedule == PipelineSchedule::Interleaved { rng.gen_range(2..=4) } else { 1 };
     true
 }
 

@@ -65,6 +65,33 @@ def _colossalai_narrow_linear_sp():
         cls.from_native_module = staticmethod(from_native_module)
 
 
+def _colossalai_interleaved_metadata():
+    """Colossal-AI 0.5.0: with `enable_metadata_cache=False`, InterleavedSchedule's
+    send_forward_recv_forward / send_backward_recv_backward set `send_*_metadata = not enable_metadata_cache
+    and is_send`: a call on a rank that only receives (a chunk on the last or first device) turns the flag off,
+    the rank's next send carries no metadata while its peer (no cache) waits for it, and the pipeline hangs in
+    its second step (docs/findings/colossalai-0.5.0-interleaved-pipeline-no-metadata-cache-hang.py). Fix: a call that does
+    not send leaves the flag as it was."""
+    from colossalai.pipeline.schedule.interleaved_pp import InterleavedSchedule
+
+    def keep_flag_unless_sent(method, flag, sends):
+        def wrapped(self, model_chunk_id_send, model_chunk_id_recv, *args, **kwargs):
+            with self.stage_manager.switch_model_chunk_id(model_chunk_id_send):
+                is_send = sends(self.stage_manager)
+            before = getattr(self, flag)
+            out = method(self, model_chunk_id_send, model_chunk_id_recv, *args, **kwargs)
+            if not is_send:
+                setattr(self, flag, before)
+            return out
+
+        return wrapped
+
+    InterleavedSchedule.send_forward_recv_forward = keep_flag_unless_sent(
+        InterleavedSchedule.send_forward_recv_forward, "send_tensor_metadata", lambda sm: not sm.is_last_stage())
+    InterleavedSchedule.send_backward_recv_backward = keep_flag_unless_sent(
+        InterleavedSchedule.send_backward_recv_backward, "send_grad_metadata", lambda sm: not sm.is_first_stage())
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -72,6 +99,7 @@ FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
+    "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
 }
 
 

@@ -62,6 +62,8 @@ _COLOSSALAI = [
     ("colossalai/shardformer/policies/llama.py", "module_policy", "divisible"),
     # The pipeline schedule's checks of a batch: equal micro-batches, at least as many as stages.
     ("colossalai/pipeline/schedule/one_f_one_b.py", "load_batch", None),
+    # (interleaved: also micro-batches a multiple of the stages)
+    ("colossalai/pipeline/schedule/interleaved_pp.py", "load_batch", None),
 ]
 
 VALIDATION = {

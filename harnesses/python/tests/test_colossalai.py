@@ -114,6 +114,7 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIsNone(TARGET.unsupported(case("llama-pp2-tp2-1f1b-f32.json")))
         self.assertIsNone(TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json", sequence_parallel_mode="all_to_all")))
         self.assertIn("GPipe", TARGET.unsupported(case("llama-pp2-tp2-1f1b-f32.json", pipeline_schedule="gpipe")))
+        self.assertIsNone(TARGET.unsupported(case("llama-pp2-interleaved2-bf16.json")))
         self.assertIn("RMSNorm", TARGET.unsupported(case("tp2-sp-bf16-swiglu.json")))
         self.assertIn("stages 0-2", TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json", zero_stage=3)))
 

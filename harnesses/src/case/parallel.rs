@@ -39,6 +39,11 @@ pub struct Parallel {
     pub microbatches: u32,
     #[serde(default)]
     pub pipeline_schedule: PipelineSchedule,
+    /// Model chunks each pipeline rank holds under the `interleaved` schedule (Megatron's virtual
+    /// pipeline size, Colossal-AI's `num_model_chunks`): the layers split into pp × this many
+    /// consecutive chunks, chunk c on rank c mod pp. 1 for every other schedule.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub virtual_stages: u32,
     /// Order of the mesh axes from fastest-varying rank to slowest, e.g. "tp-cp-dp-pp".
     #[serde(default)]
     pub rank_order: RankOrder,
@@ -46,6 +51,10 @@ pub struct Parallel {
 
 fn one() -> u32 {
     1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
 }
 
 impl Default for Parallel {
@@ -62,6 +71,7 @@ impl Default for Parallel {
             zero_offload: false,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
+            virtual_stages: 1,
             rank_order: RankOrder::default(),
         }
     }
@@ -111,6 +121,9 @@ impl SequenceParallelMode {
     }
 }
 
+/// The order a pipeline runs its micro-batches in: `gpipe` (every forward, then every backward),
+/// `1f1b` (one forward, one backward after a warm-up), `interleaved` (1F1B over `virtual_stages`
+/// model chunks per rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PipelineSchedule {
@@ -118,6 +131,11 @@ pub enum PipelineSchedule {
     Gpipe,
     #[serde(rename = "1f1b")]
     OneFOneB,
+    Interleaved,
+}
+
+impl PipelineSchedule {
+    pub const ALL: [PipelineSchedule; 3] = [Self::Gpipe, Self::OneFOneB, Self::Interleaved];
 }
 
 /// A mesh axis.

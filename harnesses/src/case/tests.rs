@@ -48,6 +48,21 @@ fn every_violation_is_reported() {
 }
 
 #[test]
+fn virtual_stages_go_with_the_interleaved_schedule() {
+    let with = |schedule: &str, v: u32| {
+        MINIMAL.replace(r#""pp": 1"#, &format!(r#""pp": 2, "pipeline_schedule": "{schedule}", "virtual_stages": {v}"#))
+    };
+    let c = Case::from_json(&with("interleaved", 3)).unwrap();
+    assert_eq!((c.parallel.pipeline_schedule, c.parallel.virtual_stages), (PipelineSchedule::Interleaved, 3));
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    for (schedule, v, rule) in [("interleaved", 1, "2 to 8"), ("interleaved", 9, "2 to 8"), ("1f1b", 2, "must be 1")] {
+        let e = error_of(&with(schedule, v));
+        assert!(e.contains("parallel.virtual_stages") && e.contains(rule), "{schedule} {v}: {e}");
+    }
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("virtual_stages"), "1 is not written");
+}
+
+#[test]
 fn non_divisible_sizes_are_valid() {
     let t = MINIMAL.replace(r#""ffn": 12"#, r#""ffn": 13"#).replace(r#""tp": 2"#, r#""tp": 3"#);
     Case::from_json(&t).unwrap();

@@ -1,6 +1,6 @@
 //! Structural validation of a case. Every violated rule is reported, each naming its field.
 
-use super::{Case, LayerKind, LibraryOp, Model, OpCase, OpKind, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS};
+use super::{Case, LayerKind, LibraryOp, Model, OpCase, OpKind, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS};
 
 /// Bounds a case must respect.
 #[derive(Debug, Clone)]
@@ -62,6 +62,15 @@ impl Case {
         let p = &self.parallel;
         for (name, v) in [("dp", p.dp), ("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep), ("microbatches", p.microbatches)] {
             r.at_least_one(&format!("parallel.{name}"), v as u64);
+        }
+        match (p.pipeline_schedule, p.virtual_stages) {
+            (PipelineSchedule::Interleaved, v) if !(2..=8).contains(&v) => {
+                r.fail("parallel.virtual_stages", format!("must be 2 to 8 under the interleaved schedule (got {v})"))
+            }
+            (s, v) if s != PipelineSchedule::Interleaved && v != 1 => {
+                r.fail("parallel.virtual_stages", format!("must be 1 unless pipeline_schedule is interleaved (got {v})"))
+            }
+            _ => {}
         }
         if p.zero_stage > 3 {
             r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));

@@ -47,6 +47,11 @@ impl<'a> Plan<'a> {
         if p.cp > 1 {
             return Err(Reject("context parallelism (cp > 1) is not implemented by the native target".into()));
         }
+        if p.pp > 1 && p.pipeline_schedule == PipelineSchedule::Interleaved {
+            return Err(Reject(
+                "the native target's pipeline runs the gpipe and 1f1b schedules (interleaved model chunks are not implemented)".into(),
+            ));
+        }
         if dp % ep != 0 {
             return Err(Reject(format!("the expert-parallel degree ({ep}) must divide the data-parallel degree ({dp})")));
         }

@@ -200,7 +200,8 @@ impl<'a> Rank<'a> {
             self.backward(params, st, self.tag(step, a, j, true), grads)
         };
         match self.plan.schedule {
-            PipelineSchedule::Gpipe => {
+            // (Interleaved reaches here only without pipeline parallelism, where schedules coincide.)
+            PipelineSchedule::Gpipe | PipelineSchedule::Interleaved => {
                 for j in 0..n {
                     fwd(j, &mut states)?;
                 }

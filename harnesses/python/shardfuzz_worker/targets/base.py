@@ -115,6 +115,8 @@ def parallel(case):
         "zero_stage": p.get("zero_stage", 0),
         "zero_offload": p.get("zero_offload", False),
         "microbatches": p.get("microbatches", 1),
+        "pipeline_schedule": p.get("pipeline_schedule", "gpipe"),
+        "virtual_stages": p.get("virtual_stages", 1),
     }
 
 

@@ -2,8 +2,8 @@
 Booster with HybridParallelPlugin: tp x pp x dp from the case (ranks dp-outermost, as the plugin lays them out),
 ZeRO stage 0-2 over dp (with `zero_offload`), sequence parallelism in each mode the plugin offers
 (`split_gather` and `ring` over the tensor-parallel group; `all_to_all`, DeepSpeed-Ulysses, over a
-sequence-parallel group of the case's tp ranks with tensor parallelism off), the 1F1B pipeline schedule with the
-case's micro-batches, clipping by the plugin's global norm, fp32 / bf16 / fp16 precision (fp32 masters).
+sequence-parallel group of the case's tp ranks with tensor parallelism off), the 1F1B and interleaved pipeline
+schedules (the case's `virtual_stages` as model chunks) with the case's micro-batches, clipping by the plugin's global norm, fp32 / bf16 / fp16 precision (fp32 masters).
 
 The loss is the case's: token cross-entropy summed and divided by the global token count (each data-parallel
 rank scaled by dp, since the plugin averages gradients over dp; each micro-batch by the micro-batch count, which
@@ -47,7 +47,7 @@ class ColossalHybrid(ColossalTarget):
             return "HybridParallelPlugin keeps fp32 master weights (and Llama's RMSNorm computes in fp32): f64 is not expressed"
         if p["zero_stage"] > 2:
             return "HybridParallelPlugin runs ZeRO stages 0-2 (stage 3 is Gemini: CUDA only)"
-        if p["pp"] > 1 and case["parallel"].get("pipeline_schedule", "gpipe") != "1f1b":
+        if p["pp"] > 1 and p["pipeline_schedule"] == "gpipe":
             return "Colossal-AI's pipeline schedules are 1F1B and interleaved, not GPipe"
         if case["model"]["batch"] % p["dp"]:
             # Colossal-AI feeds data-parallel ranks through a DistributedSampler: the same number of rows each.
@@ -77,6 +77,12 @@ class ColossalHybrid(ColossalTarget):
         )
         if p["pp"] > 1:
             kw["num_microbatches"] = p["microbatches"]
+            if p["pipeline_schedule"] == "interleaved":
+                # overlap_p2p stays off: with it the interleaved schedule hangs on CPU (colossalai-on-cpu.md).
+                # The metadata cache stays on, the plugin's default: without it Colossal-AI 0.5.0's
+                # interleaved schedule always hangs (known_fixes: colossalai-interleaved-metadata), and
+                # 1F1B covers the uncached path.
+                kw.update(pp_style="interleaved", num_model_chunks=p["virtual_stages"], enable_metadata_cache=True)
         return HybridParallelPlugin(**kw)
 
     def run_rank(self, rank, world, case, inputs):
@@ -95,6 +101,8 @@ class ColossalHybrid(ColossalTarget):
         p = parallel(case)
         sp = p["sequence_parallel_mode"] if p["sequence_parallel"] and p["tp"] > 1 else "none"
         feature = f"colossalai-hybrid:dp{p['dp']}:tp{p['tp']}:pp{p['pp']}:zero{p['zero_stage']}:sp-{sp}"
+        if p["pp"] > 1:
+            feature += f":{p['pipeline_schedule']}{p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else ''}"
         return combine(case, outs, [feature])
 
 

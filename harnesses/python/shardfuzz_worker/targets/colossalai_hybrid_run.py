@@ -24,7 +24,7 @@ class Place:
         self.tp_rank = dist.get_rank(plugin.tp_group)
         self.sp_rank = dist.get_rank(plugin.sp_group) if plugin.sp_size > 1 else 0
         self.stage = sm.stage if sm is not None else 0
-        self.last = sm is None or sm.is_last_stage()
+        self.last = sm is None or sm.is_last_stage(ignore_chunk=True)
         self.pipelined = sm is not None
 
 
