@@ -32,7 +32,8 @@ pub struct Plan<'a> {
     pub microbatches: usize,
     pub accumulation: usize,
     pub schedule: PipelineSchedule,
-    /// Layers of each pipeline stage.
+    /// Layers of each virtual pipeline stage: pp × model chunks of them, virtual stage c·pp + s
+    /// (chunk c of stage s) on the ranks of stage s (one chunk per stage unless interleaved).
     pub stages: Vec<Range<usize>>,
     pub specs: Vec<ParamSpec>,
     pub bugs: Bugs,
@@ -46,11 +47,6 @@ impl<'a> Plan<'a> {
         let (dp, tp, pp, ep) = (p.dp as usize, p.tp as usize, p.pp as usize, p.ep as usize);
         if p.cp > 1 {
             return Err(Reject("context parallelism (cp > 1) is not implemented by the native target".into()));
-        }
-        if p.pp > 1 && p.pipeline_schedule == PipelineSchedule::Interleaved {
-            return Err(Reject(
-                "the native target's pipeline runs the gpipe and 1f1b schedules (interleaved model chunks are not implemented)".into(),
-            ));
         }
         if dp % ep != 0 {
             return Err(Reject(format!("the expert-parallel degree ({ep}) must divide the data-parallel degree ({dp})")));
@@ -70,7 +66,8 @@ impl<'a> Plan<'a> {
             )));
         }
         let layers = model.layers.len();
-        let stages = (0..pp).map(|s| balanced(layers, pp, s)).collect();
+        let chunks = if pp > 1 && p.pipeline_schedule == PipelineSchedule::Interleaved { p.virtual_stages as usize } else { 1 };
+        let stages = (0..pp * chunks).map(|s| balanced(layers, pp * chunks, s)).collect();
         Ok(Plan {
             case,
             model,
@@ -144,7 +141,12 @@ impl<'a> Plan<'a> {
             return vec![last];
         }
         let layer: usize = name.split('.').nth(1).and_then(|s| s.parse().ok()).expect("layers.N.…");
-        vec![self.stages.iter().position(|r| r.contains(&layer)).expect("every layer has a stage")]
+        vec![self.stages.iter().position(|r| r.contains(&layer)).expect("every layer has a stage") % self.pp]
+    }
+
+    /// Model chunks per pipeline stage (above 1 only under the interleaved schedule).
+    pub fn chunks(&self) -> usize {
+        self.stages.len() / self.pp
     }
 
     pub fn coord(&self, rank: usize, axis: Axis) -> usize {
@@ -155,6 +157,19 @@ impl<'a> Plan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interleaved_chunks_go_round_robin_over_the_stages() {
+        let text = crate::case::tests::MINIMAL
+            .replace(r#""pp": 1"#, r#""pp": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2"#)
+            .replace(r#""layers": ["attention", "mlp"]"#, r#""layers": ["attention", "mlp", "attention", "mlp"]"#);
+        let case = Case::from_json(&text).unwrap();
+        let plan = Plan::new(&case, Bugs::default()).unwrap();
+        assert_eq!(plan.chunks(), 2);
+        let stages: Vec<usize> = (0..4).map(|i| plan.stages_of(&format!("layers.{i}.x"))[0]).collect();
+        assert_eq!(stages, vec![0, 1, 0, 1]);
+        assert_eq!((plan.stages_of("embed.weight"), plan.stages_of("lm_head.weight")), (vec![0], vec![1]));
+    }
 
     #[test]
     fn balanced_split_differs_by_at_most_one() {

@@ -96,13 +96,19 @@ impl<'a> Rank<'a> {
             .collect()
     }
 
-    fn tag(&self, step: u32, a: usize, j: usize, backward: bool) -> u64 {
-        let mb = self.plan.microbatches as u64;
-        (((step as u64 * self.plan.accumulation as u64 + a as u64) * mb + j as u64) << 1) | u64::from(backward)
+    /// The tag of micro-batch `j`'s message over the link from virtual stage `link` to `link + 1`.
+    fn tag(&self, step: u32, a: usize, j: usize, link: usize, backward: bool) -> u64 {
+        let (mb, links) = (self.plan.microbatches as u64, self.plan.stages.len() as u64);
+        let mut t = (step as u64 * self.plan.accumulation as u64 + a as u64) * mb + j as u64;
+        t = t * links + link as u64;
+        (t << 1) | u64::from(backward)
     }
 
+    /// The rank of the stage `delta` away along the pipeline (wrapping: under the interleaved
+    /// schedule the last stage feeds the first stage's next chunk).
     fn neighbour(&self, delta: isize) -> usize {
-        self.plan.mesh.with_coord(self.rank, Axis::Pp, (self.stage as isize + delta) as usize)
+        let pp = self.plan.pp as isize;
+        self.plan.mesh.with_coord(self.rank, Axis::Pp, (self.stage as isize + delta).rem_euclid(pp) as usize)
     }
 
     fn piece_state(&self, piece: Piece, inputs: &Inputs) -> PieceState {
@@ -118,17 +124,25 @@ impl<'a> Rank<'a> {
         }
     }
 
-    /// Forward of one micro-batch through this stage; the last stage returns (loss sum, logits).
-    fn forward(&self, params: &ParamSet, st: &mut PieceState, tag: u64, grad_scale: f64) -> CResult<Option<(f64, Mat)>> {
+    /// Forward of one micro-batch through virtual stage `vs` (`tag(link)`: its messages' tags); the
+    /// last one returns (loss sum, logits).
+    fn forward(
+        &self,
+        params: &ParamSet,
+        st: &mut PieceState,
+        vs: usize,
+        tag: impl Fn(usize) -> u64,
+        grad_scale: f64,
+    ) -> CResult<Option<(f64, Mat)>> {
         let ctx = self.ctx();
         let h = self.plan.model.hidden as usize;
-        let mut x = if self.stage == 0 {
+        let mut x = if vs == 0 {
             embed_fwd(&ctx, params, &st.geom, &st.ids)?
         } else {
-            let data = self.groups.recv(self.neighbour(-1), tag)?;
+            let data = self.groups.recv(self.neighbour(-1), tag(vs - 1))?;
             Mat::from_shape_vec((data.len() / h, h), data).map_err(|e| CommFailure(format!("received activation: {e}")))?
         };
-        for i in self.plan.stages[self.stage].clone() {
+        for i in self.plan.stages[vs].clone() {
             let (nx, c) = block_fwd(&ctx, i, self.plan.model.layers[i], params, &st.geom, &x)?;
             st.caches.push(c);
             x = nx;
@@ -136,34 +150,34 @@ impl<'a> Rank<'a> {
         if ctx.tokens_dropped.get() {
             self.tokens_dropped.set(true);
         }
-        if self.is_last_stage() {
+        if vs + 1 == self.plan.stages.len() {
             let (losses, logits, hc) = head_fwd(&ctx, params, &st.geom, &x, &st.targets, grad_scale)?;
             st.head = Some(hc);
             Ok(Some((loss_sum(&ctx, &losses), logits)))
         } else {
-            self.groups.send(self.neighbour(1), tag, x.iter().copied().collect())?;
+            self.groups.send(self.neighbour(1), tag(vs), x.iter().copied().collect())?;
             Ok(None)
         }
     }
 
-    fn backward(&self, params: &ParamSet, st: PieceState, tag: u64, grads: &mut ParamSet) -> CResult<()> {
+    fn backward(&self, params: &ParamSet, st: PieceState, vs: usize, tag: impl Fn(usize) -> u64, grads: &mut ParamSet) -> CResult<()> {
         let ctx = self.ctx();
         let h = self.plan.model.hidden as usize;
         let mut dx = match st.head {
             Some(hc) => head_bwd(&ctx, params, &st.geom, hc, grads)?,
             None => {
-                let data = self.groups.recv(self.neighbour(1), tag)?;
+                let data = self.groups.recv(self.neighbour(1), tag(vs))?;
                 Mat::from_shape_vec((data.len() / h, h), data).map_err(|e| CommFailure(format!("received gradient: {e}")))?
             }
         };
-        let layers = self.plan.stages[self.stage].clone();
+        let layers = self.plan.stages[vs].clone();
         for (i, c) in layers.zip(st.caches).rev() {
             dx = block_bwd(&ctx, i, params, &st.geom, c, &dx, grads)?;
         }
-        if self.stage == 0 {
+        if vs == 0 {
             embed_bwd(&ctx, params, &st.geom, &st.ids, &dx, grads)
         } else {
-            self.groups.send(self.neighbour(-1), tag, dx.iter().copied().collect())
+            self.groups.send(self.neighbour(-1), tag(vs - 1), dx.iter().copied().collect())
         }
     }
 
@@ -181,12 +195,16 @@ impl<'a> Rank<'a> {
         let d = self.plan.coord(self.rank, Axis::Dp);
         let pieces = self.plan.pieces(d, a);
         let n = pieces.len();
-        let mut states: Vec<Option<PieceState>> = pieces.into_iter().map(|p| Some(self.piece_state(p, inputs))).collect();
+        // One state per (model chunk, micro-batch); chunk c runs virtual stage c·pp + stage.
+        let chunks = self.plan.chunks();
+        let mut states: Vec<Vec<Option<PieceState>>> =
+            (0..chunks).map(|_| pieces.iter().map(|p| Some(self.piece_state(p.clone(), inputs))).collect()).collect();
         let seq = self.plan.model.seq as usize;
-        let mut fwd = |j: usize, states: &mut Vec<Option<PieceState>>| -> CResult<()> {
-            let st = states[j].as_mut().expect("forward before backward");
+        let vs = |c: usize| c * self.plan.pp + self.stage;
+        let mut fwd = |c: usize, j: usize, states: &mut Vec<Vec<Option<PieceState>>>| -> CResult<()> {
+            let st = states[c][j].as_mut().expect("forward before backward");
             let scale = self.piece_grad_scale(grad_scale, &st.piece, n);
-            if let Some((loss, logits)) = self.forward(params, st, self.tag(step, a, j, false), scale)? {
+            if let Some((loss, logits)) = self.forward(params, st, vs(c), |l| self.tag(step, a, j, l, false), scale)? {
                 out.0 = self.p.acc().round(out.0 + loss);
                 if step == 0 {
                     let rows = st.piece.rows.start * seq..st.piece.rows.end * seq;
@@ -195,31 +213,46 @@ impl<'a> Rank<'a> {
             }
             Ok(())
         };
-        let bwd = |j: usize, states: &mut Vec<Option<PieceState>>, grads: &mut ParamSet| -> CResult<()> {
-            let st = states[j].take().expect("backward once");
-            self.backward(params, st, self.tag(step, a, j, true), grads)
+        let bwd = |c: usize, j: usize, states: &mut Vec<Vec<Option<PieceState>>>, grads: &mut ParamSet| -> CResult<()> {
+            let st = states[c][j].take().expect("backward once");
+            self.backward(params, st, vs(c), |l| self.tag(step, a, j, l, true), grads)
         };
         match self.plan.schedule {
-            // (Interleaved reaches here only without pipeline parallelism, where schedules coincide.)
+            _ if chunks > 1 => {
+                // Interleaved: every micro-batch forward through this rank's chunks in order, then
+                // backward in micro-batch order, chunks in reverse (each wait is on a virtual stage
+                // earlier in that order, so no rank waits on a later one).
+                for j in 0..n {
+                    for c in 0..chunks {
+                        fwd(c, j, &mut states)?;
+                    }
+                }
+                for j in 0..n {
+                    for c in (0..chunks).rev() {
+                        bwd(c, j, &mut states, grads)?;
+                    }
+                }
+            }
+            // (Interleaved with one chunk: no pipeline parallelism, where schedules coincide.)
             PipelineSchedule::Gpipe | PipelineSchedule::Interleaved => {
                 for j in 0..n {
-                    fwd(j, &mut states)?;
+                    fwd(0, j, &mut states)?;
                 }
                 for j in (0..n).rev() {
-                    bwd(j, &mut states, grads)?;
+                    bwd(0, j, &mut states, grads)?;
                 }
             }
             PipelineSchedule::OneFOneB => {
                 let warmup = (self.plan.pp - self.stage - 1).min(n);
                 for j in 0..warmup {
-                    fwd(j, &mut states)?;
+                    fwd(0, j, &mut states)?;
                 }
                 for j in warmup..n {
-                    fwd(j, &mut states)?;
-                    bwd(j - warmup, &mut states, grads)?;
+                    fwd(0, j, &mut states)?;
+                    bwd(0, j - warmup, &mut states, grads)?;
                 }
                 for j in n - warmup..n {
-                    bwd(j, &mut states, grads)?;
+                    bwd(0, j, &mut states, grads)?;
                 }
             }
         }
@@ -496,7 +529,9 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
     let mut f = vec![format!("dtype:{}", t.dtype), format!("norm:{:?}", m.norm), format!("act:{:?}", m.activation)];
     f.push(format!("opt:{:?}", t.optimizer.kind));
     f.push(format!("zero:{}", plan.zero));
-    f.extend(m.layers[plan.stages[stage].clone()].iter().map(|l| format!("block:{l:?}")));
+    for c in 0..plan.chunks() {
+        f.extend(m.layers[plan.stages[c * plan.pp + stage].clone()].iter().map(|l| format!("block:{l:?}")));
+    }
     let flags = [
         (plan.tp > 1, "tp"),
         (plan.tp > 2, "tp:3+"),
@@ -505,6 +540,7 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
         (plan.dp > 2, "dp:3+"),
         (plan.pp > 1, "pp"),
         (plan.pp > 1 && plan.schedule == PipelineSchedule::OneFOneB, "pp:1f1b"),
+        (plan.chunks() > 1, "pp:interleaved"),
         (plan.ep > 1, "ep"),
         (m.bias, "bias"),
         (m.tied_embeddings, "tied"),
