@@ -78,6 +78,9 @@ pub fn random_library_case(seed: u64, vocab: &Vocabulary) -> Option<Case> {
         placements: placements(&mut rng, mesh.len()),
         mesh,
         backward: rng.gen_ratio(9, 10),
+        // (Redistributions come from the `redistribute` mutator: a draw here would change every
+        // generated case after it, and with it the benchmarks' fixed case streams.)
+        redistribute: vec![],
     };
     Some(library_case(op, dtype(&mut rng), rng.gen()))
 }
@@ -115,6 +118,7 @@ pub const LIBRARY_MUTATIONS: &[(&str, LibraryMutation)] = &[
     ("placement", one_placement),
     ("mesh-reshape", mesh_reshape),
     ("backward", toggle_backward),
+    ("redistribute", redistribute),
     ("dtype", |c, _, rng| change(&mut c.train.dtype, dtype(rng))),
     ("reseed", |c, _, rng| change(&mut c.data.seed, rng.gen())),
 ];
@@ -180,10 +184,24 @@ fn mesh_reshape(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
         (true, Some(m)) => m.to_vec(),
         _ => MESHES.choose(rng).expect("nonempty").to_vec(),
     };
-    for p in &mut op.placements {
+    for p in op.placements.iter_mut().chain(op.redistribute.iter_mut()) {
         p.resize(mesh.len(), Placement::Replicate);
     }
     change(&mut op.mesh, mesh)
+}
+
+/// A redistribution of the outputs appended (to Shard or Replicate on each mesh dimension), or
+/// one of the chain's removed.
+fn redistribute(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
+    let Some(op) = lib(c) else { return false };
+    let n = op.redistribute.len();
+    if n > 0 && (n >= shardfuzz_harnesses::case::MAX_REDISTRIBUTIONS || rng.gen_bool(0.3)) {
+        op.redistribute.remove(rng.gen_range(0..n));
+        return true;
+    }
+    let to = [Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)];
+    op.redistribute.push(op.mesh.iter().map(|_| *to.choose(rng).expect("nonempty")).collect());
+    true
 }
 
 fn toggle_backward(c: &mut Case, _: &Vocabulary, _: &mut ChaCha8Rng) -> bool {
@@ -228,7 +246,15 @@ mod tests {
         let v = vocab();
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let mut c = library_case(
-            LibraryOp { name: "add".into(), variant: String::new(), sample: 0, mesh: vec![2], placements: vec![], backward: true },
+            LibraryOp {
+                name: "add".into(),
+                variant: String::new(),
+                sample: 0,
+                mesh: vec![2],
+                placements: vec![],
+                backward: true,
+                redistribute: vec![],
+            },
             DType::F32,
             1,
         );

@@ -211,7 +211,7 @@ fn fewer_mesh_ranks(case: &Case, mesh: &[u32]) -> Vec<Case> {
             out.push(with(case, |c| {
                 let l = lib(c);
                 l.mesh.remove(m);
-                l.placements.iter_mut().for_each(|p| {
+                l.placements.iter_mut().chain(l.redistribute.iter_mut()).for_each(|p| {
                     if m < p.len() {
                         p.remove(m);
                     }
@@ -235,6 +235,11 @@ fn simpler_library_placements(case: &Case) -> Vec<Case> {
     if !l.placements.is_empty() {
         out.push(with(case, |c| {
             lib(c).placements.pop();
+        }));
+    }
+    for i in 0..l.redistribute.len() {
+        out.push(with(case, |c| {
+            lib(c).redistribute.remove(i);
         }));
     }
     for (arg, places) in l.placements.iter().enumerate() {

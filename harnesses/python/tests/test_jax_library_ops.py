@@ -147,6 +147,13 @@ class JaxLibraryOps(unittest.TestCase):
         reply = self.run_case(lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]]))
         self.assert_matches_reference(reply, "matmul, contraction dim over 3 x 2")
 
+    def test_outputs_go_through_the_redistribution_chain_under_gspmd(self):
+        case = lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]])
+        case["library_op"]["redistribute"] = [["S(0)", "S(1)"], ["R", "S(0)"]]
+        reply = self.run_case(case)
+        self.assert_matches_reference(reply, "matmul through S(0)/S(1) then R/S(0)")
+        self.assertIn("lib:redistribute:R/S(0)", reply["features"])
+
     def test_uneven_shard_map_is_rejected(self):
         from shardfuzz_worker.validation import describe
         from shardfuzz_worker.verdicts import classify_failures

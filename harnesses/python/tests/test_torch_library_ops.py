@@ -122,6 +122,15 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertIn("replica/1/out/0", outputs)
         self.assertIn("replica/1/grad/0", outputs, "grad of a tensor replicated over mesh dim 1: a copy per column")
 
+    def test_outputs_go_through_the_redistribution_chain_forward_and_backward(self):
+        case = library_case("addmm", "", 1, [2, 2], [["P", "R"], ["S(0)", "S(1)"], ["R", "S(0)"]])
+        case["library_op"]["redistribute"] = [["S(0)", "S(1)"], ["S(1)", "S(1)"], ["R", "S(0)"]]
+        reply, outputs = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertIn("grad/1", outputs)
+        self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
+        self.assertIn("lib:redistribute:S(1)/S(1)", reply["features"])
+
     def test_unknown_ops_and_data_dependent_ops_are_not_findings(self):
         reply, _ = self.run_case(library_case("no_such_op", "", 0, [2], []))
         self.assertEqual(reply["status"], "unsupported")
@@ -192,6 +201,30 @@ class LibraryOpReproTest(unittest.TestCase):
             self.assertEqual(clean.returncode, 0, clean.stdout[-2000:] + clean.stderr[-2000:])
             self.assertIn("OK: all tensors within", clean.stdout)
             faulty = run_script(folder, command.strip(), fault="dtensor-reduction-rule-replicate")
+            self.assertEqual(faulty.returncode, 1, faulty.stdout[-2000:])
+            self.assertIn("MISMATCH: out/0", faulty.stdout)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def test_the_repro_runs_the_redistribution_chain(self):
+        import shutil
+        import tempfile
+
+        from test_repro import generate, run_script
+
+        # mm with its contraction dim sharded: a Partial output, reduce-scattered by the chain's first step.
+        case = library_case("mm", "", 0, [2], [["S(1)"], ["S(0)"]], dtype="f32")
+        case["library_op"]["redistribute"] = [["S(0)"], ["R"]]
+        bounds = {"out/0": {"max": 1e-4, "rms": 1e-4}, "grad/0": {"max": 1e-4, "rms": 1e-4}, "grad/1": {"max": 1e-4, "rms": 1e-4}}
+        folder = tempfile.mkdtemp(prefix="shardfuzz-lib-repro-")
+        try:
+            status, command, err = generate("torch-dtensor", case, {"none": np.zeros(0)}, bounds, folder)
+            self.assertEqual(status, 0, err)
+            with open(os.path.join(folder, "repro.py")) as f:
+                self.assertIn("REDISTRIBUTE = [['S(0)'], ['R']]", f.read())
+            clean = run_script(folder, command.strip())
+            self.assertEqual(clean.returncode, 0, clean.stdout[-2000:] + clean.stderr[-2000:])
+            faulty = run_script(folder, command.strip(), fault="dtensor-partial-half")
             self.assertEqual(faulty.returncode, 1, faulty.stdout[-2000:])
             self.assertIn("MISMATCH: out/0", faulty.stdout)
         finally:

@@ -39,6 +39,11 @@ pub struct LibraryOp {
     /// Run the backward pass too (when the op has one): gradients of every float argument.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub backward: bool,
+    /// Redistributions every tensor output goes through, in order, before it is gathered: each a
+    /// placement per mesh dimension (`S(d)` taken modulo the output's dimensions, or `R`); the
+    /// backward runs back through them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redistribute: Vec<Vec<Placement>>,
 }
 
 fn yes() -> bool {

@@ -19,7 +19,7 @@ pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode};
 pub use real::Real;
 pub use train::{Optimizer, OptimizerKind, Train};
-pub use validate::{Limits, Violation};
+pub use validate::{Limits, Violation, MAX_REDISTRIBUTIONS};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -138,6 +138,9 @@ impl Case {
         if let Some(l) = &self.library_op {
             let places: Vec<String> = l.placements.iter().map(|p| p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")).collect();
             s = format!("mesh {:?} | {} sample {} [{}]", l.mesh, l.full_name(), l.sample, places.join(", "));
+            for r in &l.redistribute {
+                s += &format!(" → {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/"));
+            }
         }
         s + &format!(" | {}", self.train.dtype)
     }

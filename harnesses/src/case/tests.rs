@@ -121,6 +121,16 @@ fn library_op_rules_name_their_field() {
     assert!(e.contains("library_op.placements[1]: must give one placement per mesh dimension"), "{e}");
     let e = error_of(&LIBRARY.replace("P(max)", "P(mean)"));
     assert!(e.contains("P(sum|avg|max|min)"), "{e}");
+    let chain = |c: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "redistribute": {c}"#));
+    let ok = Case::from_json(&chain(r#"[["S(1)", "R"], ["R", "S(0)"]]"#)).unwrap();
+    assert_eq!(ok.library_op.as_ref().unwrap().redistribute[1], vec![Placement::Replicate, Placement::Shard(0)]);
+    assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
+    let e = error_of(&chain(r#"[["R", "P"]]"#));
+    assert!(e.contains("library_op.redistribute[0]: must be Shard or Replicate"), "{e}");
+    let e = error_of(&chain(r#"[["R"]]"#));
+    assert!(e.contains("library_op.redistribute[0]: must give one placement per mesh dimension"), "{e}");
+    let e = error_of(&chain(&format!("[{}]", vec![r#"["R", "R"]"#; 5].join(", "))));
+    assert!(e.contains("library_op.redistribute: must hold at most 4"), "{e}");
     let both = LIBRARY.replace(r#""library_op""#, r#""op": {"kind": "sum", "shape": [2, 2]}, "library_op""#);
     assert!(error_of(&both).contains("exactly one of `model`, `op` and `library_op`"));
 }

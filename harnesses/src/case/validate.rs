@@ -205,7 +205,7 @@ fn validate_op(o: &OpCase, r: &mut Report) {
             continue;
         };
         if places.len() != 2 {
-            r.fail(&field, format!("must give one placement per mesh dimension [dp, tp] (got {})", places.len()));
+            r.fail(field.clone(), format!("must give one placement per mesh dimension [dp, tp] (got {})", places.len()));
         }
         for pl in places {
             match pl {
@@ -242,7 +242,25 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
             );
         }
     }
+    if l.redistribute.len() > MAX_REDISTRIBUTIONS {
+        r.fail(
+            "library_op.redistribute",
+            format!("must hold at most {MAX_REDISTRIBUTIONS} redistributions (got {})", l.redistribute.len()),
+        );
+    }
+    for (i, places) in l.redistribute.iter().enumerate() {
+        let field = format!("library_op.redistribute[{i}]");
+        if places.len() != l.mesh.len() {
+            r.fail(field.clone(), format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()));
+        }
+        if places.iter().any(|p| matches!(p, Placement::Partial(_))) {
+            r.fail(field, "must be Shard or Replicate (an output is redistributed to a placement it can be gathered from)");
+        }
+    }
 }
+
+/// The longest chain of output redistributions a library-op case may ask for.
+pub const MAX_REDISTRIBUTIONS: usize = 4;
 
 fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     r.at_least_one("train.steps", t.steps as u64);

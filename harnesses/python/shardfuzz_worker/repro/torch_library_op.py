@@ -114,6 +114,7 @@ def generate(case, inputs, bounds, dropped):
         literal("GRAD_ARGS", [prep.positions.index(i) for i in prep.grad_args]),
         literal("ARG_DTYPES", dtypes),
         literal("PLACEMENTS", places),
+        literal("REDISTRIBUTE", [list(r) for r in lib.get("redistribute") or []]),
         literal("BOUNDS", bounds),
     ]
     sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), template("torch_library_op"),
@@ -122,6 +123,9 @@ def generate(case, inputs, bounds, dropped):
              f"{prep.index}, seed {seed}) on a mesh {list(lib['mesh'])} ({world} ranks), dtype {case['train']['dtype']}.",
              "Placements of the tensor arguments, per mesh dim (P = a random uneven partial value per rank):"]
     about += [f"  argument {j} {list(prep.leaves[i].shape)}: [{', '.join(places[j])}]" for j, i in enumerate(prep.positions)]
+    if lib.get("redistribute"):
+        about.append("Each output is redistributed, in turn, to " + " then ".join(f"[{', '.join(r)}]" for r in lib["redistribute"])
+                     + " (S(d) modulo the output's dimensions) before it is gathered.")
     about.append("The op is " + (f"{path}." if path else f"PyTorch's OpInfo entry {lib['name']!r} (needs expecttest)."))
     head = header(f"torch-dtensor, library op {lib['name']}", about, command, dropped, case.get("name", ""))
     from .common import assemble

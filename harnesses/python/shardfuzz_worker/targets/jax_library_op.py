@@ -274,7 +274,7 @@ def entering(prep, lays, mesh_shape):
 # ---------------------------------------------------------------------------------------- sharded runs
 
 
-def _gspmd_call(prep, lays, m):
+def _gspmd_call(prep, lays, m, chain):
     from jax.sharding import NamedSharding
 
     def call(vals):
@@ -284,7 +284,12 @@ def _gspmd_call(prep, lays, m):
             if lay.partial:
                 v = v.sum(axis=tuple(range(len(lay.partial))))
             fulls.append(v)
-        return _op_call(prep)(fulls)
+        outs = _op_call(prep)(fulls)
+        for places in chain:
+            outs = [jax.lax.with_sharding_constraint(
+                o, NamedSharding(m, Layout(normalise_placements(places, np.ndim(o), len(m.devices.shape), False), np.ndim(o)).spec()))
+                for o in outs]
+        return outs
 
     return call
 
@@ -330,10 +335,15 @@ def run_sharded(prep, lib, target_kind, notes):
     lays = layouts(prep, lib, notes)
     parts = entering(prep, lays, mesh_shape)
     args, cots = sharded_args(prep, parts, lays, m, mesh_shape)
-    key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays)) + prep.key
+    # Output redistributions: sharding constraints on each output under gspmd; shard_map's outputs are
+    # replicated by its out_specs, so a chain has nothing to act on there.
+    chain = tuple(tuple(p) for p in lib.get("redistribute") or []) if target_kind == "gspmd" else ()
+    if lib.get("redistribute") and not chain:
+        notes.append("redistribute: shard_map returns replicated outputs; the chain is not applied")
+    key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays), chain) + prep.key
 
     def build():
-        call = (_gspmd_call if target_kind == "gspmd" else _shardmap_call)(prep, lays, m)
+        call = _gspmd_call(prep, lays, m, chain) if target_kind == "gspmd" else _shardmap_call(prep, lays, m)
         compiled = jax.jit(make_step(call, prep.float_args, prep.grad)).lower(args, cots).compile()
         try:
             feats = hlo_features(compiled.as_text())
@@ -432,5 +442,7 @@ def features(case, prep, sharded, target_kind):
                 out.append(f"lib:partial:{s}")
     if prep.grad:
         out.append("lib:backward")
+    for places in case["library_op"].get("redistribute") or []:
+        out.append(f"lib:redistribute:{'/'.join(places)}")
     out += sharded["hlo"]
     return sorted(set(out))

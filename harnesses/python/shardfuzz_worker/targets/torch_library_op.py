@@ -202,5 +202,7 @@ def features(case, prep, sharded):
                 out.append(f"lib:partial:{s}")
     if lib.get("backward", True) and prep.grad_args:
         out.append("lib:backward")
+    for places in lib.get("redistribute") or []:
+        out.append(f"lib:redistribute:{'/'.join(places)}")
     out.append(f"lib:world:{math.prod(mesh)}")
     return sorted(set(out))

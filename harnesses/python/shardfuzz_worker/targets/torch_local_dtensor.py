@@ -7,8 +7,9 @@ torch.chunk splits (uneven and empty shards included), nested in mesh-dimension 
 mesh dims of an argument the value is split into per-rank partial values whose reduction is the value
 exactly (`P`: uneven random summands, partial.py; `P(avg)`: those summands times the group size;
 `P(max)` / `P(min)`: one rank holds the value, the others strictly less / more). The outputs are gathered
-with `full_tensor()` on every rank (rank 0's copy is the output; the others must agree), and the backward
-runs through that gather, so the op's backward sharding rules run too.
+with `full_tensor()` on every rank (rank 0's copy is the output; the others must agree), after the case's
+chain of redistributions (`redistribute`: each output to Shard / Replicate placements in turn), and the
+backward runs back through them, so the op's backward sharding rules run too.
 """
 
 import math
@@ -133,13 +134,21 @@ def run_op(prep, lib, seed, mesh, local_of):
             grads[j] = (places, local)
         leaves[i] = layout.dtensor(local, mesh)
     outs = output_leaves(call(prep.op, leaves, prep.spec))
-    fulls = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
+    fulls = [redistributed(o, lib, mesh).full_tensor() if isinstance(o, DTensor) else o for o in outs]
     pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
     inputs = [leaf for _, leaf in grads.values()]
     got = [None] * len(inputs)
     if pairs and inputs:
         got = torch.autograd.grad([f for f, _ in pairs], inputs, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
     return fulls, {j: (places, g) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}, places_used
+
+
+def redistributed(out, lib, mesh):
+    """A DTensor output through the case's chain of redistributions (forward; autograd runs back)."""
+    for places in lib.get("redistribute") or []:
+        places = normalise_placements(places, out.ndim, mesh.ndim, False)
+        out = out.redistribute(mesh, [placement_object(s) for s in places])
+    return out
 
 
 def per_rank(t, world):

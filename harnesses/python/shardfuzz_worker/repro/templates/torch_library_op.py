@@ -33,10 +33,20 @@ def call(op, tensors):
     return op(*args, **kwargs)
 
 
+def redistributed(out):
+    """A DTensor output through the case's redistributions (S(d) taken modulo its dimensions)."""
+    for places in REDISTRIBUTE:
+        places = [f"S({int(s[2:-1]) % out.ndim})" if s.startswith("S(") and out.ndim else ("R" if s.startswith("S(") else s)
+                  for s in places]
+        out = out.redistribute(out.device_mesh, [placement(s) for s in places])
+    return out
+
+
 def forward_backward(op, tensors, leaves, gouts):
-    """Outputs (float64 arrays, after `gather` on each) and the gradients of `leaves` from the upstream gradients."""
+    """Outputs (float64 arrays, after the redistributions and a gather on each) and the gradients of `leaves`
+    from the upstream gradients."""
     outs = [o for o in pytree.tree_leaves(call(op, tensors)) if isinstance(o, torch.Tensor)]
-    gathered = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
+    gathered = [redistributed(o).full_tensor() if isinstance(o, DTensor) else o for o in outs]
     pairs = [(f, gouts[k]) for k, f in enumerate(gathered) if k in gouts and f.requires_grad]
     grads = [None] * len(leaves)
     if pairs and leaves:
