@@ -129,7 +129,7 @@ fn library_op_rules_name_their_field() {
     assert!(e.contains("library_op.redistribute[0]: must be Shard or Replicate"), "{e}");
     let e = error_of(&chain(r#"[["R"]]"#));
     assert!(e.contains("library_op.redistribute[0]: must give one placement per mesh dimension"), "{e}");
-    let e = error_of(&chain(&format!("[{}]", vec![r#"["R", "R"]"#; 5].join(", "))));
+    let e = error_of(&chain(&format!("[{}]", [r#"["R", "R"]"#; 5].join(", "))));
     assert!(e.contains("library_op.redistribute: must hold at most 4"), "{e}");
     let both = LIBRARY.replace(r#""library_op""#, r#""op": {"kind": "sum", "shape": [2, 2]}, "library_op""#);
     assert!(error_of(&both).contains("exactly one of `model`, `op` and `library_op`"));
