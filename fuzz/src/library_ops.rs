@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Case, Data, Distribution, LibraryOp, Optimizer, Parallel, Placement, Reduce, Train, VocabularyEntry};
+use shardfuzz_harnesses::case::{
+    Case, Data, Distribution, Edit, LibraryOp, Optimizer, Parallel, Placement, Reduce, SampleEdit, Train, VocabularyEntry, MAX_SAMPLE_EDITS,
+};
 use shardfuzz_kernels::DType;
 
 /// The ops the campaign's targets can express, with their families.
@@ -81,6 +83,7 @@ pub fn random_library_case(seed: u64, vocab: &Vocabulary) -> Option<Case> {
         // (Redistributions come from the `redistribute` mutator: a draw here would change every
         // generated case after it, and with it the benchmarks' fixed case streams.)
         redistribute: vec![],
+        edits: vec![],
     };
     Some(library_case(op, dtype(&mut rng), rng.gen()))
 }
@@ -119,6 +122,7 @@ pub const LIBRARY_MUTATIONS: &[(&str, LibraryMutation)] = &[
     ("mesh-reshape", mesh_reshape),
     ("backward", toggle_backward),
     ("redistribute", redistribute),
+    ("sample-edit", sample_edit),
     ("dtype", |c, _, rng| change(&mut c.train.dtype, dtype(rng))),
     ("reseed", |c, _, rng| change(&mut c.data.seed, rng.gen())),
 ];
@@ -204,6 +208,21 @@ fn redistribute(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// A change to one of the sample's own arguments (a dim, a flag, a scalar, an index tensor) appended,
+/// or one of the case's edits removed.
+fn sample_edit(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
+    let Some(op) = lib(c) else { return false };
+    let n = op.edits.len();
+    if n > 0 && (n >= MAX_SAMPLE_EDITS || rng.gen_bool(0.3)) {
+        op.edits.remove(rng.gen_range(0..n));
+        return true;
+    }
+    // Most samples have few editable arguments (the worker takes `arg` modulo their count).
+    let edit = SampleEdit { arg: rng.gen_range(0..4), edit: *Edit::ALL.choose(rng).expect("nonempty") };
+    op.edits.push(edit);
+    true
+}
+
 fn toggle_backward(c: &mut Case, _: &Vocabulary, _: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
     op.backward = !op.backward;
@@ -254,6 +273,7 @@ mod tests {
                 placements: vec![],
                 backward: true,
                 redistribute: vec![],
+                edits: vec![],
             },
             DType::F32,
             1,

@@ -97,7 +97,7 @@ impl Complexity {
             };
             v.push(l.placements.iter().flatten().map(weight).sum());
             v.push(l.placements.len() as u64 + b(l.backward));
-            v.push(l.redistribute.len() as u64);
+            v.push(l.redistribute.len() as u64 + l.edits.len() as u64);
         }
         Complexity(v)
     }

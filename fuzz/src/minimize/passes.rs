@@ -242,6 +242,11 @@ fn simpler_library_placements(case: &Case) -> Vec<Case> {
             lib(c).redistribute.remove(i);
         }));
     }
+    for i in 0..l.edits.len() {
+        out.push(with(case, |c| {
+            lib(c).edits.remove(i);
+        }));
+    }
     for (arg, places) in l.placements.iter().enumerate() {
         for (m, pl) in places.iter().enumerate() {
             let simpler: &[Placement] = match pl {

@@ -345,6 +345,10 @@ pub fn judge_prepared(target: &str, versions: BTreeMap<String, String>, prep: &P
                 None => message,
             };
         }
+        Outcome::Divergent { reason, .. } => {
+            v.kind = VerdictKind::Divergent;
+            v.reason = reason;
+        }
         Outcome::Hang { stuck, detail, .. } => {
             v.kind = VerdictKind::Hang;
             v.reason = detail;

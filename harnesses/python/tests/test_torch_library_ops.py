@@ -137,6 +137,29 @@ class TorchLibraryOpsTest(LibraryWorker):
         reply, _ = self.run_case(library_case("nonzero", "", 1, [2], [["S(0)"]]))
         self.assertEqual(reply["status"], "rejected", reply.get("reason"))
 
+    def test_sample_edits_reach_the_op_and_a_refused_sample_must_be_refused_sharded_too(self):
+        # Sample 9 of sum: a [3, 5] input, dim 0, keepdim True.
+        case = library_case("sum", "", 9, [2], [["S(0)"]])
+        reply, plain = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "wrap"}]
+        reply, wrapped = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertIn("edit wrap: argument 1 0 → -2", " ".join(reply["notes"]))
+        self.assertTrue(np.array_equal(plain["reference/out/0"], wrapped["reference/out/0"]), "dim -2 of 2 dims is dim 0")
+        self.assertLessEqual(worst_against_reference(wrapped)[0], 1e-9)
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "flip"}, {"arg": 1, "edit": "flip"}]
+        reply, flipped = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertEqual(np.shape(flipped["reference/out/0"]), (3,), "summed over dim 1, keepdim off")
+        self.assertLessEqual(worst_against_reference(flipped)[0], 1e-9)
+        case = library_case("gather", "", 0, [2], [["S(0)"], ["S(0)"]])
+        case["library_op"]["edits"] = [{"arg": 1, "edit": "beyond"}]
+        reply, _ = self.run_case(case)
+        self.assertEqual(reply["status"], "rejected", reply.get("reason"))
+        self.assertIn("out of bounds", reply["reason"])
+        self.assertIn("sharded too", reply["reason"])
+
     def test_a_case_runs_on_real_gloo_ranks_with_the_same_answer(self):
         case = library_case("add", "", 3, [2, 2], [["S(0)", "S(1)"], ["R", "P"]])
         w = self.worker
@@ -156,6 +179,29 @@ class TorchLibraryOpsTest(LibraryWorker):
 
 
 FAULTS = os.path.join(HERE, "faults")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class RefusedBothWaysTest(unittest.TestCase):
+    """What a sample the single-device op refuses gives: rejected when the sharded op refuses it too, divergent
+    when it returns a result, and a harness error when our own code is what raised."""
+
+    def test_the_three_outcomes(self):
+        import torch
+
+        sys.path.insert(0, os.path.dirname(HERE))
+        from shardfuzz_worker.targets.torch_library_op import Refused, refused_both_ways
+
+        refusal = Refused("the single-device op fails on this sample in float64: IndexError: out of range")
+        self.assertEqual(refused_both_ways(refusal, lambda: None)["status"], "divergent")
+        got = refused_both_ways(refusal, lambda: torch.functional.einsum("ij,jk", torch.zeros(2, 2)))
+        self.assertEqual(got["status"], "rejected", got)
+
+        def ours():
+            raise ValueError("a bug in the worker")
+
+        with self.assertRaises(ValueError):
+            refused_both_ways(refusal, ours)
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")

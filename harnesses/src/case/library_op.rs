@@ -44,7 +44,63 @@ pub struct LibraryOp {
     /// backward runs back through them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redistribute: Vec<Vec<Placement>>,
+    /// Changes to the sample's own arguments (its dims, keepdim flags, scalars and index tensors),
+    /// applied in order before anything runs, the single-device reference included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edits: Vec<SampleEdit>,
 }
+
+/// One change to a sample argument. `arg` picks the n-th *editable* argument of the sample, in call
+/// order and taken modulo their count: a Python number (int, float or bool) or an integer tensor
+/// (indices). A sample with none of them is run unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SampleEdit {
+    pub arg: u32,
+    pub edit: Edit,
+}
+
+/// What an edit does to an int / float / bool / index tensor. Each is defined for every kind, so any
+/// edit applies to any argument; the worker documents the table (`sample_edits.py`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Edit {
+    /// int +1, float +1, bool flipped, indices +1.
+    Increment,
+    /// int −1, float −1, bool flipped, indices −1 (a 0 becomes −1).
+    Decrement,
+    /// int −x, float −x, bool flipped, indices i → −i−1 (the same element counted from the end).
+    Negate,
+    /// int 0, float 0, bool false; indices sorted (the same set, another pairing).
+    Zero,
+    /// int x xor 1 (dim 0 ↔ 1, 2 ↔ 3), float 1/x, bool flipped; indices reversed in order.
+    Flip,
+    /// int as the other end counts it (a dim d ↔ d − ndim of the first tensor), float ×1e4 (an
+    /// overflow in low precision), bool flipped; indices i → i − (max + 1) (negative indexing).
+    Wrap,
+    /// int +32 (past every dimension of a sample: an out-of-range dim, index or size), float +32,
+    /// bool flipped; the first index +32.
+    Beyond,
+}
+
+impl Edit {
+    pub const ALL: [Edit; 7] = [Edit::Increment, Edit::Decrement, Edit::Negate, Edit::Zero, Edit::Flip, Edit::Wrap, Edit::Beyond];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Edit::Increment => "increment",
+            Edit::Decrement => "decrement",
+            Edit::Negate => "negate",
+            Edit::Zero => "zero",
+            Edit::Flip => "flip",
+            Edit::Wrap => "wrap",
+            Edit::Beyond => "beyond",
+        }
+    }
+}
+
+/// The most sample edits a library-op case may carry.
+pub const MAX_SAMPLE_EDITS: usize = 4;
 
 fn yes() -> bool {
     true

@@ -13,7 +13,7 @@ mod train;
 mod validate;
 
 pub use data::{Data, Distribution};
-pub use library_op::{LibraryOp, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS};
+pub use library_op::{Edit, LibraryOp, SampleEdit, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS};
 pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
 pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode};
@@ -140,6 +140,9 @@ impl Case {
             s = format!("mesh {:?} | {} sample {} [{}]", l.mesh, l.full_name(), l.sample, places.join(", "));
             for r in &l.redistribute {
                 s += &format!(" → {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/"));
+            }
+            for e in &l.edits {
+                s += &format!(" | arg {} {}", e.arg, e.edit.name());
             }
         }
         s + &format!(" | {}", self.train.dtype)

@@ -131,6 +131,15 @@ fn library_op_rules_name_their_field() {
     assert!(e.contains("library_op.redistribute[0]: must give one placement per mesh dimension"), "{e}");
     let e = error_of(&chain(&format!("[{}]", [r#"["R", "R"]"#; 5].join(", "))));
     assert!(e.contains("library_op.redistribute: must hold at most 4"), "{e}");
+    let edits = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "edits": {e}"#));
+    let ok = Case::from_json(&edits(r#"[{"arg": 1, "edit": "negate"}, {"arg": 0, "edit": "beyond"}]"#)).unwrap();
+    assert_eq!(ok.library_op.as_ref().unwrap().edits[0], SampleEdit { arg: 1, edit: Edit::Negate });
+    assert!(ok.summary().contains("| arg 1 negate | arg 0 beyond"), "{}", ok.summary());
+    assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
+    let e = error_of(&edits(r#"[{"arg": 1, "edit": "halve"}]"#));
+    assert!(e.contains("unknown variant `halve`"), "{e}");
+    let e = error_of(&edits(&format!("[{}]", [r#"{"arg": 0, "edit": "zero"}"#; 5].join(", "))));
+    assert!(e.contains("library_op.edits: must hold at most 4"), "{e}");
     let both = LIBRARY.replace(r#""library_op""#, r#""op": {"kind": "sum", "shape": [2, 2]}, "library_op""#);
     assert!(error_of(&both).contains("exactly one of `model`, `op` and `library_op`"));
 }

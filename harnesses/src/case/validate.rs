@@ -1,6 +1,9 @@
 //! Structural validation of a case. Every violated rule is reported, each naming its field.
 
-use super::{Case, LayerKind, LibraryOp, Model, OpCase, OpKind, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS};
+use super::{
+    Case, LayerKind, LibraryOp, Model, OpCase, OpKind, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS,
+    MAX_SAMPLE_EDITS,
+};
 
 /// Bounds a case must respect.
 #[derive(Debug, Clone)]
@@ -247,6 +250,9 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
             "library_op.redistribute",
             format!("must hold at most {MAX_REDISTRIBUTIONS} redistributions (got {})", l.redistribute.len()),
         );
+    }
+    if l.edits.len() > MAX_SAMPLE_EDITS {
+        r.fail("library_op.edits", format!("must hold at most {MAX_SAMPLE_EDITS} sample edits (got {})", l.edits.len()));
     }
     for (i, places) in l.redistribute.iter().enumerate() {
         let field = format!("library_op.redistribute[{i}]");

@@ -100,6 +100,9 @@ pub enum Outcome {
     Rejected { reason: String, features: Vec<String> },
     /// A panic, internal error, abort or segfault.
     Crash { rank: Option<usize>, message: String, features: Vec<String> },
+    /// The run's behaviour differs from the reference's where no tensor can show it: the target
+    /// returned a result for a call the single-device framework refuses (an out-of-range index).
+    Divergent { reason: String, features: Vec<String> },
     /// Ranks waited in a collective that never completed.
     Hang { stuck: Vec<StuckRank>, detail: String, features: Vec<String> },
     /// Our own harness failed (worker code raised, a tensor was not returned): neither a pass nor a
@@ -114,6 +117,7 @@ impl Outcome {
             Outcome::Unsupported { .. } => "unsupported",
             Outcome::Rejected { .. } => "rejected",
             Outcome::Crash { .. } => "crash",
+            Outcome::Divergent { .. } => "divergent",
             Outcome::Hang { .. } => "hang",
             Outcome::HarnessError { .. } => "harness_error",
         }
@@ -123,7 +127,10 @@ impl Outcome {
     pub fn features(&self) -> &[String] {
         match self {
             Outcome::Completed(o) => &o.features,
-            Outcome::Rejected { features, .. } | Outcome::Crash { features, .. } | Outcome::Hang { features, .. } => features,
+            Outcome::Rejected { features, .. }
+            | Outcome::Crash { features, .. }
+            | Outcome::Divergent { features, .. }
+            | Outcome::Hang { features, .. } => features,
             Outcome::Unsupported { .. } | Outcome::HarnessError { .. } => &[],
         }
     }

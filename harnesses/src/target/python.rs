@@ -424,6 +424,7 @@ impl PythonTarget {
             },
             "unsupported" => Outcome::Unsupported { reason },
             "rejected" => Outcome::Rejected { reason, features },
+            "divergent" => Outcome::Divergent { reason, features },
             "harness_error" => Outcome::HarnessError { message: reason },
             "hang" => {
                 let stuck = v["stuck"]

@@ -126,6 +126,8 @@ def generate(case, inputs, bounds, dropped):
     if lib.get("redistribute"):
         about.append("Each output is redistributed, in turn, to " + " then ".join(f"[{', '.join(r)}]" for r in lib["redistribute"])
                      + " (S(d) modulo the output's dimensions) before it is gathered.")
+    if prep.edit_notes:
+        about.append("The sample as the fuzzer edited it (embedded below): " + "; ".join(prep.edit_notes) + ".")
     about.append("The op is " + (f"{path}." if path else f"PyTorch's OpInfo entry {lib['name']!r} (needs expecttest)."))
     head = header(f"torch-dtensor, library op {lib['name']}", about, command, dropped, case.get("name", ""))
     from .common import assemble

@@ -22,6 +22,10 @@ class Unsupported(Exception):
     pass
 
 
+class Refused(Unsupported):
+    """The single-device op refuses the sample in float64 (an edit made it invalid, or the sample is)."""
+
+
 def unsupported(case):
     lib = case["library_op"]
     try:
@@ -55,7 +59,7 @@ def single_device(prep, dtype_name, notes):
         except Exception as e:  # noqa: BLE001 - the op itself refuses this sample on one device
             if prefix in ("reference", "baseline"):
                 # (A sharded run cannot be asked to do what the op refuses on one device.)
-                raise Unsupported(f"the single-device op fails on this sample in {'float64' if prefix == 'reference' else dtype_name}: "
+                raise (Refused if prefix == "reference" else Unsupported)(f"the single-device op fails on this sample in {'float64' if prefix == 'reference' else dtype_name}: "
                                   f"{type(e).__name__}: {str(e)[:200]}") from e
             notes.append(f"{prefix}: the single-device run failed ({type(e).__name__}: {str(e)[:120]}); left out")
     if not out["reference"]:
@@ -79,7 +83,10 @@ def run(case):
     notes = []
     try:
         prep = Prepared(find(lib), lib, seed, dtype_name)
+        notes += prep.edit_notes
         single = single_device(prep, dtype_name, notes)
+    except Refused as e:
+        return refused_both_ways(e, lambda: run_sharded(prep, lib, seed))
     except (Unsupported, UnsupportedSample) as e:
         return {"status": "unsupported", "reason": str(e)}
     # A failure is classified like any rank's (validation.py); the fuzzer confirms a crash on real ranks
@@ -99,9 +106,12 @@ def combine_ranks(case, outs):
     """The ranks' results of `run_rank` joined with the single-device computations, as `run` sends them."""
     lib, seed, dtype_name = case["library_op"], int(case["data"]["seed"]), case["train"]["dtype"]
     prep = Prepared(find(lib), lib, seed, dtype_name)
-    notes = ["ran on real process-group ranks (gloo), one process per rank"]
+    notes = ["ran on real process-group ranks (gloo), one process per rank"] + prep.edit_notes
     try:
         single = single_device(prep, dtype_name, notes)
+    except Refused as e:
+        # Every rank completed (a failed rank is classified before this): the sharded op accepted it.
+        return refused_both_ways(e, lambda: None)
     except Unsupported as e:
         return {"status": "unsupported", "reason": str(e)}
     sharded = {
@@ -111,6 +121,22 @@ def combine_ranks(case, outs):
         "mesh": tuple(int(d) for d in lib["mesh"]),
     }
     return combine(case, prep, single, sharded, notes)
+
+
+def refused_both_ways(refusal, run_sharded_op):
+    """A sample the single-device op refuses must be refused sharded too (an out-of-range dim or index, a
+    negative size): `rejected` when it is, `divergent` when the sharded op returns a result instead. An
+    exception from our own code stays a harness error."""
+    from ..validation import classify, describe
+
+    try:
+        run_sharded_op()
+    except Exception as e:  # noqa: BLE001 - classified below
+        kind, _ = classify("torch-dtensor", describe(e))
+        if kind == "harness_error":
+            raise
+        return {"status": "rejected", "reason": f"{refusal}; sharded too: {type(e).__name__}: {str(e)[:200]}"}
+    return {"status": "divergent", "reason": f"the sharded op returned a result where {refusal}"}
 
 
 def combine(case, prep, single, sharded, notes):

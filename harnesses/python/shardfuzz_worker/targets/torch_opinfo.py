@@ -131,6 +131,7 @@ class Prepared:
         if chosen is None:
             raise UnsupportedSample(f"OpInfo {op.name} generates no sample inputs on CPU in float64")
         leaves, self.spec, self.positions = flatten(chosen)
+        leaves, self.edit_notes = edited(leaves, lib.get("edits"))
         odd = [str(leaves[i].layout) for i in self.positions if leaves[i].layout != torch.strided or leaves[i].is_nested]
         if odd:
             raise UnsupportedSample(f"sample {self.index} has {odd[0]} tensors: DTensor shards strided dense tensors")
@@ -185,6 +186,22 @@ class Prepared:
         for i, g in zip(self.grad_args, grads):
             if g is not None:
                 result[f"grad/{self.positions.index(i)}"] = to_array(g)
+
+
+def edited(leaves, edits):
+    """The call's leaves with the case's sample edits applied (sample_edits.py), and a note per edit."""
+    if not edits:
+        return leaves, []
+    import torch
+
+    from ..sample_edits import apply
+
+    def is_index(x):
+        return isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool
+
+    ndim = next((x.dim() for x in leaves if isinstance(x, torch.Tensor)), 0)
+    return apply(leaves, edits, is_index, ndim, lambda t: t.detach().numpy(),
+                 lambda a, like: torch.from_numpy(a).to(like.dtype))
 
 
 def to_array(t):

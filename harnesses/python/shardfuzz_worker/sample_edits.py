@@ -1,0 +1,91 @@
+"""A library-op case's edits of its sample (`library_op.edits`): the fuzzer's handle on the dims, keepdim
+flags, scalars and indices that OpInfo and the JAX table fix per sample.
+
+An edit `{"arg": n, "edit": how}` changes the n-th *editable* argument of the call, in call order and n
+taken modulo their count: a Python number (int, float or bool; not a tensor) or an integer index tensor.
+Every edit is defined for every kind:
+
+| edit      | int                   | float      | bool  | index tensor                         |
+|-----------|-----------------------|------------|-------|--------------------------------------|
+| increment | x + 1                 | x + 1      | not x | every index + 1                      |
+| decrement | x − 1                 | x − 1      | not x | every index − 1                      |
+| negate    | −x                    | −x         | not x | i → −i − 1 (the element from the end)|
+| zero      | 0                     | 0          | False | sorted (the same set)                |
+| flip      | x xor 1 (dim 0 ↔ 1)   | 1 / x      | not x | reversed (the same set)              |
+| wrap      | d ↔ d − ndim          | x · 1e4    | not x | i → i − (max + 1)                    |
+| beyond    | x + 32                | x + 32     | not x | the first index + 32                 |
+
+`ndim` is the first tensor argument's. No edit makes two distinct indices name one element (every map on
+an index tensor is injective and keeps negative and positive indexing apart), so ops that write at the
+indices (scatter, index_copy, index_put) stay defined wherever they were. `beyond` (+32) is past every
+dimension of a sample (OpInfo's largest common size is 20; the JAX table's 7) without growing a size
+argument into an allocation this machine cannot hold.
+"""
+
+import numpy as np
+
+EDITS = ("increment", "decrement", "negate", "zero", "flip", "wrap", "beyond")
+BEYOND = 32
+
+
+def edit_number(x, how, ndim):
+    if isinstance(x, bool):
+        return False if how == "zero" else not x
+    if isinstance(x, int):
+        return {"increment": x + 1, "decrement": x - 1, "negate": -x, "zero": 0, "flip": x ^ 1,
+                "wrap": x - max(ndim, 1) if x >= 0 else x + max(ndim, 1), "beyond": x + BEYOND}[how]
+    return {"increment": x + 1.0, "decrement": x - 1.0, "negate": -x, "zero": 0.0,
+            "flip": 1.0 / x if x else x, "wrap": x * 1e4, "beyond": x + BEYOND}[how]
+
+
+def edit_indices(a, how):
+    """An integer numpy array edited (0-d included: still an array)."""
+    return np.asarray(_edit_indices(np.array(a, copy=True), how))
+
+
+def _edit_indices(a, how):
+    flat = a.reshape(-1)
+    if flat.size == 0:
+        return a
+    if how == "increment":
+        return a + 1
+    if how == "decrement":
+        return a - 1
+    if how == "negate":
+        return -a - 1
+    if how == "zero":
+        return np.sort(flat).reshape(a.shape)
+    if how == "flip":
+        return flat[::-1].copy().reshape(a.shape)
+    if how == "wrap":
+        return a - (flat.max() + 1)
+    flat[0] += BEYOND
+    return a
+
+
+def is_number(x):
+    return type(x) in (bool, int, float)
+
+
+def apply(leaves, edits, is_index, ndim, to_numpy, from_numpy):
+    """`leaves` (a new list) with `edits` applied, and a note per edit. `is_index(leaf)` tells an integer
+    index tensor; `to_numpy` / `from_numpy(array, like)` convert one."""
+    leaves = list(leaves)
+    editable = [i for i, x in enumerate(leaves) if is_number(x) or is_index(x)]
+    notes = []
+    for e in edits or []:
+        how = e["edit"]
+        if how not in EDITS:
+            raise ValueError(f"library_op.edits: unknown edit {how!r} (one of {', '.join(EDITS)})")
+        if not editable:
+            notes.append(f"edit {how}: the sample has no editable argument (number or index tensor); run unchanged")
+            continue
+        i = editable[int(e["arg"]) % len(editable)]
+        before = leaves[i]
+        if is_number(before):
+            leaves[i] = edit_number(before, how, ndim)
+            notes.append(f"edit {how}: argument {i} {before!r} → {leaves[i]!r}")
+        else:
+            leaves[i] = from_numpy(edit_indices(to_numpy(before), how), before)
+            notes.append(f"edit {how}: index tensor argument {i} {list(np.shape(to_numpy(before)))}")
+    return leaves, notes
