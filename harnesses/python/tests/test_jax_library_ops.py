@@ -154,6 +154,17 @@ class JaxLibraryOps(unittest.TestCase):
         self.assert_matches_reference(reply, "matmul through S(0)/S(1) then R/S(0)")
         self.assertIn("lib:redistribute:R/S(0)", reply["features"])
 
+    def test_sample_edits_change_the_static_arguments(self):
+        # jax.numpy.cumsum sample 1: a (3, 5) argument, axis=0.
+        case = lib_case("jax.numpy.cumsum", 1, (2,), [["S(1)"]])
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "flip"}]
+        reply = self.run_case(case)
+        self.assert_matches_reference(reply, "cumsum over axis 1")
+        self.assertIn("edit flip: argument 0 0 → 1", " ".join(reply["notes"]))
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "beyond"}]
+        reply = self.run_case(case)
+        self.assertEqual(reply.get("status"), "unsupported", "an axis past the array's dims: the op refuses it")
+
     def test_uneven_shard_map_is_rejected(self):
         from shardfuzz_worker.validation import describe
         from shardfuzz_worker.verdicts import classify_failures

@@ -115,7 +115,8 @@ class Prepared:
         self.seed, self.dtype_name = int(seed), dtype_name
         got = _SAMPLES.get_or((self.op.name, self.seed), lambda: self.op.samples(self.seed))
         self.index = int(lib.get("sample", 0)) % len(got)
-        raw, self.kwargs = got[self.index]
+        raw, kwargs = got[self.index]
+        self.kwargs, self.edit_notes = edited_kwargs(kwargs, lib.get("edits"), np.ndim(raw[0]) if raw else 0)
         self.floating = [np.issubdtype(np.asarray(x).dtype, np.floating) for x in raw]
         self.inputs = [round_to(x, dtype_name) if f else np.asarray(x) for x, f in zip(raw, self.floating)]
         self.float_args = [j for j, f in enumerate(self.floating) if f]
@@ -180,6 +181,19 @@ def to_array(x):
 
 
 # ---------------------------------------------------------------------------------------- single device
+
+
+def edited_kwargs(kwargs, edits, ndim):
+    """The sample's static keyword arguments with the case's edits applied (sample_edits.py). Only numbers are
+    editable here: an index array's out-of-range behaviour is the op's mode (clip, fill, drop), and clipping
+    can make two indices name one element, where which write wins is unspecified."""
+    if not edits:
+        return kwargs, []
+    from ..sample_edits import apply
+
+    leaves, tree = jax.tree_util.tree_flatten(kwargs)
+    leaves, notes = apply(leaves, edits, lambda x: False, ndim, None, None)
+    return jax.tree_util.tree_unflatten(tree, leaves), notes
 
 
 def single_run(prep, run_dtype, inputs):
@@ -379,6 +393,7 @@ def run(case, target_kind):
     notes = []
     try:
         prep = Prepared(lib, seed, dtype_name)
+        notes += prep.edit_notes
         single = single_device(prep, notes)
     except Unsupported as e:
         return {"status": "unsupported", "reason": str(e)}
