@@ -78,6 +78,7 @@ pub fn random_library_case(seed: u64, vocab: &Vocabulary) -> Option<Case> {
         variant: e.variant.clone(),
         sample: rng.gen_range(0..16),
         placements: placements(&mut rng, mesh.len()),
+        sources: vec![],
         mesh,
         backward: rng.gen_ratio(9, 10),
         // (Redistributions come from the `redistribute` mutator: a draw here would change every
@@ -123,6 +124,7 @@ pub const LIBRARY_MUTATIONS: &[(&str, LibraryMutation)] = &[
     ("backward", toggle_backward),
     ("redistribute", redistribute),
     ("sample-edit", sample_edit),
+    ("source", source),
     ("dtype", |c, _, rng| change(&mut c.train.dtype, dtype(rng))),
     ("reseed", |c, _, rng| change(&mut c.data.seed, rng.gen())),
 ];
@@ -188,7 +190,7 @@ fn mesh_reshape(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
         (true, Some(m)) => m.to_vec(),
         _ => MESHES.choose(rng).expect("nonempty").to_vec(),
     };
-    for p in op.placements.iter_mut().chain(op.redistribute.iter_mut()) {
+    for p in op.placements.iter_mut().chain(op.redistribute.iter_mut()).chain(op.sources.iter_mut()) {
         p.resize(mesh.len(), Placement::Replicate);
     }
     change(&mut op.mesh, mesh)
@@ -206,6 +208,29 @@ fn redistribute(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let to = [Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)];
     op.redistribute.push(op.mesh.iter().map(|_| *to.choose(rng).expect("nonempty")).collect());
     true
+}
+
+/// Where one argument starts on one mesh dimension before it is redistributed to its placement (a
+/// partial value reduced into shards, shards gathered, one sharding moved to another); or, now and
+/// then, every argument starting at its placement again.
+fn source(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
+    let Some(op) = lib(c) else { return false };
+    if !op.sources.is_empty() && rng.gen_bool(0.15) {
+        op.sources.clear();
+        return true;
+    }
+    let dims = op.mesh.len();
+    while op.placements.len() < ARGUMENT_SLOTS {
+        op.placements.push(vec![Placement::Replicate; dims]);
+    }
+    while op.sources.len() < op.placements.len() {
+        let at = op.placements[op.sources.len()].clone();
+        op.sources.push(at);
+    }
+    let arg = rng.gen_range(0..op.sources.len());
+    let m = rng.gen_range(0..dims);
+    let p = placement(rng);
+    change(&mut op.sources[arg][m], p)
 }
 
 /// A change to one of the sample's own arguments (a dim, a flag, a scalar, an index tensor) appended,
@@ -271,6 +296,7 @@ mod tests {
                 sample: 0,
                 mesh: vec![2],
                 placements: vec![],
+                sources: vec![],
                 backward: true,
                 redistribute: vec![],
                 edits: vec![],

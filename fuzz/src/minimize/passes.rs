@@ -211,7 +211,7 @@ fn fewer_mesh_ranks(case: &Case, mesh: &[u32]) -> Vec<Case> {
             out.push(with(case, |c| {
                 let l = lib(c);
                 l.mesh.remove(m);
-                l.placements.iter_mut().chain(l.redistribute.iter_mut()).for_each(|p| {
+                l.placements.iter_mut().chain(l.redistribute.iter_mut()).chain(l.sources.iter_mut()).for_each(|p| {
                     if m < p.len() {
                         p.remove(m);
                     }
@@ -241,6 +241,17 @@ fn simpler_library_placements(case: &Case) -> Vec<Case> {
         out.push(with(case, |c| {
             lib(c).redistribute.remove(i);
         }));
+    }
+    if !l.sources.is_empty() {
+        out.push(with(case, |c| lib(c).sources.clear()));
+    }
+    for (arg, places) in l.sources.iter().enumerate() {
+        if l.placements.get(arg) != Some(places) {
+            out.push(with(case, |c| {
+                let l = lib(c);
+                l.sources[arg] = l.placements.get(arg).cloned().unwrap_or_else(|| vec![Placement::Replicate; l.mesh.len()]);
+            }));
+        }
     }
     for i in 0..l.edits.len() {
         out.push(with(case, |c| {

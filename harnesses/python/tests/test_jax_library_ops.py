@@ -154,6 +154,14 @@ class JaxLibraryOps(unittest.TestCase):
         self.assert_matches_reference(reply, "matmul through S(0)/S(1) then R/S(0)")
         self.assertIn("lib:redistribute:R/S(0)", reply["features"])
 
+    def test_arguments_are_resharded_from_their_sources_under_gspmd(self):
+        case = lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]])
+        case["library_op"]["sources"] = [["P", "S(0)"], ["R", "S(1)"]]
+        reply = self.run_case(case)
+        self.assert_matches_reference(reply, "matmul from P/S(0) and R/S(1)")
+        for f in ("lib:from:P>S", "lib:from:S>S", "lib:from:R>S", "lib:from:S>R"):
+            self.assertIn(f, reply["features"])
+
     def test_sample_edits_change_the_static_arguments(self):
         # jax.numpy.cumsum sample 1: a (3, 5) argument, axis=0.
         case = lib_case("jax.numpy.cumsum", 1, (2,), [["S(1)"]])

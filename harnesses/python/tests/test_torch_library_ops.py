@@ -160,6 +160,16 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertIn("out of bounds", reply["reason"])
         self.assertIn("sharded too", reply["reason"])
 
+    def test_arguments_are_redistributed_from_their_sources_forward_and_backward(self):
+        case = library_case("addmm", "", 1, [2, 2], [["R", "R"], ["S(0)", "S(1)"], ["S(1)", "R"]])
+        case["library_op"]["sources"] = [["P(avg)", "S(0)"], ["P", "R"], ["S(0)", "S(1)"]]
+        reply, outputs = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertIn("grad/1", outputs)
+        self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
+        for f in ("lib:from:P(avg)>R", "lib:from:S>R", "lib:from:P>S", "lib:from:R>S", "lib:from:S>S"):
+            self.assertIn(f, reply["features"])
+
     def test_a_case_runs_on_real_gloo_ranks_with_the_same_answer(self):
         case = library_case("add", "", 3, [2, 2], [["S(0)", "S(1)"], ["R", "P"]])
         w = self.worker

@@ -36,6 +36,13 @@ pub struct LibraryOp {
     /// its rank by the target (a scalar tensor is replicated).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placements: Vec<Vec<Placement>>,
+    /// Where each tensor argument starts, per mesh dimension, before a redistribution takes it to its
+    /// `placements` (forward; the backward runs back through it): `[["P(avg)"], ["S(0)"]]` reduces a
+    /// partial value into shards. Arguments beyond the list start at their placements; a mesh
+    /// dimension whose placement is Partial starts there too (DTensor makes a Partial only from
+    /// Replicate, so no other start has a redistribution to it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<Vec<Placement>>,
     /// Run the backward pass too (when the op has one): gradients of every float argument.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub backward: bool,

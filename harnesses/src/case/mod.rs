@@ -138,6 +138,11 @@ impl Case {
         if let Some(l) = &self.library_op {
             let places: Vec<String> = l.placements.iter().map(|p| p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")).collect();
             s = format!("mesh {:?} | {} sample {} [{}]", l.mesh, l.full_name(), l.sample, places.join(", "));
+            if !l.sources.is_empty() {
+                let sources: Vec<String> =
+                    l.sources.iter().map(|p| p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")).collect();
+                s += &format!(" from [{}]", sources.join(", "));
+            }
             for r in &l.redistribute {
                 s += &format!(" → {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/"));
             }

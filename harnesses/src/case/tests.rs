@@ -140,6 +140,13 @@ fn library_op_rules_name_their_field() {
     assert!(e.contains("unknown variant `halve`"), "{e}");
     let e = error_of(&edits(&format!("[{}]", [r#"{"arg": 0, "edit": "zero"}"#; 5].join(", "))));
     assert!(e.contains("library_op.edits: must hold at most 4"), "{e}");
+    let sources = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "sources": {e}"#));
+    let ok = Case::from_json(&sources(r#"[["P(avg)", "S(0)"]]"#)).unwrap();
+    assert_eq!(ok.library_op.as_ref().unwrap().sources[0], vec![Placement::Partial(Reduce::Avg), Placement::Shard(0)]);
+    assert!(ok.summary().contains("from [P(avg)/S(0)]"), "{}", ok.summary());
+    assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
+    let e = error_of(&sources(r#"[["R", "R"], ["R"]]"#));
+    assert!(e.contains("library_op.sources[1]: must give one placement per mesh dimension"), "{e}");
     let both = LIBRARY.replace(r#""library_op""#, r#""op": {"kind": "sum", "shape": [2, 2]}, "library_op""#);
     assert!(error_of(&both).contains("exactly one of `model`, `op` and `library_op`"));
 }

@@ -245,6 +245,14 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
             );
         }
     }
+    for (i, places) in l.sources.iter().enumerate() {
+        if places.len() != l.mesh.len() {
+            r.fail(
+                format!("library_op.sources[{i}]"),
+                format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()),
+            );
+        }
+    }
     if l.redistribute.len() > MAX_REDISTRIBUTIONS {
         r.fail(
             "library_op.redistribute",

@@ -66,23 +66,25 @@ def structure(prep):
 
 def arrays(prep, lib, seed):
     from ..targets.base import normalise_placements
-    from ..targets.torch_local_dtensor import ArgumentLayout
+    from ..targets.torch_local_dtensor import ArgumentLayout, starting_placements
 
     mesh_shape = tuple(int(d) for d in lib["mesh"])
     world = int(np.prod(mesh_shape))
     given = lib.get("placements") or []
-    out, places, dtypes = {}, [], []
+    out, places, starts, dtypes = {}, [], [], []
     for j, i in enumerate(prep.positions):
         full = prep.leaves[i]
         p = normalise_placements(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
-        layout = ArgumentLayout(full, p, mesh_shape, prep.dtype_name, seed, f"arg{j}")
+        start = starting_placements(lib, j, p, full, len(mesh_shape))
+        layout = ArgumentLayout(full, start, mesh_shape, prep.dtype_name, seed, f"arg{j}")
         out[f"arg{j}"] = layout.values
         for r in range(world):
             local = layout.local(r)
             out[f"arg{j}@rank{r}"] = (local.double() if local.is_floating_point() else local).numpy()
         places.append(p)
+        starts.append(start)
         dtypes.append(str(layout.dtype))
-    return out, places, dtypes
+    return out, places, starts, dtypes
 
 
 def generate(case, inputs, bounds, dropped):
@@ -93,7 +95,7 @@ def generate(case, inputs, bounds, dropped):
     lib, seed = case["library_op"], int(case["data"]["seed"])
     op = find(lib)
     prep = Prepared(op, lib, seed, case["train"]["dtype"])
-    data, places, dtypes = arrays(prep, lib, seed)
+    data, places, starts, dtypes = arrays(prep, lib, seed)
     prep.run(torch.float64)
     for k, g in enumerate(getattr(prep, "last_grad_outputs", [])):
         if g is not None:
@@ -114,6 +116,7 @@ def generate(case, inputs, bounds, dropped):
         literal("GRAD_ARGS", [prep.positions.index(i) for i in prep.grad_args]),
         literal("ARG_DTYPES", dtypes),
         literal("PLACEMENTS", places),
+        literal("STARTS", starts),
         literal("REDISTRIBUTE", [list(r) for r in lib.get("redistribute") or []]),
         literal("BOUNDS", bounds),
     ]
@@ -122,7 +125,9 @@ def generate(case, inputs, bounds, dropped):
     about = [f"torch DTensor {lib['name']}{'.' + lib['variant'] if lib.get('variant') else ''} (OpInfo sample "
              f"{prep.index}, seed {seed}) on a mesh {list(lib['mesh'])} ({world} ranks), dtype {case['train']['dtype']}.",
              "Placements of the tensor arguments, per mesh dim (P = a random uneven partial value per rank):"]
-    about += [f"  argument {j} {list(prep.leaves[i].shape)}: [{', '.join(places[j])}]" for j, i in enumerate(prep.positions)]
+    about += [f"  argument {j} {list(prep.leaves[i].shape)}: [{', '.join(places[j])}]"
+              + (f", redistributed there from [{', '.join(starts[j])}]" if starts[j] != places[j] else "")
+              for j, i in enumerate(prep.positions)]
     if lib.get("redistribute"):
         about.append("Each output is redistributed, in turn, to " + " then ".join(f"[{', '.join(r)}]" for r in lib["redistribute"])
                      + " (S(d) modulo the output's dimensions) before it is gathered.")

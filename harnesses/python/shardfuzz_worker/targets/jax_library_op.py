@@ -273,6 +273,24 @@ def layouts(prep, lib, notes):
     return out
 
 
+def start_layouts(prep, lib, lays, notes):
+    """Where each argument enters before a sharding constraint takes it to its layout (`library_op.sources`,
+    gspmd): its own layout where no source is given; a partial start is a plain sum (`P`), and a mesh dim
+    partial in the layout starts partial (as in torch-dtensor)."""
+    sources = lib.get("sources") or []
+    out = []
+    for j, (x, lay) in enumerate(zip(prep.inputs, lays)):
+        if j >= len(sources):
+            out.append(lay)
+            continue
+        start = normalise_placements(sources[j], np.ndim(x), len(lay.places), prep.floating[j])
+        if any(s.startswith("P(") for s in start):
+            notes.append(f"source of arg {j}: a partial other than a sum has no JAX counterpart: starts replicated there")
+        start = [t if t == "P" else ("R" if s.startswith("P(") else s) for s, t in zip(start, lay.places)]
+        out.append(Layout(start, np.ndim(x)))
+    return out
+
+
 def entering(prep, lays, mesh_shape):
     """Each argument as it enters the sharded program (float64 values): a Partial one as its summands
     (uneven, random, exact in the case dtype; the same split torch-dtensor makes of argument j)."""
@@ -288,15 +306,17 @@ def entering(prep, lays, mesh_shape):
 # ---------------------------------------------------------------------------------------- sharded runs
 
 
-def _gspmd_call(prep, lays, m, chain):
-    from jax.sharding import NamedSharding
+def _gspmd_call(prep, starts, lays, m, chain):
+    from jax.sharding import NamedSharding, PartitionSpec
 
     def call(vals):
         fulls = []
-        for v, lay in zip(vals, lays):
-            v = jax.lax.with_sharding_constraint(v, NamedSharding(m, lay.spec()))
-            if lay.partial:
-                v = v.sum(axis=tuple(range(len(lay.partial))))
+        for v, start, lay in zip(vals, starts, lays):
+            v = jax.lax.with_sharding_constraint(v, NamedSharding(m, start.spec()))
+            if start.partial:
+                v = v.sum(axis=tuple(range(len(start.partial))))
+            if start.places != lay.places:
+                v = jax.lax.with_sharding_constraint(v, NamedSharding(m, PartitionSpec(*lay.entries())))
             fulls.append(v)
         outs = _op_call(prep)(fulls)
         for places in chain:
@@ -347,17 +367,21 @@ def run_sharded(prep, lib, target_kind, notes):
     mesh_shape = tuple(int(d) for d in lib["mesh"])
     m = mesh_of(mesh_shape)
     lays = layouts(prep, lib, notes)
-    parts = entering(prep, lays, mesh_shape)
-    args, cots = sharded_args(prep, parts, lays, m, mesh_shape)
+    starts = start_layouts(prep, lib, lays, notes) if target_kind == "gspmd" else lays
+    if lib.get("sources") and target_kind != "gspmd":
+        notes.append("sources: shard_map's arguments enter at their placements; not applied")
+    parts = entering(prep, starts, mesh_shape)
+    args, cots = sharded_args(prep, parts, starts, m, mesh_shape)
     # Output redistributions: sharding constraints on each output under gspmd; shard_map's outputs are
     # replicated by its out_specs, so a chain has nothing to act on there.
     chain = tuple(tuple(p) for p in lib.get("redistribute") or []) if target_kind == "gspmd" else ()
     if lib.get("redistribute") and not chain:
         notes.append("redistribute: shard_map returns replicated outputs; the chain is not applied")
-    key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays), chain) + prep.key
+    key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays),
+           tuple(tuple(s.places) for s in starts), chain) + prep.key
 
     def build():
-        call = _gspmd_call(prep, lays, m, chain) if target_kind == "gspmd" else _shardmap_call(prep, lays, m)
+        call = _gspmd_call(prep, starts, lays, m, chain) if target_kind == "gspmd" else _shardmap_call(prep, lays, m)
         compiled = jax.jit(make_step(call, prep.float_args, prep.grad)).lower(args, cots).compile()
         try:
             feats = hlo_features(compiled.as_text())
@@ -367,8 +391,9 @@ def run_sharded(prep, lib, target_kind, notes):
 
     compiled, feats = _COMPILED.get_or(key, build)
     outs, grads = compiled(args, cots)
-    return {"outs": list(outs), "grads": dict(zip(prep.float_args, grads)), "layouts": lays, "mesh": mesh_shape,
-            "hlo": feats}
+    # (Gradients come back as the arguments entered: in their start layouts.)
+    return {"outs": list(outs), "grads": dict(zip(prep.float_args, grads)), "layouts": starts, "targets": lays,
+            "mesh": mesh_shape, "hlo": feats}
 
 
 def _copies(arr, shape, k):
@@ -446,7 +471,10 @@ def features(case, prep, sharded, target_kind):
     out = [f"lib:op:{prep.op.name}", f"lib:family:{prep.op.family}", f"lib:mesh:{len(mesh)}d",
            f"lib:args:{len(prep.inputs)}", f"lib:outs:{len(prep.outs)}", f"lib:world:{math.prod(mesh)}",
            f"lib:jax:{target_kind}", f"dtype:{prep.dtype_name}"]
-    for j, lay in enumerate(sharded["layouts"]):
+    for start, lay in zip(sharded["layouts"], sharded["targets"]):
+        out += [f"lib:from:{'S' if a.startswith('S(') else a}>{'S' if b.startswith('S(') else b}"
+                for a, b in zip(start.places, lay.places) if a != b]
+    for j, lay in enumerate(sharded["targets"]):
         out.append(f"lib:place:{j}:{'/'.join(lay.places)}")
         shape = np.shape(prep.inputs[j])
         for m, s in enumerate(lay.places):

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from .base import assemble, shard_ranges
-from .torch_local_dtensor import run_on_rank, run_sharded
+from .torch_local_dtensor import run_on_rank, run_sharded, starting_placements
 from .torch_opinfo import Prepared, UnsupportedSample, dtype_supported, find, torch_dtype, unit_roundoff
 
 class Unsupported(Exception):
@@ -212,6 +212,11 @@ def grad_copies(shape, places, pieces, mesh_shape):
     return sorted(copies, key=lambda c: c[0])
 
 
+def kind(placement):
+    """A placement's kind for features: `S` (any dim), `R`, `P`, `P(avg)` …."""
+    return "S" if placement.startswith("S(") else placement
+
+
 def features(case, prep, sharded):
     lib = case["library_op"]
     mesh = sharded["mesh"]
@@ -230,5 +235,8 @@ def features(case, prep, sharded):
         out.append("lib:backward")
     for places in lib.get("redistribute") or []:
         out.append(f"lib:redistribute:{'/'.join(places)}")
+    for j, places in enumerate(sharded["places"]):
+        start = starting_placements(lib, j, places, prep.leaves[prep.positions[j]], len(mesh))
+        out += [f"lib:from:{kind(a)}>{kind(b)}" for a, b in zip(start, places) if a != b]
     out.append(f"lib:world:{math.prod(mesh)}")
     return sorted(set(out))

@@ -121,18 +121,20 @@ def run_op(prep, lib, seed, mesh, local_of):
     from torch.distributed.tensor import DTensor
 
     mesh_shape = tuple(int(d) for d in lib["mesh"])
-    given = lib.get("placements") or []
-    leaves, grads, places_used = list(prep.leaves), {}, []
+    given, leaves, grads, places_used = lib.get("placements") or [], list(prep.leaves), {}, []
     for j, i in enumerate(prep.positions):
         full = prep.leaves[i]
         places = normalise_placements(given[j] if j < len(given) else [], full.ndim, len(mesh_shape), full.is_floating_point())
+        start = starting_placements(lib, j, places, full, len(mesh_shape))
         places_used.append(places)
-        layout = ArgumentLayout(full, places, mesh_shape, prep.dtype_name, seed, f"arg{j}")
+        layout = ArgumentLayout(full, start, mesh_shape, prep.dtype_name, seed, f"arg{j}")
         local = local_of(layout)
         if i in prep.grad_args:
             local.requires_grad_(True)
-            grads[j] = (places, local)
+            grads[j] = (start, local)
         leaves[i] = layout.dtensor(local, mesh)
+        if start != places:
+            leaves[i] = leaves[i].redistribute(mesh, [placement_object(s) for s in places])
     outs = output_leaves(call(prep.op, leaves, prep.spec))
     fulls = [redistributed(o, lib, mesh).full_tensor() if isinstance(o, DTensor) else o for o in outs]
     pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
@@ -141,6 +143,20 @@ def run_op(prep, lib, seed, mesh, local_of):
     if pairs and inputs:
         got = torch.autograd.grad([f for f, _ in pairs], inputs, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
     return fulls, {j: (places, g) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}, places_used
+
+
+def starting_placements(lib, j, places, full, mesh_ndim):
+    """Where argument j starts before a redistribution to `places` (`library_op.sources`; its placements when
+    not given). A mesh dim whose placement is Partial starts there: DTensor redistributes to Partial only
+    from Replicate."""
+    sources = lib.get("sources") or []
+    if j >= len(sources):
+        return places
+    start = normalise_placements(sources[j], full.ndim, mesh_ndim, full.is_floating_point())
+    start = [p if p.startswith("P") else s for s, p in zip(start, places)]
+    partials = [s for s in start if s.startswith("P")]
+    # (Every partial dim of a start has one reduction, as normalise_placements gives the placements.)
+    return [partials[0] if s.startswith("P") else s for s in start]
 
 
 def redistributed(out, lib, mesh):

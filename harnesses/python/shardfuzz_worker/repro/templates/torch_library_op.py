@@ -63,8 +63,11 @@ def run_sharded(data, rank, op):
         if j in GRAD_ARGS:
             local.requires_grad_(True)
             leaves.append(local)
-        tensors.append(DTensor.from_local(local, mesh, [placement(s) for s in PLACEMENTS[j]], run_check=False,
-                                          shape=torch.Size(full.shape), stride=torch.empty(full.shape).stride()))
+        t = DTensor.from_local(local, mesh, [placement(s) for s in STARTS[j]], run_check=False,
+                               shape=torch.Size(full.shape), stride=torch.empty(full.shape).stride())
+        if STARTS[j] != PLACEMENTS[j]:
+            t = t.redistribute(mesh, [placement(s) for s in PLACEMENTS[j]])
+        tensors.append(t)
     gouts = {int(n[4:]): torch.tensor(data[n]).to(DTYPE) for n in data if n.startswith("gout")}
     outs, grads = forward_backward(op, tensors, leaves, gouts)
     return outs, [None if g is None else to_numpy(g) for g in grads]
@@ -76,7 +79,7 @@ def assemble_grad(data, j, pieces):
     full = np.zeros(data[f"arg{j}"].shape)
     for rank, piece in enumerate(pieces):
         coord = np.unravel_index(rank, MESH)
-        places = PLACEMENTS[j]
+        places = STARTS[j]
         if any(coord[m] != 0 for m, s in enumerate(places) if not s.startswith("S(")):
             continue
         ranges = [(0, n) for n in full.shape]
