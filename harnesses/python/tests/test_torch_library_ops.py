@@ -285,3 +285,31 @@ class LibraryOpReproTest(unittest.TestCase):
             self.assertIn("MISMATCH: out/0", faulty.stdout)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def test_the_repro_starts_arguments_at_their_sources_with_the_edited_sample(self):
+        import shutil
+        import tempfile
+
+        from test_repro import generate, run_script
+
+        # addmm sample 1 (beta, alpha as keywords): every argument redistributed to its placement, one from a
+        # partial value (an all-reduce the fault halves); beta edited.
+        case = library_case("addmm", "", 1, [2, 2], [["R", "R"], ["S(0)", "S(1)"], ["S(1)", "R"]], dtype="f32")
+        case["library_op"]["sources"] = [["P(avg)", "S(0)"], ["P", "R"], ["S(0)", "S(1)"]]
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "increment"}]
+        bounds = {n: {"max": 1e-5, "rms": 1e-5} for n in ("out/0", "grad/0", "grad/1", "grad/2")}
+        folder = tempfile.mkdtemp(prefix="shardfuzz-lib-repro-")
+        try:
+            status, command, err = generate("torch-dtensor", case, {"none": np.zeros(0)}, bounds, folder)
+            self.assertEqual(status, 0, err)
+            with open(os.path.join(folder, "repro.py")) as f:
+                text = f.read()
+            self.assertIn("STARTS = [['P(avg)', 'S(0)'], ['P', 'R'], ['S(0)', 'S(1)']]", text)
+            self.assertIn("edit increment", text)
+            clean = run_script(folder, command.strip())
+            self.assertEqual(clean.returncode, 0, clean.stdout[-2000:] + clean.stderr[-2000:])
+            faulty = run_script(folder, command.strip(), fault="dtensor-partial-half")
+            self.assertEqual(faulty.returncode, 1, faulty.stdout[-2000:])
+            self.assertIn("MISMATCH: out/0", faulty.stdout)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
