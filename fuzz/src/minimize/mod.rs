@@ -31,7 +31,11 @@ impl FailureKey {
     /// The key of a finding verdict (None for a verdict that is not a finding).
     pub fn of(v: &Verdict) -> Option<FailureKey> {
         let site = match v.kind {
-            VerdictKind::Divergent => generalise(&v.first_divergent()?.tensor),
+            // (A divergence no tensor shows, such as a result where the reference refused, by its reason.)
+            VerdictKind::Divergent => match v.first_divergent() {
+                Some(c) => generalise(&c.tensor),
+                None => generalise(&v.reason).chars().take(120).collect(),
+            },
             VerdictKind::Crash => crash_site(v),
             VerdictKind::Hang => hang_site(v),
             _ => return None,

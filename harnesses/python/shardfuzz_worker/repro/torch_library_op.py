@@ -96,7 +96,7 @@ def generate(case, inputs, bounds, dropped):
     op = find(lib)
     prep = Prepared(op, lib, seed, case["train"]["dtype"])
     data, places, starts, dtypes = arrays(prep, lib, seed)
-    prep.run(torch.float64)
+    refusal = refusal_of(prep)
     for k, g in enumerate(getattr(prep, "last_grad_outputs", [])):
         if g is not None:
             data[f"gout{k}"] = g.to(torch.float64).numpy()
@@ -119,6 +119,7 @@ def generate(case, inputs, bounds, dropped):
         literal("STARTS", starts),
         literal("REDISTRIBUTE", [list(r) for r in lib.get("redistribute") or []]),
         literal("BOUNDS", bounds),
+        literal("REFUSAL", refusal),
     ]
     sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), template("torch_library_op"),
                 template("torch_main")]
@@ -133,6 +134,8 @@ def generate(case, inputs, bounds, dropped):
                      + " (S(d) modulo the output's dimensions) before it is gathered.")
     if prep.edit_notes:
         about.append("The sample as the fuzzer edited it (embedded below): " + "; ".join(prep.edit_notes) + ".")
+    if refusal:
+        about.append(f"Single-device torch refuses this call ({refusal}): the sharded op must refuse it too.")
     about.append("The op is " + (f"{path}." if path else f"PyTorch's OpInfo entry {lib['name']!r} (needs expecttest)."))
     head = header(f"torch-dtensor, library op {lib['name']}", about, command, dropped, case.get("name", ""))
     from .common import assemble
@@ -140,11 +143,26 @@ def generate(case, inputs, bounds, dropped):
     return assemble(head, IMPORTS, sections, embed(data)), command
 
 
+def refusal_of(prep):
+    """Why single-device torch refuses the call in float64 (`Type: message`), or None when it runs it."""
+    import torch
+
+    try:
+        prep.run(torch.float64)
+    except Exception as e:  # noqa: BLE001 - the refusal is what the repro shows
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    return None
+
+
 def producible(case):
-    """The outputs and gradients this case's sample gives (its float64 single-device run names them)."""
+    """The outputs and gradients this case's sample gives (its float64 single-device run names them; none
+    when single-device torch refuses the call)."""
     import torch
 
     from ..targets.torch_opinfo import Prepared, find
 
     lib = case["library_op"]
-    return set(Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"]).run(torch.float64))
+    try:
+        return set(Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"]).run(torch.float64))
+    except Exception:  # noqa: BLE001 - a refused call (refusal_of says why)
+        return set()

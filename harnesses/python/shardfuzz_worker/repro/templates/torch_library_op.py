@@ -112,9 +112,34 @@ def run_reference(data, op):
     return result
 
 
+def run_refused(rank, data, op):
+    """Single-device torch refuses the call (REFUSAL): MISMATCH when every rank's sharded op returns a result.
+    A rank whose sharded op raises (or whose peers did) has seen the refusal: it says so and exits at once,
+    since its peers may be waiting in a collective it will never join."""
+    try:
+        run_sharded(data, rank, op)
+        dist.gather_object(None, [None] * WORLD if rank == 0 else None, dst=0)
+    except Exception as e:  # noqa: BLE001 - a refusal is the expected outcome
+        print(f"OK: the sharded op refuses it too (rank {rank}: {type(e).__name__}: {str(e)[:200]})", flush=True)
+        os._exit(0)
+    if rank != 0:
+        return None
+    try:
+        run_reference(data, op)
+    except Exception as e:  # noqa: BLE001
+        print(f"single-device torch: {type(e).__name__}: {str(e)[:300]}")
+    else:
+        print("OK: single-device torch runs this call here (the refusal the fuzzer saw did not show)", flush=True)
+        return 0
+    print("MISMATCH: the sharded op returned a result on every rank where single-device torch refuses the call", flush=True)
+    return 1
+
+
 def run(rank):
     data = load_blob()
     op = resolve_op()
+    if REFUSAL is not None:
+        return run_refused(rank, data, op)
     outs, grads = run_sharded(data, rank, op)
     gathered = [None] * WORLD if rank == 0 else None
     dist.gather_object(grads, gathered, dst=0)
