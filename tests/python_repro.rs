@@ -163,3 +163,55 @@ fn torch_tp_real_crash_on_an_empty_vocab_shard_reproduces_standalone() {
     assert_eq!(run.status.code(), Some(1), "torch {} no longer crashes?\n{}", report["environment"]["torch"], text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("CRASH on rank"), "{}", text(&run));
 }
+
+/// Runs the repro command in `dir` with the interpreters of `venv` (a folder of the repository) first on PATH.
+fn run_repro_in(dir: &Path, command: &str, venv: &str) -> Output {
+    let path = format!("{}:{}", root().join(venv).join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    Command::new("sh").arg("-c").arg(command).current_dir(dir).env("PATH", path).env_remove("PYTHONPATH").output().expect("run the repro")
+}
+
+/// A real Colossal-AI 0.5.0 bug from case to standalone script on colossalai-hybrid: a row-parallel bias
+/// under `split_gather` sequence parallelism (known fix `colossalai-row-bias-sp`,
+/// docs/findings/colossalai-0.5.0-row-bias-grad-sequence-parallel.py). The script, run alone in the
+/// colossalai environment, prints the mismatch of a bias gradient; without sequence parallelism, OK.
+#[test]
+fn colossalai_hybrid_row_bias_under_sequence_parallelism_reproduces_standalone() {
+    if !root().join(".venv-colossalai/bin/python").exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-colossalai: run scripts/setup-python.sh");
+        eprintln!("skipped: no .venv-colossalai (run scripts/setup-python.sh)");
+        return;
+    }
+    for (sp, code, want) in [(true, 1, "MISMATCH: grad/layers."), (false, 0, "OK: all tensors within")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let case = tmp.path().join("case.json");
+        std::fs::write(
+            &case,
+            format!(
+                r#"{{"schema": 1, "parallel": {{"dp": 2, "tp": 2, "pp": 1, "sequence_parallel": {sp}}},
+                    "model": {{"vocab": 13, "hidden": 8, "ffn": 12, "heads": 4, "kv_heads": 2, "seq": 4, "batch": 4,
+                              "layers": ["attention", "mlp"], "norm": "rmsnorm", "activation": "swiglu", "bias": true}},
+                    "train": {{"steps": 2, "optimizer": {{"kind": "adam", "lr": 0.01}}, "dtype": "f32"}},
+                    "data": {{"seed": 4343}}}}"#
+            ),
+        )
+        .unwrap();
+        let out = tmp.path().join("report");
+        let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+            .args(["report", &case.display().to_string(), "--target", "colossalai-hybrid", "--format", "json"])
+            .args(["--out", &out.display().to_string()])
+            .env_remove("SHARDFUZZ_KNOWN_FIXES")
+            .output()
+            .unwrap();
+        // (`report` exits 1 on a case that does not fail, after writing the report and the script.)
+        assert_eq!(o.status.code(), Some(if sp { 0 } else { 1 }), "{}", text(&o));
+        let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(report["verdict"]["kind"], if sp { "divergent" } else { "pass" }, "{:#?}", report["verdict"]);
+        let command = report["repro"]["command"].as_str().unwrap().to_string();
+        assert_eq!(command, "torchrun --nproc_per_node 4 repro.py");
+        let clean = tempfile::tempdir().unwrap();
+        std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+        let run = run_repro_in(clean.path(), &command, ".venv-colossalai");
+        assert_eq!(run.status.code(), Some(code), "sequence parallel {sp}:\n{}", text(&run));
+        assert!(String::from_utf8_lossy(&run.stdout).contains(want), "{}", text(&run));
+    }
+}

@@ -25,6 +25,7 @@ GENERATORS = {
     "jax-shardmap": "jax_shardmap",
     "colossalai-tp": "colossalai_tp",
     "colossalai-zero": "colossalai_zero",
+    "colossalai-hybrid": "colossalai_hybrid",
 }
 
 

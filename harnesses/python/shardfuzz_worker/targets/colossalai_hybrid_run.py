@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .base import chunk_range, grad_or_fail, micro_batches
-from .colossalai_llama import build, case_name, shard_dim, to_case
+from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
+from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
 
 
@@ -126,12 +127,11 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
     return raw, logits
 
 
-def single_device(case, inputs):
-    """The same Llama, plain transformers on one device in the case dtype: the oracle's noise baseline."""
-    from .torch_common import torch_dtype
-
+def single_device(case, inputs, dt=None):
+    """The same Llama, plain transformers on one device in `dt` (default: the case dtype, the oracle's noise
+    baseline; a repro's reference runs it in float64)."""
     m, t = model_defaults(case), case["train"]
-    dt = torch_dtype(t["dtype"])
+    dt = dt or torch_dtype(t["dtype"])
     model = build(m, inputs, dt)
     opt = make_optimizer(case, list(model.parameters()))
     b, s = m["batch"], m["seq"]
@@ -176,8 +176,6 @@ def assemble(case, name, pieces):
 
 
 def _case_axis(name, llama_dim):
-    from .colossalai_llama import is_projection_weight
-
     return 1 - llama_dim if is_projection_weight(name) else llama_dim
 
 

@@ -1,0 +1,94 @@
+"""Repro of a colossalai-hybrid model case: the case's model as a `transformers` Llama trained through
+Colossal-AI's Booster with HybridParallelPlugin (tp x pp x dp, ZeRO, sequence parallelism, the pipeline
+schedule: the plugin's arguments exactly as the worker gives them), with the worker's CPU start-up shims and
+its training code, under torchrun; against the same Llama on one device in float64."""
+
+import re
+from unittest import mock
+
+from ..targets.base import dtype_name, parallel
+from .colossalai_tp import SHIMS_ABOUT, shims_source
+from .common import assemble, embed, header, literal, rule, template, worker_source
+from .torch_model import IMPORTS as TORCH_IMPORTS
+from .torch_model import TORCH_DTYPES, check_model_case, model_about, model_arrays
+from .torch_model import producible  # noqa: F401 - the generator's interface
+
+TARGET = "colossalai-hybrid"
+
+IMPORTS = TORCH_IMPORTS + """import contextlib
+import re
+
+from colossalai.booster.plugin import HybridParallelPlugin
+"""
+
+LLAMA = ("NORM_EPS", "config", "NoRotation", "build", "_LAYER", "case_name", "is_projection_weight", "to_llama",
+         "to_case", "shard_dim")
+RUN = ("Place", "local_view", "reported_name", "batches", "run", "plain_step", "pipeline_step", "single_device",
+       "assemble", "_case_axis", "combine")
+
+
+def check(case):
+    from ..targets.colossalai_hybrid import TARGET as WORKER
+
+    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+
+
+def plugin_arguments(case):
+    """The keyword arguments the worker's ColossalHybrid.plugin() gives HybridParallelPlugin for the case (its own
+    code run with the plugin class recording them); a torch dtype as its name."""
+    import torch
+
+    from ..targets.colossalai_hybrid import TARGET as WORKER
+
+    with mock.patch("colossalai.booster.plugin.HybridParallelPlugin", lambda **kwargs: kwargs):
+        kw = WORKER.plugin(case)
+    return {k: (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v) for k, v in kw.items()}
+
+
+def sources():
+    helpers = (worker_source("targets/base.py", "chunk_range", "grad_or_fail", "micro_batches").replace("HarnessError", "RuntimeError")
+               + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
+               + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer"))
+    return [
+        rule("helpers (as the worker's)") + "\n" + helpers,
+        shims_source(),
+        rule("the case's model as a transformers Llama (as the worker's)") + "\n" + worker_source("targets/colossalai_llama.py", *LLAMA),
+        rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
+        + re.sub(r"(?m)^def run\(", "def run_hybrid(", worker_source("targets/colossalai_hybrid_run.py", *RUN)),
+    ]
+
+
+def describe(case, plugin):
+    p = parallel(case)
+    sp = f", sequence parallel ({p['sequence_parallel_mode']})" if p["sequence_parallel"] and p["tp"] > 1 else ""
+    pp = ""
+    if p["pp"] > 1:
+        chunks = f" x {p['virtual_stages']} chunks" if p["pipeline_schedule"] == "interleaved" else ""
+        pp = f", {plugin.get('pp_style', '1f1b')} pipeline{chunks} over {p['microbatches']} micro-batches"
+    return [
+        f"Colossal-AI HybridParallelPlugin (Booster, precision {plugin['precision']}, ZeRO stage {p['zero_stage']}) over"
+        f" dp={p['dp']} x tp={p['tp']} x pp={p['pp']} ranks{sp}{pp}, dtype {dtype_name(case)}."
+        " Reference: the same Llama on one device in float64.",
+        SHIMS_ABOUT,
+        *model_about(case),
+    ]
+
+
+def generate(case, inputs, bounds, dropped):
+    arrays = model_arrays(case, inputs, TARGET)
+    p = parallel(case)
+    world = p["dp"] * p["tp"] * p["pp"]
+    command = f"torchrun --nproc_per_node {world} repro.py"
+    plugin = plugin_arguments(case)
+    config = [
+        rule("the case"),
+        literal("CASE", case),
+        f"WORLD = {world}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        "# HybridParallelPlugin's arguments, as the worker's ColossalHybrid.plugin() passes them for this case.",
+        literal("PLUGIN", plugin),
+        literal("BOUNDS", bounds),
+    ]
+    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), *sources(), template("colossalai_hybrid"),
+                template("torch_main")]
+    head = header(f"{TARGET}, model", describe(case, plugin), command, dropped, case.get("name", ""))
+    return assemble(head, IMPORTS, sections, embed(arrays)), command

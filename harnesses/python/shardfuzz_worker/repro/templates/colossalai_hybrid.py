@@ -1,0 +1,26 @@
+# -------------------------------------------------------------- the sharded run
+
+
+def make_plugin():
+    kw = dict(PLUGIN)
+    if kw.get("communication_dtype"):
+        kw["communication_dtype"] = getattr(torch, kw["communication_dtype"])
+    return HybridParallelPlugin(**kw)
+
+
+def run(rank):
+    """Every rank trains through the plugin as the fuzzer's colossalai-hybrid ranks do (the worker's CPU shims
+    installed after the gloo process group, then its `run`); rank 0 gathers the ranks' shards, assembles them
+    as the fuzzer does (`combine`: tensor-parallel shards concatenated, data-parallel copies kept) and compares
+    with the same Llama on one device in float64."""
+    data = load_blob()
+    install_shims()
+    mine = run_hybrid(make_plugin(), CASE, data, DTYPE)
+    outs = [None] * WORLD if rank == 0 else None
+    dist.gather_object(mine, outs, dst=0)
+    if rank != 0:
+        return None
+    sharded = combine(CASE, outs, [])["tensors"]
+    reference = single_device(CASE, data, torch.float64)
+    dump(sharded, reference)
+    return report(sharded, reference, BOUNDS)
