@@ -147,16 +147,16 @@ def run_op(prep, lib, seed, mesh, local_of):
 
 def starting_placements(lib, j, places, full, mesh_ndim):
     """Where argument j starts before a redistribution to `places` (`library_op.sources`; its placements when
-    not given). A mesh dim whose placement is Partial starts there: DTensor redistributes to Partial only
-    from Replicate."""
+    not given). A mesh dim whose placement is Partial starts there (DTensor makes a Partial only from
+    Replicate), and a start has one partial reduction, the placements' own when they have one (DTensor does
+    not convert one partial reduction into another): a source partial of another reduction starts replicated."""
     sources = lib.get("sources") or []
     if j >= len(sources):
         return places
     start = normalise_placements(sources[j], full.ndim, mesh_ndim, full.is_floating_point())
-    start = [p if p.startswith("P") else s for s, p in zip(start, places)]
-    partials = [s for s in start if s.startswith("P")]
-    # (Every partial dim of a start has one reduction, as normalise_placements gives the placements.)
-    return [partials[0] if s.startswith("P") else s for s in start]
+    # (normalise_placements gives every partial dim of one list the same reduction.)
+    reduce = next((p for p in places if p.startswith("P")), None) or next((s for s in start if s.startswith("P")), None)
+    return [p if p.startswith("P") else (s if not s.startswith("P") or s == reduce else "R") for s, p in zip(start, places)]
 
 
 def redistributed(out, lib, mesh):
