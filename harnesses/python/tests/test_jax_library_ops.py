@@ -172,6 +172,12 @@ class JaxLibraryOps(unittest.TestCase):
         case["library_op"]["edits"] = [{"arg": 0, "edit": "beyond"}]
         reply = self.run_case(case)
         self.assertEqual(reply.get("status"), "unsupported", "an axis past the array's dims: the op refuses it")
+        # jnp.tile with negative reps traces to a negative size (and fails in MLIR): unsupported, not our error.
+        tile = next(i for i, (_, kw) in enumerate(self.ops.find("jax.numpy.tile").samples(5)) if "reps" in kw)
+        case = lib_case("jax.numpy.tile", tile, (2,), [["R"]])
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "negate"}]
+        reply = self.run_case(case)
+        self.assertEqual(reply.get("status"), "unsupported", reply)
 
     def test_uneven_shard_map_is_rejected(self):
         from shardfuzz_worker.validation import describe

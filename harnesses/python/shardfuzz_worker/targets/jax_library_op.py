@@ -139,6 +139,11 @@ class Prepared:
             raise Unsupported(f"the op fails on this sample: {type(e).__name__}: {str(e)[:200]}") from e
         if not got:
             raise Unsupported("the op returns no array: nothing to compare")
+        bad = [tuple(o.shape) for o in got if any(d < 0 for d in o.shape)]
+        if bad:
+            # (jnp.tile with negative reps traces to (2, -6) and fails later in MLIR: JAX validates less than
+            # numpy, which refuses; single-device and sharded runs fail alike.)
+            raise Unsupported(f"the op traces to an output of negative size {list(bad[0])} on this sample: it cannot run")
         return [(tuple(o.shape), o.dtype) for o in got]
 
     def perturbed(self, u):
@@ -319,10 +324,17 @@ def _gspmd_call(prep, starts, lays, m, chain):
                 v = jax.lax.with_sharding_constraint(v, NamedSharding(m, PartitionSpec(*lay.entries())))
             fulls.append(v)
         outs = _op_call(prep)(fulls)
+        mesh_shape = tuple(m.devices.shape)
         for places in chain:
             outs = [jax.lax.with_sharding_constraint(
-                o, NamedSharding(m, Layout(normalise_placements(places, np.ndim(o), len(m.devices.shape), False), np.ndim(o)).spec()))
+                o, NamedSharding(m, Layout(normalise_placements(places, np.ndim(o), len(mesh_shape), False), np.ndim(o)).spec()))
                 for o in outs]
+        if chain:
+            # An output whose last constraint splits a dim unevenly leaves jit with a sharding JAX cannot name
+            # (IndivisibleError in parse_flatten_op_sharding): one more constraint replicates it.
+            last = [Layout(normalise_placements(chain[-1], np.ndim(o), len(mesh_shape), False), np.ndim(o)) for o in outs]
+            outs = [o if lay.divides(np.shape(o), mesh_shape) else jax.lax.with_sharding_constraint(o, NamedSharding(m, PartitionSpec()))
+                    for o, lay in zip(outs, last)]
         return outs
 
     return call
