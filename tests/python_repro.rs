@@ -116,6 +116,22 @@ fn jax_gspmd_sharding_constraint_that_scales_minimizes_reports_and_reproduces() 
 }
 
 #[test]
+fn jax_gspmd_library_op_under_a_scaling_constraint_minimizes_reports_and_reproduces() {
+    // A library op with a start layout, an output chain and an edited keyword argument: the script runs
+    // all three as the worker does.
+    finding_to_repro(
+        "jax-gspmd",
+        "jax-wsc-scale",
+        r#"{"schema": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1},
+            "library_op": {"name": "jax.numpy.cumsum", "sample": 1, "mesh": [2, 2],
+                           "placements": [["S(1)", "R"]], "sources": [["R", "S(0)"]],
+                           "redistribute": [["S(0)", "R"]], "edits": [{"arg": 0, "edit": "flip"}]},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f32"},
+            "data": {"seed": 13}}"#,
+    );
+}
+
+#[test]
 fn torch_tp_row_parallel_reduction_at_half_scale_minimizes_reports_and_reproduces() {
     finding_to_repro(
         "torch-tp",

@@ -31,9 +31,10 @@ GENERATORS = {
 
 def generate(target, case, inputs, raw_bounds):
     """(script text, command) for one case; ReproError when the target or the case cannot be expressed."""
-    if "library_op" in case and target == "torch-dtensor":
-        from . import torch_library_op as module
+    if "library_op" in case and target in ("torch-dtensor", "jax-gspmd"):
+        from . import jax_library_op, torch_library_op
 
+        module = torch_library_op if target == "torch-dtensor" else jax_library_op
         module.check(case)
         bounds, dropped = split_bounds(load_bounds(raw_bounds), module.producible(case))
         return module.generate(case, inputs, bounds, dropped)
