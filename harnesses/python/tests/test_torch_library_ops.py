@@ -170,6 +170,17 @@ class TorchLibraryOpsTest(LibraryWorker):
         for f in ("lib:from:P(avg)>R", "lib:from:S>R", "lib:from:P>S", "lib:from:R>S", "lib:from:S>S"):
             self.assertIn(f, reply["features"])
 
+    def test_an_edit_that_makes_a_call_random_makes_it_unsupported(self):
+        # rrelu sample 44 (sample 4 of its list): a [5] input, training=False; OpInfo fixes the seed of its
+        # call (wrapper_set_seed), which must not hide that training=True draws random slopes.
+        case = library_case("nn.functional.rrelu", "", 44, [2], [["S(0)"]])
+        reply, _ = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        case["library_op"]["edits"] = [{"arg": 0, "edit": "flip"}]
+        reply, _ = self.run_case(case)
+        self.assertEqual(reply["status"], "unsupported", reply.get("reason"))
+        self.assertIn("random", reply["reason"])
+
     def test_a_case_runs_on_real_gloo_ranks_with_the_same_answer(self):
         case = library_case("add", "", 3, [2, 2], [["S(0)", "S(1)"], ["R", "P"]])
         w = self.worker

@@ -132,6 +132,7 @@ class Prepared:
             raise UnsupportedSample(f"OpInfo {op.name} generates no sample inputs on CPU in float64")
         leaves, self.spec, self.positions = flatten(chosen)
         leaves, self.edit_notes = edited(leaves, lib.get("edits"))
+        self.edits_key = repr(lib.get("edits") or [])
         odd = [str(leaves[i].layout) for i in self.positions if leaves[i].layout != torch.strided or leaves[i].is_nested]
         if odd:
             raise UnsupportedSample(f"sample {self.index} has {odd[0]} tensors: DTensor shards strided dense tensors")
