@@ -7,7 +7,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Case, Data, Distribution, Edit, LibraryOp, Optimizer, Parallel, Placement, Reduce, SampleEdit, Train, VocabularyEntry, MAX_SAMPLE_EDITS,
+    Case, Data, Distribution, Edit, LibraryOp, Optimizer, Parallel, Placement, Reduce, SampleEdit, Train, View, VocabularyEntry,
+    MAX_SAMPLE_EDITS, MAX_VIEWS,
 };
 use shardfuzz_kernels::DType;
 
@@ -84,6 +85,7 @@ pub fn random_library_case(seed: u64, vocab: &Vocabulary) -> Option<Case> {
         // (Redistributions come from the `redistribute` mutator: a draw here would change every
         // generated case after it, and with it the benchmarks' fixed case streams.)
         redistribute: vec![],
+        views: vec![],
         edits: vec![],
     };
     Some(library_case(op, dtype(&mut rng), rng.gen()))
@@ -125,6 +127,7 @@ pub const LIBRARY_MUTATIONS: &[(&str, LibraryMutation)] = &[
     ("redistribute", redistribute),
     ("sample-edit", sample_edit),
     ("source", source),
+    ("view", view),
     ("dtype", |c, _, rng| change(&mut c.train.dtype, dtype(rng))),
     ("reseed", |c, _, rng| change(&mut c.data.seed, rng.gen())),
 ];
@@ -233,6 +236,18 @@ fn source(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     change(&mut op.sources[arg][m], p)
 }
 
+/// An output view appended (transpose, permute, flatten, unsqueeze, narrow), or one of them removed.
+fn view(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
+    let Some(op) = lib(c) else { return false };
+    let n = op.views.len();
+    if n > 0 && (n >= MAX_VIEWS || rng.gen_bool(0.3)) {
+        op.views.remove(rng.gen_range(0..n));
+        return true;
+    }
+    op.views.push(*View::ALL.choose(rng).expect("nonempty"));
+    true
+}
+
 /// A change to one of the sample's own arguments (a dim, a flag, a scalar, an index tensor) appended,
 /// or one of the case's edits removed.
 fn sample_edit(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
@@ -299,6 +314,7 @@ mod tests {
                 sources: vec![],
                 backward: true,
                 redistribute: vec![],
+                views: vec![],
                 edits: vec![],
             },
             DType::F32,

@@ -253,6 +253,11 @@ fn simpler_library_placements(case: &Case) -> Vec<Case> {
             }));
         }
     }
+    for i in 0..l.views.len() {
+        out.push(with(case, |c| {
+            lib(c).views.remove(i);
+        }));
+    }
     for i in 0..l.edits.len() {
         out.push(with(case, |c| {
             lib(c).edits.remove(i);

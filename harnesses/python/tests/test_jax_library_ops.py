@@ -162,6 +162,15 @@ class JaxLibraryOps(unittest.TestCase):
         for f in ("lib:from:P>S", "lib:from:S>S", "lib:from:R>S", "lib:from:S>R"):
             self.assertIn(f, reply["features"])
 
+    def test_outputs_go_through_the_views(self):
+        case = lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]])
+        case["library_op"]["views"] = ["transpose", "narrow", "flatten"]
+        case["library_op"]["redistribute"] = [["S(0)", "R"]]
+        reply = self.run_case(case)
+        self.assert_matches_reference(reply, "matmul's output transposed, narrowed, flattened")
+        self.assertEqual(np.ndim(reply["tensors"]["reference/out/0"]), 1)
+        self.assertIn("lib:view:transpose", reply["features"])
+
     def test_sample_edits_change_the_static_arguments(self):
         # jax.numpy.cumsum sample 1: a (3, 5) argument, axis=0.
         case = lib_case("jax.numpy.cumsum", 1, (2,), [["S(1)"]])

@@ -181,6 +181,17 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertEqual(reply["status"], "unsupported", reply.get("reason"))
         self.assertIn("random", reply["reason"])
 
+    def test_outputs_go_through_the_views_forward_and_backward(self):
+        case = library_case("addmm", "", 1, [2, 2], [["P", "R"], ["S(0)", "S(1)"], ["R", "S(0)"]])
+        case["library_op"]["views"] = ["transpose", "narrow", "unsqueeze", "flatten"]
+        case["library_op"]["redistribute"] = [["S(0)", "R"]]
+        reply, outputs = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertEqual(np.shape(outputs["reference/out/0"]), (6,), "[3, 3] transposed, narrowed to [2, 3], flattened")
+        self.assertIn("grad/1", outputs)
+        self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
+        self.assertIn("lib:view:narrow", reply["features"])
+
     def test_a_case_runs_on_real_gloo_ranks_with_the_same_answer(self):
         case = library_case("add", "", 3, [2, 2], [["S(0)", "S(1)"], ["R", "P"]])
         w = self.worker

@@ -51,6 +51,10 @@ pub struct LibraryOp {
     /// backward runs back through them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redistribute: Vec<Vec<Placement>>,
+    /// Views every tensor output goes through, in order, right after the op (before `redistribute`),
+    /// in the sharded run and the reference alike; the backward runs back through them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub views: Vec<View>,
     /// Changes to the sample's own arguments (its dims, keepdim flags, scalars and index tensors),
     /// applied in order before anything runs, the single-device reference included.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -105,6 +109,40 @@ impl Edit {
         }
     }
 }
+
+/// A view of an output (a tensor of `n` dimensions); one that does not apply to it (a transpose of a
+/// vector) leaves it as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum View {
+    /// Dims 0 and n − 1 swapped (n ≥ 2).
+    Transpose,
+    /// Every dim reversed (`permute(n−1, …, 0)`, n ≥ 3).
+    Permute,
+    /// `reshape(-1)` (n ≥ 2).
+    Flatten,
+    /// A new leading dim of size 1.
+    Unsqueeze,
+    /// The first row along dim 0 dropped (`narrow(0, 1, size − 1)`, size ≥ 2).
+    Narrow,
+}
+
+impl View {
+    pub const ALL: [View; 5] = [View::Transpose, View::Permute, View::Flatten, View::Unsqueeze, View::Narrow];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Transpose => "transpose",
+            View::Permute => "permute",
+            View::Flatten => "flatten",
+            View::Unsqueeze => "unsqueeze",
+            View::Narrow => "narrow",
+        }
+    }
+}
+
+/// The most output views a library-op case may carry.
+pub const MAX_VIEWS: usize = 4;
 
 /// The most sample edits a library-op case may carry.
 pub const MAX_SAMPLE_EDITS: usize = 4;

@@ -13,7 +13,7 @@ mod train;
 mod validate;
 
 pub use data::{Data, Distribution};
-pub use library_op::{Edit, LibraryOp, SampleEdit, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS};
+pub use library_op::{Edit, LibraryOp, SampleEdit, View, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS, MAX_VIEWS};
 pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
 pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode};
@@ -142,6 +142,9 @@ impl Case {
                 let sources: Vec<String> =
                     l.sources.iter().map(|p| p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")).collect();
                 s += &format!(" from [{}]", sources.join(", "));
+            }
+            for v in &l.views {
+                s += &format!(" → {}", v.name());
             }
             for r in &l.redistribute {
                 s += &format!(" → {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/"));

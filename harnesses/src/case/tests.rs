@@ -147,6 +147,13 @@ fn library_op_rules_name_their_field() {
     assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
     let e = error_of(&sources(r#"[["R", "R"], ["R"]]"#));
     assert!(e.contains("library_op.sources[1]: must give one placement per mesh dimension"), "{e}");
+    let views = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "views": {e}"#));
+    let ok = Case::from_json(&views(r#"["transpose", "narrow"]"#)).unwrap();
+    assert_eq!(ok.library_op.as_ref().unwrap().views, vec![View::Transpose, View::Narrow]);
+    assert!(ok.summary().contains("→ transpose → narrow"), "{}", ok.summary());
+    assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
+    let e = error_of(&views(&format!("[{}]", [r#""flatten""#; 5].join(", "))));
+    assert!(e.contains("library_op.views: must hold at most 4"), "{e}");
     let both = LIBRARY.replace(r#""library_op""#, r#""op": {"kind": "sum", "shape": [2, 2]}, "library_op""#);
     assert!(error_of(&both).contains("exactly one of `model`, `op` and `library_op`"));
 }

@@ -2,7 +2,7 @@
 
 use super::{
     Case, LayerKind, LibraryOp, Model, OpCase, OpKind, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS,
-    MAX_SAMPLE_EDITS,
+    MAX_SAMPLE_EDITS, MAX_VIEWS,
 };
 
 /// Bounds a case must respect.
@@ -258,6 +258,9 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
             "library_op.redistribute",
             format!("must hold at most {MAX_REDISTRIBUTIONS} redistributions (got {})", l.redistribute.len()),
         );
+    }
+    if l.views.len() > MAX_VIEWS {
+        r.fail("library_op.views", format!("must hold at most {MAX_VIEWS} views (got {})", l.views.len()));
     }
     if l.edits.len() > MAX_SAMPLE_EDITS {
         r.fail("library_op.edits", format!("must hold at most {MAX_SAMPLE_EDITS} sample edits (got {})", l.edits.len()));

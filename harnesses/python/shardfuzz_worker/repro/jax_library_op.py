@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .common import ReproError, assemble, embed, header, literal, rule, template
+from .common import ReproError, assemble, embed, header, literal, rule, template, worker_source
 from .jax_gspmd import IMPORTS, JNP_DTYPES
 
 TARGET = "jax-gspmd"
@@ -107,6 +107,7 @@ def generate(case, inputs, bounds, dropped):
         f"MESH = {mesh}\nAXES = {tuple(AXES[:len(mesh)])}\nDTYPE = {JNP_DTYPES[case['train']['dtype']]}",
         literal("OP_PATH", path),
         literal("KWARGS", kwargs),
+        literal("VIEWS", list(prep.views)),
         literal("FLOAT_ARGS", list(prep.float_args)),
         literal("FLOAT_OUTS", list(prep.float_outs)),
         "# Per argument: start PartitionSpec (partial axes first), summand axes, entered replicated, layout spec",
@@ -115,7 +116,9 @@ def generate(case, inputs, bounds, dropped):
         literal("REPLICATE_AFTER", replicate),
         literal("BOUNDS", bounds),
     ]
-    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), template("jax_library_op")]
+    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"),
+                rule("output views (as the worker's)") + "\n" + worker_source("targets/jax_library_op.py", "viewed"),
+                template("jax_library_op")]
     world = math.prod(mesh)
     about = [f"JAX {lib['name']} (jit + NamedSharding, sample {prep.index} of shardfuzz's table, seed {prep.seed}) on a mesh"
              f" {list(mesh)} of host CPU devices ({world}), dtype {case['train']['dtype']}, keyword arguments {kwargs}."]

@@ -3,7 +3,7 @@ embedded, DTensor.from_local on a real gloo mesh under torchrun, against the sam
 
 import numpy as np
 
-from .common import ReproError, embed, header, literal, rule, template
+from .common import ReproError, embed, header, literal, rule, template, worker_source
 
 IMPORTS = """
 import base64
@@ -117,18 +117,22 @@ def generate(case, inputs, bounds, dropped):
         literal("ARG_DTYPES", dtypes),
         literal("PLACEMENTS", places),
         literal("STARTS", starts),
+        literal("VIEWS", list(lib.get("views") or [])),
         literal("REDISTRIBUTE", [list(r) for r in lib.get("redistribute") or []]),
         literal("BOUNDS", bounds),
         literal("REFUSAL", refusal),
     ]
-    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), template("torch_library_op"),
-                template("torch_main")]
+    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"),
+                rule("output views (as the worker's)") + "\n" + worker_source("targets/torch_opinfo.py", "viewed"),
+                template("torch_library_op"), template("torch_main")]
     about = [f"torch DTensor {lib['name']}{'.' + lib['variant'] if lib.get('variant') else ''} (OpInfo sample "
              f"{prep.index}, seed {seed}) on a mesh {list(lib['mesh'])} ({world} ranks), dtype {case['train']['dtype']}.",
              "Placements of the tensor arguments, per mesh dim (P = a random uneven partial value per rank):"]
     about += [f"  argument {j} {list(prep.leaves[i].shape)}: [{', '.join(places[j])}]"
               + (f", redistributed there from [{', '.join(starts[j])}]" if starts[j] != places[j] else "")
               for j, i in enumerate(prep.positions)]
+    if lib.get("views"):
+        about.append("Each output then goes through the views " + ", ".join(lib["views"]) + ".")
     if lib.get("redistribute"):
         about.append("Each output is redistributed, in turn, to " + " then ".join(f"[{', '.join(r)}]" for r in lib["redistribute"])
                      + " (S(d) modulo the output's dimensions) before it is gathered.")

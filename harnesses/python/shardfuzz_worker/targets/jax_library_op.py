@@ -121,7 +121,8 @@ class Prepared:
         self.inputs = [round_to(x, dtype_name) if f else np.asarray(x) for x, f in zip(raw, self.floating)]
         self.float_args = [j for j, f in enumerate(self.floating) if f]
         self.structure = tuple((tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in self.inputs)
-        self.static = repr(sorted(self.kwargs.items()))
+        self.views = tuple(lib.get("views") or [])
+        self.static = repr(sorted(self.kwargs.items())) + repr(self.views)
         self.key = (self.op.name, self.index, self.structure, self.static)
         self.outs = _COMPILED.get_or(("outs",) + self.key, self._out_structure)
         self.float_outs = [k for k, (_, dt) in enumerate(self.outs) if is_float(dt)]
@@ -134,7 +135,7 @@ class Prepared:
         """[(shape, dtype)] of the op's outputs (float64 inputs), traced abstractly."""
         specs = [jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype) for x in self.inputs]
         try:
-            got = jax.eval_shape(lambda *xs: jax.tree_util.tree_leaves(self.op(*xs, **self.kwargs)), *specs)
+            got = jax.eval_shape(lambda *xs: _op_call(self)(xs), *specs)
         except Exception as e:  # noqa: BLE001 - the op refuses its own sample: not a case to run
             raise Unsupported(f"the op fails on this sample: {type(e).__name__}: {str(e)[:200]}") from e
         if not got:
@@ -178,7 +179,25 @@ def make_step(call, float_args, grad):
 
 
 def _op_call(prep):
-    return lambda vals: jax.tree_util.tree_leaves(prep.op(*vals, **prep.kwargs))
+    return lambda vals: [viewed(o, prep.views) for o in jax.tree_util.tree_leaves(prep.op(*vals, **prep.kwargs))]
+
+
+def viewed(x, views):
+    """An output through the case's views, as torch_opinfo.viewed defines them (each left out where it does
+    not apply)."""
+    for how in views:
+        n = x.ndim
+        if how == "transpose" and n >= 2:
+            x = jnp.swapaxes(x, 0, n - 1)
+        elif how == "permute" and n >= 3:
+            x = jnp.transpose(x)
+        elif how == "flatten" and n >= 2:
+            x = x.reshape(-1)
+        elif how == "unsqueeze":
+            x = x[None]
+        elif how == "narrow" and n >= 1 and x.shape[0] >= 2:
+            x = x[1:]
+    return x
 
 
 def to_array(x):
@@ -499,5 +518,6 @@ def features(case, prep, sharded, target_kind):
         out.append("lib:backward")
     for places in case["library_op"].get("redistribute") or []:
         out.append(f"lib:redistribute:{'/'.join(places)}")
+    out += [f"lib:view:{v}" for v in prep.views]
     out += sharded["hlo"]
     return sorted(set(out))

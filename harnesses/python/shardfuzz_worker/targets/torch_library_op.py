@@ -251,6 +251,7 @@ def features(case, prep, sharded):
         out.append("lib:backward")
     for places in lib.get("redistribute") or []:
         out.append(f"lib:redistribute:{'/'.join(places)}")
+    out += [f"lib:view:{v}" for v in lib.get("views") or []]
     for j, places in enumerate(sharded["places"]):
         start = starting_placements(lib, j, places, prep.leaves[prep.positions[j]], len(mesh))
         out += [f"lib:from:{kind(a)}>{kind(b)}" for a, b in zip(start, places) if a != b]

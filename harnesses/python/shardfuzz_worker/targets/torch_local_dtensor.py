@@ -18,7 +18,7 @@ import numpy as np
 
 from ..partial import partial_parts, round_to, split_rng
 from .base import normalise_placements, shard_ranges
-from .torch_opinfo import call, output_leaves, to_array, torch_dtype
+from .torch_opinfo import call, output_leaves, to_array, torch_dtype, viewed
 
 _STATE = {"pg": False, "modes": {}, "meshes": {}}
 
@@ -135,7 +135,7 @@ def run_op(prep, lib, seed, mesh, local_of):
         leaves[i] = layout.dtensor(local, mesh)
         if start != places:
             leaves[i] = leaves[i].redistribute(mesh, [placement_object(s) for s in places])
-    outs = output_leaves(call(prep.op, leaves, prep.spec))
+    outs = [viewed(o, prep.views) for o in output_leaves(call(prep.op, leaves, prep.spec))]
     fulls = [redistributed(o, lib, mesh).full_tensor() if isinstance(o, DTensor) else o for o in outs]
     pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
     inputs = [leaf for _, leaf in grads.values()]

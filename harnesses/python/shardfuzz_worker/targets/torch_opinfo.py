@@ -133,6 +133,7 @@ class Prepared:
         leaves, self.spec, self.positions = flatten(chosen)
         leaves, self.edit_notes = edited(leaves, lib.get("edits"))
         self.edits_key = repr(lib.get("edits") or [])
+        self.views = list(lib.get("views") or [])
         odd = [str(leaves[i].layout) for i in self.positions if leaves[i].layout != torch.strided or leaves[i].is_nested]
         if odd:
             raise UnsupportedSample(f"sample {self.index} has {odd[0]} tensors: DTensor shards strided dense tensors")
@@ -162,7 +163,7 @@ class Prepared:
                     t = t * torch.from_numpy(np.asarray(1 + perturb * rng.choice([-1.0, 1.0], size=tuple(t.shape))))
                 t = t.to(dtype).detach().requires_grad_(i in self.grad_args)
             leaves[i] = t
-        outs = output_leaves(call(self.op, leaves, self.spec))
+        outs = [viewed(o, self.views) for o in output_leaves(call(self.op, leaves, self.spec))]
         self.integer_outputs = {f"out/{k}" for k, o in enumerate(outs) if not (o.is_floating_point() or o.is_complex())}
         result = {f"out/{k}": to_array(o) for k, o in enumerate(outs)}
         self.backward(outs, [leaves[i] for i in self.grad_args], result)
@@ -187,6 +188,25 @@ class Prepared:
         for i, g in zip(self.grad_args, grads):
             if g is not None:
                 result[f"grad/{self.positions.index(i)}"] = to_array(g)
+
+
+def viewed(t, views):
+    """An output (a tensor or a DTensor) through the case's views (`library_op.views`), each left out where it
+    does not apply: transpose (dims 0 and n−1, n ≥ 2), permute (all dims reversed, n ≥ 3), flatten (n ≥ 2),
+    unsqueeze (a leading dim), narrow (the first row of dim 0 dropped, size ≥ 2)."""
+    for how in views:
+        n = t.dim()
+        if how == "transpose" and n >= 2:
+            t = t.transpose(0, n - 1)
+        elif how == "permute" and n >= 3:
+            t = t.permute(*reversed(range(n)))
+        elif how == "flatten" and n >= 2:
+            t = t.reshape(-1)
+        elif how == "unsqueeze":
+            t = t.unsqueeze(0)
+        elif how == "narrow" and n >= 1 and t.shape[0] >= 2:
+            t = t.narrow(0, 1, t.shape[0] - 1)
+    return t
 
 
 def edited(leaves, edits):

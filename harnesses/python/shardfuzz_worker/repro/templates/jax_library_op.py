@@ -49,7 +49,7 @@ def run_sharded(data, op):
             if a["to"] is not None:
                 v = wsc(v, NamedSharding(mesh, PartitionSpec(*a["to"])))
             fulls.append(v)
-        outs = jax.tree_util.tree_leaves(op(*fulls, **KWARGS))
+        outs = [viewed(o, VIEWS) for o in jax.tree_util.tree_leaves(op(*fulls, **KWARGS))]
         for specs in CHAIN:
             outs = [wsc(o, NamedSharding(mesh, PartitionSpec(*s))) for o, s in zip(outs, specs)]
         return [wsc(o, repl) if r else o for o, r in zip(outs, REPLICATE_AFTER)] if CHAIN else outs
@@ -75,7 +75,7 @@ def run_reference(data, op):
     args = [jnp.asarray(data[f"arg{j}"], dtype=jnp.float64) if j in FLOAT_ARGS else jnp.asarray(data[f"arg{j}"])
             for j in range(len(ARGS))]
     cots = [jnp.asarray(data[f"cot{k}"], dtype=jnp.float64) for k in range(len(FLOAT_OUTS)) if f"cot{k}" in data]
-    outs, grads = jax.jit(step_of(lambda vals: jax.tree_util.tree_leaves(op(*vals, **KWARGS))))(args, cots)
+    outs, grads = jax.jit(step_of(lambda vals: [viewed(o, VIEWS) for o in jax.tree_util.tree_leaves(op(*vals, **KWARGS))]))(args, cots)
     return results(outs, grads)
 
 

@@ -45,7 +45,7 @@ def redistributed(out):
 def forward_backward(op, tensors, leaves, gouts):
     """Outputs (float64 arrays, after the redistributions and a gather on each) and the gradients of `leaves`
     from the upstream gradients."""
-    outs = [o for o in pytree.tree_leaves(call(op, tensors)) if isinstance(o, torch.Tensor)]
+    outs = [viewed(o, VIEWS) for o in pytree.tree_leaves(call(op, tensors)) if isinstance(o, torch.Tensor)]
     gathered = [redistributed(o).full_tensor() if isinstance(o, DTensor) else o for o in outs]
     pairs = [(f, gouts[k]) for k, f in enumerate(gathered) if k in gouts and f.requires_grad]
     grads = [None] * len(leaves)
