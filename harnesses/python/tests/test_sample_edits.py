@@ -68,5 +68,21 @@ class SampleEditsTest(unittest.TestCase):
             run([1], [{"arg": 0, "edit": "halve"}])
 
 
+class ReproLiteralTest(unittest.TestCase):
+    """A repro script writes the sample's arguments as literals: an infinite or NaN float must read back (its
+    repr, `inf`, is not Python: the norm.inf repro once failed with NameError)."""
+
+    def test_non_finite_floats_read_back(self):
+        from shardfuzz_worker.repro.common import literal
+
+        value = {"leaves": [None, float("inf"), -float("inf"), 1.5, (2,), ("x", (1, 2))], "nested": {"k": float("inf")}}
+        ns = {}
+        exec(literal("X", value), ns)
+        self.assertEqual(ns["X"]["leaves"][1:], [float("inf"), -float("inf"), 1.5, (2,), ("x", (1, 2))])
+        self.assertEqual(ns["X"]["nested"], {"k": float("inf")})
+        exec(literal("Y", [float("nan")]), ns)
+        self.assertTrue(np.isnan(ns["Y"][0]))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -4,6 +4,7 @@ and the assembly of the script."""
 import ast
 import base64
 import io
+import math
 import os
 import textwrap
 import zlib
@@ -147,12 +148,24 @@ def literal(name, value):
     return f"{name} = {_literal(value, 0, len(name) + 3)}\n"
 
 
+def _repr(value):
+    """repr() that reads back as Python: a non-finite float as float("inf") / float("nan") (repr gives `inf`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_repr(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_repr(k)}: {_repr(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def _literal(value, indent, used):
-    text = repr(value)
+    text = _repr(value)
     if not isinstance(value, dict) or not value or indent + used + len(text) <= 110:
         return text
     pad = " " * (indent + 4)
-    items = [f"{pad}{k!r}: {_literal(v, indent + 4, len(repr(k)) + 3)}," for k, v in value.items()]
+    items = [f"{pad}{_repr(k)}: {_literal(v, indent + 4, len(_repr(k)) + 3)}," for k, v in value.items()]
     return "{\n" + "\n".join(items) + "\n" + " " * indent + "}"
 
 
