@@ -53,11 +53,15 @@ def structure(prep):
     """The call's non-tensor leaves as literals (tensors as None) and its pytree spec as JSON."""
     import torch.utils._pytree as pytree
 
+    import torch
+
+    # (torch.float32, torch.preserve_format, torch.strided: their repr is the script's own expression.)
+    named = (torch.dtype, torch.memory_format, torch.layout)
     leaves = []
     for i, x in enumerate(prep.leaves):
         if i in prep.positions:
             leaves.append(None)
-        elif isinstance(x, PLAIN) or (isinstance(x, (list, tuple)) and all(isinstance(y, PLAIN) for y in x)):
+        elif isinstance(x, PLAIN + named) or (isinstance(x, (list, tuple)) and all(isinstance(y, PLAIN) for y in x)):
             leaves.append(x)
         else:
             raise ReproError(f"the sample has an argument a repro cannot write as a literal: {type(x).__name__}")
