@@ -31,6 +31,9 @@ _TORCH_DTENSOR = [
     ("torch/distributed/tensor/_ops/", None, "Please redistribute"),
     ("torch/distributed/tensor/_dispatch.py", "as_strided_handler", None),
     ("torch/distributed/tensor/_dispatch.py", "default_tensor", "is not supported"),
+    # An in-place op (often inside a decomposition: clamp_, digamma_, masked_fill_) on an argument whose
+    # placement it would have to change: DTensor's explicit refusal.
+    ("torch/distributed/tensor/", None, "in-place operations that require placement changes are not supported"),
     # An op (or its Python decomposition) that makes plain tensors of its own and mixes them in.
     # (Raised from C++ dispatch: the innermost Python frame is wherever the op was called.)
     ("torch/", None, "got mixed torch.Tensor and DTensor"),
