@@ -123,10 +123,11 @@ pub const TARGETS: &[TargetInfo] = &[
 
 /// Default time a Python target's case may take before it is a hang.
 const PYTHON_TIMEOUT_MS: u64 = 60_000;
-/// Default for a library-op case: one op on small sample inputs takes milliseconds (a new JAX shape
-/// compiles in under a second), while each hang at the model cases' 60 s (plus the grace for a rank
-/// pool no simulated op case starts) cost a torch-dtensor campaign 3.5 minutes.
-const PYTHON_OP_TIMEOUT_MS: u64 = 20_000;
+/// Default for a library-op case: one op on small sample inputs takes milliseconds (230 cases of a
+/// campaign queue: 87 ms on average in process; a new JAX shape compiles in under a second), while
+/// each hang at the model cases' 60 s cost a torch-dtensor campaign 3.5 minutes, and at 20 s (30 s
+/// with the in-process grace) one hang signature hit 13 times took 390 s of a 10-minute campaign.
+const PYTHON_OP_TIMEOUT_MS: u64 = 10_000;
 
 use super::python::MAIN_ENV as MAIN;
 
