@@ -6,6 +6,7 @@ import sys
 import traceback
 
 from . import lifetime, protocol, tensors_io
+from .interrupt import CaseTimedOut, run_with_alarm, where_interrupted
 from .pool import RankDied, RankPool, RanksHung, test_raise
 from .targets import REGISTRY, load
 from .targets.base import HarnessError, expected_outputs
@@ -108,9 +109,13 @@ class Coordinator:
             import time
 
             time.sleep(3600)
+        timeout = float(msg.get("timeout_s", 60))
         try:
             test_raise(job.get("test_hook"))
-            combined = self.target.run_local(job["case"], job["inputs"])
+            combined = run_with_alarm(lambda: self.target.run_local(job["case"], job["inputs"]), timeout)
+        except CaseTimedOut as e:
+            reason = f"the case did not finish within {timeout:.1f} s in the worker; {where_interrupted(e)}"
+            return {"status": "hang", "reason": reason, "stuck": [0], "coverage": sorted(self.local_cov.take())}
         except Exception as e:  # noqa: BLE001
             reply = classify_failures(self.target, [(None, describe(e))], 1)
             reply["coverage"] = sorted(self.local_cov.take())

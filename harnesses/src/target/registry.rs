@@ -125,8 +125,11 @@ pub const TARGETS: &[TargetInfo] = &[
 const PYTHON_TIMEOUT_MS: u64 = 60_000;
 /// Default for a library-op case: one op on small sample inputs takes milliseconds (230 cases of a
 /// campaign queue: 87 ms on average in process; a new JAX shape compiles in under a second), while
-/// each hang at the model cases' 60 s cost a torch-dtensor campaign 3.5 minutes, and at 20 s (30 s
-/// with the in-process grace) one hang signature hit 13 times took 390 s of a 10-minute campaign.
+/// each hang at the model cases' 60 s cost a torch-dtensor campaign 3.5 minutes, at 20 s (30 s with
+/// the in-process grace) one hang signature hit 13 times took 390 s of a 10-minute campaign. 10 s,
+/// with the worker interrupting the case itself: 400 cases of a campaign queue took 46 ms on average,
+/// 390 ms at the 99th percentile and 3.4 s at most (a worker's first case); at 5 s a 60-s campaign
+/// made twice the execs, but a first case on a loaded machine could be cut off in our own set-up.
 const PYTHON_OP_TIMEOUT_MS: u64 = 10_000;
 
 use super::python::MAIN_ENV as MAIN;
