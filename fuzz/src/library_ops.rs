@@ -203,13 +203,22 @@ fn mesh_reshape(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
 /// one of the chain's removed.
 fn redistribute(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
-    let n = op.redistribute.len();
-    if n > 0 && (n >= shardfuzz_harnesses::case::MAX_REDISTRIBUTIONS || rng.gen_bool(0.3)) {
-        op.redistribute.remove(rng.gen_range(0..n));
-        return true;
+    let dims = op.mesh.len();
+    append_or_remove(&mut op.redistribute, shardfuzz_harnesses::case::MAX_REDISTRIBUTIONS, rng, |rng| {
+        let to = [Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)];
+        (0..dims).map(|_| *to.choose(rng).expect("nonempty")).collect()
+    })
+}
+
+/// One of `list`'s entries removed (always when it is full, else 30 % of the time), or `make`'s appended.
+fn append_or_remove<T>(list: &mut Vec<T>, max: usize, rng: &mut ChaCha8Rng, make: impl FnOnce(&mut ChaCha8Rng) -> T) -> bool {
+    let n = list.len();
+    if n > 0 && (n >= max || rng.gen_bool(0.3)) {
+        list.remove(rng.gen_range(0..n));
+    } else {
+        let entry = make(rng);
+        list.push(entry);
     }
-    let to = [Placement::Replicate, Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)];
-    op.redistribute.push(op.mesh.iter().map(|_| *to.choose(rng).expect("nonempty")).collect());
     true
 }
 
@@ -239,28 +248,18 @@ fn source(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
 /// An output view appended (transpose, permute, flatten, unsqueeze, narrow), or one of them removed.
 fn view(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
-    let n = op.views.len();
-    if n > 0 && (n >= MAX_VIEWS || rng.gen_bool(0.3)) {
-        op.views.remove(rng.gen_range(0..n));
-        return true;
-    }
-    op.views.push(*View::ALL.choose(rng).expect("nonempty"));
-    true
+    append_or_remove(&mut op.views, MAX_VIEWS, rng, |rng| *View::ALL.choose(rng).expect("nonempty"))
 }
 
 /// A change to one of the sample's own arguments (a dim, a flag, a scalar, an index tensor) appended,
 /// or one of the case's edits removed.
 fn sample_edit(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
-    let n = op.edits.len();
-    if n > 0 && (n >= MAX_SAMPLE_EDITS || rng.gen_bool(0.3)) {
-        op.edits.remove(rng.gen_range(0..n));
-        return true;
-    }
     // Most samples have few editable arguments (the worker takes `arg` modulo their count).
-    let edit = SampleEdit { arg: rng.gen_range(0..4), edit: *Edit::ALL.choose(rng).expect("nonempty") };
-    op.edits.push(edit);
-    true
+    append_or_remove(&mut op.edits, MAX_SAMPLE_EDITS, rng, |rng| SampleEdit {
+        arg: rng.gen_range(0..4),
+        edit: *Edit::ALL.choose(rng).expect("nonempty"),
+    })
 }
 
 fn toggle_backward(c: &mut Case, _: &Vocabulary, _: &mut ChaCha8Rng) -> bool {

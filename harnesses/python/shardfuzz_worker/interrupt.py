@@ -11,7 +11,7 @@ import os
 import signal
 import traceback
 
-from .pool import _short
+from .pool import where_in
 
 
 _HERE = os.path.abspath(__file__)
@@ -47,10 +47,4 @@ def where_interrupted(e):
     says it for a rank of a pool)."""
     tb = [f for f in reversed(traceback.extract_tb(e.__traceback__)) if os.path.abspath(f.filename) != _HERE]
     frames = [f"File \"{f.filename}\", line {f.lineno} in {f.name}" for f in tb]
-    if not frames:
-        return "rank 0 waits at an unknown place"
-    ours = next((i for i, f in enumerate(frames) if "shardfuzz_worker" in f), None)
-    where = _short(frames[0])
-    if ours is None or ours == 0:
-        return f"rank 0 waits at {where}"
-    return f"rank 0 waits at {where}, entered from {_short(frames[ours])} via {_short(frames[ours - 1])}"
+    return f"rank 0 waits at {where_in(frames) if frames else 'an unknown place'}"

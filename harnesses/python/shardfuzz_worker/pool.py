@@ -111,6 +111,13 @@ def stuck_at(dump):
     frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
     if not frames:
         return "an unknown place (no stack was dumped)"
+    return where_in(frames)
+
+
+def where_in(frames):
+    """`FRAME[, entered from OURS via CALL]` of a stack as faulthandler prints it, innermost frame first:
+    the innermost frame and, when that lies in a framework, the last frame of ours and the framework call
+    it made."""
     ours = next((i for i, f in enumerate(frames) if "shardfuzz_worker" in f), None)
     where = _short(frames[0])
     if ours is None or ours == 0:

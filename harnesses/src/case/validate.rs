@@ -237,20 +237,14 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
     if l.world() > MAX_MESH_RANKS {
         r.fail("library_op.mesh", format!("{:?} has {} ranks, more than {MAX_MESH_RANKS}", l.mesh, l.world()));
     }
-    for (i, places) in l.placements.iter().enumerate() {
-        if places.len() != l.mesh.len() {
-            r.fail(
-                format!("library_op.placements[{i}]"),
-                format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()),
-            );
-        }
-    }
-    for (i, places) in l.sources.iter().enumerate() {
-        if places.len() != l.mesh.len() {
-            r.fail(
-                format!("library_op.sources[{i}]"),
-                format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()),
-            );
+    for (name, lists) in [("placements", &l.placements), ("sources", &l.sources), ("redistribute", &l.redistribute)] {
+        for (i, places) in lists.iter().enumerate() {
+            if places.len() != l.mesh.len() {
+                r.fail(
+                    format!("library_op.{name}[{i}]"),
+                    format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()),
+                );
+            }
         }
     }
     if l.redistribute.len() > MAX_REDISTRIBUTIONS {
@@ -266,12 +260,11 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
         r.fail("library_op.edits", format!("must hold at most {MAX_SAMPLE_EDITS} sample edits (got {})", l.edits.len()));
     }
     for (i, places) in l.redistribute.iter().enumerate() {
-        let field = format!("library_op.redistribute[{i}]");
-        if places.len() != l.mesh.len() {
-            r.fail(field.clone(), format!("must give one placement per mesh dimension ({}, got {})", l.mesh.len(), places.len()));
-        }
         if places.iter().any(|p| matches!(p, Placement::Partial(_))) {
-            r.fail(field, "must be Shard or Replicate (an output is redistributed to a placement it can be gathered from)");
+            r.fail(
+                format!("library_op.redistribute[{i}]"),
+                "must be Shard or Replicate (an output is redistributed to a placement it can be gathered from)",
+            );
         }
     }
 }

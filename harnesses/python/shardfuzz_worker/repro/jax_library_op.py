@@ -73,20 +73,6 @@ def layout_lines(prep, lib, notes):
     return out, parts, lays, starts
 
 
-def chain_specs(prep, lib):
-    """Per step of the output chain, per output: its PartitionSpec entries; and which outputs end replicated
-    (the last step splits them unevenly)."""
-    from ..targets.base import normalise_placements
-    from ..targets.jax_library_op import Layout
-
-    mesh_shape = tuple(int(d) for d in lib["mesh"])
-    chain = [tuple(p) for p in lib.get("redistribute") or []]
-    steps = [[list(Layout(normalise_placements(p, len(s), len(mesh_shape), False), len(s)).spec()) for s, _ in prep.outs]
-             for p in chain]
-    last = [Layout(normalise_placements(chain[-1], len(s), len(mesh_shape), False), len(s)) for s, _ in prep.outs] if chain else []
-    return steps, [not lay.divides(s, mesh_shape) for lay, (s, _) in zip(last, prep.outs)]
-
-
 def generate(case, inputs, bounds, dropped):
     from ..targets.jax_library_op import AXES
 
@@ -95,7 +81,10 @@ def generate(case, inputs, bounds, dropped):
     path = op_path(prep.op)
     notes = list(prep.edit_notes)
     lines, parts, lays, starts = layout_lines(prep, lib, notes)
-    steps, replicate = chain_specs(prep, lib)
+    from ..targets.jax_library_op import chain_specs
+
+    chain = [tuple(p) for p in lib.get("redistribute") or []]
+    steps, replicate = chain_specs([s for s, _ in prep.outs], chain, tuple(int(d) for d in lib["mesh"]))
     mesh = tuple(int(d) for d in lib["mesh"])
     data = {f"arg{j}": np.asarray(x) for j, x in enumerate(prep.inputs)}
     data.update({f"arg{j}@entering": np.asarray(x) for j, x in enumerate(parts)})

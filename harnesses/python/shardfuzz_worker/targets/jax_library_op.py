@@ -343,20 +343,23 @@ def _gspmd_call(prep, starts, lays, m, chain):
                 v = jax.lax.with_sharding_constraint(v, NamedSharding(m, PartitionSpec(*lay.entries())))
             fulls.append(v)
         outs = _op_call(prep)(fulls)
-        mesh_shape = tuple(m.devices.shape)
-        for places in chain:
-            outs = [jax.lax.with_sharding_constraint(
-                o, NamedSharding(m, Layout(normalise_placements(places, np.ndim(o), len(mesh_shape), False), np.ndim(o)).spec()))
-                for o in outs]
-        if chain:
-            # An output whose last constraint splits a dim unevenly leaves jit with a sharding JAX cannot name
-            # (IndivisibleError in parse_flatten_op_sharding): one more constraint replicates it.
-            last = [Layout(normalise_placements(chain[-1], np.ndim(o), len(mesh_shape), False), np.ndim(o)) for o in outs]
-            outs = [o if lay.divides(np.shape(o), mesh_shape) else jax.lax.with_sharding_constraint(o, NamedSharding(m, PartitionSpec()))
-                    for o, lay in zip(outs, last)]
-        return outs
+        steps, replicate = chain_specs([np.shape(o) for o in outs], chain, tuple(m.devices.shape))
+        for specs in steps:
+            outs = [jax.lax.with_sharding_constraint(o, NamedSharding(m, PartitionSpec(*s))) for o, s in zip(outs, specs)]
+        return [jax.lax.with_sharding_constraint(o, NamedSharding(m, PartitionSpec())) if r else o for o, r in zip(outs, replicate)]
 
     return call
+
+
+def chain_specs(shapes, chain, mesh_shape):
+    """The output chain for outputs of `shapes`: per step, per output, its PartitionSpec entries; and per
+    output whether it is replicated after the last step. An output whose last constraint splits a dim
+    unevenly leaves jit with a sharding JAX cannot name (IndivisibleError in parse_flatten_op_sharding), so
+    one more constraint replicates it."""
+    layouts = [[Layout(normalise_placements(places, len(s), len(mesh_shape), False), len(s)) for s in shapes] for places in chain]
+    steps = [[list(lay.spec()) for lay in step] for step in layouts]
+    replicate = [not lay.divides(s, mesh_shape) for lay, s in zip(layouts[-1], shapes)] if chain else [False] * len(shapes)
+    return steps, replicate
 
 
 def _shardmap_call(prep, lays, m):

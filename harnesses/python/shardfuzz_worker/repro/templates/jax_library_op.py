@@ -52,7 +52,7 @@ def run_sharded(data, op):
         outs = [viewed(o, VIEWS) for o in jax.tree_util.tree_leaves(op(*fulls, **KWARGS))]
         for specs in CHAIN:
             outs = [wsc(o, NamedSharding(mesh, PartitionSpec(*s))) for o, s in zip(outs, specs)]
-        return [wsc(o, repl) if r else o for o, r in zip(outs, REPLICATE_AFTER)] if CHAIN else outs
+        return [wsc(o, repl) if r else o for o, r in zip(outs, REPLICATE_AFTER)]
 
     args = []
     for j, a in enumerate(ARGS):
