@@ -6,7 +6,7 @@ import sys
 import traceback
 
 from . import lifetime, protocol, tensors_io
-from .interrupt import CaseTimedOut, run_with_alarm, where_interrupted
+from .interrupt import CaseTimedOut, hang_reason, run_with_alarm
 from .pool import RankDied, RankPool, RanksHung, test_raise
 from .targets import REGISTRY, load
 from .targets.base import HarnessError, expected_outputs
@@ -114,8 +114,8 @@ class Coordinator:
             test_raise(job.get("test_hook"))
             combined = run_with_alarm(lambda: self.target.run_local(job["case"], job["inputs"]), timeout)
         except CaseTimedOut as e:
-            reason = f"the case did not finish within {timeout:.1f} s in the worker; {where_interrupted(e)}"
-            return {"status": "hang", "reason": reason, "stuck": [0], "coverage": sorted(self.local_cov.take())}
+            return {"status": "hang", "reason": hang_reason(e, timeout), "stuck": [0],
+                    "coverage": sorted(self.local_cov.take())}
         except Exception as e:  # noqa: BLE001
             reply = classify_failures(self.target, [(None, describe(e))], 1)
             reply["coverage"] = sorted(self.local_cov.take())

@@ -432,7 +432,7 @@ impl PythonTarget {
                     .map(|a| {
                         a.iter()
                             .filter_map(|r| r.as_u64())
-                            .map(|r| StuckRank { rank: r as usize, collective: "unknown".into(), group: "world".into() })
+                            .map(|r| StuckRank { rank: r as usize, collective: hang_site(&reason, r), group: "world".into() })
                             .collect()
                     })
                     .unwrap_or_default();
@@ -441,6 +441,29 @@ impl PythonTarget {
             _ => Outcome::Crash { rank: v["rank"].as_u64().map(|r| r as usize), message: reason, features },
         }
     }
+}
+
+/// Where a stuck rank of a Python target waits, as the worker's reason says it (`…; rank R waits at
+/// FRAME, entered from OURS via CALL`): our frame and the framework call it made, line numbers dropped,
+/// or the innermost frame alone when no frame of ours is named; `unknown` when the reason names none.
+/// The innermost frame of a loop differs from one interrupt to the next, the call into it does not.
+fn hang_site(reason: &str, rank: u64) -> String {
+    let marker = format!("rank {rank} waits at ");
+    let Some(start) = reason.find(&marker) else { return "unknown".into() };
+    let at = reason[start + marker.len()..].split("; rank ").next().unwrap_or("");
+    let site = at.split_once(", entered from ").map_or(at, |(_, ours)| ours);
+    let mut out = String::with_capacity(site.len());
+    let mut rest = site;
+    while let Some(colon) = rest.find(':') {
+        let digits = rest[colon + 1..].chars().take_while(char::is_ascii_digit).count();
+        out.push_str(&rest[..colon]);
+        rest = &rest[colon + 1 + digits..];
+        if digits == 0 {
+            out.push(':');
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// What a worker that died printed about why: the line of a failed check or an abort (XLA's
@@ -524,5 +547,23 @@ mod tests {
         let t = Duration::from_secs(20);
         assert_eq!(reply_deadline(t, true), Duration::from_secs(30));
         assert_eq!(reply_deadline(t, false), Duration::from_secs(170));
+    }
+
+    #[test]
+    fn a_python_hang_is_sited_at_the_framework_call_our_code_made_whatever_line_the_loop_was_at() {
+        let at = |inner: &str| {
+            format!(
+                "the case did not finish within 10.0 s in the worker; rank 0 waits at {inner}, entered from \
+                 shardfuzz_worker/targets/torch_opinfo.py:204 in viewed via torch/distributed/tensor/_dispatch.py:299 in slow_path"
+            )
+        };
+        let one = hang_site(&at("torch/fx/experimental/symbolic_shapes.py:1585 in guard_or_false"), 0);
+        let two = hang_site(&at("torch/distributed/tensor/_ops/_view_ops.py:77 in view_groups"), 0);
+        assert_eq!(one, "shardfuzz_worker/targets/torch_opinfo.py in viewed via torch/distributed/tensor/_dispatch.py in slow_path");
+        assert_eq!(one, two);
+        let pool = "ranks [0, 1] did not finish within 20.0 s; rank 0 waits at a.py:3 in f; rank 1 waits at b.py:9 in g";
+        assert_eq!(hang_site(pool, 1), "b.py in g");
+        assert_eq!(hang_site(pool, 0), "a.py in f");
+        assert_eq!(hang_site("ranks [2] did not finish within 20.0 s", 2), "unknown");
     }
 }
