@@ -18,6 +18,9 @@ pub struct AttnShape {
 /// Attention probabilities per (batch, head), each `[seq, seq]` (zero above the diagonal).
 pub struct AttnCache {
     pub probs: Vec<Array2<f64>>,
+    /// Per (batch, head), the scaled scores of each query row over the keys it sees (row i holds
+    /// keys 0..=i; the rest is −∞): how far a row's top score stands from its runner-up.
+    pub scores: Vec<Array2<f64>>,
 }
 
 impl AttnShape {
@@ -51,17 +54,19 @@ fn dot(p: Prec, a: &Array2<f64>, ar: usize, ac: usize, b: &Array2<f64>, br: usiz
 
 pub fn attention_fwd(p: Prec, q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>, s: AttnShape, scale: f64) -> (Array2<f64>, AttnCache) {
     if q.nrows() == 0 || s.q_heads == 0 {
-        return (Array2::zeros(q.raw_dim()), AttnCache { probs: vec![] });
+        return (Array2::zeros(q.raw_dim()), AttnCache { probs: vec![], scores: vec![] });
     }
     check(q, k, v, &s);
     let acc = p.acc();
     let (t, d, g) = (s.seq, s.head_dim, s.group());
     let mut out = Array2::zeros(q.raw_dim());
     let mut probs = Vec::with_capacity(s.batch * s.q_heads);
+    let mut all_scores = Vec::with_capacity(s.batch * s.q_heads);
     for b in 0..s.batch {
         for h in 0..s.q_heads {
             let kv = h / g;
             let mut pr = Array2::zeros((t, t));
+            let mut sc = Array2::from_elem((t, t), f64::NEG_INFINITY);
             for i in 0..t {
                 let row = b * t + i;
                 let scores: Vec<f64> = (0..=i).map(|j| acc.round(dot(p, q, row, h * d, k, b * t + j, kv * d, d) * scale)).collect();
@@ -70,6 +75,7 @@ pub fn attention_fwd(p: Prec, q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>,
                 let sum = e.iter().fold(0.0, |a, x| acc.round(a + x));
                 for j in 0..=i {
                     pr[[i, j]] = p.r(e[j] / sum);
+                    sc[[i, j]] = scores[j];
                 }
                 for c in 0..d {
                     let mut o = 0.0;
@@ -80,9 +86,10 @@ pub fn attention_fwd(p: Prec, q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>,
                 }
             }
             probs.push(pr);
+            all_scores.push(sc);
         }
     }
-    (out, AttnCache { probs })
+    (out, AttnCache { probs, scores: all_scores })
 }
 
 /// Returns `(dq, dk, dv)`; dk and dv sum over the query heads that share a kv head.

@@ -5,6 +5,7 @@ use shardfuzz_harnesses::target::RunOutput;
 use shardfuzz_harnesses::tensor::Tensor;
 use shardfuzz_kernels::DType;
 
+use super::attention_tie::{attention_near_tie, AttentionTie};
 use super::compare::ErrorScale;
 use super::ensemble::{coarse_dtype, is_later_step, Member, Prepared, ROUTING_FLIP_ULPS};
 use super::stats::{norm_per_rms, statistics, sum_per_rms, Stat, Stats};
@@ -15,6 +16,8 @@ struct Exclusions {
     /// Later steps amplify round-off chaotically: the largest relative change of a later loss
     /// under round-off-level gradient noise, when above `CHAOS`.
     chaotic: Option<f64>,
+    /// A saturated attention row round-off may carry to a tie (`attention_tie`).
+    attention_tie: Option<AttentionTie>,
     scaler_differs: bool,
     first_step_skipped: bool,
     peak: f64,
@@ -72,6 +75,8 @@ pub fn compare_run(
             100.0 * c
         ));
     }
+    ex.attention_tie = attention_near_tie(reference, members);
+    notes.extend(ex.attention_tie.map(|t| t.note()));
     let mut checks = vec![];
     for (name, r) in &reference.tensors {
         let denom = scale.denominator(name, r);
@@ -130,6 +135,7 @@ fn exclusions(case: &Case, reference: &RunOutput, out: &RunOutput, dtype_run: Op
     }
     Exclusions {
         chaotic: None,
+        attention_tie: None,
         scaler_differs,
         first_step_skipped: skips(Some(out)).is_some_and(|s| s.first() == Some(&true)),
         peak: reference.stats.peak_activation.unwrap_or(0.0),
@@ -342,6 +348,8 @@ fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, den
         Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into())
     } else if ex.chaotic.is_some() && after_first_step {
         Some("later steps amplify round-off chaotically (see notes): not comparable".into())
+    } else if ex.attention_tie.is_some_and(|t| t.reaches(name)) {
+        Some("below an attention row within reach of a tie (see notes): not comparable".into())
     } else if ex.overflow_seen && after_first_step {
         Some("an earlier tensor overflowed: not comparable".into())
     } else if compared == 0 && !t.data.is_empty() {

@@ -83,7 +83,7 @@ pub struct Member {
 }
 
 impl Member {
-    fn new(name: &'static str, output: RunOutput) -> Member {
+    pub(crate) fn new(name: &'static str, output: RunOutput) -> Member {
         Member { name, output, later_steps_only: false, gradients_only: false }
     }
 

@@ -13,6 +13,7 @@
 //! member, which a handful of members sample poorly. Replicated tensors must also agree across the
 //! ranks that hold them.
 
+mod attention_tie;
 mod check;
 mod compare;
 pub mod ensemble;

@@ -59,6 +59,7 @@ pub type Stats = [f64; 5];
 /// element of `t` anywhere else makes every statistic NaN.
 pub fn statistics(t: &Tensor, r: &Tensor, scale: f64, mask: Option<&[bool]>) -> Stats {
     let mut acc = Sums::default();
+    let k = headroom(&[t, r], scale);
     for (i, (&x, &y)) in t.data.iter().zip(&r.data).enumerate() {
         if mask.is_some_and(|m| !m[i]) {
             continue;
@@ -69,9 +70,23 @@ pub fn statistics(t: &Tensor, r: &Tensor, scale: f64, mask: Option<&[bool]>) -> 
             }
             return [f64::NAN; 5];
         }
-        acc.add(x, y);
+        acc.add(x * k, y * k);
     }
-    acc.finish(scale)
+    acc.finish(scale * k)
+}
+
+/// A power of two that brings the largest finite value of `tensors` (or `scale`) below 2^500, 1
+/// when it already is: every statistic is a ratio, and values near f64's range (an op's extremal
+/// samples) would otherwise overflow their squares and read as NaN. Multiplying by a power of two
+/// is exact, so ordinary tensors are untouched.
+fn headroom(tensors: &[&Tensor], scale: f64) -> f64 {
+    let largest = tensors.iter().flat_map(|t| t.data.iter()).copied().filter(|v| v.is_finite()).fold(scale.abs(), |a, v| a.max(v.abs()));
+    if largest.is_finite() && largest > 2f64.powi(500) {
+        // (2^-e for e above 1023 would read as 1 / inf = 0; values then stay below 2^24.)
+        2f64.powi(-(largest.log2().ceil() as i32).min(1000))
+    } else {
+        1.0
+    }
 }
 
 /// How far the `sum` statistic moves, per unit of the `rms` statistic, when the error is a sum of
@@ -82,13 +97,14 @@ pub fn statistics(t: &Tensor, r: &Tensor, scale: f64, mask: Option<&[bool]>) -> 
 /// run's did not); this ties it to the normwise noise, which many elements sample.
 pub fn sum_per_rms(r: &Tensor, scale: f64, mask: Option<&[bool]>) -> f64 {
     let mut acc = Sums::default();
+    let k = headroom(&[r], scale);
     for (i, &y) in r.data.iter().enumerate() {
         if mask.is_some_and(|m| !m[i]) || !y.is_finite() {
             continue;
         }
-        acc.add(y, y);
+        acc.add(y * k, y * k);
     }
-    let (norm_scale, sum_scale) = acc.scales(scale);
+    let (norm_scale, sum_scale) = acc.scales(scale * k);
     if sum_scale > 0.0 {
         norm_scale / sum_scale
     } else {
@@ -173,6 +189,18 @@ mod tests {
 
     fn t(v: &[f64]) -> Tensor {
         Tensor::new(vec![v.len()], v.to_vec())
+    }
+
+    #[test]
+    fn values_near_the_end_of_the_range_compare_without_overflowing_their_squares() {
+        // hypot's extremal OpInfo sample: finite values near 1e308 beside an inf both runs share.
+        let r = t(&[1.5e308, f64::INFINITY, -1.2e308, 3.0]);
+        let same = statistics(&r.clone(), &r, 1.5e308, None);
+        assert_eq!(same, [0.0; 5]);
+        let halved = statistics(&t(&[0.75e308, f64::INFINITY, -1.2e308, 3.0]), &r, 1.5e308, None);
+        assert!(halved.iter().all(|s| s.is_finite()), "{halved:?}");
+        assert!((halved[Stat::Max as usize] - 0.5).abs() < 1e-12 && halved[Stat::Norm as usize] > 0.2, "{halved:?}");
+        assert!(sum_per_rms(&r, 1.5e308, None).is_finite());
     }
 
     #[test]

@@ -176,10 +176,24 @@ fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm
     };
     let scale = attention_scale(ctx);
     let (a, cache) = k::attention_fwd(ctx.p, &q, &kk, &v, shape, scale);
+    record_attention_scores(ctx, pre, &cache);
     let wo = mat(params, &format!("{pre}.attn.o.weight"));
     let partial = k::matmul(ctx.p, &a, &wo);
     let out = row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.attn.o.bias")))?;
     Ok((out, BlockCache::Attention(AttnState { norm, y, q, k: kk, v, a, cache, shape, scale })))
+}
+
+/// Appends every query row's scores to `ctx.attention_scores` while it records (the oracle reads
+/// how far round-off moves them against each row's margin to its runner-up).
+fn record_attention_scores(ctx: &Ctx, pre: &str, cache: &k::AttnCache) {
+    let mut recorded = ctx.attention_scores.borrow_mut();
+    let Some(rows) = recorded.as_mut() else { return };
+    let layer = pre.rsplit('.').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    for sc in &cache.scores {
+        for (i, row) in sc.rows().into_iter().enumerate() {
+            rows.push(crate::target::AttentionRow { layer, scores: row.iter().take(i + 1).copied().collect() });
+        }
+    }
 }
 
 fn attention_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &AttnState, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {

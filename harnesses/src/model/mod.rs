@@ -79,6 +79,9 @@ pub struct Ctx<'a> {
     /// step: the noise members' routing is compared with the reference's to measure how far
     /// round-off moves it). `None`, the default, records nothing.
     pub router_probs: std::cell::RefCell<Option<Vec<f64>>>,
+    /// While `Some`, every attention query row's scores, in call order (a single-device run's
+    /// first step, as `router_probs`). `None`, the default, records nothing.
+    pub attention_scores: std::cell::RefCell<Option<Vec<crate::target::AttentionRow>>>,
     /// Some expert was full and dropped a token's choice (the capacity path of the MoE dispatch).
     pub tokens_dropped: std::cell::Cell<bool>,
     /// Largest magnitude the residual stream or its gradient reached at a block boundary: how close

@@ -95,6 +95,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         routing_margin: std::cell::Cell::new(f64::INFINITY),
         flip_routing_below: 0.0,
         router_probs: std::cell::RefCell::new(Some(vec![])),
+        attention_scores: std::cell::RefCell::new(Some(vec![])),
         tokens_dropped: std::cell::Cell::new(false),
         peak_activation: std::cell::Cell::new(0.0),
     }
@@ -208,6 +209,7 @@ fn run_with_flips(
         }
         if step == 0 {
             out.stats.router_probs = ctx.router_probs.take().filter(|p| !p.is_empty());
+            out.stats.attention_scores = ctx.attention_scores.take().filter(|p| !p.is_empty());
             out.tensors.push(("logits".into(), Tensor::from_mat(logits)));
             for n in &order {
                 out.tensors.push((format!("grad/{n}"), grads[n].clone()));

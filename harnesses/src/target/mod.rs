@@ -46,6 +46,14 @@ pub struct RunOutput {
     pub noise: Vec<(String, Vec<(String, Tensor)>)>,
 }
 
+/// One attention query row of a run: the block it belongs to and its scaled scores over the keys
+/// it sees, before the softmax.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionRow {
+    pub layer: usize,
+    pub scores: Vec<f64>,
+}
+
 /// Facts about a run that are not tensors to compare.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunStats {
@@ -58,6 +66,9 @@ pub struct RunStats {
     /// Every router probability of step 0, in call order (single-device reference runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router_probs: Option<Vec<f64>>,
+    /// Every attention query row of step 0, in call order (single-device reference runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_scores: Option<Vec<AttentionRow>>,
     /// The loss at the final parameters, one forward past the last step (single-device reference
     /// runs of two or more steps): the oracle's chaos rule reads it, nothing compares it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +100,8 @@ pub struct StuckRank {
 }
 
 /// How a run ended.
+// Nearly every run completes, so boxing the large variant would only add an allocation per run.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Outcome {
