@@ -14,6 +14,7 @@ struct Scripted {
     runs: VecDeque<Outcome>,
     real: VecDeque<Outcome>,
     confirmations: usize,
+    patience: Vec<u32>,
 }
 
 impl Target for Scripted {
@@ -26,8 +27,9 @@ impl Target for Scripted {
     fn run(&mut self, _case: &Case, _inputs: &Inputs) -> Outcome {
         self.runs.pop_front().expect("a scripted simulated run")
     }
-    fn confirm(&mut self, _case: &Case, _inputs: &Inputs) -> Option<Outcome> {
+    fn confirm(&mut self, _case: &Case, _inputs: &Inputs, patience: u32) -> Option<Outcome> {
         self.confirmations += 1;
+        self.patience.push(patience);
         Some(self.real.pop_front().expect("a scripted confirmation"))
     }
 }
@@ -54,6 +56,7 @@ fn a_different_finding_on_real_ranks_is_not_reused_for_the_signature() {
         runs: VecDeque::from([crash(SIM_ONLY), crash(SIM_ONLY)]),
         real: VecDeque::from([hang(), crash("ok")]),
         confirmations: 0,
+        patience: vec![],
     };
     let mut known = Confirmations::default();
     let first = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
@@ -73,6 +76,7 @@ fn an_agreeing_or_clean_confirmation_speaks_for_later_cases() {
         runs: VecDeque::from([crash(boom), crash(boom), crash(SIM_ONLY), crash(SIM_ONLY)]),
         real: VecDeque::from([crash(boom), Outcome::Unsupported { reason: "clean".into() }]),
         confirmations: 0,
+        patience: vec![],
     };
     let mut known = Confirmations::default();
     let oracle = Oracle::default();
@@ -82,4 +86,21 @@ fn an_agreeing_or_clean_confirmation_speaks_for_later_cases() {
     assert_eq!(evaluate_confirming(&mut target, &prep, &oracle, &mut known).kind, VerdictKind::Unsupported);
     let later = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
     assert_eq!((later.kind, target.confirmations), (VerdictKind::Unsupported, 2), "a simulation-only crash stays the simulation's");
+}
+
+#[test]
+fn a_simulated_hang_gets_more_time_on_real_ranks_and_a_case_that_then_finishes_is_slow_not_a_finding() {
+    let prep = library_op_case();
+    let mut target = Scripted {
+        runs: VecDeque::from([hang(), crash(SIM_ONLY)]),
+        real: VecDeque::from([Outcome::Rejected { reason: "no sharding strategy".into(), features: vec![] }, crash("ok")]),
+        confirmations: 0,
+        patience: vec![],
+    };
+    let mut known = Confirmations::default();
+    let v = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
+    assert_eq!(v.kind, VerdictKind::Rejected, "{v:?}");
+    assert!(v.notes.iter().any(|n| n.starts_with("slow, not a hang")), "{:?}", v.notes);
+    let _ = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
+    assert_eq!(target.patience, vec![shardfuzz_fuzz::oracle::HANG_PATIENCE, 1], "a hang waits longer, a crash does not");
 }

@@ -235,7 +235,7 @@ pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Or
     if let Some(real) = known.0.get(&sig) {
         return judged_by_earlier(v, real);
     }
-    match target.confirm(&prep.case, &prep.inputs) {
+    match target.confirm(&prep.case, &prep.inputs, patience(&v)) {
         Some(outcome) => {
             let real = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
             // Only an agreement, or a clean real run (the simulation's own failure), speaks for later
@@ -254,12 +254,26 @@ fn agrees(simulated: &Verdict, real: &Verdict) -> bool {
     real.kind == simulated.kind && (simulated.kind != VerdictKind::Crash || crash_site(simulated) == crash_site(real))
 }
 
+/// How many times its timeout a simulated finding gets when it is confirmed: a hang six times (a
+/// case merely slow, such as a campaign's `_chunk_cat` with partial sources on a 2×4 mesh, 15 s in
+/// the simulation against the 10-s timeout and over 60 s on 8 real ranks sharing 2 cores, then
+/// finishes and is judged as it ends; see `Target::confirm`), anything else once.
+pub const HANG_PATIENCE: u32 = 6;
+
+fn patience(v: &Verdict) -> u32 {
+    if v.kind == VerdictKind::Hang {
+        HANG_PATIENCE
+    } else {
+        1
+    }
+}
+
 /// A verdict of a simulated run (library ops), confirmed on real ranks as `evaluate` does.
 pub fn confirm_finding(target: &mut dyn Target, prep: &Prepared, v: Verdict, oracle: &Oracle) -> Verdict {
     if !needs_confirmation(&v, prep) {
         return v;
     }
-    match target.confirm(&prep.case, &prep.inputs) {
+    match target.confirm(&prep.case, &prep.inputs, patience(&v)) {
         Some(outcome) => confirmed(v, judge_prepared(target.name(), target.versions(), prep, outcome, oracle)),
         None => v,
     }
@@ -298,6 +312,15 @@ fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
         // diverged, or crashed elsewhere): the real ranks' verdict is the one a user meets.
         let mut v = real;
         v.notes.push(format!("the in-process simulation gave: {} — {}", simulated.kind, simulated.reason));
+        return v;
+    }
+    if simulated.kind == VerdictKind::Hang {
+        // Real ranks, given more time, finished: the case is slow, not hung, and its verdict is theirs.
+        let mut v = real;
+        v.notes.push(format!(
+            "slow, not a hang: the in-process simulation did not finish in time ({}); given {HANG_PATIENCE} times the timeout it finished",
+            simulated.reason
+        ));
         return v;
     }
     let mut v = simulated;

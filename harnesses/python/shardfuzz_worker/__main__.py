@@ -112,7 +112,8 @@ class Coordinator:
         timeout = float(msg.get("timeout_s", 60))
         try:
             test_raise(job.get("test_hook"))
-            combined = run_with_alarm(lambda: self.target.run_local(job["case"], job["inputs"]), timeout)
+            combined = run_with_alarm(lambda: self.target.run_local(job["case"], job["inputs"]), timeout,
+                                      cut_known=not msg.get("patient", False))
         except CaseTimedOut as e:
             return {"status": "hang", "reason": hang_reason(e, timeout), "stuck": [0],
                     "coverage": sorted(self.local_cov.take())}

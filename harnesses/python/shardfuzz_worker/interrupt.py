@@ -75,12 +75,13 @@ def _prober(seconds):
     return alarm
 
 
-def run_with_alarm(fn, seconds):
+def run_with_alarm(fn, seconds, cut_known=True):
     """fn() with SIGALRM armed for `seconds` (main thread only; elsewhere, or without SIGALRM, fn() as is),
-    probing for known hangs when this worker has waited one out."""
+    probing for known hangs when this worker has waited one out (unless `cut_known` is False: a hang
+    given more time to tell a slow case from a hung one)."""
     if not hasattr(signal, "setitimer") or seconds <= 0:
         return fn()
-    probing = bool(_known_sites) and PROBE_AFTER_S < seconds
+    probing = cut_known and bool(_known_sites) and PROBE_AFTER_S < seconds
     try:
         previous = signal.signal(signal.SIGALRM, _prober(seconds))
     except ValueError:  # not the main thread

@@ -148,6 +148,9 @@ pub struct PythonTarget {
     timeout: Duration,
     /// The same for a library-op case.
     op_timeout: Duration,
+    /// Multiplies the timeouts while a hang is confirmed (1 otherwise); above 1 the worker also
+    /// waits out a known hang's site instead of cutting it.
+    patience: u32,
     worker: Option<Worker>,
     versions: BTreeMap<String, String>,
     next_id: u64,
@@ -166,6 +169,7 @@ impl PythonTarget {
             scratch: scratch_dir().map_err(|e| format!("scratch directory: {e}"))?,
             timeout,
             op_timeout,
+            patience: 1,
             worker: None,
             versions: BTreeMap::new(),
             next_id: 0,
@@ -273,10 +277,10 @@ impl PythonTarget {
             features: vec![],
         })?;
         let op = case.library_op.is_some();
-        let timeout = if op { self.op_timeout } else { self.timeout };
+        let timeout = if op { self.op_timeout } else { self.timeout } * self.patience.max(1);
         let mut msg = json!({
             "cmd": "run", "id": id, "case": case, "inputs": in_path, "output": out_path,
-            "timeout_s": timeout.as_secs_f64(), "processes": processes,
+            "timeout_s": timeout.as_secs_f64(), "processes": processes, "patient": self.patience > 1,
         });
         // Test hooks apply to the first case only, so that a test sees the next case recover.
         if let (Ok(hook), 1) = (std::env::var(TEST_HOOK_ENV), id) {
@@ -350,7 +354,7 @@ impl Target for PythonTarget {
         std::mem::take(&mut self.coverage)
     }
 
-    fn confirm(&mut self, case: &Case, inputs: &Inputs) -> Option<Outcome> {
+    fn confirm(&mut self, case: &Case, inputs: &Inputs, patience: u32) -> Option<Outcome> {
         case.library_op.as_ref()?;
         // Only a worker that simulated its ranks in one process has real ones to confirm on (JAX's
         // host devices are real already).
@@ -359,7 +363,18 @@ impl Target for PythonTarget {
             return None;
         }
         let coverage = std::mem::take(&mut self.coverage);
-        let outcome = self.run_in_worker(case, inputs, true);
+        // A hang gets more time in the simulation first (one process, where real ranks would
+        // each redo the sharding work on the same cores): a case that is only slow finishes there.
+        let patient = (patience > 1).then(|| {
+            self.patience = patience;
+            let outcome = self.run_in_worker(case, inputs, false);
+            self.patience = 1;
+            outcome
+        });
+        let outcome = match patient {
+            Some(o) if !matches!(o, Outcome::Hang { .. }) => o,
+            _ => self.run_in_worker(case, inputs, true),
+        };
         self.coverage = coverage;
         Some(outcome)
     }
