@@ -6,7 +6,7 @@ import sys
 import traceback
 
 from . import lifetime, protocol, tensors_io
-from .interrupt import CaseTimedOut, hang_reason, run_with_alarm
+from .interrupt import CaseTimedOut, forget_last_learned, hang_reason, run_with_alarm
 from .pool import RankDied, RankPool, RanksHung, test_raise
 from .targets import REGISTRY, load
 from .targets.base import HarnessError, expected_outputs
@@ -112,12 +112,17 @@ class Coordinator:
         timeout = float(msg.get("timeout_s", 60))
         try:
             test_raise(job.get("test_hook"))
+            patient = msg.get("patient", False)
             combined = run_with_alarm(lambda: self.target.run_local(job["case"], job["inputs"]), timeout,
-                                      cut_known=not msg.get("patient", False))
+                                      cut_known=not patient)
+            if patient:
+                forget_last_learned()
         except CaseTimedOut as e:
             return {"status": "hang", "reason": hang_reason(e, timeout), "stuck": [0],
                     "coverage": sorted(self.local_cov.take())}
         except Exception as e:  # noqa: BLE001
+            if msg.get("patient", False):
+                forget_last_learned()
             reply = classify_failures(self.target, [(None, describe(e))], 1)
             reply["coverage"] = sorted(self.local_cov.take())
             return reply

@@ -105,6 +105,20 @@ def _remember(site):
     if site not in _known_sites:
         _known_sites.append(site)
         del _known_sites[:-MAX_KNOWN]
+    _last_learned[:] = [site]
+
+
+#: The site the last full wait taught, until a patient rerun of that case shows it was only slow.
+_last_learned = []
+
+
+def forget_last_learned():
+    """A case given more time finished: the site its earlier full wait taught was a slow case's, not a
+    hang's (the fuzzer reruns a hang patiently right after it), and no later case is cut there."""
+    for site in _last_learned:
+        if site in _known_sites:
+            _known_sites.remove(site)
+    _last_learned.clear()
 
 
 def _where_traceback(e):

@@ -63,6 +63,14 @@ class InterruptTest(unittest.TestCase):
                 return "done"
 
             self.assertEqual(run_with_alarm(slow_elsewhere, 5.0), "done")
+
+            # Given more time, a case is never cut; one that then finishes was only slow, and the site
+            # its full wait taught is forgotten.
+            with self.assertRaises(CaseTimedOut) as patient:
+                run_with_alarm(spin_forever, 0.5, cut_known=False)
+            self.assertIsNone(patient.exception.cut_after)
+            interrupt.forget_last_learned()
+            self.assertEqual(interrupt._known_sites, [])
         finally:
             interrupt.PROBE_AFTER_S, interrupt.PROBE_EVERY_S = saved
             interrupt._known_sites.clear()
