@@ -254,11 +254,12 @@ fn agrees(simulated: &Verdict, real: &Verdict) -> bool {
     real.kind == simulated.kind && (simulated.kind != VerdictKind::Crash || crash_site(simulated) == crash_site(real))
 }
 
-/// How many times its timeout a simulated finding gets when it is confirmed: a hang six times (a
+/// How many times its timeout a simulated finding gets when it is confirmed: a hang three times (a
 /// case merely slow, such as a campaign's `_chunk_cat` with partial sources on a 2×4 mesh, 15 s in
 /// the simulation against the 10-s timeout and over 60 s on 8 real ranks sharing 2 cores, then
-/// finishes and is judged as it ends; see `Target::confirm`), anything else once.
-pub const HANG_PATIENCE: u32 = 6;
+/// finishes and is judged as it ends; see `Target::confirm`), anything else once. Each new hang
+/// signature costs a campaign this many timeouts once: six cost a 60-s campaign its whole minute.
+pub const HANG_PATIENCE: u32 = 3;
 
 fn patience(v: &Verdict) -> u32 {
     if v.kind == VerdictKind::Hang {
@@ -304,7 +305,12 @@ fn needs_confirmation(v: &Verdict, prep: &Prepared) -> bool {
 fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
     if agrees(&simulated, &real) {
         let mut v = simulated;
-        v.notes.push(format!("confirmed on real process-group ranks: {} — {}", real.kind, real.reason));
+        let how = if v.kind == VerdictKind::Hang {
+            format!("given {HANG_PATIENCE} times the timeout in the worker")
+        } else {
+            "on real process-group ranks".to_string()
+        };
+        v.notes.push(format!("confirmed {how}: {} — {}", real.kind, real.reason));
         return v;
     }
     if real.kind.is_finding() || real.kind == VerdictKind::HarnessError {

@@ -169,9 +169,9 @@ pub trait Target: Send {
     }
     /// Runs a library-op case again on real ranks (one process each) when `run` simulated them in
     /// one process: a finding of the simulation is confirmed, or shown to be the simulation's.
-    /// With `patience` above 1 (a hang), the case first runs again with that many times its
-    /// timeout where `run` ran it, and goes to real ranks only if it still does not finish: a case
-    /// that is only slow is then judged as it ends. `None` when the target has no other way to run it.
+    /// With `patience` above 1 (a hang), the case runs again with that many times its timeout
+    /// where `run` ran it instead: a case that is only slow is then judged as it ends, one that
+    /// still does not finish is the hang confirmed. `None` when the target has no other way to run it.
     fn confirm(&mut self, _case: &Case, _inputs: &Inputs, _patience: u32) -> Option<Outcome> {
         None
     }

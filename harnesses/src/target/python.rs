@@ -371,9 +371,11 @@ impl Target for PythonTarget {
             self.patience = 1;
             outcome
         });
+        // A case that still does not finish is not taken to real ranks: they redo the sharding work
+        // each, on the same cores, and at the plain timeout they could not tell slow from hung either.
         let outcome = match patient {
-            Some(o) if !matches!(o, Outcome::Hang { .. }) => o,
-            _ => self.run_in_worker(case, inputs, true),
+            Some(o) => o,
+            None => self.run_in_worker(case, inputs, true),
         };
         self.coverage = coverage;
         Some(outcome)
