@@ -95,6 +95,11 @@ class Coordinator:
                 # Peers of a failed rank may be waiting in a collective: start afresh.
                 self.drop(world)
             reply = classify_failures(self.target, failed, world)
+            if reply["status"] == "crash" and len(failed) == world:
+                refusal = self.target.single_device_refusal(case)
+                if refusal:
+                    # Every rank failed on a call the op refuses on one device too (refused both ways).
+                    reply = {"status": "rejected", "reason": f"{refusal}; sharded too: {reply['reason'][:200]}"}
             reply["coverage"] = sorted(coverage)
             return reply
         combined = self.target.combine(case, [r["out"] for r in results])

@@ -34,7 +34,7 @@ class Worker:
         self.scratch = tempfile.mkdtemp(prefix="shardfuzz-driver-")
         self.next_id = 0
 
-    def run(self, case, inputs, hook=None, timeout_s=120):
+    def run(self, case, inputs, hook=None, timeout_s=120, processes=False):
         """The reply, and the output tensors of a completed run (replicas as `replica/{rank}/{name}`)."""
         from safetensors.numpy import load_file, save_file
 
@@ -43,7 +43,7 @@ class Worker:
         out_path = os.path.join(self.scratch, "out.safetensors")
         save_file(inputs, in_path)
         msg = {"cmd": "run", "id": self.next_id, "case": case, "inputs": in_path, "output": out_path,
-               "timeout_s": timeout_s}
+               "timeout_s": timeout_s, "processes": processes}
         if hook:
             msg["test_hook"] = hook
         self.proc.stdin.write(json.dumps(msg) + "\n")

@@ -160,6 +160,16 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertIn("out of bounds", reply["reason"])
         self.assertIn("sharded too", reply["reason"])
 
+    def test_on_real_ranks_too_a_call_the_op_refuses_on_one_device_is_rejected_not_a_crash(self):
+        # (Older torch runs every library-op case this way, on a pool of gloo processes: an edited index
+        # out of range raised on every rank and read as a crash of the framework.)
+        case = library_case("gather", "", 0, [2], [["S(0)"], ["S(0)"]])
+        case["library_op"]["edits"] = [{"arg": 1, "edit": "beyond"}]
+        reply, _ = self.worker.run(case, {"none": np.zeros(0)}, processes=True)
+        self.assertEqual(reply["status"], "rejected", reply.get("reason"))
+        self.assertIn("out of bounds", reply["reason"])
+        self.assertIn("sharded too", reply["reason"])
+
     def test_arguments_are_redistributed_from_their_sources_forward_and_backward(self):
         case = library_case("addmm", "", 1, [2, 2], [["R", "R"], ["S(0)", "S(1)"], ["S(1)", "R"]])
         case["library_op"]["sources"] = [["P(avg)", "S(0)"], ["P", "R"], ["S(0)", "S(1)"]]

@@ -55,6 +55,11 @@ class Target:
     def run_local(self, case, inputs):
         raise NotImplementedError
 
+    def single_device_refusal(self, case):
+        """Why the single-device float64 run refuses this case (an edit made a call invalid), or None: ranks
+        that all fail on such a case were asked something the op refuses anyway (a rejection, not a crash)."""
+        return None
+
 
 def grad_or_fail(name, grad):
     """`grad` unless it is None: a gradient the reference expects that the framework never produced is our

@@ -81,6 +81,13 @@ class TorchDTensor(TorchTarget):
 
         return run(case)
 
+    def single_device_refusal(self, case):
+        if "library_op" not in case:
+            return None
+        from .torch_library_op import single_device_refusal
+
+        return single_device_refusal(case)
+
     def process_world(self, case):
         """Ranks of a library-op case confirmed on real gloo ranks (one process each)."""
         if "library_op" in case:

@@ -111,6 +111,22 @@ def run(case):
     return combine(case, prep, single, sharded, notes)
 
 
+def single_device_refusal(case):
+    """Why the single-device float64 op refuses the case's sample, or None (see Target.single_device_refusal)."""
+    import torch
+
+    lib = case["library_op"]
+    try:
+        prep = Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"])
+    except (KeyError, UnsupportedSample):
+        return None
+    try:
+        prep.run(torch.float64, None)
+    except Exception as e:  # noqa: BLE001 - the op itself refuses this sample on one device
+        return f"the single-device op fails on this sample in float64: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
 def run_rank(rank, case):
     """This rank's part of the case on a real process group (confirming what the simulation found)."""
     lib, seed = case["library_op"], int(case["data"]["seed"])
