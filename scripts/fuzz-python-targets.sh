@@ -35,11 +35,11 @@ BARE_COLLECTIVES = ("torch/distributed/distributed_c10d.py", "torch/distributed/
 
 
 def real_rank_hangs(verdict):
-    """The hang reasons a verdict carries: its own, and what real process-group ranks gave when a
-    simulated hang (the in-process worker did not answer) was confirmed on them."""
+    """The hang reasons a verdict carries: its own, and what its confirmation gave (real process-group
+    ranks, or the worker given more time)."""
     reasons = [verdict["reason"]]
     for note in verdict.get("notes", []):
-        m = re.search(r"on real process-group ranks: hang — (.*)", note)
+        m = re.search(r"(?:on real process-group ranks|given \d+ times the timeout in the worker): hang — (.*)", note)
         if m:
             reasons.append(m.group(1))
     return reasons
