@@ -1,16 +1,14 @@
 //! The oracle on attention within reach of a tie (`oracle::attention_tie`): the gradients below such
 //! a row are not comparable, and everything computed before it still catches a real error.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
-use shardfuzz_fuzz::oracle::{judge, Oracle, Verdict, VerdictKind};
+mod common;
+
+use common::{native_output, verdict};
+use shardfuzz_fuzz::oracle::VerdictKind;
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::inputs::Inputs;
-use shardfuzz_harnesses::model::Bugs;
-use shardfuzz_harnesses::native::NativeTarget;
-use shardfuzz_harnesses::target::{Outcome, RunOutput, Target};
 
 /// A clean native bf16 campaign case: dp2 tp3, one kv head replicated on the three ranks, large
 /// values. One key's score is −415 in f64 and lands at −276.8 in the sharded run, beside its
@@ -19,17 +17,6 @@ use shardfuzz_harnesses::target::{Outcome, RunOutput, Target};
 fn tie_case() -> Case {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/clean-cases/bf16-campaign-gqa-attention-tie-tp3-dp2.json");
     Case::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn native_output(case: &Case, inputs: &Inputs) -> RunOutput {
-    match NativeTarget::new(Bugs::none(), Duration::from_secs(60)).run(case, inputs) {
-        Outcome::Completed(o) => o,
-        other => panic!("the native target did not complete: {}", other.kind()),
-    }
-}
-
-fn verdict(case: &Case, inputs: &Inputs, out: RunOutput) -> Verdict {
-    judge("native", BTreeMap::new(), case, inputs, Outcome::Completed(out), &Oracle::default())
 }
 
 #[test]

@@ -1,15 +1,12 @@
 //! The oracle on low-precision overflows: an overflow the sharding legitimately causes is not
 //! comparable, and a NaN no overflow explains is still divergent.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+mod common;
 
-use shardfuzz_fuzz::oracle::{judge, Oracle, Verdict, VerdictKind};
+use common::{native_output, verdict};
+use shardfuzz_fuzz::oracle::VerdictKind;
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::inputs::Inputs;
-use shardfuzz_harnesses::model::Bugs;
-use shardfuzz_harnesses::native::NativeTarget;
-use shardfuzz_harnesses::target::{Outcome, RunOutput, Target};
 
 /// Found by a clean 10-minute campaign. An all-zero embedding row (the `integers` data) stays zero
 /// through an MLP without bias, so every RMSNorm divides it by √ε: the residual-stream gradient of
@@ -26,17 +23,6 @@ fn zero_row_case(distribution: &str) -> Case {
             "data": {{"seed": 2297073790880656406, "distribution": "{distribution}"}}}}"#
     ))
     .unwrap()
-}
-
-fn native_output(case: &Case, inputs: &Inputs) -> RunOutput {
-    match NativeTarget::new(Bugs::none(), Duration::from_secs(60)).run(case, inputs) {
-        Outcome::Completed(o) => o,
-        other => panic!("the native target did not complete: {}", other.kind()),
-    }
-}
-
-fn verdict(case: &Case, inputs: &Inputs, out: RunOutput) -> Verdict {
-    judge("native", BTreeMap::new(), case, inputs, Outcome::Completed(out), &Oracle::default())
 }
 
 const GRAD: &str = "grad/layers.0.norm.weight";
