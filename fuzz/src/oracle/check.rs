@@ -85,7 +85,7 @@ pub fn compare_run(
         let overflow = target.filter(|t| !t.all_finite()).and_then(|_| near_overflow(case, dtype_value.unwrap_or(r), ex.peak));
         let mut others: Vec<(&str, &Tensor)> = members.iter().filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
         others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
-        let adam = adam_samples(prep, reference, &checks, &scale, name);
+        let adam = adam_samples(prep, reference, out, &checks, &scale, name);
         others.extend(adam.iter().map(|t| ("adam", t)));
         let flipped = others.iter().position(|(n, _)| *n == "routing-flip").map(|i| others.remove(i).1);
         let mut mask = comparable_elements(r, &others, target.filter(|_| overflow.is_some()));
@@ -432,12 +432,14 @@ fn replica_checks(out: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, r
 
 /// For Adam-family optimizers, the noise a parameter inherits from its gradient: Adam divides each
 /// gradient element by its own magnitude, so an element of size |g| carrying absolute noise δ (the
-/// gradient's ε) moves by up to 2·lr·min(1, δ/|g|) per step (its sign may flip). Returns the parameter with every
-/// element moved that far all the same way (the worst case for its sum), and every element moved
-/// that far away from zero (the worst case for its norm).
+/// gradient's ε) moves by up to 2·lr·min(1, δ/|g|) per step (its sign may flip). The first step is
+/// known exactly where the target reported its step-0 gradient (`Step0`). Returns the parameter
+/// with every element moved that far all the same way (the worst case for its sum), and every
+/// element moved that far away from zero (the worst case for its norm).
 fn adam_moves(
     case: &Case,
     reference: &RunOutput,
+    out: &RunOutput,
     checks: &[TensorCheck],
     scale: &ErrorScale,
     name: &str,
@@ -451,23 +453,29 @@ fn adam_moves(
     let g = reference.tensor(&gname)?;
     let check = checks.iter().find(|c| c.tensor == gname)?;
     let delta = check.noise * scale.denominator(&gname, g);
-    let step = case.train.optimizer.lr.get() * case.train.steps as f64;
+    let opt = &case.train.optimizer;
+    let (lr, steps) = (opt.lr.get(), case.train.steps as f64);
     let p = reference.tensor(name)?;
     // Adam's first step moves an element by lr · sign(g): a gradient element within its noise of
     // zero may come out with either sign, a change of 2 lr (a clean bf16 case, pp3, lr 0.03, met
     // it on a bias whose gradient elements were round-off).
     // Adam (not AdamW) adds the L2 term to the gradient before normalising: its sign is that of
     // g + wd · p, which may be near zero where g is not.
-    let opt = &case.train.optimizer;
     let l2 = if opt.kind == OptimizerKind::Adam { opt.weight_decay.get() } else { 0.0 };
     let effective = |i: usize, gi: f64| gi + l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
+    let step0 =
+        out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 { own, eps: opt.eps.get() / clip_coefficient(case, reference) });
     let moves: Vec<f64> = g
         .data
         .iter()
         .enumerate()
         .map(|(i, &gi)| {
             let ge = effective(i, gi).abs().min(gi.abs());
-            2.0 * step * if ge <= delta { 1.0 } else { delta / ge }
+            let flips = if ge <= delta { 1.0 } else { delta / ge };
+            match step0.as_ref().and_then(|s| s.move_of(effective(i, s.own.data[i]), effective(i, gi))) {
+                Some(first) => lr * first + 2.0 * lr * (steps - 1.0) * flips,
+                None => 2.0 * lr * steps * flips,
+            }
         })
         .collect();
     let up = p.data.iter().zip(&moves).map(|(x, m)| x + m).collect();
@@ -475,17 +483,71 @@ fn adam_moves(
     Some((Tensor::new(p.shape.clone(), up), Tensor::new(p.shape.clone(), outward)))
 }
 
+/// Adam's first update of an element is lr · a(g), a(x) = x / (|x| + eps) (m̂ = g, v̂ = g² after
+/// bias correction): ±lr wherever |g| is far above eps, whatever its size. With the target's own
+/// step-0 gradient (which the oracle checks on its own) that move is known, not guessed: a
+/// parameter whose gradient no run gave a contribution (the embedding row of a token absent from
+/// the batch, the query projection of a one-token sequence) or whose gradient signs agree does not
+/// move apart in the first step, and one whose signs differ moves 2 lr.
+struct Step0<'a> {
+    own: &'a Tensor,
+    /// Adam's eps over the clipping coefficient (clipping scales g, so it scales eps's weight).
+    eps: f64,
+}
+
+impl Step0<'_> {
+    /// Far enough above eps that a(g) is sign(g) within 1e-3.
+    const DECIDED: f64 = 1e3;
+
+    /// |a(target) − a(reference)| for one element's effective gradients, when both are decided
+    /// (or both exactly zero); None when either is within [`Step0::DECIDED`] eps of zero.
+    fn move_of(&self, target: f64, reference: f64) -> Option<f64> {
+        if target == 0.0 && reference == 0.0 {
+            return Some(0.0);
+        }
+        let small = target.abs().min(reference.abs());
+        if !small.is_finite() || small <= Self::DECIDED * self.eps {
+            return None;
+        }
+        Some(if target.signum() == reference.signum() { 2.0 * self.eps / small } else { 2.0 })
+    }
+}
+
+/// A lower bound on the clipping coefficient of the first step (1 without clipping): half the
+/// reference's, since the target's global norm may differ by round-off.
+fn clip_coefficient(case: &Case, reference: &RunOutput) -> f64 {
+    let Some(max_norm) = case.train.clip_grad_norm else {
+        return 1.0;
+    };
+    let squares: f64 = reference
+        .tensors
+        .iter()
+        .filter(|(n, _)| n.starts_with("grad/"))
+        .flat_map(|(_, t)| t.data.iter())
+        .filter(|x| x.is_finite())
+        .map(|x| x * x)
+        .sum();
+    (max_norm.get() / (squares.sqrt() + 1e-6)).min(1.0) / 2.0
+}
+
 /// The `adam` samples of a tensor: the parameter moved by `adam_moves`, or the later loss moved by
 /// `adam_loss_move` (none for SGD, step-0 tensors and gradients).
-fn adam_samples(prep: &Prepared, reference: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, name: &str) -> Vec<Tensor> {
+fn adam_samples(
+    prep: &Prepared,
+    reference: &RunOutput,
+    out: &RunOutput,
+    checks: &[TensorCheck],
+    scale: &ErrorScale,
+    name: &str,
+) -> Vec<Tensor> {
     let case = &prep.case;
     let initial = name.strip_prefix("param/").and_then(|p| prep.inputs.tensors.iter().find(|(n, _)| n == p)).map(|(_, t)| t);
-    let mut out = vec![];
-    if let Some((up, outward)) = adam_moves(case, reference, checks, scale, name, initial) {
-        out.extend([up, outward]);
+    let mut samples = vec![];
+    if let Some((up, outward)) = adam_moves(case, reference, out, checks, scale, name, initial) {
+        samples.extend([up, outward]);
     }
-    out.extend(adam_loss_move(case, reference, checks, scale, name));
-    out
+    samples.extend(adam_loss_move(case, reference, checks, scale, name));
+    samples
 }
 
 /// For Adam-family optimizers, a later loss moved by what the `adam_moves` of every parameter move
