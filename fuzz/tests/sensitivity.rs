@@ -109,3 +109,28 @@ fn injected_bugs_stay_visible_in_bf16() {
         assert!(matches!(d, Detection::Found), "{bug}: {d:?}");
     }
 }
+
+/// An optimizer step applied twice to the parameters (a ZeRO partition stepped by two ranks, a
+/// learning rate doubled): under Adam every element moves by lr · sign(g) either way, so the old
+/// per-element guess (a gradient within its noise of zero may flip: 2 lr) let a bf16 parameter move
+/// that far. The target's own step-0 gradient says which signs could flip; here none did.
+#[test]
+fn an_adam_step_applied_twice_is_divergent_in_every_dtype() {
+    for dtype in ["f64", "f32", "bf16", "f16"] {
+        let train = format!(r#", "steps": 1, "clip_grad_norm": null, "optimizer": {{"kind": "adam", "lr": 0.01}}, "dtype": "{dtype}""#);
+        let c = case(r#", "dp": 2, "tp": 2"#, r#", "layers": ["attention", "mlp"]"#, &train, 5);
+        let prep = Prepared::new(&c);
+        let Outcome::Completed(mut out) = create("native", &TargetOptions::default()).unwrap().run(&c, &prep.inputs) else {
+            panic!("the native target did not complete the case")
+        };
+        let clean = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out.clone()), &Oracle::default());
+        assert_eq!(clean.kind, VerdictKind::Pass, "{dtype}: {}", clean.reason);
+        for (name, t) in out.tensors.iter_mut().filter(|(n, _)| n.starts_with("param/")) {
+            let initial = &prep.inputs.tensors.iter().find(|(n, _)| n == &name["param/".len()..]).unwrap().1;
+            t.data.iter_mut().zip(&initial.data).for_each(|(x, p0)| *x = p0 + 2.0 * (*x - p0));
+        }
+        let v = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out), &Oracle::default());
+        assert_eq!(v.kind, VerdictKind::Divergent, "{dtype}: {}", v.reason);
+        assert!(v.first_divergent().unwrap().tensor.starts_with("param/"), "{dtype}: {}", v.reason);
+    }
+}
