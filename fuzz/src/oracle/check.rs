@@ -463,8 +463,9 @@ fn adam_moves(
     // g + wd · p, which may be near zero where g is not.
     let l2 = if opt.kind == OptimizerKind::Adam { opt.weight_decay.get() } else { 0.0 };
     let effective = |i: usize, gi: f64| gi + l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
+    let l2_term = |i: usize| l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
     let step0 =
-        out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 { own, eps: opt.eps.get() / clip_coefficient(case, reference) });
+        out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 { own, eps: opt.eps.get(), clip: clip_range(case, reference) });
     let moves: Vec<f64> = g
         .data
         .iter()
@@ -472,7 +473,7 @@ fn adam_moves(
         .map(|(i, &gi)| {
             let ge = effective(i, gi).abs().min(gi.abs());
             let flips = if ge <= delta { 1.0 } else { delta / ge };
-            match step0.as_ref().and_then(|s| s.move_of(effective(i, s.own.data[i]), effective(i, gi))) {
+            match step0.as_ref().and_then(|s| s.move_of(s.own.data[i], gi, l2_term(i))) {
                 Some(first) => lr * first + 2.0 * lr * (steps - 1.0) * flips,
                 None => 2.0 * lr * steps * flips,
             }
@@ -483,41 +484,50 @@ fn adam_moves(
     Some((Tensor::new(p.shape.clone(), up), Tensor::new(p.shape.clone(), outward)))
 }
 
-/// Adam's first update of an element is lr · a(g), a(x) = x / (|x| + eps) (m̂ = g, v̂ = g² after
-/// bias correction): ±lr wherever |g| is far above eps, whatever its size. With the target's own
-/// step-0 gradient (which the oracle checks on its own) that move is known, not guessed: a
-/// parameter whose gradient no run gave a contribution (the embedding row of a token absent from
-/// the batch, the query projection of a one-token sequence) or whose gradient signs agree does not
-/// move apart in the first step, and one whose signs differ moves 2 lr.
+/// Adam's first update of an element is lr · a(x), a(x) = x / (|x| + eps) (m̂ = x, v̂ = x² after
+/// bias correction), x = c · g + wd · p for Adam's L2 term and a clipping coefficient c: ±lr
+/// wherever |x| is far above eps, whatever its size. With the target's own step-0 gradient (which
+/// the oracle checks on its own) that move is known, not guessed: a parameter whose gradient no run
+/// gave a contribution (the embedding row of a token absent from the batch, the query projection
+/// of a one-token sequence) or whose x keeps one sign in both runs does not move apart in the
+/// first step, and one whose signs differ moves 2 lr. The target's c is not reported, so a sign
+/// counts only when it holds for every c in `clip` (a clean bf16 case, Adam with L2 and clipping:
+/// c · g and wd · p nearly cancelled, and the target's 6 % gradient round-off flipped the sum).
 struct Step0<'a> {
     own: &'a Tensor,
-    /// Adam's eps over the clipping coefficient (clipping scales g, so it scales eps's weight).
     eps: f64,
+    /// The range the clipping coefficient of either run lies in ((1, 1) without clipping).
+    clip: (f64, f64),
 }
 
 impl Step0<'_> {
-    /// Far enough above eps that a(g) is sign(g) within 1e-3.
+    /// Far enough above eps that a(x) is sign(x) within 1e-3.
     const DECIDED: f64 = 1e3;
 
-    /// |a(target) − a(reference)| for one element's effective gradients, when both are decided
-    /// (or both exactly zero); None when either is within [`Step0::DECIDED`] eps of zero.
-    fn move_of(&self, target: f64, reference: f64) -> Option<f64> {
+    /// |a(x_target) − a(x_reference)| for one element, from its two step-0 gradients and the L2
+    /// term: 0 for a gradient exactly zero in both, within 2e-3 for signs that hold and agree, 2 for
+    /// signs that hold and differ; None when either sign depends on the clipping coefficient or x
+    /// is within [`Step0::DECIDED`] eps of zero.
+    fn move_of(&self, target: f64, reference: f64, l2_term: f64) -> Option<f64> {
         if target == 0.0 && reference == 0.0 {
             return Some(0.0);
         }
-        let small = target.abs().min(reference.abs());
-        if !small.is_finite() || small <= Self::DECIDED * self.eps {
-            return None;
-        }
-        Some(if target.signum() == reference.signum() { 2.0 * self.eps / small } else { 2.0 })
+        let sign = |g: f64| {
+            let ends = [self.clip.0 * g + l2_term, self.clip.1 * g + l2_term];
+            let held = ends.iter().all(|x| x.is_finite() && x.abs() > Self::DECIDED * self.eps) && ends[0].signum() == ends[1].signum();
+            held.then_some(ends[0].signum())
+        };
+        let (t, r) = (sign(target)?, sign(reference)?);
+        Some(if t == r { 2.0 / Self::DECIDED } else { 2.0 })
     }
 }
 
-/// A lower bound on the clipping coefficient of the first step (1 without clipping): half the
-/// reference's, since the target's global norm may differ by round-off.
-fn clip_coefficient(case: &Case, reference: &RunOutput) -> f64 {
+/// The range the first step's clipping coefficient lies in, for the target as for the reference:
+/// (1, 1) without clipping; otherwise from half to twice the reference's (capped at 1), since the
+/// target's global norm may differ by round-off.
+fn clip_range(case: &Case, reference: &RunOutput) -> (f64, f64) {
     let Some(max_norm) = case.train.clip_grad_norm else {
-        return 1.0;
+        return (1.0, 1.0);
     };
     let squares: f64 = reference
         .tensors
@@ -527,7 +537,8 @@ fn clip_coefficient(case: &Case, reference: &RunOutput) -> f64 {
         .filter(|x| x.is_finite())
         .map(|x| x * x)
         .sum();
-    (max_norm.get() / (squares.sqrt() + 1e-6)).min(1.0) / 2.0
+    let c = (max_norm.get() / (squares.sqrt() + 1e-6)).min(1.0);
+    (c / 2.0, (2.0 * c).min(1.0))
 }
 
 /// The `adam` samples of a tensor: the parameter moved by `adam_moves`, or the later loss moved by
