@@ -92,6 +92,17 @@ def _colossalai_interleaved_metadata():
         InterleavedSchedule.send_backward_recv_backward, "send_grad_metadata", lambda sm: not sm.is_first_stage())
 
 
+def _deepspeed_unfused_init_step():
+    """DeepSpeed 0.19.8: FP16_UnfusedOptimizer (what bf16 without ZeRO, stage 0, runs) initialises the
+    optimizer's state by a real step() on zero gradients, so Adam's step counter is 1 before training and
+    the first update uses step 2's bias correction: every parameter moves 0.742 lr instead of lr
+    (docs/findings/deepspeed-0.19.8-bf16-zero0-adam-init-step.py). ZeRO 1-3 dropped that step (PR #5104).
+    Fix: no step at initialisation; the optimizer creates its state lazily, as torch's does."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    FP16_UnfusedOptimizer.initialize_optimizer_states = lambda self: None
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -100,6 +111,7 @@ FIXES = {
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
+    "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
 }
 
 

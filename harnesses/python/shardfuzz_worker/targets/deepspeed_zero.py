@@ -87,6 +87,9 @@ class DeepSpeedZero(TorchTarget):
         # serves inference_all_reduce. Without it DeepSpeed uses plain torch.distributed (gloo) collectives.
         ds_torch_comm.build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        from .. import known_fixes
+
+        known_fixes.apply(self.name)
         import gc
 
         # ZeRO-3 calls gc.collect() per engine (over a second with torch's and DeepSpeed's objects alive):
