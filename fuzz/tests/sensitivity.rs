@@ -1,13 +1,14 @@
 //! The oracle sees the errors real bugs make, in every dtype: a loosened oracle fails here.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use shardfuzz_fuzz::generate::random_case;
-use shardfuzz_fuzz::oracle::{judge_prepared, Oracle, Prepared, VerdictKind};
+use shardfuzz_fuzz::oracle::{Oracle, Prepared, VerdictKind};
 use shardfuzz_fuzz::sensitivity::{run_case, Corruption};
 use shardfuzz_fuzz::trigger_cases::case;
 use shardfuzz_harnesses::target::registry::{create, TargetOptions};
-use shardfuzz_harnesses::target::Outcome;
 use shardfuzz_kernels::DType;
 
 /// Detection rate of each corruption over the first `n` clean cases in `dtype`.
@@ -80,15 +81,13 @@ fn coarse_corruptions_are_seen_in_every_dtype_and_fine_ones_in_f32_and_f64() {
 fn gradients_halved_on_every_rank_are_divergent_in_bf16() {
     let c = case(r#", "dp": 3, "tp": 2"#, r#", "layers": ["attention", "mlp"]"#, r#", "dtype": "bf16""#, 11);
     let prep = Prepared::new(&c);
-    let Outcome::Completed(mut out) = create("native", &TargetOptions::default()).unwrap().run(&c, &prep.inputs) else {
-        panic!("the native target did not complete the case")
-    };
-    let clean = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out.clone()), &Oracle::default());
+    let mut out = common::native_output(&c, &prep.inputs);
+    let clean = common::verdict_prepared(&prep, out.clone());
     assert_eq!(clean.kind, VerdictKind::Pass, "{}", clean.reason);
     for (_, t) in out.tensors.iter_mut().filter(|(n, _)| n.starts_with("grad/")) {
         t.data.iter_mut().for_each(|x| *x *= 0.5);
     }
-    let v = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out), &Oracle::default());
+    let v = common::verdict_prepared(&prep, out);
     assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
     let first = v.first_divergent().unwrap();
     assert!(first.tensor.starts_with("grad/") && first.decided_by.is_some(), "{first:?}");
@@ -124,16 +123,14 @@ fn an_adam_step_applied_twice_is_divergent_in_every_dtype() {
         let train = format!(r#", "steps": 1, "clip_grad_norm": null, "optimizer": {{"kind": "adam", "lr": 0.01}}, "dtype": "{dtype}""#);
         let c = case(r#", "dp": 2, "tp": 2"#, r#", "layers": ["attention", "mlp"]"#, &train, 5);
         let prep = Prepared::new(&c);
-        let Outcome::Completed(mut out) = create("native", &TargetOptions::default()).unwrap().run(&c, &prep.inputs) else {
-            panic!("the native target did not complete the case")
-        };
-        let clean = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out.clone()), &Oracle::default());
+        let mut out = common::native_output(&c, &prep.inputs);
+        let clean = common::verdict_prepared(&prep, out.clone());
         assert_eq!(clean.kind, VerdictKind::Pass, "{dtype}: {}", clean.reason);
         for (name, t) in out.tensors.iter_mut().filter(|(n, _)| n.starts_with("param/")) {
             let initial = &prep.inputs.tensors.iter().find(|(n, _)| n == &name["param/".len()..]).unwrap().1;
             t.data.iter_mut().zip(&initial.data).for_each(|(x, p0)| *x = p0 + 2.0 * (*x - p0));
         }
-        let v = judge_prepared("native", BTreeMap::new(), &prep, Outcome::Completed(out), &Oracle::default());
+        let v = common::verdict_prepared(&prep, out);
         assert_eq!(v.kind, VerdictKind::Divergent, "{dtype}: {}", v.reason);
         assert!(v.first_divergent().unwrap().tensor.starts_with("param/"), "{dtype}: {}", v.reason);
     }
