@@ -464,8 +464,11 @@ fn adam_moves(
     let l2 = if opt.kind == OptimizerKind::Adam { opt.weight_decay.get() } else { 0.0 };
     let effective = |i: usize, gi: f64| gi + l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
     let l2_term = |i: usize| l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
-    let step0 =
-        out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 { own, eps: opt.eps.get(), clip: clip_range(case, reference) });
+    let step0 = out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 {
+        own,
+        eps: opt.eps.get(),
+        clip: clip_range(case, reference, checks),
+    });
     let moves: Vec<f64> = g
         .data
         .iter()
@@ -489,45 +492,66 @@ fn adam_moves(
 /// wherever |x| is far above eps, whatever its size. With the target's own step-0 gradient (which
 /// the oracle checks on its own) that move is known, not guessed: a parameter whose gradient no run
 /// gave a contribution (the embedding row of a token absent from the batch, the query projection
-/// of a one-token sequence) or whose x keeps one sign in both runs does not move apart in the
-/// first step, and one whose signs differ moves 2 lr. The target's c is not reported, so a sign
+/// of a one-token sequence) or whose x keeps one sign in both runs moves apart by what eps makes of
+/// the two, and one whose signs differ moves 2 lr. The target's c is not reported, so a sign
 /// counts only when it holds for every c in `clip` (a clean bf16 case, Adam with L2 and clipping:
 /// c · g and wd · p nearly cancelled, and the target's 6 % gradient round-off flipped the sum).
 struct Step0<'a> {
     own: &'a Tensor,
     eps: f64,
-    /// The range the clipping coefficient of either run lies in ((1, 1) without clipping).
-    clip: (f64, f64),
+    /// The reference's clipping coefficient and the range the target's lies in ((1, 1, 1) without
+    /// clipping).
+    clip: Clip,
+}
+
+/// A first step's clipping coefficient: the reference's, and the range a correct target's lies in.
+#[derive(Clone, Copy)]
+struct Clip {
+    reference: f64,
+    low: f64,
+    high: f64,
 }
 
 impl Step0<'_> {
     /// Far enough above eps that a(x) is sign(x) within 1e-3.
     const DECIDED: f64 = 1e3;
 
+    fn a(&self, x: f64) -> f64 {
+        x / (x.abs() + self.eps)
+    }
+
     /// |a(x_target) − a(x_reference)| for one element, from its two step-0 gradients and the L2
-    /// term: 0 for a gradient exactly zero in both, within 2e-3 for signs that hold and agree, 2 for
-    /// signs that hold and differ; None when either sign depends on the clipping coefficient or x
-    /// is within [`Step0::DECIDED`] eps of zero.
+    /// term: 0 for a gradient exactly zero in both; for signs that hold, the largest difference any
+    /// c of the target's range makes (2 where the signs differ); None when either sign depends on
+    /// the clipping coefficient or x is within [`Step0::DECIDED`] eps of zero.
     fn move_of(&self, target: f64, reference: f64, l2_term: f64) -> Option<f64> {
         if target == 0.0 && reference == 0.0 {
             return Some(0.0);
         }
-        let sign = |g: f64| {
-            let ends = [self.clip.0 * g + l2_term, self.clip.1 * g + l2_term];
-            let held = ends.iter().all(|x| x.is_finite() && x.abs() > Self::DECIDED * self.eps) && ends[0].signum() == ends[1].signum();
-            held.then_some(ends[0].signum())
+        let held = |ends: [f64; 2]| {
+            ends.iter().all(|x| x.is_finite() && x.abs() > Self::DECIDED * self.eps) && ends[0].signum() == ends[1].signum()
         };
-        let (t, r) = (sign(target)?, sign(reference)?);
-        Some(if t == r { 2.0 / Self::DECIDED } else { 2.0 })
+        let c = self.clip;
+        let own = [c.low * target + l2_term, c.high * target + l2_term];
+        let theirs = c.reference * reference + l2_term;
+        if !held(own) || !held([theirs, theirs]) {
+            return None;
+        }
+        let r = self.a(theirs);
+        Some(own.iter().map(|&x| (self.a(x) - r).abs()).fold(0.0, f64::max))
     }
 }
 
-/// The range the first step's clipping coefficient lies in, for the target as for the reference:
-/// (1, 1) without clipping; otherwise from half to twice the reference's (capped at 1), since the
-/// target's global norm may differ by round-off.
-fn clip_range(case: &Case, reference: &RunOutput) -> (f64, f64) {
+/// How many times a gradient's normwise ε the target's global gradient norm may differ by.
+const CLIP_SPREAD: f64 = 8.0;
+
+/// The first step's clipping coefficient (1 without clipping, or when the norm is under the
+/// limit) and the range a correct target's lies in: its global norm differs from the reference's
+/// by its gradients' round-off, at most the threshold times the largest normwise ε of a gradient
+/// (capped at a half).
+fn clip_range(case: &Case, reference: &RunOutput, checks: &[TensorCheck]) -> Clip {
     let Some(max_norm) = case.train.clip_grad_norm else {
-        return (1.0, 1.0);
+        return Clip { reference: 1.0, low: 1.0, high: 1.0 };
     };
     let squares: f64 = reference
         .tensors
@@ -538,7 +562,10 @@ fn clip_range(case: &Case, reference: &RunOutput) -> (f64, f64) {
         .map(|x| x * x)
         .sum();
     let c = (max_norm.get() / (squares.sqrt() + 1e-6)).min(1.0);
-    (c / 2.0, (2.0 * c).min(1.0))
+    let rms = |k: &TensorCheck| k.stats[Stat::Rms as usize].noise;
+    let noise = checks.iter().filter(|k| k.tensor.starts_with("grad/")).map(rms).filter(|n| n.is_finite()).fold(0.0, f64::max);
+    let spread = (CLIP_SPREAD * noise).min(0.5);
+    Clip { reference: c, low: c * (1.0 - spread), high: (c * (1.0 + spread)).min(1.0) }
 }
 
 /// The `adam` samples of a tensor: the parameter moved by `adam_moves`, or the later loss moved by
