@@ -1,5 +1,7 @@
 //! The comparison of one completed run against the reference and the noise ensemble.
 
+use std::cell::OnceCell;
+
 use shardfuzz_harnesses::case::{Case, OptimizerKind};
 use shardfuzz_harnesses::target::RunOutput;
 use shardfuzz_harnesses::tensor::Tensor;
@@ -78,6 +80,7 @@ pub fn compare_run(
     ex.attention_tie = attention_near_tie(reference, members);
     notes.extend(ex.attention_tie.map(|t| t.note()));
     let mut checks = vec![];
+    let first_step = FirstStep { out, clip: OnceCell::new() };
     for (name, r) in &reference.tensors {
         let denom = scale.denominator(name, r);
         let dtype_value = dtype_member.and_then(|b| b.tensor(name));
@@ -85,7 +88,7 @@ pub fn compare_run(
         let overflow = target.filter(|t| !t.all_finite()).and_then(|_| near_overflow(case, dtype_value.unwrap_or(r), ex.peak));
         let mut others: Vec<(&str, &Tensor)> = members.iter().filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
         others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
-        let adam = adam_samples(prep, reference, out, &checks, &scale, name);
+        let adam = adam_samples(prep, reference, &first_step, &checks, &scale, name);
         others.extend(adam.iter().map(|t| ("adam", t)));
         let flipped = others.iter().position(|(n, _)| *n == "routing-flip").map(|i| others.remove(i).1);
         let mut mask = comparable_elements(r, &others, target.filter(|_| overflow.is_some()));
@@ -439,7 +442,7 @@ fn replica_checks(out: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, r
 fn adam_moves(
     case: &Case,
     reference: &RunOutput,
-    out: &RunOutput,
+    first_step: &FirstStep,
     checks: &[TensorCheck],
     scale: &ErrorScale,
     name: &str,
@@ -462,12 +465,12 @@ fn adam_moves(
     // Adam (not AdamW) adds the L2 term to the gradient before normalising: its sign is that of
     // g + wd · p, which may be near zero where g is not.
     let l2 = if opt.kind == OptimizerKind::Adam { opt.weight_decay.get() } else { 0.0 };
-    let effective = |i: usize, gi: f64| gi + l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
     let l2_term = |i: usize| l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
-    let step0 = out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 {
+    let effective = |i: usize, gi: f64| gi + l2_term(i);
+    let step0 = first_step.out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 {
         own,
         eps: opt.eps.get(),
-        clip: clip_range(case, reference, checks),
+        clip: *first_step.clip.get_or_init(|| clip_range(case, reference, checks)),
     });
     let moves: Vec<f64> = g
         .data
@@ -502,6 +505,13 @@ struct Step0<'a> {
     /// The reference's clipping coefficient and the range the target's lies in ((1, 1, 1) without
     /// clipping).
     clip: Clip,
+}
+
+/// The target's run as the first Adam step needs it: its own step-0 gradients, and the clipping
+/// coefficient's range, computed once per run (every gradient is checked before any parameter).
+struct FirstStep<'a> {
+    out: &'a RunOutput,
+    clip: OnceCell<Clip>,
 }
 
 /// A first step's clipping coefficient: the reference's, and the range a correct target's lies in.
@@ -573,7 +583,7 @@ fn clip_range(case: &Case, reference: &RunOutput, checks: &[TensorCheck]) -> Cli
 fn adam_samples(
     prep: &Prepared,
     reference: &RunOutput,
-    out: &RunOutput,
+    first_step: &FirstStep,
     checks: &[TensorCheck],
     scale: &ErrorScale,
     name: &str,
@@ -581,7 +591,7 @@ fn adam_samples(
     let case = &prep.case;
     let initial = name.strip_prefix("param/").and_then(|p| prep.inputs.tensors.iter().find(|(n, _)| n == p)).map(|(_, t)| t);
     let mut samples = vec![];
-    if let Some((up, outward)) = adam_moves(case, reference, out, checks, scale, name, initial) {
+    if let Some((up, outward)) = adam_moves(case, reference, first_step, checks, scale, name, initial) {
         samples.extend([up, outward]);
     }
     samples.extend(adam_loss_move(case, reference, checks, scale, name));
