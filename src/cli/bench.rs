@@ -44,6 +44,9 @@ pub struct CleanArgs {
     /// every dtype (default: 8).
     #[arg(long)]
     stat_threshold: Option<f64>,
+    /// Divergence threshold of the normwise error (rms) alone (default: 8).
+    #[arg(long)]
+    rms_threshold: Option<f64>,
     /// Judge every case with the whole noise ensemble (no fast path): the margins then show how
     /// close clean runs come to the thresholds with the ε a failing tensor would get.
     #[arg(long)]
@@ -75,7 +78,9 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Minimize(m) => return super::bench_minimize::run(m),
     };
     let mut target = registry::create(&a.target, &TargetOptions::default()).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
-    let oracle = Oracle { fast_path: !a.full_ensemble, ..Oracle::default() }.with_stat_threshold(a.stat_threshold);
+    let oracle = Oracle { fast_path: !a.full_ensemble, ..Oracle::default() }
+        .with_stat_threshold(a.stat_threshold)
+        .with_rms_threshold(a.rms_threshold);
     let mut counts = std::collections::BTreeMap::<VerdictKind, u64>::new();
     let mut false_positives = vec![];
     let mut margins = Margins::default();

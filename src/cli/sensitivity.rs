@@ -29,6 +29,9 @@ pub struct SensitivityArgs {
     /// every dtype (default: 8).
     #[arg(long)]
     stat_threshold: Option<f64>,
+    /// Divergence threshold of the normwise error (rms) alone (default: 8).
+    #[arg(long)]
+    rms_threshold: Option<f64>,
     /// Print every corruption the oracle passed.
     #[arg(long)]
     show_misses: bool,
@@ -77,7 +80,7 @@ pub fn run(a: SensitivityArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn measure(target: &mut dyn shardfuzz_harnesses::target::Target, dtype: DType, a: &SensitivityArgs, totals: &mut Totals) {
-    let oracle = Oracle::default().with_stat_threshold(a.stat_threshold);
+    let oracle = Oracle::default().with_stat_threshold(a.stat_threshold).with_rms_threshold(a.rms_threshold);
     let mut counts = vec![(0u64, 0u64); CORRUPTIONS.len()];
     let (mut clean, mut tried) = (0u64, 0u64);
     while clean < a.cases && tried < a.cases * 50 {

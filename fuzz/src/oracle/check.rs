@@ -30,6 +30,8 @@ struct Exclusions {
 struct Rules {
     floors: Stats,
     thresholds: Stats,
+    /// The threshold of the second-order term (`stat_bound`).
+    second_order: f64,
 }
 
 impl Rules {
@@ -43,7 +45,8 @@ impl Rules {
         floors[Stat::Max as usize] = oracle.noise_floor_ulps * u * f64_factor;
         let mut thresholds = [oracle.stat_threshold; 5];
         thresholds[Stat::Max as usize] = oracle.threshold;
-        Rules { floors, thresholds }
+        thresholds[Stat::Rms as usize] = oracle.rms_threshold;
+        Rules { floors, thresholds, second_order: oracle.stat_threshold }
     }
 }
 
@@ -156,24 +159,31 @@ fn raise_noise(s: &mut StatCheck, floor: f64, why: impl FnOnce() -> String) {
 }
 
 /// The bound of a statistic whose ε is `noise`: threshold × ε, plus, for the statistics over the
-/// whole tensor, the second-order term (threshold × ε)²/2. Relative errors compose
+/// whole tensor, the second-order term (second_order × ε)²/2 (`second_order` is the statistics'
+/// threshold, also when calibrating the normwise error's own). Relative errors compose
 /// multiplicatively (a product of two values each off by e is off by 2e + e²), so once a tensor's
 /// noise is a sizable fraction of the tensor itself (bf16 query/key gradients of nearly uniform
 /// attention: ε 0.2–2 of their own size) the first-order spread of a handful of members
 /// undershoots a correct sharded run's: clean bf16 cases met such tensors 5–12 ε past every member.
 /// For the ε that decide a 20 % or 50 % scale (a few percent) the term is negligible.
-pub fn stat_bound(stat: Stat, threshold: f64, noise: f64) -> f64 {
+pub fn stat_bound(stat: Stat, threshold: f64, second_order: f64, noise: f64) -> f64 {
     let first = threshold * noise;
     if stat == Stat::Max {
         first
     } else {
-        first + first * first / 2.0
+        first + (second_order * noise).powi(2) / 2.0
+    }
+}
+
+impl Rules {
+    fn bound(&self, stat: Stat, noise: f64) -> f64 {
+        stat_bound(stat, self.thresholds[stat as usize], self.second_order, noise)
     }
 }
 
 fn set_bounds(check: &mut TensorCheck, rules: &Rules) {
     for s in &mut check.stats {
-        s.bound = stat_bound(s.stat, rules.thresholds[s.stat as usize], s.noise);
+        s.bound = rules.bound(s.stat, s.noise);
     }
 }
 
@@ -271,8 +281,7 @@ fn tensor_check(name: &str, samples: &[(&str, Stats)], rules: &Rules) -> TensorC
     // A run whose normwise error is within its bound (T·ε_rms) may move the norm by the second-order
     // term alone, (T·ε_rms)²/2: a tensor made mostly of round-off (a bf16 parameter after a large
     // step on large values, elementwise ε 26 %) cannot be judged by its norm more tightly than that.
-    let threshold = rules.thresholds[Stat::Rms as usize];
-    raise_noise(&mut stats[Stat::Norm as usize], threshold * rms.noise * rms.noise / 2.0, from_rms);
+    raise_noise(&mut stats[Stat::Norm as usize], rules.second_order * rms.noise * rms.noise / 2.0, from_rms);
     let max = &stats[Stat::Max as usize];
     let by = |n: &str| samples.iter().filter(|(m, _)| *m == n).map(|(_, s)| s[Stat::Max as usize]).fold(0.0, nan_max);
     TensorCheck {
@@ -401,7 +410,7 @@ fn replica_checks(out: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, r
                 .iter()
                 .map(|&s| {
                     let (error, noise) = (values[s as usize], noise(s));
-                    let bound = stat_bound(s, rules.thresholds[s as usize], noise);
+                    let bound = rules.bound(s, noise);
                     StatCheck { stat: s, error, noise, bound, ratio: error / noise, pass: !(error.is_nan() || error > bound), member: None }
                 })
                 .collect();

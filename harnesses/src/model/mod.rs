@@ -75,6 +75,12 @@ pub struct Ctx<'a> {
     /// Tokens whose router margin is below this take their best unchosen expert instead of their
     /// k-th choice: the routing another correct implementation's round-off may pick (0: never).
     pub flip_routing_below: f64,
+    /// Which of those near-tie tokens flip, by the order the run meets them (bit i: the i-th; the
+    /// 64th and later follow bit 63); every one when None. A correct run's round-off may flip any
+    /// subset of them, and with expert capacity each subset drops other tokens.
+    pub flip_only: Option<u64>,
+    /// Near-tie tokens met so far (below `flip_routing_below`).
+    pub near_ties: std::cell::Cell<u32>,
     /// While `Some`, every router probability computed, in call order (a single-device run's first
     /// step: the noise members' routing is compared with the reference's to measure how far
     /// round-off moves it). `None`, the default, records nothing.

@@ -97,8 +97,12 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
                 .fold((0, f64::NEG_INFINITY), |a, b| if b.1 > a.1 { b } else { a });
             ctx.routing_margin.set(ctx.routing_margin.get().min(chosen - best_other));
             if chosen - best_other < ctx.flip_routing_below {
-                routing.experts[t][top_k - 1] = other;
-                routing.gates[[t, top_k - 1]] = best_other;
+                let i = ctx.near_ties.get();
+                ctx.near_ties.set(i + 1);
+                if ctx.flip_only.is_none_or(|set| set >> i.min(63) & 1 == 1) {
+                    routing.experts[t][top_k - 1] = other;
+                    routing.gates[[t, top_k - 1]] = best_other;
+                }
             }
         }
     }

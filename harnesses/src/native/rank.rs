@@ -70,6 +70,8 @@ impl<'a> Rank<'a> {
             bugs: self.plan.bugs,
             routing_margin: std::cell::Cell::new(f64::INFINITY),
             flip_routing_below: 0.0,
+            flip_only: None,
+            near_ties: std::cell::Cell::new(0),
             router_probs: Default::default(),
             attention_scores: Default::default(),
             tokens_dropped: std::cell::Cell::new(false),

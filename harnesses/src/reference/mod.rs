@@ -60,11 +60,20 @@ pub fn run_prec(case: &Case, inputs: &Inputs, p: Prec) -> Result<RunOutput, Refe
     run_with(case, inputs, p, None)
 }
 
-/// The f64 reference with every token whose top-k router margin is below `below` routed to its
-/// best unchosen expert instead of its k-th choice: what a correct implementation whose round-off
-/// flips those near-ties computes.
-pub fn run_routing_flipped(case: &Case, inputs: &Inputs, below: f64) -> Result<RunOutput, ReferenceError> {
-    run_with_flips(case, inputs, Prec::new(DType::F64), None, below)
+/// Which near-tie tokens a reference run routes the other way (see `Ctx::flip_only`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flips {
+    /// Tokens whose top-k router margin is below this are near ties (0: none).
+    pub below: f64,
+    /// The near ties that flip, by the order the run meets them (bit i: the i-th); all when None.
+    pub only: Option<u64>,
+}
+
+/// The f64 reference with near-tie tokens (router margin below `flips.below`) routed to their best
+/// unchosen expert instead of their k-th choice: what a correct implementation whose round-off
+/// flips those near-ties computes. `stats.near_ties` counts the near ties the run met.
+pub fn run_routing_flipped(case: &Case, inputs: &Inputs, flips: Flips) -> Result<RunOutput, ReferenceError> {
+    run_with_flips(case, inputs, Prec::new(DType::F64), None, flips)
 }
 
 /// The reference in f64 with every rounding jittered by `ulps` unit round-offs and its dot products
@@ -94,6 +103,8 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         bugs: Bugs::none(),
         routing_margin: std::cell::Cell::new(f64::INFINITY),
         flip_routing_below: 0.0,
+        flip_only: None,
+        near_ties: std::cell::Cell::new(0),
         router_probs: std::cell::RefCell::new(Some(vec![])),
         attention_scores: std::cell::RefCell::new(Some(vec![])),
         tokens_dropped: std::cell::Cell::new(false),
@@ -149,16 +160,47 @@ pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>)
 }
 
 fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
-    run_with_flips(case, inputs, p, noise, 0.0)
+    run_variant(case, inputs, p, Variant { noise, ..Variant::default() })
 }
 
-fn run_with_flips(
-    case: &Case,
-    inputs: &Inputs,
-    p: Prec,
+fn run_with_flips(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>, flips: Flips) -> Result<RunOutput, ReferenceError> {
+    run_variant(case, inputs, p, Variant { noise, flips, ..Variant::default() })
+}
+
+/// The f64 reference whose first step uses `gradients` (a target's reported step-0 gradients, by
+/// parameter name) instead of its own; later steps use its own. A correct target's later steps
+/// follow this run: where it lands far from the reference, the target's legitimate gradient
+/// round-off alone (amplified by an adaptive step) takes the run there.
+pub fn run_from_step0_gradients(case: &Case, inputs: &Inputs, gradients: &ParamSet) -> Result<RunOutput, ReferenceError> {
+    run_variant(case, inputs, Prec::new(DType::F64), Variant { step0_gradients: Some(gradients), ..Variant::default() })
+}
+
+/// How a reference run departs from the plain one.
+#[derive(Default)]
+struct Variant<'a> {
     noise: Option<GradientNoise>,
-    flip_below: f64,
-) -> Result<RunOutput, ReferenceError> {
+    flips: Flips,
+    step0_gradients: Option<&'a ParamSet>,
+}
+
+/// Adds `n`'s absolute noise (per parameter, never below its relative share of the largest
+/// gradient) to every gradient element, with pseudo-random signs.
+fn add_gradient_noise(n: &GradientNoise, step: u32, order: &[String], grads: &mut ParamSet) {
+    let global = grads.values().map(|t| t.max_abs()).fold(0.0, f64::max) * n.relative;
+    let mut state = n.seed.wrapping_add(u64::from(step)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for name in order {
+        let scale = n.absolute.get(name).copied().unwrap_or(0.0).max(global);
+        for x in &mut grads.get_mut(name).expect("grad").data {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *x += if state & 1 == 0 { scale } else { -scale };
+        }
+    }
+}
+
+fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Result<RunOutput, ReferenceError> {
+    let (noise, flips) = (variant.noise, variant.flips);
     let dtype = p.dtype;
     if let Some(op) = &case.op {
         return crate::ops::reference(op, inputs, p).map_err(ReferenceError);
@@ -166,7 +208,7 @@ fn run_with_flips(
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
     let mut ctx = single_device_ctx(m, &layout, p);
-    ctx.flip_routing_below = flip_below;
+    (ctx.flip_routing_below, ctx.flip_only) = (flips.below, flips.only);
     let mut params: ParamSet = inputs
         .tensors
         .iter()
@@ -195,15 +237,12 @@ fn run_with_flips(
             }
         }
         if let Some(n) = noise.as_ref() {
-            let global = grads.values().map(|t| t.max_abs()).fold(0.0, f64::max) * n.relative;
-            let mut state = n.seed.wrapping_add(step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            for name in &order {
-                let scale = n.absolute.get(name).copied().unwrap_or(0.0).max(global);
-                for x in &mut grads.get_mut(name).expect("grad").data {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    *x += if state & 1 == 0 { scale } else { -scale };
+            add_gradient_noise(n, step, &order, &mut grads);
+        }
+        if let (0, Some(given)) = (step, variant.step0_gradients) {
+            for (name, g) in grads.iter_mut() {
+                if let Some(t) = given.get(name).filter(|t| t.shape == g.shape) {
+                    g.data.clone_from(&t.data);
                 }
             }
         }
@@ -242,5 +281,6 @@ fn run_with_flips(
         out.stats.final_loss = final_loss(&ctx, &params, &g, inputs).map(|l| l / tokens);
     }
     out.stats.skipped_steps = case.train.loss_scale.is_some().then_some(skipped);
+    out.stats.near_ties = (flips.below > 0.0).then(|| ctx.near_ties.get());
     Ok(out)
 }

@@ -76,6 +76,9 @@ pub struct RunStats {
     /// The largest magnitude the residual stream or its gradient reached (model cases only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_activation: Option<f64>,
+    /// Tokens the run met within its routing-flip margin (reference runs with routing flips only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near_ties: Option<u32>,
 }
 
 impl RunOutput {
