@@ -1,7 +1,7 @@
 //! MoE routing near ties: the `routing-flip` member marks every element a correct run's round-off
 //! may move by flipping any subset of the near-tie tokens, not only all of them at once.
 
-use shardfuzz_fuzz::oracle::ensemble::coarse_dtype;
+use shardfuzz_fuzz::oracle::ensemble::{coarse_dtype, MEMBERS};
 use shardfuzz_fuzz::oracle::Prepared;
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::reference::{self, Flips};
@@ -33,7 +33,7 @@ fn the_routing_flip_member_covers_near_ties_flipped_in_part() {
     let below = prep.routing_flip_below(coarse_dtype(&case));
     let all_at_once = reference::run_routing_flipped(&case, &prep.inputs, Flips { below, only: None }).unwrap();
     assert!(all_at_once.stats.near_ties.unwrap() >= 2, "{:?}", all_at_once.stats.near_ties);
-    let members = prep.members(8);
+    let members = prep.members(MEMBERS);
     let member = members.iter().find(|m| m.name == "routing-flip").expect("a routing-flip member");
     let name = "logits";
     let (r, all, m) = (reference.tensor(name).unwrap(), all_at_once.tensor(name).unwrap(), member.output.tensor(name).unwrap());

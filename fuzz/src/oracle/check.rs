@@ -48,6 +48,10 @@ impl Rules {
         thresholds[Stat::Rms as usize] = oracle.rms_threshold;
         Rules { floors, thresholds, second_order: oracle.stat_threshold }
     }
+
+    fn bound(&self, stat: Stat, noise: f64) -> f64 {
+        stat_bound(stat, self.thresholds[stat as usize], self.second_order, noise)
+    }
 }
 
 /// Compares every tensor of `out` with the reference, ε from `members` (and the target's own
@@ -175,12 +179,6 @@ pub fn stat_bound(stat: Stat, threshold: f64, second_order: f64, noise: f64) -> 
     }
 }
 
-impl Rules {
-    fn bound(&self, stat: Stat, noise: f64) -> f64 {
-        stat_bound(stat, self.thresholds[stat as usize], self.second_order, noise)
-    }
-}
-
 fn set_bounds(check: &mut TensorCheck, rules: &Rules) {
     for s in &mut check.stats {
         s.bound = rules.bound(s.stat, s.noise);
@@ -279,7 +277,7 @@ fn tensor_check(name: &str, samples: &[(&str, Stats)], rules: &Rules) -> TensorC
     let from_rms = || format!("rms ({})", rms.member.as_deref().unwrap_or("floor"));
     raise_noise(&mut stats[Stat::Direction as usize], rms.noise, from_rms);
     // A run whose normwise error is within its bound (T·ε_rms) may move the norm by the second-order
-    // term alone, (T·ε_rms)²/2: a tensor made mostly of round-off (a bf16 parameter after a large
+    // term alone, (T·ε_rms)²/2 (T: the statistics' threshold): a tensor made mostly of round-off (a bf16 parameter after a large
     // step on large values, elementwise ε 26 %) cannot be judged by its norm more tightly than that.
     raise_noise(&mut stats[Stat::Norm as usize], rules.second_order * rms.noise * rms.noise / 2.0, from_rms);
     let max = &stats[Stat::Max as usize];

@@ -69,7 +69,7 @@ impl Default for Oracle {
 
 impl Oracle {
     /// The statistics' threshold (the normwise error's included) set to `t` when given
-    /// (calibration runs; `Some(8.0)` is the oracle before the normwise error had its own).
+    /// (calibration runs).
     pub fn with_stat_threshold(self, t: Option<f64>) -> Oracle {
         Oracle { stat_threshold: t.unwrap_or(self.stat_threshold), rms_threshold: t.unwrap_or(self.rms_threshold), ..self }
     }

@@ -73,7 +73,7 @@ pub struct Flips {
 /// unchosen expert instead of their k-th choice: what a correct implementation whose round-off
 /// flips those near-ties computes. `stats.near_ties` counts the near ties the run met.
 pub fn run_routing_flipped(case: &Case, inputs: &Inputs, flips: Flips) -> Result<RunOutput, ReferenceError> {
-    run_with_flips(case, inputs, Prec::new(DType::F64), None, flips)
+    run_variant(case, inputs, Prec::new(DType::F64), Variant { flips, ..Variant::default() })
 }
 
 /// The reference in f64 with every rounding jittered by `ulps` unit round-offs and its dot products
@@ -161,10 +161,6 @@ pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>)
 
 fn run_with(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>) -> Result<RunOutput, ReferenceError> {
     run_variant(case, inputs, p, Variant { noise, ..Variant::default() })
-}
-
-fn run_with_flips(case: &Case, inputs: &Inputs, p: Prec, noise: Option<GradientNoise>, flips: Flips) -> Result<RunOutput, ReferenceError> {
-    run_variant(case, inputs, p, Variant { noise, flips, ..Variant::default() })
 }
 
 /// The f64 reference whose first step uses `gradients` (a target's reported step-0 gradients, by
