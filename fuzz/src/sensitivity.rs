@@ -119,10 +119,11 @@ pub fn run_case(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Option
 
 /// One line on a corruption the oracle passed: the tensor, and its statistics against their bounds.
 fn miss(c: &Corruption, what: &str, v: &Verdict) -> String {
+    let wanted = if *c == Corruption::ReplicaPerturbed { format!("replicas/{what}") } else { what.to_string() };
     let stats = v
         .checks
         .iter()
-        .find(|k| k.tensor == what || k.tensor == format!("replicas/{what}"))
+        .find(|k| k.tensor == wanted)
         .map(|k| {
             let stats: Vec<String> = k
                 .stats

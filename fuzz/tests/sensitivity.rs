@@ -72,6 +72,10 @@ fn coarse_corruptions_are_seen_in_every_dtype_and_fine_ones_in_f32_and_f64() {
         for c in [Corruption::Swapped, Corruption::Shifted] {
             at_least(&counts, c, 0.8, dtype);
         }
+        // One copy of a replicated parameter 5 % off the others (12.8 bf16 unit round-offs): copies
+        // of one run are a rounding apart, not an implementation's ε (the oracle before this check
+        // saw none in bf16, its floor alone allowing 6.4 %).
+        at_least(&counts, Corruption::ReplicaPerturbed, 0.75, dtype);
     }
 }
 

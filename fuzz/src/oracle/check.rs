@@ -26,12 +26,24 @@ struct Exclusions {
     overflow_seen: bool,
 }
 
+/// The floor of a replica check's statistics over the whole tensor, in u (`Rules::for_replicas`).
+/// Clean native runs (3,000 cases per dtype, seeds 7,000,000–7,002,999) hold 38,161 copy pairs:
+/// all but 40–71 per dtype bitwise equal, the others at most 0.08 of their tensor's own ensemble ε
+/// apart (largest normwise gap 1.9 u, where that ε was 10⁹ u: a chaotic case).
+pub const REPLICA_FLOOR_ULPS: f64 = 0.5;
+/// The share of its tensor's ensemble ε two copies of it may differ by (`Rules::for_replicas`):
+/// the ensemble's spread is that of different implementations, two copies come from one.
+pub const REPLICA_SHARE: f64 = 0.25;
+
 /// The per-statistic floors and thresholds of this case.
+#[derive(Clone, Copy)]
 struct Rules {
     floors: Stats,
     thresholds: Stats,
     /// The threshold of the second-order term (`stat_bound`).
     second_order: f64,
+    /// The unit the floors are counted in: u of the coarser dtype (64 u in f64).
+    unit: f64,
 }
 
 impl Rules {
@@ -41,12 +53,24 @@ impl Rules {
         // single-device run samples (another summation order across ranks, amplified by the case's
         // conditioning), so it is set much higher there.
         let f64_factor = if u <= DType::F64.unit_roundoff() { 64.0 } else { 1.0 };
-        let mut floors = [oracle.stat_floor_ulps * u * f64_factor; 5];
-        floors[Stat::Max as usize] = oracle.noise_floor_ulps * u * f64_factor;
+        let unit = u * f64_factor;
+        let mut floors = [oracle.stat_floor_ulps * unit; 5];
+        floors[Stat::Max as usize] = oracle.noise_floor_ulps * unit;
         let mut thresholds = [oracle.stat_threshold; 5];
         thresholds[Stat::Max as usize] = oracle.threshold;
         thresholds[Stat::Rms as usize] = oracle.rms_threshold;
-        Rules { floors, thresholds, second_order: oracle.stat_threshold }
+        Rules { floors, thresholds, second_order: oracle.stat_threshold, unit }
+    }
+
+    /// The rules copies of a replicated tensor are held to: the statistics over the whole tensor
+    /// take their ε from the ensemble down to a floor of [`REPLICA_FLOOR_ULPS`], not the
+    /// comparison's floor. Two correct copies are the same computation (bitwise equal, or a
+    /// rounding apart), while the comparison's floor stands for orders no member samples: with it,
+    /// a bf16 copy 5 % off passed.
+    fn for_replicas(&self) -> Rules {
+        let mut floors = [REPLICA_FLOOR_ULPS * self.unit; 5];
+        floors[Stat::Max as usize] = self.floors[Stat::Max as usize];
+        Rules { floors, ..*self }
     }
 
     fn bound(&self, stat: Stat, noise: f64) -> f64 {
@@ -87,6 +111,8 @@ pub fn compare_run(
     ex.attention_tie = attention_near_tie(reference, members);
     notes.extend(ex.attention_tie.map(|t| t.note()));
     let mut checks = vec![];
+    let replica_rules = rules.for_replicas();
+    let mut replica_noise = vec![];
     let first_step = FirstStep { out, clip: OnceCell::new() };
     for (name, r) in &reference.tensors {
         let denom = scale.denominator(name, r);
@@ -103,13 +129,13 @@ pub fn compare_run(
             mask = Some(without_rerouted(r, f, &others, mask, ROUTING_FLIP_ULPS * coarse_dtype(case).unit_roundoff() * denom));
         }
         let samples: Vec<(&str, Stats)> = others.iter().map(|(n, x)| (*n, statistics(x, r, denom, mask.as_deref()))).collect();
-        let mut check = tensor_check(name, &samples, &rules);
         let per_rms = (SIGMAS * sum_per_rms(r, denom, mask.as_deref()), SIGMAS * norm_per_rms(r, mask.as_deref()));
-        bound_projections_by_normwise(&mut check, per_rms);
-        if is_later_step(name) && case.train.optimizer.kind != OptimizerKind::Sgd {
-            bound_by_normwise(&mut check);
+        let adaptive = is_later_step(name) && case.train.optimizer.kind != OptimizerKind::Sgd;
+        let mut check = noise_check(name, &samples, &rules, per_rms, adaptive);
+        if out.replicas.iter().any(|(n, _)| n == name) {
+            let copies: Vec<(&str, Stats)> = samples.iter().map(|(n, x)| (*n, x.map(|v| v * REPLICA_SHARE))).collect();
+            replica_noise.push((name.clone(), noise_check(name, &copies, &replica_rules, per_rms, adaptive).stats));
         }
-        set_bounds(&mut check, &rules);
         match out.tensor(name) {
             None => check.note = Some(format!("{MISSING}: the target did not produce this tensor")),
             Some(t) if t.shape != r.shape => {
@@ -122,7 +148,7 @@ pub fn compare_run(
         }
         checks.push(check);
     }
-    checks.extend(replica_checks(out, &checks, &scale, &rules));
+    checks.extend(replica_checks(out, &replica_noise, &scale, &rules));
     (checks, notes)
 }
 
@@ -177,6 +203,18 @@ pub fn stat_bound(stat: Stat, threshold: f64, second_order: f64, noise: f64) -> 
     } else {
         first + (second_order * noise).powi(2) / 2.0
     }
+}
+
+/// A tensor's ε per statistic from the noise samples, with every rule that keeps a statistic's ε
+/// no smaller than what the others imply (its bounds set).
+fn noise_check(name: &str, samples: &[(&str, Stats)], rules: &Rules, per_rms: (f64, f64), adaptive: bool) -> TensorCheck {
+    let mut check = tensor_check(name, samples, rules);
+    bound_projections_by_normwise(&mut check, per_rms);
+    if adaptive {
+        bound_by_normwise(&mut check);
+    }
+    set_bounds(&mut check, rules);
+    check
 }
 
 fn set_bounds(check: &mut TensorCheck, rules: &Rules) {
@@ -392,14 +430,14 @@ fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, den
 /// Copies of a replicated tensor must agree: each rank's copy against the first holder's, on every
 /// statistic, within the thresholds × the ε of the tensor itself (two correct copies differ by no
 /// more than two correct implementations do), or × the floors for a tensor not compared itself.
-fn replica_checks(out: &RunOutput, checks: &[TensorCheck], scale: &ErrorScale, rules: &Rules) -> Vec<TensorCheck> {
+fn replica_checks(out: &RunOutput, noise: &[(String, Vec<StatCheck>)], scale: &ErrorScale, rules: &Rules) -> Vec<TensorCheck> {
     let mut result = vec![];
     for (name, copies) in &out.replicas {
         let Some((r0, first)) = copies.first() else {
             continue;
         };
-        let own = checks.iter().find(|c| &c.tensor == name);
-        let noise = |s: Stat| own.map(|c| c.stats[s as usize].noise).filter(|n| n.is_finite()).unwrap_or(rules.floors[s as usize]);
+        let own = noise.iter().find(|(n, _)| n == name).map(|(_, s)| s);
+        let noise = |s: Stat| own.map(|c| c[s as usize].noise).filter(|n| n.is_finite()).unwrap_or(rules.floors[s as usize]);
         let denom = scale.denominator(name, first);
         let mut worst: Option<(usize, Vec<StatCheck>)> = None;
         for (rank, t) in copies.iter().skip(1) {

@@ -11,7 +11,8 @@
 //! every dtype. The norm's and the sum's ε are never below what a random error of the
 //! normwise ε's size moves them by (two standard deviations of a projection): each is one number per
 //! member, which a handful of members sample poorly. Replicated tensors must also agree across the
-//! ranks that hold them.
+//! ranks that hold them, to a quarter of their own ensemble ε (never below u/2): copies of one run
+//! are one computation, not two implementations (`check::REPLICA_SHARE`).
 
 mod attention_tie;
 mod check;
