@@ -105,6 +105,13 @@ pub const BUG_CASES: &[BugCase] = &[
     ),
     ("loss-mean-per-microbatch", r#", "dp": 2"#, r#", "batch": 5"#, "", &[("model", r#""batch": 6"#)]),
     ("expert-grads-wrong-group", r#", "dp": 2, "ep": 2"#, "", "", &[("parallel", r#""ep": 1"#)]),
+    (
+        "grads-downcast-before-reduce",
+        r#", "dp": 2"#,
+        "",
+        "",
+        &[("parallel", r#""dp": 1"#), ("parallel", r#""zero_stage": 2"#), ("train", r#""reduce_dtype": "bf16""#)],
+    ),
 ];
 
 /// The fragments with `over` added to `section`.

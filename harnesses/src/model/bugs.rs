@@ -23,10 +23,11 @@ pub enum Bug {
     TiedEmbeddingGradNotReduced,
     LossMeanPerMicrobatch,
     ExpertGradsWrongGroup,
+    GradsDowncastBeforeReduce,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 19] = [
+    pub const ALL: [Bug; 20] = [
         Bug::RowParallelBiasEveryRank,
         Bug::SpNormGradNotReduced,
         Bug::ClipLocalNorm,
@@ -46,6 +47,7 @@ impl Bug {
         Bug::TiedEmbeddingGradNotReduced,
         Bug::LossMeanPerMicrobatch,
         Bug::ExpertGradsWrongGroup,
+        Bug::GradsDowncastBeforeReduce,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +71,7 @@ impl Bug {
             Bug::TiedEmbeddingGradNotReduced => "tied-embedding-grad-not-reduced",
             Bug::LossMeanPerMicrobatch => "loss-mean-per-microbatch",
             Bug::ExpertGradsWrongGroup => "expert-grads-wrong-group",
+            Bug::GradsDowncastBeforeReduce => "grads-downcast-before-reduce",
         }
     }
 
@@ -103,6 +106,9 @@ impl Bug {
             }
             Bug::ExpertGradsWrongGroup => {
                 "expert gradients reduced over the data-parallel group instead of the expert-data-parallel one (ranks sum other experts' gradients), when ep > 1"
+            }
+            Bug::GradsDowncastBeforeReduce => {
+                "gradients cast to bf16 for the data-parallel all-reduce, and summed in bf16, ignoring the configured reduce dtype, when dp > 1 without ZeRO-2/3 and the reduce dtype is not bf16"
             }
         }
     }

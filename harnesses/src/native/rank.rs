@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use shardfuzz_kernels::{self as k, Prec};
+use shardfuzz_kernels::{self as k, DType, Prec};
 
 use super::groups::Groups;
 use super::plan::{Piece, Plan};
@@ -466,7 +466,13 @@ impl<'a> Rank<'a> {
             // ranks holding different experts sum each other's gradients.
             let own_group = experts && plan.ep > 1 && !plan.bug(Bug::ExpertGradsWrongGroup);
             let group: &dyn GroupOps = if own_group { &self.groups.edp } else { &self.groups.dp };
-            if group.size() > 1 {
+            // The injected fault: the bucket downcast to bf16 and summed in bf16 (a bf16 bucket is
+            // already bf16: nothing to downcast).
+            let downcast = plan.bug(Bug::GradsDowncastBeforeReduce) && plan.case.train.reduce_dtype() != DType::BF16;
+            if group.size() > 1 && downcast {
+                flat.iter_mut().for_each(|x| *x = DType::BF16.round(*x));
+                group.all_reduce_sum_in(&mut flat, DType::BF16)?;
+            } else if group.size() > 1 {
                 group.all_reduce_sum(&mut flat)?;
             }
             let mut off = 0;
