@@ -428,8 +428,8 @@ fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, den
 }
 
 /// Copies of a replicated tensor must agree: each rank's copy against the first holder's, on every
-/// statistic, within the thresholds × the ε of the tensor itself (two correct copies differ by no
-/// more than two correct implementations do), or × the floors for a tensor not compared itself.
+/// statistic, within the thresholds × `noise` (the replica rules' ε of the tensor: a share of its
+/// ensemble ε, `Rules::for_replicas`), or × the comparison's floors for a tensor not compared itself.
 fn replica_checks(out: &RunOutput, noise: &[(String, Vec<StatCheck>)], scale: &ErrorScale, rules: &Rules) -> Vec<TensorCheck> {
     let mut result = vec![];
     for (name, copies) in &out.replicas {
