@@ -118,7 +118,10 @@ for v in sorted(out.glob("findings/*/verdict.json")):
     f = json.loads(v.read_text())
     verdict = f.get("verdict", f)
     kind, reason = verdict["kind"], verdict["reason"]
-    harness = kind == "crash" and ("shardfuzz_worker" in reason or reason.startswith("worker:"))
+    # JAX appends the user frames that traced a failing op ("Suspected Python Code Location:") to XLA's
+    # compiler errors: where the op was called, not where it failed.
+    site = reason.split("Suspected Python Code Location:", 1)[0]
+    harness = kind == "crash" and ("shardfuzz_worker" in site or reason.startswith("worker:"))
     library_op = "|lib-" in f.get("signature", "")
     real_divergence = kind == "divergent" and library_op and library_op_divergence_is_real(v.parent, verdict)
     known = kind == "divergent" and not library_op and known_fix(v.parent)
