@@ -59,11 +59,12 @@ for v in sorted(out.glob("harness-errors/*/verdict.json")):
     bad.append(v.parent.name)
 def library_op_divergence_is_real(finding_dir, verdict):
     """Confirmed on real ranks, and divergent in float64 as well."""
-    notes = " ".join(verdict.get("notes", []))
+    notes = verdict.get("notes", [])
     # torch-dtensor simulates its ranks in one process and confirms on real ones; JAX's host devices are real.
     # A case the simulation could not run (it crashed there) ran on real ranks directly: its verdict is theirs.
-    on_real_ranks = any(n.startswith("ran on real process-group ranks") for n in verdict.get("notes", []))
-    if target == "torch-dtensor" and "on real process-group ranks: divergent" not in notes and not on_real_ranks:
+    confirmed = any("on real process-group ranks: divergent" in n for n in notes)
+    ran_there = any(n.startswith("ran on real process-group ranks") for n in notes)
+    if target == "torch-dtensor" and not (confirmed or ran_there):
         return False
     case = json.loads((finding_dir / "case.json").read_text())
     case["train"]["dtype"] = "f64"
@@ -124,9 +125,10 @@ for v in sorted(out.glob("findings/*/verdict.json")):
     harness = kind == "crash" and ("shardfuzz_worker" in site or reason.startswith("worker:"))
     library_op = "|lib-" in f.get("signature", "")
     real_divergence = kind == "divergent" and library_op and library_op_divergence_is_real(v.parent, verdict)
-    known = kind == "divergent" and not library_op and known_fix(v.parent)
-    if kind == "divergent" and library_op and not real_divergence:
-        known = known_low_precision(v.parent, verdict)
+    if library_op:
+        known = kind == "divergent" and not real_divergence and known_low_precision(v.parent, verdict)
+    else:
+        known = kind == "divergent" and known_fix(v.parent)
     ours = (kind == "divergent" and not real_divergence and not known) or harness or (kind == "hang" and not any(framework_hang(r) for r in real_rank_hangs(verdict)))
     tag = "FALSE POSITIVE" if ours else f"known finding ({known})" if known else "finding"
     print(f"  {tag}: {v.parent.name} {kind}: {reason.splitlines()[0][:500]}")

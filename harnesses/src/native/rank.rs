@@ -469,11 +469,13 @@ impl<'a> Rank<'a> {
             // The injected fault: the bucket downcast to bf16 and summed in bf16 (a bf16 bucket is
             // already bf16: nothing to downcast).
             let downcast = plan.bug(Bug::GradsDowncastBeforeReduce) && plan.case.train.reduce_dtype() != DType::BF16;
-            if group.size() > 1 && downcast {
-                flat.iter_mut().for_each(|x| *x = DType::BF16.round(*x));
-                group.all_reduce_sum_in(&mut flat, DType::BF16)?;
-            } else if group.size() > 1 {
-                group.all_reduce_sum(&mut flat)?;
+            if group.size() > 1 {
+                if downcast {
+                    flat.iter_mut().for_each(|x| *x = DType::BF16.round(*x));
+                    group.all_reduce_sum_in(&mut flat, DType::BF16)?;
+                } else {
+                    group.all_reduce_sum(&mut flat)?;
+                }
             }
             let mut off = 0;
             for n in bucket {
