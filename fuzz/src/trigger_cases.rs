@@ -112,6 +112,18 @@ pub const BUG_CASES: &[BugCase] = &[
         "",
         &[("parallel", r#""dp": 1"#), ("parallel", r#""zero_stage": 2"#), ("train", r#""reduce_dtype": "bf16""#)],
     ),
+    (
+        "tied-grads-reduced-after-norm",
+        r#", "pp": 2"#,
+        r#", "tied_embeddings": true"#,
+        r#", "clip_grad_norm": 0.01"#,
+        &[
+            ("parallel", r#""pp": 1"#),
+            ("model", r#""tied_embeddings": false"#),
+            ("train", r#""clip_grad_norm": null"#),
+            ("parallel", r#""dp": 2, "zero_stage": 2"#),
+        ],
+    ),
 ];
 
 /// The fragments with `over` added to `section`.

@@ -24,10 +24,11 @@ pub enum Bug {
     LossMeanPerMicrobatch,
     ExpertGradsWrongGroup,
     GradsDowncastBeforeReduce,
+    TiedGradsReducedAfterNorm,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 20] = [
+    pub const ALL: [Bug; 21] = [
         Bug::RowParallelBiasEveryRank,
         Bug::SpNormGradNotReduced,
         Bug::ClipLocalNorm,
@@ -48,6 +49,7 @@ impl Bug {
         Bug::LossMeanPerMicrobatch,
         Bug::ExpertGradsWrongGroup,
         Bug::GradsDowncastBeforeReduce,
+        Bug::TiedGradsReducedAfterNorm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -72,6 +74,7 @@ impl Bug {
             Bug::LossMeanPerMicrobatch => "loss-mean-per-microbatch",
             Bug::ExpertGradsWrongGroup => "expert-grads-wrong-group",
             Bug::GradsDowncastBeforeReduce => "grads-downcast-before-reduce",
+            Bug::TiedGradsReducedAfterNorm => "tied-grads-reduced-after-norm",
         }
     }
 
@@ -109,6 +112,9 @@ impl Bug {
             }
             Bug::GradsDowncastBeforeReduce => {
                 "gradients cast to bf16 for the data-parallel all-reduce, and summed in bf16, ignoring the configured reduce dtype, when dp > 1 without ZeRO-2/3 and the reduce dtype is not bf16"
+            }
+            Bug::TiedGradsReducedAfterNorm => {
+                "the tied-embedding gradients are all-reduced between first and last stage after the clipping norm is taken (the norm counts the first stage's partial gradient), when tied embeddings, pp > 1 and clipping, without ZeRO-2/3"
             }
         }
     }

@@ -343,7 +343,12 @@ impl<'a> Rank<'a> {
             if step == 0 {
                 logits = acc.1;
             }
-            self.sync_tied_embeddings(&mut grads)?;
+            // The injected fault: the tied-embedding reduction between stages runs after the
+            // clipping norm's terms are taken (ZeRO-2/3 must reduce before partitioning).
+            let tied_late = plan.bug(Bug::TiedGradsReducedAfterNorm) && plan.zero < 2;
+            if !tied_late {
+                self.sync_tied_embeddings(&mut grads)?;
+            }
             let mut zero_grads = None;
             if plan.zero >= 2 {
                 zero_grads = Some(flat.reduce_scatter(&self, &grads)?);
@@ -357,6 +362,10 @@ impl<'a> Rank<'a> {
                 if let Some(zg) = zero_grads.as_mut() {
                     zg.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
                 }
+            }
+            let early_sum_squares = (tied_late && train.clip_grad_norm.is_some()).then(|| self.owned_sum_squares(&grads));
+            if tied_late {
+                self.sync_tied_embeddings(&mut grads)?;
             }
             if step == 0 {
                 grads0 = match &zero_grads {
@@ -382,9 +391,10 @@ impl<'a> Rank<'a> {
             }
             let mut coef = 1.0;
             if let Some(max_norm) = train.clip_grad_norm {
-                let mut sq = [match &zero_grads {
-                    Some(zg) => flat.owned_sum_squares(&self, zg),
-                    None => self.owned_sum_squares(&grads),
+                let mut sq = [match (&zero_grads, early_sum_squares) {
+                    (_, Some(early)) => early,
+                    (Some(zg), None) => flat.owned_sum_squares(&self, zg),
+                    (None, None) => self.owned_sum_squares(&grads),
                 }];
                 // The injected fault's region: the norm of ZeRO-2/3's partitioned gradients.
                 let local = plan.bug(Bug::ClipLocalNorm) && zero_grads.is_some();
