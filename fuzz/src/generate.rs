@@ -10,6 +10,10 @@ use shardfuzz_harnesses::case::{
 };
 use shardfuzz_kernels::DType;
 
+/// Load-balancing loss coefficients a MoE case may carry: none, and the range models use
+/// (Switch Transformer 0.01) up to one that dominates the router's gradient.
+pub const AUX_LOSS_COEFFICIENTS: [Option<Real>; 4] = [None, Some(Real(0.01)), Some(Real(0.1)), Some(Real(1.0))];
+
 fn pick<T: Copy>(u: &mut Unstructured, items: &[T]) -> Result<T> {
     Ok(*u.choose(items)?)
 }
@@ -71,11 +75,11 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         layers.push(pick(u, &[LayerKind::Attention, LayerKind::Attention, LayerKind::Mlp, LayerKind::Mlp, LayerKind::Moe])?);
     }
     let experts = u.int_in_range(1..=4)?;
-    let moe = layers.contains(&LayerKind::Moe).then_some(MoeConfig {
-        experts,
-        top_k: u.int_in_range(1..=experts)?,
-        capacity_factor: Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?),
-    });
+    let (top_k, capacity_factor) = (u.int_in_range(1..=experts)?, Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?));
+    let moe = match layers.contains(&LayerKind::Moe) {
+        true => Some(MoeConfig { experts, top_k, capacity_factor, aux_loss: pick(u, &AUX_LOSS_COEFFICIENTS)? }),
+        false => None,
+    };
     Ok(Model {
         vocab: u.int_in_range(2..=32)?,
         hidden: heads * head_dim,

@@ -124,6 +124,13 @@ pub const BUG_CASES: &[BugCase] = &[
             ("parallel", r#""dp": 2, "zero_stage": 2"#),
         ],
     ),
+    (
+        "aux-loss-local-tokens",
+        r#", "tp": 2, "sequence_parallel": true"#,
+        r#", "moe": {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss": 0.1}"#,
+        "",
+        &[("parallel", r#""sequence_parallel": false"#), ("model", r#""moe": {"experts": 4, "top_k": 2, "capacity_factor": 1.0}"#)],
+    ),
 ];
 
 /// The fragments with `over` added to `section`.

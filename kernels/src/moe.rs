@@ -39,12 +39,14 @@ pub fn router_fwd(p: Prec, logits: &Array2<f64>, k: usize) -> Routing {
     Routing { probs, experts, gates }
 }
 
-/// Gradient of the router logits given the gradient of the gates.
-pub fn router_bwd(p: Prec, routing: &Routing, dgates: &Array2<f64>) -> Array2<f64> {
-    let mut dprobs = Array2::zeros(routing.probs.raw_dim());
+/// Gradient of the router logits given the gradient of the gates and, when some loss (an
+/// auxiliary one) reads every probability, the gradient of the probabilities `[tokens, experts]`.
+pub fn router_bwd(p: Prec, routing: &Routing, dgates: &Array2<f64>, dprobs_extra: Option<&Array2<f64>>) -> Array2<f64> {
+    let mut dprobs = dprobs_extra.cloned().unwrap_or_else(|| Array2::zeros(routing.probs.raw_dim()));
     for (t, ex) in routing.experts.iter().enumerate() {
         for (c, &e) in ex.iter().enumerate() {
-            dprobs[[t, e]] = dgates[[t, c]];
+            let dg = dgates[[t, c]];
+            dprobs[[t, e]] = if dprobs_extra.is_some() { p.r(dprobs[[t, e]] + dg) } else { dg };
         }
     }
     softmax_rows_bwd(p, &routing.probs, &dprobs)
@@ -92,12 +94,28 @@ mod tests {
         let x = rand_mat(3, 4, 1);
         let r = router_fwd(Prec::F64, &x, 2);
         let dg = rand_mat(3, 2, 2);
-        let d = router_bwd(Prec::F64, &r, &dg);
+        let d = router_bwd(Prec::F64, &r, &dg, None);
         // The choice is locally constant, so the gates are smooth in the logits.
         let ex = r.experts.clone();
         check_grad("router", &d, &x, |xx| {
             let probs = softmax_rows(Prec::F64, xx);
             ex.iter().enumerate().map(|(t, e)| e.iter().enumerate().map(|(c, &e)| probs[[t, e]] * dg[[t, c]]).sum::<f64>()).sum()
+        });
+    }
+
+    #[test]
+    fn router_backward_adds_the_probabilities_own_gradient() {
+        let x = rand_mat(3, 4, 3);
+        let r = router_fwd(Prec::F64, &x, 2);
+        let dg = rand_mat(3, 2, 4);
+        let dp = rand_mat(3, 4, 5);
+        let d = router_bwd(Prec::F64, &r, &dg, Some(&dp));
+        let ex = r.experts.clone();
+        check_grad("router+probs", &d, &x, |xx| {
+            let probs = softmax_rows(Prec::F64, xx);
+            let gates: f64 =
+                ex.iter().enumerate().map(|(t, e)| e.iter().enumerate().map(|(c, &e)| probs[[t, e]] * dg[[t, c]]).sum::<f64>()).sum();
+            gates + (&probs * &dp).sum()
         });
     }
 

@@ -71,6 +71,13 @@ pub struct MoeConfig {
     pub top_k: u32,
     /// Slots per expert = ceil(capacity_factor * tokens * top_k / experts); tokens beyond are dropped.
     pub capacity_factor: Real,
+    /// Coefficient of the load-balancing auxiliary loss (Switch Transformer's, per sequence:
+    /// experts × Σ_e f_e P_e, f_e the share of the sequence's top-k choices routed to expert e,
+    /// P_e its mean router probability), averaged over the batch's sequences and added to the
+    /// loss the gradients come from. The reported loss stays the language-model loss alone (as
+    /// Megatron logs the auxiliary loss apart). Absent: no auxiliary loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_loss: Option<Real>,
 }
 
 /// What a parameter is, which decides how it is initialised and sharded.

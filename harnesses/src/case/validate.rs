@@ -168,6 +168,9 @@ fn validate_model(m: &Model, r: &mut Report) {
                 r.fail("model.moe.top_k", format!("must be between 1 and model.moe.experts = {} (got {})", c.experts, c.top_k));
             }
             r.finite_at_least("model.moe.capacity_factor", c.capacity_factor.get(), 0.0, true);
+            if let Some(a) = c.aux_loss {
+                r.finite_at_least("model.moe.aux_loss", a.get(), 0.0, false);
+            }
         }
         (None, false) => {}
     }

@@ -25,10 +25,11 @@ pub enum Bug {
     ExpertGradsWrongGroup,
     GradsDowncastBeforeReduce,
     TiedGradsReducedAfterNorm,
+    AuxLossLocalTokens,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 21] = [
+    pub const ALL: [Bug; 22] = [
         Bug::RowParallelBiasEveryRank,
         Bug::SpNormGradNotReduced,
         Bug::ClipLocalNorm,
@@ -50,6 +51,7 @@ impl Bug {
         Bug::ExpertGradsWrongGroup,
         Bug::GradsDowncastBeforeReduce,
         Bug::TiedGradsReducedAfterNorm,
+        Bug::AuxLossLocalTokens,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +77,7 @@ impl Bug {
             Bug::ExpertGradsWrongGroup => "expert-grads-wrong-group",
             Bug::GradsDowncastBeforeReduce => "grads-downcast-before-reduce",
             Bug::TiedGradsReducedAfterNorm => "tied-grads-reduced-after-norm",
+            Bug::AuxLossLocalTokens => "aux-loss-local-tokens",
         }
     }
 
@@ -112,6 +115,9 @@ impl Bug {
             }
             Bug::GradsDowncastBeforeReduce => {
                 "gradients cast to bf16 for the data-parallel all-reduce, and summed in bf16, ignoring the configured reduce dtype, when dp > 1 without ZeRO-2/3 and the reduce dtype is not bf16"
+            }
+            Bug::AuxLossLocalTokens => {
+                "the MoE load-balancing loss is normalised by the sequence chunk a rank holds instead of the whole sequence (scaled by about the TP degree), when sequence parallelism and an auxiliary loss with top_k < experts (routing every token to every expert makes the loss constant)"
             }
             Bug::TiedGradsReducedAfterNorm => {
                 "the tied-embedding gradients are all-reduced between first and last stage after the clipping norm is taken (the norm counts the first stage's partial gradient), when tied embeddings, pp > 1 and clipping, without ZeRO-2/3"

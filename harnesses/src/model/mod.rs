@@ -93,6 +93,9 @@ pub struct Ctx<'a> {
     /// Largest magnitude the residual stream or its gradient reached at a block boundary: how close
     /// the run's intermediates came to the dtype's range, which a tensor's own size does not show.
     pub peak_activation: std::cell::Cell<f64>,
+    /// What the loss gradient of each token is multiplied by in the micro-batch being run (1 /
+    /// global tokens, times the loss scale): auxiliary losses take their gradients in these units.
+    pub loss_grad_scale: std::cell::Cell<f64>,
 }
 
 impl Ctx<'_> {
@@ -150,6 +153,7 @@ pub fn forward_backward(
     grad_scale: f64,
     grads: &mut ParamSet,
 ) -> CResult<(f64, Mat)> {
+    ctx.loss_grad_scale.set(grad_scale);
     let mut x = embed_fwd(ctx, params, g, ids)?;
     ctx.note_peak(&x);
     let mut caches = Vec::with_capacity(ctx.model.layers.len());

@@ -31,6 +31,8 @@ pub struct MoeCache {
     pub(super) norm: NormState,
     y: Mat,
     routing: k::Routing,
+    /// Gradient of the auxiliary loss with respect to every router probability, when there is one.
+    aux: Option<Mat>,
     /// Entries sent to each expert-parallel member, in message order.
     sent: Vec<Vec<Entry>>,
     /// For each member's returned rows: the entry each row is combined into.
@@ -77,6 +79,32 @@ fn accumulate_expert(grads: &mut ParamSet, name: &str, shape: &[usize], e: usize
     k::sum_into(&mut t.data[e * n..(e + 1) * n], g, ctx.dtype());
 }
 
+/// The load-balancing loss's gradient with respect to the router probabilities, `[tokens,
+/// experts]`, in loss-gradient units (`ctx.loss_grad_scale` per token): per sequence, coef ×
+/// experts × Σ_e f_e P_e summed over its tokens' probabilities, so p[t, e] gets coef × experts ×
+/// f_e. The routing counts (f_e) are not differentiated, as in every implementation. Every
+/// tensor-parallel rank holds whole sequences here (gathered under sequence parallelism).
+fn aux_loss_dprobs(ctx: &Ctx, g: &Geom, routing: &k::Routing, experts: usize) -> Option<Mat> {
+    let coef = ctx.model.moe.as_ref()?.aux_loss?.get();
+    let top_k = routing.gates.ncols();
+    // The injected fault's region: sequence parallelism, where a rank holds a chunk of each
+    // sequence outside the tensor-parallel region.
+    let seq_tokens = if ctx.bug(Bug::AuxLossLocalTokens) && ctx.sp() { g.seq_range(ctx, ctx.tp_index()).len() } else { g.seq };
+    let scale = coef * experts as f64 * ctx.loss_grad_scale.get() / (seq_tokens * top_k) as f64;
+    let mut d = Mat::zeros(routing.probs.raw_dim());
+    for b in 0..g.batch {
+        let toks = b * g.seq..(b + 1) * g.seq;
+        let mut counts = vec![0usize; experts];
+        routing.experts[toks.clone()].iter().flatten().for_each(|&e| counts[e] += 1);
+        for t in toks {
+            for (e, &n) in counts.iter().enumerate() {
+                d[[t, e]] = ctx.p.r(scale * n as f64);
+            }
+        }
+    }
+    Some(d)
+}
+
 pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, MoeCache)> {
     let cfg = ctx.model.moe.as_ref().expect("validated: moe config present");
     let (e_total, top_k) = (cfg.experts as usize, cfg.top_k as usize);
@@ -106,6 +134,7 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             }
         }
     }
+    let aux = aux_loss_dprobs(ctx, g, &routing, e_total);
     let cap = k::capacity(g.seq, e_total, top_k, cfg.capacity_factor.get());
     let members = ep_size(ctx);
     let mut sent: Vec<Vec<Entry>> = vec![vec![]; members];
@@ -197,7 +226,7 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
         results.push(r);
     }
     let out = exit_fwd(ctx, g, partial)?;
-    Ok((out, MoeCache { norm, y, routing, sent, combine, results, runs, received }))
+    Ok((out, MoeCache { norm, y, routing, aux, sent, combine, results, runs, received }))
 }
 
 pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
@@ -267,7 +296,7 @@ pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache,
         }
     }
     // Router: replicated over the tensor-parallel group, so its input gradient is added once.
-    let dlogits = k::router_bwd(ctx.p, &st.routing, &dgates);
+    let dlogits = k::router_bwd(ctx.p, &st.routing, &dgates, st.aux.as_ref());
     let wr_name = format!("{pre}.moe.router.weight");
     let wr = mat(params, &wr_name);
     let dwr = k::matmul_tn(ctx.p, &st.y, &dlogits);

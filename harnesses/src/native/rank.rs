@@ -76,6 +76,7 @@ impl<'a> Rank<'a> {
             attention_scores: Default::default(),
             tokens_dropped: std::cell::Cell::new(false),
             peak_activation: std::cell::Cell::new(0.0),
+            loss_grad_scale: std::cell::Cell::new(0.0),
         }
     }
 
@@ -138,6 +139,7 @@ impl<'a> Rank<'a> {
         grad_scale: f64,
     ) -> CResult<Option<(f64, Mat)>> {
         let ctx = self.ctx();
+        ctx.loss_grad_scale.set(grad_scale);
         let h = self.plan.model.hidden as usize;
         let mut x = if vs == 0 {
             embed_fwd(&ctx, params, &st.geom, &st.ids)?

@@ -108,6 +108,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         router_probs: std::cell::RefCell::new(Some(vec![])),
         attention_scores: std::cell::RefCell::new(Some(vec![])),
         tokens_dropped: std::cell::Cell::new(false),
+        loss_grad_scale: std::cell::Cell::new(0.0),
         peak_activation: std::cell::Cell::new(0.0),
     }
 }
