@@ -170,6 +170,10 @@ impl Sums {
                 (cross * (tn / tn_s) * (rn / rn_s) + (tn / tn_s - rn / rn_s).powi(2)).sqrt()
             }
             (false, false) => 0.0,
+            // A reference that is zero with its whole family (no scale at all: a loss with no
+            // gradient in exact arithmetic) has no direction; the magnitude statistics, absolute
+            // then, judge the target's values.
+            (true, false) if scale == 0.0 => 0.0,
             (true, false) => tn / tn_s,
             (false, true) => rn / rn_s,
         };
@@ -241,6 +245,21 @@ mod tests {
         assert!(s[Stat::Direction as usize] < 1e-15, "a scale is not a direction even below the tensor's own max");
         let s = statistics(&t(&[-1e-6, 1e-6]), &t(&[1e-6, -1e-6]), 1.0, None);
         assert!(s[Stat::Direction as usize] < 1e-5, "{}", s[4]);
+    }
+
+    #[test]
+    fn a_family_that_is_zero_has_no_direction_and_is_judged_by_magnitude() {
+        // A clean campaign (vocabulary of one: no language-model gradient; a load-balancing loss
+        // that is constant, top_k = experts) met every reference gradient exactly zero and a
+        // sharded run's round-off of 1e-17: no direction to compare.
+        let zero = t(&[0.0, 0.0, 0.0]);
+        let s = statistics(&t(&[4e-17, -1e-17, 0.0]), &zero, 0.0, None);
+        assert_eq!(s[Stat::Direction as usize], 0.0);
+        assert!(s[Stat::Rms as usize] < 1e-16);
+        let s = statistics(&t(&[0.5, 0.0, 0.0]), &zero, 0.0, None);
+        assert_eq!(s[Stat::Max as usize], 0.5, "a real value where the family is zero still shows, absolutely");
+        let s = statistics(&zero, &t(&[0.5, 0.0, 0.0]), 0.5, None);
+        assert_eq!(s[Stat::Direction as usize], 1.0, "a zeroed tensor still has lost its direction");
     }
 
     #[test]
