@@ -89,7 +89,10 @@ fn without_feedback_the_seeds_no_target_can_run_are_not_mutated() {
     assert!(total >= 1500, "{v:?}");
     // The seeds themselves (11 op cases) and the op cases among fresh random cases remain.
     assert!(unsupported * 20 < total, "{unsupported} of {total} executions unsupported: {v:?}");
-    assert!(passed * 3 > total, "only {passed} of {total} executions passed: {v:?}");
+    // The scheduler weighs entries by their measured execution time, so the share that passes
+    // depends on the machine's load: 38–44 % alone, 28 % under the whole suite on 2 cores
+    // (2026-11-26); a quarter still fails a campaign that spends most runs on rejections.
+    assert!(passed * 4 > total, "only {passed} of {total} executions passed: {v:?}");
 }
 
 #[test]
