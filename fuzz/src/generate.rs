@@ -10,10 +10,6 @@ use shardfuzz_harnesses::case::{
 };
 use shardfuzz_kernels::DType;
 
-/// Load-balancing loss coefficients a MoE case may carry: none, and the range models use
-/// (Switch Transformer 0.01) up to one that dominates the router's gradient.
-pub const AUX_LOSS_COEFFICIENTS: [Option<Real>; 4] = [None, Some(Real(0.01)), Some(Real(0.1)), Some(Real(1.0))];
-
 fn pick<T: Copy>(u: &mut Unstructured, items: &[T]) -> Result<T> {
     Ok(*u.choose(items)?)
 }
@@ -77,7 +73,7 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
     let experts = u.int_in_range(1..=4)?;
     let (top_k, capacity_factor) = (u.int_in_range(1..=experts)?, Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?));
     let moe = match layers.contains(&LayerKind::Moe) {
-        true => Some(MoeConfig { experts, top_k, capacity_factor, aux_loss: pick(u, &AUX_LOSS_COEFFICIENTS)? }),
+        true => Some(MoeConfig { experts, top_k, capacity_factor, aux_loss: None }),
         false => None,
     };
     Ok(Model {
