@@ -71,11 +71,12 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         layers.push(pick(u, &[LayerKind::Attention, LayerKind::Attention, LayerKind::Mlp, LayerKind::Mlp, LayerKind::Moe])?);
     }
     let experts = u.int_in_range(1..=4)?;
-    let (top_k, capacity_factor) = (u.int_in_range(1..=experts)?, Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?));
-    let moe = match layers.contains(&LayerKind::Moe) {
-        true => Some(MoeConfig { experts, top_k, capacity_factor, aux_loss: None }),
-        false => None,
-    };
+    let moe = layers.contains(&LayerKind::Moe).then_some(MoeConfig {
+        experts,
+        top_k: u.int_in_range(1..=experts)?,
+        capacity_factor: Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?),
+        aux_loss: None,
+    });
     Ok(Model {
         vocab: u.int_in_range(2..=32)?,
         hidden: heads * head_dim,

@@ -76,8 +76,7 @@ fn the_aux_loss_gradient_is_the_derivative_of_the_loss_plus_the_aux_loss() {
 
 #[test]
 fn sharded_runs_with_an_aux_loss_pass_and_the_local_token_fault_is_seen() {
-    let clean = create("native", &TargetOptions::default()).unwrap();
-    let mut clean = clean;
+    let mut clean = create("native", &TargetOptions::default()).unwrap();
     for parallel in [
         r#", "tp": 2, "sequence_parallel": true"#,
         r#", "dp": 2, "ep": 2"#,
