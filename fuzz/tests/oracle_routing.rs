@@ -1,5 +1,6 @@
-//! MoE routing near ties: the `routing-flip` member marks every element a correct run's round-off
-//! may move by flipping any subset of the near-tie tokens, not only all of them at once.
+//! MoE routing near ties and gates: the `routing-flip` member marks every element a correct run's
+//! round-off may move by flipping any subset of the near-tie tokens, not only all of them at once,
+//! or by moving the gates by the router probabilities' round-off.
 
 use shardfuzz_fuzz::oracle::ensemble::{coarse_dtype, MEMBERS};
 use shardfuzz_fuzz::oracle::Prepared;
@@ -31,11 +32,38 @@ fn the_routing_flip_member_covers_near_ties_flipped_in_part() {
     let prep = Prepared::new(&case);
     let reference = prep.reference().as_ref().unwrap();
     let below = prep.routing_flip_below(coarse_dtype(&case));
-    let all_at_once = reference::run_routing_flipped(&case, &prep.inputs, Flips { below, only: None }).unwrap();
+    let all_at_once = reference::run_routing_flipped(&case, &prep.inputs, Flips { below, only: None, ..Flips::default() }).unwrap();
     assert!(all_at_once.stats.near_ties.unwrap() >= 2, "{:?}", all_at_once.stats.near_ties);
     let members = prep.members(MEMBERS);
     let member = members.iter().find(|m| m.name == "routing-flip").expect("a routing-flip member");
     let name = "logits";
     let (r, all, m) = (reference.tensor(name).unwrap(), all_at_once.tensor(name).unwrap(), member.output.tensor(name).unwrap());
     assert!(moved(m, r) > moved(all, r), "member moves {} logits, all-at-once {}", moved(m, r), moved(all, r));
+}
+
+/// A clean bf16 case (`bench clean` seed 4,018,098, one step, no capacity drops): tp3 with large
+/// values, a token whose two chosen experts' outputs are ~500 and whose gates (router probabilities)
+/// the sharded run rounded to 0.5 / 0.5 against the reference's 0.514 / 0.486. Its output moved
+/// by 5 %, its saturated softmax swapped its top two tokens, and the router gradients went 17 ε
+/// past every member. The `routing-flip` member moves every gate by the router's round-off, so the
+/// elements that token moves are left out; a coarse error elsewhere is still seen.
+#[test]
+fn gates_moved_by_round_off_are_left_out_and_coarse_errors_still_seen() {
+    use shardfuzz_fuzz::oracle::{judge_prepared, Oracle, VerdictKind};
+    use shardfuzz_harnesses::target::registry::{create, TargetOptions};
+    use shardfuzz_harnesses::target::Outcome;
+    let case = Case::from_json(include_str!("../../tests/clean-cases/bf16-4018098-reduced-one-step-no-drops.json")).unwrap();
+    let prep = Prepared::new(&case);
+    let mut target = create("native", &TargetOptions::default()).unwrap();
+    let Outcome::Completed(out) = target.run(&case, &prep.inputs) else { panic!("the case runs") };
+    let judge = |o| judge_prepared("native", Default::default(), &prep, Outcome::Completed(o), &Oracle::default());
+    let clean = judge(out.clone());
+    assert_eq!(clean.kind, VerdictKind::Pass, "{}", clean.reason);
+    for name in ["logits", "grad/embed.weight", "grad/layers.1.moe.up.weight", "grad/layers.1.moe.down.weight"] {
+        let mut halved = out.clone();
+        let t = halved.tensors.iter_mut().find(|(n, _)| n == name).map(|(_, t)| t).unwrap();
+        t.data.iter_mut().for_each(|x| *x *= 0.5);
+        let v = judge(halved);
+        assert_eq!(v.kind, VerdictKind::Divergent, "{name} halved: {}", v.reason);
+    }
 }

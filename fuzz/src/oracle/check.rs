@@ -95,10 +95,15 @@ pub fn compare_run(
     let mut ex = exclusions(case, reference, out, dtype_member, &mut notes);
     // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
     // closer than round-off can be routed differently by any correct implementation.
-    if let (true, Some(m)) = (members.iter().any(|m| m.name == "routing-flip"), reference.stats.routing_margin) {
+    if members.iter().any(|m| m.name == "routing-flip") {
+        let below = prep.routing_flip_below(coarse_dtype(case));
+        let ties = match reference.stats.routing_margin {
+            Some(m) if m < below => format!("routing within {m:.2e} of a tie, below {below:.2e} ({ROUTING_FLIP_ULPS} u, or twice what round-off moved a router probability in the members): elements those tokens move when routed the other way, and "),
+            _ => String::new(),
+        };
         notes.push(format!(
-            "MoE routing within {m:.2e} of a tie (below {:.2e}: {ROUTING_FLIP_ULPS} u, or twice what round-off moved a router probability in the members): elements those tokens move when routed the other way are left out",
-            prep.routing_flip_below(coarse_dtype(case))
+            "MoE {ties}elements the gates move when each is moved by ±{:.2e} (the router probabilities' round-off) are left out",
+            below / 2.0
         ));
     }
     ex.chaotic = chaos(reference, members, coarse_dtype(case).unit_roundoff());

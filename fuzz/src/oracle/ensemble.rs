@@ -35,8 +35,16 @@
 //!    unchosen expert: top-k routing is discontinuous, and a correct implementation's round-off may
 //!    flip any subset of those tokens (with expert capacity, each subset drops other tokens: every
 //!    subset of up to four near ties, else each alone, all at once and 16 fixed random subsets;
-//!    the member keeps, per element, the run farthest from the reference). The oracle does not take
-//!    ε from it: the elements it moves are left out of the comparison (`check::without_rerouted`).
+//!    the member keeps, per element, the run farthest from the reference). In every MoE case it
+//!    also runs the f64 reference with every gate (the router probability a chosen expert's output
+//!    is weighted by) moved by ± half that margin (the router probabilities' round-off: every sign
+//!    combination over a token's first three choices, and four random patterns): where a token's
+//!    chosen experts' outputs are large, its output is their weighted sum and the gates' round-off
+//!    moves it far more than any rounding of the sum (a clean bf16 case, tp3 with large values:
+//!    gates of 0.5 / 0.5 against the reference's 0.514 / 0.486, an output moved by 5 %, a saturated
+//!    softmax whose top two tokens swapped, router gradients 17 ε past every member). The oracle
+//!    does not take ε from the member: the elements it moves are left out of the comparison
+//!    (`check::without_rerouted`).
 //!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
@@ -85,6 +93,16 @@ fn flip_subsets(n: u32) -> Vec<u64> {
         singles.chain(random).collect()
     }
 }
+
+/// The gate sign patterns the `routing-flip` member runs (`reference::gate_sign`): every combination
+/// of signs over a token's first three choices, each for all tokens at once, and
+/// [`RANDOM_GATE_PATTERNS`] patterns with a random sign per token and choice.
+fn gate_patterns(top_k: usize) -> impl Iterator<Item = u64> {
+    let per_choice = 1u64 << top_k.clamp(1, 3);
+    (0..per_choice).chain((1..=RANDOM_GATE_PATTERNS).map(|i| (1 << 32) + i))
+}
+
+const RANDOM_GATE_PATTERNS: u64 = 4;
 
 /// Replaces each element of `acc` by `other`'s where `other` lies farther from the reference (or
 /// is not finite): the union of the elements the runs moved, which is what the oracle leaves out.
@@ -257,22 +275,28 @@ impl Prepared {
     }
 
     fn routing_flip(&self, coarse: DType) -> Option<RunOutput> {
-        let below = self.routing_flip_below(coarse);
-        let margin = self.reference().as_ref().ok()?.stats.routing_margin?;
-        if margin >= below {
-            return None;
-        }
-        let run = |only| {
-            self.runs.set(self.runs.get() + 1);
-            reference::run_routing_flipped(&self.case, &self.inputs, Flips { below, only }).ok()
-        };
-        let mut out = run(None)?;
         let reference = self.reference().as_ref().ok()?;
-        for only in flip_subsets(out.stats.near_ties.unwrap_or(0)) {
-            if let Some(o) = run(Some(only)) {
-                keep_farthest(&mut out, &o, reference);
-            }
+        reference.stats.router_probs.as_ref()?;
+        let below = self.routing_flip_below(coarse);
+        let run = |flips| {
+            self.runs.set(self.runs.get() + 1);
+            reference::run_routing_flipped(&self.case, &self.inputs, flips).ok()
+        };
+        let mut runs = vec![];
+        if reference.stats.routing_margin.is_some_and(|m| m < below) {
+            let all = run(Flips { below, ..Flips::default() })?;
+            let subsets = flip_subsets(all.stats.near_ties.unwrap_or(0));
+            runs.push(all);
+            runs.extend(subsets.into_iter().filter_map(|only| run(Flips { below, only: Some(only), ..Flips::default() })));
         }
+        // The gates carry the router probabilities' round-off: half the flip margin, the largest
+        // move of a router probability the members show (at least 2 u).
+        let top_k = self.case.model.as_ref().and_then(|m| m.moe.as_ref()).map_or(1, |m| m.top_k as usize);
+        let jitter = |pattern| Flips { gate_jitter: Some((below / 2.0, pattern)), ..Flips::default() };
+        runs.extend(gate_patterns(top_k).filter_map(|pattern| run(jitter(pattern))));
+        let mut runs = runs.into_iter();
+        let mut out = runs.next()?;
+        runs.for_each(|o| keep_farthest(&mut out, &o, reference));
         Some(out)
     }
 

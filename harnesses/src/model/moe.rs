@@ -134,6 +134,11 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             }
         }
     }
+    if let Some((delta, pattern)) = ctx.gate_jitter {
+        for ((t, c), gate) in routing.gates.indexed_iter_mut() {
+            *gate += delta * crate::reference::gate_sign(pattern, top_k, t, c);
+        }
+    }
     let aux = aux_loss_dprobs(ctx, g, &routing, e_total);
     let cap = k::capacity(g.seq, e_total, top_k, cfg.capacity_factor.get());
     let members = ep_size(ctx);

@@ -71,6 +71,7 @@ impl<'a> Rank<'a> {
             routing_margin: std::cell::Cell::new(f64::INFINITY),
             flip_routing_below: 0.0,
             flip_only: None,
+            gate_jitter: None,
             near_ties: std::cell::Cell::new(0),
             router_probs: Default::default(),
             attention_scores: Default::default(),

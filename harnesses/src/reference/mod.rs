@@ -67,6 +67,30 @@ pub struct Flips {
     pub below: f64,
     /// The near ties that flip, by the order the run meets them (bit i: the i-th); all when None.
     pub only: Option<u64>,
+    /// Every gate moved by ± the amount, with the signs of the pattern (see [`gate_sign`]). The
+    /// gates a token's chosen experts are weighted with are router probabilities, which carry the
+    /// router's round-off; where two chosen experts' outputs are large and the token's output is
+    /// their weighted sum, that round-off moves the output far more than any rounding of it.
+    pub gate_jitter: Option<(f64, u64)>,
+}
+
+/// The sign pattern `pattern` gives choice `choice` of token `token`: below 2^k, bit `choice` of the
+/// pattern for every token (each token's every combination of signs appears in one of the 2^k
+/// patterns); above, a fixed pseudo-random sign per token and choice.
+pub fn gate_sign(pattern: u64, k: usize, token: usize, choice: usize) -> f64 {
+    let bit = if pattern < 1 << k.min(63) {
+        pattern >> choice & 1
+    } else {
+        let mut z = pattern ^ (token as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (choice as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) & 1
+    };
+    if bit == 1 {
+        -1.0
+    } else {
+        1.0
+    }
 }
 
 /// The f64 reference with near-tie tokens (router margin below `flips.below`) routed to their best
@@ -105,6 +129,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         flip_routing_below: 0.0,
         flip_only: None,
         near_ties: std::cell::Cell::new(0),
+        gate_jitter: None,
         router_probs: std::cell::RefCell::new(Some(vec![])),
         attention_scores: std::cell::RefCell::new(Some(vec![])),
         tokens_dropped: std::cell::Cell::new(false),
@@ -205,7 +230,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
     let mut ctx = single_device_ctx(m, &layout, p);
-    (ctx.flip_routing_below, ctx.flip_only) = (flips.below, flips.only);
+    (ctx.flip_routing_below, ctx.flip_only, ctx.gate_jitter) = (flips.below, flips.only, flips.gate_jitter);
     let mut params: ParamSet = inputs
         .tensors
         .iter()
