@@ -1,6 +1,6 @@
 //! MoE routing near ties and gates: the `routing-flip` member marks every element a correct run's
-//! round-off may move by flipping any subset of the near-tie tokens, not only all of them at once,
-//! or by moving the gates by the router probabilities' round-off.
+//! round-off may move by flipping any subset of the near-tie tokens, not only all of them at once;
+//! the `gate-jitter` member, what moving the gates by the router probabilities' round-off moves.
 
 use shardfuzz_fuzz::oracle::ensemble::{coarse_dtype, MEMBERS};
 use shardfuzz_fuzz::oracle::Prepared;
@@ -45,7 +45,7 @@ fn the_routing_flip_member_covers_near_ties_flipped_in_part() {
 /// values, a token whose two chosen experts' outputs are ~500 and whose gates (router probabilities)
 /// the sharded run rounded to 0.5 / 0.5 against the reference's 0.514 / 0.486. Its output moved
 /// by 5 %, its saturated softmax swapped its top two tokens, and the router gradients went 17 ε
-/// past every member. The `routing-flip` member moves every gate by the router's round-off, so the
+/// past every member. The `gate-jitter` member moves the gates by the router's round-off, so the
 /// elements that token moves are left out; a coarse error elsewhere is still seen.
 #[test]
 fn gates_moved_by_round_off_are_left_out_and_coarse_errors_still_seen() {

@@ -62,7 +62,7 @@ pub fn attention_near_tie(reference: &RunOutput, members: &[&Member]) -> Option<
     let rows = reference.stats.attention_scores.as_ref()?;
     let others: Vec<&Vec<AttentionRow>> = members
         .iter()
-        .filter(|m| m.name != "routing-flip")
+        .filter(|m| m.name != "routing-flip" && m.name != "gate-jitter")
         .filter_map(|m| m.output.stats.attention_scores.as_ref())
         .filter(|o| o.len() == rows.len())
         .collect();

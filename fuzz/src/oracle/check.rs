@@ -95,15 +95,17 @@ pub fn compare_run(
     let mut ex = exclusions(case, reference, out, dtype_member, &mut notes);
     // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
     // closer than round-off can be routed differently by any correct implementation.
-    if members.iter().any(|m| m.name == "routing-flip") {
-        let below = prep.routing_flip_below(coarse_dtype(case));
-        let ties = match reference.stats.routing_margin {
-            Some(m) if m < below => format!("routing within {m:.2e} of a tie, below {below:.2e} ({ROUTING_FLIP_ULPS} u, or twice what round-off moved a router probability in the members): elements those tokens move when routed the other way, and "),
-            _ => String::new(),
-        };
+    let below = prep.routing_flip_below(coarse_dtype(case));
+    if let (true, Some(m)) = (members.iter().any(|m| m.name == "routing-flip"), reference.stats.routing_margin) {
         notes.push(format!(
-            "MoE {ties}elements the gates move when each is moved by ±{:.2e} (the router probabilities' round-off) are left out",
-            below / 2.0
+            "MoE routing within {m:.2e} of a tie (below {below:.2e}: {ROUTING_FLIP_ULPS} u, or twice what round-off moved a router probability in the members): elements those tokens move when routed the other way are left out"
+        ));
+    }
+    if members.iter().any(|m| m.name == "gate-jitter") {
+        notes.push(format!(
+            "MoE gates moved by ±{:.2e} (the router probabilities' round-off): elements that moves past {} times any other member's move are left out",
+            below / 2.0,
+            rules.thresholds[Stat::Rms as usize]
         ));
     }
     ex.chaotic = chaos(reference, members, coarse_dtype(case).unit_roundoff());
@@ -128,10 +130,15 @@ pub fn compare_run(
         others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
         let adam = adam_samples(prep, reference, &first_step, &checks, &scale, name);
         others.extend(adam.iter().map(|t| ("adam", t)));
-        let flipped = others.iter().position(|(n, _)| *n == "routing-flip").map(|i| others.remove(i).1);
+        let mut take = |name: &str| others.iter().position(|(n, _)| *n == name).map(|i| others.remove(i).1);
+        let (flipped, jittered) = (take("routing-flip"), take("gate-jitter"));
         let mut mask = comparable_elements(r, &others, target.filter(|_| overflow.is_some()));
+        let floor = ROUTING_FLIP_ULPS * coarse_dtype(case).unit_roundoff() * denom;
         if let Some(f) = flipped {
-            mask = Some(without_rerouted(r, f, &others, mask, ROUTING_FLIP_ULPS * coarse_dtype(case).unit_roundoff() * denom));
+            mask = Some(without_moved(r, f, &others, mask, FLIP_MOVE, floor));
+        }
+        if let Some(j) = jittered {
+            mask = Some(without_moved(r, j, &others, mask, rules.thresholds[Stat::Rms as usize], floor));
         }
         let samples: Vec<(&str, Stats)> = others.iter().map(|(n, x)| (*n, statistics(x, r, denom, mask.as_deref()))).collect();
         let per_rms = (SIGMAS * sum_per_rms(r, denom, mask.as_deref()), SIGMAS * norm_per_rms(r, mask.as_deref()));
@@ -362,18 +369,25 @@ fn comparable_elements(r: &Tensor, others: &[(&str, &Tensor)], overflowed: Optio
     )
 }
 
+/// How many times any other member's move a routing flip must move an element to be left out.
+const FLIP_MOVE: f64 = 2.0;
+
 /// Leaves out the elements that tokens routed within round-off of a tie move: where the reference
-/// with those tokens routed the other way (`flipped`) differs from it by more than twice any other
-/// member does, plus `floor`. Top-k routing is discontinuous, so a correct implementation may route
-/// exactly those tokens either way; the other elements are still compared with the other members' ε
-/// (raising the whole tensor's ε instead hid a halved expert gradient in bf16).
-fn without_rerouted(r: &Tensor, flipped: &Tensor, others: &[(&str, &Tensor)], mask: Option<Vec<bool>>, floor: f64) -> Vec<bool> {
+/// with those tokens routed the other way (`flipped`) differs from it by more than `factor` times
+/// what any other member does, plus `floor`. Top-k routing is discontinuous, so a correct
+/// implementation may route exactly those tokens either way; the other elements are still compared
+/// with the other members' ε (raising the whole tensor's ε instead hid a halved expert gradient in
+/// bf16). The same for the gates moved by their round-off (`gate-jitter`), a continuous move: only
+/// where it takes an element past the statistics' threshold times the other members' move, past
+/// what the comparison would accept anyway (left out at twice, the elements of a clean bf16 case's
+/// output-layer gradient the gates move left a halved copy of it within its bounds).
+fn without_moved(r: &Tensor, flipped: &Tensor, others: &[(&str, &Tensor)], mask: Option<Vec<bool>>, factor: f64, floor: f64) -> Vec<bool> {
     let mut keep = mask.unwrap_or_else(|| vec![true; r.data.len()]);
     for (i, k) in keep.iter_mut().enumerate() {
         let noise =
             others.iter().filter_map(|(_, t)| t.data.get(i)).map(|x| (x - r.data[i]).abs()).filter(|d| d.is_finite()).fold(0.0, f64::max);
         let moved = flipped.data.get(i).map_or(f64::INFINITY, |x| (x - r.data[i]).abs());
-        if moved.is_nan() || moved > 2.0 * noise + floor {
+        if moved.is_nan() || moved > factor * noise + floor {
             *k = false;
         }
     }

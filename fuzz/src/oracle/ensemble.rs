@@ -35,16 +35,17 @@
 //!    unchosen expert: top-k routing is discontinuous, and a correct implementation's round-off may
 //!    flip any subset of those tokens (with expert capacity, each subset drops other tokens: every
 //!    subset of up to four near ties, else each alone, all at once and 16 fixed random subsets;
-//!    the member keeps, per element, the run farthest from the reference). In every MoE case it
-//!    also runs the f64 reference with every gate (the router probability a chosen expert's output
-//!    is weighted by) moved by ± half that margin (the router probabilities' round-off: every sign
-//!    combination over a token's first three choices, and four random patterns): where a token's
-//!    chosen experts' outputs are large, its output is their weighted sum and the gates' round-off
-//!    moves it far more than any rounding of the sum (a clean bf16 case, tp3 with large values:
-//!    gates of 0.5 / 0.5 against the reference's 0.514 / 0.486, an output moved by 5 %, a saturated
-//!    softmax whose top two tokens swapped, router gradients 17 ε past every member). The oracle
-//!    does not take ε from the member: the elements it moves are left out of the comparison
-//!    (`check::without_rerouted`).
+//!    the member keeps, per element, the run farthest from the reference). The oracle does not take
+//!    ε from it: the elements it moves are left out of the comparison (`check::without_moved`).
+//! 9. `gate-jitter`: in every MoE case, the f64 reference with the gates (the router probability a
+//!    chosen expert's output is weighted by) moved by ± half the flip margin (the router
+//!    probabilities' round-off), one group of tokens at a time (eight groups, every sign
+//!    combination over a token's first three choices), keeping per element the farthest run.
+//!    Where a token's chosen experts' outputs are large, the gates' round-off moves its output far
+//!    more than any rounding of it (a clean bf16 case, tp3 with large values: gates of 0.5 / 0.5
+//!    against the reference's 0.514 / 0.486, an output moved by 5 %, a saturated softmax whose top
+//!    two tokens swapped, router gradients 17 ε past every member). Not an ε either: the elements
+//!    it moves past the statistics' threshold times any other member's move are left out.
 //!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
@@ -55,13 +56,13 @@ use std::cell::{Cell, OnceCell};
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::inputs::Inputs;
 use shardfuzz_harnesses::model::ParamSet;
-use shardfuzz_harnesses::reference::{self, Flips, GradientNoise};
+use shardfuzz_harnesses::reference::{self, Flips, GateJitter, GradientNoise};
 use shardfuzz_harnesses::target::RunOutput;
 use shardfuzz_harnesses::tensor::Tensor;
 use shardfuzz_kernels::{DType, Prec};
 
 /// How many ensemble members exist; `Prepared::members(n)` computes the first `n`.
-pub const MEMBERS: usize = 8;
+pub const MEMBERS: usize = 9;
 
 /// Router margins below this many unit round-offs (of the coarse dtype) count as near-ties.
 pub const ROUTING_FLIP_ULPS: f64 = 4.0;
@@ -94,15 +95,16 @@ fn flip_subsets(n: u32) -> Vec<u64> {
     }
 }
 
-/// The gate sign patterns the `routing-flip` member runs (`reference::gate_sign`): every combination
-/// of signs over a token's first three choices, each for all tokens at once, and
-/// [`RANDOM_GATE_PATTERNS`] patterns with a random sign per token and choice.
-fn gate_patterns(top_k: usize) -> impl Iterator<Item = u64> {
-    let per_choice = 1u64 << top_k.clamp(1, 3);
-    (0..per_choice).chain((1..=RANDOM_GATE_PATTERNS).map(|i| (1 << 32) + i))
+/// The gate moves the `routing-flip` member runs (`reference::GateJitter`): the tokens in
+/// [`GATE_GROUPS`] groups (fewer when there are fewer tokens), each group with every combination of
+/// signs over a token's first three choices.
+fn gate_jitters(delta: f64, top_k: usize, tokens: usize) -> impl Iterator<Item = GateJitter> {
+    let groups = tokens.clamp(1, GATE_GROUPS);
+    let combinations = 1u64 << top_k.clamp(1, 3);
+    (0..groups).flat_map(move |group| (0..combinations).map(move |signs| GateJitter { delta, group, groups, signs }))
 }
 
-const RANDOM_GATE_PATTERNS: u64 = 4;
+const GATE_GROUPS: usize = 8;
 
 /// Replaces each element of `acc` by `other`'s where `other` lies farther from the reference (or
 /// is not finite): the union of the elements the runs moved, which is what the oracle leaves out.
@@ -248,6 +250,7 @@ impl Prepared {
             5 => self.gradient_noise(coarse).map(|o| Member { later_steps_only: true, ..Member::new("gradient-noise", o) }),
             6 => self.reduce_rounding(coarse).map(|o| Member { gradients_only: true, ..Member::new("reduce-rounding", o) }),
             7 => self.routing_flip(coarse).map(|o| Member::new("routing-flip", o)),
+            8 => self.gate_jitter(coarse).map(|o| Member::new("gate-jitter", o)),
             _ => None,
         }
     }
@@ -275,29 +278,43 @@ impl Prepared {
     }
 
     fn routing_flip(&self, coarse: DType) -> Option<RunOutput> {
-        let reference = self.reference().as_ref().ok()?;
-        reference.stats.router_probs.as_ref()?;
         let below = self.routing_flip_below(coarse);
-        let run = |flips| {
-            self.runs.set(self.runs.get() + 1);
-            reference::run_routing_flipped(&self.case, &self.inputs, flips).ok()
-        };
-        let mut runs = vec![];
-        if reference.stats.routing_margin.is_some_and(|m| m < below) {
-            let all = run(Flips { below, ..Flips::default() })?;
-            let subsets = flip_subsets(all.stats.near_ties.unwrap_or(0));
-            runs.push(all);
-            runs.extend(subsets.into_iter().filter_map(|only| run(Flips { below, only: Some(only), ..Flips::default() })));
+        let margin = self.reference().as_ref().ok()?.stats.routing_margin?;
+        if margin >= below {
+            return None;
         }
-        // The gates carry the router probabilities' round-off: half the flip margin, the largest
-        // move of a router probability the members show (at least 2 u).
-        let top_k = self.case.model.as_ref().and_then(|m| m.moe.as_ref()).map_or(1, |m| m.top_k as usize);
-        let jitter = |pattern| Flips { gate_jitter: Some((below / 2.0, pattern)), ..Flips::default() };
-        runs.extend(gate_patterns(top_k).filter_map(|pattern| run(jitter(pattern))));
-        let mut runs = runs.into_iter();
-        let mut out = runs.next()?;
-        runs.for_each(|o| keep_farthest(&mut out, &o, reference));
-        Some(out)
+        let all = self.run_flipped(Flips { below, ..Flips::default() })?;
+        let subsets = flip_subsets(all.stats.near_ties.unwrap_or(0));
+        let runs = subsets.into_iter().filter_map(|only| self.run_flipped(Flips { below, only: Some(only), ..Flips::default() }));
+        self.farthest(std::iter::once(all).chain(runs))
+    }
+
+    /// The `gate-jitter` member: the reference with the gates of one group of tokens at a time moved
+    /// by the router probabilities' round-off (half the flip margin: the largest move of a router
+    /// probability the members show, at least 2 u), in every MoE case.
+    fn gate_jitter(&self, coarse: DType) -> Option<RunOutput> {
+        self.reference().as_ref().ok()?.stats.router_probs.as_ref()?;
+        let delta = self.routing_flip_below(coarse) / 2.0;
+        let model = self.case.model.as_ref()?;
+        let top_k = model.moe.as_ref().map_or(1, |m| m.top_k as usize);
+        let tokens = (model.batch * model.seq) as usize;
+        self.farthest(
+            gate_jitters(delta, top_k, tokens).filter_map(|j| self.run_flipped(Flips { gate_jitter: Some(j), ..Flips::default() })),
+        )
+    }
+
+    fn run_flipped(&self, flips: Flips) -> Option<RunOutput> {
+        self.runs.set(self.runs.get() + 1);
+        reference::run_routing_flipped(&self.case, &self.inputs, flips).ok()
+    }
+
+    /// Per element, the run farthest from the reference.
+    fn farthest(&self, runs: impl Iterator<Item = RunOutput>) -> Option<RunOutput> {
+        let reference = self.reference().as_ref().ok()?;
+        runs.reduce(|mut acc, o| {
+            keep_farthest(&mut acc, &o, reference);
+            acc
+        })
     }
 
     /// The router margin below which a correct run may route a token the other way:

@@ -81,9 +81,9 @@ pub struct Ctx<'a> {
     pub flip_only: Option<u64>,
     /// Near-tie tokens met so far (below `flip_routing_below`).
     pub near_ties: std::cell::Cell<u32>,
-    /// Every gate (a chosen expert's router probability, which scales its output) moved by ± this
-    /// amount, the signs drawn by the seed (see `reference::Flips::gate_jitter`). None: not moved.
-    pub gate_jitter: Option<(f64, u64)>,
+    /// Gates (a chosen expert's router probability, which scales its output) moved by their
+    /// round-off (see `reference::GateJitter`). None: not moved.
+    pub gate_jitter: Option<crate::reference::GateJitter>,
     /// While `Some`, every router probability computed, in call order (a single-device run's first
     /// step: the noise members' routing is compared with the reference's to measure how far
     /// round-off moves it). `None`, the default, records nothing.

@@ -134,9 +134,9 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             }
         }
     }
-    if let Some((delta, pattern)) = ctx.gate_jitter {
+    if let Some(jitter) = ctx.gate_jitter {
         for ((t, c), gate) in routing.gates.indexed_iter_mut() {
-            *gate += delta * crate::reference::gate_sign(pattern, top_k, t, c);
+            *gate += jitter.shift(t, c);
         }
     }
     let aux = aux_loss_dprobs(ctx, g, &routing, e_total);

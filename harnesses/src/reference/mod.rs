@@ -67,29 +67,36 @@ pub struct Flips {
     pub below: f64,
     /// The near ties that flip, by the order the run meets them (bit i: the i-th); all when None.
     pub only: Option<u64>,
-    /// Every gate moved by ± the amount, with the signs of the pattern (see [`gate_sign`]). The
-    /// gates a token's chosen experts are weighted with are router probabilities, which carry the
-    /// router's round-off; where two chosen experts' outputs are large and the token's output is
-    /// their weighted sum, that round-off moves the output far more than any rounding of it.
-    pub gate_jitter: Option<(f64, u64)>,
+    /// The gates of one group of tokens moved by their round-off (see [`GateJitter`]).
+    pub gate_jitter: Option<GateJitter>,
 }
 
-/// The sign pattern `pattern` gives choice `choice` of token `token`: below 2^k, bit `choice` of the
-/// pattern for every token (each token's every combination of signs appears in one of the 2^k
-/// patterns); above, a fixed pseudo-random sign per token and choice.
-pub fn gate_sign(pattern: u64, k: usize, token: usize, choice: usize) -> f64 {
-    let bit = if pattern < 1 << k.min(63) {
-        pattern >> choice & 1
-    } else {
-        let mut z = pattern ^ (token as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (choice as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) & 1
-    };
-    if bit == 1 {
-        -1.0
-    } else {
-        1.0
+/// The gates a token's chosen experts are weighted with are router probabilities, which carry the
+/// router's round-off; where the experts' outputs are large, that round-off moves the token's
+/// output, and whatever is downstream of it, far more than any rounding of the output itself.
+/// A run with a `GateJitter` moves by ±`delta` every gate of the tokens in group `group` of
+/// `groups` (token index modulo `groups`), choice c by the sign of bit c (mod 3) of `signs`: one
+/// group at a time, so that the tokens' moves do not add up coherently over the whole batch, as
+/// correct runs' round-off does not (moving every token at once left a halved output-layer
+/// gradient of a clean bf16 case within what the member moved).
+#[derive(Debug, Clone, Copy)]
+pub struct GateJitter {
+    pub delta: f64,
+    pub group: usize,
+    pub groups: usize,
+    pub signs: u64,
+}
+
+impl GateJitter {
+    /// What gate `choice` of token `token` moves by.
+    pub fn shift(&self, token: usize, choice: usize) -> f64 {
+        if token % self.groups.max(1) != self.group {
+            0.0
+        } else if self.signs >> (choice % 3) & 1 == 1 {
+            -self.delta
+        } else {
+            self.delta
+        }
     }
 }
 
