@@ -120,8 +120,11 @@ for v in sorted(out.glob("findings/*/verdict.json")):
     verdict = f.get("verdict", f)
     kind, reason = verdict["kind"], verdict["reason"]
     # JAX appends the user frames that traced a failing op ("Suspected Python Code Location:") to XLA's
-    # compiler errors: where the op was called, not where it failed.
+    # compiler errors, and MLIR diagnostics are located at the traced source line ("file.py:382:29:
+    # error: 'func.call' op ..." from the Shardy partitioner): where the op was called, not where it
+    # failed.
     site = reason.split("Suspected Python Code Location:", 1)[0]
+    site = re.sub(r"\S+\.py:\d+:\d+: (error|warning|note):", "traced op:", site)
     harness = kind == "crash" and ("shardfuzz_worker" in site or reason.startswith("worker:"))
     library_op = "|lib-" in f.get("signature", "")
     real_divergence = kind == "divergent" and library_op and library_op_divergence_is_real(v.parent, verdict)
