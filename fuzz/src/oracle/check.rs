@@ -373,7 +373,7 @@ fn comparable_elements(r: &Tensor, others: &[(&str, &Tensor)], overflowed: Optio
 const FLIP_MOVE: f64 = 2.0;
 
 /// Leaves out the elements that tokens routed within round-off of a tie move: where the reference
-/// with those tokens routed the other way (`flipped`) differs from it by more than `factor` times
+/// with those tokens routed the other way (`variant`) differs from it by more than `factor` times
 /// what any other member does, plus `floor`. Top-k routing is discontinuous, so a correct
 /// implementation may route exactly those tokens either way; the other elements are still compared
 /// with the other members' ε (raising the whole tensor's ε instead hid a halved expert gradient in
@@ -381,12 +381,12 @@ const FLIP_MOVE: f64 = 2.0;
 /// where it takes an element past the statistics' threshold times the other members' move, past
 /// what the comparison would accept anyway (left out at twice, the elements of a clean bf16 case's
 /// output-layer gradient the gates move left a halved copy of it within its bounds).
-fn without_moved(r: &Tensor, flipped: &Tensor, others: &[(&str, &Tensor)], mask: Option<Vec<bool>>, factor: f64, floor: f64) -> Vec<bool> {
+fn without_moved(r: &Tensor, variant: &Tensor, others: &[(&str, &Tensor)], mask: Option<Vec<bool>>, factor: f64, floor: f64) -> Vec<bool> {
     let mut keep = mask.unwrap_or_else(|| vec![true; r.data.len()]);
     for (i, k) in keep.iter_mut().enumerate() {
         let noise =
             others.iter().filter_map(|(_, t)| t.data.get(i)).map(|x| (x - r.data[i]).abs()).filter(|d| d.is_finite()).fold(0.0, f64::max);
-        let moved = flipped.data.get(i).map_or(f64::INFINITY, |x| (x - r.data[i]).abs());
+        let moved = variant.data.get(i).map_or(f64::INFINITY, |x| (x - r.data[i]).abs());
         if moved.is_nan() || moved > factor * noise + floor {
             *k = false;
         }

@@ -95,7 +95,7 @@ fn flip_subsets(n: u32) -> Vec<u64> {
     }
 }
 
-/// The gate moves the `routing-flip` member runs (`reference::GateJitter`): the tokens in
+/// The gate moves the `gate-jitter` member runs (`reference::GateJitter`): the tokens in
 /// [`GATE_GROUPS`] groups (fewer when there are fewer tokens), each group with every combination of
 /// signs over a token's first three choices.
 fn gate_jitters(delta: f64, top_k: usize, tokens: usize) -> impl Iterator<Item = GateJitter> {
