@@ -1,6 +1,6 @@
 //! `shardfuzz bench frameworks`: per Python target, cases per second with the persistent worker
 //! and rank pool against respawning the worker (and its ranks) for every case, and cases per second
-//! on shapes never seen before (JAX compiles each new shape).
+//! on shapes never seen before (JAX compiles each new shape) and on fresh library-op cases.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use shardfuzz_fuzz::campaign::load_cases;
 use shardfuzz_fuzz::generate::random_case;
+use shardfuzz_fuzz::library_ops::{random_library_case, Vocabulary};
 use shardfuzz_fuzz::oracle::{evaluate, Oracle, VerdictKind};
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::target::python::RESPAWN_ENV;
@@ -29,6 +30,10 @@ pub struct FrameworksArgs {
     /// Fresh random cases (new shapes) offered to each target.
     #[arg(long, default_value_t = 200)]
     new_cases: u64,
+    /// Fresh random library-op cases (drawn from the target's own op vocabulary, as a campaign's fresh
+    /// cases are) offered to each target that has one.
+    #[arg(long, default_value_t = 300)]
+    library_cases: u64,
     #[arg(long, default_value = "corpus")]
     corpus: PathBuf,
     #[arg(long, default_value = "bench-frameworks.csv")]
@@ -42,6 +47,46 @@ struct Row {
     respawn: f64,
     new_shape: f64,
     new_shape_cases: usize,
+    library: LibraryRate,
+}
+
+/// Fresh library-op cases: cases/s over all of them, and over those that did not hang (a hang costs
+/// its timeout, which says nothing of the per-case cost).
+#[derive(Default)]
+struct LibraryRate {
+    offered: usize,
+    expressed: usize,
+    hangs: usize,
+    per_s: f64,
+    per_s_without_hangs: f64,
+}
+
+fn library_rate(target: &mut dyn Target, oracle: &Oracle, count: u64) -> anyhow::Result<LibraryRate> {
+    let vocab = Vocabulary::new(target.vocabulary().map_err(|e| anyhow::anyhow!("{e}"))?);
+    if vocab.is_empty() {
+        return Ok(LibraryRate::default());
+    }
+    let cases: Vec<Case> = (0..count).filter_map(|i| random_library_case(9_500_000 + i, &vocab)).collect();
+    let (mut all, mut hung) = (0.0, 0.0);
+    let mut r = LibraryRate { offered: cases.len(), ..LibraryRate::default() };
+    for c in &cases {
+        let t0 = Instant::now();
+        let kind = evaluate(target, c, oracle).kind;
+        let s = t0.elapsed().as_secs_f64();
+        all += s;
+        if kind == VerdictKind::Hang {
+            let op = c.library_op.as_ref().map_or("?", |l| l.name.as_str());
+            eprintln!("  a library-op case hung ({s:.1} s with its patient rerun): {op}");
+            r.hangs += 1;
+            hung += s;
+        }
+        if kind != VerdictKind::Unsupported {
+            r.expressed += 1;
+        }
+    }
+    r.per_s = r.offered as f64 / all.max(1e-9);
+    r.per_s_without_hangs = (r.offered - r.hangs) as f64 / (all - hung).max(1e-9);
+    Ok(r)
 }
 
 fn rate(target: &mut dyn Target, cases: &[Case], oracle: &Oracle) -> (f64, usize) {
@@ -83,6 +128,7 @@ pub fn run(a: FrameworksArgs) -> anyhow::Result<ExitCode> {
         let (persistent, _) = rate(target.as_mut(), &repeated, &oracle);
         let fresh: Vec<Case> = (0..a.new_cases).map(|i| random_case(9_000_000 + i)).collect();
         let (new_shape, new_shape_cases) = rate(target.as_mut(), &fresh, &oracle);
+        let library = library_rate(target.as_mut(), &oracle, a.library_cases)?;
         drop(target);
         std::env::set_var(RESPAWN_ENV, "1");
         let respawn = match registry::create(&name, &TargetOptions::default()) {
@@ -90,26 +136,51 @@ pub fn run(a: FrameworksArgs) -> anyhow::Result<ExitCode> {
             Err(_) => f64::NAN,
         };
         std::env::remove_var(RESPAWN_ENV);
-        let row = Row { target: name, seed_cases: mine.len(), persistent, respawn, new_shape, new_shape_cases };
+        let row = Row { target: name, seed_cases: mine.len(), persistent, respawn, new_shape, new_shape_cases, library };
         eprintln!("{}: {:.1} cases/s persistent, {:.2} respawning", row.target, row.persistent, row.respawn);
         rows.push(row);
     }
     println!(
-        "{:<16} {:>6} {:>12} {:>10} {:>8} {:>11} {:>6}",
-        "target", "seeds", "persistent/s", "respawn/s", "ratio", "new-shape/s", "(n)"
+        "{:<17} {:>5} {:>12} {:>9} {:>6} {:>11} {:>5} {:>8} {:>10} {:>9}",
+        "target", "seeds", "persistent/s", "respawn/s", "ratio", "new-shape/s", "(n)", "lib-op/s", "w/o-hang/s", "(n/hangs)"
     );
     let mut csv = std::fs::File::create(&a.csv)?;
-    writeln!(csv, "target,seed_cases,persistent_cases_per_s,respawn_cases_per_s,ratio,new_shape_cases_per_s,new_shape_cases")?;
+    writeln!(
+        csv,
+        "target,seed_cases,persistent_cases_per_s,respawn_cases_per_s,ratio,new_shape_cases_per_s,new_shape_cases,\
+         library_cases_per_s,library_cases_per_s_without_hangs,library_cases,library_expressed,library_hangs"
+    )?;
     for r in &rows {
         let ratio = r.persistent / r.respawn;
+        let l = &r.library;
         println!(
-            "{:<16} {:>6} {:>12.1} {:>10.2} {:>7.0}× {:>11.1} {:>6}",
-            r.target, r.seed_cases, r.persistent, r.respawn, ratio, r.new_shape, r.new_shape_cases
+            "{:<17} {:>5} {:>12.1} {:>9.2} {:>5.0}× {:>11.1} {:>5} {:>8.1} {:>10.1} {:>9}",
+            r.target,
+            r.seed_cases,
+            r.persistent,
+            r.respawn,
+            ratio,
+            r.new_shape,
+            r.new_shape_cases,
+            l.per_s,
+            l.per_s_without_hangs,
+            format!("{}/{}", l.expressed, l.hangs)
         );
         writeln!(
             csv,
-            "{},{},{:.3},{:.4},{:.1},{:.3},{}",
-            r.target, r.seed_cases, r.persistent, r.respawn, ratio, r.new_shape, r.new_shape_cases
+            "{},{},{:.3},{:.4},{:.1},{:.3},{},{:.3},{:.3},{},{},{}",
+            r.target,
+            r.seed_cases,
+            r.persistent,
+            r.respawn,
+            ratio,
+            r.new_shape,
+            r.new_shape_cases,
+            l.per_s,
+            l.per_s_without_hangs,
+            l.offered,
+            l.expressed,
+            l.hangs
         )?;
     }
     eprintln!("wrote {}", a.csv.display());
