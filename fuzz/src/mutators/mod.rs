@@ -64,6 +64,20 @@ fn keep_batch_supported(c: &mut Case, rng: &mut ChaCha8Rng) {
     }
 }
 
+/// A load-balancing loss is dropped from a mutated case with a vocabulary of one. There the language-model
+/// loss is constant, every gradient is the auxiliary loss's alone, and where that loss is constant too
+/// (top_k = experts) the oracle compares round-off with round-off: an open false-positive class
+/// (`docs/false-positives/2026-11-26-*-vocab1-*`), which campaigns would otherwise keep finding.
+fn keep_aux_loss_judgeable(c: &mut Case) {
+    if let Some(m) = c.model.as_mut() {
+        if m.vocab < 2 {
+            if let Some(moe) = m.moe.as_mut() {
+                moe.aux_loss = None;
+            }
+        }
+    }
+}
+
 /// Applies one random library-op mutation to a copy of `case` until a valid one results.
 pub fn mutate_library_case(case: &Case, vocab: &Vocabulary, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
     for _ in 0..8 {
@@ -105,6 +119,7 @@ pub fn mutate_case_with(
         let mut c = case.clone();
         let mutated = f(&mut c, rng);
         keep_batch_supported(&mut c, rng);
+        keep_aux_loss_judgeable(&mut c);
         if mutated && c != *case && c.validate(limits).is_ok() {
             return Some((c, name));
         }
@@ -129,6 +144,7 @@ pub fn crossover(a: &Case, b: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> O
         c.data = a.data.clone();
     }
     keep_batch_supported(&mut c, rng);
+    keep_aux_loss_judgeable(&mut c);
     (c != *a && c != *b && c.validate(limits).is_ok()).then_some(c)
 }
 
@@ -231,6 +247,28 @@ where
 mod tests {
     use super::*;
     use crate::generate::random_case;
+
+    #[test]
+    fn mutations_draw_a_load_balancing_loss_but_never_with_a_vocabulary_of_one() {
+        let limits = Limits::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let all = enabled_mutations(&[]);
+        let (mut with_loss, mut vocab_one) = (0, 0);
+        for seed in 0..400 {
+            let mut case = random_case(seed);
+            for _ in 0..6 {
+                let Some((c, _)) = mutate_case_with(&case, &mut rng, &limits, &all) else { break };
+                case = c;
+                let m = case.model.as_ref();
+                let loss = m.and_then(|m| m.moe.as_ref()).and_then(|moe| moe.aux_loss).is_some();
+                with_loss += usize::from(loss);
+                vocab_one += usize::from(m.is_some_and(|m| m.vocab == 1));
+                assert!(!(loss && m.is_some_and(|m| m.vocab < 2)), "an aux loss with a vocabulary of one: {case:?}");
+            }
+        }
+        assert!(with_loss > 50, "only {with_loss} mutated cases carry a load-balancing loss");
+        assert!(vocab_one > 5, "only {vocab_one} mutated cases have a vocabulary of one");
+    }
 
     #[test]
     fn every_mutation_keeps_cases_valid_and_most_change_something() {

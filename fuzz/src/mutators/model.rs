@@ -5,6 +5,11 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{Activation, Case, LayerKind, MoeConfig, NormKind, Real};
 
+/// Load-balancing loss coefficients a mutated MoE case may carry: none, and the range models use
+/// (Switch Transformer 0.01) up to one that dominates the router's gradient. Random generation does
+/// not draw them (its stream is the benchmarks' fixed case stream); campaigns reach them by mutation.
+pub const AUX_LOSS_COEFFICIENTS: [Option<Real>; 4] = [None, Some(Real(0.01)), Some(Real(0.1)), Some(Real(1.0))];
+
 /// A dimension made prime, 1, or one above / below a multiple of a degree.
 pub fn dimension_edge(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let deg = [c.parallel.tp, c.parallel.dp, c.parallel.pp, 2, 3, 4].choose(rng).copied().unwrap_or(2).max(1);
@@ -118,7 +123,7 @@ pub fn architecture(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// Experts, top-k and the capacity factor (token drops); a load-balancing loss the case has is kept.
+/// Experts, top-k, the capacity factor (token drops) and the load-balancing loss.
 pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let Some(m) = c.model.as_mut() else { return false };
     let experts = rng.gen_range(1..=4);
@@ -126,7 +131,7 @@ pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         experts,
         top_k: rng.gen_range(1..=experts),
         capacity_factor: Real(*[0.25, 0.5, 1.0, 2.0].choose(rng).unwrap_or(&1.0)),
-        aux_loss: m.moe.as_ref().and_then(|c| c.aux_loss),
+        aux_loss: *AUX_LOSS_COEFFICIENTS.choose(rng).unwrap_or(&None),
     });
     if !m.layers.contains(&LayerKind::Moe) {
         m.layers.push(LayerKind::Moe);
