@@ -110,79 +110,76 @@ pub fn run(a: FrameworksArgs) -> anyhow::Result<ExitCode> {
     let seeds = load_cases(&a.corpus, &mut sink);
     let mut rows = vec![];
     for name in names {
-        let mut target = match registry::create(&name, &TargetOptions::default()) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("skipped: {e}");
-                continue;
-            }
-        };
-        // Warm-up pass: finds the seed cases this target runs cleanly (pass or rejected: a crash or
-        // hang replaces the rank pool on purpose, which is not what is measured) and starts its pools.
-        let mine: Vec<Case> = seeds
-            .iter()
-            .filter(|c| matches!(evaluate(target.as_mut(), c, &oracle).kind, VerdictKind::Pass | VerdictKind::Rejected))
-            .cloned()
-            .collect();
-        let repeated: Vec<Case> = (0..a.repeats).flat_map(|_| mine.iter().cloned()).collect();
-        let (persistent, _) = rate(target.as_mut(), &repeated, &oracle);
-        let fresh: Vec<Case> = (0..a.new_cases).map(|i| random_case(9_000_000 + i)).collect();
-        let (new_shape, new_shape_cases) = rate(target.as_mut(), &fresh, &oracle);
-        let library = library_rate(target.as_mut(), &oracle, a.library_cases)?;
-        drop(target);
-        std::env::set_var(RESPAWN_ENV, "1");
-        let respawn = match registry::create(&name, &TargetOptions::default()) {
-            Ok(mut t) => rate(t.as_mut(), &mine[..a.respawn_cases.min(mine.len())], &oracle).0,
-            Err(_) => f64::NAN,
-        };
-        std::env::remove_var(RESPAWN_ENV);
-        let row = Row { target: name, seed_cases: mine.len(), persistent, respawn, new_shape, new_shape_cases, library };
-        eprintln!("{}: {:.1} cases/s persistent, {:.2} respawning", row.target, row.persistent, row.respawn);
-        rows.push(row);
+        if let Some(row) = measure(&name, &a, &seeds, &oracle)? {
+            eprintln!("{}: {:.1} cases/s persistent, {:.2} respawning", row.target, row.persistent, row.respawn);
+            rows.push(row);
+        }
     }
+    write_table(&rows, &a.csv)?;
+    eprintln!("wrote {}", a.csv.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One target's row; `None` when the target cannot be created here.
+fn measure(name: &str, a: &FrameworksArgs, seeds: &[Case], oracle: &Oracle) -> anyhow::Result<Option<Row>> {
+    let mut target = match registry::create(name, &TargetOptions::default()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return Ok(None);
+        }
+    };
+    // Warm-up pass: finds the seed cases this target runs cleanly (pass or rejected: a crash or
+    // hang replaces the rank pool on purpose, which is not what is measured) and starts its pools.
+    let mine: Vec<Case> = seeds
+        .iter()
+        .filter(|c| matches!(evaluate(target.as_mut(), c, oracle).kind, VerdictKind::Pass | VerdictKind::Rejected))
+        .cloned()
+        .collect();
+    let repeated: Vec<Case> = (0..a.repeats).flat_map(|_| mine.iter().cloned()).collect();
+    let (persistent, _) = rate(target.as_mut(), &repeated, oracle);
+    let fresh: Vec<Case> = (0..a.new_cases).map(|i| random_case(9_000_000 + i)).collect();
+    let (new_shape, new_shape_cases) = rate(target.as_mut(), &fresh, oracle);
+    let library = library_rate(target.as_mut(), oracle, a.library_cases)?;
+    drop(target);
+    std::env::set_var(RESPAWN_ENV, "1");
+    let respawn = match registry::create(name, &TargetOptions::default()) {
+        Ok(mut t) => rate(t.as_mut(), &mine[..a.respawn_cases.min(mine.len())], oracle).0,
+        Err(_) => f64::NAN,
+    };
+    std::env::remove_var(RESPAWN_ENV);
+    Ok(Some(Row { target: name.to_string(), seed_cases: mine.len(), persistent, respawn, new_shape, new_shape_cases, library }))
+}
+
+impl Row {
+    fn table_line(&self) -> String {
+        let Row { target, seed_cases, persistent, respawn, new_shape, new_shape_cases, library: l } = self;
+        let (ratio, lib, no_hang, n) = (persistent / respawn, l.per_s, l.per_s_without_hangs, format!("{}/{}", l.expressed, l.hangs));
+        format!("{target:<17} {seed_cases:>5} {persistent:>12.1} {respawn:>9.2} {ratio:>5.0}× {new_shape:>11.1} {new_shape_cases:>5} {lib:>8.1} {no_hang:>10.1} {n:>9}")
+    }
+
+    fn csv_line(&self) -> String {
+        let Row { target, seed_cases, persistent, respawn, new_shape, new_shape_cases, library: l } = self;
+        let ratio = persistent / respawn;
+        let LibraryRate { offered, expressed, hangs, per_s, per_s_without_hangs } = l;
+        format!("{target},{seed_cases},{persistent:.3},{respawn:.4},{ratio:.1},{new_shape:.3},{new_shape_cases},{per_s:.3},{per_s_without_hangs:.3},{offered},{expressed},{hangs}")
+    }
+}
+
+fn write_table(rows: &[Row], csv_path: &PathBuf) -> anyhow::Result<()> {
     println!(
         "{:<17} {:>5} {:>12} {:>9} {:>6} {:>11} {:>5} {:>8} {:>10} {:>9}",
         "target", "seeds", "persistent/s", "respawn/s", "ratio", "new-shape/s", "(n)", "lib-op/s", "w/o-hang/s", "(n/hangs)"
     );
-    let mut csv = std::fs::File::create(&a.csv)?;
+    let mut csv = std::fs::File::create(csv_path)?;
     writeln!(
         csv,
         "target,seed_cases,persistent_cases_per_s,respawn_cases_per_s,ratio,new_shape_cases_per_s,new_shape_cases,\
          library_cases_per_s,library_cases_per_s_without_hangs,library_cases,library_expressed,library_hangs"
     )?;
-    for r in &rows {
-        let ratio = r.persistent / r.respawn;
-        let l = &r.library;
-        println!(
-            "{:<17} {:>5} {:>12.1} {:>9.2} {:>5.0}× {:>11.1} {:>5} {:>8.1} {:>10.1} {:>9}",
-            r.target,
-            r.seed_cases,
-            r.persistent,
-            r.respawn,
-            ratio,
-            r.new_shape,
-            r.new_shape_cases,
-            l.per_s,
-            l.per_s_without_hangs,
-            format!("{}/{}", l.expressed, l.hangs)
-        );
-        writeln!(
-            csv,
-            "{},{},{:.3},{:.4},{:.1},{:.3},{},{:.3},{:.3},{},{},{}",
-            r.target,
-            r.seed_cases,
-            r.persistent,
-            r.respawn,
-            ratio,
-            r.new_shape,
-            r.new_shape_cases,
-            l.per_s,
-            l.per_s_without_hangs,
-            l.offered,
-            l.expressed,
-            l.hangs
-        )?;
+    for r in rows {
+        println!("{}", r.table_line());
+        writeln!(csv, "{}", r.csv_line())?;
     }
-    eprintln!("wrote {}", a.csv.display());
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
