@@ -166,7 +166,7 @@ impl Row {
     }
 }
 
-fn write_table(rows: &[Row], csv_path: &PathBuf) -> anyhow::Result<()> {
+fn write_table(rows: &[Row], csv_path: &std::path::Path) -> anyhow::Result<()> {
     println!(
         "{:<17} {:>5} {:>12} {:>9} {:>6} {:>11} {:>5} {:>8} {:>10} {:>9}",
         "target", "seeds", "persistent/s", "respawn/s", "ratio", "new-shape/s", "(n)", "lib-op/s", "w/o-hang/s", "(n/hangs)"
