@@ -137,6 +137,12 @@ REFUSAL_TYPES = {
 #: Framework functions that only raise what their caller asks for: the caller is the site.
 THROW_HELPERS = ("_log_and_throw",)
 
+#: Our functions that only hand a framework's own object to the framework's native code, with arguments
+#: derived from that object alone (a view of an op's output DTensor: `reshape(-1)`, `transpose(0, n - 1)`).
+#: Native code leaves no Python frame, so an exception it raises directly under one of them (the frame is
+#: the traceback's innermost) is the framework's: its object was inconsistent, not our call.
+NATIVE_CALLERS = (("shardfuzz_worker/targets/torch_opinfo.py", "viewed"),)
+
 _OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _ROOTS = {}
 
@@ -188,7 +194,10 @@ def owner(filename, roots):
 
 
 def site(frames, roots):
-    """The innermost frame that is ours or the framework's (throw helpers skipped), with its owner."""
+    """The innermost frame that is ours or the framework's (throw helpers skipped), with its owner; a
+    NATIVE_CALLERS frame at the very bottom counts as the framework's."""
+    if frames and is_native_caller(frames[-1]):
+        return "framework", frames[-1]
     for frame in reversed(frames):
         who = owner(frame[0], roots)
         if who == "framework" and frame[2] in THROW_HELPERS:
@@ -196,6 +205,14 @@ def site(frames, roots):
         if who:
             return who, frame
     return None, None
+
+
+def is_native_caller(frame):
+    path = _real(frame[0])
+    if not path.startswith(_OURS):
+        return False
+    ours = "shardfuzz_worker/" + path[len(_OURS):].replace(os.sep, "/")
+    return (ours, frame[2]) in NATIVE_CALLERS
 
 
 def is_validation(target, frame, message):

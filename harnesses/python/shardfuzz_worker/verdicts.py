@@ -10,7 +10,7 @@ error is its own, not a peer's closed or reset connection (what the ranks that o
 #: What gloo raises on a rank whose peer died: never the cause of a crash.
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
-from .validation import classify, short
+from .validation import classify, is_native_caller, short
 
 
 def classify_failures(target, failed, world):
@@ -24,7 +24,9 @@ def classify_failures(target, failed, world):
     if len(failed) == world and len(real) == len(failed) and all(v[2] == "rejected" for v in verdicts):
         return {"status": "rejected", "reason": message}
     site = last_frame(first.get("traceback", ""))
-    reason = message if not site else f"{message} (at {site})"
+    frame = next(v[3] for v in verdicts if v[0] == first_rank)
+    where = "raised in the framework's native code, called at" if frame and is_native_caller(frame) else "at"
+    reason = message if not site else f"{message} ({where} {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
 
 

@@ -14,6 +14,7 @@ from shardfuzz_worker.validation import FRAMEWORKS, VALIDATION, classify, descri
 from shardfuzz_worker.verdicts import classify_failures  # noqa: E402
 
 OURS = os.path.join(os.path.dirname(validation.__file__), "targets", "torch_dtensor.py")
+OPINFO = os.path.join(os.path.dirname(validation.__file__), "targets", "torch_opinfo.py")
 POOL = os.path.join(os.path.dirname(validation.__file__), "pool.py")
 
 
@@ -85,6 +86,24 @@ class TorchFramesTest(unittest.TestCase):
         self.assertEqual(classify("torch-ddp", f)[0], "rejected")
         f["chain"][0]["frames"][-2] = fw("torch", "nn/parallel/distributed.py", "forward")
         self.assertEqual(classify("torch-ddp", f)[0], "crash")
+
+    def test_native_code_raising_under_a_native_caller_is_the_frameworks(self):
+        # A DTensor whose metadata disagrees with its local shard fails in C++ inside `t.reshape(-1)`:
+        # no Python frame below ours (torch 2.15, conv_transpose3d's output on real gloo ranks).
+        viewed = (OPINFO, 218, "viewed")
+        f = failure(("RuntimeError", "shape '[1120]' is invalid for input of size 560", [(OPINFO, 180, "run"), viewed]))
+        f["traceback"] = f'  File "{OPINFO}", line 218, in viewed\n    t = t.reshape(-1)\nRuntimeError: ...'
+        self.assertEqual(classify("torch-dtensor", f), ("crash", viewed))
+        reply = classify_failures(Target("torch-dtensor"), [(0, f)], 1)
+        self.assertEqual(reply["status"], "crash")
+        self.assertIn("(raised in the framework's native code, called at File", reply["reason"])
+        # Anything below it (here the standard library) means our call went elsewhere first: ours.
+        stdlib = (os.path.join(os.path.dirname(os.__file__), "json", "decoder.py"), 3, "decode")
+        f["chain"][0]["frames"].append(stdlib)
+        self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
+        # Another function of ours at the bottom is ours.
+        f["chain"][0]["frames"][-2:] = [(OPINFO, 180, "run")]
+        self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
 
     def test_a_harness_error_is_one_whatever_its_frames(self):
         f = failure(("HarnessError", "no gradient came back for w", [fw("torch", "autograd/__init__.py", "backward")]))
