@@ -7,9 +7,11 @@
 //! out/fuzz.log                 what happened, with timestamps
 //! ```
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use libafl::corpus::{Corpus, InMemoryCorpus, InMemoryOnDiskCorpus};
@@ -24,12 +26,14 @@ use libafl_bolts::rands::StdRand;
 use libafl_bolts::tuples::tuple_list;
 use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::target::registry::{self, TargetOptions};
+use shardfuzz_harnesses::target::Target;
 
 use crate::coverage;
 use crate::executor::CaseExecutor;
 use crate::findings::{Finding, FindingStore};
 use crate::generate::random_case;
 use crate::input::{case_digest, CaseInput};
+use crate::library_ops::Vocabulary;
 use crate::mutators::SemanticMutator;
 use crate::oracle::Oracle;
 use crate::scheduler::RareFeatureScheduler;
@@ -156,38 +160,24 @@ fn fresh_case(seed: u64, vocabulary: &crate::library_ops::Vocabulary) -> Case {
 pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let out = &opts.out;
     std::fs::create_dir_all(out.join("queue"))?;
-    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(out.join("fuzz.log"))?;
-    let stats_path = out.join("stats.csv");
-    let (elapsed_base, execs_base) = previous_progress(&stats_path);
-    let new_stats = !stats_path.exists();
-    let mut stats = std::fs::OpenOptions::new().create(true).append(true).open(&stats_path)?;
-    if new_stats {
-        writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb,framework_cov")?;
-    }
-    let mut targets = vec![];
-    for name in opts.target.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        targets.push(registry::create(name, &opts.target_options).map_err(|e| anyhow::anyhow!("--target: {e}"))?);
-    }
-    anyhow::ensure!(!targets.is_empty(), "--target: no target named");
-    let mut ops = vec![];
-    for t in targets.iter_mut() {
-        ops.extend(t.vocabulary().map_err(|e| anyhow::anyhow!("--target: {e}"))?);
-    }
-    let vocabulary = std::sync::Arc::new(crate::library_ops::Vocabulary::new(ops));
+    let mut journal = Journal::open(out)?;
+    let elapsed_base = journal.elapsed_base;
+    let (targets, vocabulary) = open_targets(opts)?;
     if !vocabulary.is_empty() {
-        writeln!(log, "[{}] library ops: {}", hms(elapsed_base), vocabulary.entries.len())?;
+        journal.note(elapsed_base, format_args!("library ops: {}", vocabulary.entries.len()))?;
     }
     let fresh_case = |seed: u64| fresh_case(seed, &vocabulary);
     let store = FindingStore::open(&out.join("findings"))?;
     let use_feedback = opts.feedback && !opts.random_generation;
-    writeln!(
-        log,
-        "[{}] start: target {} seed {} feedback {}{} (resumed at {elapsed_base:.0} s)",
-        hms(elapsed_base),
-        opts.target,
-        opts.seed,
-        use_feedback,
-        if opts.random_generation { " (pure random generation)" } else { "" }
+    journal.note(
+        elapsed_base,
+        format_args!(
+            "start: target {} seed {} feedback {}{} (resumed at {elapsed_base:.0} s)",
+            opts.target,
+            opts.seed,
+            use_feedback,
+            if opts.random_generation { " (pure random generation)" } else { "" }
+        ),
     )?;
 
     // Coverage map → observer → feedback. Objectives are recorded by our own deduplicating store.
@@ -213,162 +203,299 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     ));
 
     let started = Instant::now();
-    // Seeds: the queue of a resumed campaign, then --corpus; random cases if there is nothing.
-    let mut seeds = load_cases(&out.join("queue"), &mut log);
-    if let Some(dir) = opts.corpus.as_ref().filter(|_| !opts.random_generation) {
-        seeds.extend(load_cases(dir, &mut log));
-    }
-    if seeds.is_empty() && !opts.random_generation {
-        seeds = (0..16).map(|i| fresh_case(opts.seed.wrapping_add(i))).collect();
-    }
-    let mut digests = std::collections::HashSet::new();
-    for case in seeds {
+    let mut digests = HashSet::new();
+    for case in seed_cases(opts, &mut journal.log, fresh_case) {
         if digests.insert(case_digest(&case)) {
             fuzzer.add_input(&mut state, &mut executor, &mut mgr, CaseInput(case))?;
         }
     }
-    writeln!(log, "[{}] {} seed cases loaded", hms(executor.elapsed()), state.corpus().count())?;
+    journal.note(executor.elapsed(), format_args!("{} seed cases loaded", state.corpus().count()))?;
 
     let minimizer =
         opts.minimize.map(|b| crate::minimize::background::BackgroundMinimizer::start(opts.target_options.clone(), opts.oracle, b));
-    let mut last_status = Instant::now();
-    let mut last_stats = Instant::now();
-    let mut last_execs = *state.executions();
+    let mut ticker = Ticker::new(*state.executions());
     // Campaign seeds 0, 1, 2 … must start far apart: consecutive starts would draw the same fresh
     // cases shifted by one (two "independent" random-generation runs were the same run).
     let mut fresh = opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed;
     let mut round: u64 = 0;
     let mut share = crate::generation_share::GenerationShare::default();
-    let mut imported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
-    let mut last_sync = Instant::now() - Duration::from_secs(60);
-    let write_stats =
-        |stats: &mut std::fs::File, elapsed: f64, execs: u64, rate: f64, corpus: usize, cov: (usize, usize), findings: usize| {
-            writeln!(stats, "{elapsed:.1},{},{rate:.1},{corpus},{},{findings},{:.0},{}", execs_base + execs, cov.0, rss_mb(), cov.1)
-        };
-    loop {
-        let stop = opts.time.is_some_and(|t| started.elapsed() >= t)
-            || opts.execs.is_some_and(|n| *state.executions() >= n)
-            || (opts.stop_on_finding && !executor.store.findings.is_empty());
-        if stop {
-            break;
-        }
+    let mut sync = SyncDirs::default();
+    while !should_stop(opts, started, *state.executions(), &executor.store) {
         let before = (*state.executions(), state.corpus().count());
         if !opts.random_generation {
             fuzzer.fuzz_one(&mut stages, &mut executor, &mut state, &mut mgr)?;
         }
         let round_execs = *state.executions() - before.0;
         share.record_mutations(round_execs, (state.corpus().count() - before.1) as u64);
-        // Fresh cases keep the search from narrowing onto the seeds: with feedback as many as the
-        // yields say (`generation_share`), without it one every few rounds. Pure random
-        // generation runs one every round and nothing else.
         round += 1;
-        let n_fresh = match (opts.random_generation, use_feedback) {
-            (true, _) => 1,
-            (false, true) if opts.adaptive_generation => share.fresh_after(round_execs),
-            (false, _) => usize::from(round % FRESH_EVERY_ROUNDS == 0),
-        };
-        for _ in 0..n_fresh {
+        for _ in 0..fresh_this_round(opts, use_feedback, round, round_execs, &mut share) {
             fresh = fresh.wrapping_add(1);
             let entries = state.corpus().count();
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
             share.record_fresh((state.corpus().count() - entries) as u64);
         }
         for sig in std::mem::take(&mut executor.new_findings) {
-            writeln!(log, "[{}] new finding: {sig}", hms(executor.elapsed()))?;
+            journal.note(executor.elapsed(), format_args!("new finding: {sig}"))?;
             if let Some(m) = &minimizer {
                 m.submit(out.join("findings").join(crate::oracle::signature_id(&sig)));
             }
         }
-        if !opts.sync_dirs.is_empty() && last_sync.elapsed() >= Duration::from_secs(3) {
-            last_sync = Instant::now();
-            for dir in &opts.sync_dirs {
-                let Ok(rd) = std::fs::read_dir(dir) else { continue };
-                for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
-                    let hidden = p.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with('.'));
-                    if hidden || !imported.insert(p.clone()) {
-                        continue;
-                    }
-                    if let Ok(c) = Case::load(&p) {
-                        if digests.insert(case_digest(&c)) {
-                            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(c))?;
-                        }
-                    }
-                }
-            }
+        for case in sync.new_cases(&opts.sync_dirs, &mut digests) {
+            fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(case))?;
         }
-        if last_status.elapsed() >= Duration::from_secs(1) {
-            let execs = *state.executions();
-            let rate = (execs - last_execs) as f64 / last_status.elapsed().as_secs_f64();
-            last_execs = execs;
-            last_status = Instant::now();
-            if opts.status {
-                let kinds = executor.store.count_by_kind();
-                let k = |n: &str| kinds.get(n).copied().unwrap_or(0);
-                eprintln!(
-                    "[{}] execs {execs} | {rate:.0}/s | corpus {} | coverage {} (edges {}) | findings {} (divergent {}, crash {}, hang {})",
-                    hms(executor.elapsed()),
-                    state.corpus().count(),
-                    executor.coverage,
-                    if coverage::edge_guards() > 0 { "on" } else { "off" },
-                    executor.store.findings.len(),
-                    k("divergent"),
-                    k("crash"),
-                    k("hang")
-                );
-            }
-            if last_stats.elapsed() >= Duration::from_secs(2) {
-                write_stats(
-                    &mut stats,
-                    executor.elapsed(),
-                    execs,
-                    rate,
-                    state.corpus().count(),
-                    (executor.coverage, executor.framework_lines.len()),
-                    executor.store.findings.len(),
-                )?;
-                last_stats = Instant::now();
-                executor.store.flush()?;
-            }
-        }
+        ticker.tick(*state.executions(), state.corpus().count(), &mut executor, &mut journal, opts.status)?;
     }
     let rate = *state.executions() as f64 / started.elapsed().as_secs_f64().max(1e-9);
-    write_stats(
-        &mut stats,
-        executor.elapsed(),
-        *state.executions(),
-        rate,
-        state.corpus().count(),
-        (executor.coverage, executor.framework_lines.len()),
-        executor.store.findings.len(),
-    )?;
+    journal.sample(&Progress::of(&executor, *state.executions(), state.corpus().count(), rate))?;
     executor.store.flush()?;
     if let Some(m) = minimizer {
         for line in m.finish() {
-            writeln!(log, "[{}] {line}", hms(executor.elapsed()))?;
+            journal.note(executor.elapsed(), line)?;
         }
     }
-    let new_signatures: Vec<String> =
-        executor.store.findings.values().filter(|f| f.first_seen_elapsed_s >= elapsed_base).map(|f| f.signature.clone()).collect();
     let by_kind: Vec<String> = executor.verdicts.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    writeln!(
-        log,
-        "[{}] stop: {} execs ({}), {} findings",
-        hms(executor.elapsed()),
-        state.executions(),
-        by_kind.join(", "),
-        executor.store.findings.len()
+    journal.note(
+        executor.elapsed(),
+        format_args!("stop: {} execs ({}), {} findings", state.executions(), by_kind.join(", "), executor.store.findings.len()),
     )?;
-    Ok(CampaignSummary {
-        execs: *state.executions(),
+    Ok(summary(&executor, *state.executions(), state.corpus().count(), started, elapsed_base))
+}
+
+fn should_stop(opts: &CampaignOptions, started: Instant, execs: u64, store: &FindingStore) -> bool {
+    opts.time.is_some_and(|t| started.elapsed() >= t)
+        || opts.execs.is_some_and(|n| execs >= n)
+        || (opts.stop_on_finding && !store.findings.is_empty())
+}
+
+/// The targets a campaign runs on.
+type Targets = Vec<Box<dyn Target>>;
+
+/// The targets a campaign runs on, and the library ops they offer together.
+fn open_targets(opts: &CampaignOptions) -> anyhow::Result<(Targets, Arc<Vocabulary>)> {
+    let mut targets = vec![];
+    for name in opts.target.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        targets.push(registry::create(name, &opts.target_options).map_err(|e| anyhow::anyhow!("--target: {e}"))?);
+    }
+    anyhow::ensure!(!targets.is_empty(), "--target: no target named");
+    let mut ops = vec![];
+    for t in targets.iter_mut() {
+        ops.extend(t.vocabulary().map_err(|e| anyhow::anyhow!("--target: {e}"))?);
+    }
+    Ok((targets, Arc::new(Vocabulary::new(ops))))
+}
+
+/// Seeds: the queue of a resumed campaign, then --corpus; random cases if there is nothing.
+fn seed_cases(opts: &CampaignOptions, log: &mut impl Write, fresh_case: impl Fn(u64) -> Case) -> Vec<Case> {
+    let mut seeds = load_cases(&opts.out.join("queue"), log);
+    if let Some(dir) = opts.corpus.as_ref().filter(|_| !opts.random_generation) {
+        seeds.extend(load_cases(dir, log));
+    }
+    if seeds.is_empty() && !opts.random_generation {
+        seeds = (0..16).map(|i| fresh_case(opts.seed.wrapping_add(i))).collect();
+    }
+    seeds
+}
+
+/// Fresh cases keep the search from narrowing onto the seeds: with feedback as many as the
+/// yields say (`generation_share`), without it one every few rounds. Pure random generation runs
+/// one every round and nothing else.
+fn fresh_this_round(
+    opts: &CampaignOptions,
+    use_feedback: bool,
+    round: u64,
+    round_execs: u64,
+    share: &mut crate::generation_share::GenerationShare,
+) -> usize {
+    match (opts.random_generation, use_feedback) {
+        (true, _) => 1,
+        (false, true) if opts.adaptive_generation => share.fresh_after(round_execs),
+        (false, _) => usize::from(round % FRESH_EVERY_ROUNDS == 0),
+    }
+}
+
+fn summary<OT>(executor: &CaseExecutor<OT>, execs: u64, corpus: usize, started: Instant, elapsed_base: f64) -> CampaignSummary {
+    CampaignSummary {
+        execs,
         expressed: executor.expressed,
         elapsed_s: executor.elapsed(),
-        corpus: state.corpus().count(),
+        corpus,
         coverage: executor.coverage,
         framework_cov: executor.framework_lines.len(),
         edges_instrumented: coverage::edge_guards(),
         findings: executor.store.findings.values().cloned().collect(),
-        new_signatures,
+        new_signatures: executor
+            .store
+            .findings
+            .values()
+            .filter(|f| f.first_seen_elapsed_s >= elapsed_base)
+            .map(|f| f.signature.clone())
+            .collect(),
         target_s: executor.target_time.as_secs_f64(),
         process_s: started.elapsed().as_secs_f64(),
-    })
+    }
+}
+
+/// An out directory's fuzz.log and stats.csv, and where a resumed campaign left off.
+struct Journal {
+    log: std::fs::File,
+    stats: std::fs::File,
+    elapsed_base: f64,
+    execs_base: u64,
+}
+
+impl Journal {
+    fn open(out: &Path) -> anyhow::Result<Self> {
+        let append = |p: &Path| std::fs::OpenOptions::new().create(true).append(true).open(p);
+        let log = append(&out.join("fuzz.log"))?;
+        let stats_path = out.join("stats.csv");
+        let (elapsed_base, execs_base) = previous_progress(&stats_path);
+        let new_stats = !stats_path.exists();
+        let mut stats = append(&stats_path)?;
+        if new_stats {
+            writeln!(stats, "elapsed_s,execs,execs_per_sec,corpus,edges,findings,rss_mb,framework_cov")?;
+        }
+        Ok(Self { log, stats, elapsed_base, execs_base })
+    }
+
+    /// A fuzz.log line stamped with the campaign time.
+    fn note(&mut self, elapsed: f64, what: impl std::fmt::Display) -> std::io::Result<()> {
+        writeln!(self.log, "[{}] {what}", hms(elapsed))
+    }
+
+    /// A stats.csv row (executions counted from the campaign's start, resumes included).
+    fn sample(&mut self, p: &Progress) -> std::io::Result<()> {
+        writeln!(
+            self.stats,
+            "{:.1},{},{:.1},{},{},{},{:.0},{}",
+            p.elapsed,
+            self.execs_base + p.execs,
+            p.rate,
+            p.corpus,
+            p.coverage,
+            p.findings,
+            rss_mb(),
+            p.framework_cov
+        )
+    }
+}
+
+/// Where a campaign stands: what the status line and stats.csv show.
+struct Progress {
+    elapsed: f64,
+    execs: u64,
+    rate: f64,
+    corpus: usize,
+    coverage: usize,
+    framework_cov: usize,
+    findings: usize,
+}
+
+impl Progress {
+    fn of<OT>(executor: &CaseExecutor<OT>, execs: u64, corpus: usize, rate: f64) -> Self {
+        Self {
+            elapsed: executor.elapsed(),
+            execs,
+            rate,
+            corpus,
+            coverage: executor.coverage,
+            framework_cov: executor.framework_lines.len(),
+            findings: executor.store.findings.len(),
+        }
+    }
+
+    fn status_line(&self, store: &FindingStore) -> String {
+        let kinds = store.count_by_kind();
+        let k = |n: &str| kinds.get(n).copied().unwrap_or(0);
+        format!(
+            "[{}] execs {} | {:.0}/s | corpus {} | coverage {} (edges {}) | findings {} (divergent {}, crash {}, hang {})",
+            hms(self.elapsed),
+            self.execs,
+            self.rate,
+            self.corpus,
+            self.coverage,
+            if coverage::edge_guards() > 0 { "on" } else { "off" },
+            self.findings,
+            k("divergent"),
+            k("crash"),
+            k("hang")
+        )
+    }
+}
+
+/// Once a second the status line (when asked for); every two seconds a stats.csv row, and the
+/// findings flushed.
+struct Ticker {
+    last_status: Instant,
+    last_stats: Instant,
+    last_execs: u64,
+}
+
+impl Ticker {
+    fn new(execs: u64) -> Self {
+        Self { last_status: Instant::now(), last_stats: Instant::now(), last_execs: execs }
+    }
+
+    fn tick<OT>(
+        &mut self,
+        execs: u64,
+        corpus: usize,
+        executor: &mut CaseExecutor<OT>,
+        journal: &mut Journal,
+        status: bool,
+    ) -> anyhow::Result<()> {
+        if self.last_status.elapsed() < Duration::from_secs(1) {
+            return Ok(());
+        }
+        let rate = (execs - self.last_execs) as f64 / self.last_status.elapsed().as_secs_f64();
+        self.last_execs = execs;
+        self.last_status = Instant::now();
+        let progress = Progress::of(executor, execs, corpus, rate);
+        if status {
+            eprintln!("{}", progress.status_line(&executor.store));
+        }
+        if self.last_stats.elapsed() >= Duration::from_secs(2) {
+            journal.sample(&progress)?;
+            self.last_stats = Instant::now();
+            executor.store.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// New queue entries of sibling campaigns (`--sync`), looked for every 3 s; each file is read once
+/// and a case already in this campaign is skipped.
+struct SyncDirs {
+    imported: HashSet<PathBuf>,
+    last: Instant,
+}
+
+impl Default for SyncDirs {
+    fn default() -> Self {
+        Self { imported: HashSet::new(), last: Instant::now() - Duration::from_secs(60) }
+    }
+}
+
+impl SyncDirs {
+    fn new_cases(&mut self, dirs: &[PathBuf], digests: &mut HashSet<u64>) -> Vec<Case> {
+        if dirs.is_empty() || self.last.elapsed() < Duration::from_secs(3) {
+            return vec![];
+        }
+        self.last = Instant::now();
+        let mut cases = vec![];
+        for dir in dirs {
+            let Ok(rd) = std::fs::read_dir(dir) else { continue };
+            for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+                let hidden = p.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with('.'));
+                if hidden || !self.imported.insert(p.clone()) {
+                    continue;
+                }
+                if let Ok(c) = Case::load(&p) {
+                    if digests.insert(case_digest(&c)) {
+                        cases.push(c);
+                    }
+                }
+            }
+        }
+        cases
+    }
 }
