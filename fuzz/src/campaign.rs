@@ -209,7 +209,8 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
             fuzzer.add_input(&mut state, &mut executor, &mut mgr, CaseInput(case))?;
         }
     }
-    journal.note(executor.elapsed(), format_args!("{} seed cases loaded", state.corpus().count()))?;
+    // (The exact time tells findings of the seeds, found while they load, from the search's.)
+    journal.note(executor.elapsed(), format_args!("{} seed cases loaded at {:.2} s", state.corpus().count(), executor.elapsed()))?;
 
     let minimizer =
         opts.minimize.map(|b| crate::minimize::background::BackgroundMinimizer::start(opts.target_options.clone(), opts.oracle, b));

@@ -1,0 +1,94 @@
+"""The framework mutants of `scripts/bench/mutants.py`: realistic one-edit bugs in code that runs only on the
+sharded path (never in the single-device reference), of the kinds real sharding bugs take.
+
+Fixed on 2026-11-26, before the first measurement, from a reading of the installed sources (torch 2.15.0,
+megatron-core and deepspeed of `requirements/main.txt`); none was chosen by whether shardfuzz would see it.
+MUTANTS: name -> (target, module, exact old text (must occur once), new text, what the edit breaks).
+"""
+
+MUTANTS = {
+    'dt-mm-contract-replicate': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._matrix_ops',
+        '        placement_list = [Partial()]\n        for input_dim in input_dims:\n            input_contracting_dim',
+        '        placement_list = [Replicate()]\n        for input_dim in input_dims:\n            input_contracting_dim',
+        'einsum/mm strategy with the contracting dim sharded: output Replicate instead of Partial (a missing reduction)',
+    ),
+    'dt-transpose-shard-dim': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._matrix_ops',
+        'strategies.append([_ShardingPlaceholder(1), _ShardingPlaceholder(0)])',
+        'strategies.append([_ShardingPlaceholder(0), _ShardingPlaceholder(0)])',
+        'aten.t strategy: output Shard(0) for input Shard(0) (Shard on the wrong dim)',
+    ),
+    'dt-sum-reduce-op-max': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._math_ops',
+        '    aten.sum.dim_IntList: "sum",',
+        '    aten.sum.dim_IntList: "max",',
+        'sum over a sharded dim leaves Partial(max) instead of Partial(sum) (wrong reduce op)',
+    ),
+    'dt-partition-nodiv': (
+        'torch-dtensor',
+        'torch.distributed.tensor.placement_types',
+        '        if self.reduce_op == "sum":\n            return tensor / num_chunks',
+        '        if self.reduce_op == "sum":\n            return tensor',
+        'Replicate -> Partial(sum) keeps the whole value on every rank instead of value / n (a doubled reduction)',
+    ),
+    'dt-embed-mask-offbyone': (
+        'torch-dtensor',
+        'torch.distributed.tensor.placement_types',
+        'tensor >= local_offset_on_dim + local_shard_size',
+        'tensor > local_offset_on_dim + local_shard_size',
+        '_MaskPartial masks ids >= offset + size as `>`: the first id of the next vocab shard counts twice (off-by-one at a shard boundary)',
+    ),
+    'dt-view-flatten-strided': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._view_ops',
+        '        if p.dim == input_start_idx:\n            output_placement: Placement = Shard(tgt_shard_dim)',
+        '        if p.dim >= input_start_idx:\n            output_placement: Placement = Shard(tgt_shard_dim)',
+        'flatten of a tensor sharded on a non-leading dim gives plain Shard instead of _StridedShard (wrong output placement)',
+    ),
+    'tp-rowwise-no-reduce': (
+        'torch-tp',
+        'torch.distributed.tensor.parallel.style',
+        '        # 2. to shard -> reduce_scatter\n        if outputs.placements != output_layouts:\n            outputs = outputs.redistribute(placements=output_layouts, async_op=True)',
+        '        # 2. to shard -> reduce_scatter\n        if outputs.placements != output_layouts:\n            outputs = DTensor.from_local(outputs.to_local(), device_mesh, output_layouts, run_check=False)',
+        'RowwiseParallel relabels its Partial output without reducing it (a missing all-reduce / reduce-scatter)',
+    ),
+    'tp-loss-sumexp-max': (
+        'torch-tp',
+        'torch.distributed.tensor.parallel.loss',
+        'shifted_sumexp, reduceOp=c10d.ReduceOp.SUM.name, group=(mesh, mesh_dim)',
+        'shifted_sumexp, reduceOp=c10d.ReduceOp.MAX.name, group=(mesh, mesh_dim)',
+        'loss_parallel all-reduces the shifted sum of exponentials with MAX instead of SUM (wrong reduce op)',
+    ),
+    'mg-ce-target-mask-offbyone': (
+        'megatron-tp',
+        'megatron.core.tensor_parallel.cross_entropy',
+        'target_mask = (target < vocab_start_index) | (target >= vocab_end_index)',
+        'target_mask = (target <= vocab_start_index) | (target >= vocab_end_index)',
+        "vocab-parallel cross-entropy masks the target equal to the shard's first id (off-by-one at a shard boundary)",
+    ),
+    'mg-colpar-dgrad-reduce-max': (
+        'megatron-tp',
+        'megatron.core.tensor_parallel.layers',
+        'handle = torch.distributed.all_reduce(grad_input, group=tp_group, async_op=True)',
+        'handle = torch.distributed.all_reduce(grad_input, op=torch.distributed.ReduceOp.MAX, group=tp_group, async_op=True)',
+        "ColumnParallelLinear's input-gradient all-reduce uses MAX (wrong reduce op)",
+    ),
+    'ds-z12-gradnorm-max': (
+        'deepspeed-zero',
+        'deepspeed.runtime.zero.stage_1_and_2',
+        'dist.all_reduce(total_norm, op=dist.ReduceOp.SUM, group=self.dp_process_group)',
+        'dist.all_reduce(total_norm, op=dist.ReduceOp.MAX, group=self.dp_process_group)',
+        'ZeRO-1/2 global gradient norm all-reduced with MAX instead of SUM (clipping on the wrong norm)',
+    ),
+    'ds-z3-partition-tail-offbyone': (
+        'deepspeed-zero',
+        'deepspeed.runtime.zero.partition_parameters',
+        '                    elems_to_copy = param.ds_numel - start\n',
+        '                    elems_to_copy = param.ds_numel - start - 1\n',
+        "ZeRO-3's last (short) partition copies one element too few (off-by-one in an uneven partition)",
+    ),
+}
