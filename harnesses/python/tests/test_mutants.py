@@ -11,6 +11,7 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MUTANTS_DIR = os.path.join(ROOT, "scripts", "bench", "mutants")
+HOOK_DIR = os.path.join(ROOT, "harnesses", "python", "tests", "faults")
 REQUIREMENTS = os.path.join(ROOT, "harnesses", "python", "requirements", "main.txt")
 sys.path.insert(0, MUTANTS_DIR)
 
@@ -59,7 +60,7 @@ class MutantTableTest(unittest.TestCase):
         probe = ("import torch; from torch.distributed.tensor._ops import _math_ops as m; "
                  "print(m.LINEAR_REDUCTION_OP_MAP[torch.ops.aten.sum.dim_IntList], getattr(m, '__shardfuzz_mutant__', None))")
         env = {k: v for k, v in os.environ.items() if k not in ("SHARDFUZZ_MUTANT", "SHARDFUZZ_TEST_FAULT")}
-        env["PYTHONPATH"] = MUTANTS_DIR
+        env["PYTHONPATH"] = HOOK_DIR
         plain = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
         self.assertEqual(plain.stdout.split(), ["sum", "None"])
         env["SHARDFUZZ_MUTANT"] = "dt-sum-reduce-op-max"

@@ -1,7 +1,7 @@
 """Framework mutants: does a short campaign find a realistic one-edit bug planted in a framework's sharding code?
 
 For each mutant of mutant_table.py (or those named): a campaign on the mutant's target with the mutant loaded in
-every worker and rank process (sitecustomize.py of this folder on PYTHONPATH, SHARDFUZZ_MUTANT set), then every
+every worker and rank process (harnesses/python/tests/faults on PYTHONPATH, SHARDFUZZ_MUTANT set: hook.py), then every
 finding of that campaign run again without the mutant and, when that verdict differs, once more with it. A finding
 is *caused* by the mutant when the unmutated build gives another verdict (a pass, or another kind) in two runs
 and the mutated build gives its kind again; the mutant is *detected* when some finding is caused. A control campaign per target
@@ -22,6 +22,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The test-fault hook installs a mutant named by SHARDFUZZ_MUTANT (hook.py of this folder).
+HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "harnesses", "python", "tests", "faults")
 sys.path.insert(0, HERE)
 
 from mutant_table import MUTANTS  # noqa: E402
@@ -33,7 +35,7 @@ OURS = ("PYTHONPATH", "SHARDFUZZ_MUTANT", "SHARDFUZZ_MUTANT_TRACE", "SHARDFUZZ_T
 def environment(mutant=None):
     env = {k: v for k, v in os.environ.items() if k not in OURS}
     if mutant:
-        env.update(PYTHONPATH=HERE, SHARDFUZZ_MUTANT=mutant)
+        env.update(PYTHONPATH=HOOK, SHARDFUZZ_MUTANT=mutant)
     return env
 
 

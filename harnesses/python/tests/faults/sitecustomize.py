@@ -23,7 +23,10 @@ Put this folder on PYTHONPATH and set SHARDFUZZ_TEST_FAULT; every Python process
                         (deepspeed.comm.torch.TorchBackend: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
                         reduce_scatter_tensor; ZeRO's gradient reductions) yields half the sum.
 
-Without SHARDFUZZ_TEST_FAULT this does nothing but run the sitecustomize it shadows, if there is one.
+SHARDFUZZ_MUTANT=<name> instead loads a framework mutant of the benchmark in scripts/bench/mutants/ (one exact
+text of a module's source replaced; mutant_table.py there lists them).
+
+Without either variable this does nothing but run the sitecustomize it shadows, if there is one.
 """
 
 import importlib.abc
@@ -198,11 +201,12 @@ class _PatchedLoader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds one module with the other finders and wraps its loader (the frameworks are imported after us)."""
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Finds one module with the other finders and wraps its loader, `wrap(spec) -> loader` (the frameworks are
+    imported after us)."""
 
-    def __init__(self, name, patch):
-        self.name, self.patch = name, patch
+    def __init__(self, name, wrap):
+        self.name, self.wrap = name, wrap
 
     def find_spec(self, name, path, target=None):
         if name != self.name:
@@ -212,7 +216,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchedLoader(spec.loader, self.patch)
+                spec.loader = self.wrap(spec)
                 sys.meta_path.remove(self)
                 return spec
         return None
@@ -226,7 +230,7 @@ def _install(fault):
     if name in sys.modules:
         patch(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _PatchOnImport(name, patch))
+        sys.meta_path.insert(0, _OnImport(name, lambda spec: _PatchedLoader(spec.loader, patch)))
 
 
 def _run_shadowed():
@@ -240,6 +244,20 @@ def _run_shadowed():
             return
 
 
+def _install_mutant(name):
+    """A framework mutant of the benchmark in scripts/bench/mutants/ (its hook.py)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    spec = importlib.util.spec_from_file_location("_shardfuzz_mutant_hook", os.path.join(root, "scripts", "bench", "mutants", "hook.py"))
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    module, wrap = hook.mutant(name)
+    if module in sys.modules:
+        raise RuntimeError(f"SHARDFUZZ_MUTANT {name}: {module} was imported before sitecustomize")
+    sys.meta_path.insert(0, _OnImport(module, wrap))
+
+
 _run_shadowed()
 if os.environ.get("SHARDFUZZ_TEST_FAULT"):
     _install(os.environ["SHARDFUZZ_TEST_FAULT"])
+if os.environ.get("SHARDFUZZ_MUTANT"):
+    _install_mutant(os.environ["SHARDFUZZ_MUTANT"])
