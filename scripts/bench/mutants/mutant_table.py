@@ -1,4 +1,4 @@
-"""The framework mutants of `scripts/bench/mutants.py`: realistic one-edit bugs in code that runs only on the
+"""The framework mutants of `scripts/bench/mutants/run.py`: realistic one-edit bugs in code that runs only on the
 sharded path (never in the single-device reference), of the kinds real sharding bugs take.
 
 Fixed on 2026-11-26, before the first measurement, from a reading of the installed sources (torch 2.15.0,

@@ -17,6 +17,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +41,8 @@ def environment(mutant=None):
 
 
 def campaign(target, out, seed, budget, mutant=None):
+    """A fresh campaign in `out` (an earlier run's directory there would be resumed, its findings kept)."""
+    shutil.rmtree(out, ignore_errors=True)
     cmd = [BIN, "fuzz", "--target", target, "--corpus", "corpus", "--out", out, "--time", budget, "--seed", str(seed), "--quiet"]
     subprocess.run(cmd, env=environment(mutant), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
