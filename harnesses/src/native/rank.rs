@@ -38,6 +38,24 @@ pub struct RankOut {
     pub features: Vec<String>,
 }
 
+/// What a rank records over the steps for assembly.
+#[derive(Default)]
+struct StepRecord {
+    loss_sums: Vec<f64>,
+    logits: Vec<LogitsPiece>,
+    grads0: ParamSet,
+    skipped: Vec<f64>,
+}
+
+/// One step's gradients after synchronisation, unscaled: per parameter, and with ZeRO-2/3 also this
+/// rank's flat partition (which then holds the reduced values).
+struct Synced {
+    grads: ParamSet,
+    zero: Option<Vec<f64>>,
+    /// With the tied-embedding fault: the norm's terms taken before the late tied reduction.
+    early_sum_squares: Option<f64>,
+}
+
 struct PieceState {
     piece: Piece,
     geom: Geom,
@@ -313,117 +331,33 @@ impl<'a> Rank<'a> {
         let names: Vec<String> = plan.specs.iter().map(|s| s.name.clone()).filter(|n| params.contains_key(n)).collect();
         let mut opt = OptState::new(train, &params);
         let mut scale = train.loss_scale.map(|s| s.get());
-        let dp = plan.dp;
-        let mut loss_sums = vec![];
-        let mut logits = vec![];
-        let mut grads0 = ParamSet::new();
-        let mut skipped = vec![];
-        let flat = Flat::new(&names, &params, dp);
-        if plan.zero > 0 {
-            let padded = flat.padding() > 0;
-            self.features.push(format!("zero{}:{}", plan.zero, if padded { "padded" } else { "even" }));
-            if padded {
-                self.features.push("path:zero:padded".into());
-            }
-        }
+        let mut record = StepRecord::default();
+        let flat = Flat::new(&names, &params, plan.dp);
+        self.note_zero_padding(&flat);
         for step in 0..train.steps {
-            let s = scale.unwrap_or(1.0);
-            // Each rank scales its loss gradient as if its share of tokens were 1/dp of the batch;
-            // the data-parallel reduction then sums and divides by dp.
-            let grad_scale = s * dp as f64 / plan.global_tokens as f64;
-            let mut grads = ParamSet::new();
-            let mut acc = (0.0, vec![]);
-            for a in 0..plan.accumulation {
-                let undivided = plan.bug(Bug::AccumLossNotDivided);
-                let per_chunk = if undivided { grad_scale * plan.accumulation as f64 } else { grad_scale };
-                self.run_schedule(&params, inputs, step, a, per_chunk, &mut grads, &mut acc)?;
-            }
-            // Parameters a stage holds but did not use this step still get (zero) gradients.
-            for n in &names {
-                grads.entry(n.clone()).or_insert_with(|| crate::tensor::Tensor::zeros(params[n].shape.clone()));
-            }
-            loss_sums.push(acc.0);
+            let (grads, (loss_sum, logits)) = self.accumulate(&params, inputs, &names, step, scale.unwrap_or(1.0))?;
+            record.loss_sums.push(loss_sum);
             if step == 0 {
-                logits = acc.1;
+                record.logits = logits;
             }
-            // The injected fault: the tied-embedding reduction between stages runs after the
-            // clipping norm's terms are taken (ZeRO-2/3 must reduce before partitioning).
-            let tied_late = plan.bug(Bug::TiedGradsReducedAfterNorm) && plan.zero < 2;
-            if !tied_late {
-                self.sync_tied_embeddings(&mut grads)?;
-            }
-            let mut zero_grads = None;
-            if plan.zero >= 2 {
-                zero_grads = Some(flat.reduce_scatter(&self, &grads)?);
-            } else {
-                self.all_reduce_data_parallel(&names, &mut grads)?;
-            }
-            if let Some(sc) = scale {
-                for t in grads.values_mut() {
-                    t.data.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
-                }
-                if let Some(zg) = zero_grads.as_mut() {
-                    zg.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
-                }
-            }
-            let early_sum_squares = (tied_late && train.clip_grad_norm.is_some()).then(|| self.owned_sum_squares(&grads));
-            if tied_late {
-                self.sync_tied_embeddings(&mut grads)?;
-            }
+            let synced = self.synchronise(&flat, &names, grads, scale)?;
             if step == 0 {
-                grads0 = match &zero_grads {
+                record.grads0 = match &synced.zero {
                     Some(zg) => flat.gather_grads(&self, zg, &params)?,
-                    None => grads.clone(),
+                    None => synced.grads.clone(),
                 };
             }
             if let Some(sc) = scale {
-                let local_bad = match &zero_grads {
-                    Some(zg) => zg.iter().any(|x| !x.is_finite()),
-                    None => grads.values().any(|t| !t.all_finite()),
-                };
-                let mut flag = [if local_bad { 1.0 } else { 0.0 }];
-                if !plan.bug(Bug::F16OverflowNotAgreed) {
-                    self.groups.world.all_reduce_max(&mut flag)?;
-                }
-                skipped.push(flag[0]);
-                if flag[0] > 0.0 {
+                let overflow = self.overflowed(&synced)?;
+                record.skipped.push(overflow);
+                if overflow > 0.0 {
                     scale = Some(sc / 2.0);
                     self.features.push("loss-scale:overflow".into());
                     continue;
                 }
             }
-            let mut coef = 1.0;
-            if let Some(max_norm) = train.clip_grad_norm {
-                let mut sq = [match (&zero_grads, early_sum_squares) {
-                    (_, Some(early)) => early,
-                    (Some(zg), None) => flat.owned_sum_squares(&self, zg),
-                    (None, None) => self.owned_sum_squares(&grads),
-                }];
-                // The injected fault's region: the norm of ZeRO-2/3's partitioned gradients.
-                let local = plan.bug(Bug::ClipLocalNorm) && zero_grads.is_some();
-                if !local {
-                    self.groups.world.all_reduce_sum(&mut sq)?;
-                }
-                coef = clip_coefficient_of(sq[0], max_norm.get());
-                if coef < 1.0 {
-                    self.features.push("clip:active".into());
-                }
-            }
-            if plan.zero >= 1 {
-                let mut part = match zero_grads {
-                    Some(zg) => zg,
-                    None => flat.partition_of(&self, &grads),
-                };
-                k::scale_in_place(self.p, &mut part, coef);
-                flat.update(&self, &mut params, &part, &mut opt, step + 1)?;
-            } else {
-                for n in &names {
-                    let g = grads.get_mut(n).expect("grad");
-                    k::scale_in_place(self.p, &mut g.data, coef);
-                    let param = params.get_mut(n).expect("param");
-                    opt.update(n, self.p, &mut param.data, &g.data, 0, step + 1);
-                }
-            }
+            let coef = self.clip_coefficient(&flat, &synced)?;
+            self.update(&flat, &names, &mut params, synced, coef, &mut opt, step)?;
         }
         if self.tokens_dropped.get() {
             self.features.push("path:moe:drops".into());
@@ -432,13 +366,147 @@ impl<'a> Rank<'a> {
             rank: self.rank,
             layout: self.layout,
             stage: self.stage,
-            loss_sums,
-            logits,
-            grads0,
-            skipped,
+            loss_sums: record.loss_sums,
+            logits: record.logits,
+            grads0: record.grads0,
+            skipped: record.skipped,
             params,
             features: self.features,
         })
+    }
+
+    fn note_zero_padding(&mut self, flat: &Flat) {
+        let zero = self.plan.zero;
+        if zero > 0 {
+            let padded = flat.padding() > 0;
+            self.features.push(format!("zero{zero}:{}", if padded { "padded" } else { "even" }));
+            if padded {
+                self.features.push("path:zero:padded".into());
+            }
+        }
+    }
+
+    /// One step's forward and backward over every accumulation step: the local gradients (zero for
+    /// parameters the stage holds but did not use) and (loss sum, step-0 logits).
+    fn accumulate(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs,
+        names: &[String],
+        step: u32,
+        loss_scale: f64,
+    ) -> CResult<(ParamSet, (f64, Vec<LogitsPiece>))> {
+        let plan = self.plan;
+        // Each rank scales its loss gradient as if its share of tokens were 1/dp of the batch;
+        // the data-parallel reduction then sums and divides by dp.
+        let grad_scale = loss_scale * plan.dp as f64 / plan.global_tokens as f64;
+        let mut grads = ParamSet::new();
+        let mut acc = (0.0, vec![]);
+        for a in 0..plan.accumulation {
+            let undivided = plan.bug(Bug::AccumLossNotDivided);
+            let per_chunk = if undivided { grad_scale * plan.accumulation as f64 } else { grad_scale };
+            self.run_schedule(params, inputs, step, a, per_chunk, &mut grads, &mut acc)?;
+        }
+        for n in names {
+            grads.entry(n.clone()).or_insert_with(|| crate::tensor::Tensor::zeros(params[n].shape.clone()));
+        }
+        Ok((grads, acc))
+    }
+
+    /// Tied-embedding and data-parallel (or ZeRO-2/3 reduce-scatter) synchronisation, then the loss
+    /// scale divided out.
+    fn synchronise(&self, flat: &Flat, names: &[String], mut grads: ParamSet, scale: Option<f64>) -> CResult<Synced> {
+        let plan = self.plan;
+        // The injected fault: the tied-embedding reduction between stages runs after the
+        // clipping norm's terms are taken (ZeRO-2/3 must reduce before partitioning).
+        let tied_late = plan.bug(Bug::TiedGradsReducedAfterNorm) && plan.zero < 2;
+        if !tied_late {
+            self.sync_tied_embeddings(&mut grads)?;
+        }
+        let mut zero = None;
+        if plan.zero >= 2 {
+            zero = Some(flat.reduce_scatter(self, &grads)?);
+        } else {
+            self.all_reduce_data_parallel(names, &mut grads)?;
+        }
+        if let Some(sc) = scale {
+            for t in grads.values_mut() {
+                t.data.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
+            }
+            if let Some(zg) = zero.as_mut() {
+                zg.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
+            }
+        }
+        let early_sum_squares = (tied_late && plan.case.train.clip_grad_norm.is_some()).then(|| self.owned_sum_squares(&grads));
+        if tied_late {
+            self.sync_tied_embeddings(&mut grads)?;
+        }
+        Ok(Synced { grads, zero, early_sum_squares })
+    }
+
+    /// 1 when some rank's gradients overflowed (the loss scaler skips the step on every rank), else 0.
+    fn overflowed(&self, synced: &Synced) -> CResult<f64> {
+        let local_bad = match &synced.zero {
+            Some(zg) => zg.iter().any(|x| !x.is_finite()),
+            None => synced.grads.values().any(|t| !t.all_finite()),
+        };
+        let mut flag = [if local_bad { 1.0 } else { 0.0 }];
+        if !self.plan.bug(Bug::F16OverflowNotAgreed) {
+            self.groups.world.all_reduce_max(&mut flag)?;
+        }
+        Ok(flag[0])
+    }
+
+    /// The gradient-clipping coefficient (1 without clipping).
+    fn clip_coefficient(&mut self, flat: &Flat, synced: &Synced) -> CResult<f64> {
+        let Some(max_norm) = self.plan.case.train.clip_grad_norm else {
+            return Ok(1.0);
+        };
+        let mut sq = [match (&synced.zero, synced.early_sum_squares) {
+            (_, Some(early)) => early,
+            (Some(zg), None) => flat.owned_sum_squares(self, zg),
+            (None, None) => self.owned_sum_squares(&synced.grads),
+        }];
+        // The injected fault's region: the norm of ZeRO-2/3's partitioned gradients.
+        let local = self.plan.bug(Bug::ClipLocalNorm) && synced.zero.is_some();
+        if !local {
+            self.groups.world.all_reduce_sum(&mut sq)?;
+        }
+        let coef = clip_coefficient_of(sq[0], max_norm.get());
+        if coef < 1.0 {
+            self.features.push("clip:active".into());
+        }
+        Ok(coef)
+    }
+
+    /// The optimizer step on the clipped gradients (ZeRO-1+: on this rank's partition).
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &self,
+        flat: &Flat,
+        names: &[String],
+        params: &mut ParamSet,
+        synced: Synced,
+        coef: f64,
+        opt: &mut OptState,
+        step: u32,
+    ) -> CResult<()> {
+        if self.plan.zero >= 1 {
+            let mut part = match synced.zero {
+                Some(zg) => zg,
+                None => flat.partition_of(self, &synced.grads),
+            };
+            k::scale_in_place(self.p, &mut part, coef);
+            return flat.update(self, params, &part, opt, step + 1);
+        }
+        let mut grads = synced.grads;
+        for n in names {
+            let g = grads.get_mut(n).expect("grad");
+            k::scale_in_place(self.p, &mut g.data, coef);
+            let param = params.get_mut(n).expect("param");
+            opt.update(n, self.p, &mut param.data, &g.data, 0, step + 1);
+        }
+        Ok(())
     }
 
     fn sync_tied_embeddings(&self, grads: &mut ParamSet) -> CResult<()> {
