@@ -107,14 +107,33 @@ fn aux_loss_dprobs(ctx: &Ctx, g: &Geom, routing: &k::Routing, experts: usize) ->
 
 pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, MoeCache)> {
     let cfg = ctx.model.moe.as_ref().expect("validated: moe config present");
-    let (e_total, top_k) = (cfg.experts as usize, cfg.top_k as usize);
+    let e_total = cfg.experts as usize;
     let h = y.ncols();
+    let routing = route(ctx, pre, params, &y, cfg.top_k as usize);
+    let aux = aux_loss_dprobs(ctx, g, &routing, e_total);
+    let cap = k::capacity(g.seq, e_total, cfg.top_k as usize, cfg.capacity_factor.get());
+    // The injected fault's region: an all-to-all over several expert-parallel ranks.
+    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && ep_size(ctx) > 1;
+    let (sent, kept_only) = dispatch_lists(ctx, g, &routing, cap, drop_bug);
+    let recv = exchange(ctx, pack_rows(&sent, &y))?;
+    let received: Vec<usize> = recv.iter().map(|m| m.len() / (h + 1)).collect();
+    let (out_msgs, runs) = run_experts(ctx, pre, params, &recv, h);
+    let back = exchange(ctx, out_msgs)?;
+    let combine = if drop_bug { kept_only } else { sent.clone() };
+    let (partial, results) = combine_outputs(ctx, back, &combine, &routing, y.nrows(), h);
+    let out = exit_fwd(ctx, g, partial)?;
+    Ok((out, MoeCache { norm, y, routing, aux, sent, combine, results, runs, received }))
+}
+
+/// Top-k routing of every token; the noise members' near-tie flips and gate jitter applied.
+fn route(ctx: &Ctx, pre: &str, params: &ParamSet, y: &Mat, top_k: usize) -> k::Routing {
     let wr = mat(params, &format!("{pre}.moe.router.weight"));
-    let logits = k::matmul(ctx.p, &y, &wr);
+    let logits = k::matmul(ctx.p, y, &wr);
     let mut routing = k::router_fwd(ctx.p, &logits, top_k);
     if let Some(probs) = ctx.router_probs.borrow_mut().as_mut() {
         probs.extend(routing.probs.iter());
     }
+    let e_total = routing.probs.ncols();
     if top_k < e_total {
         for t in 0..routing.experts.len() {
             let ex = &routing.experts[t];
@@ -139,13 +158,16 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             *gate += jitter.shift(t, c);
         }
     }
-    let aux = aux_loss_dprobs(ctx, g, &routing, e_total);
-    let cap = k::capacity(g.seq, e_total, top_k, cfg.capacity_factor.get());
+    routing
+}
+
+/// The entries sent to each expert-parallel member (with the injected fault, dropped ones too) and
+/// the entries each member keeps within capacity, in message order.
+fn dispatch_lists(ctx: &Ctx, g: &Geom, routing: &k::Routing, cap: usize, drop_bug: bool) -> (Vec<Vec<Entry>>, Vec<Vec<Entry>>) {
     let members = ep_size(ctx);
+    let e_total = routing.probs.ncols();
     let mut sent: Vec<Vec<Entry>> = vec![vec![]; members];
     let mut kept_only: Vec<Vec<Entry>> = vec![vec![]; members];
-    // The injected fault's region: an all-to-all over several expert-parallel ranks.
-    let drop_bug = ctx.bug(Bug::MoeSplitSizesDropped) && members > 1;
     for b in 0..g.batch {
         let toks = b * g.seq..(b + 1) * g.seq;
         let slots = k::assign_capacity(&routing.experts[toks.clone()], e_total, cap);
@@ -166,9 +188,13 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             }
         }
     }
-    // Dispatch: each entry travels as [expert id, row of y].
-    let send: Vec<Vec<f64>> = sent
-        .iter()
+    (sent, kept_only)
+}
+
+/// Dispatch messages: each entry travels as [expert id, row of y].
+fn pack_rows(sent: &[Vec<Entry>], y: &Mat) -> Vec<Vec<f64>> {
+    let h = y.ncols();
+    sent.iter()
         .map(|entries| {
             let mut m = Vec::with_capacity(entries.len() * (h + 1));
             for en in entries {
@@ -177,10 +203,13 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
             }
             m
         })
-        .collect();
-    let recv = exchange(ctx, send)?;
-    let received: Vec<usize> = recv.iter().map(|m| m.len() / (h + 1)).collect();
-    let mut out_msgs: Vec<Vec<f64>> = received.iter().map(|&n| vec![0.0; n * h]).collect();
+        .collect()
+}
+
+/// Each local expert's MLP on the rows it received: the messages returned to each member and what
+/// the backward pass needs.
+fn run_experts(ctx: &Ctx, pre: &str, params: &ParamSet, recv: &[Vec<f64>], h: usize) -> (Vec<Vec<f64>>, Vec<(usize, ExpertRun)>) {
+    let mut out_msgs: Vec<Vec<f64>> = recv.iter().map(|m| vec![0.0; m.len() / (h + 1) * h]).collect();
     let mut runs = vec![];
     for e in ctx.layout.experts.clone() {
         let mut rows = vec![];
@@ -215,10 +244,21 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
         }
         runs.push((le, ExpertRun { rows, x, up, gate, act }));
     }
-    let back = exchange(ctx, out_msgs)?;
-    let combine = if drop_bug { kept_only } else { sent.clone() };
-    let mut partial = Mat::zeros((y.nrows(), h));
-    let mut results = Vec::with_capacity(members);
+    (out_msgs, runs)
+}
+
+/// The gate-weighted sum of the returned expert outputs per token (this rank's partial), and the
+/// returned rows per member.
+fn combine_outputs(
+    ctx: &Ctx,
+    back: Vec<Vec<f64>>,
+    combine: &[Vec<Entry>],
+    routing: &k::Routing,
+    tokens: usize,
+    h: usize,
+) -> (Mat, Vec<Mat>) {
+    let mut partial = Mat::zeros((tokens, h));
+    let mut results = Vec::with_capacity(back.len());
     for (o, msg) in back.into_iter().enumerate() {
         let r = Mat::from_shape_vec((msg.len() / h.max(1), h), msg).expect("returned rows");
         for (row, en) in r.rows().into_iter().zip(&combine[o]) {
@@ -230,8 +270,7 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
         }
         results.push(r);
     }
-    let out = exit_fwd(ctx, g, partial)?;
-    Ok((out, MoeCache { norm, y, routing, aux, sent, combine, results, runs, received }))
+    (partial, results)
 }
 
 pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
