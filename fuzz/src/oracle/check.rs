@@ -87,67 +87,106 @@ pub fn compare_run(
     members: &[&Member],
     oracle: &Oracle,
 ) -> (Vec<TensorCheck>, Vec<String>) {
-    let case = &prep.case;
-    let rules = Rules::new(case, oracle);
-    let scale = ErrorScale::new(&reference.tensors);
+    let cmp = Comparison::new(prep, reference, out, members, oracle);
     let mut notes = out.notes.clone();
-    let dtype_member = members.iter().find(|m| m.name == "dtype").map(|m| &m.output);
-    let mut ex = exclusions(case, reference, out, dtype_member, &mut notes);
-    // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
-    // closer than round-off can be routed differently by any correct implementation.
-    let below = prep.routing_flip_below(coarse_dtype(case));
-    if let (true, Some(m)) = (members.iter().any(|m| m.name == "routing-flip"), reference.stats.routing_margin) {
-        notes.push(format!(
-            "MoE routing within {m:.2e} of a tie (below {below:.2e}: {ROUTING_FLIP_ULPS} u, or twice what round-off moved a router probability in the members): elements those tokens move when routed the other way are left out"
-        ));
-    }
-    if members.iter().any(|m| m.name == "gate-jitter") {
-        notes.push(format!(
-            "MoE gates moved by ±{:.2e} (the router probabilities' round-off): elements that moves past {} times any other member's move are left out",
-            below / 2.0,
-            rules.thresholds[Stat::Rms as usize]
-        ));
-    }
-    ex.chaotic = chaos(reference, members, coarse_dtype(case).unit_roundoff());
-    if let Some(c) = ex.chaotic {
-        notes.push(format!(
-            "later steps amplify round-off: a noise member moves a later loss by {:.1} %; tensors after step 0 not comparable",
-            100.0 * c
-        ));
-    }
-    ex.attention_tie = attention_near_tie(reference, members);
-    notes.extend(ex.attention_tie.map(|t| t.note()));
+    let mut ex = cmp.exclusions(&mut notes);
     let mut checks = vec![];
-    let replica_rules = rules.for_replicas();
     let mut replica_noise = vec![];
-    let first_step = FirstStep { out, clip: OnceCell::new() };
     for (name, r) in &reference.tensors {
-        let denom = scale.denominator(name, r);
-        let dtype_value = dtype_member.and_then(|b| b.tensor(name));
+        let (check, replica) = cmp.check_tensor(name, r, &checks, &mut ex);
+        replica_noise.extend(replica.map(|stats| (name.clone(), stats)));
+        checks.push(check);
+    }
+    checks.extend(replica_checks(out, &replica_noise, &cmp.scale, &cmp.rules));
+    (checks, notes)
+}
+
+/// What every tensor of one run is compared with.
+struct Comparison<'a> {
+    prep: &'a Prepared,
+    reference: &'a RunOutput,
+    out: &'a RunOutput,
+    members: &'a [&'a Member],
+    rules: Rules,
+    replica_rules: Rules,
+    scale: ErrorScale,
+    /// The reference in the case dtype (the `dtype` member).
+    dtype_member: Option<&'a RunOutput>,
+    first_step: FirstStep<'a>,
+}
+
+impl<'a> Comparison<'a> {
+    fn new(prep: &'a Prepared, reference: &'a RunOutput, out: &'a RunOutput, members: &'a [&'a Member], oracle: &Oracle) -> Self {
+        let rules = Rules::new(&prep.case, oracle);
+        Comparison {
+            prep,
+            reference,
+            out,
+            members,
+            rules,
+            replica_rules: rules.for_replicas(),
+            scale: ErrorScale::new(&reference.tensors),
+            dtype_member: members.iter().find(|m| m.name == "dtype").map(|m| &m.output),
+            first_step: FirstStep { out, clip: OnceCell::new() },
+        }
+    }
+
+    fn has_member(&self, name: &str) -> bool {
+        self.members.iter().any(|m| m.name == name)
+    }
+
+    /// What cannot be compared in this run, with a note for each reason.
+    fn exclusions(&self, notes: &mut Vec<String>) -> Exclusions {
+        let case = &self.prep.case;
+        let mut ex = exclusions(case, self.reference, self.out, self.dtype_member, notes);
+        // Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
+        // closer than round-off can be routed differently by any correct implementation.
+        let below = self.prep.routing_flip_below(coarse_dtype(case));
+        if let (true, Some(m)) = (self.has_member("routing-flip"), self.reference.stats.routing_margin) {
+            notes.push(format!(
+                "MoE routing within {m:.2e} of a tie (below {below:.2e}: {ROUTING_FLIP_ULPS} u, or twice what round-off moved a router probability in the members): elements those tokens move when routed the other way are left out"
+            ));
+        }
+        if self.has_member("gate-jitter") {
+            notes.push(format!(
+                "MoE gates moved by ±{:.2e} (the router probabilities' round-off): elements that moves past {} times any other member's move are left out",
+                below / 2.0,
+                self.rules.thresholds[Stat::Rms as usize]
+            ));
+        }
+        ex.chaotic = chaos(self.reference, self.members, coarse_dtype(case).unit_roundoff());
+        if let Some(c) = ex.chaotic {
+            notes.push(format!(
+                "later steps amplify round-off: a noise member moves a later loss by {:.1} %; tensors after step 0 not comparable",
+                100.0 * c
+            ));
+        }
+        ex.attention_tie = attention_near_tie(self.reference, self.members);
+        notes.extend(ex.attention_tie.map(|t| t.note()));
+        ex
+    }
+
+    /// The check of one reference tensor (`checks`: those of the tensors before it), and the noise
+    /// its replicas are held to when the target reported copies of it.
+    fn check_tensor(&self, name: &str, r: &Tensor, checks: &[TensorCheck], ex: &mut Exclusions) -> (TensorCheck, Option<Vec<StatCheck>>) {
+        let (case, out) = (&self.prep.case, self.out);
+        let denom = self.scale.denominator(name, r);
+        let dtype_value = self.dtype_member.and_then(|b| b.tensor(name));
         let target = out.tensor(name).filter(|t| t.shape == r.shape);
         let overflow = target.filter(|t| !t.all_finite()).and_then(|_| near_overflow(case, dtype_value.unwrap_or(r), ex.peak));
-        let mut others: Vec<(&str, &Tensor)> = members.iter().filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
+        let adam = adam_samples(self.prep, self.reference, &self.first_step, checks, &self.scale, name);
+        let mut others: Vec<(&str, &Tensor)> = self.members.iter().filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
         others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
-        let adam = adam_samples(prep, reference, &first_step, &checks, &scale, name);
         others.extend(adam.iter().map(|t| ("adam", t)));
-        let mut take = |name: &str| others.iter().position(|(n, _)| *n == name).map(|i| others.remove(i).1);
-        let (flipped, jittered) = (take("routing-flip"), take("gate-jitter"));
-        let mut mask = comparable_elements(r, &others, target.filter(|_| overflow.is_some()));
-        let floor = ROUTING_FLIP_ULPS * coarse_dtype(case).unit_roundoff() * denom;
-        if let Some(f) = flipped {
-            mask = Some(without_moved(r, f, &others, mask, FLIP_MOVE, floor));
-        }
-        if let Some(j) = jittered {
-            mask = Some(without_moved(r, j, &others, mask, rules.thresholds[Stat::Rms as usize], floor));
-        }
+        let mask = self.comparable_mask(r, &mut others, target.filter(|_| overflow.is_some()), denom);
         let samples: Vec<(&str, Stats)> = others.iter().map(|(n, x)| (*n, statistics(x, r, denom, mask.as_deref()))).collect();
         let per_rms = (SIGMAS * sum_per_rms(r, denom, mask.as_deref()), SIGMAS * norm_per_rms(r, mask.as_deref()));
         let adaptive = is_later_step(name) && case.train.optimizer.kind != OptimizerKind::Sgd;
-        let mut check = noise_check(name, &samples, &rules, per_rms, adaptive);
-        if out.replicas.iter().any(|(n, _)| n == name) {
+        let mut check = noise_check(name, &samples, &self.rules, per_rms, adaptive);
+        let replica = out.replicas.iter().any(|(n, _)| n == name).then(|| {
             let copies: Vec<(&str, Stats)> = samples.iter().map(|(n, x)| (*n, x.map(|v| v * REPLICA_SHARE))).collect();
-            replica_noise.push((name.clone(), noise_check(name, &copies, &replica_rules, per_rms, adaptive).stats));
-        }
+            noise_check(name, &copies, &self.replica_rules, per_rms, adaptive).stats
+        });
         match out.tensor(name) {
             None => check.note = Some(format!("{MISSING}: the target did not produce this tensor")),
             Some(t) if t.shape != r.shape => {
@@ -156,12 +195,27 @@ pub fn compare_run(
                 check.ratio = f64::INFINITY;
                 check.note = Some(format!("shape {:?}, reference {:?}", t.shape, r.shape));
             }
-            Some(t) => judge_tensor(&mut check, name, t, r, denom, Masked { mask: mask.as_deref(), overflow }, &mut ex),
+            Some(t) => judge_tensor(&mut check, name, t, r, denom, Masked { mask: mask.as_deref(), overflow }, ex),
         }
-        checks.push(check);
+        (check, replica)
     }
-    checks.extend(replica_checks(out, &replica_noise, &scale, &rules));
-    (checks, notes)
+
+    /// The elements of `r` that can be compared (None: all): not those whose reference overflowed
+    /// where the target's did, nor those a routing flip or gate jitter moves (those two runs are
+    /// taken out of `others`: they mark elements, they are not noise samples).
+    fn comparable_mask(&self, r: &Tensor, others: &mut Vec<(&str, &Tensor)>, overflowed: Option<&Tensor>, denom: f64) -> Option<Vec<bool>> {
+        let mut take = |name: &str| others.iter().position(|(n, _)| *n == name).map(|i| others.remove(i).1);
+        let (flipped, jittered) = (take("routing-flip"), take("gate-jitter"));
+        let mut mask = comparable_elements(r, others, overflowed);
+        let floor = ROUTING_FLIP_ULPS * coarse_dtype(&self.prep.case).unit_roundoff() * denom;
+        if let Some(f) = flipped {
+            mask = Some(without_moved(r, f, others, mask, FLIP_MOVE, floor));
+        }
+        if let Some(j) = jittered {
+            mask = Some(without_moved(r, j, others, mask, self.rules.thresholds[Stat::Rms as usize], floor));
+        }
+        mask
+    }
 }
 
 /// The note of a tensor the target did not produce: a harness error, never a pass.
