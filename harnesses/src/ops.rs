@@ -82,47 +82,13 @@ pub fn reference(op: &OpCase, inputs: &Inputs, p: Prec) -> Result<RunOutput, Str
             tensors.push(("grad/w".into(), t(g.dw)));
             tensors.push(("grad/bias".into(), Tensor::new(vec![g.db.len()], g.db.to_vec())));
         }
-        OpKind::Sum | OpKind::Max => {
-            let x = r(input(inputs, "x")?);
-            let (out, arg) = reduce(p, &x, dim, op.kind == OpKind::Max);
-            tensors.push(("out".into(), t(out)));
-            let mut dx = Mat::zeros(x.raw_dim());
-            for i in 0..x.nrows() {
-                for j in 0..x.ncols() {
-                    let (o, pos) = if dim == 0 { (j, i) } else { (i, j) };
-                    let g = if dim == 0 { gout[[0, j]] } else { gout[[i, 0]] };
-                    if op.kind == OpKind::Sum || arg[o] == pos {
-                        dx[[i, j]] = g;
-                    }
-                }
-            }
-            tensors.push(("grad/x".into(), t(dx)));
-        }
-        OpKind::Softmax => {
-            let x = r(input(inputs, "x")?);
-            let tr = |m: &Mat| {
-                if dim == 0 {
-                    m.t().to_owned()
-                } else {
-                    m.clone()
-                }
-            };
-            let y = k::softmax_rows(p, &tr(&x));
-            let dx = k::softmax_rows_bwd(p, &y, &tr(&gout));
-            tensors.push(("out".into(), t(tr(&y))));
-            tensors.push(("grad/x".into(), t(tr(&dx))));
-        }
+        OpKind::Sum | OpKind::Max => tensors.extend(reduce_reference(p, &r(input(inputs, "x")?), &gout, dim, op.kind == OpKind::Max)),
+        OpKind::Softmax => tensors.extend(softmax_reference(p, &r(input(inputs, "x")?), &gout, dim)),
         OpKind::Layernorm => {
             let x = r(input(inputs, "x")?);
             let w = r(input(inputs, "w")?).row(0).to_owned();
             let b = r(input(inputs, "bias")?).row(0).to_owned();
-            let (y, cache) = k::layernorm_fwd(p, &x, &w, Some(&b), LN_EPS);
-            let g = k::layernorm_bwd(p, &x, &w, &cache, &gout);
-            tensors.push(("out".into(), t(y)));
-            tensors.push(("grad/x".into(), t(g.dx)));
-            tensors.push(("grad/w".into(), Tensor::new(vec![g.dw.len()], g.dw.to_vec())));
-            let db = g.db.unwrap_or_else(|| Array1::zeros(w.len()));
-            tensors.push(("grad/bias".into(), Tensor::new(vec![db.len()], db.to_vec())));
+            tensors.extend(layernorm_reference(p, &x, &w, &b, &gout));
         }
         OpKind::Embedding => {
             let table = r(input(inputs, "table")?);
@@ -150,4 +116,41 @@ pub fn reference(op: &OpCase, inputs: &Inputs, p: Prec) -> Result<RunOutput, Str
         }
     }
     Ok(RunOutput { tensors, ..RunOutput::default() })
+}
+
+/// Sum or max over `dim` and its gradient (a max's goes to the first largest element).
+fn reduce_reference(p: Prec, x: &Mat, gout: &Mat, dim: usize, max: bool) -> [(String, Tensor); 2] {
+    let (out, arg) = reduce(p, x, dim, max);
+    let mut dx = Mat::zeros(x.raw_dim());
+    for i in 0..x.nrows() {
+        for j in 0..x.ncols() {
+            let (o, pos) = if dim == 0 { (j, i) } else { (i, j) };
+            let g = if dim == 0 { gout[[0, j]] } else { gout[[i, 0]] };
+            if !max || arg[o] == pos {
+                dx[[i, j]] = g;
+            }
+        }
+    }
+    [("out".into(), t(out)), ("grad/x".into(), t(dx))]
+}
+
+/// Softmax over `dim` and its gradient.
+fn softmax_reference(p: Prec, x: &Mat, gout: &Mat, dim: usize) -> [(String, Tensor); 2] {
+    let tr = |m: &Mat| if dim == 0 { m.t().to_owned() } else { m.clone() };
+    let y = k::softmax_rows(p, &tr(x));
+    let dx = k::softmax_rows_bwd(p, &y, &tr(gout));
+    [("out".into(), t(tr(&y))), ("grad/x".into(), t(tr(&dx)))]
+}
+
+/// LayerNorm over rows and the gradients of its input, weight and bias.
+fn layernorm_reference(p: Prec, x: &Mat, w: &Array1<f64>, b: &Array1<f64>, gout: &Mat) -> [(String, Tensor); 4] {
+    let (y, cache) = k::layernorm_fwd(p, x, w, Some(b), LN_EPS);
+    let g = k::layernorm_bwd(p, x, w, &cache, gout);
+    let db = g.db.unwrap_or_else(|| Array1::zeros(w.len()));
+    [
+        ("out".into(), t(y)),
+        ("grad/x".into(), t(g.dx)),
+        ("grad/w".into(), Tensor::new(vec![g.dw.len()], g.dw.to_vec())),
+        ("grad/bias".into(), Tensor::new(vec![db.len()], db.to_vec())),
+    ]
 }
