@@ -34,6 +34,7 @@ use crate::findings::{Finding, FindingStore};
 use crate::generate::random_case;
 use crate::input::{case_digest, CaseInput};
 use crate::library_ops::Vocabulary;
+use crate::minimize::background::BackgroundMinimizer;
 use crate::mutators::SemanticMutator;
 use crate::oracle::Oracle;
 use crate::scheduler::RareFeatureScheduler;
@@ -184,16 +185,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     let observer = HitcountsMapObserver::new(unsafe { StdMapObserver::from_mut_ptr("coverage", coverage::map_ptr(), coverage::MAP_SIZE) });
     let mut feedback = MaxMapFeedback::new(&observer);
     let mut objective = ConstFeedback::new(false);
-    let mut state = StdState::new(
-        StdRand::with_seed(opts.seed),
-        // One file per entry: no LibAFL lock or metadata files (three file creations per entry
-        // were a tenth of a campaign's time). Entries are named by content, so two jobs sharing a
-        // queue write the same name with the same bytes.
-        InMemoryOnDiskCorpus::<CaseInput>::with_meta_format_and_prefix(out.join("queue"), None, None, false)?,
-        InMemoryCorpus::<CaseInput>::new(),
-        &mut feedback,
-        &mut objective,
-    )?;
+    let mut state = new_state(opts, &mut feedback, &mut objective)?;
     let mut fuzzer = StdFuzzer::new(RareFeatureScheduler::new(), feedback, objective);
     let mut executor = CaseExecutor::new(tuple_list!(observer), targets, opts.oracle, store, use_feedback, elapsed_base);
     let mut mgr = SimpleEventManager::new(NopMonitor::new());
@@ -212,8 +204,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
     // (The exact time tells findings of the seeds, found while they load, from the search's.)
     journal.note(executor.elapsed(), format_args!("{} seed cases loaded at {:.2} s", state.corpus().count(), executor.elapsed()))?;
 
-    let minimizer =
-        opts.minimize.map(|b| crate::minimize::background::BackgroundMinimizer::start(opts.target_options.clone(), opts.oracle, b));
+    let minimizer = opts.minimize.map(|b| BackgroundMinimizer::start(opts.target_options.clone(), opts.oracle, b));
     let mut ticker = Ticker::new(*state.executions());
     // Campaign seeds 0, 1, 2 … must start far apart: consecutive starts would draw the same fresh
     // cases shifted by one (two "independent" random-generation runs were the same run).
@@ -235,31 +226,37 @@ pub fn run_campaign(opts: &CampaignOptions) -> anyhow::Result<CampaignSummary> {
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(fresh_case(fresh)))?;
             share.record_fresh((state.corpus().count() - entries) as u64);
         }
-        for sig in std::mem::take(&mut executor.new_findings) {
-            journal.note(executor.elapsed(), format_args!("new finding: {sig}"))?;
-            if let Some(m) = &minimizer {
-                m.submit(out.join("findings").join(crate::oracle::signature_id(&sig)));
-            }
-        }
+        journal.new_findings(&mut executor, minimizer.as_ref(), out)?;
         for case in sync.new_cases(&opts.sync_dirs, &mut digests) {
             fuzzer.evaluate_input(&mut state, &mut executor, &mut mgr, &CaseInput(case))?;
         }
         ticker.tick(*state.executions(), state.corpus().count(), &mut executor, &mut journal, opts.status)?;
     }
-    let rate = *state.executions() as f64 / started.elapsed().as_secs_f64().max(1e-9);
-    journal.sample(&Progress::of(&executor, *state.executions(), state.corpus().count(), rate))?;
-    executor.store.flush()?;
-    if let Some(m) = minimizer {
-        for line in m.finish() {
-            journal.note(executor.elapsed(), line)?;
-        }
-    }
-    let by_kind: Vec<String> = executor.verdicts.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    journal.note(
-        executor.elapsed(),
-        format_args!("stop: {} execs ({}), {} findings", state.executions(), by_kind.join(", "), executor.store.findings.len()),
-    )?;
-    Ok(summary(&executor, *state.executions(), state.corpus().count(), started, elapsed_base))
+    let (execs, corpus) = (*state.executions(), state.corpus().count());
+    let rate = execs as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    journal.sample(&Progress::of(&executor, execs, corpus, rate))?;
+    journal.finish(&mut executor, minimizer, execs)?;
+    Ok(summary(&executor, execs, corpus, started, elapsed_base))
+}
+
+/// The campaign's LibAFL state.
+type State = StdState<InMemoryOnDiskCorpus<CaseInput>, CaseInput, StdRand, InMemoryCorpus<CaseInput>>;
+
+fn new_state<F, O>(opts: &CampaignOptions, feedback: &mut F, objective: &mut O) -> anyhow::Result<State>
+where
+    F: libafl::feedbacks::StateInitializer<State>,
+    O: libafl::feedbacks::StateInitializer<State>,
+{
+    Ok(StdState::new(
+        StdRand::with_seed(opts.seed),
+        // One file per entry: no LibAFL lock or metadata files (three file creations per entry
+        // were a tenth of a campaign's time). Entries are named by content, so two jobs sharing a
+        // queue write the same name with the same bytes.
+        InMemoryOnDiskCorpus::<CaseInput>::with_meta_format_and_prefix(opts.out.join("queue"), None, None, false)?,
+        InMemoryCorpus::<CaseInput>::new(),
+        feedback,
+        objective,
+    )?)
 }
 
 fn should_stop(opts: &CampaignOptions, started: Instant, execs: u64, store: &FindingStore) -> bool {
@@ -377,6 +374,38 @@ impl Journal {
             rss_mb(),
             p.framework_cov
         )
+    }
+
+    /// Logs the findings of the last executions and hands each to the background minimizer.
+    fn new_findings<OT>(
+        &mut self,
+        executor: &mut CaseExecutor<OT>,
+        minimizer: Option<&BackgroundMinimizer>,
+        out: &Path,
+    ) -> std::io::Result<()> {
+        for sig in std::mem::take(&mut executor.new_findings) {
+            self.note(executor.elapsed(), format_args!("new finding: {sig}"))?;
+            if let Some(m) = minimizer {
+                m.submit(out.join("findings").join(crate::oracle::signature_id(&sig)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes the findings, waits for the minimizer and logs the campaign's totals.
+    fn finish<OT>(&mut self, executor: &mut CaseExecutor<OT>, minimizer: Option<BackgroundMinimizer>, execs: u64) -> anyhow::Result<()> {
+        executor.store.flush()?;
+        if let Some(m) = minimizer {
+            for line in m.finish() {
+                self.note(executor.elapsed(), line)?;
+            }
+        }
+        let by_kind: Vec<String> = executor.verdicts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        self.note(
+            executor.elapsed(),
+            format_args!("stop: {execs} execs ({}), {} findings", by_kind.join(", "), executor.store.findings.len()),
+        )?;
+        Ok(())
     }
 }
 
