@@ -229,21 +229,20 @@ fn add_gradient_noise(n: &GradientNoise, step: u32, order: &[String], grads: &mu
 }
 
 fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Result<RunOutput, ReferenceError> {
-    let (noise, flips) = (variant.noise, variant.flips);
-    let dtype = p.dtype;
     if let Some(op) = &case.op {
         return crate::ops::reference(op, inputs, p).map_err(ReferenceError);
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
     let mut ctx = single_device_ctx(m, &layout, p);
+    let flips = variant.flips;
     (ctx.flip_routing_below, ctx.flip_only, ctx.gate_jitter) = (flips.below, flips.only, flips.gate_jitter);
     let mut params: ParamSet = inputs
         .tensors
         .iter()
         .map(|(n, t)| {
             let mut t = t.clone();
-            dtype.round_slice(&mut t.data);
+            p.dtype.round_slice(&mut t.data);
             (n.clone(), t)
         })
         .collect();
@@ -260,28 +259,12 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
         let (loss, logits) = forward_backward(&ctx, &params, &g, &inputs.tokens, &inputs.targets, s / tokens, &mut grads)
             .map_err(|e| ReferenceError(e.to_string()))?;
         out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(loss / tokens))));
-        if scale.is_some() {
-            for t in grads.values_mut() {
-                t.data.iter_mut().for_each(|x| *x = p.r(*x / s));
-            }
-        }
-        if let Some(n) = noise.as_ref() {
-            add_gradient_noise(n, step, &order, &mut grads);
-        }
-        if let (0, Some(given)) = (step, variant.step0_gradients) {
-            for (name, g) in grads.iter_mut() {
-                if let Some(t) = given.get(name).filter(|t| t.shape == g.shape) {
-                    g.data.clone_from(&t.data);
-                }
-            }
-        }
+        adjust_gradients(&variant, p, scale.map(|_| s), step, &order, &mut grads);
         if step == 0 {
             out.stats.router_probs = ctx.router_probs.take().filter(|p| !p.is_empty());
             out.stats.attention_scores = ctx.attention_scores.take().filter(|p| !p.is_empty());
             out.tensors.push(("logits".into(), Tensor::from_mat(logits)));
-            for n in &order {
-                out.tensors.push((format!("grad/{n}"), grads[n].clone()));
-            }
+            out.tensors.extend(order.iter().map(|n| (format!("grad/{n}"), grads[n].clone())));
         }
         let overflow = scale.is_some() && grads.values().any(|t| !t.all_finite());
         skipped.push(overflow);
@@ -289,21 +272,9 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
             scale = Some(s / 2.0);
             continue;
         }
-        if let Some(max_norm) = case.train.clip_grad_norm {
-            let sq: f64 = order.iter().map(|n| shardfuzz_kernels::sum_squares(p, &grads[n].data)).sum();
-            let c = clip_coefficient_of(sq, max_norm.get());
-            for t in grads.values_mut() {
-                shardfuzz_kernels::scale_in_place(p, &mut t.data, c);
-            }
-        }
-        for n in &order {
-            let param = params.get_mut(n).expect("param");
-            opt.update(n, p, &mut param.data, &grads[n].data, 0, step + 1);
-        }
+        clip_and_update(case, p, &order, &mut grads, &mut params, &mut opt, step);
     }
-    for n in &order {
-        out.tensors.push((format!("param/{n}"), params[n].clone()));
-    }
+    out.tensors.extend(order.iter().map(|n| (format!("param/{n}"), params[n].clone())));
     out.stats.routing_margin = ctx.routing_margin.get().is_finite().then(|| ctx.routing_margin.get());
     out.stats.peak_activation = Some(ctx.peak_activation.get());
     if case.train.steps >= 2 {
@@ -312,4 +283,39 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     out.stats.skipped_steps = case.train.loss_scale.is_some().then_some(skipped);
     out.stats.near_ties = (flips.below > 0.0).then(|| ctx.near_ties.get());
     Ok(out)
+}
+
+/// A step's gradients as the variant sees them: the loss scale divided out, its gradient noise
+/// added, and at step 0 the gradients it was given in place of its own.
+fn adjust_gradients(variant: &Variant, p: Prec, loss_scale: Option<f64>, step: u32, order: &[String], grads: &mut ParamSet) {
+    if let Some(s) = loss_scale {
+        for t in grads.values_mut() {
+            t.data.iter_mut().for_each(|x| *x = p.r(*x / s));
+        }
+    }
+    if let Some(n) = variant.noise.as_ref() {
+        add_gradient_noise(n, step, order, grads);
+    }
+    if let (0, Some(given)) = (step, variant.step0_gradients) {
+        for (name, g) in grads.iter_mut() {
+            if let Some(t) = given.get(name).filter(|t| t.shape == g.shape) {
+                g.data.clone_from(&t.data);
+            }
+        }
+    }
+}
+
+/// Gradient clipping (when the case asks for it) and the optimizer step.
+fn clip_and_update(case: &Case, p: Prec, order: &[String], grads: &mut ParamSet, params: &mut ParamSet, opt: &mut OptState, step: u32) {
+    if let Some(max_norm) = case.train.clip_grad_norm {
+        let sq: f64 = order.iter().map(|n| shardfuzz_kernels::sum_squares(p, &grads[n].data)).sum();
+        let c = clip_coefficient_of(sq, max_norm.get());
+        for t in grads.values_mut() {
+            shardfuzz_kernels::scale_in_place(p, &mut t.data, c);
+        }
+    }
+    for n in order {
+        let param = params.get_mut(n).expect("param");
+        opt.update(n, p, &mut param.data, &grads[n].data, 0, step + 1);
+    }
 }
