@@ -275,56 +275,12 @@ fn combine_outputs(
 
 pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
     let h = st.y.ncols();
-    let top_k = st.routing.gates.ncols();
     let dout = exit_bwd(ctx, g, dx.clone())?;
-    // Gate gradients and the gradient each returned row receives.
-    let mut dgates = Mat::zeros((st.y.nrows(), top_k));
-    let mut dres_msgs = vec![];
-    for (o, r) in st.results.iter().enumerate() {
-        let mut m = vec![0.0; r.nrows() * h];
-        for (i, en) in st.combine[o].iter().enumerate().take(r.nrows()) {
-            let gate = st.routing.gates[[en.token, en.choice]];
-            let d = dout.row(en.token);
-            let mut dot = 0.0;
-            for (j, (dv, rv)) in d.iter().zip(r.row(i).iter()).enumerate() {
-                m[i * h + j] = ctx.p.r(gate * dv);
-                dot = ctx.p.acc().round(dot + dv * rv);
-            }
-            dgates[[en.token, en.choice]] = ctx.p.r(dot);
-        }
-        dres_msgs.push(m);
-    }
-    if let Some(tp) = ctx.tp.filter(|t| t.size() > 1) {
-        // Expert outputs were partial sums over the tensor-parallel group.
-        tp.all_reduce_sum(dgates.as_slice_mut().expect("std"))?;
-    }
+    let (dgates, dres_msgs) = combine_bwd(ctx, st, &dout)?;
     let drecv = exchange(ctx, dres_msgs)?;
     let mut dx_msgs: Vec<Vec<f64>> = st.received.iter().map(|&n| vec![0.0; n * h]).collect();
-    let shape_of = |n: &str| params.get(&format!("{pre}.moe.{n}")).map(|t| t.shape.clone());
     for (le, run) in &st.runs {
-        let le = *le;
-        let mut dout_e = Mat::zeros((run.rows.len(), h));
-        for (i, &(src, pos)) in run.rows.iter().enumerate() {
-            dout_e.row_mut(i).as_slice_mut().expect("std").copy_from_slice(&drecv[src][pos * h..(pos + 1) * h]);
-        }
-        let wd_name = format!("{pre}.moe.down.weight");
-        let wd = expert_mat(&params[&wd_name], le);
-        let lg = k::linear_bwd(ctx.p, &run.act, &wd, &dout_e);
-        accumulate_expert(grads, &wd_name, &shape_of("down.weight").unwrap(), le, lg.dw.as_slice().expect("std"), ctx);
-        if let Some(s) = shape_of("down.bias") {
-            accumulate_expert(grads, &format!("{pre}.moe.down.bias"), &s, le, &lg.db.to_vec(), ctx);
-        }
-        let lin_bwd = |n: &str, d: &Mat| -> Mat {
-            let wname = format!("{pre}.moe.{n}.weight");
-            let w = expert_mat(&params[&wname], le);
-            let lg = k::linear_bwd(ctx.p, &run.x, &w, d);
-            accumulate_expert(grads, &wname, &shape_of(&format!("{n}.weight")).unwrap(), le, lg.dw.as_slice().expect("std"), ctx);
-            if let Some(s) = shape_of(&format!("{n}.bias")) {
-                accumulate_expert(grads, &format!("{pre}.moe.{n}.bias"), &s, le, &lg.db.to_vec(), ctx);
-            }
-            lg.dx
-        };
-        let dxe = activation_bwd(ctx, &run.up, run.gate.as_ref(), &lg.dx, lin_bwd);
+        let dxe = expert_bwd(ctx, pre, params, *le, run, &drecv, h, grads);
         for (i, &(src, pos)) in run.rows.iter().enumerate() {
             dx_msgs[src][pos * h..(pos + 1) * h].copy_from_slice(dxe.row(i).as_slice().expect("std"));
         }
@@ -350,4 +306,69 @@ pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache,
         dy = k::add(ctx.p, &dy, &dy_router);
     }
     Ok(dy)
+}
+
+/// The combine's backward: the gates' gradients (summed over the tensor-parallel group) and the
+/// gradient each returned row receives, as messages back to the members that computed them.
+fn combine_bwd(ctx: &Ctx, st: &MoeCache, dout: &Mat) -> CResult<(Mat, Vec<Vec<f64>>)> {
+    let h = st.y.ncols();
+    let mut dgates = Mat::zeros((st.y.nrows(), st.routing.gates.ncols()));
+    let mut dres_msgs = vec![];
+    for (o, r) in st.results.iter().enumerate() {
+        let mut m = vec![0.0; r.nrows() * h];
+        for (i, en) in st.combine[o].iter().enumerate().take(r.nrows()) {
+            let gate = st.routing.gates[[en.token, en.choice]];
+            let d = dout.row(en.token);
+            let mut dot = 0.0;
+            for (j, (dv, rv)) in d.iter().zip(r.row(i).iter()).enumerate() {
+                m[i * h + j] = ctx.p.r(gate * dv);
+                dot = ctx.p.acc().round(dot + dv * rv);
+            }
+            dgates[[en.token, en.choice]] = ctx.p.r(dot);
+        }
+        dres_msgs.push(m);
+    }
+    if let Some(tp) = ctx.tp.filter(|t| t.size() > 1) {
+        // Expert outputs were partial sums over the tensor-parallel group.
+        tp.all_reduce_sum(dgates.as_slice_mut().expect("std"))?;
+    }
+    Ok((dgates, dres_msgs))
+}
+
+/// One local expert's backward on the rows it received (`drecv`: the returned rows' gradients per
+/// member): its weight and bias gradients accumulated, the gradient of its input rows returned.
+#[allow(clippy::too_many_arguments)]
+fn expert_bwd(
+    ctx: &Ctx,
+    pre: &str,
+    params: &ParamSet,
+    le: usize,
+    run: &ExpertRun,
+    drecv: &[Vec<f64>],
+    h: usize,
+    grads: &mut ParamSet,
+) -> Mat {
+    let shape_of = |n: &str| params.get(&format!("{pre}.moe.{n}")).map(|t| t.shape.clone());
+    let mut dout_e = Mat::zeros((run.rows.len(), h));
+    for (i, &(src, pos)) in run.rows.iter().enumerate() {
+        dout_e.row_mut(i).as_slice_mut().expect("std").copy_from_slice(&drecv[src][pos * h..(pos + 1) * h]);
+    }
+    let wd_name = format!("{pre}.moe.down.weight");
+    let wd = expert_mat(&params[&wd_name], le);
+    let lg = k::linear_bwd(ctx.p, &run.act, &wd, &dout_e);
+    accumulate_expert(grads, &wd_name, &shape_of("down.weight").unwrap(), le, lg.dw.as_slice().expect("std"), ctx);
+    if let Some(s) = shape_of("down.bias") {
+        accumulate_expert(grads, &format!("{pre}.moe.down.bias"), &s, le, &lg.db.to_vec(), ctx);
+    }
+    let lin_bwd = |n: &str, d: &Mat| -> Mat {
+        let wname = format!("{pre}.moe.{n}.weight");
+        let w = expert_mat(&params[&wname], le);
+        let lg = k::linear_bwd(ctx.p, &run.x, &w, d);
+        accumulate_expert(grads, &wname, &shape_of(&format!("{n}.weight")).unwrap(), le, lg.dw.as_slice().expect("std"), ctx);
+        if let Some(s) = shape_of(&format!("{n}.bias")) {
+            accumulate_expert(grads, &format!("{pre}.moe.{n}.bias"), &s, le, &lg.db.to_vec(), ctx);
+        }
+        lg.dx
+    };
+    activation_bwd(ctx, &run.up, run.gate.as_ref(), &lg.dx, lin_bwd)
 }
