@@ -241,43 +241,10 @@ impl<'a> Rank<'a> {
             let st = states[c][j].take().expect("backward once");
             self.backward(params, st, vs(c), |l| self.tag(step, a, j, l, true), grads)
         };
-        match self.plan.schedule {
-            _ if chunks > 1 => {
-                // Interleaved: every micro-batch forward through this rank's chunks in order, then
-                // backward in micro-batch order, chunks in reverse (each wait is on a virtual stage
-                // earlier in that order, so no rank waits on a later one).
-                for j in 0..n {
-                    for c in 0..chunks {
-                        fwd(c, j, &mut states)?;
-                    }
-                }
-                for j in 0..n {
-                    for c in (0..chunks).rev() {
-                        bwd(c, j, &mut states, grads)?;
-                    }
-                }
-            }
-            // (Interleaved with one chunk: no pipeline parallelism, where schedules coincide.)
-            PipelineSchedule::Gpipe | PipelineSchedule::Interleaved => {
-                for j in 0..n {
-                    fwd(0, j, &mut states)?;
-                }
-                for j in (0..n).rev() {
-                    bwd(0, j, &mut states, grads)?;
-                }
-            }
-            PipelineSchedule::OneFOneB => {
-                let warmup = (self.plan.pp - self.stage - 1).min(n);
-                for j in 0..warmup {
-                    fwd(0, j, &mut states)?;
-                }
-                for j in warmup..n {
-                    fwd(0, j, &mut states)?;
-                    bwd(0, j - warmup, &mut states, grads)?;
-                }
-                for j in n - warmup..n {
-                    bwd(0, j, &mut states, grads)?;
-                }
+        for step in schedule_order(self.plan.schedule, chunks, n, self.plan.pp, self.stage) {
+            match step {
+                Pass::Forward(c, j) => fwd(c, j, &mut states)?,
+                Pass::Backward(c, j) => bwd(c, j, &mut states, grads)?,
             }
         }
         Ok(())
@@ -571,6 +538,46 @@ impl<'a> Rank<'a> {
     }
 }
 
+/// One pass of one micro-batch through one model chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Forward(usize, usize),
+    Backward(usize, usize),
+}
+
+/// The order in which a pipeline stage runs its passes (`chunks` model chunks, `n` micro-batches).
+fn schedule_order(schedule: PipelineSchedule, chunks: usize, n: usize, pp: usize, stage: usize) -> Vec<Pass> {
+    let mut order = vec![];
+    match schedule {
+        _ if chunks > 1 => {
+            // Interleaved: every micro-batch forward through this rank's chunks in order, then
+            // backward in micro-batch order, chunks in reverse (each wait is on a virtual stage
+            // earlier in that order, so no rank waits on a later one).
+            for j in 0..n {
+                order.extend((0..chunks).map(|c| Pass::Forward(c, j)));
+            }
+            for j in 0..n {
+                order.extend((0..chunks).rev().map(|c| Pass::Backward(c, j)));
+            }
+        }
+        // (Interleaved with one chunk: no pipeline parallelism, where schedules coincide.)
+        PipelineSchedule::Gpipe | PipelineSchedule::Interleaved => {
+            order.extend((0..n).map(|j| Pass::Forward(0, j)));
+            order.extend((0..n).rev().map(|j| Pass::Backward(0, j)));
+        }
+        PipelineSchedule::OneFOneB => {
+            let warmup = (pp - stage - 1).min(n);
+            order.extend((0..warmup).map(|j| Pass::Forward(0, j)));
+            for j in warmup..n {
+                order.push(Pass::Forward(0, j));
+                order.push(Pass::Backward(0, j - warmup));
+            }
+            order.extend((n - warmup..n).map(|j| Pass::Backward(0, j)));
+        }
+    }
+    order
+}
+
 fn is_kv(name: &str) -> bool {
     name.contains("attn.k.") || name.contains("attn.v.")
 }
@@ -655,4 +662,37 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
     ];
     f.extend(flags.iter().filter(|(on, _)| *on).map(|(_, name)| name.to_string()));
     f.into_iter().map(|x| format!("path:{x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_f_one_b_warms_up_by_the_stages_after_it_then_alternates() {
+        use Pass::{Backward as B, Forward as F};
+        let order = schedule_order(PipelineSchedule::OneFOneB, 1, 3, 2, 0);
+        assert_eq!(order, vec![F(0, 0), F(0, 1), B(0, 0), F(0, 2), B(0, 1), B(0, 2)]);
+        // The last stage has no warm-up.
+        let order = schedule_order(PipelineSchedule::OneFOneB, 1, 2, 2, 1);
+        assert_eq!(order, vec![F(0, 0), B(0, 0), F(0, 1), B(0, 1)]);
+    }
+
+    #[test]
+    fn every_schedule_runs_each_pass_once_forward_before_backward() {
+        for schedule in [PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved] {
+            for (chunks, n, pp, stage) in [(1, 4, 4, 0), (1, 4, 4, 3), (1, 1, 2, 0), (2, 3, 2, 1)] {
+                let chunks = if schedule == PipelineSchedule::Interleaved { chunks } else { 1 };
+                let order = schedule_order(schedule, chunks, n, pp, stage);
+                assert_eq!(order.len(), 2 * chunks * n, "{schedule:?}");
+                for c in 0..chunks {
+                    for j in 0..n {
+                        let f = order.iter().position(|p| *p == Pass::Forward(c, j)).expect("forward");
+                        let b = order.iter().position(|p| *p == Pass::Backward(c, j)).expect("backward");
+                        assert!(f < b, "{schedule:?}: backward of ({c}, {j}) before its forward");
+                    }
+                }
+            }
+        }
+    }
 }
