@@ -25,7 +25,7 @@ use plan::Plan;
 use rank::{run_rank, RankOut};
 use sharding::{local_ranges, unshard_into};
 
-use crate::case::{Axis, Case};
+use crate::case::{Axis, Case, ParamSpec};
 use crate::inputs::Inputs;
 use crate::model::{Bugs, CResult};
 use crate::target::{Outcome, RunOutput, StuckRank, Target};
@@ -219,7 +219,6 @@ fn assemble_param(plan: &Plan, holders: &[&RankOut], name: &str, pick: impl Fn(&
 }
 
 fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
-    let m = plan.model;
     let p = shardfuzz_kernels::Prec::new(plan.case.train.dtype);
     let mut out = RunOutput { features, ..RunOutput::default() };
     let last = plan.pp - 1;
@@ -228,27 +227,7 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
         let sum = loss_ranks.iter().map(|o| o.loss_sums[step]).fold(0.0, |s, x| p.acc().round(s + x));
         out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(sum / plan.global_tokens as f64))));
     }
-    let v = m.vocab as usize;
-    let mut logits = Tensor::zeros(vec![m.tokens(), v]);
-    for o in outs.iter().filter(|o| o.stage == last) {
-        for (rows, cols, mat) in &o.logits {
-            for (i, r) in rows.clone().enumerate() {
-                for (j, c) in cols.clone().enumerate() {
-                    if c < v {
-                        logits.data[r * v + c] = mat[[i, j]];
-                    }
-                }
-            }
-        }
-    }
-    out.tensors.push(("logits".into(), logits));
-    let copies = |name: &str| {
-        if placement(plan.specs.iter().find(|s| s.name == name).expect("spec")).expert_sharded {
-            plan.dp / plan.ep
-        } else {
-            plan.dp
-        }
-    };
+    out.tensors.push(("logits".into(), assemble_logits(plan, outs)));
     for spec in &plan.specs {
         let stage = plan.stages_of(&spec.name)[0];
         let h = holders(plan, outs, &spec.name, 0, stage);
@@ -258,23 +237,7 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
     }
     for spec in &plan.specs {
         let name = &spec.name;
-        let stages = plan.stages_of(name);
-        let mut reps = vec![];
-        for &stage in &stages {
-            for copy in 0..copies(name) {
-                let h = holders(plan, outs, name, copy, stage);
-                if let (Some(t), Some(first)) = (assemble_param(plan, &h, name, |o| o.params.get(name)), h.first()) {
-                    reps.push((first.rank, t));
-                }
-            }
-        }
-        if matches!(placement(spec).tp, TpPlacement::Replicate) && plan.tp > 1 {
-            for o in outs.iter().filter(|o| o.stage == stages[0] && plan.coord(o.rank, Axis::Dp) == 0 && plan.coord(o.rank, Axis::Tp) > 0) {
-                if let Some(t) = o.params.get(name) {
-                    reps.push((o.rank, t.clone()));
-                }
-            }
-        }
+        let reps = parameter_copies(plan, outs, spec);
         if let Some((_, t)) = reps.first() {
             out.tensors.push((format!("param/{name}"), t.clone()));
         }
@@ -289,6 +252,51 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
     }
     out.notes = notes(plan);
     out
+}
+
+/// The step-0 logits from the last stage's pieces (vocab padding dropped).
+fn assemble_logits(plan: &Plan, outs: &[RankOut]) -> Tensor {
+    let m = plan.model;
+    let v = m.vocab as usize;
+    let mut logits = Tensor::zeros(vec![m.tokens(), v]);
+    for o in outs.iter().filter(|o| o.stage == plan.pp - 1) {
+        for (rows, cols, mat) in &o.logits {
+            for (i, r) in rows.clone().enumerate() {
+                for (j, c) in cols.clone().enumerate() {
+                    if c < v {
+                        logits.data[r * v + c] = mat[[i, j]];
+                    }
+                }
+            }
+        }
+    }
+    logits
+}
+
+/// Every full copy of a parameter after the last step, with the rank that holds its first piece:
+/// one per stage holding it and data-parallel replica, plus the copies of a tensor-parallel
+/// replicated parameter on the other tensor-parallel ranks.
+fn parameter_copies(plan: &Plan, outs: &[RankOut], spec: &ParamSpec) -> Vec<(usize, Tensor)> {
+    let name = &spec.name;
+    let stages = plan.stages_of(name);
+    let copies = if placement(spec).expert_sharded { plan.dp / plan.ep } else { plan.dp };
+    let mut reps = vec![];
+    for &stage in &stages {
+        for copy in 0..copies {
+            let h = holders(plan, outs, name, copy, stage);
+            if let (Some(t), Some(first)) = (assemble_param(plan, &h, name, |o| o.params.get(name)), h.first()) {
+                reps.push((first.rank, t));
+            }
+        }
+    }
+    if matches!(placement(spec).tp, TpPlacement::Replicate) && plan.tp > 1 {
+        for o in outs.iter().filter(|o| o.stage == stages[0] && plan.coord(o.rank, Axis::Dp) == 0 && plan.coord(o.rank, Axis::Tp) > 0) {
+            if let Some(t) = o.params.get(name) {
+                reps.push((o.rank, t.clone()));
+            }
+        }
+    }
+    reps
 }
 
 fn notes(plan: &Plan) -> Vec<String> {
