@@ -106,7 +106,7 @@ fn split_dot(p: Prec, a: &[f64], b: &[f64]) -> f64 {
     let acc = p.acc();
     p.chunks(a.len()).fold(0.0, |total, r| {
         let part = a[r.clone()].iter().zip(&b[r]).fold(0.0, |s, (x, y)| acc.round(s + acc.round(x * y)));
-        acc.round(total + p.partial(part))
+        p.add_partial(total, part)
     })
 }
 
@@ -123,7 +123,7 @@ pub fn sum_rows(p: Prec, x: &Array2<f64>) -> Array1<f64> {
             }
         }
         let split = p.split_sums > 1;
-        total.iter_mut().zip(s).for_each(|(t, v)| *t = if split { acc.round(*t + p.partial(v)) } else { v });
+        total.iter_mut().zip(s).for_each(|(t, v)| *t = if split { p.add_partial(*t, v) } else { v });
     }
     Array1::from_vec(total.into_iter().map(|v| p.r(v)).collect())
 }
@@ -208,5 +208,21 @@ mod tests {
         let f = Array2::<f64>::zeros((0, 5));
         assert_eq!(matmul(p, &e, &f), Array2::zeros((3, 5)));
         assert_eq!(matmul(p, &rand_mat(2, 3, 1), &Array2::zeros((3, 0))).dim(), (2, 0));
+    }
+    #[test]
+    fn split_partial_sums_are_added_in_the_dtype_they_travel_in() {
+        // The gradient of a bias from five rows that cancel to 0.039: exact when the partial sums are
+        // added in f32, one bf16 rounding of the running sum (±1.76) off when they are added in bf16,
+        // as a bf16 all-reduce adds them.
+        let rows = [0.8125, -1.6953125, -0.87890625, 2.171875, -0.44921875];
+        let x = Array2::from_shape_vec((5, 1), rows.to_vec()).unwrap();
+        let p = Prec::new(DType::BF16);
+        assert_eq!(sum_rows(p, &x)[0], -0.0390625);
+        let split = sum_rows(p.split(5), &x)[0];
+        let sequential_bf16 = rows.iter().fold(0.0, |s, v| DType::BF16.round(s + v));
+        assert_eq!(split, sequential_bf16);
+        assert!((split + 0.0390625).abs() >= 0.5 * DType::BF16.unit_roundoff(), "split {split}");
+        // With an f32 reduce dtype the same partial sums add exactly.
+        assert_eq!(sum_rows(p.split_into(5, DType::F32), &x)[0], -0.0390625);
     }
 }
