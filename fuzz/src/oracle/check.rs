@@ -584,19 +584,30 @@ fn adam_moves(
     // g + wd · p, which may be near zero where g is not.
     let l2 = if opt.kind == OptimizerKind::Adam { opt.weight_decay.get() } else { 0.0 };
     let l2_term = |i: usize| l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
-    let effective = |i: usize, gi: f64| gi + l2_term(i);
-    let step0 = first_step.out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 {
-        own,
-        eps: opt.eps.get(),
-        clip: *first_step.clip.get_or_init(|| clip_range(case, reference, checks)),
-    });
+    let clip = *first_step.clip.get_or_init(|| clip_range(case, reference, checks));
+    let u = coarse_dtype(case).unit_roundoff();
+    // x = c · g + wd · p decides the sign of Adam's first move; the target forms it in the case
+    // dtype, so within a few round-offs of its two terms that sign is undecided (a clean f16 case,
+    // `bench clean` seed 13,058,564: clipped gradient and L2 term cancelled to within that, and the
+    // target's sign was the other one).
+    let roundoff = |i: usize, gi: f64| Step0::SIGN_ULPS * u * (clip.high * gi.abs() + l2_term(i).abs());
+    // The share of 2 lr an element may move by: all of it where x may come out with either sign;
+    // further out, the gradient's noise over x.
+    let flips = |i: usize, gi: f64| {
+        let unclipped = (gi + l2_term(i)).abs().min(gi.abs());
+        let before = if unclipped <= delta { 1.0 } else { delta / unclipped };
+        let x = (clip.reference * gi + l2_term(i)).abs().min(gi.abs());
+        let (d, r) = (clip.reference * delta, roundoff(i, gi));
+        let clipped = if x <= d + r { 1.0 } else { d / x };
+        f64::max(before, clipped)
+    };
+    let step0 = first_step.out.tensor(&gname).filter(|t| t.shape == g.shape).map(|own| Step0 { own, eps: opt.eps.get(), u, clip });
     let moves: Vec<f64> = g
         .data
         .iter()
         .enumerate()
         .map(|(i, &gi)| {
-            let ge = effective(i, gi).abs().min(gi.abs());
-            let flips = if ge <= delta { 1.0 } else { delta / ge };
+            let flips = flips(i, gi);
             match step0.as_ref().and_then(|s| s.move_of(s.own.data[i], gi, l2_term(i))) {
                 Some(first) => lr * first + 2.0 * lr * (steps - 1.0) * flips,
                 None => 2.0 * lr * steps * flips,
@@ -620,6 +631,8 @@ fn adam_moves(
 struct Step0<'a> {
     own: &'a Tensor,
     eps: f64,
+    /// The unit round-off of the case dtype, in which the target forms c · g + wd · p.
+    u: f64,
     /// The reference's clipping coefficient and the range the target's lies in ((1, 1, 1) without
     /// clipping).
     clip: Clip,
@@ -643,6 +656,10 @@ struct Clip {
 impl Step0<'_> {
     /// Far enough above eps that a(x) is sign(x) within 1e-3.
     const DECIDED: f64 = 1e3;
+    /// How many unit round-offs of its two terms x must be away from zero for its sign to hold (a
+    /// clean f16 case, Adam with L2 and clipping, `bench clean` seed 13,058,564: c · g and wd · p =
+    /// 0.0096 cancelled and the target's sign differed from the reference's).
+    const SIGN_ULPS: f64 = 8.0;
 
     fn a(&self, x: f64) -> f64 {
         x / (x.abs() + self.eps)
@@ -656,13 +673,17 @@ impl Step0<'_> {
         if target == 0.0 && reference == 0.0 {
             return Some(0.0);
         }
-        let held = |ends: [f64; 2]| {
-            ends.iter().all(|x| x.is_finite() && x.abs() > Self::DECIDED * self.eps) && ends[0].signum() == ends[1].signum()
-        };
         let c = self.clip;
+        // The target forms x in its own dtype (c · g rounded, p and wd · p rounded, the sum rounded):
+        // a sign holds only beyond that round-off of the two terms.
+        let roundoff = |g: f64| Self::SIGN_ULPS * self.u * (c.high * g.abs() + l2_term.abs());
+        let held = |ends: [f64; 2], g: f64| {
+            ends.iter().all(|x| x.is_finite() && x.abs() > (Self::DECIDED * self.eps).max(roundoff(g)))
+                && ends[0].signum() == ends[1].signum()
+        };
         let own = [c.low * target + l2_term, c.high * target + l2_term];
         let theirs = c.reference * reference + l2_term;
-        if !held(own) || !held([theirs, theirs]) {
+        if !held(own, target) || !held([theirs, theirs], reference) {
             return None;
         }
         let r = self.a(theirs);
