@@ -5,7 +5,8 @@ The value is right. Autograd's backward divides the gradient by the count of max
 (`_infer_reduction_dims` in torch/distributed/tensor/_ops/_math_ops.py) where ATen reduces every
 dim: each rank divides by its own count, 0 on the ranks without the maximum
 (see torch-2.15-dtensor-sum-empty-dim-list-sharded.py). Found by shardfuzz (amax OpInfo sample 8,
-mesh [3], input Shard(0), float64). torch 2.5.1 behaves the same.
+mesh [3], input Shard(0), float64). torch 2.5.1 behaves the same, and so does amin (every amax
+replaced by amin: NaN / inf gradient, checked 2026-11-26).
 
 torchrun --nproc_per_node 3 torch-2.15-dtensor-amax-full-reduction-sharded-grad-nan.py   (CPU, gloo)
 """
