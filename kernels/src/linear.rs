@@ -209,6 +209,7 @@ mod tests {
         assert_eq!(matmul(p, &e, &f), Array2::zeros((3, 5)));
         assert_eq!(matmul(p, &rand_mat(2, 3, 1), &Array2::zeros((3, 0))).dim(), (2, 0));
     }
+
     #[test]
     fn split_partial_sums_are_added_in_the_dtype_they_travel_in() {
         // The gradient of a bias from five rows that cancel to 0.039: exact when the partial sums are

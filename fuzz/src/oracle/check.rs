@@ -586,18 +586,14 @@ fn adam_moves(
     let l2_term = |i: usize| l2 * initial.and_then(|t| t.data.get(i)).copied().unwrap_or(0.0);
     let clip = *first_step.clip.get_or_init(|| clip_range(case, reference, checks));
     let u = coarse_dtype(case).unit_roundoff();
-    // x = c · g + wd · p decides the sign of Adam's first move; the target forms it in the case
-    // dtype, so within a few round-offs of its two terms that sign is undecided (a clean f16 case,
-    // `bench clean` seed 13,058,564: clipped gradient and L2 term cancelled to within that, and the
-    // target's sign was the other one).
-    let roundoff = |i: usize, gi: f64| Step0::SIGN_ULPS * u * (clip.high * gi.abs() + l2_term(i).abs());
-    // The share of 2 lr an element may move by: all of it where x may come out with either sign;
-    // further out, the gradient's noise over x.
+    // The share of 2 lr an element may move by: all of it where x = c · g + wd · p may come out with
+    // either sign (within the gradient's noise or `sign_roundoff` of zero); further out, the
+    // gradient's noise over x.
     let flips = |i: usize, gi: f64| {
         let unclipped = (gi + l2_term(i)).abs().min(gi.abs());
         let before = if unclipped <= delta { 1.0 } else { delta / unclipped };
         let x = (clip.reference * gi + l2_term(i)).abs().min(gi.abs());
-        let (d, r) = (clip.reference * delta, roundoff(i, gi));
+        let (d, r) = (clip.reference * delta, sign_roundoff(u, clip, gi, l2_term(i)));
         let clipped = if x <= d + r { 1.0 } else { d / x };
         f64::max(before, clipped)
     };
@@ -656,10 +652,6 @@ struct Clip {
 impl Step0<'_> {
     /// Far enough above eps that a(x) is sign(x) within 1e-3.
     const DECIDED: f64 = 1e3;
-    /// How many unit round-offs of its two terms x must be away from zero for its sign to hold (a
-    /// clean f16 case, Adam with L2 and clipping, `bench clean` seed 13,058,564: c · g and wd · p =
-    /// 0.0096 cancelled and the target's sign differed from the reference's).
-    const SIGN_ULPS: f64 = 8.0;
 
     fn a(&self, x: f64) -> f64 {
         x / (x.abs() + self.eps)
@@ -674,11 +666,8 @@ impl Step0<'_> {
             return Some(0.0);
         }
         let c = self.clip;
-        // The target forms x in its own dtype (c · g rounded, p and wd · p rounded, the sum rounded):
-        // a sign holds only beyond that round-off of the two terms.
-        let roundoff = |g: f64| Self::SIGN_ULPS * self.u * (c.high * g.abs() + l2_term.abs());
         let held = |ends: [f64; 2], g: f64| {
-            ends.iter().all(|x| x.is_finite() && x.abs() > (Self::DECIDED * self.eps).max(roundoff(g)))
+            ends.iter().all(|x| x.is_finite() && x.abs() > (Self::DECIDED * self.eps).max(sign_roundoff(self.u, c, g, l2_term)))
                 && ends[0].signum() == ends[1].signum()
         };
         let own = [c.low * target + l2_term, c.high * target + l2_term];
@@ -689,6 +678,18 @@ impl Step0<'_> {
         let r = self.a(theirs);
         Some(own.iter().map(|&x| (self.a(x) - r).abs()).fold(0.0, f64::max))
     }
+}
+
+/// How many unit round-offs of its two terms x = c · g + wd · p must be away from zero for the sign
+/// of Adam's first move to hold (a clean f16 case, Adam with L2 and clipping, `bench clean` seed
+/// 13,058,564: c · g and wd · p = 0.0096 cancelled and the target's sign differed from the reference's).
+const SIGN_ULPS: f64 = 8.0;
+
+/// The round-off of forming x = c · g + wd · p in a dtype of unit round-off `u` (c · g rounded, p and
+/// wd · p rounded, the sum rounded), at the high end of the clipping range: within it, x's sign is
+/// undecided.
+fn sign_roundoff(u: f64, clip: Clip, g: f64, l2_term: f64) -> f64 {
+    SIGN_ULPS * u * (clip.high * g.abs() + l2_term.abs())
 }
 
 /// How many times a gradient's normwise ε the target's global gradient norm may differ by.

@@ -337,7 +337,6 @@ fn combine_bwd(ctx: &Ctx, st: &MoeCache, dout: &Mat) -> CResult<(Mat, Vec<Vec<f6
 
 /// One local expert's backward on the rows it received (`drecv`: the returned rows' gradients per
 /// member): its weight and bias gradients accumulated, the gradient of its input rows returned.
-#[allow(clippy::too_many_arguments)]
 fn expert_bwd(
     ctx: &Ctx,
     pre: &str,

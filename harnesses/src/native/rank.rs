@@ -447,7 +447,6 @@ impl<'a> Rank<'a> {
     }
 
     /// The optimizer step on the clipped gradients (ZeRO-1+: on this rank's partition).
-    #[allow(clippy::too_many_arguments)]
     fn update(
         &self,
         flat: &Flat,
