@@ -46,6 +46,17 @@ impl DType {
         }
     }
 
+    /// Smallest positive (subnormal) value: the spacing of values near zero, where the rounding
+    /// error is absolute, not relative.
+    pub fn smallest_subnormal(self) -> f64 {
+        match self {
+            DType::F64 => f64::from_bits(1),
+            DType::F32 => 2f64.powi(-149),
+            DType::BF16 => 2f64.powi(-133),
+            DType::F16 => 2f64.powi(-24),
+        }
+    }
+
     /// Largest finite value.
     pub fn max_finite(self) -> f64 {
         match self {
@@ -99,6 +110,16 @@ mod tests {
                 assert_eq!(d.round(r), r, "{d} not idempotent at {x}");
                 assert!(((r - x) / x).abs() <= d.unit_roundoff(), "{d}: {x} -> {r}");
             }
+        }
+    }
+
+    #[test]
+    fn the_smallest_subnormal_is_the_spacing_near_zero() {
+        for d in DType::ALL {
+            let q = d.smallest_subnormal();
+            assert_eq!(d.round(q), q, "{d}");
+            assert_eq!(d.round(0.4 * q), 0.0, "{d}: below half the spacing rounds to zero");
+            assert_eq!(d.round(2.6 * q), 3.0 * q, "{d}: multiples of it are the values near zero");
         }
     }
 

@@ -64,13 +64,22 @@ pub fn rmsnorm_fwd(p: Prec, x: &Array2<f64>, w: &Array1<f64>, eps: f64) -> (Arra
 pub fn layernorm_weight_grads(p: Prec, x_hat: &Array2<f64>, dy: &Array2<f64>) -> (Array1<f64>, Array1<f64>) {
     let acc = p.acc();
     let h = x_hat.ncols();
-    let mut dw = vec![0.0; h];
-    let mut db = vec![0.0; h];
-    for (hr, dr) in x_hat.rows().into_iter().zip(dy.rows()) {
-        for j in 0..h {
-            dw[j] = acc.round(dw[j] + acc.round(dr[j] * hr[j]));
-            db[j] = acc.round(db[j] + dr[j]);
+    let (mut dw, mut db) = (vec![0.0; h], vec![0.0; h]);
+    // Summed over rows like a bias gradient: in `p.split_sums` chunks of rows when asked, each
+    // partial sum rounded before it is added (ranks', micro-batches' and accumulation steps' partial
+    // gradients; a clean f16 case with three accumulation steps had a final-norm gradient of 10⁻⁹,
+    // below f16's smallest subnormal, come out a subnormal apart where the unsplit runs agreed).
+    for chunk in p.chunks(x_hat.nrows()) {
+        let (mut pw, mut pb) = (vec![0.0; h], vec![0.0; h]);
+        for (hr, dr) in x_hat.rows().into_iter().zip(dy.rows()).skip(chunk.start).take(chunk.len()) {
+            for j in 0..h {
+                pw[j] = acc.round(pw[j] + acc.round(dr[j] * hr[j]));
+                pb[j] = acc.round(pb[j] + dr[j]);
+            }
         }
+        let add = |t: &mut f64, v: f64| *t = if p.split_sums > 1 { p.add_partial(*t, v) } else { v };
+        dw.iter_mut().zip(pw).for_each(|(t, v)| add(t, v));
+        db.iter_mut().zip(pb).for_each(|(t, v)| add(t, v));
     }
     (Array1::from_iter(dw.into_iter().map(|v| p.r(v))), Array1::from_iter(db.into_iter().map(|v| p.r(v))))
 }
@@ -153,5 +162,17 @@ mod tests {
         let (a, _) = layernorm_weight_grads(f, &c.x_hat.slice(top).to_owned(), &dy.slice(top).to_owned());
         let (b, _) = layernorm_weight_grads(f, &c.x_hat.slice(bot).to_owned(), &dy.slice(bot).to_owned());
         assert_close(&row(&(a + b)), &row(&dw), 1e-14);
+    }
+
+    #[test]
+    fn split_weight_grads_round_each_partial_sum() {
+        // Two rows whose products cancel in f16: unsplit, the f32 accumulator keeps their sum
+        // exactly; split in two, each product is rounded to f16 before they are added.
+        let x_hat = ndarray::array![[1.0], [1.0]];
+        let dy = ndarray::array![[1.0 + 2f64.powi(-12)], [-1.0]];
+        let f16 = Prec::new(crate::DType::F16);
+        assert_eq!(layernorm_weight_grads(f16, &x_hat, &dy).0[0], 2f64.powi(-12));
+        let (dw, db) = layernorm_weight_grads(f16.split(2), &x_hat, &dy);
+        assert_eq!((dw[0], db[0]), (0.0, 0.0));
     }
 }

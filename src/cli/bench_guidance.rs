@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use shardfuzz_fuzz::campaign::CampaignOptions;
-use shardfuzz_fuzz::guidance::{chart, over_time_table, run_target, summarize};
+use shardfuzz_fuzz::guidance::{chart, over_time_table, run_target, summarize, GuidanceRow};
 use shardfuzz_fuzz::oracle::Oracle;
 use shardfuzz_harnesses::target::registry::{self, TargetOptions};
 
@@ -68,11 +68,21 @@ pub fn run(a: GuidanceArgs) -> anyhow::Result<ExitCode> {
     let checkpoints: Vec<f64> = [0.05, 0.1, 0.25, 0.5, 0.75, 1.0].iter().map(|f| f * t).collect();
     println!("framework lines/branches covered, median of {} runs per mode:", a.runs);
     print!("{}", over_time_table(&runs, &checkpoints));
-    let rows = summarize(&runs, t);
+    let csv = summary_table(&summarize(&runs, t), a.json)?;
+    std::fs::create_dir_all(&a.out)?;
+    shardfuzz_fuzz::findings::write_atomic(&a.out.join("guidance.csv"), csv.as_bytes())?;
+    let png = a.out.join("guidance.png");
+    chart(&runs, t, &png)?;
+    eprintln!("wrote {} and {}", a.out.join("guidance.csv").display(), png.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the per-target summary (and its JSON lines with `json`); returns it as CSV.
+fn summary_table(rows: &[GuidanceRow], json: bool) -> anyhow::Result<String> {
     let mut csv =
         String::from("target,runs,guided_cov,random_cov,ratio,guided_findings,random_findings,guided_expressed,random_expressed\n");
     println!("\n{:<20} {:>10} {:>10} {:>6} {:>15} {:>15}", "target", "guided", "random", "ratio", "findings g/r", "expressed g/r");
-    for r in &rows {
+    for r in rows {
         println!(
             "{:<20} {:>10.0} {:>10.0} {:>6.2} {:>15} {:>15}",
             r.target,
@@ -94,14 +104,9 @@ pub fn run(a: GuidanceArgs) -> anyhow::Result<ExitCode> {
             r.guided_expressed,
             r.random_expressed
         );
-        if a.json {
+        if json {
             println!("{}", serde_json::to_string(r)?);
         }
     }
-    std::fs::create_dir_all(&a.out)?;
-    shardfuzz_fuzz::findings::write_atomic(&a.out.join("guidance.csv"), csv.as_bytes())?;
-    let png = a.out.join("guidance.png");
-    chart(&runs, t, &png)?;
-    eprintln!("wrote {} and {}", a.out.join("guidance.csv").display(), png.display());
-    Ok(ExitCode::SUCCESS)
+    Ok(csv)
 }

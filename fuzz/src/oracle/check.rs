@@ -9,7 +9,7 @@ use shardfuzz_kernels::DType;
 
 use super::attention_tie::{attention_near_tie, AttentionTie};
 use super::compare::ErrorScale;
-use super::ensemble::{coarse_dtype, is_later_step, Member, Prepared, ROUTING_FLIP_ULPS};
+use super::ensemble::{coarse_dtype, is_later_step, partial_sums, Member, Prepared, ROUTING_FLIP_ULPS};
 use super::stats::{norm_per_rms, statistics, sum_per_rms, Stat, Stats};
 use super::{nan_max, Oracle, StatCheck, TensorCheck};
 
@@ -179,7 +179,8 @@ impl<'a> Comparison<'a> {
         others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
         others.extend(adam.iter().map(|t| ("adam", t)));
         let mask = self.comparable_mask(r, &mut others, target.filter(|_| overflow.is_some()), denom);
-        let samples: Vec<(&str, Stats)> = others.iter().map(|(n, x)| (*n, statistics(x, r, denom, mask.as_deref()))).collect();
+        let mut samples: Vec<(&str, Stats)> = others.iter().map(|(n, x)| (*n, statistics(x, r, denom, mask.as_deref()))).collect();
+        samples.extend(underflow_sample(case, r, denom, mask.as_deref()));
         let per_rms = (SIGMAS * sum_per_rms(r, denom, mask.as_deref()), SIGMAS * norm_per_rms(r, mask.as_deref()));
         let adaptive = is_later_step(name) && case.train.optimizer.kind != OptimizerKind::Sgd;
         let mut check = noise_check(name, &samples, &self.rules, per_rms, adaptive);
@@ -216,6 +217,23 @@ impl<'a> Comparison<'a> {
         }
         mask
     }
+}
+
+/// Near zero a dtype's rounding is absolute: its values there are multiples of the smallest
+/// subnormal q, and each partial sum a sharded run adds (one per rank, micro-batch and accumulation
+/// step), and the sum itself, may round by q/2 whatever its size, where a single-device run rounds
+/// once. The sample is the reference moved by that much, with alternating signs, on every element;
+/// it decides only where a tensor's values come within a few q of zero (a clean f16 case with three
+/// accumulation steps had a final-norm gradient of 10⁻⁹, below f16's q = 6·10⁻⁸, come out ±q on
+/// four elements where every single-device member rounded it to zero: 36 ε past them).
+fn underflow_sample(case: &Case, r: &Tensor, denom: f64, mask: Option<&[bool]>) -> Option<(&'static str, Stats)> {
+    let dtype = coarse_dtype(case);
+    if dtype == DType::F64 {
+        return None;
+    }
+    let moved = (partial_sums(case) + 1) as f64 * dtype.smallest_subnormal() / 2.0;
+    let data = r.data.iter().enumerate().map(|(i, &v)| if i % 2 == 0 { v + moved } else { v - moved }).collect();
+    Some(("underflow", statistics(&Tensor::new(r.shape.clone(), data), r, denom, mask)))
 }
 
 /// The note of a tensor the target did not produce: a harness error, never a pass.

@@ -7,8 +7,9 @@
 //! 1. `dtype`: the reference in the case dtype (in the reduce dtype when that is coarser than an f64
 //!    compute dtype: any tensor a rank communicates may be rounded to it), and the target's
 //!    own single-device run in the case dtype when it sends one (the framework's roundings).
-//! 2. `split`: in the case dtype, every matrix product and bias gradient split into as many partial
-//!    sums as the case has ranks (2 to 8), each rounded to the case dtype (the reduce dtype when that
+//! 2. `split`: in the case dtype, every matrix product and bias or norm-weight gradient split into
+//!    as many partial sums as the case has ranks times micro-batches times accumulation steps (2 to
+//!    8: each adds a rounded partial gradient), each rounded to the case dtype (the reduce dtype when that
 //!    is coarser: f64 compute with an f32 all-reduce) before they are added:
 //!    the rounding of a row-parallel product's or a data-parallel gradient's partial sums before
 //!    the all-reduce, which no unsplit run has.
@@ -180,6 +181,17 @@ pub fn is_later_step(tensor: &str) -> bool {
     tensor.starts_with("param/") || (tensor.starts_with("loss/") && tensor != "loss/step0")
 }
 
+/// The partial sums a sharded run may add for one gradient: one per rank, micro-batch and
+/// accumulation step, each rounded.
+pub fn partial_sums(case: &Case) -> usize {
+    case.world() * case.parallel.microbatches as usize * case.train.grad_accumulation as usize
+}
+
+/// The partial sums of the `split` member: [`partial_sums`], 2 to 8.
+fn split_parts(case: &Case) -> u8 {
+    partial_sums(case).clamp(2, 8) as u8
+}
+
 /// The coarser of the compute and reduce dtypes: the round-off a sharded run may inject.
 pub fn coarse_dtype(case: &Case) -> DType {
     let (dtype, reduce) = (case.train.dtype, case.train.reduce_dtype());
@@ -231,7 +243,7 @@ impl Prepared {
             // may be rounded to it: the whole run in the reduce dtype bounds that.
             0 => (coarse != DType::F64).then(|| count(reference::run(case, inputs, coarse))).flatten().map(|o| Member::new("dtype", o)),
             1 => {
-                let parts = case.world().clamp(2, 8) as u8;
+                let parts = split_parts(case);
                 count(reference::run_prec(case, inputs, Prec::new(dtype).split_into(parts, coarse))).map(|o| Member::new("split", o))
             }
             2 => count(reference::run(case, &inputs.perturbed(coarse, case.data.seed), DType::F64)).map(|o| Member::new("perturbed", o)),
