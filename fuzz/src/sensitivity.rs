@@ -93,7 +93,7 @@ pub fn run_case(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Option
     if clean.kind != VerdictKind::Pass {
         return Some(CaseResult { clean, detected: vec![], misses: vec![] });
     }
-    let candidates = candidates(&prep, &clean);
+    let candidates = candidates(&prep, &clean, &out);
     let mut misses = vec![];
     let detected = CORRUPTIONS
         .iter()
@@ -137,9 +137,13 @@ fn miss(c: &Corruption, what: &str, v: &Verdict) -> String {
 }
 
 /// The tensors a corruption may hit: compared, passing, representable, not round-off.
-fn candidates(prep: &Prepared, clean: &Verdict) -> Vec<String> {
-    let Ok(reference) = prep.reference() else {
-        return vec![];
+fn candidates(prep: &Prepared, clean: &Verdict, out: &RunOutput) -> Vec<String> {
+    // (A library-op case's reference is the framework's own, sent with the run.)
+    let sent = RunOutput { tensors: out.reference.clone(), ..RunOutput::default() };
+    let reference = match (&prep.case.library_op, prep.reference()) {
+        (Some(_), _) => &sent,
+        (None, Ok(r)) => r,
+        (None, Err(_)) => return vec![],
     };
     let scale = ErrorScale::new(&reference.tensors);
     clean
@@ -168,7 +172,8 @@ fn corrupt(c: Corruption, out: &RunOutput, candidates: &[String], prep: &Prepare
     }
     let mut order: Vec<&String> = candidates.iter().collect();
     shuffle(&mut order, rng);
-    let world = prep.case.world();
+    // The ranks a tensor is split over: a library-op case's mesh, else the parallel configuration's.
+    let world = prep.case.library_op.as_ref().map_or_else(|| prep.case.world(), |l| l.mesh.iter().map(|&d| d as usize).product());
     for name in order {
         let i = o.tensors.iter().position(|(n, _)| n == name)?;
         let t = &o.tensors[i].1;
