@@ -112,7 +112,10 @@ fn seed_cases_pass_or_are_rejected_on_every_python_target() {
 /// (`tests/python-clean-cases/`, each named by its dtype, target and what cancelled): each must pass
 /// on its target. The bf16 built-in linear op on dp4 × tp2 has a bias gradient of 0.039 summed from
 /// rows of ±2; the sharded run's bf16 reduction rounded its running sum (0.0039 off), which the
-/// `split` member now does too (`kernels::linear` tests).
+/// `split` member now does too (`kernels::linear` tests). The f16 `broadcast_to` library op on a 2×2
+/// mesh has a scalar gradient summed from its cotangent alone; the sharded run rounds each device's
+/// partial sum (14 ε off), which the worker's `member/perturbed` now samples by perturbing the
+/// cotangents as well as the inputs.
 #[test]
 fn the_python_clean_cases_pass_on_their_targets() {
     if !python_ready() {

@@ -240,6 +240,15 @@ class JaxLibraryOps(unittest.TestCase):
         else:
             self.assertIn("not compared", " ".join(reply["notes"]))
 
+    def test_the_perturbed_member_moves_the_cotangents_too(self):
+        # broadcast_to's gradient sums its cotangent and nothing else: a member that perturbs the inputs alone
+        # leaves it where the reference is, while a sharded run rounds each device's partial sum of it (a clean
+        # f16 campaign case came out 14 ε from members that did not move).
+        reply = self.run_case(lib_case("jax.numpy.broadcast_to", 0, (2,), [["R"]], dtype="f16"))
+        tensors = reply["tensors"]
+        self.assertIn("member/perturbed/grad/0", tensors)
+        self.assertFalse(np.array_equal(tensors["member/perturbed/grad/0"], tensors["reference/grad/0"]))
+
     def test_unsupported(self):
         target = self.targets["gspmd"]
         self.assertIn("not in the JAX", target.unsupported(lib_case("jax.numpy.no_such_op")))

@@ -116,6 +116,13 @@ class TorchLibraryOpsTest(LibraryWorker):
             self.assertIn(f"{prefix}/out/0", outputs)
             self.assertIn(f"{prefix}/grad/0", outputs)
 
+    def test_the_perturbed_member_moves_the_upstream_gradients_too(self):
+        # sum's gradient is its upstream gradient broadcast and nothing else: a member that perturbs the inputs
+        # alone leaves it where the reference is (see jax's test of the same name).
+        reply, outputs = self.run_case(library_case("sum", "", 0, [2], [["S(0)"]], dtype="f16"))
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertFalse(np.array_equal(outputs["member/perturbed/grad/0"], outputs["reference/grad/0"]))
+
     def test_replicated_copies_come_back_as_replicas(self):
         reply, outputs = self.run_case(library_case("add", "", 3, [2, 2], [["S(0)", "R"], ["R", "R"]]))
         self.assertEqual(reply["status"], "completed", reply.get("reason"))

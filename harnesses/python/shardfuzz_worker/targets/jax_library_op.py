@@ -8,7 +8,7 @@ case asks for the backward and the op has float inputs and float outputs, the vj
 with a seeded cotangent per float output (rounded to the case dtype):
   reference          float64 on the rounded inputs
   baseline           the case dtype (low precision only)
-  member/perturbed   float64 on the inputs times (1 ± u), u the dtype's unit roundoff
+  member/perturbed   float64 on the inputs and cotangents times (1 ± u), u the dtype's unit roundoff
   member/reordered   the case dtype on those inputs (low precision only)
 Sharded runs, over a mesh of the case's shape on the first prod(mesh) of the 8 host CPU devices, axes
 ("a0", "a1", "a2"):
@@ -156,6 +156,14 @@ class Prepared:
             out[j] = x * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(x)))
         return out
 
+    def perturbed_cots(self, u):
+        """The cotangents times (1 + u·r), r = ±1 per element (seeded): the backward's inputs. A gradient that
+        sums its cotangent (broadcast_to's) does not move with the inputs at all, while a sharded run rounds
+        each device's partial sum of it (a clean f16 campaign case: a broadcast gradient 14 ε from every member
+        that perturbed the inputs alone)."""
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 13])
+        return [c * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(c))) for c in self.cots]
+
 
 def make_step(call, float_args, grad):
     """A traceable (args, cots) -> (outputs, gradients of the float args): `call(args)` gives the outputs."""
@@ -220,12 +228,13 @@ def edited_kwargs(kwargs, edits, ndim):
     return jax.tree_util.tree_unflatten(tree, leaves), notes
 
 
-def single_run(prep, run_dtype, inputs):
-    """The op on one device in `run_dtype` on `inputs`: {out/k, grad/j: float64 array}."""
+def single_run(prep, run_dtype, inputs, cots=None):
+    """The op on one device in `run_dtype` on `inputs` (and `cots`, the case's cotangents when None):
+    {out/k, grad/j: float64 array}."""
     key = ("single", jnp.dtype(run_dtype).name, prep.grad) + prep.key
     fn = _COMPILED.get_or(key, lambda: jax.jit(make_step(_op_call(prep), prep.float_args, prep.grad)))
     args = [jnp.asarray(x, dtype=run_dtype) if f else x for x, f in zip(inputs, prep.floating)]
-    outs, grads = fn(args, [np.asarray(c) for c in prep.cots])
+    outs, grads = fn(args, [np.asarray(c) for c in (prep.cots if cots is None else cots)])
     result = {f"out/{k}": to_array(o) for k, o in enumerate(outs)}
     for j, g in zip(prep.float_args, grads):
         result[f"grad/{j}"] = to_array(g)
@@ -242,10 +251,10 @@ def single_device(prep, notes):
     if low:
         runs += [("baseline", DTYPES[name], False), ("member/reordered", DTYPES[name], True)]
     out = {}
-    moved = prep.perturbed(u)
+    moved, moved_cots = prep.perturbed(u), prep.perturbed_cots(u)
     for prefix, dt, perturb in runs:
         try:
-            out[prefix] = single_run(prep, dt, moved if perturb else prep.inputs)
+            out[prefix] = single_run(prep, dt, moved if perturb else prep.inputs, moved_cots if perturb else None)
         except Exception as e:  # noqa: BLE001 - the op itself refuses this sample on one device
             if prefix in ("reference", "baseline"):
                 raise Unsupported(f"the single-device op fails in {jnp.dtype(dt).name}: {type(e).__name__}: {str(e)[:200]}") from e

@@ -180,7 +180,7 @@ class Prepared:
         outs = [viewed(o, self.views) for o in output_leaves(call(self.op, leaves, self.spec))]
         self.integer_outputs = {f"out/{k}" for k, o in enumerate(outs) if not (o.is_floating_point() or o.is_complex())}
         result = {f"out/{k}": to_array(o) for k, o in enumerate(outs)}
-        self.backward(outs, [leaves[i] for i in self.grad_args], result)
+        self.backward(outs, [leaves[i] for i in self.grad_args], result, perturb)
         return result
 
     def grad_outputs(self, outs):
@@ -191,11 +191,19 @@ class Prepared:
         dt = torch_dtype(self.dtype_name)
         return [torch.from_numpy(rng.standard_normal(tuple(o.shape))).to(dt) if o.requires_grad else None for o in outs]
 
-    def backward(self, outs, inputs, result):
+    def backward(self, outs, inputs, result, perturb=None):
+        """The gradients of `inputs` with the seeded upstream gradients, times (1 + perturb·r), r = ±1, when
+        given: they are the backward's inputs (a gradient that sums them, broadcast_to's, moves with nothing
+        else, while a sharded run rounds each rank's partial sum)."""
         import torch
 
         self.last_grad_outputs = self.grad_outputs(outs)
-        pairs = [(o, g) for o, g in zip(outs, self.last_grad_outputs) if g is not None]
+        used = self.last_grad_outputs
+        if perturb:
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 13])
+            used = [None if g is None else g.to(torch.float64) * torch.from_numpy(np.asarray(1 + perturb * rng.choice([-1.0, 1.0], size=tuple(g.shape))))
+                    for g in used]
+        pairs = [(o, g) for o, g in zip(outs, used) if g is not None]
         if not pairs or not inputs:
             return
         grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g.to(o.dtype) for o, g in pairs], allow_unused=True)
