@@ -230,3 +230,34 @@ fn an_empty_local_sequence_never_fails_in_the_worker() {
         assert!(!reason.contains("shardfuzz_worker"), "{}: failed in our worker: {reason}", v["target"]);
     }
 }
+
+/// `bench sensitivity --library-ops`: corruptions of clean runs of the framework's own ops are
+/// detected (a halved tensor always), and a clean run of these seeds is not flagged.
+#[test]
+fn sensitivity_on_library_ops_detects_a_halved_tensor() {
+    if !python_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("s.csv");
+    let args = [
+        "bench",
+        "sensitivity",
+        "--library-ops",
+        "--target",
+        "torch-dtensor",
+        "--cases",
+        "3",
+        "--dtype",
+        "f32",
+        "--seed",
+        "1000",
+        "--json",
+    ];
+    let o = shardfuzz(&[&args[..], &["--csv", &csv.display().to_string()]].concat(), &[]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(v["clean_runs"], 3, "{v}");
+    assert_eq!(v["false_positives"], 0, "{v}");
+    let halved = v["rows"].as_array().unwrap().iter().find(|r| r["corruption"] == "x0.5").unwrap();
+    assert!(halved["cases"].as_u64().unwrap() > 0 && halved["detected"] == halved["cases"], "{halved}");
+}
