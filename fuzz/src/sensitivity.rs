@@ -139,9 +139,12 @@ fn miss(c: &Corruption, what: &str, v: &Verdict) -> String {
 /// The tensors a corruption may hit: compared, passing, representable, not round-off.
 fn candidates(prep: &Prepared, clean: &Verdict, out: &RunOutput) -> Vec<String> {
     // (A library-op case's reference is the framework's own, sent with the run.)
-    let sent = RunOutput { tensors: out.reference.clone(), ..RunOutput::default() };
+    let sent;
     let reference = match (&prep.case.library_op, prep.reference()) {
-        (Some(_), _) => &sent,
+        (Some(_), _) => {
+            sent = out.sent_reference();
+            &sent
+        }
         (None, Ok(r)) => r,
         (None, Err(_)) => return vec![],
     };
@@ -172,8 +175,7 @@ fn corrupt(c: Corruption, out: &RunOutput, candidates: &[String], prep: &Prepare
     }
     let mut order: Vec<&String> = candidates.iter().collect();
     shuffle(&mut order, rng);
-    // The ranks a tensor is split over: a library-op case's mesh, else the parallel configuration's.
-    let world = prep.case.library_op.as_ref().map_or_else(|| prep.case.world(), |l| l.mesh.iter().map(|&d| d as usize).product());
+    let world = prep.case.world();
     for name in order {
         let i = o.tensors.iter().position(|(n, _)| n == name)?;
         let t = &o.tensors[i].1;

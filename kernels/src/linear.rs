@@ -122,8 +122,7 @@ pub fn sum_rows(p: Prec, x: &Array2<f64>) -> Array1<f64> {
                 *a = acc.round(*a + v);
             }
         }
-        let split = p.split_sums > 1;
-        total.iter_mut().zip(s).for_each(|(t, v)| *t = if split { p.add_partial(*t, v) } else { v });
+        total.iter_mut().zip(s).for_each(|(t, v)| *t = p.fold_chunk(*t, v));
     }
     Array1::from_vec(total.into_iter().map(|v| p.r(v)).collect())
 }

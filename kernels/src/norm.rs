@@ -77,9 +77,8 @@ pub fn layernorm_weight_grads(p: Prec, x_hat: &Array2<f64>, dy: &Array2<f64>) ->
                 pb[j] = acc.round(pb[j] + dr[j]);
             }
         }
-        let add = |t: &mut f64, v: f64| *t = if p.split_sums > 1 { p.add_partial(*t, v) } else { v };
-        dw.iter_mut().zip(pw).for_each(|(t, v)| add(t, v));
-        db.iter_mut().zip(pb).for_each(|(t, v)| add(t, v));
+        dw.iter_mut().zip(pw).for_each(|(t, v)| *t = p.fold_chunk(*t, v));
+        db.iter_mut().zip(pb).for_each(|(t, v)| *t = p.fold_chunk(*t, v));
     }
     (Array1::from_iter(dw.into_iter().map(|v| p.r(v))), Array1::from_iter(db.into_iter().map(|v| p.r(v))))
 }

@@ -61,6 +61,17 @@ impl Prec {
         self.partial(total + self.partial(part))
     }
 
+    /// The running total of a reduction after its next chunk's sum `part`: `add_partial` when the
+    /// reduction is split, else the one chunk's sum itself.
+    #[inline]
+    pub fn fold_chunk(self, total: f64, part: f64) -> f64 {
+        if self.split_sums > 1 {
+            self.add_partial(total, part)
+        } else {
+            part
+        }
+    }
+
     /// The chunks a reduction of length `n` is split into: one unless `split_sums` asks for more.
     pub fn chunks(self, n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         let parts = usize::from(self.split_sums.max(1));

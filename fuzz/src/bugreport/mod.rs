@@ -61,9 +61,7 @@ pub fn build(target: &mut dyn Target, case: &Case, oracle: &Oracle, repro_dir: &
     let (mut values, mut scale_dir) = (vec![], None);
     // A library op's reference is the framework's own, sent with the run.
     let worker_reference = match &outcome {
-        Outcome::Completed(out) if case.library_op.is_some() => {
-            Ok(shardfuzz_harnesses::target::RunOutput { tensors: out.reference.clone(), ..Default::default() })
-        }
+        Outcome::Completed(out) if case.library_op.is_some() => Ok(out.sent_reference()),
         _ => Err(String::new()),
     };
     let reference = if case.library_op.is_some() { &worker_reference } else { prep.reference() };

@@ -460,7 +460,7 @@ fn judge_library_op(v: &mut Verdict, prep: &Prepared, out: &shardfuzz_harnesses:
         v.reason = "the target sent no float64 reference for a library-op case".into();
         return;
     }
-    let reference = shardfuzz_harnesses::target::RunOutput { tensors: out.reference.clone(), ..Default::default() };
+    let reference = out.sent_reference();
     let members: Vec<ensemble::Member> = out.noise.iter().map(|(name, t)| ensemble::Member::from_framework(name, t)).collect();
     let members: Vec<&ensemble::Member> = members.iter().collect();
     let (checks, notes) = check::compare_run(prep, &reference, out, &members, oracle);

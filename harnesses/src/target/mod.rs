@@ -82,6 +82,12 @@ pub struct RunStats {
 }
 
 impl RunOutput {
+    /// The float64 reference a library-op worker sent with the run, as a run of its own (the Rust
+    /// kernels do not know the framework's ops).
+    pub fn sent_reference(&self) -> RunOutput {
+        RunOutput { tensors: self.reference.clone(), ..RunOutput::default() }
+    }
+
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }

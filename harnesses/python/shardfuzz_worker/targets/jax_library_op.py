@@ -152,8 +152,7 @@ class Prepared:
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 7])
         out = list(self.inputs)
         for j in self.float_args:
-            x = out[j]
-            out[j] = x * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(x)))
+            out[j] = _moved(out[j], u, rng)
         return out
 
     def perturbed_cots(self, u):
@@ -162,7 +161,12 @@ class Prepared:
         each device's partial sum of it (a clean f16 campaign case: a broadcast gradient 14 ε from every member
         that perturbed the inputs alone)."""
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 13])
-        return [c * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(c))) for c in self.cots]
+        return [_moved(c, u, rng) for c in self.cots]
+
+
+def _moved(x, u, rng):
+    """`x` times (1 + u·r), r = ±1 per element drawn from `rng`."""
+    return x * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(x)))
 
 
 def make_step(call, float_args, grad):
