@@ -37,6 +37,8 @@ _TORCH_DTENSOR = [
     # An op (or its Python decomposition) that makes plain tensors of its own and mixes them in.
     # (Raised from C++ dispatch: the innermost Python frame is wherever the op was called.)
     ("torch/", None, "got mixed torch.Tensor and DTensor"),
+    # The tensor-parallel convolution's own check of what it supports (dilation 1, stride 1 with padding, ...).
+    ("torch/distributed/tensor/_tp_conv.py", "_is_supported", None),
 ]
 
 _JAX = [

@@ -46,6 +46,14 @@ class TorchFramesTest(unittest.TestCase):
                      [fw("torch", "distributed/tensor/_sharding_prop.py", "propagate_op_sharding_non_cached")]))
         self.assertEqual(classify("torch-dtensor", f)[0], "rejected")
 
+    def test_the_conv_handlers_support_check_is_rejected(self):
+        f = failure(("RuntimeError", "Stride must be 1 when there is padding for tensor parallel convolution.",
+                     [fw("torch", "distributed/tensor/_tp_conv.py", "_is_supported")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "rejected")
+        # The same file's assertions in the convolution itself stay crashes.
+        f = failure(("AssertionError", "", [fw("torch", "distributed/tensor/_tp_conv.py", "tp_convolution")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "crash")
+
     def test_the_same_type_elsewhere_in_the_framework_is_a_crash(self):
         f = failure(("NotImplementedError", "something deep",
                      [fw("torch", "distributed/tensor/_redistribute.py", "redistribute_local_tensor")]))
