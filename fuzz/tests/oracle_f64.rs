@@ -83,3 +83,20 @@ fn a_real_error_in_a_saturated_softmax_gradient_is_still_divergent() {
         assert!(v.reason.starts_with("grad/x"), "{}", v.reason);
     }
 }
+
+#[test]
+fn an_output_of_the_wrong_shape_is_divergent_and_says_so() {
+    // A DTensor convolution with its input sharded on a spatial dim returned each rank's piece as the
+    // whole ([1, 3, 2, 6] for [1, 3, 6, 6]): the reason must name both shapes, and no statistic is
+    // reported for tensors whose elements do not correspond.
+    let case = saturated_softmax_case(1);
+    let inputs = Inputs::generate(&case);
+    let mut out = distributed_softmax(&inputs);
+    let x = &mut out.tensors[0].1;
+    x.shape = vec![2, 1];
+    let v = verdict(&case, &inputs, out);
+    assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
+    assert!(v.reason.contains("wrong shape [2, 1] where the reference's is [1, 2]"), "{}", v.reason);
+    let check = v.checks.iter().find(|c| c.tensor == "out").unwrap();
+    assert!(check.has_wrong_shape() && check.stats.is_empty() && !check.pass);
+}

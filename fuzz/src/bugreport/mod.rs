@@ -67,9 +67,12 @@ pub fn build(target: &mut dyn Target, case: &Case, oracle: &Oracle, repro_dir: &
     let reference = if case.library_op.is_some() { &worker_reference } else { prep.reference() };
     if let (Outcome::Completed(out), Ok(reference)) = (&outcome, reference) {
         if let Some(l) = &loc {
+            // Elements of tensors of different shapes do not correspond: the reason states the shapes.
             if let (Some(t), Some(r)) = (out.tensor(&l.tensor), reference.tensor(&l.tensor)) {
-                values = worst_elements(t, r, 6);
-                scale_dir = (t.shape == r.shape).then(|| cause::scale_and_direction(t, r));
+                if t.shape == r.shape {
+                    values = worst_elements(t, r, 6);
+                    scale_dir = Some(cause::scale_and_direction(t, r));
+                }
             }
         }
     }
@@ -116,7 +119,15 @@ fn summary(case: &Case, v: &Verdict, loc: Option<&Localization>) -> Vec<String> 
             _ => "behaves differently",
         }
     )];
+    let wrong_shape = v.first_divergent().filter(|c| c.has_wrong_shape());
     match loc {
+        Some(l) if wrong_shape.is_some() => s.push(format!(
+            "`{}` ({}, {}): {}.",
+            l.tensor,
+            l.phase,
+            l.owner,
+            wrong_shape.and_then(|c| c.note.as_deref()).unwrap_or_default()
+        )),
         Some(l) => s.push(format!(
             "`{}` ({}, {}) is {:.0}× beyond the round-off a correct sharded run shows.",
             l.tensor, l.phase, l.owner, l.ratio

@@ -194,7 +194,8 @@ impl<'a> Comparison<'a> {
                 check.pass = false;
                 check.error = f64::INFINITY;
                 check.ratio = f64::INFINITY;
-                check.note = Some(format!("shape {:?}, reference {:?}", t.shape, r.shape));
+                check.stats.clear();
+                check.note = Some(format!("{WRONG_SHAPE} {:?} where the reference's is {:?}", t.shape, r.shape));
             }
             Some(t) => judge_tensor(&mut check, name, t, r, denom, Masked { mask: mask.as_deref(), overflow }, ex),
         }
@@ -238,6 +239,9 @@ fn underflow_sample(case: &Case, r: &Tensor, denom: f64, mask: Option<&[bool]>) 
 
 /// The note of a tensor the target did not produce: a harness error, never a pass.
 pub const MISSING: &str = "missing";
+/// A check's note starts with this when the target's tensor has another shape than the reference's:
+/// its statistics were not computed.
+pub const WRONG_SHAPE: &str = "wrong shape";
 
 fn exclusions(case: &Case, reference: &RunOutput, out: &RunOutput, dtype_run: Option<&RunOutput>, notes: &mut Vec<String>) -> Exclusions {
     // A dynamic loss scaler's skip decisions depend on intermediate magnitudes, which sharding

@@ -164,6 +164,13 @@ pub struct TensorCheck {
     pub stats: Vec<StatCheck>,
 }
 
+impl TensorCheck {
+    /// The target's tensor had another shape than the reference's (nothing else was compared).
+    pub fn has_wrong_shape(&self) -> bool {
+        self.note.as_deref().is_some_and(|n| n.starts_with(check::WRONG_SHAPE))
+    }
+}
+
 /// One statistic of one tensor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatCheck {
@@ -493,6 +500,7 @@ fn conclude(v: &mut Verdict) {
         Some(c) => {
             v.kind = VerdictKind::Divergent;
             v.reason = match c.decided_by.and_then(|s| c.stats.iter().find(|x| x.stat == s)) {
+                _ if c.has_wrong_shape() => format!("{}: {}", c.tensor, c.note.as_deref().unwrap_or_default()),
                 Some(s) if s.stat != Stat::Max => format!(
                     "{}: {} error {:.3e} > bound {:.3e} ({:.1}× its noise ε = {:.3e}); worst element {:.1}× ε",
                     c.tensor, s.stat, s.error, s.bound, s.ratio, s.noise, c.ratio
