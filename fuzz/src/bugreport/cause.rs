@@ -93,10 +93,21 @@ pub fn likely_cause(case: &Case, v: &Verdict, loc: Option<&Localization>, scale_
     let class = match v.kind {
         VerdictKind::Crash if !uneven.is_empty() => "missing precondition check or uneven-sharding error (allocation strategy)",
         VerdictKind::Crash => "incorrect implementation (a crash on a valid configuration)",
-        VerdictKind::Hang => "distributed communication error: a collective not called on every rank of its group",
+        VerdictKind::Hang => hang_class(v, &mut evidence),
         _ => divergence_class(case, loc, scale_dir, !uneven.is_empty(), &mut evidence),
     };
     (class.to_string(), evidence)
+}
+
+/// A hang where every stuck rank waits in a collective is a communication error; one where a rank
+/// is busy in Python code (the worker reports a frame, not a collective) is a loop in the framework.
+fn hang_class(v: &Verdict, evidence: &mut Vec<String>) -> &'static str {
+    let busy: Vec<&str> = v.stuck.iter().map(|s| s.collective.as_str()).filter(|c| c.contains(".py")).collect();
+    if busy.is_empty() {
+        return "distributed communication error: a collective not called on every rank of its group";
+    }
+    evidence.extend(busy.iter().map(|c| format!("a rank is busy in {c}, not waiting in a collective")));
+    "a rank busy in the framework's own code outside any collective (an endless or very slow loop), not a communication deadlock"
 }
 
 fn divergence_class(
@@ -138,4 +149,29 @@ fn divergence_class(
         return "uneven sharding (a size not divisible by its degree)";
     }
     "incorrect implementation of a sharding rule or collective"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hang(stuck: &str) -> Verdict {
+        serde_json::from_str(&format!(
+            r#"{{"target": "t", "kind": "hang", "reason": "r", "checks": [], "stuck": {stuck},
+                "features": [], "notes": [], "versions": {{}}, "threshold": 100.0}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_hang_in_a_collective_and_a_rank_busy_in_python_get_different_causes() {
+        let mut evidence = vec![];
+        let in_collective = hang(r#"[{"rank": 1, "collective": "all_reduce", "group": "tp[0, 1]"}]"#);
+        assert!(hang_class(&in_collective, &mut evidence).contains("a collective not called on every rank"));
+        assert!(evidence.is_empty());
+        let frame = "torch/fx/experimental/symbolic_shapes.py in guard_or_false via torch/distributed/tensor/_dispatch.py";
+        let busy = hang(&format!(r#"[{{"rank": 0, "collective": "{frame}", "group": "world"}}]"#));
+        assert!(hang_class(&busy, &mut evidence).contains("not a communication deadlock"));
+        assert_eq!(evidence, vec![format!("a rank is busy in {frame}, not waiting in a collective")]);
+    }
 }
