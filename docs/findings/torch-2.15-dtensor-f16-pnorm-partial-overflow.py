@@ -6,6 +6,9 @@ combines them by raising each local norm to the p-th power in float16, summing a
 The p-th powers overflow float16 long before the norm does: a tensor of 30.0 gives inf where the norm is
 588 (single-device torch: 588.0); for ord=4 a tensor of 8.0 gives inf where the norm is 35.4.
 
+`Partial(avg)` has the same flaw: mean() of a float16 [6, 8] tensor of 40000.0 sharded over 3 ranks sums the local
+means (40000 each) in float16 before dividing, and gives inf where single-device torch gives 40000.0.
+
 Consequence: `clip_grad_norm_` over float16 DTensor gradients computes a total norm of inf and multiplies
 every gradient by max_norm / inf = 0. The step silently zeroes the gradients that single-device torch
 only scales down (part 2).
@@ -35,6 +38,18 @@ def norms(mesh):
         yield ok, f"vector_norm(ord={p}) of a float16 [6, 64] of {fill}: sharded {got}, single-device {expected}"
 
 
+def means(mesh):
+    """Partial(avg), the same pattern: local means are summed in float16 before the division."""
+    x = torch.full((6, 8), 40000.0, dtype=torch.float16)
+    expected = x.mean().item()
+    try:
+        got = distribute_tensor(x, mesh, [Shard(0)]).mean().full_tensor().item()
+    except RuntimeError as e:  # torch 2.5.1 on gloo: "Cannot use ReduceOp.AVG with Gloo"
+        yield False, "mean() of a float16 [6, 8] of 40000.0: CRASH: " + str(e).splitlines()[0][:80]
+        return
+    yield abs(got - expected) <= 1e-2 * expected, f"mean() of a float16 [6, 8] of 40000.0: sharded {got}, single-device {expected}"
+
+
 def clipping(mesh):
     g = torch.full((6, 64), 30.0, dtype=torch.float16)
     p = torch.nn.Parameter(distribute_tensor(torch.zeros(6, 64, dtype=torch.float16), mesh, [Shard(0)]))
@@ -54,7 +69,7 @@ def main():
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     bad = 0
-    for ok, line in [*norms(mesh), *clipping(mesh)]:
+    for ok, line in [*norms(mesh), *means(mesh), *clipping(mesh)]:
         bad += not ok
         if rank == 0:
             print(("OK " if ok else "MISMATCH ") + line, flush=True)
