@@ -261,3 +261,32 @@ fn sensitivity_on_library_ops_detects_a_halved_tensor() {
     let halved = v["rows"].as_array().unwrap().iter().find(|r| r["corruption"] == "x0.5").unwrap();
     assert!(halved["cases"].as_u64().unwrap() > 0 && halved["detected"] == halved["cases"], "{halved}");
 }
+
+/// Dynamic loss scaling on the torch targets (torch.amp.GradScaler): the scaler's skipped steps
+/// travel as run statistics and agree with the reference's where every rank overflows alike; and the
+/// scalers of torch-tp's ranks disagreeing (DTensor's found_inf reduced by the first gradient's
+/// placement alone, docs/findings/torch-2.15-dtensor-gradscaler-found-inf-first-grad-placement.py) is a
+/// divergence, which the known fix removes.
+#[test]
+fn loss_scaler_skips_travel_and_a_disagreement_between_ranks_diverges() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-loss-scale");
+    let every = dir.join("dp2-f16-overflow-every-rank.json").display().to_string();
+    let o = shardfuzz(&["run", "--json", "--target", "torch-ddp,torch-fsdp2", &every], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    for v in &vs {
+        assert_eq!(v["kind"], "pass", "{v}");
+        assert!(v["features"].as_array().unwrap().iter().any(|f| f == "loss-scale:overflow"), "{v}");
+        assert!(!v["notes"].to_string().contains("loss scaler skipped"), "skips differ from the reference's: {v}");
+    }
+    let one_shard = dir.join("tp2-f16-overflow-in-one-shard.json").display().to_string();
+    let o = shardfuzz(&["run", "--json", "--target", "torch-tp", &one_shard], &[]);
+    let v = &verdicts(&o)[0];
+    assert_eq!(v["kind"], "divergent", "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("loss scalers skipped different steps"), "{v}");
+    let o = shardfuzz(&["run", "--json", "--target", "torch-tp", &one_shard], &[("SHARDFUZZ_KNOWN_FIXES", "dtensor-found-inf-placements")]);
+    assert_eq!(verdicts(&o)[0]["kind"], "pass", "with the fix: {}", verdicts(&o)[0]);
+}

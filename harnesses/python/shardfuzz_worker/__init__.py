@@ -8,7 +8,7 @@ Protocol (one JSON object per line; stdout is reserved for it, everything else g
   worker -> fuzzer:        {"id": N, "status": "completed" | "unsupported" | "rejected" | "crash" | "hang"
                                             | "harness_error",
                             "reason": "...", "rank": R, "features": [...], "coverage": [u32...],
-                            "notes": [...], "stuck": [...]}
+                            "notes": [...], "stats": {"skipped_steps": [bool...]}, "stuck": [...]}
   fuzzer -> worker:        {"cmd": "quit"}
 Statuses: `unsupported` is decided before running (the target cannot express the case, e.g. an op kind it
 does not implement); `rejected` means the framework's own validation refused the configuration on every

@@ -147,6 +147,7 @@ class Coordinator:
             "output": msg["output"],
             "features": combined.get("features", []),
             "notes": combined.get("notes", []),
+            "stats": combined.get("stats", {}),
             "coverage": sorted(coverage),
         }
 

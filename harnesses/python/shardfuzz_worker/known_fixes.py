@@ -103,6 +103,34 @@ def _deepspeed_unfused_init_step():
     FP16_UnfusedOptimizer.initialize_optimizer_states = lambda self: None
 
 
+def _dtensor_found_inf_placements():
+    """torch 2.5.1 to 2.15: DTensor's handler of `_amp_foreach_non_finite_check_and_unscale_`
+    (`found_inf_reduce_handler`, what GradScaler.unscale_ runs on DTensor gradients) reduces found_inf
+    across ranks by `grads[0].placements` alone: with a replicated first gradient, an overflow in a later
+    sharded one is seen by its rank only, which skips the step while the others take it
+    (docs/findings/torch-2.15-dtensor-gradscaler-found-inf-first-grad-placement.py). Fix: reduce over every
+    mesh dim on which any gradient is not Replicate."""
+    import torch
+    import torch.utils._pytree as pytree
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    def handler(op_call, args, kwargs):
+        op_info = DTensor._op_dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+        op_call(*pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec), **op_info.local_kwargs)
+        grads, found_inf = args[0], args[1]
+        mesh = grads[0].device_mesh
+        placements = tuple(
+            Replicate() if all(isinstance(g.placements[i], Replicate) for g in grads) else Partial("max")
+            for i in range(mesh.ndim))
+        meta = TensorMeta(shape=found_inf.size(), stride=found_inf.stride(), dtype=found_inf.dtype)
+        spec = DTensorSpec(mesh=mesh, placements=placements, tensor_meta=meta)
+        found_inf.copy_(DTensor(local_tensor=found_inf, spec=spec, requires_grad=False).full_tensor())
+
+    op = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+    DTensor._op_dispatcher._custom_op_handlers[op] = handler
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -112,6 +140,7 @@ FIXES = {
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
+    "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }
 
 

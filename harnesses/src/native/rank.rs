@@ -324,7 +324,9 @@ impl<'a> Rank<'a> {
                 }
             }
             let coef = self.clip_coefficient(&flat, &synced)?;
-            self.update(&flat, &names, &mut params, synced, coef, &mut opt, step)?;
+            // Adam counts applied updates: the steps the scaler skipped are not among them.
+            let applied = step - record.skipped.iter().filter(|&&o| o > 0.0).count() as u32;
+            self.update(&flat, &names, &mut params, synced, coef, &mut opt, applied)?;
         }
         if self.tokens_dropped.get() {
             self.features.push("path:moe:drops".into());

@@ -272,7 +272,9 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
             scale = Some(s / 2.0);
             continue;
         }
-        clip_and_update(case, p, &order, &mut grads, &mut params, &mut opt, step);
+        // Adam's step count is that of the updates applied: a step the scaler skipped is not one.
+        let applied = step - skipped.iter().filter(|&&s| s).count() as u32;
+        clip_and_update(case, p, &order, &mut grads, &mut params, &mut opt, applied);
     }
     out.tensors.extend(order.iter().map(|n| (format!("param/{n}"), params[n].clone())));
     out.stats.routing_margin = ctx.routing_margin.get().is_finite().then(|| ctx.routing_margin.get());

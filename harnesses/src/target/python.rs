@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{Outcome, RunOutput, StuckRank, Target};
+use super::{Outcome, RunOutput, RunStats, StuckRank, Target};
 use crate::case::{Case, VocabularyEntry};
 use crate::inputs::Inputs;
 use crate::tensor::Tensor;
@@ -414,8 +414,12 @@ impl PythonTarget {
         self.coverage = v["coverage"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let features: Vec<String> = strings(&v["features"]);
         let reason = v["reason"].as_str().unwrap_or_default().to_string();
+        let stats = run_stats(&v);
         match v["status"].as_str().unwrap_or_default() {
             "completed" => match read_outputs(Path::new(v["output"].as_str().unwrap_or_default())) {
+                Ok(_) if stats.is_err() => Outcome::HarnessError {
+                    message: format!("worker sent unreadable stats: {}", stats.err().unwrap_or_default()),
+                },
                 Ok((tensors, replicas)) => {
                     let (baseline, tensors) = strip_prefix(tensors, FRAMEWORK_BASELINE);
                     let (reference, tensors) = strip_prefix(tensors, FRAMEWORK_REFERENCE);
@@ -434,6 +438,7 @@ impl PythonTarget {
                         baseline,
                         reference,
                         noise: noise.into_iter().collect(),
+                        stats: stats.unwrap_or_default(),
                         ..Default::default()
                     })
                 }
@@ -513,6 +518,15 @@ pub fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
 }
 
 /// Prefix of the tensors of a worker's own single-device run in the case dtype.
+/// The typed run statistics a worker sent (`stats`: skipped steps of its loss scaler); none sent
+/// reads as none.
+fn run_stats(v: &serde_json::Value) -> Result<RunStats, String> {
+    match &v["stats"] {
+        serde_json::Value::Null => Ok(RunStats::default()),
+        s => serde_json::from_value(s.clone()).map_err(|e| e.to_string()),
+    }
+}
+
 const FRAMEWORK_BASELINE: &str = "baseline/";
 /// Prefix of the framework's own float64 reference (library-op cases).
 const FRAMEWORK_REFERENCE: &str = "reference/";

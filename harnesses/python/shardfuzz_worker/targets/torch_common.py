@@ -56,6 +56,9 @@ class TorchTarget(Target):
         skip_absent_device_seeding()
         torch.use_deterministic_algorithms(True, warn_only=True)
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        from .. import known_fixes
+
+        known_fixes.apply(self.name)
 
 
 def mesh(shape, names):

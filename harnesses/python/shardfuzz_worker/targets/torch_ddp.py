@@ -10,7 +10,7 @@ class TorchDdp(TorchTarget):
     name = "torch-ddp"
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("dp",), "DDP expresses data parallelism only")
+        why = unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True)
         if why:
             return why
         p = parallel(case)

@@ -11,7 +11,8 @@ class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
 
     def unsupported(self, case):
-        return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only")
+        return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
+                                  loss_scaling=True)
 
     def run_rank(self, rank, world, case, inputs):
         import torch

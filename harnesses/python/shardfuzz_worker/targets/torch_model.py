@@ -123,8 +123,9 @@ def model_defaults(case):
     return m
 
 
-def unsupported_model(case):
-    """Why the plain torch model cannot express this case, or None."""
+def unsupported_model(case, loss_scaling=False):
+    """Why the plain torch model cannot express this case, or None. `loss_scaling`: the target runs
+    the case's dynamic loss scaler (torch_training.loss_scaler)."""
     if "model" not in case:
         return "model cases only"
     m = model_defaults(case)
@@ -143,15 +144,15 @@ def unsupported_model(case):
         # torch keeps Adam's moments in the parameter dtype; in f16 the second moment underflows
         # (0.001 g^2 < 6e-8) and the step blows up, where the case's optimizer keeps them in f32.
         return "Adam moments in f16 (torch keeps optimizer state in the parameter dtype)"
-    if case["train"].get("loss_scale") is not None:
-        return "dynamic loss scaling is not expressed by the torch targets"
+    if case["train"].get("loss_scale") is not None and not loss_scaling:
+        return "dynamic loss scaling is not expressed by this target"
     return None
 
 
-def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False):
+def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False, loss_scaling=False):
     """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), the
     sequence-parallel mode is one of `sp_modes`, and ZeRO offloading only where the target has it."""
-    why = unsupported_model(case)
+    why = unsupported_model(case, loss_scaling)
     if why:
         return why
     p = case["parallel"]

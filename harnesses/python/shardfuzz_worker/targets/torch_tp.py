@@ -17,7 +17,8 @@ class TorchTp(TorchTarget):
     name = "torch-tp"
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("tp",), "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh")
+        why = unsupported_layout(case, ("tp",), "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh",
+                                 loss_scaling=True)
         if why:
             return why
         p = parallel(case)

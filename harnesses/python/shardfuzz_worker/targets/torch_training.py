@@ -47,8 +47,9 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     bounds = np.linspace(lo, hi, ga + 1).round().astype(int) if hi > lo else np.full(ga + 1, lo)
     chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga)]
     opt = None if step is not None else make_optimizer(case, params)
+    scaler = loss_scaler(t) if step is None else None
     named = named or []
-    losses, logits0, grads0 = [], None, {}
+    losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         if opt is not None:
             opt.zero_grad()
@@ -60,7 +61,12 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
                 logits = (forward or model)(ids[a:c])
                 l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
-                scaled = l * (dp / global_tokens)
+                if scaler is None:
+                    scaled = l * (dp / global_tokens)
+                else:
+                    # Scaled in float32, as under autocast: a float16 loss times 65536 is inf by
+                    # itself, where the gradient seed (scale x dp / tokens) is representable.
+                    scaled = scaler.scale(l.float()) * (dp / global_tokens)
                 if backward is not None:
                     backward(scaled)
                 else:
@@ -71,6 +77,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if dp > 1:
             dist.all_reduce(loss_sum, group=group)
         losses.append(float(loss_sum) / global_tokens)
+        if scaler is not None:
+            scaler.unscale_(opt)
         if k == 0:
             logits0 = torch.cat(rows).numpy() if rows else None
             for name, p in named:
@@ -81,16 +89,62 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], foreach=False)
         if step is not None:
             step()
+        elif scaler is not None:
+            skipped.append(scaled_step(scaler, opt))
         else:
             opt.step()
     final = {name: view(name, p) for name, p in named}
-    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
+            "skipped": skipped if scaler is not None else None}
+
+
+class _LowPrecisionGradScaler(torch.amp.GradScaler):
+    """torch's dynamic loss scaler, unscaling float16 gradients in place as FSDP's ShardedGradScaler
+    does (GradScaler itself refuses them, expecting float32 master weights, which the case model
+    does not have)."""
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, True)
+
+
+def loss_scaler(train_cfg):
+    """The case's dynamic loss scaler (torch.amp.GradScaler), or None: the initial scale the case
+    gives, halved on every step with a non-finite gradient (the step skipped), never grown, as the
+    reference's scaler does."""
+    scale = train_cfg.get("loss_scale")
+    if scale is None:
+        return None
+    return _LowPrecisionGradScaler("cpu", init_scale=float(scale), growth_factor=2.0, backoff_factor=0.5,
+                                   growth_interval=2**31 - 1)
+
+
+def scaled_step(scaler, opt):
+    """The optimizer step through the scaler; whether the scaler skipped it (its scale went down)."""
+    before = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    return scaler.get_scale() < before
+
+
+def skipped_steps_stats(outs):
+    """The run's `stats` from each rank's `skipped` list: the skipped steps, or a divergence when
+    the ranks' scalers disagreed (one rank stepped where another skipped: their replicas part)."""
+    lists = [o.get("skipped") for o in outs]
+    if lists[0] is None:
+        return {}, None
+    if any(x != lists[0] for x in lists):
+        per_rank = ", ".join(f"rank {r} {x}" for r, x in enumerate(lists))
+        return {}, f"the ranks' loss scalers skipped different steps: {per_rank}"
+    return {"skipped_steps": [bool(x) for x in lists[0]]}, None
 
 
 def combine_dp(case, outs, features):
     """Full outputs from per-rank results: logits rows stitched, replicated tensors from rank 0 with
     every rank's copy as a replica."""
     m = case["model"]
+    stats, disagreement = skipped_steps_stats(outs)
+    if disagreement:
+        return {"status": "divergent", "reason": disagreement}
     tensors = {}
     for k, l in enumerate(outs[0]["losses"]):
         tensors[f"loss/step{k}"] = np.array(l, dtype=np.float64)
@@ -110,7 +164,9 @@ def combine_dp(case, outs, features):
                 replicas[f"{prefix}/{name}"] = [(r, o[kind][name]) for r, o in enumerate(outs)]
     for name, v in (outs[0].get("baseline") or {}).items():
         tensors[f"baseline/{name}"] = v
-    return {"tensors": tensors, "replicas": replicas, "features": features}
+    if any(stats.get("skipped_steps", [])):
+        features = features + ["loss-scale:overflow"]  # as the native target names it
+    return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
 
 def single_device(case, inputs):
