@@ -417,9 +417,9 @@ impl PythonTarget {
         let stats = run_stats(&v);
         match v["status"].as_str().unwrap_or_default() {
             "completed" => match read_outputs(Path::new(v["output"].as_str().unwrap_or_default())) {
-                Ok(_) if stats.is_err() => Outcome::HarnessError {
-                    message: format!("worker sent unreadable stats: {}", stats.err().unwrap_or_default()),
-                },
+                Ok(_) if stats.is_err() => {
+                    Outcome::HarnessError { message: format!("worker sent unreadable stats: {}", stats.err().unwrap_or_default()) }
+                }
                 Ok((tensors, replicas)) => {
                     let (baseline, tensors) = strip_prefix(tensors, FRAMEWORK_BASELINE);
                     let (reference, tensors) = strip_prefix(tensors, FRAMEWORK_REFERENCE);
@@ -439,7 +439,6 @@ impl PythonTarget {
                         reference,
                         noise: noise.into_iter().collect(),
                         stats: stats.unwrap_or_default(),
-                        ..Default::default()
                     })
                 }
                 Err(e) => Outcome::Crash { rank: None, message: format!("worker output unreadable: {e}"), features },
