@@ -262,7 +262,8 @@ fn sensitivity_on_library_ops_detects_a_halved_tensor() {
     assert!(halved["cases"].as_u64().unwrap() > 0 && halved["detected"] == halved["cases"], "{halved}");
 }
 
-/// Dynamic loss scaling on the torch targets (torch.amp.GradScaler): the scaler's skipped steps
+/// Dynamic loss scaling on the torch targets (torch.amp.GradScaler) and the Colossal-AI plugins (their
+/// own fp16 scaler): the scaler's skipped steps
 /// travel as run statistics and agree with the reference's where every rank overflows alike; and the
 /// scalers of torch-tp's ranks disagreeing (DTensor's found_inf reduced by the first gradient's
 /// placement alone, docs/findings/torch-2.15-dtensor-gradscaler-found-inf-first-grad-placement.py) is a
@@ -282,6 +283,19 @@ fn loss_scaler_skips_travel_and_a_disagreement_between_ranks_diverges() {
         assert!(v["features"].as_array().unwrap().iter().any(|f| f == "loss-scale:overflow"), "{v}");
         assert!(!v["notes"].to_string().contains("loss scaler skipped"), "skips differ from the reference's: {v}");
     }
+    // Colossal-AI's scalers: skips travel, and gradients read before the step are unscaled (a gradient
+    // still carrying the scale diverges by that factor).
+    let zero: Vec<String> =
+        ["zero2-f16-overflow-every-rank.json", "zero2-f16-no-overflow.json"].iter().map(|c| dir.join(c).display().to_string()).collect();
+    let o = shardfuzz(&["run", "--json", "--target", "colossalai-zero", &zero[0], &zero[1]], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(vs.iter().all(|v| v["kind"] == "pass"), "{vs:?}");
+    assert!(vs[0]["features"].as_array().unwrap().iter().any(|f| f == "loss-scale:overflow"), "{}", vs[0]);
+    assert!(!vs[0]["notes"].to_string().contains("loss scaler skipped"), "{}", vs[0]);
+    let hybrid = dir.join("hybrid-tp2-f16-no-overflow.json").display().to_string();
+    let o = shardfuzz(&["run", "--json", "--target", "colossalai-hybrid", &hybrid], &[]);
+    assert_eq!(verdicts(&o)[0]["kind"], "pass", "{}", verdicts(&o)[0]);
     let one_shard = dir.join("tp2-f16-overflow-in-one-shard.json").display().to_string();
     let o = shardfuzz(&["run", "--json", "--target", "torch-tp", &one_shard], &[]);
     let v = &verdicts(&o)[0];

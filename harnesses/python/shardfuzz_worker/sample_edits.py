@@ -14,6 +14,12 @@ Every edit is defined for every kind:
 | flip      | x xor 1 (dim 0 ↔ 1)   | 1 / x      | not x | reversed (the same set)              |
 | wrap      | d ↔ d − ndim          | x · 1e4    | not x | i → i − (max + 1)                    |
 | beyond    | x + 32                | x + 32     | not x | the first index + 32                 |
+| empty     | its list emptied (*)  | 0          | False | none of them (size 0 along dim 0)    |
+
+(*) `empty` on an int inside a list or tuple of ints (a dim list, a shape, a padding) empties that list:
+`dim=[0, 1]` becomes `dim=[]`, which ATen reads as every dim and numpy as none; a lone int becomes 0. These
+list edits are applied first (`empty_lists`), the others then count the editable arguments of the call as
+the emptied lists left it. A 0-d index tensor stays as it is.
 
 `ndim` is the first tensor argument's. No edit makes two distinct indices name one element (every map on
 an index tensor is injective and keeps negative and positive indexing apart), so ops that write at the
@@ -24,18 +30,18 @@ argument into an allocation this machine cannot hold.
 
 import numpy as np
 
-EDITS = ("increment", "decrement", "negate", "zero", "flip", "wrap", "beyond")
+EDITS = ("increment", "decrement", "negate", "zero", "flip", "wrap", "beyond", "empty")
 BEYOND = 32
 
 
 def edit_number(x, how, ndim):
     if isinstance(x, bool):
-        return False if how == "zero" else not x
+        return False if how in ("zero", "empty") else not x
     if isinstance(x, int):
         return {"increment": x + 1, "decrement": x - 1, "negate": -x, "zero": 0, "flip": x ^ 1,
-                "wrap": x - max(ndim, 1) if x >= 0 else x + max(ndim, 1), "beyond": x + BEYOND}[how]
+                "wrap": x - max(ndim, 1) if x >= 0 else x + max(ndim, 1), "beyond": x + BEYOND, "empty": 0}[how]
     return {"increment": x + 1.0, "decrement": x - 1.0, "negate": -x, "zero": 0.0,
-            "flip": 1.0 / x if x else x, "wrap": x * 1e4, "beyond": x + BEYOND}[how]
+            "flip": 1.0 / x if x else x, "wrap": x * 1e4, "beyond": x + BEYOND, "empty": 0.0}[how]
 
 
 def edit_indices(a, how):
@@ -59,6 +65,8 @@ def _edit_indices(a, how):
         return flat[::-1].copy().reshape(a.shape)
     if how == "wrap":
         return a - (flat.max() + 1)
+    if how == "empty":
+        return a[:0] if a.ndim else a
     flat[0] += BEYOND
     return a
 
@@ -89,3 +97,55 @@ def apply(leaves, edits, is_index, ndim, to_numpy, from_numpy):
             leaves[i] = from_numpy(edit_indices(to_numpy(before), how), before)
             notes.append(f"edit {how}: index tensor argument {i} {list(np.shape(to_numpy(before)))}")
     return leaves, notes
+
+
+def _walk(tree, path, sort_dicts):
+    """(path, leaf) of every leaf of nested tuples, lists and dicts, in the order the framework's pytree
+    flattens them (dict keys in insertion order for torch, sorted for JAX)."""
+    if isinstance(tree, (tuple, list)):
+        for i, v in enumerate(tree):
+            yield from _walk(v, path + (i,), sort_dicts)
+    elif isinstance(tree, dict):
+        for k in (sorted(tree) if sort_dicts else tree):
+            yield from _walk(tree[k], path + (k,), sort_dicts)
+    else:
+        yield path, tree
+
+
+def _get(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _replaced(tree, path, value):
+    if not path:
+        return value
+    k, rest = path[0], path[1:]
+    if isinstance(tree, dict):
+        return {**tree, k: _replaced(tree[k], rest, value)}
+    items = list(tree)
+    items[k] = _replaced(items[k], rest, value)
+    return type(tree)(items) if type(tree) in (tuple, list) else tuple(items)
+
+
+def is_int_list(x):
+    return isinstance(x, (tuple, list)) and len(x) > 0 and all(type(v) is int for v in x)
+
+
+def empty_lists(tree, edits, is_index, sort_dicts=False):
+    """`tree` (the call's nested arguments) with every `empty` edit on an int inside a list or tuple of ints
+    applied: that list emptied (same type). Returns (tree, the other edits, a note per applied edit); the other
+    edits go on to apply() on the new tree's leaves."""
+    rest, notes = [], []
+    for e in edits or []:
+        editable = [(p, x) for p, x in _walk(tree, (), sort_dicts) if is_number(x) or is_index(x)]
+        if e.get("edit") == "empty" and editable:
+            path, x = editable[int(e["arg"]) % len(editable)]
+            container = _get(tree, path[:-1]) if path else None
+            if type(x) is int and is_int_list(container):
+                tree = _replaced(tree, path[:-1], type(container)())
+                notes.append(f"edit empty: list argument {list(container)} → []")
+                continue
+        rest.append(e)
+    return tree, rest, notes

@@ -10,7 +10,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardfuzz_worker.sample_edits import BEYOND, EDITS, apply, edit_indices, edit_number  # noqa: E402
+from shardfuzz_worker.sample_edits import BEYOND, EDITS, apply, edit_indices, edit_number, empty_lists  # noqa: E402
 
 
 def is_index(x):
@@ -23,9 +23,9 @@ def run(leaves, edits, ndim=2):
 
 class SampleEditsTest(unittest.TestCase):
     def test_numbers(self):
-        self.assertEqual([edit_number(1, h, 3) for h in EDITS], [2, 0, -1, 0, 0, -2, 1 + BEYOND])
+        self.assertEqual([edit_number(1, h, 3) for h in EDITS], [2, 0, -1, 0, 0, -2, 1 + BEYOND, 0])
         self.assertEqual(edit_number(-1, "wrap", 3), 2, "a negative dim wraps to the one it names")
-        self.assertEqual([edit_number(True, h, 3) for h in EDITS], [False] * 7)
+        self.assertEqual([edit_number(True, h, 3) for h in EDITS], [False] * 8)
         self.assertEqual(edit_number(0.5, "flip", 1), 2.0)
         self.assertEqual(edit_number(0.0, "flip", 1), 0.0)
         self.assertEqual(edit_number(2.0, "wrap", 1), 2e4)
@@ -36,7 +36,7 @@ class SampleEditsTest(unittest.TestCase):
         for how in EDITS:
             with self.subTest(edit=how):
                 b = edit_indices(a, how)
-                self.assertEqual(b.shape, a.shape)
+                self.assertEqual(b.shape, a.shape if how != "empty" else (0, 2))
                 in_range = b[(b >= -size) & (b < size)] % size
                 self.assertEqual(len(set(in_range.tolist())), in_range.size, "two indices name one element")
         self.assertEqual(edit_indices(a, "wrap").tolist(), [[-3, -7], [-1, -5]])
@@ -86,3 +86,32 @@ class ReproLiteralTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class EmptyListsTest(unittest.TestCase):
+    def test_an_int_in_a_dim_list_empties_the_list(self):
+        x = np.ones((2, 3))
+        tree = ((x, [0, 1]), {"keepdim": True})
+        out, rest, notes = empty_lists(tree, [{"arg": 1, "edit": "empty"}, {"arg": 0, "edit": "negate"}], is_index)
+        self.assertEqual(out[0][1], [])
+        self.assertIs(out[0][0], x)
+        self.assertEqual(out[1], {"keepdim": True})
+        self.assertEqual(rest, [{"arg": 0, "edit": "negate"}], "the other edits go on to apply()")
+        self.assertEqual(notes, ["edit empty: list argument [0, 1] → []"])
+        self.assertEqual(tree[0][1], [0, 1], "the sample itself is not changed")
+
+    def test_a_lone_int_a_bool_and_indices_are_left_to_apply(self):
+        tree = ((np.ones(3), 2, (True, 1)), {})
+        out, rest, notes = empty_lists(tree, [{"arg": 0, "edit": "empty"}, {"arg": 1, "edit": "empty"}], is_index)
+        self.assertEqual(out, tree, "2 is no list element; (True, 1) is not a list of ints")
+        self.assertEqual(len(rest), 2)
+        self.assertEqual(notes, [])
+        leaves, _ = run([np.ones(3), 2, np.array([[1, 2], [0, 1]])], [{"arg": 0, "edit": "empty"}, {"arg": 1, "edit": "empty"}])
+        self.assertEqual((leaves[1], leaves[2].shape), (0, (0, 2)))
+
+    def test_sorted_dict_keys_as_jax_flattens_them(self):
+        tree = {"b": (1, 2), "a": (3,)}
+        out, _, _ = empty_lists(tree, [{"arg": 0, "edit": "empty"}], is_index, sort_dicts=True)
+        self.assertEqual(out, {"b": (1, 2), "a": ()})
+        out, _, _ = empty_lists(tree, [{"arg": 0, "edit": "empty"}], is_index)
+        self.assertEqual(out, {"b": (), "a": (3,)})

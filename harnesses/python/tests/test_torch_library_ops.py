@@ -167,6 +167,16 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertIn("out of bounds", reply["reason"])
         self.assertIn("sharded too", reply["reason"])
 
+    def test_an_empty_edit_empties_a_dim_list(self):
+        # Sample 12 of sum: a [3, 5] input, dim (0, -1), keepdim True; dim=() is every dim in ATen.
+        case = library_case("sum", "", 12, [2], [["R"]])
+        case["library_op"]["edits"] = [{"arg": 1, "edit": "empty"}]
+        reply, outputs = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertIn("edit empty: list argument [0, -1] → []", " ".join(reply["notes"]))
+        self.assertEqual(np.shape(outputs["reference/out/0"]), (1, 1))
+        self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
+
     def test_on_real_ranks_too_a_call_the_op_refuses_on_one_device_is_rejected_not_a_crash(self):
         # (Older torch runs every library-op case this way, on a pool of gloo processes: an edited index
         # out of range raised on every rank and read as a crash of the framework.)

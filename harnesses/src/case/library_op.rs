@@ -92,10 +92,14 @@ pub enum Edit {
     /// int +32 (past every dimension of a sample: an out-of-range dim, index or size), float +32,
     /// bool flipped; the first index +32.
     Beyond,
+    /// An int inside a list of ints: that list emptied (a dim list `[0, 1]` → `[]`, which ATen reads
+    /// as every dim); a lone int 0, float 0, bool false; indices: none (size 0 along dim 0).
+    Empty,
 }
 
 impl Edit {
-    pub const ALL: [Edit; 7] = [Edit::Increment, Edit::Decrement, Edit::Negate, Edit::Zero, Edit::Flip, Edit::Wrap, Edit::Beyond];
+    pub const ALL: [Edit; 8] =
+        [Edit::Increment, Edit::Decrement, Edit::Negate, Edit::Zero, Edit::Flip, Edit::Wrap, Edit::Beyond, Edit::Empty];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -106,6 +110,7 @@ impl Edit {
             Edit::Flip => "flip",
             Edit::Wrap => "wrap",
             Edit::Beyond => "beyond",
+            Edit::Empty => "empty",
         }
     }
 }

@@ -190,3 +190,47 @@ class ColossalTarget(TorchTarget):
         from .. import known_fixes
 
         known_fixes.apply(self.name)
+
+
+def fp16_scaler(opt):
+    """The fp16 mixed-precision mixin of a Colossal-AI optimizer wrapper when it has a dynamic loss scaler
+    (`mixed_precision_mixin` of the ZeRO optimizers, `mixed_precision` of the AMP ones), else None."""
+    for attr in ("mixed_precision_mixin", "mixed_precision"):
+        mixin = getattr(opt, attr, None)
+        if mixin is not None and hasattr(mixin, "grad_scaler"):
+            return mixin
+    return None
+
+
+def scaled_step(opt):
+    """The optimizer's step and zero_grad; whether its fp16 loss scaler skipped the step (its scale went down),
+    None without one."""
+    mixin = fp16_scaler(opt)
+    before = mixin.loss_scale if mixin is not None else None
+    opt.step()
+    opt.zero_grad()
+    return None if before is None else mixin.loss_scale < before
+
+
+def unscaled(opt, grad):
+    """A gradient read before the step, which still carries the fp16 loss scale (the optimizer divides it out in
+    step()), as the user's gradient: divided by the scale (a power of two: exact)."""
+    mixin = fp16_scaler(opt)
+    return grad if grad is None or mixin is None else grad / mixin.loss_scale
+
+
+def loss_scaling(case):
+    """The plugin arguments of the case's loss scaling: its dynamic scale, halved on the first overflow
+    (hysteresis 1) and never grown, as the reference's scaler; without one, a scale of 1 that stays 1."""
+    scale = case["train"].get("loss_scale")
+    if scale is None:
+        return {"initial_scale": 1, "min_scale": 1}
+    return {"initial_scale": float(scale), "min_scale": 2.0**-60, "hysteresis": 1, "growth_interval": 2**31 - 1,
+            "max_scale": float(scale)}
+
+
+def unsupported_loss_scale(case, dtype):
+    """Colossal-AI's plugins scale the loss in fp16 only."""
+    if case["train"].get("loss_scale") is not None and dtype != "f16":
+        return "Colossal-AI's plugins scale the loss in fp16 only"
+    return None

@@ -16,7 +16,7 @@ data-parallel copy as a replica.
 """
 
 from .base import dtype_name, parallel, reduce_dtype_name
-from .colossalai_common import ColossalTarget
+from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
 
@@ -34,7 +34,7 @@ class ColossalHybrid(ColossalTarget):
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp", "tp", "pp"), "colossalai-hybrid runs dp x tp x pp (no cp/ep)", SP_MODES,
-                                 offload=True)
+                                 offload=True, loss_scaling=True) or unsupported_loss_scale(case, dtype_name(case))
         if why:
             return why
         from .colossalai_llama import expressible
@@ -71,7 +71,7 @@ class ColossalHybrid(ColossalTarget):
             tp_size=1 if ulysses else p["tp"], pp_size=p["pp"], sp_size=p["tp"] if ulysses else None,
             precision=PRECISION[dt], zero_stage=p["zero_stage"], cpu_offload=p["zero_offload"],
             enable_sequence_parallelism=sp, sequence_parallelism_mode=p["sequence_parallel_mode"] if sp else None,
-            parallel_output=False, initial_scale=1, min_scale=1, max_norm=float(clip) if clip is not None else 0.0,
+            parallel_output=False, **loss_scaling(case), max_norm=float(clip) if clip is not None else 0.0,
             overlap_communication=False, overlap_p2p=False, enable_metadata_cache=False,
             communication_dtype=torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None,
         )

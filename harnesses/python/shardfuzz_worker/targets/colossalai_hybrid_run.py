@@ -9,9 +9,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .base import chunk_range, grad_or_fail, micro_batches
+from .colossalai_common import scaled_step, unscaled
 from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
 from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
+from .torch_training import loss_scaler, skipped_steps_stats
+from .torch_training import scaled_step as torch_scaled_step
 
 
 class Place:
@@ -61,7 +64,7 @@ def run(plugin, case, inputs, dt):
     ids, tgt, rows = batches(case, inputs, place)
     scale = place.dp / (m["batch"] * m["seq"])
     step_fn = pipeline_step if place.pipelined else plain_step
-    losses, logits0, grads0 = [], None, {}
+    losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0)
         losses.append(raw)
@@ -70,16 +73,22 @@ def run(plugin, case, inputs, dt):
             grad = getattr(zopt, "get_param_grad", None)
             for name, p in named:
                 g = grad(p) if grad is not None else p.grad
-                grads0[name] = local_view(case, name, grad_or_fail(name, g))
-        zopt.step()
-        zopt.zero_grad()
+                grads0[name] = local_view(case, name, grad_or_fail(name, unscaled(zopt, g)))
+        skipped.append(scaled_step(zopt))
     from colossalai.tensor.d_tensor import is_distributed_tensor
 
     return {
         "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
         "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
         "sharded": {n: is_distributed_tensor(p) for n, p in named},
+        "skipped": skipped if t.get("loss_scale") is not None else None,
     }
+
+
+def as_scaled_loss(case, loss):
+    """The loss the plugin's fp16 scaler multiplies: float32 under loss scaling, as under autocast (an fp16 loss
+    times 65536 is inf by itself, where the gradient seed is representable), else as it is."""
+    return loss.float() if case["train"].get("loss_scale") is not None else loss
 
 
 def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
@@ -95,7 +104,7 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
             out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
             logits = out.logits
             l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
-            booster.backward(l * scale, zopt)
+            booster.backward(as_scaled_loss(case, l) * scale, zopt)
         raw += float(l.detach().to(torch.float64))
         if keep_logits:
             rows.append(logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64))
@@ -114,7 +123,8 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
         seen["i"] += 1
         logits = outputs.logits
         target = tgt[i * size:(i + 1) * size].reshape(-1)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="sum") * (scale * micro)
+        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="sum")
+        return as_scaled_loss(case, l) * (scale * micro)
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     ret = booster.execute_pipeline(iter([batch]), boosted, criterion, zopt, return_loss=True, return_outputs=keep_logits)
@@ -138,11 +148,14 @@ def single_device(case, inputs, dt=None):
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     out = {}
+    scaler = loss_scaler(t)
     for k in range(t["steps"]):
         opt.zero_grad()
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum")
-        (l / (b * s)).backward()
+        ((scaler.scale(l.float()) if scaler is not None else l) / (b * s)).backward()
+        if scaler is not None:
+            scaler.unscale_(opt)
         out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / (b * s))
         if k == 0:
             out["logits"] = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64).numpy()
@@ -150,7 +163,10 @@ def single_device(case, inputs, dt=None):
                 out[f"grad/{reported_name(m, n)}"] = local_view(case, case_name(n), p.grad)
         if t.get("clip_grad_norm") is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip_grad_norm"], foreach=False)
-        opt.step()
+        if scaler is not None:
+            torch_scaled_step(scaler, opt)
+        else:
+            opt.step()
     for n, p in model.named_parameters():
         out[f"param/{reported_name(m, n)}"] = local_view(case, case_name(n), p)
     return out
@@ -204,4 +220,9 @@ def combine(case, outs, features):
     tensors["logits"] = logits
     for name, v in (outs[0].get("baseline") or {}).items():
         tensors[f"baseline/{name}"] = v
-    return {"tensors": tensors, "replicas": replicas, "features": features}
+    stats, disagreement = skipped_steps_stats(outs)
+    if disagreement:
+        return {"status": "divergent", "reason": disagreement}
+    if any(stats.get("skipped_steps", [])):
+        features = features + ["loss-scale:overflow"]
+    return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}

@@ -5,7 +5,8 @@ The plugin owns the model's precision (`fp32` / `bf16` / `fp16` from the case dt
 gradient reduction (bucketed, averaged over the ranks), clipping (`max_norm`: the global norm over the
 partitions) and the optimizer step (the case's torch optimizer, wrapped in LowLevelZeroOptimizer). Micro-batches
 are accumulated by the ZeRO optimizer itself (every backward reduces into its gradient partitions; one step).
-fp16 runs with a loss scale of 1 that stays 1 (initial_scale=1, min_scale=1): the reference has no scaling.
+fp16 runs with the case's dynamic loss scale (halved on each overflow, the step skipped; never grown, as the
+reference's scaler), or without one with a loss scale of 1 that stays 1 (initial_scale=1, min_scale=1).
 
 Step-0 gradients are the optimizer's reduced gradients before the step (`get_param_grad`, gathered from the
 partitions); final parameters are the working parameters after the last step (the fp32 masters rounded to the
@@ -14,7 +15,7 @@ plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
 from .base import dtype_name, parallel, reduce_dtype_name
-from .colossalai_common import ColossalTarget
+from .colossalai_common import ColossalTarget, loss_scaling, scaled_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -22,10 +23,7 @@ from .torch_training import combine_dp, single_device, train
 PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
 
-def step(zero_opt):
-    """The step and the zero_grad every training loop with Colossal-AI calls after it."""
-    zero_opt.step()
-    zero_opt.zero_grad()
+
 
 
 class ColossalZero(ColossalTarget):
@@ -37,10 +35,13 @@ class ColossalZero(ColossalTarget):
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "colossalai-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)",
-                                 offload=True)
+                                 offload=True, loss_scaling=True)
         if why:
             return why
         p, dt = parallel(case), dtype_name(case)
+        why = unsupported_loss_scale(case, dt)
+        if why:
+            return why
         if p["zero_stage"] not in (1, 2):
             # LowLevelZeroPlugin asserts `stage in (1, 2)`; stage 3 is Gemini's, which needs CUDA.
             return f"LowLevelZeroPlugin runs ZeRO stages 1 and 2, not {p['zero_stage']} (stage 3 is Gemini: CUDA only)"
@@ -59,7 +60,7 @@ class ColossalZero(ColossalTarget):
         p, t, dt = parallel(case), case["train"], dtype_name(case)
         clip = t.get("clip_grad_norm")
         communication = torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None
-        return LowLevelZeroPlugin(stage=p["zero_stage"], precision=PRECISION[dt], initial_scale=1, min_scale=1,
+        return LowLevelZeroPlugin(stage=p["zero_stage"], precision=PRECISION[dt], **loss_scaling(case),
                                   max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
                                   communication_dtype=communication, overlap_communication=False,
                                   reduce_bucket_size_in_m=1)
@@ -82,8 +83,8 @@ class ColossalZero(ColossalTarget):
             return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
 
         out = train(case, inputs, boosted, [p for _, p in named], rank, world,
-                    backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: step(zero_opt), clip=lambda: None,
-                    named=named, view=view, grad=lambda name, p: zero_opt.get_param_grad(p))
+                    backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: scaled_step(zero_opt), clip=lambda: None,
+                    named=named, view=view, grad=lambda name, p: unscaled(zero_opt, zero_opt.get_param_grad(p)))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 

@@ -225,11 +225,12 @@ def edited_kwargs(kwargs, edits, ndim):
     can make two indices name one element, where which write wins is unspecified."""
     if not edits:
         return kwargs, []
-    from ..sample_edits import apply
+    from ..sample_edits import apply, empty_lists
 
+    kwargs, edits, list_notes = empty_lists(kwargs, edits, lambda x: False, sort_dicts=True)
     leaves, tree = jax.tree_util.tree_flatten(kwargs)
     leaves, notes = apply(leaves, edits, lambda x: False, ndim, None, None)
-    return jax.tree_util.tree_unflatten(tree, leaves), notes
+    return jax.tree_util.tree_unflatten(tree, leaves), list_notes + notes
 
 
 def single_run(prep, run_dtype, inputs, cots=None):

@@ -144,8 +144,10 @@ class Prepared:
         chosen, self.index = sample(op, seed, grad, int(lib.get("sample", 0)))
         if chosen is None:
             raise UnsupportedSample(f"OpInfo {op.name} generates no sample inputs on CPU in float64")
+        chosen, edits, list_notes = emptied(chosen, lib.get("edits"))
         leaves, self.spec, self.positions = flatten(chosen)
-        leaves, self.edit_notes = edited(leaves, lib.get("edits"))
+        leaves, self.edit_notes = edited(leaves, edits)
+        self.edit_notes = list_notes + self.edit_notes
         self.edits_key = repr(lib.get("edits") or [])
         self.views = list(lib.get("views") or [])
         odd = [str(leaves[i].layout) for i in self.positions if leaves[i].layout != torch.strided or leaves[i].is_nested]
@@ -231,6 +233,31 @@ def viewed(t, views):
     return t
 
 
+def is_index_tensor(x):
+    import torch
+
+    return isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool
+
+
+def emptied(chosen, edits):
+    """The sample with the case's list-emptying edits applied (sample_edits.empty_lists), the other edits,
+    and a note per applied one."""
+    if not any(e.get("edit") == "empty" for e in edits or []):
+        return chosen, edits, []
+    from ..sample_edits import empty_lists
+
+    (args, kwargs), rest, notes = empty_lists(((chosen.input,) + tuple(chosen.args), dict(chosen.kwargs)), edits,
+                                              is_index_tensor)
+    return SampleCall(args[0], tuple(args[1:]), kwargs), rest, notes
+
+
+class SampleCall:
+    """An OpInfo sample's call after its argument lists were edited: what flatten() reads."""
+
+    def __init__(self, input, args, kwargs):
+        self.input, self.args, self.kwargs = input, args, kwargs
+
+
 def edited(leaves, edits):
     """The call's leaves with the case's sample edits applied (sample_edits.py), and a note per edit."""
     if not edits:
@@ -239,11 +266,8 @@ def edited(leaves, edits):
 
     from ..sample_edits import apply
 
-    def is_index(x):
-        return isinstance(x, torch.Tensor) and not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool
-
     ndim = next((x.dim() for x in leaves if isinstance(x, torch.Tensor)), 0)
-    return apply(leaves, edits, is_index, ndim, lambda t: t.detach().numpy(),
+    return apply(leaves, edits, is_index_tensor, ndim, lambda t: t.detach().numpy(),
                  lambda a, like: torch.from_numpy(a).to(like.dtype))
 
 

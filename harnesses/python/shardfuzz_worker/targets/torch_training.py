@@ -29,6 +29,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
           forward=None, named=None, loss_ctx=None, view=None, grad=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
+    `step()` may return whether the framework's own loss scaler skipped the step.
     `loss_ctx` wraps the loss (torch's loss_parallel); `view(name, t)` turns a parameter or gradient
     into what this rank reports (default: the full tensor); `grad(name, p)` is a parameter's step-0
     gradient (default: p.grad; None is a harness error, never a zero).
@@ -61,12 +62,14 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
                 logits = (forward or model)(ids[a:c])
                 l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
-                if scaler is None:
+                if t.get("loss_scale") is None:
                     scaled = l * (dp / global_tokens)
                 else:
                     # Scaled in float32, as under autocast: a float16 loss times 65536 is inf by
                     # itself, where the gradient seed (scale x dp / tokens) is representable.
-                    scaled = scaler.scale(l.float()) * (dp / global_tokens)
+                    # (A framework that owns backward scales this loss itself.)
+                    scaled = l.float()
+                    scaled = (scaler.scale(scaled) if scaler is not None else scaled) * (dp / global_tokens)
                 if backward is not None:
                     backward(scaled)
                 else:
@@ -88,14 +91,17 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         elif t.get("clip_grad_norm") is not None:
             torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], foreach=False)
         if step is not None:
-            step()
+            # A framework that owns the loss scaler says whether it skipped the step.
+            was_skipped = step()
+            if was_skipped is not None:
+                skipped.append(bool(was_skipped))
         elif scaler is not None:
             skipped.append(scaled_step(scaler, opt))
         else:
             opt.step()
     final = {name: view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
-            "skipped": skipped if scaler is not None else None}
+            "skipped": skipped if t.get("loss_scale") is not None else None}
 
 
 class _LowPrecisionGradScaler(torch.amp.GradScaler):
