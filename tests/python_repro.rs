@@ -231,3 +231,32 @@ fn colossalai_hybrid_row_bias_under_sequence_parallelism_reproduces_standalone()
         assert!(String::from_utf8_lossy(&run.stdout).contains(want), "{}", text(&run));
     }
 }
+
+/// A real torch bug from case to standalone script: torch-tp with the case's dynamic loss scaling, where
+/// only one rank's shard of a row-parallel weight gradient overflows. DTensor reduces GradScaler's
+/// found_inf by the first gradient's placement alone (replicated here), so the ranks skip different
+/// steps (docs/findings/torch-2.15-dtensor-gradscaler-found-inf-first-grad-placement.py). The script
+/// alone says so and exits 1.
+#[test]
+fn torch_tp_loss_scalers_that_disagree_across_ranks_report_and_reproduce() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-loss-scale/tp2-f16-overflow-in-one-shard.json");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("report");
+    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+        .args(["report", &case.display().to_string(), "--target", "torch-tp", "--format", "json", "--out", &out.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["verdict"]["kind"], "divergent", "{:#?}", report["verdict"]);
+    assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
+    let command = report["repro"]["command"].as_str().unwrap().to_string();
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: the ranks' loss scalers skipped different steps"), "{}", text(&run));
+}

@@ -23,8 +23,8 @@ from colossalai.booster.plugin import HybridParallelPlugin
 
 LLAMA = ("NORM_EPS", "config", "NoRotation", "build", "_LAYER", "case_name", "is_projection_weight", "to_llama",
          "to_case", "shard_dim")
-RUN = ("Place", "local_view", "reported_name", "batches", "run", "plain_step", "pipeline_step", "single_device",
-       "assemble", "_case_axis", "combine")
+RUN = ("Place", "local_view", "reported_name", "batches", "run", "as_scaled_loss", "plain_step", "pipeline_step",
+       "single_device", "assemble", "_case_axis", "combine")
 
 
 def check(case):
@@ -48,7 +48,10 @@ def plugin_arguments(case):
 def sources():
     helpers = (worker_source("targets/base.py", "chunk_range", "grad_or_fail", "micro_batches").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
-               + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer"))
+               + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer")
+               + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
+                                          "skipped_steps_stats")
+               + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled"))
     return [
         rule("helpers (as the worker's)") + "\n" + helpers,
         shims_source(),

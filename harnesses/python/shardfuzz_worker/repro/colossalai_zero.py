@@ -54,7 +54,7 @@ def generate(case, inputs, bounds, dropped):
         shims_source(),
         model_source(),
         training_source(),
-        template("colossalai_zero") + "\n\n" + worker_source("targets/colossalai_zero.py", "step"),
+        template("colossalai_zero") + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled"),
         template("torch_reference"),
         template("torch_dp"),
         template("torch_main"),

@@ -202,7 +202,7 @@ def fp16_scaler(opt):
     return None
 
 
-def scaled_step(opt):
+def plugin_step(opt):
     """The optimizer's step and zero_grad; whether its fp16 loss scaler skipped the step (its scale went down),
     None without one."""
     mixin = fp16_scaler(opt)

@@ -9,12 +9,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .base import chunk_range, grad_or_fail, micro_batches
-from .colossalai_common import scaled_step, unscaled
+from .colossalai_common import plugin_step, unscaled
 from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
 from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
-from .torch_training import loss_scaler, skipped_steps_stats
-from .torch_training import scaled_step as torch_scaled_step
+from .torch_training import loss_scaler, scaled_step, skipped_steps_stats
 
 
 class Place:
@@ -74,7 +73,7 @@ def run(plugin, case, inputs, dt):
             for name, p in named:
                 g = grad(p) if grad is not None else p.grad
                 grads0[name] = local_view(case, name, grad_or_fail(name, unscaled(zopt, g)))
-        skipped.append(scaled_step(zopt))
+        skipped.append(plugin_step(zopt))
     from colossalai.tensor.d_tensor import is_distributed_tensor
 
     return {
@@ -164,7 +163,7 @@ def single_device(case, inputs, dt=None):
         if t.get("clip_grad_norm") is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip_grad_norm"], foreach=False)
         if scaler is not None:
-            torch_scaled_step(scaler, opt)
+            scaled_step(scaler, opt)
         else:
             opt.step()
     for n, p in model.named_parameters():

@@ -15,7 +15,7 @@ plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
 from .base import dtype_name, parallel, reduce_dtype_name
-from .colossalai_common import ColossalTarget, loss_scaling, scaled_step, unscaled, unsupported_loss_scale
+from .colossalai_common import ColossalTarget, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -83,7 +83,7 @@ class ColossalZero(ColossalTarget):
             return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
 
         out = train(case, inputs, boosted, [p for _, p in named], rank, world,
-                    backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: scaled_step(zero_opt), clip=lambda: None,
+                    backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: plugin_step(zero_opt), clip=lambda: None,
                     named=named, view=view, grad=lambda name, p: unscaled(zero_opt, zero_opt.get_param_grad(p)))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out

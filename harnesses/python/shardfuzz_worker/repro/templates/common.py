@@ -111,6 +111,12 @@ def report(sharded, reference, bounds):
     return 0
 
 
+def disagreement(reason):
+    """A run that diverged by itself (the ranks' loss scalers skipped different steps): MISMATCH, returns 1."""
+    print(f"MISMATCH: {reason}", flush=True)
+    return 1
+
+
 def dump(sharded, reference):
     """With REPRO_DUMP=path.npz set, both runs' tensors are also saved there (sharded/NAME, reference/NAME)."""
     path = os.environ.get("REPRO_DUMP")

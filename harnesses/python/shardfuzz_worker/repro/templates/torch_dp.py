@@ -10,7 +10,10 @@ def run(rank):
     dist.gather_object(mine, outs, dst=0)
     if rank != 0:
         return None
-    sharded = combine_dp(CASE, outs, [])["tensors"]
+    combined = combine_dp(CASE, outs, [])
+    if "tensors" not in combined:
+        return disagreement(combined["reason"])
+    sharded = combined["tensors"]
     reference = run_reference(data)
     dump(sharded, reference)
     return report(sharded, reference, BOUNDS)

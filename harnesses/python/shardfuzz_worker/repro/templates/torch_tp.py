@@ -4,7 +4,8 @@
 def train(model, data, loss_ctx, view):
     """The case's training steps on the whole batch in GRAD_ACCUMULATION micro-batches: summed token
     cross-entropy scaled by 1 / tokens, backward, optional gradient clipping, the optimizer step.
-    Returns logits of step 0, every step's loss, step-0 gradients and final parameters (case layout)."""
+    Returns (logits of step 0, every step's loss, step-0 gradients and final parameters (case layout); the
+    steps the loss scaler skipped)."""
     b, s = M["batch"], M["seq"]
     ids = torch.tensor(data["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(data["targets"].astype(np.int64)).view(b, s)
@@ -13,7 +14,8 @@ def train(model, data, loss_ctx, view):
     named = list(model.named_parameters())
     params = [p for _, p in named]
     opt = make_optimizer(CASE, params)
-    out = {}
+    scaler = loss_scaler(CASE["train"])  # the case's dynamic loss scaling, or None
+    out, skipped = {}, []
     for k in range(CASE["train"]["steps"]):
         opt.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64)
@@ -22,11 +24,14 @@ def train(model, data, loss_ctx, view):
             with loss_ctx():
                 logits = model(ids[a:c])
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
-                (loss * (1 / tokens)).backward()
+                scaled = loss * (1 / tokens) if scaler is None else scaler.scale(loss.float()) * (1 / tokens)
+                scaled.backward()
             loss_sum += full(loss)
             if k == 0:
                 rows.append(full(logits).reshape(-1, logits.shape[-1]))
         out[f"loss/step{k}"] = np.array(float(loss_sum) / tokens)
+        if scaler is not None:
+            scaler.unscale_(opt)
         if k == 0:
             out["logits"] = torch.cat(rows).numpy()[:, : M["vocab"]]
             missing = [n for n, p in named if p.grad is None]
@@ -35,9 +40,12 @@ def train(model, data, loss_ctx, view):
             out.update({f"grad/{n}": view(n, p.grad) for n, p in named})
         if CASE["train"].get("clip_grad_norm") is not None:
             torch.nn.utils.clip_grad_norm_(params, CASE["train"]["clip_grad_norm"], foreach=False)
-        opt.step()
+        if scaler is not None:
+            skipped.append(scaled_step(scaler, opt))
+        else:
+            opt.step()
     out.update({f"param/{n}": view(n, p) for n, p in named})
-    return out
+    return out, skipped
 
 
 # ---------------------------------------------------- sharded run and reference
@@ -71,21 +79,26 @@ def run_sharded(data, rank):
             local = t
         return to_case_layout(name, local.detach().to(torch.float64, copy=True)).numpy()
 
-    return train(model, data, loss_parallel, view)
+    return train(model, data, loss_parallel, view)  # (outputs, skipped steps)
 
 
 def run_reference(data):
     """The same training in float64 on one device with plain torch: the single-device reference."""
     model = Model(M).to(torch.float64)
     load_case_params(model, data, torch.float64)
-    return train(model, data, contextlib.nullcontext, lambda name, t: to_case_layout(name, full(t)).numpy())
+    return train(model, data, contextlib.nullcontext, lambda name, t: to_case_layout(name, full(t)).numpy())[0]
 
 
 def run(rank):
     data = load_blob()
-    sharded = run_sharded(data, rank)
+    sharded, skipped = run_sharded(data, rank)
+    per_rank = [None] * WORLD
+    dist.all_gather_object(per_rank, skipped)
     if rank != 0:
         return None
+    if any(s != per_rank[0] for s in per_rank):
+        return disagreement("the ranks' loss scalers skipped different steps: "
+                            + ", ".join(f"rank {r} {s}" for r, s in enumerate(per_rank)))
     reference = run_reference(data)
     dump(sharded, reference)
     return report(sharded, reference, BOUNDS)
