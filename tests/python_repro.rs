@@ -260,3 +260,42 @@ fn torch_tp_loss_scalers_that_disagree_across_ranks_report_and_reproduce() {
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: the ranks' loss scalers skipped different steps"), "{}", text(&run));
 }
+
+/// A warm-up call reaches the script too: torch 2.5.1's sharding propagation cache, keyed without the
+/// op's scalar arguments, pads with the warm-up's value (pytorch/pytorch#147180). The report, made under
+/// torch 2.5.1, gives a script that prints MISMATCH there and OK under torch 2.15.
+#[test]
+fn a_warm_up_call_reproduces_torch_2_5_1s_propagation_cache_bug_standalone() {
+    if !python_ready() || !root().join(".venv-colossalai/bin/python").exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-colossalai: run scripts/setup-python.sh");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let case = tmp.path().join("case.json");
+    std::fs::write(
+        &case,
+        r#"{"schema": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1},
+            "library_op": {"name": "constant_pad_nd", "sample": 1, "mesh": [2], "placements": [["P"]], "backward": false,
+                           "warmup": [{"arg": 2, "edit": "increment"}]},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"}, "data": {"seed": 3}}"#,
+    )
+    .unwrap();
+    let out = tmp.path().join("report");
+    let old = format!("torch-dtensor={}", root().join(".venv-colossalai/bin/python").display());
+    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+        .args(["report", &case.display().to_string(), "--python", &old, "--format", "json", "--out", &out.display().to_string()])
+        .args(["--target", "torch-dtensor"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["verdict"]["kind"], "divergent", "{:#?}", report["verdict"]);
+    let command = report["repro"]["command"].as_str().unwrap().to_string();
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    let old_torch = run_repro_in(clean.path(), &command, ".venv-colossalai");
+    assert_eq!(old_torch.status.code(), Some(1), "{}", text(&old_torch));
+    assert!(String::from_utf8_lossy(&old_torch.stdout).contains("MISMATCH: out/0"), "{}", text(&old_torch));
+    let new_torch = run_repro_in(clean.path(), &command, ".venv");
+    assert_eq!(new_torch.status.code(), Some(0), "{}", text(&new_torch));
+}

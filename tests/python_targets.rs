@@ -304,3 +304,41 @@ fn loss_scaler_skips_travel_and_a_disagreement_between_ranks_diverges() {
     let o = shardfuzz(&["run", "--json", "--target", "torch-tp", &one_shard], &[("SHARDFUZZ_KNOWN_FIXES", "dtensor-found-inf-placements")]);
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "with the fix: {}", verdicts(&o)[0]);
 }
+
+/// A real historical bug through the warm-up call (`library_op.warmup`): torch 2.5.1's sharding
+/// propagation cache is keyed without the op's scalar arguments, so `constant_pad_nd` of a `Partial`
+/// input, after a warm-up call padding with 2.0, pads with 2.0 again where the case asks for 1.0
+/// (pytorch/pytorch#147180, #153603: fixed by torch 2.15). Under 2.5.1 (the colossalai environment's
+/// torch) the case diverges; without the warm-up, or under torch 2.15, it passes.
+#[test]
+fn a_warm_up_call_shows_torch_2_5_1s_propagation_cache_keyed_without_scalars() {
+    if !python_ready() || !root().join(".venv-colossalai/bin/python").exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-colossalai: run scripts/setup-python.sh");
+        return;
+    }
+    let case = |warmup: &str| {
+        format!(
+            r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}},
+                "library_op": {{"name": "constant_pad_nd", "sample": 1, "mesh": [2], "placements": [["P"]],
+                                "backward": false{warmup}}},
+                "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f64"}}, "data": {{"seed": 3}}}}"#
+        )
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let warm = tmp.path().join("warm.json");
+    std::fs::write(&warm, case(r#", "warmup": [{"arg": 2, "edit": "increment"}]"#)).unwrap();
+    let cold = tmp.path().join("cold.json");
+    std::fs::write(&cold, case("")).unwrap();
+    let old = format!("torch-dtensor={}", root().join(".venv-colossalai/bin/python").display());
+    let (warm, cold) = (warm.display().to_string(), cold.display().to_string());
+    // Warm first, then cold in the same worker: each case starts from an empty cache (a case's verdict does
+    // not depend on the cases before it).
+    let o = shardfuzz(&["run", "--json", "--target", "torch-dtensor", "--python", &old, &warm, &cold], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs[0]["versions"]["torch"], "2.5.1", "{}", vs[0]);
+    assert_eq!(vs[0]["kind"], "divergent", "{}", vs[0]);
+    assert_eq!(vs[1]["kind"], "pass", "without the warm-up: {}", vs[1]);
+    let o = shardfuzz(&["run", "--json", "--target", "torch-dtensor", &warm], &[]);
+    assert_eq!(verdicts(&o)[0]["kind"], "pass", "torch 2.15: {}", verdicts(&o)[0]);
+}

@@ -87,6 +87,7 @@ pub fn random_library_case(seed: u64, vocab: &Vocabulary) -> Option<Case> {
         redistribute: vec![],
         views: vec![],
         edits: vec![],
+        warmup: vec![],
     };
     Some(library_case(op, dtype(&mut rng), rng.gen()))
 }
@@ -126,6 +127,7 @@ pub const LIBRARY_MUTATIONS: &[(&str, LibraryMutation)] = &[
     ("backward", toggle_backward),
     ("redistribute", redistribute),
     ("sample-edit", sample_edit),
+    ("warmup", warmup),
     ("source", source),
     ("view", view),
     ("dtype", |c, _, rng| change(&mut c.train.dtype, dtype(rng))),
@@ -262,6 +264,16 @@ fn sample_edit(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     })
 }
 
+/// A warm-up call before the case's own: its edits drawn as the sample edits are (a scalar or a dim of
+/// its own), one appended, or one removed.
+fn warmup(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
+    let Some(op) = lib(c) else { return false };
+    append_or_remove(&mut op.warmup, MAX_SAMPLE_EDITS, rng, |rng| SampleEdit {
+        arg: rng.gen_range(0..4),
+        edit: *Edit::ALL.choose(rng).expect("nonempty"),
+    })
+}
+
 fn toggle_backward(c: &mut Case, _: &Vocabulary, _: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
     op.backward = !op.backward;
@@ -315,6 +327,7 @@ mod tests {
                 redistribute: vec![],
                 views: vec![],
                 edits: vec![],
+                warmup: vec![],
             },
             DType::F32,
             1,

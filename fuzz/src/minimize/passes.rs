@@ -263,6 +263,14 @@ fn simpler_library_placements(case: &Case) -> Vec<Case> {
             lib(c).edits.remove(i);
         }));
     }
+    if !l.warmup.is_empty() {
+        out.push(with(case, |c| lib(c).warmup.clear()));
+    }
+    for i in 0..l.warmup.len() {
+        out.push(with(case, |c| {
+            lib(c).warmup.remove(i);
+        }));
+    }
     for (arg, places) in l.placements.iter().enumerate() {
         for (m, pl) in places.iter().enumerate() {
             let simpler: &[Placement] = match pl {

@@ -177,6 +177,18 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertEqual(np.shape(outputs["reference/out/0"]), (1, 1))
         self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
 
+    def test_a_warm_up_call_runs_first_and_leaves_the_result_alone(self):
+        # Sample 1 of constant_pad_nd: a [1, 3] input, pad (1, 2), value 1.0; the warm-up pads with 2.0.
+        case = library_case("constant_pad_nd", "", 1, [2], [["P"]])
+        case["library_op"]["warmup"] = [{"arg": 2, "edit": "increment"}]
+        reply, outputs = self.run_case(case)
+        self.assertEqual(reply["status"], "completed", reply.get("reason"))
+        self.assertIn("warm-up call", " ".join(reply["notes"]))
+        self.assertIn("1.0 → 2.0", " ".join(reply["notes"]))
+        self.assertIn("lib:warmup", reply["features"])
+        self.assertEqual(outputs["reference/out/0"][0, 0], 1.0, "the case's own value pads")
+        self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
+
     def test_on_real_ranks_too_a_call_the_op_refuses_on_one_device_is_rejected_not_a_crash(self):
         # (Older torch runs every library-op case this way, on a pool of gloo processes: an edited index
         # out of range raised on every rank and read as a crash of the framework.)

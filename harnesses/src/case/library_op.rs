@@ -59,6 +59,12 @@ pub struct LibraryOp {
     /// applied in order before anything runs, the single-device reference included.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub edits: Vec<SampleEdit>,
+    /// A warm-up call: before the case's own call, the op runs once on the same sharded inputs with
+    /// these edits in place of `edits` (forward and, as the case asks, backward; its results
+    /// discarded). A framework's result must not depend on an earlier call: a cache keyed without
+    /// an argument (DTensor's sharding propagation keyed without a scalar) shows as a divergence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warmup: Vec<SampleEdit>,
 }
 
 /// One change to a sample argument. `arg` picks the n-th *editable* argument of the sample, in call

@@ -152,6 +152,10 @@ impl Case {
             for e in &l.edits {
                 s += &format!(" | arg {} {}", e.arg, e.edit.name());
             }
+            if !l.warmup.is_empty() {
+                let w: Vec<String> = l.warmup.iter().map(|e| format!("arg {} {}", e.arg, e.edit.name())).collect();
+                s += &format!(" | after a warm-up call ({})", w.join(", "));
+            }
         }
         s + &format!(" | {}", self.train.dtype)
     }

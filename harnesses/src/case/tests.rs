@@ -140,6 +140,13 @@ fn library_op_rules_name_their_field() {
     assert!(e.contains("unknown variant `halve`"), "{e}");
     let e = error_of(&edits(&format!("[{}]", [r#"{"arg": 0, "edit": "zero"}"#; 5].join(", "))));
     assert!(e.contains("library_op.edits: must hold at most 4"), "{e}");
+    let warmup = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "warmup": {e}"#));
+    let ok = Case::from_json(&warmup(r#"[{"arg": 2, "edit": "increment"}, {"arg": 0, "edit": "empty"}]"#)).unwrap();
+    assert_eq!(ok.library_op.as_ref().unwrap().warmup[1], SampleEdit { arg: 0, edit: Edit::Empty });
+    assert!(ok.summary().contains("| after a warm-up call (arg 2 increment, arg 0 empty)"), "{}", ok.summary());
+    assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
+    let e = error_of(&warmup(&format!("[{}]", [r#"{"arg": 0, "edit": "zero"}"#; 5].join(", "))));
+    assert!(e.contains("library_op.warmup: must hold at most 4"), "{e}");
     let sources = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "sources": {e}"#));
     let ok = Case::from_json(&sources(r#"[["P(avg)", "S(0)"]]"#)).unwrap();
     assert_eq!(ok.library_op.as_ref().unwrap().sources[0], vec![Placement::Partial(Reduce::Avg), Placement::Shard(0)]);

@@ -259,6 +259,9 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
     if l.views.len() > MAX_VIEWS {
         r.fail("library_op.views", format!("must hold at most {MAX_VIEWS} views (got {})", l.views.len()));
     }
+    if l.warmup.len() > MAX_SAMPLE_EDITS {
+        r.fail("library_op.warmup", format!("must hold at most {MAX_SAMPLE_EDITS} sample edits (got {})", l.warmup.len()));
+    }
     if l.edits.len() > MAX_SAMPLE_EDITS {
         r.fail("library_op.edits", format!("must hold at most {MAX_SAMPLE_EDITS} sample edits (got {})", l.edits.len()));
     }

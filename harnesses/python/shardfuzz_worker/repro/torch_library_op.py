@@ -105,6 +105,9 @@ def generate(case, inputs, bounds, dropped):
         if g is not None:
             data[f"gout{k}"] = g.to(torch.float64).numpy()
     leaves, spec = structure(prep)
+    warm = warmup_call(op, lib, seed, case["train"]["dtype"], prep)
+    if warm is not None:
+        data.update(warm.pop("gouts"))
     world = int(np.prod(lib["mesh"]))
     path = op_path(op)
     command = f"torchrun --nproc_per_node {world} repro.py"
@@ -125,6 +128,8 @@ def generate(case, inputs, bounds, dropped):
         literal("REDISTRIBUTE", [list(r) for r in lib.get("redistribute") or []]),
         literal("BOUNDS", bounds),
         literal("REFUSAL", refusal),
+        "# The warm-up call before the case's own (library_op.warmup): its non-tensor leaves and spec, or None.",
+        literal("WARMUP", warm),
     ]
     sections = ["\n".join(c.rstrip("\n") for c in config), template("common"),
                 rule("output views (as the worker's)") + "\n" + worker_source("targets/torch_opinfo.py", "viewed"),
@@ -142,6 +147,9 @@ def generate(case, inputs, bounds, dropped):
                      + " (S(d) modulo the output's dimensions) before it is gathered.")
     if prep.edit_notes:
         about.append("The sample as the fuzzer edited it (embedded below): " + "; ".join(prep.edit_notes) + ".")
+    if warm is not None:
+        about.append("Before that call, the op runs once on the same sharded tensors with the warm-up edits ("
+                     + "; ".join(warm["notes"]) + "), its results discarded: the case's call must not depend on it.")
     if refusal:
         about.append(f"Single-device torch refuses this call ({refusal}): the sharded op must refuse it too.")
     about.append("The op is " + (f"{path}." if path else f"PyTorch's OpInfo entry {lib['name']!r} (needs expecttest)."))
@@ -149,6 +157,27 @@ def generate(case, inputs, bounds, dropped):
     from .common import assemble
 
     return assemble(head, IMPORTS, sections, embed(data)), command
+
+
+def warmup_call(op, lib, seed, dtype_name, prep):
+    """The case's warm-up call as the script makes it: {"leaves", "spec", "notes", "gouts"}, or None without one.
+    Its tensors must be the case's own (a warm-up edit of an index tensor is not expressible here)."""
+    import torch
+
+    from ..targets.torch_opinfo import Prepared
+
+    if not lib.get("warmup"):
+        return None
+    warm = Prepared(op, {**lib, "edits": lib["warmup"]}, seed, dtype_name)
+    same = warm.positions == prep.positions and all(
+        warm.leaves[i].shape == prep.leaves[i].shape and torch.equal(warm.leaves[i], prep.leaves[i]) for i in prep.positions)
+    if not same:
+        raise ReproError("the warm-up call edits a tensor argument: the script embeds the case's tensors only")
+    refusal_of(warm)  # runs it once: its upstream gradients
+    leaves, spec = structure(warm)
+    gouts = {f"wgout{k}": g.to(torch.float64).numpy() for k, g in enumerate(getattr(warm, "last_grad_outputs", []))
+             if g is not None}
+    return {"leaves": leaves, "spec": spec, "notes": list(warm.edit_notes), "gouts": gouts}
 
 
 def refusal_of(prep):

@@ -151,6 +151,7 @@ def combine_ranks(case, outs):
         "grads": {j: (places, {r: o["grads"][j][1] for r, o in enumerate(outs)}) for j, (places, _) in outs[0]["grads"].items()},
         "places": outs[0]["places"],
         "mesh": tuple(int(d) for d in lib["mesh"]),
+        "notes": outs[0].get("notes") or [],
     }
     return combine(case, prep, single, sharded, notes)
 
@@ -173,6 +174,7 @@ def refused_both_ways(refusal, run_sharded_op):
 
 def combine(case, prep, single, sharded, notes):
     tensors, replicas = {}, {}
+    notes = notes + list(sharded.get("notes") or [])
     reference = single["reference"]
     low = case["train"]["dtype"] != "f64"
     for k, copies in enumerate(sharded["outs"]):
@@ -268,6 +270,8 @@ def features(case, prep, sharded):
     for places in lib.get("redistribute") or []:
         out.append(f"lib:redistribute:{'/'.join(places)}")
     out += [f"lib:view:{v}" for v in lib.get("views") or []]
+    if lib.get("warmup"):
+        out.append("lib:warmup")
     for j, places in enumerate(sharded["places"]):
         start = starting_placements(lib, j, places, prep.leaves[prep.positions[j]], len(mesh))
         out += [f"lib:from:{kind(a)}>{kind(b)}" for a, b in zip(start, places) if a != b]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..partial import partial_parts, round_to, split_rng
 from .base import normalise_placements, shard_ranges
-from .torch_opinfo import call, output_leaves, to_array, torch_dtype, viewed
+from .torch_opinfo import Prepared, call, find, output_leaves, to_array, torch_dtype, viewed
 
 _STATE = {"pg": False, "modes": {}, "meshes": {}}
 
@@ -145,6 +145,33 @@ def run_op(prep, lib, seed, mesh, local_of):
     return fulls, {j: (places, g) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}, places_used
 
 
+def fresh_propagation_cache():
+    """DTensor's sharding propagation cache emptied: a case's verdict must not depend on the cases this process
+    ran before it (torch 2.5.1 keys the cache without the op's scalar arguments, so an earlier case's call can
+    answer a later one's); only the case's own warm-up call may fill it."""
+    from torch.distributed.tensor import DTensor
+
+    cached = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+    cache = getattr(cached, "cache", None)
+    if cache is not None:
+        cache.cache_clear()
+
+
+def warm_up(prep, lib, seed, mesh, local_of):
+    """The case's warm-up call (`library_op.warmup`): the op once on the same sharded inputs with the warm-up's
+    edits in place of the case's own, forward and backward, its results discarded, so that the framework's
+    caches hold that call's entries when the case's own call runs. Returns a note (none without a warm-up)."""
+    edits = lib.get("warmup")
+    if not edits:
+        return []
+    try:
+        warm = Prepared(find(lib), {**lib, "edits": edits}, seed, prep.dtype_name)
+        run_op(warm, lib, seed, mesh, local_of)
+    except Exception as e:  # noqa: BLE001 - the warm-up's own outcome is not the case's; the case runs next
+        return [f"warm-up call (edits {edits}) raised {type(e).__name__}: {str(e)[:200]}; the case's call ran after it"]
+    return [f"warm-up call (edits {edits}) ran before the case's call" + "".join(f"; {n}" for n in warm.edit_notes)]
+
+
 def starting_placements(lib, j, places, full, mesh_ndim):
     """Where argument j starts before a redistribution to `places` (`library_op.sources`; its placements when
     not given). A mesh dim whose placement is Partial starts there (DTensor makes a Partial only from
@@ -185,10 +212,12 @@ def run_sharded(prep, lib, seed):
     world = math.prod(mesh_shape)
     mode, mesh = mode_and_mesh(mesh_shape)
     with mode:
+        fresh_propagation_cache()
+        notes = warm_up(prep, lib, seed, mesh, lambda layout: mode.rank_map(layout.local))
         fulls, grads, places = run_op(prep, lib, seed, mesh, lambda layout: mode.rank_map(layout.local))
         outs = [per_rank(f, world) for f in fulls]
         grads = {j: (pl, per_rank(g, world)) for j, (pl, g) in grads.items()}
-    return {"outs": outs, "grads": grads, "places": places, "mesh": mesh_shape}
+    return {"outs": outs, "grads": grads, "places": places, "mesh": mesh_shape, "notes": notes}
 
 
 def run_on_rank(prep, lib, seed, rank):
@@ -197,6 +226,8 @@ def run_on_rank(prep, lib, seed, rank):
 
     mesh_shape = tuple(int(d) for d in lib["mesh"])
     mesh = cached_mesh(mesh_shape, tuple(f"d{m}" for m in range(len(mesh_shape))))
+    fresh_propagation_cache()
+    notes = warm_up(prep, lib, seed, mesh, lambda layout: layout.local(rank))
     fulls, grads, places = run_op(prep, lib, seed, mesh, lambda layout: layout.local(rank))
     return {"outs": [to_array(f) for f in fulls], "grads": {j: (pl, to_array(g)) for j, (pl, g) in grads.items()},
-            "places": places}
+            "places": places, "notes": notes}
