@@ -188,6 +188,16 @@ class JaxLibraryOps(unittest.TestCase):
         reply = self.run_case(case)
         self.assertEqual(reply.get("status"), "unsupported", reply)
 
+    def test_a_warm_up_call_runs_first_and_leaves_the_result_alone(self):
+        # jax.numpy.cumsum sample 1: axis 0; the warm-up sums over axis 1 first.
+        case = lib_case("jax.numpy.cumsum", 1, (2,), [["S(1)"]])
+        case["library_op"]["warmup"] = [{"arg": 0, "edit": "flip"}]
+        reply = self.run_case(case)
+        self.assert_matches_reference(reply, "cumsum over axis 0 after a warm-up over axis 1")
+        self.assertIn("warm-up call", " ".join(reply["notes"]))
+        self.assertIn("edit flip: argument 0 0 → 1", " ".join(reply["notes"]))
+        self.assertIn("lib:warmup", reply["features"])
+
     def test_uneven_shard_map_is_rejected(self):
         from shardfuzz_worker.validation import describe
         from shardfuzz_worker.verdicts import classify_failures

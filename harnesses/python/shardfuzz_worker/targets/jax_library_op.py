@@ -470,8 +470,23 @@ def run(case, target_kind):
         single = single_device(prep, notes)
     except Unsupported as e:
         return {"status": "unsupported", "reason": str(e)}
+    notes += warm_up(lib, seed, dtype_name, target_kind)
     sharded = run_sharded(prep, lib, target_kind, notes)
     return combine(case, prep, single, sharded, notes, target_kind)
+
+
+def warm_up(lib, seed, dtype_name, target_kind):
+    """The case's warm-up call (`library_op.warmup`): the sharded computation once with the warm-up's edits in
+    place of the case's own, its results discarded, before the case's call. Returns a note (none without one)."""
+    edits = lib.get("warmup")
+    if not edits:
+        return []
+    try:
+        warm = Prepared({**lib, "edits": edits}, seed, dtype_name)
+        run_sharded(warm, lib, target_kind, [])
+    except Exception as e:  # noqa: BLE001 - the warm-up's own outcome is not the case's; the case runs next
+        return [f"warm-up call (edits {edits}) raised {type(e).__name__}: {str(e)[:200]}; the case's call ran after it"]
+    return [f"warm-up call (edits {edits}) ran before the case's call" + "".join(f"; {n}" for n in warm.edit_notes)]
 
 
 def combine(case, prep, single, sharded, notes, target_kind):
@@ -536,5 +551,7 @@ def features(case, prep, sharded, target_kind):
     for places in case["library_op"].get("redistribute") or []:
         out.append(f"lib:redistribute:{'/'.join(places)}")
     out += [f"lib:view:{v}" for v in prep.views]
+    if case["library_op"].get("warmup"):
+        out.append("lib:warmup")
     out += sharded["hlo"]
     return sorted(set(out))
