@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 
 use serde_json::Value;
 
@@ -43,6 +44,16 @@ fn shardfuzz(args: &[&str], fault: &str) -> Output {
         .expect("run shardfuzz")
 }
 
+/// Held while a repro script runs: `torchrun` listens on its default port (29500), so the scripts of
+/// two tests running in parallel would collide there (EADDRINUSE).
+static TORCHRUN: Mutex<()> = Mutex::new(());
+
+/// Runs `c` (a repro script under torchrun) with no other repro script running.
+fn one_at_a_time(c: &mut Command) -> Output {
+    let _held = TORCHRUN.lock().unwrap_or_else(|e| e.into_inner());
+    c.output().expect("run the repro")
+}
+
 /// Runs the repro command in `dir` with only the fault directory on PYTHONPATH.
 fn run_repro(dir: &Path, command: &str, fault: Option<&str>) -> Output {
     let path = format!("{}:{}", root().join(".venv/bin").display(), std::env::var("PATH").unwrap_or_default());
@@ -51,7 +62,7 @@ fn run_repro(dir: &Path, command: &str, fault: Option<&str>) -> Output {
     if let Some(f) = fault {
         c.env("SHARDFUZZ_TEST_FAULT", f);
     }
-    c.output().expect("run the repro")
+    one_at_a_time(&mut c)
 }
 
 fn finding_to_repro(target: &str, fault: &str, case: &str) {
@@ -183,7 +194,7 @@ fn torch_tp_real_crash_on_an_empty_vocab_shard_reproduces_standalone() {
 /// Runs the repro command in `dir` with the interpreters of `venv` (a folder of the repository) first on PATH.
 fn run_repro_in(dir: &Path, command: &str, venv: &str) -> Output {
     let path = format!("{}:{}", root().join(venv).join("bin").display(), std::env::var("PATH").unwrap_or_default());
-    Command::new("sh").arg("-c").arg(command).current_dir(dir).env("PATH", path).env_remove("PYTHONPATH").output().expect("run the repro")
+    one_at_a_time(Command::new("sh").arg("-c").arg(command).current_dir(dir).env("PATH", path).env_remove("PYTHONPATH"))
 }
 
 /// A real Colossal-AI 0.5.0 bug from case to standalone script on colossalai-hybrid: a row-parallel bias
