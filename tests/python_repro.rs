@@ -175,20 +175,30 @@ fn torch_tp_real_crash_on_an_empty_vocab_shard_reproduces_standalone() {
             "data": {"seed": 65205}}"#,
     )
     .unwrap();
+    let (report, clean, command) = report_to_script(&case, "torch-tp", &[], "crash");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "torch {} no longer crashes?\n{}", report["environment"]["torch"], text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("CRASH on rank"), "{}", text(&run));
+}
+
+/// `shardfuzz report CASE --target T [extra]` in JSON, which must succeed with the verdict `kind`; its
+/// script copied alone into an empty directory. Returns (the report, that directory, the script's command).
+fn report_to_script(case: &Path, target: &str, extra: &[&str], kind: &str) -> (Value, tempfile::TempDir, String) {
+    let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("report");
     let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
-        .args(["report", &case.display().to_string(), "--target", "torch-tp", "--format", "json", "--out", &out.display().to_string()])
+        .args(["report", &case.display().to_string(), "--target", target, "--format", "json", "--out", &out.display().to_string()])
+        .args(extra)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let report: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["verdict"]["kind"], "crash", "{:#?}", report["verdict"]);
+    assert_eq!(report["verdict"]["kind"], kind, "{:#?}", report["verdict"]);
+    assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
     let command = report["repro"]["command"].as_str().unwrap().to_string();
     let clean = tempfile::tempdir().unwrap();
     std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
-    let run = run_repro(clean.path(), &command, None);
-    assert_eq!(run.status.code(), Some(1), "torch {} no longer crashes?\n{}", report["environment"]["torch"], text(&run));
-    assert!(String::from_utf8_lossy(&run.stdout).contains("CRASH on rank"), "{}", text(&run));
+    (report, clean, command)
 }
 
 /// Runs the repro command in `dir` with the interpreters of `venv` (a folder of the repository) first on PATH.
@@ -254,19 +264,7 @@ fn torch_tp_loss_scalers_that_disagree_across_ranks_report_and_reproduce() {
         return;
     }
     let case = root().join("tests/python-loss-scale/tp2-f16-overflow-in-one-shard.json");
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("report");
-    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
-        .args(["report", &case.display().to_string(), "--target", "torch-tp", "--format", "json", "--out", &out.display().to_string()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["verdict"]["kind"], "divergent", "{:#?}", report["verdict"]);
-    assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
-    let command = report["repro"]["command"].as_str().unwrap().to_string();
-    let clean = tempfile::tempdir().unwrap();
-    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    let (_, clean, command) = report_to_script(&case, "torch-tp", &[], "divergent");
     let run = run_repro(clean.path(), &command, None);
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: the ranks' loss scalers skipped different steps"), "{}", text(&run));
@@ -291,19 +289,8 @@ fn a_warm_up_call_reproduces_torch_2_5_1s_propagation_cache_bug_standalone() {
             "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"}, "data": {"seed": 3}}"#,
     )
     .unwrap();
-    let out = tmp.path().join("report");
     let old = format!("torch-dtensor={}", root().join(".venv-colossalai/bin/python").display());
-    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
-        .args(["report", &case.display().to_string(), "--python", &old, "--format", "json", "--out", &out.display().to_string()])
-        .args(["--target", "torch-dtensor"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["verdict"]["kind"], "divergent", "{:#?}", report["verdict"]);
-    let command = report["repro"]["command"].as_str().unwrap().to_string();
-    let clean = tempfile::tempdir().unwrap();
-    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    let (_, clean, command) = report_to_script(&case, "torch-dtensor", &["--python", &old], "divergent");
     let old_torch = run_repro_in(clean.path(), &command, ".venv-colossalai");
     assert_eq!(old_torch.status.code(), Some(1), "{}", text(&old_torch));
     assert!(String::from_utf8_lossy(&old_torch.stdout).contains("MISMATCH: out/0"), "{}", text(&old_torch));
