@@ -257,21 +257,19 @@ fn view(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
 /// or one of the case's edits removed.
 fn sample_edit(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
-    // Most samples have few editable arguments (the worker takes `arg` modulo their count).
-    append_or_remove(&mut op.edits, MAX_SAMPLE_EDITS, rng, |rng| SampleEdit {
-        arg: rng.gen_range(0..4),
-        edit: *Edit::ALL.choose(rng).expect("nonempty"),
-    })
+    append_or_remove(&mut op.edits, MAX_SAMPLE_EDITS, rng, random_edit)
+}
+
+/// One sample edit. Most samples have few editable arguments (the worker takes `arg` modulo their count).
+fn random_edit(rng: &mut ChaCha8Rng) -> SampleEdit {
+    SampleEdit { arg: rng.gen_range(0..4), edit: *Edit::ALL.choose(rng).expect("nonempty") }
 }
 
 /// A warm-up call before the case's own: its edits drawn as the sample edits are (a scalar or a dim of
 /// its own), one appended, or one removed.
 fn warmup(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let Some(op) = lib(c) else { return false };
-    append_or_remove(&mut op.warmup, MAX_SAMPLE_EDITS, rng, |rng| SampleEdit {
-        arg: rng.gen_range(0..4),
-        edit: *Edit::ALL.choose(rng).expect("nonempty"),
-    })
+    append_or_remove(&mut op.warmup, MAX_SAMPLE_EDITS, rng, random_edit)
 }
 
 fn toggle_backward(c: &mut Case, _: &Vocabulary, _: &mut ChaCha8Rng) -> bool {

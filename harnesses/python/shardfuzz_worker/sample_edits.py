@@ -99,6 +99,19 @@ def apply(leaves, edits, is_index, ndim, to_numpy, from_numpy):
     return leaves, notes
 
 
+def warm_up(edits, run):
+    """The case's warm-up call (`library_op.warmup`, these `edits`): `run()` makes and runs it (its results
+    discarded) and returns its edit notes. Its failure is not the case's: the case's call runs next either way.
+    Returns a note (none without a warm-up)."""
+    if not edits:
+        return []
+    try:
+        edit_notes = run()
+    except Exception as e:  # noqa: BLE001 - the warm-up's own outcome is not the case's
+        return [f"warm-up call (edits {edits}) raised {type(e).__name__}: {str(e)[:200]}; the case's call ran after it"]
+    return [f"warm-up call (edits {edits}) ran before the case's call" + "".join(f"; {n}" for n in edit_notes)]
+
+
 def _walk(tree, path, sort_dicts):
     """(path, leaf) of every leaf of nested tuples, lists and dicts, in the order the framework's pytree
     flattens them (dict keys in insertion order for torch, sorted for JAX)."""

@@ -414,12 +414,12 @@ impl PythonTarget {
         self.coverage = v["coverage"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let features: Vec<String> = strings(&v["features"]);
         let reason = v["reason"].as_str().unwrap_or_default().to_string();
-        let stats = run_stats(&v);
+        let stats = match run_stats(&v) {
+            Ok(stats) => stats,
+            Err(e) => return Outcome::HarnessError { message: format!("worker sent unreadable stats: {e}") },
+        };
         match v["status"].as_str().unwrap_or_default() {
             "completed" => match read_outputs(Path::new(v["output"].as_str().unwrap_or_default())) {
-                Ok(_) if stats.is_err() => {
-                    Outcome::HarnessError { message: format!("worker sent unreadable stats: {}", stats.err().unwrap_or_default()) }
-                }
                 Ok((tensors, replicas)) => {
                     let (baseline, tensors) = strip_prefix(tensors, FRAMEWORK_BASELINE);
                     let (reference, tensors) = strip_prefix(tensors, FRAMEWORK_REFERENCE);
@@ -438,7 +438,7 @@ impl PythonTarget {
                         baseline,
                         reference,
                         noise: noise.into_iter().collect(),
-                        stats: stats.unwrap_or_default(),
+                        stats,
                     })
                 }
                 Err(e) => Outcome::Crash { rank: None, message: format!("worker output unreadable: {e}"), features },
@@ -516,7 +516,6 @@ pub fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// Prefix of the tensors of a worker's own single-device run in the case dtype.
 /// The typed run statistics a worker sent (`stats`: skipped steps of its loss scaler); none sent
 /// reads as none.
 fn run_stats(v: &serde_json::Value) -> Result<RunStats, String> {
@@ -526,6 +525,7 @@ fn run_stats(v: &serde_json::Value) -> Result<RunStats, String> {
     }
 }
 
+/// Prefix of the tensors of a worker's own single-device run in the case dtype.
 const FRAMEWORK_BASELINE: &str = "baseline/";
 /// Prefix of the framework's own float64 reference (library-op cases).
 const FRAMEWORK_REFERENCE: &str = "reference/";

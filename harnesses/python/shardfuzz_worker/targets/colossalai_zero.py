@@ -23,9 +23,6 @@ from .torch_training import combine_dp, single_device, train
 PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
 
-
-
-
 class ColossalZero(ColossalTarget):
     name = "colossalai-zero"
 

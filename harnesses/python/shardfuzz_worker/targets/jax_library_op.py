@@ -478,15 +478,14 @@ def run(case, target_kind):
 def warm_up(lib, seed, dtype_name, target_kind):
     """The case's warm-up call (`library_op.warmup`): the sharded computation once with the warm-up's edits in
     place of the case's own, its results discarded, before the case's call. Returns a note (none without one)."""
-    edits = lib.get("warmup")
-    if not edits:
-        return []
-    try:
-        warm = Prepared({**lib, "edits": edits}, seed, dtype_name)
+    from .. import sample_edits
+
+    def run():
+        warm = Prepared({**lib, "edits": lib["warmup"]}, seed, dtype_name)
         run_sharded(warm, lib, target_kind, [])
-    except Exception as e:  # noqa: BLE001 - the warm-up's own outcome is not the case's; the case runs next
-        return [f"warm-up call (edits {edits}) raised {type(e).__name__}: {str(e)[:200]}; the case's call ran after it"]
-    return [f"warm-up call (edits {edits}) ran before the case's call" + "".join(f"; {n}" for n in warm.edit_notes)]
+        return warm.edit_notes
+
+    return sample_edits.warm_up(lib.get("warmup"), run)
 
 
 def combine(case, prep, single, sharded, notes, target_kind):

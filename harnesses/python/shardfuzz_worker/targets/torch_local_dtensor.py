@@ -161,15 +161,14 @@ def warm_up(prep, lib, seed, mesh, local_of):
     """The case's warm-up call (`library_op.warmup`): the op once on the same sharded inputs with the warm-up's
     edits in place of the case's own, forward and backward, its results discarded, so that the framework's
     caches hold that call's entries when the case's own call runs. Returns a note (none without a warm-up)."""
-    edits = lib.get("warmup")
-    if not edits:
-        return []
-    try:
-        warm = Prepared(find(lib), {**lib, "edits": edits}, seed, prep.dtype_name)
+    from .. import sample_edits
+
+    def run():
+        warm = Prepared(find(lib), {**lib, "edits": lib["warmup"]}, seed, prep.dtype_name)
         run_op(warm, lib, seed, mesh, local_of)
-    except Exception as e:  # noqa: BLE001 - the warm-up's own outcome is not the case's; the case runs next
-        return [f"warm-up call (edits {edits}) raised {type(e).__name__}: {str(e)[:200]}; the case's call ran after it"]
-    return [f"warm-up call (edits {edits}) ran before the case's call" + "".join(f"; {n}" for n in warm.edit_notes)]
+        return warm.edit_notes
+
+    return sample_edits.warm_up(lib.get("warmup"), run)
 
 
 def starting_placements(lib, j, places, full, mesh_ndim):
