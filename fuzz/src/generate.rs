@@ -5,7 +5,7 @@ use arbitrary::{Result, Unstructured};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Activation, Case, Data, Distribution, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer, OptimizerKind,
+    Activation, Case, Data, Distribution, IgnorePattern, Ignored, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer, OptimizerKind,
     Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train,
 };
 use shardfuzz_kernels::DType;
@@ -172,10 +172,22 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
                     Distribution::Integers,
                 ],
             )?,
+            // Drawn last, so the fields before it are those of a case without it.
+            ignored: if is_op { None } else { ignored(u)? },
         },
     };
     case.validate(&Limits::default()).map_err(|_| arbitrary::Error::IncorrectFormat)?;
     Ok(case)
+}
+
+/// Ignored targets in about one model case in six: scattered or padding, a tenth to nine tenths.
+pub fn ignored(u: &mut Unstructured) -> Result<Option<Ignored>> {
+    if u.ratio(5, 6)? {
+        return Ok(None);
+    }
+    let fraction = pick(u, &[0.1, 0.25, 0.5, 0.9])?;
+    let pattern = pick(u, &IgnorePattern::ALL)?;
+    Ok(Some(Ignored { fraction: fraction.into(), pattern }))
 }
 
 /// A random valid case from a seed (deterministic).

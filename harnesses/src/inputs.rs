@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_kernels::DType;
 
-use crate::case::{Case, Distribution, OpKind, ParamRole};
+use crate::case::{Case, Distribution, IgnorePattern, Ignored, OpKind, ParamRole};
 use crate::tensor::Tensor;
 
 /// Everything a target needs besides the case itself.
@@ -14,14 +14,59 @@ use crate::tensor::Tensor;
 pub struct Inputs {
     /// Token ids, `[batch * seq]` (model cases) or the ids of an embedding op.
     pub tokens: Vec<usize>,
-    /// Next-token targets, `[batch * seq]` (model cases) or the targets of a cross-entropy op.
+    /// Next-token targets, `[batch * seq]` (model cases) or the targets of a cross-entropy op;
+    /// [`IGNORED`] where the loss ignores the position (`data.ignored`).
     pub targets: Vec<usize>,
     /// Initial parameters in [`crate::case::Model::params`] order (model cases), or the op's float
     /// inputs followed by `"grad_out"`, the upstream gradient of the op's output (op cases).
     pub tensors: Vec<(String, Tensor)>,
 }
 
+/// The target of a position the loss ignores (written as -100 for the workers, torch's
+/// `ignore_index`): its loss and its logits' gradient are zero, and it is not counted in the mean.
+pub const IGNORED: usize = shardfuzz_kernels::IGNORED_TARGET;
+
+/// The label the workers receive for an ignored target.
+pub const IGNORE_INDEX: i64 = -100;
+
+/// Marks `data.ignored`'s targets, from their own stream of the data seed (so the other inputs do
+/// not move when the field is added); at least one target always counts.
+fn ignore_targets(targets: &mut [usize], ig: &Ignored, seq: usize, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0000_1a9e_0e0d);
+    let f = ig.fraction.get();
+    match ig.pattern {
+        IgnorePattern::Scattered => targets.iter_mut().for_each(|t| {
+            if rng.gen_bool(f.clamp(0.0, 1.0)) {
+                *t = IGNORED;
+            }
+        }),
+        IgnorePattern::Padding => {
+            let most = ((2.0 * f * seq as f64).round() as usize).min(seq);
+            for row in targets.chunks_mut(seq.max(1)) {
+                let k = rng.gen_range(0..=most);
+                let len = row.len();
+                row[len - k.min(len)..].iter_mut().for_each(|t| *t = IGNORED);
+            }
+        }
+    }
+    if targets.iter().all(|&t| t == IGNORED) {
+        if let Some(first) = targets.first_mut() {
+            *first = 0;
+        }
+    }
+}
+
 impl Inputs {
+    /// How many targets the loss counts (every one but the ignored): the mean's denominator.
+    pub fn counted_targets(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != IGNORED).count()
+    }
+
+    /// [`Inputs::counted_targets`] among the positions `range`.
+    pub fn counted_in(&self, range: std::ops::Range<usize>) -> usize {
+        self.targets[range].iter().filter(|&&t| t != IGNORED).count()
+    }
+
     pub fn generate(case: &Case) -> Inputs {
         if case.library_op.is_some() {
             // The framework's own sample inputs, drawn by its worker from `data.seed`.
@@ -34,7 +79,10 @@ impl Inputs {
             let v = m.vocab as usize;
             let n = m.tokens();
             let tokens = (0..n).map(|_| rng.gen_range(0..v)).collect();
-            let targets = (0..n).map(|_| rng.gen_range(0..v)).collect();
+            let mut targets: Vec<usize> = (0..n).map(|_| rng.gen_range(0..v)).collect();
+            if let Some(ig) = &case.data.ignored {
+                ignore_targets(&mut targets, ig, m.seq as usize, case.data.seed);
+            }
             let tensors = m
                 .params()
                 .into_iter()

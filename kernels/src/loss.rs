@@ -6,6 +6,17 @@ use ndarray::{Array1, Array2};
 
 use crate::Prec;
 
+/// The target of a row the loss ignores (torch's `ignore_index`): its loss and its gradient are zero.
+pub const IGNORED_TARGET: usize = usize::MAX;
+
+/// Zeroes the loss and the logits' gradient of every row whose target is [`IGNORED_TARGET`].
+pub fn mask_ignored(targets: &[usize], losses: &mut [f64], dlogits: &mut Array2<f64>) {
+    for (i, _) in targets.iter().enumerate().filter(|(_, &t)| t == IGNORED_TARGET) {
+        losses[i] = 0.0;
+        dlogits.row_mut(i).fill(0.0);
+    }
+}
+
 pub struct CrossEntropy {
     /// Per-row loss −log softmax(x)[target].
     pub losses: Array1<f64>,
@@ -29,6 +40,7 @@ pub fn cross_entropy_fwd_bwd(p: Prec, logits: &Array2<f64>, targets: &[usize], g
             d[[i, j]] = p.r(acc.round(prob - onehot) * grad_scale);
         }
     }
+    mask_ignored(targets, losses.as_slice_mut().expect("contiguous"), &mut d);
     CrossEntropy { losses, dlogits: d }
 }
 
@@ -75,6 +87,17 @@ pub fn target_logit(logits: &Array2<f64>, targets: &[usize], col_offset: usize) 
 mod tests {
     use super::*;
     use crate::testutil::*;
+
+    #[test]
+    fn an_ignored_row_has_no_loss_and_no_gradient() {
+        let x = rand_mat(3, 5, 2) * 3.0;
+        let ce = cross_entropy_fwd_bwd(Prec::F64, &x, &[1, IGNORED_TARGET, 4], 1.0);
+        let whole = cross_entropy_fwd_bwd(Prec::F64, &x, &[1, 2, 4], 1.0);
+        assert_eq!(ce.losses[1], 0.0);
+        assert!(ce.dlogits.row(1).iter().all(|&d| d == 0.0));
+        assert_eq!((ce.losses[0], ce.losses[2]), (whole.losses[0], whole.losses[2]));
+        assert_eq!(ce.dlogits.row(2), whole.dlogits.row(2));
+    }
 
     #[test]
     fn cross_entropy_gradient_matches_finite_differences() {

@@ -100,7 +100,11 @@ fn train_words(case: &Case) -> String {
     if let Some(r) = t.reduce_dtype {
         s += &format!(" (reductions in {r})");
     }
-    s + &format!(", {:?} data (seed {})", case.data.distribution, case.data.seed).to_lowercase()
+    s += &format!(", {:?} data (seed {})", case.data.distribution, case.data.seed).to_lowercase();
+    if let Some(ig) = &case.data.ignored {
+        s += &format!(", {:.0} % of the targets ignored ({:?})", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();
+    }
+    s
 }
 
 /// A library op, its sample, mesh and placements in plain words.

@@ -340,10 +340,14 @@ fn simpler_dtype(case: &Case) -> Vec<Case> {
 }
 
 fn simpler_data(case: &Case) -> Vec<Case> {
-    match case.data.distribution {
-        Distribution::Normal => vec![],
-        _ => vec![with(case, |c| c.data.distribution = Distribution::Normal)],
+    let mut out = vec![];
+    if case.data.distribution != Distribution::Normal {
+        out.push(with(case, |c| c.data.distribution = Distribution::Normal));
     }
+    if case.data.ignored.is_some() {
+        out.push(with(case, |c| c.data.ignored = None));
+    }
+    out
 }
 
 fn drop_features(case: &Case) -> Vec<Case> {

@@ -48,6 +48,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("moe-capacity-drops", model::moe_capacity_drops),
     ("dtype", train::dtype),
     ("distribution", train::distribution),
+    ("ignored-targets", train::ignored_targets),
     ("training-step", train::training_step),
     ("reseed", train::reseed),
 ];

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Real};
+use shardfuzz_harnesses::case::{Case, Distribution, IgnorePattern, Ignored, OptimizerKind, Real};
 use shardfuzz_kernels::DType;
 
 pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
@@ -28,6 +28,23 @@ pub fn distribution(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let d = *Distribution::ALL.choose(rng).unwrap_or(&Distribution::Normal);
     let changed = c.data.distribution != d;
     c.data.distribution = d;
+    changed
+}
+
+/// Ignored targets added, changed (share or pattern) or removed (model cases).
+pub fn ignored_targets(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.model.is_none() {
+        return false;
+    }
+    let next = if c.data.ignored.is_some() && rng.gen_ratio(1, 3) {
+        None
+    } else {
+        let fraction = *[0.1, 0.25, 0.5, 0.75, 0.9].choose(rng).unwrap_or(&0.5);
+        let pattern = *IgnorePattern::ALL.choose(rng).unwrap_or(&IgnorePattern::Scattered);
+        Some(Ignored { fraction: Real(fraction), pattern })
+    };
+    let changed = c.data.ignored != next;
+    c.data.ignored = next;
     changed
 }
 

@@ -131,6 +131,27 @@ def _dtensor_found_inf_placements():
     DTensor._op_dispatcher._custom_op_handlers[op] = handler
 
 
+def _colossalai_ce_mean_nonzero():
+    """Colossal-AI 0.5.0: cross_entropy_1d's default mode "mean" divides the summed loss by
+    `torch.sum(loss != 0.0)`, the targets whose loss is not exactly zero, instead of the targets it does not
+    ignore: a token predicted with certainty in fp32 (every other exp(logit - max) under half an ulp of 1)
+    leaves the denominator, and the loss and every gradient grow by counted / nonzero
+    (docs/findings/colossalai-0.5.0-cross-entropy-1d-mean-drops-zero-loss-tokens.py). Fix: the sum over
+    the targets not ignored, divided by their count."""
+    from colossalai.shardformer import layer
+    from colossalai.shardformer.layer import loss
+
+    original = loss.cross_entropy_1d
+
+    def cross_entropy_1d(vocab_logits, labels, ignore_index=-100, process_group=None, vocab_size=None, dtype=None,
+                         mode="mean"):
+        out = original(vocab_logits, labels, ignore_index=ignore_index, process_group=process_group,
+                       vocab_size=vocab_size, dtype=dtype, mode="sum")
+        return out / (labels != ignore_index).sum() if mode == "mean" else out
+
+    loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -139,6 +160,7 @@ FIXES = {
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
+    "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }

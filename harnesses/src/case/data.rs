@@ -4,12 +4,43 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::Real;
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Data {
     pub seed: u64,
     #[serde(default)]
     pub distribution: Distribution,
+    /// Targets the loss ignores (label -100 in torch): the loss is the mean over the others, all
+    /// ranks' counted together. Absent = every target counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignored: Option<Ignored>,
+}
+
+/// Which targets a model case's loss ignores, drawn from `data.seed`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ignored {
+    /// The expected share of ignored targets, in [0, 1).
+    pub fraction: Real,
+    #[serde(default)]
+    pub pattern: IgnorePattern,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IgnorePattern {
+    /// Each target ignored on its own with probability `fraction`.
+    #[default]
+    Scattered,
+    /// Padding: each sequence's last k targets ignored, k uniform in [0, 2·fraction·seq] (capped at
+    /// seq), so sequences, micro-batches and ranks hold different numbers of counted targets.
+    Padding,
+}
+
+impl IgnorePattern {
+    pub const ALL: [IgnorePattern; 2] = [IgnorePattern::Scattered, IgnorePattern::Padding];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]

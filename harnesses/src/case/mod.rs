@@ -12,7 +12,7 @@ mod real;
 mod train;
 mod validate;
 
-pub use data::{Data, Distribution};
+pub use data::{Data, Distribution, IgnorePattern, Ignored};
 pub use library_op::{Edit, LibraryOp, SampleEdit, View, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS, MAX_VIEWS};
 pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec};
 pub use op::{OpCase, OpKind, Placement, Reduce};
@@ -131,6 +131,9 @@ impl Case {
                 m.batch,
                 m.layers.len()
             );
+            if let Some(ig) = &self.data.ignored {
+                s += &format!(" ignored {:.0}% {:?}", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();
+            }
         }
         if let Some(o) = &self.op {
             s += &format!(" | op {:?} {:?}", o.kind, o.shape);

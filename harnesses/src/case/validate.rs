@@ -88,6 +88,15 @@ impl Case {
             _ => r.fail("model", "exactly one of `model`, `op` and `library_op` must be present"),
         }
         validate_train(&self.train, limits, &mut r);
+        if let Some(ig) = &self.data.ignored {
+            let f = ig.fraction.get();
+            if !(f.is_finite() && (0.0..1.0).contains(&f)) {
+                r.fail("data.ignored.fraction", format!("must be finite, ≥ 0 and < 1 (got {f})"));
+            }
+            if self.model.is_none() {
+                r.fail("data.ignored", "only model cases have targets to ignore");
+            }
+        }
         if r.0.is_empty() {
             let bytes = self.estimated_bytes();
             if bytes > limits.memory_budget {

@@ -108,7 +108,7 @@ impl Bug {
             Bug::MoeSplitSizesDropped => "MoE all-to-all sends tokens the capacity dropped, when ep > 1 and capacity drops tokens",
             Bug::TiedEmbeddingGradNotReduced => "tied embedding gradients not all-reduced between first and last stage, when tied embeddings and pp > 1",
             Bug::LossMeanPerMicrobatch => {
-                "the loss is averaged over each micro-batch's own tokens instead of the global batch's, when the batch does not split evenly over dp x accumulation x micro-batches"
+                "the loss is averaged over each micro-batch's own counted tokens instead of the global batch's, when the counted tokens do not split evenly over dp x accumulation x micro-batches (uneven rows, or ignored targets)"
             }
             Bug::ExpertGradsWrongGroup => {
                 "expert gradients reduced over the data-parallel group instead of the expert-data-parallel one (ranks sum other experts' gradients), when ep > 1"

@@ -84,6 +84,8 @@ pub fn head_fwd(
                     d[[t, j]] = ctx.p.r(acc.round(prob - onehot) * grad_scale);
                 }
             }
+            let mut losses = losses;
+            k::mask_ignored(targets, &mut losses, &mut d);
             (losses, d)
         }
     };

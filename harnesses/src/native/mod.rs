@@ -166,7 +166,9 @@ impl Target for NativeTarget {
             return Outcome::Unsupported { reason: "the native target has no ZeRO offloading".into() };
         }
         let plan = match Plan::new(case, self.bugs) {
-            Ok(p) => p,
+            // The loss is the mean over the counted targets of every rank (a sharded loader
+            // all-reduces that count; here it comes from the global batch).
+            Ok(p) => Plan { global_tokens: inputs.counted_targets(), ..p },
             Err(r) => {
                 let class: String = r.0.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
                 return Outcome::Rejected { features: vec![format!("rejected:{class}")], reason: r.0 };

@@ -37,6 +37,7 @@ pub struct Plan<'a> {
     pub stages: Vec<Range<usize>>,
     pub specs: Vec<ParamSpec>,
     pub bugs: Bugs,
+    /// The loss mean's denominator: every counted target of the global batch (`data.ignored`).
     pub global_tokens: usize,
 }
 

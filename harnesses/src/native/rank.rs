@@ -227,7 +227,8 @@ impl<'a> Rank<'a> {
         let vs = |c: usize| c * self.plan.pp + self.stage;
         let mut fwd = |c: usize, j: usize, states: &mut Vec<Vec<Option<PieceState>>>| -> CResult<()> {
             let st = states[c][j].as_mut().expect("forward before backward");
-            let scale = self.piece_grad_scale(grad_scale, &st.piece, n);
+            let counted = inputs.counted_in(st.piece.rows.start * seq..st.piece.rows.end * seq);
+            let scale = self.piece_grad_scale(grad_scale, counted, n);
             if let Some((loss, logits)) = self.forward(params, st, vs(c), |l| self.tag(step, a, j, l, false), scale)? {
                 out.0 = self.p.acc().round(out.0 + loss);
                 if step == 0 {
@@ -250,12 +251,13 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    /// The loss-gradient scale of one micro-batch: the global token mean's, or with the injected
-    /// fault the mean over the micro-batch's own tokens (then over micro-batches, accumulation steps
-    /// and data-parallel ranks), which differs wherever micro-batches hold different token counts.
-    fn piece_grad_scale(&self, grad_scale: f64, piece: &Piece, pieces: usize) -> f64 {
+    /// The loss-gradient scale of one micro-batch holding `counted` counted targets: the global
+    /// token mean's, or with the injected fault the mean over the micro-batch's own counted tokens
+    /// (then over micro-batches, accumulation steps and data-parallel ranks), which differs
+    /// wherever micro-batches hold different numbers of counted tokens.
+    fn piece_grad_scale(&self, grad_scale: f64, counted: usize, pieces: usize) -> f64 {
         let plan = self.plan;
-        let own = plan.dp * plan.accumulation * pieces * piece.rows.len() * plan.model.seq as usize;
+        let own = plan.dp * plan.accumulation * pieces * counted;
         if !plan.bug(Bug::LossMeanPerMicrobatch) || own == plan.global_tokens || own == 0 {
             return grad_scale;
         }
@@ -292,6 +294,8 @@ impl<'a> Rank<'a> {
 
     /// Runs every step; returns what the target assembles.
     pub fn run(mut self, inputs: &Inputs) -> CResult<RankOut> {
+        let ignored = ignored_target_features(self.plan, inputs, self.plan.coord(self.rank, Axis::Dp));
+        self.features.extend(ignored);
         let plan = self.plan;
         let train = &plan.case.train;
         let mut params = self.local_params(inputs);
@@ -624,6 +628,24 @@ pub fn run_rank<'a>(plan: &'a Plan<'a>, groups: &'a Groups<'a>, rank: usize, inp
 /// The code paths a rank of stage `stage` takes (strategies, block kinds, bias, norm, loops that
 /// run more than once, optional steps): coarse edges of this implementation, reported as coverage
 /// features with the prefix `path:`.
+/// With ignored targets: whether this rank's micro-batches hold different numbers of counted
+/// targets, or one holds none (a per-micro-batch mean differs there, or divides by zero).
+fn ignored_target_features(plan: &Plan, inputs: &Inputs, d: usize) -> Vec<String> {
+    if inputs.counted_targets() == inputs.targets.len() {
+        return vec![];
+    }
+    let seq = plan.model.seq as usize;
+    let counts: Vec<usize> = plan.pieces(d, 0).iter().map(|p| inputs.counted_in(p.rows.start * seq..p.rows.end * seq)).collect();
+    let mut features = vec!["loss:ignored".to_string()];
+    if counts.contains(&0) {
+        features.push("loss:ignored:empty-microbatch".into());
+    }
+    if counts.windows(2).any(|w| w[0] != w[1]) {
+        features.push("loss:ignored:uneven-microbatches".into());
+    }
+    features
+}
+
 fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<String> {
     let (m, t) = (plan.model, &plan.case.train);
     let mut f = vec![format!("dtype:{}", t.dtype), format!("norm:{:?}", m.norm), format!("act:{:?}", m.activation)];

@@ -161,7 +161,7 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
     for b in 0..m.batch as usize {
         let tokens = b * seq..(b + 1) * seq;
         let mut grads = ParamSet::new();
-        forward_backward(&ctx, &params, &row, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / m.tokens() as f64, &mut grads)
+        forward_backward(&ctx, &params, &row, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.counted_targets() as f64, &mut grads)
             .map_err(|e| ReferenceError(e.to_string()))?;
         for (name, g) in &grads {
             if let Some(t) = total.get_mut(name) {
@@ -187,7 +187,7 @@ pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>)
     let tokens = rows.start * seq..rows.end * seq;
     let mut grads = ParamSet::new();
     let g = Geom { batch: rows.len(), seq };
-    forward_backward(&ctx, &params, &g, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / m.tokens() as f64, &mut grads)
+    forward_backward(&ctx, &params, &g, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.counted_targets() as f64, &mut grads)
         .map_err(|e| ReferenceError(e.to_string()))?;
     Ok(grads)
 }
@@ -250,7 +250,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     let mut opt = OptState::new(&case.train, &params);
     let mut scale = case.train.loss_scale.map(|s| s.get());
     let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
-    let tokens = m.tokens() as f64;
+    let tokens = inputs.counted_targets() as f64;
     let mut out = RunOutput::default();
     let mut skipped = vec![];
     for step in 0..case.train.steps {

@@ -507,7 +507,8 @@ pub fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
         bufs.push((name.clone(), Dtype::F64, t.shape.clone(), t.data.iter().flat_map(|x| x.to_le_bytes()).collect()));
     }
     for (name, ids) in [("tokens", &inputs.tokens), ("targets", &inputs.targets)] {
-        bufs.push((name.to_string(), Dtype::I64, vec![ids.len()], ids.iter().flat_map(|&x| (x as i64).to_le_bytes()).collect()));
+        let label = |x: usize| if x == crate::inputs::IGNORED { crate::inputs::IGNORE_INDEX } else { x as i64 };
+        bufs.push((name.to_string(), Dtype::I64, vec![ids.len()], ids.iter().flat_map(|&x| label(x).to_le_bytes()).collect()));
     }
     let views: Vec<(String, TensorView)> =
         bufs.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).expect("sizes match by construction"))).collect();

@@ -69,6 +69,16 @@ def grad_or_fail(name, grad):
     return grad
 
 
+IGNORE_INDEX = -100
+"""The label of a target the loss ignores (`data.ignored`), as torch's losses default to."""
+
+
+def counted_targets(inputs):
+    """How many targets the loss counts (all but the ignored): the loss mean's denominator, over the whole
+    batch of every rank."""
+    return int((inputs["targets"] != IGNORE_INDEX).sum())
+
+
 def chunk_range(n, parts, index):
     """The slice `index` of `parts` holds under torch.chunk splitting (last pieces smaller or empty)."""
     c = -(-n // parts) if parts else n

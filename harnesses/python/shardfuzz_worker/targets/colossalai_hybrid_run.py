@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, grad_or_fail, micro_batches
+from .base import chunk_range, counted_targets, grad_or_fail, micro_batches
 from .colossalai_common import plugin_step, unscaled
 from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
 from .torch_common import torch_dtype
@@ -61,7 +61,7 @@ def run(plugin, case, inputs, dt):
     place = Place(plugin)
     named = [(reported_name(m, n), p) for n, p in boosted.unwrap().named_parameters()]
     ids, tgt, rows = batches(case, inputs, place)
-    scale = place.dp / (m["batch"] * m["seq"])
+    scale = place.dp / counted_targets(inputs)
     step_fn = pipeline_step if place.pipelined else plain_step
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
@@ -78,6 +78,7 @@ def run(plugin, case, inputs, dt):
 
     return {
         "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
+        "counted": counted_targets(inputs),
         "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
         "sharded": {n: is_distributed_tensor(p) for n, p in named},
         "skipped": skipped if t.get("loss_scale") is not None else None,
@@ -152,10 +153,10 @@ def single_device(case, inputs, dt=None):
         opt.zero_grad()
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum")
-        ((scaler.scale(l.float()) if scaler is not None else l) / (b * s)).backward()
+        ((scaler.scale(l.float()) if scaler is not None else l) / counted_targets(inputs)).backward()
         if scaler is not None:
             scaler.unscale_(opt)
-        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / (b * s))
+        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / counted_targets(inputs))
         if k == 0:
             out["logits"] = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64).numpy()
             for n, p in model.named_parameters():
@@ -210,7 +211,7 @@ def combine(case, outs, features):
     steps = len(last[0]["losses"])
     total = m["batch"] * m["seq"]
     for k in range(steps):
-        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in last) / total)
+        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in last) / last[0]["counted"])
     logits = np.zeros((total, m["vocab"]))
     for o in last:
         a, b = o["rows"]

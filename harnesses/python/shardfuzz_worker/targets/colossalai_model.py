@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import dtype_name, grad_or_fail, micro_batches, parallel
+from .base import counted_targets, dtype_name, grad_or_fail, micro_batches, parallel
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
 from .torch_model import Model, causal_attention, load_case_params, make_optimizer, model_defaults
@@ -151,9 +151,12 @@ def run(case, inputs, rank, tp):
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    global_tokens = b * s
+    global_tokens = counted_targets(inputs)
     ga = t.get("grad_accumulation", 1)
     chunks = micro_batches(b, ga)
+    # One micro-batch: Colossal-AI's own mean (the mode's default) over the batch's counted targets; several:
+    # sums, divided by the global count here (a mean per micro-batch would be our mistake, not theirs).
+    mode = "mean" if len(chunks) == 1 else "sum"
     vocab_padded = model.lm_head.out_features  # what shardformer's Llama passes as vocab_size
 
     losses, logits0, grads0 = [], None, {}
@@ -167,9 +170,13 @@ def run(case, inputs, rank, tp):
             if k == 0:
                 rows.append(flat.detach().to(torch.float64, copy=True))
             l = cross_entropy_1d(flat, tgt[a:c].reshape(-1), process_group=group,
-                                 vocab_size=vocab_padded, dtype=dt, mode="sum")
-            (l * (1.0 / global_tokens)).backward()
-            loss_sum += l.detach().to(torch.float64)
+                                 vocab_size=vocab_padded, dtype=dt, mode=mode)
+            if mode == "mean":
+                l.backward()
+                loss_sum += l.detach().to(torch.float64) * global_tokens
+            else:
+                (l * (1.0 / global_tokens)).backward()
+                loss_sum += l.detach().to(torch.float64)
         SeqParallelUtils.allreduce_partial_data_grad(group, model=model)
         losses.append(float(loss_sum) / global_tokens)
         if k == 0:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import dtype_name, grad_or_fail, micro_batches, parallel
+from .base import IGNORE_INDEX, counted_targets, dtype_name, grad_or_fail, micro_batches, parallel
 from .torch_common import torch_dtype
 from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
 
@@ -194,6 +194,7 @@ def run(case, inputs, rank, tp):
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     global_tokens = b * s
+    counted = counted_targets(inputs)
     ga = t.get("grad_accumulation", 1)
     chunks = micro_batches(b, ga)
     sp_cfg = types.SimpleNamespace(sequence_parallel=sp, qk_layernorm=False)
@@ -208,13 +209,15 @@ def run(case, inputs, rank, tp):
             if k == 0:
                 # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
                 rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
-            per_token = vocab_parallel_cross_entropy(logits, tgt[a:c].t().contiguous())  # [s, bc]
-            l = per_token.sum()
-            (l * (1.0 / global_tokens)).backward()
+            target = tgt[a:c].t().contiguous()
+            # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
+            per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
+            l = (per_token * (target != IGNORE_INDEX)).sum()
+            (l * (1.0 / counted)).backward()
             loss_sum += l.detach().to(torch.float64)
         # Sequence-parallel norms (and row-parallel biases) hold partial gradients: megatron's own reduction.
         _allreduce_non_tensor_model_parallel_grads([model], sp_cfg, tp_group)
-        losses.append(float(loss_sum) / global_tokens)
+        losses.append(float(loss_sum) / counted)
         if k == 0:
             logits0 = torch.cat(rows).numpy()
             for name, p in named:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, grad_or_fail
+from .base import chunk_range, counted_targets, grad_or_fail
 from .torch_model import make_optimizer, to_case_layout
 
 
@@ -41,7 +41,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     lo, hi = chunk_range(b, dp, dp_index)
-    global_tokens = b * s
+    global_tokens = counted_targets(inputs)  # F.cross_entropy's sum leaves the ignored targets out
     ga = t.get("grad_accumulation", 1)
     # Every rank runs exactly `ga` micro-steps (their collectives must pair up across ranks):
     # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.

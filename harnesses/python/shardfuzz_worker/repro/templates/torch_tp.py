@@ -3,13 +3,13 @@
 
 def train(model, data, loss_ctx, view):
     """The case's training steps on the whole batch in GRAD_ACCUMULATION micro-batches: summed token
-    cross-entropy scaled by 1 / tokens, backward, optional gradient clipping, the optimizer step.
+    cross-entropy scaled by 1 / counted tokens, backward, optional gradient clipping, the optimizer step.
     Returns (logits of step 0, every step's loss, step-0 gradients and final parameters (case layout); the
     steps the loss scaler skipped)."""
     b, s = M["batch"], M["seq"]
     ids = torch.tensor(data["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(data["targets"].astype(np.int64)).view(b, s)
-    tokens = b * s
+    tokens = int((data["targets"] != -100).sum())  # the counted targets: F.cross_entropy's sum skips -100
     bounds = np.linspace(0, b, GRAD_ACCUMULATION + 1).round().astype(int)
     named = list(model.named_parameters())
     params = [p for _, p in named]
