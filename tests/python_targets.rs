@@ -342,3 +342,40 @@ fn a_warm_up_call_shows_torch_2_5_1s_propagation_cache_keyed_without_scalars() {
     let o = shardfuzz(&["run", "--json", "--target", "torch-dtensor", &warm], &[]);
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "torch 2.15: {}", verdicts(&o)[0]);
 }
+
+/// Ignored targets (`data.ignored`, label -100) on every Python model target: the loss is the mean
+/// over the counted targets of the whole batch, however a target splits it (tensor parallel, ZeRO with
+/// accumulation, a 1F1B pipeline with micro-batches), and every target agrees with the reference.
+/// colossalai-tp takes cross_entropy_1d's own mean on one micro-batch, which divides by the tokens whose
+/// fp32 loss is not exactly zero: saturated logits diverge
+/// (docs/findings/colossalai-0.5.0-cross-entropy-1d-mean-drops-zero-loss-tokens.py), and the known fix
+/// removes it.
+#[test]
+fn ignored_targets_pass_everywhere_and_colossalais_mean_drops_zero_loss_tokens() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-ignored");
+    let file = |name: &str| dir.join(name).display().to_string();
+    for (case, targets) in [
+        ("tp2-f32-padding.json", "torch-tp,megatron-tp,colossalai-tp"),
+        ("dp2-f32-scattered-accumulation.json", "torch-ddp"),
+        ("dp2-zero2-f32-scattered-accumulation.json", "torch-fsdp2,deepspeed-zero,colossalai-zero"),
+        ("llama-pp2-tp2-1f1b-f32-padding.json", "colossalai-hybrid"),
+    ] {
+        let o = shardfuzz(&["run", "--json", "--target", targets, &file(case)], &[]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), targets.split(',').count(), "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        for v in &vs {
+            assert_eq!(v["kind"], "pass", "{case}: {v}");
+        }
+    }
+    let saturated = file("tp2-f32-saturated-logits.json");
+    let o = shardfuzz(&["run", "--json", "--target", "colossalai-tp,torch-tp", &saturated], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs[0]["kind"], "divergent", "{}", vs[0]);
+    assert!(vs[0]["reason"].as_str().unwrap().starts_with("loss/step0"), "{}", vs[0]);
+    assert_eq!(vs[1]["kind"], "pass", "torch-tp: {}", vs[1]);
+    let o = shardfuzz(&["run", "--json", "--target", "colossalai-tp", &saturated], &[("SHARDFUZZ_KNOWN_FIXES", "colossalai-ce-mean-nonzero")]);
+    assert_eq!(verdicts(&o)[0]["kind"], "pass", "with the fix: {}", verdicts(&o)[0]);
+}

@@ -172,3 +172,14 @@ fn builtin_op_cases_take_partial_sums_only() {
       "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"}, "data": {"seed": 1}}"#;
     assert!(error_of(t).contains("partial sums (\"P\") only"), "{}", error_of(t));
 }
+
+#[test]
+fn an_ignored_share_must_leave_targets_and_round_trips() {
+    let with = |ignored: &str| MINIMAL.replace(r#""seed": 7"#, &format!(r#""seed": 7, "ignored": {ignored}"#));
+    let c = Case::from_json(&with(r#"{"fraction": 0.25, "pattern": "padding"}"#)).unwrap();
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    for bad in [r#"{"fraction": 1.0}"#, r#"{"fraction": -0.1}"#] {
+        let e = error_of(&with(bad));
+        assert!(e.contains("data.ignored.fraction") && e.contains("< 1"), "{bad}: {e}");
+    }
+}
