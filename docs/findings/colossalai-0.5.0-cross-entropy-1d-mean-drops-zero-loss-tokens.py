@@ -13,8 +13,9 @@ an ulp of 1, a logit margin above about 17) has a loss of exactly 0.0: it drops 
 the loss and every gradient come out counted / nonzero times too large. (dist_cross_entropy, the shardformer
 Llama's loss, calls mode="sum" and counts `labels != ignore_index` itself: it is right.)
 
-Found by shardfuzz (colossalai-tp target, model cases with saturated logits, once the target used the
-function's own mean); the same sum divided by the counted targets (`--fixed`) agrees with torch.
+Found by reading the function while giving the colossalai-tp target ignored targets, then shown by the target
+once it takes the function's own mean (a tp2 f32 case with saturated logits: loss and gradients 16/13 too
+large). The same sum divided by the counted targets (`--fixed`) agrees with torch.
 
 Run: python colossalai-0.5.0-cross-entropy-1d-mean-drops-zero-loss-tokens.py [--fixed]
 (one process, CPU, gloo; or under `torchrun --nproc_per_node 2`, the vocabulary split over two ranks).
