@@ -343,9 +343,12 @@ fn a_warm_up_call_shows_torch_2_5_1s_propagation_cache_keyed_without_scalars() {
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "torch 2.15: {}", verdicts(&o)[0]);
 }
 
-/// Ignored targets (`data.ignored`, label -100) on every Python model target: the loss is the mean
-/// over the counted targets of the whole batch, however a target splits it (tensor parallel, ZeRO with
-/// accumulation, a 1F1B pipeline with micro-batches), and every target agrees with the reference.
+/// Ignored targets (`data.ignored`, label -100) and class weights (`data.class_weights`) on every Python
+/// model target: the loss is the weighted mean over the counted targets of the whole batch, however a
+/// target splits it (tensor parallel, ZeRO with accumulation, a 1F1B pipeline with micro-batches), and
+/// every target agrees with the reference. torch-tp's `loss_parallel` with both crashes in its backward
+/// (docs/findings/torch-2.15-tp-loss-parallel-weight-ignore-index-backward-crash.py, found by hand before
+/// the cases could express it); with either alone it passes.
 /// colossalai-tp takes cross_entropy_1d's own mean on one micro-batch, which divides by the tokens whose
 /// fp32 loss is not exactly zero: saturated logits diverge
 /// (docs/findings/colossalai-0.5.0-cross-entropy-1d-mean-drops-zero-loss-tokens.py), and the known fix
@@ -362,6 +365,7 @@ fn ignored_targets_pass_everywhere_and_colossalais_mean_drops_zero_loss_tokens()
         ("dp2-f32-scattered-accumulation.json", "torch-ddp"),
         ("dp2-zero2-f32-scattered-accumulation.json", "torch-fsdp2,deepspeed-zero,colossalai-zero"),
         ("llama-pp2-tp2-1f1b-f32-padding.json", "colossalai-hybrid"),
+        ("tp2-f32-class-weighted.json", "torch-tp"),
     ] {
         let o = shardfuzz(&["run", "--json", "--target", targets, &file(case)], &[]);
         let vs = verdicts(&o);
@@ -370,6 +374,10 @@ fn ignored_targets_pass_everywhere_and_colossalais_mean_drops_zero_loss_tokens()
             assert_eq!(v["kind"], "pass", "{case}: {v}");
         }
     }
+    let o = shardfuzz(&["run", "--json", "--target", "torch-tp", &file("tp2-f32-padding-class-weighted.json")], &[]);
+    let v = &verdicts(&o)[0];
+    assert_eq!(v["kind"], "crash", "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("index -100 is out of bounds"), "{v}");
     let saturated = file("tp2-f32-saturated-logits.json");
     let o = shardfuzz(&["run", "--json", "--target", "colossalai-tp,torch-tp", &saturated], &[]);
     let vs = verdicts(&o);

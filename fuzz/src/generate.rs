@@ -174,6 +174,8 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
             )?,
             // Drawn last, so the fields before it are those of a case without it.
             ignored: if is_op { None } else { ignored(u)? },
+            // One model case in eight: a class-weighted loss.
+            class_weights: !is_op && u.ratio(1, 8)?,
         },
     };
     case.validate(&Limits::default()).map_err(|_| arbitrary::Error::IncorrectFormat)?;

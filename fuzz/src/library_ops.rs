@@ -110,7 +110,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             reduce_dtype: None,
             loss_scale: None,
         },
-        data: Data { seed, distribution: Distribution::Normal, ignored: None },
+        data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },
     }
 }
 

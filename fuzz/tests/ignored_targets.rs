@@ -1,5 +1,5 @@
-//! Ignored targets (`data.ignored`): the loss is the mean over the counted targets of the whole
-//! batch, the sharded native target agrees with the reference under every kind of parallelism that
+//! Ignored targets (`data.ignored`) and class weights (`data.class_weights`): the loss is the
+//! weighted mean over the counted targets of the whole batch, the sharded native target agrees with the reference under every kind of parallelism that
 //! splits the batch, and a loss averaged per micro-batch is caught where ignored targets alone make
 //! the micro-batches' counts differ.
 
@@ -41,23 +41,33 @@ fn ignored_targets_are_marked_from_their_own_stream_and_one_always_counts() {
     assert_eq!(all.counted_targets(), 1, "at least one target counts");
 }
 
-/// loss/step0 is the mean of the counted tokens' cross-entropy, computed here from the reference's
-/// own logits.
+/// loss/step0 is the (class-weighted) mean of the counted tokens' cross-entropy, computed here from
+/// the reference's own logits.
 #[test]
-fn the_loss_is_the_mean_over_the_counted_targets() {
-    let c = ignoring(dense("", 9), 0.5, IgnorePattern::Scattered);
-    let inputs = Inputs::generate(&c);
-    let out = reference::run(&c, &inputs, DType::F64).unwrap();
+fn the_loss_is_the_weighted_mean_over_the_counted_targets() {
+    for weighted in [false, true] {
+        let mut c = ignoring(dense("", 9), 0.5, IgnorePattern::Scattered);
+        c.data.class_weights = weighted;
+        check_the_loss_against_the_logits(&c);
+    }
+}
+
+fn check_the_loss_against_the_logits(c: &Case) {
+    let inputs = Inputs::generate(c);
+    assert_eq!(inputs.class_weights.is_empty(), !c.data.class_weights);
+    let out = reference::run(c, &inputs, DType::F64).unwrap();
     let logits = out.tensor("logits").unwrap();
     let v = logits.shape[1];
-    let mut sum = 0.0;
+    let (mut sum, mut weights) = (0.0, 0.0);
     for (row, &t) in logits.data.chunks(v).zip(&inputs.targets) {
         if t != IGNORED {
+            let w = inputs.class_weights.get(t).copied().unwrap_or(1.0);
             let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            sum += row.iter().map(|x| (x - m).exp()).sum::<f64>().ln() + m - row[t];
+            sum += w * (row.iter().map(|x| (x - m).exp()).sum::<f64>().ln() + m - row[t]);
+            weights += w;
         }
     }
-    let want = sum / inputs.counted_targets() as f64;
+    let want = sum / weights;
     let got = out.tensor("loss/step0").unwrap().data[0];
     assert!((got - want).abs() <= 1e-12 * want.abs(), "{got} vs {want}");
     assert!(inputs.counted_targets() < inputs.targets.len());
@@ -73,10 +83,11 @@ fn the_native_target_agrees_under_every_batch_split() {
         (r#", "tp": 2, "sequence_parallel": true"#, ""),
         (r#", "dp": 2, "pp": 2, "microbatches": 3"#, ""),
     ] {
-        for pattern in IgnorePattern::ALL {
-            let c = ignoring(case(parallel, r#", "layers": ["attention", "mlp"], "moe": null"#, train, 3), 0.5, pattern);
+        for (pattern, weighted) in IgnorePattern::ALL.into_iter().zip([false, true]) {
+            let mut c = ignoring(case(parallel, r#", "layers": ["attention", "mlp"], "moe": null"#, train, 3), 0.5, pattern);
+            c.data.class_weights = weighted;
             let v = evaluate(native.as_mut(), &c, &Oracle::default());
-            assert_eq!(v.kind, VerdictKind::Pass, "{parallel} {train} {pattern:?}: {}", v.reason);
+            assert_eq!(v.kind, VerdictKind::Pass, "{parallel} {train} {pattern:?} weighted {weighted}: {}", v.reason);
         }
     }
 }

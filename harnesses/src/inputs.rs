@@ -20,6 +20,8 @@ pub struct Inputs {
     /// Initial parameters in [`crate::case::Model::params`] order (model cases), or the op's float
     /// inputs followed by `"grad_out"`, the upstream gradient of the op's output (op cases).
     pub tensors: Vec<(String, Tensor)>,
+    /// The loss weight of each vocabulary entry (`data.class_weights`); empty: every target weighs 1.
+    pub class_weights: Vec<f64>,
 }
 
 /// The target of a position the loss ignores (written as -100 for the workers, torch's
@@ -56,7 +58,34 @@ fn ignore_targets(targets: &mut [usize], ig: &Ignored, seq: usize, seed: u64) {
     }
 }
 
+/// A weight in [0.25, 2] per vocabulary entry, rounded to the case dtype (as a framework holds it), from
+/// their own stream of the data seed.
+fn class_weights(vocab: usize, dtype: DType, seed: u64) -> Vec<f64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc1a5_5e5_0000_0001);
+    (0..vocab).map(|_| dtype.round(rng.gen_range(0.25..2.0))).collect()
+}
+
 impl Inputs {
+    /// The loss weight of a target (1 without class weights; 0 when ignored).
+    pub fn weight_of(&self, target: usize) -> f64 {
+        match (target, self.class_weights.get(target)) {
+            (IGNORED, _) => 0.0,
+            (_, Some(&w)) => w,
+            _ => 1.0,
+        }
+    }
+
+    /// The loss mean's denominator: the summed weights of the counted targets of the whole batch
+    /// (their count without class weights).
+    pub fn loss_denominator(&self) -> f64 {
+        self.denominator_in(0..self.targets.len())
+    }
+
+    /// [`Inputs::loss_denominator`] over the positions `range`.
+    pub fn denominator_in(&self, range: std::ops::Range<usize>) -> f64 {
+        self.targets[range].iter().map(|&t| self.weight_of(t)).sum()
+    }
+
     /// How many targets the loss counts (every one but the ignored): the mean's denominator.
     pub fn counted_targets(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORED).count()
@@ -70,7 +99,7 @@ impl Inputs {
     pub fn generate(case: &Case) -> Inputs {
         if case.library_op.is_some() {
             // The framework's own sample inputs, drawn by its worker from `data.seed`.
-            return Inputs { tokens: vec![], targets: vec![], tensors: vec![] };
+            return Inputs { tokens: vec![], targets: vec![], tensors: vec![], class_weights: vec![] };
         }
         let mut rng = ChaCha8Rng::seed_from_u64(case.data.seed);
         let dtype = case.train.dtype;
@@ -91,7 +120,8 @@ impl Inputs {
                     (p.name.clone(), Tensor::new(p.shape.clone(), data))
                 })
                 .collect();
-            Inputs { tokens, targets, tensors }
+            let class_weights = if case.data.class_weights { class_weights(v, dtype, case.data.seed) } else { vec![] };
+            Inputs { tokens, targets, tensors, class_weights }
         } else {
             let op = case.op.as_ref().expect("validated: model or op");
             let shape: Vec<usize> = op.shape.iter().map(|&d| d as usize).collect();
@@ -116,7 +146,7 @@ impl Inputs {
             let n = out_shape.iter().product();
             let data = (0..n).map(|_| dtype.round(std_normal(&mut rng))).collect();
             tensors.push(("grad_out".into(), Tensor::new(out_shape, data)));
-            Inputs { tokens, targets, tensors }
+            Inputs { tokens, targets, tensors, class_weights: vec![] }
         }
     }
 

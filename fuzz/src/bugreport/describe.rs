@@ -104,6 +104,9 @@ fn train_words(case: &Case) -> String {
     if let Some(ig) = &case.data.ignored {
         s += &format!(", {:.0} % of the targets ignored ({:?})", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();
     }
+    if case.data.class_weights {
+        s += ", a class-weighted loss";
+    }
     s
 }
 

@@ -347,6 +347,9 @@ fn simpler_data(case: &Case) -> Vec<Case> {
     if case.data.ignored.is_some() {
         out.push(with(case, |c| c.data.ignored = None));
     }
+    if case.data.class_weights {
+        out.push(with(case, |c| c.data.class_weights = false));
+    }
     out
 }
 

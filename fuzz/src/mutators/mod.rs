@@ -49,6 +49,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("dtype", train::dtype),
     ("distribution", train::distribution),
     ("ignored-targets", train::ignored_targets),
+    ("class-weights", train::class_weights),
     ("training-step", train::training_step),
     ("reseed", train::reseed),
 ];

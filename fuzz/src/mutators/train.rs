@@ -48,6 +48,15 @@ pub fn ignored_targets(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
+/// A class-weighted loss switched on or off (model cases).
+pub fn class_weights(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    if c.model.is_none() {
+        return false;
+    }
+    c.data.class_weights = !c.data.class_weights;
+    true
+}
+
 pub fn reseed(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.data.seed = rng.gen();
     true

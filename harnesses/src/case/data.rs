@@ -16,6 +16,11 @@ pub struct Data {
     /// ranks' counted together. Absent = every target counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignored: Option<Ignored>,
+    /// Class-weighted loss (torch's `cross_entropy(weight=…)`): each vocabulary entry gets a weight in
+    /// [0.25, 2] drawn from `data.seed`, and the loss is Σ w(target)·loss / Σ w(target) over the counted
+    /// targets of the whole batch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub class_weights: bool,
 }
 
 /// Which targets a model case's loss ignores, drawn from `data.seed`.

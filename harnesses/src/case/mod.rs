@@ -134,6 +134,9 @@ impl Case {
             if let Some(ig) = &self.data.ignored {
                 s += &format!(" ignored {:.0}% {:?}", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();
             }
+            if self.data.class_weights {
+                s += " class-weighted";
+            }
         }
         if let Some(o) = &self.op {
             s += &format!(" | op {:?} {:?}", o.kind, o.shape);

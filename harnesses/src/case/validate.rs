@@ -97,6 +97,9 @@ impl Case {
                 r.fail("data.ignored", "only model cases have targets to ignore");
             }
         }
+        if self.data.class_weights && self.model.is_none() {
+            r.fail("data.class_weights", "only model cases have a loss to weight");
+        }
         if r.0.is_empty() {
             let bytes = self.estimated_bytes();
             if bytes > limits.memory_budget {

@@ -89,8 +89,24 @@ pub fn head_fwd(
             (losses, d)
         }
     };
+    let (losses, dlogits) = weighted(ctx, targets, losses, dlogits);
     let shown = logits.mapv(|x| if x == f64::NEG_INFINITY { 0.0 } else { x });
     Ok((losses, shown, HeadCache { norm, z, dlogits }))
+}
+
+/// Each row's loss and logits' gradient times its target's class weight (as torch's weighted
+/// cross-entropy: the weight multiplies the loss in the case dtype).
+fn weighted(ctx: &Ctx, targets: &[usize], mut losses: Vec<f64>, mut d: Mat) -> (Vec<f64>, Mat) {
+    if ctx.class_weights.is_empty() {
+        return (losses, d);
+    }
+    for (i, &t) in targets.iter().enumerate() {
+        if let Some(&w) = ctx.class_weights.get(t) {
+            losses[i] = ctx.p.r(losses[i] * w);
+            d.row_mut(i).mapv_inplace(|x| ctx.p.r(x * w));
+        }
+    }
+    (losses, d)
 }
 
 /// Backward of [`head_fwd`]: returns the gradient of the residual stream rows this rank holds.

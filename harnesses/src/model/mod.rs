@@ -62,6 +62,8 @@ pub trait GroupOps {
 /// Everything a block needs to know about where it runs.
 pub struct Ctx<'a> {
     pub p: Prec,
+    /// The loss weight of each vocabulary entry (`data.class_weights`); empty: unweighted.
+    pub class_weights: &'a [f64],
     pub model: &'a Model,
     pub layout: &'a Layout,
     /// Tensor-parallel group (None: single device along this axis).

@@ -168,7 +168,7 @@ impl Target for NativeTarget {
         let plan = match Plan::new(case, self.bugs) {
             // The loss is the mean over the counted targets of every rank (a sharded loader
             // all-reduces that count; here it comes from the global batch).
-            Ok(p) => Plan { global_tokens: inputs.counted_targets(), ..p },
+            Ok(p) => Plan { loss_denominator: inputs.loss_denominator(), class_weights: inputs.class_weights.clone(), ..p },
             Err(r) => {
                 let class: String = r.0.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
                 return Outcome::Rejected { features: vec![format!("rejected:{class}")], reason: r.0 };
@@ -227,7 +227,7 @@ fn assemble(plan: &Plan, outs: &[RankOut], features: Vec<String>) -> RunOutput {
     let loss_ranks: Vec<&RankOut> = outs.iter().filter(|o| o.stage == last && plan.coord(o.rank, Axis::Tp) == 0).collect();
     for step in 0..plan.case.train.steps as usize {
         let sum = loss_ranks.iter().map(|o| o.loss_sums[step]).fold(0.0, |s, x| p.acc().round(s + x));
-        out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(sum / plan.global_tokens as f64))));
+        out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(sum / plan.loss_denominator))));
     }
     out.tensors.push(("logits".into(), assemble_logits(plan, outs)));
     for spec in &plan.specs {

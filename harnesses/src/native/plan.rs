@@ -37,8 +37,11 @@ pub struct Plan<'a> {
     pub stages: Vec<Range<usize>>,
     pub specs: Vec<ParamSpec>,
     pub bugs: Bugs,
-    /// The loss mean's denominator: every counted target of the global batch (`data.ignored`).
-    pub global_tokens: usize,
+    /// The loss mean's denominator: the counted targets of the global batch (`data.ignored`), each
+    /// by its class weight (`data.class_weights`).
+    pub loss_denominator: f64,
+    /// The loss weight of each vocabulary entry; empty: unweighted.
+    pub class_weights: Vec<f64>,
 }
 
 impl<'a> Plan<'a> {
@@ -85,7 +88,8 @@ impl<'a> Plan<'a> {
             stages,
             specs: model.params(),
             bugs,
-            global_tokens: model.tokens(),
+            loss_denominator: model.tokens() as f64,
+            class_weights: vec![],
         })
     }
 

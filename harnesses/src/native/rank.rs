@@ -96,6 +96,7 @@ impl<'a> Rank<'a> {
             tokens_dropped: std::cell::Cell::new(false),
             peak_activation: std::cell::Cell::new(0.0),
             loss_grad_scale: std::cell::Cell::new(0.0),
+            class_weights: &self.plan.class_weights,
         }
     }
 
@@ -227,7 +228,7 @@ impl<'a> Rank<'a> {
         let vs = |c: usize| c * self.plan.pp + self.stage;
         let mut fwd = |c: usize, j: usize, states: &mut Vec<Vec<Option<PieceState>>>| -> CResult<()> {
             let st = states[c][j].as_mut().expect("forward before backward");
-            let counted = inputs.counted_in(st.piece.rows.start * seq..st.piece.rows.end * seq);
+            let counted = inputs.denominator_in(st.piece.rows.start * seq..st.piece.rows.end * seq);
             let scale = self.piece_grad_scale(grad_scale, counted, n);
             if let Some((loss, logits)) = self.forward(params, st, vs(c), |l| self.tag(step, a, j, l, false), scale)? {
                 out.0 = self.p.acc().round(out.0 + loss);
@@ -251,17 +252,17 @@ impl<'a> Rank<'a> {
         Ok(())
     }
 
-    /// The loss-gradient scale of one micro-batch holding `counted` counted targets: the global
+    /// The loss-gradient scale of one micro-batch whose counted targets weigh `counted`: the global
     /// token mean's, or with the injected fault the mean over the micro-batch's own counted tokens
     /// (then over micro-batches, accumulation steps and data-parallel ranks), which differs
     /// wherever micro-batches hold different numbers of counted tokens.
-    fn piece_grad_scale(&self, grad_scale: f64, counted: usize, pieces: usize) -> f64 {
+    fn piece_grad_scale(&self, grad_scale: f64, counted: f64, pieces: usize) -> f64 {
         let plan = self.plan;
-        let own = plan.dp * plan.accumulation * pieces * counted;
-        if !plan.bug(Bug::LossMeanPerMicrobatch) || own == plan.global_tokens || own == 0 {
+        let own = (plan.dp * plan.accumulation * pieces) as f64 * counted;
+        if !plan.bug(Bug::LossMeanPerMicrobatch) || own == plan.loss_denominator || own == 0.0 {
             return grad_scale;
         }
-        grad_scale * plan.global_tokens as f64 / own as f64
+        grad_scale * plan.loss_denominator / own
     }
 
     /// Whether this rank counts element-wise toward the global gradient norm for `name`
@@ -372,7 +373,7 @@ impl<'a> Rank<'a> {
         let plan = self.plan;
         // Each rank scales its loss gradient as if its share of tokens were 1/dp of the batch;
         // the data-parallel reduction then sums and divides by dp.
-        let grad_scale = loss_scale * plan.dp as f64 / plan.global_tokens as f64;
+        let grad_scale = loss_scale * plan.dp as f64 / plan.loss_denominator;
         let mut grads = ParamSet::new();
         let mut acc = (0.0, vec![]);
         for a in 0..plan.accumulation {

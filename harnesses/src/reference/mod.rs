@@ -124,7 +124,7 @@ fn final_loss(ctx: &Ctx, params: &ParamSet, g: &Geom, inputs: &Inputs) -> Option
 }
 
 /// The context of a single-device run: no groups, one micro-batch, no injected bug.
-fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec) -> Ctx<'a> {
+fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec, class_weights: &'a [f64]) -> Ctx<'a> {
     Ctx {
         p,
         model: m,
@@ -142,6 +142,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
         tokens_dropped: std::cell::Cell::new(false),
         loss_grad_scale: std::cell::Cell::new(0.0),
         peak_activation: std::cell::Cell::new(0.0),
+        class_weights,
     }
 }
 
@@ -153,7 +154,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec)
 pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<ParamSet, ReferenceError> {
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
     let layout = Layout::single(m);
-    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64));
+    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64), &inputs.class_weights);
     let params: ParamSet = inputs.tensors.iter().cloned().collect();
     let seq = m.seq as usize;
     let row = Geom { batch: 1, seq };
@@ -161,7 +162,7 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
     for b in 0..m.batch as usize {
         let tokens = b * seq..(b + 1) * seq;
         let mut grads = ParamSet::new();
-        forward_backward(&ctx, &params, &row, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.counted_targets() as f64, &mut grads)
+        forward_backward(&ctx, &params, &row, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.loss_denominator(), &mut grads)
             .map_err(|e| ReferenceError(e.to_string()))?;
         for (name, g) in &grads {
             if let Some(t) = total.get_mut(name) {
@@ -181,13 +182,13 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
 pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>) -> Result<ParamSet, ReferenceError> {
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
     let layout = Layout::single(m);
-    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64));
+    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64), &inputs.class_weights);
     let params: ParamSet = inputs.tensors.iter().cloned().collect();
     let seq = m.seq as usize;
     let tokens = rows.start * seq..rows.end * seq;
     let mut grads = ParamSet::new();
     let g = Geom { batch: rows.len(), seq };
-    forward_backward(&ctx, &params, &g, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.counted_targets() as f64, &mut grads)
+    forward_backward(&ctx, &params, &g, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.loss_denominator(), &mut grads)
         .map_err(|e| ReferenceError(e.to_string()))?;
     Ok(grads)
 }
@@ -234,7 +235,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
-    let mut ctx = single_device_ctx(m, &layout, p);
+    let mut ctx = single_device_ctx(m, &layout, p, &inputs.class_weights);
     let flips = variant.flips;
     (ctx.flip_routing_below, ctx.flip_only, ctx.gate_jitter) = (flips.below, flips.only, flips.gate_jitter);
     let mut params: ParamSet = inputs
@@ -250,7 +251,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     let mut opt = OptState::new(&case.train, &params);
     let mut scale = case.train.loss_scale.map(|s| s.get());
     let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
-    let tokens = inputs.counted_targets() as f64;
+    let tokens = inputs.loss_denominator();
     let mut out = RunOutput::default();
     let mut skipped = vec![];
     for step in 0..case.train.steps {

@@ -506,6 +506,10 @@ pub fn write_inputs(path: &Path, inputs: &Inputs) -> std::io::Result<()> {
     for (name, t) in &inputs.tensors {
         bufs.push((name.clone(), Dtype::F64, t.shape.clone(), t.data.iter().flat_map(|x| x.to_le_bytes()).collect()));
     }
+    if !inputs.class_weights.is_empty() {
+        let w = &inputs.class_weights;
+        bufs.push(("class_weights".into(), Dtype::F64, vec![w.len()], w.iter().flat_map(|x| x.to_le_bytes()).collect()));
+    }
     for (name, ids) in [("tokens", &inputs.tokens), ("targets", &inputs.targets)] {
         let label = |x: usize| if x == crate::inputs::IGNORED { crate::inputs::IGNORE_INDEX } else { x as i64 };
         bufs.push((name.to_string(), Dtype::I64, vec![ids.len()], ids.iter().flat_map(|&x| label(x).to_le_bytes()).collect()));

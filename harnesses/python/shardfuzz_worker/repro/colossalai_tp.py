@@ -37,7 +37,7 @@ def sources():
     """The helpers, the worker's CPU shims, the plain torch model (its blocks renamed Ref*: the shardformer blocks
     take their names), the worker's torch training loop (the reference's) and colossalai_model.py (its `run`
     renamed run_colossalai)."""
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "counted_targets", "parallel", "dtype_name", "micro_batches")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "dtype_name", "micro_batches")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")

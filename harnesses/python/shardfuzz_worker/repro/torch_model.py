@@ -86,7 +86,7 @@ def model_source():
 
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
-    base = worker_source("targets/base.py", "IGNORE_INDEX", "counted_targets", "chunk_range", "grad_or_fail").replace("HarnessError", "RuntimeError")
+    base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail").replace("HarnessError", "RuntimeError")
     loop = worker_source("targets/torch_training.py", "full", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")
     return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop
@@ -100,4 +100,6 @@ def model_arrays(case, inputs, target):
     require_inputs(inputs, params + ["tokens", "targets"], target)
     arrays = {n: inputs[n].astype("float64") for n in params}
     arrays.update({n: inputs[n].astype("int64").reshape(-1) for n in ("tokens", "targets")})
+    if "class_weights" in inputs:
+        arrays["class_weights"] = inputs["class_weights"].astype("float64")
     return arrays

@@ -73,10 +73,23 @@ IGNORE_INDEX = -100
 """The label of a target the loss ignores (`data.ignored`), as torch's losses default to."""
 
 
-def counted_targets(inputs):
-    """How many targets the loss counts (all but the ignored): the loss mean's denominator, over the whole
-    batch of every rank."""
-    return int((inputs["targets"] != IGNORE_INDEX).sum())
+def loss_denominator(inputs):
+    """The loss mean's denominator over the whole batch of every rank: the targets the loss counts (all but
+    the ignored), each by its class weight when the case has them (torch's weighted mean)."""
+    targets = np.asarray(inputs["targets"])
+    counted = targets[targets != IGNORE_INDEX]
+    weights = inputs.get("class_weights")
+    if weights is None or len(weights) == 0:
+        return float(len(counted))
+    return float(np.asarray(weights, dtype=np.float64)[counted].sum())
+
+
+def class_weight(inputs, dtype):
+    """The case's class weights as torch's cross_entropy takes them (`weight=`), or None."""
+    import torch
+
+    weights = inputs.get("class_weights")
+    return None if weights is None or len(weights) == 0 else torch.tensor(np.asarray(weights), dtype=dtype)
 
 
 def chunk_range(n, parts, index):
@@ -210,6 +223,6 @@ def expected_outputs(case, inputs):
         return []
     if "op" in case:
         return ["out"] + [f"grad/{n}" for n, _ in input_shapes(case["op"])]
-    params = [n for n in inputs if n not in ("tokens", "targets")]
+    params = [n for n in inputs if n not in ("tokens", "targets", "class_weights")]
     losses = [f"loss/step{k}" for k in range(case["train"]["steps"])]
     return ["logits"] + losses + [f"{kind}/{n}" for kind in ("grad", "param") for n in params]

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, counted_targets, grad_or_fail, micro_batches
+from .base import chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches
 from .colossalai_common import plugin_step, unscaled
 from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
 from .torch_common import torch_dtype
@@ -61,11 +61,11 @@ def run(plugin, case, inputs, dt):
     place = Place(plugin)
     named = [(reported_name(m, n), p) for n, p in boosted.unwrap().named_parameters()]
     ids, tgt, rows = batches(case, inputs, place)
-    scale = place.dp / counted_targets(inputs)
+    scale = place.dp / loss_denominator(inputs)
     step_fn = pipeline_step if place.pipelined else plain_step
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
-        raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0)
+        raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))
         losses.append(raw)
         if k == 0:
             logits0 = logits
@@ -78,7 +78,7 @@ def run(plugin, case, inputs, dt):
 
     return {
         "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
-        "counted": counted_targets(inputs),
+        "counted": loss_denominator(inputs),
         "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
         "sharded": {n: is_distributed_tensor(p) for n, p in named},
         "skipped": skipped if t.get("loss_scale") is not None else None,
@@ -91,7 +91,7 @@ def as_scaled_loss(case, loss):
     return loss.float() if case["train"].get("loss_scale") is not None else loss
 
 
-def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
+def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, weight=None):
     """Forward and backward of this rank's rows, in the case's accumulation micro-batches; returns the summed
     token loss and (if asked) the logits."""
     chunks = micro_batches(ids.shape[0], case["train"].get("grad_accumulation", 1))
@@ -103,7 +103,8 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
         with booster.no_sync(boosted, zopt) if quiet else contextlib.nullcontext():
             out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
             logits = out.logits
-            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
+                                weight=None if weight is None else weight.to(logits.dtype))
             booster.backward(as_scaled_loss(case, l) * scale, zopt)
         raw += float(l.detach().to(torch.float64))
         if keep_logits:
@@ -111,7 +112,7 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
     return raw, (torch.cat(rows).numpy() if keep_logits else None)
 
 
-def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
+def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, weight=None):
     """One 1F1B step over the case's micro-batches (the schedule divides each micro-batch loss by their count,
     which the criterion multiplies back); the summed token loss and logits on the last stage, else None."""
     micro = case["parallel"].get("microbatches", 1)
@@ -123,7 +124,8 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits):
         seen["i"] += 1
         logits = outputs.logits
         target = tgt[i * size:(i + 1) * size].reshape(-1)
-        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="sum")
+        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="sum",
+                            weight=None if weight is None else weight.to(logits.dtype))
         return as_scaled_loss(case, l) * (scale * micro)
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -152,11 +154,12 @@ def single_device(case, inputs, dt=None):
     for k in range(t["steps"]):
         opt.zero_grad()
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum")
-        ((scaler.scale(l.float()) if scaler is not None else l) / counted_targets(inputs)).backward()
+        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum",
+                            weight=class_weight(inputs, logits.dtype))
+        ((scaler.scale(l.float()) if scaler is not None else l) / loss_denominator(inputs)).backward()
         if scaler is not None:
             scaler.unscale_(opt)
-        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / counted_targets(inputs))
+        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / loss_denominator(inputs))
         if k == 0:
             out["logits"] = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64).numpy()
             for n, p in model.named_parameters():

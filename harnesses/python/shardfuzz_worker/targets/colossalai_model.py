@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import counted_targets, dtype_name, grad_or_fail, micro_batches, parallel
+from .base import loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
 from .torch_model import Model, causal_attention, load_case_params, make_optimizer, model_defaults
@@ -151,7 +151,7 @@ def run(case, inputs, rank, tp):
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    global_tokens = counted_targets(inputs)
+    global_tokens = loss_denominator(inputs)
     ga = t.get("grad_accumulation", 1)
     chunks = micro_batches(b, ga)
     # One micro-batch: Colossal-AI's own mean (the mode's default) over the batch's counted targets; several:

@@ -32,6 +32,8 @@ class ColossalTp(ColossalTarget):
         p, m = parallel(case), model_defaults(case)
         if p["zero_stage"] > 0:
             return "colossalai-tp has no ZeRO stage (colossalai-zero runs ZeRO)"
+        if case.get("data", {}).get("class_weights"):
+            return "Colossal-AI's cross_entropy_1d takes no class weights"
         if dtype_name(case) == "f64":
             # cross_entropy_1d sums exp(logits) with dtype=torch.float32 (layer/loss.py:91): the loss is fp32.
             return "Colossal-AI's cross_entropy_1d sums in fp32: f64 training is not expressed"

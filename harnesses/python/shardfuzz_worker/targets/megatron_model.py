@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import IGNORE_INDEX, counted_targets, dtype_name, grad_or_fail, micro_batches, parallel
+from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel
 from .torch_common import torch_dtype
 from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
 
@@ -194,7 +194,7 @@ def run(case, inputs, rank, tp):
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     global_tokens = b * s
-    counted = counted_targets(inputs)
+    counted = loss_denominator(inputs)
     ga = t.get("grad_accumulation", 1)
     chunks = micro_batches(b, ga)
     sp_cfg = types.SimpleNamespace(sequence_parallel=sp, qk_layernorm=False)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, counted_targets, grad_or_fail
+from .base import chunk_range, class_weight, grad_or_fail, loss_denominator
 from .torch_model import make_optimizer, to_case_layout
 
 
@@ -41,7 +41,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     lo, hi = chunk_range(b, dp, dp_index)
-    global_tokens = counted_targets(inputs)  # F.cross_entropy's sum leaves the ignored targets out
+    global_tokens = loss_denominator(inputs)  # F.cross_entropy's sum leaves the ignored targets out
     ga = t.get("grad_accumulation", 1)
     # Every rank runs exactly `ga` micro-steps (their collectives must pair up across ranks):
     # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.
@@ -61,7 +61,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
             with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
                 logits = (forward or model)(ids[a:c])
-                l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+                l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
+                                    weight=class_weight(inputs, logits.dtype))
                 if t.get("loss_scale") is None:
                     scaled = l * (dp / global_tokens)
                 else:

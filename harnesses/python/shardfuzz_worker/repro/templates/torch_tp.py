@@ -9,7 +9,9 @@ def train(model, data, loss_ctx, view):
     b, s = M["batch"], M["seq"]
     ids = torch.tensor(data["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(data["targets"].astype(np.int64)).view(b, s)
-    tokens = int((data["targets"] != -100).sum())  # the counted targets: F.cross_entropy's sum skips -100
+    weights = data["class_weights"] if "class_weights" in data else None  # the case's class weights, or None
+    counted = data["targets"][data["targets"] != -100]  # F.cross_entropy's sum skips -100
+    tokens = float(len(counted) if weights is None else weights[counted].sum())  # the loss mean's denominator
     bounds = np.linspace(0, b, GRAD_ACCUMULATION + 1).round().astype(int)
     named = list(model.named_parameters())
     params = [p for _, p in named]
@@ -23,7 +25,9 @@ def train(model, data, loss_ctx, view):
         for a, c in zip(bounds[:-1], bounds[1:]):
             with loss_ctx():
                 logits = model(ids[a:c])
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum")
+                weight = None if weights is None else torch.tensor(weights, dtype=logits.dtype)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
+                                       weight=weight)
                 scaled = loss * (1 / tokens) if scaler is None else scaler.scale(loss.float()) * (1 / tokens)
                 scaled.backward()
             loss_sum += full(loss)
