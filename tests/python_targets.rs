@@ -384,6 +384,7 @@ fn ignored_targets_pass_everywhere_and_colossalais_mean_drops_zero_loss_tokens()
     assert_eq!(vs[0]["kind"], "divergent", "{}", vs[0]);
     assert!(vs[0]["reason"].as_str().unwrap().starts_with("loss/step0"), "{}", vs[0]);
     assert_eq!(vs[1]["kind"], "pass", "torch-tp: {}", vs[1]);
-    let o = shardfuzz(&["run", "--json", "--target", "colossalai-tp", &saturated], &[("SHARDFUZZ_KNOWN_FIXES", "colossalai-ce-mean-nonzero")]);
+    let o =
+        shardfuzz(&["run", "--json", "--target", "colossalai-tp", &saturated], &[("SHARDFUZZ_KNOWN_FIXES", "colossalai-ce-mean-nonzero")]);
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "with the fix: {}", verdicts(&o)[0]);
 }

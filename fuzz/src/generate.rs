@@ -5,8 +5,8 @@ use arbitrary::{Result, Unstructured};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Activation, Case, Data, Distribution, IgnorePattern, Ignored, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer, OptimizerKind,
-    Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train,
+    Activation, Case, Data, Distribution, IgnorePattern, Ignored, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer,
+    OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train,
 };
 use shardfuzz_kernels::DType;
 

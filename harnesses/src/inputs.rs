@@ -61,7 +61,7 @@ fn ignore_targets(targets: &mut [usize], ig: &Ignored, seq: usize, seed: u64) {
 /// A weight in [0.25, 2] per vocabulary entry, rounded to the case dtype (as a framework holds it), from
 /// their own stream of the data seed.
 fn class_weights(vocab: usize, dtype: DType, seed: u64) -> Vec<f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xc1a5_5e5_0000_0001);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0c1a_55e5_0000_0001);
     (0..vocab).map(|_| dtype.round(rng.gen_range(0.25..2.0))).collect()
 }
 

@@ -162,8 +162,16 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
     for b in 0..m.batch as usize {
         let tokens = b * seq..(b + 1) * seq;
         let mut grads = ParamSet::new();
-        forward_backward(&ctx, &params, &row, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.loss_denominator(), &mut grads)
-            .map_err(|e| ReferenceError(e.to_string()))?;
+        forward_backward(
+            &ctx,
+            &params,
+            &row,
+            &inputs.tokens[tokens.clone()],
+            &inputs.targets[tokens],
+            1.0 / inputs.loss_denominator(),
+            &mut grads,
+        )
+        .map_err(|e| ReferenceError(e.to_string()))?;
         for (name, g) in &grads {
             if let Some(t) = total.get_mut(name) {
                 t.data.iter_mut().zip(&g.data).for_each(|(a, x)| *a += x * x);
@@ -188,8 +196,16 @@ pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>)
     let tokens = rows.start * seq..rows.end * seq;
     let mut grads = ParamSet::new();
     let g = Geom { batch: rows.len(), seq };
-    forward_backward(&ctx, &params, &g, &inputs.tokens[tokens.clone()], &inputs.targets[tokens], 1.0 / inputs.loss_denominator(), &mut grads)
-        .map_err(|e| ReferenceError(e.to_string()))?;
+    forward_backward(
+        &ctx,
+        &params,
+        &g,
+        &inputs.tokens[tokens.clone()],
+        &inputs.targets[tokens],
+        1.0 / inputs.loss_denominator(),
+        &mut grads,
+    )
+    .map_err(|e| ReferenceError(e.to_string()))?;
     Ok(grads)
 }
 
