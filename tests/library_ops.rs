@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 
 use serde_json::Value;
 
@@ -32,6 +33,11 @@ fn shardfuzz(args: &[&str], envs: &[(&str, String)]) -> Output {
     c.output().expect("run shardfuzz")
 }
 
+/// The campaign test runs for a fixed wall time, so it runs alone: beside the other test's Python
+/// start-up on two cores it gets half the machine and fewer executions (a full-suite run missed the
+/// fault in its 60 s while this binary's other test ran; alone it finds it).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 fn fault_env() -> Vec<(&'static str, String)> {
     let faults: PathBuf = root().join("harnesses/python/tests/faults");
     vec![("PYTHONPATH", faults.display().to_string()), ("SHARDFUZZ_TEST_FAULT", "dtensor-reduction-rule-replicate".into())]
@@ -42,6 +48,7 @@ fn targets_json_counts_the_library_ops_of_torch_dtensor() {
     if !python_ready() {
         return;
     }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let o = shardfuzz(&["targets", "--json"], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows: Vec<Value> =
@@ -59,6 +66,7 @@ fn a_short_campaign_finds_a_wrong_dtensor_sharding_rule() {
     if !python_ready() {
         return;
     }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().display().to_string();
     // (5-s cases: output views reach DTensor's known zero-size view hang, and each hit waits the timeout.)
