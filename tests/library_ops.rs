@@ -69,8 +69,28 @@ fn a_short_campaign_finds_a_wrong_dtensor_sharding_rule() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().display().to_string();
+    let corpus = root().join("corpus").display().to_string();
     // (5-s cases: output views reach DTensor's known zero-size view hang, and each hit waits the timeout.)
-    let args = ["fuzz", "--quiet", "--target", "torch-dtensor", "--out", &dir, "--time", "60s", "--seed", "5", "--timeout-ms", "5000"];
+    // From the seed corpus, as the README's campaigns start. Without it, a 60-s campaign's path depends
+    // on timing (which cases finish first), and it reached a divergence this fault caused in 5 of 8
+    // runs of this test on 2026-11-27 (the 3 misses include both full-suite runs): too flaky for the
+    // suite. The search from scratch is what `bench mutants` measures.
+    let args = [
+        "fuzz",
+        "--quiet",
+        "--target",
+        "torch-dtensor",
+        "--corpus",
+        &corpus,
+        "--out",
+        &dir,
+        "--time",
+        "60s",
+        "--seed",
+        "5",
+        "--timeout-ms",
+        "5000",
+    ];
     let o = shardfuzz(&args, &fault_env());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut caused = vec![];
@@ -87,6 +107,7 @@ fn a_short_campaign_finds_a_wrong_dtensor_sharding_rule() {
         let kind = if v["verdict"].is_object() { &v["verdict"]["kind"] } else { &v["kind"] };
         if kind == "pass" {
             caused.push(verdict["signature"].as_str().unwrap_or_default().to_string());
+            break;
         }
     }
     assert!(!caused.is_empty(), "no divergence the fault caused in a 60 s campaign");
