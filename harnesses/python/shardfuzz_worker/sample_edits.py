@@ -156,7 +156,10 @@ def empty_lists(tree, edits, is_index, sort_dicts=False):
         if e.get("edit") == "empty" and editable:
             path, x = editable[int(e["arg"]) % len(editable)]
             container = _get(tree, path[:-1]) if path else None
-            if type(x) is int and is_int_list(container):
+            # torch's tree is ((positional arguments), {keywords}): the positional tuple is the call
+            # itself, not a list argument (signal.windows.blackman(M) emptied to no argument at all).
+            call_itself = isinstance(tree, tuple) and path[:-1] == (0,)
+            if type(x) is int and is_int_list(container) and not call_itself:
                 tree = _replaced(tree, path[:-1], type(container)())
                 notes.append(f"edit empty: list argument {list(container)} → []")
                 continue

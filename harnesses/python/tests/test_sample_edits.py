@@ -109,6 +109,14 @@ class EmptyListsTest(unittest.TestCase):
         leaves, _ = run([np.ones(3), 2, np.array([[1, 2], [0, 1]])], [{"arg": 0, "edit": "empty"}, {"arg": 1, "edit": "empty"}])
         self.assertEqual((leaves[1], leaves[2].shape), (0, (0, 2)))
 
+    def test_the_positional_arguments_themselves_are_not_a_list_argument(self):
+        # signal.windows.blackman(7): the call's positional tuple holds only ints, and emptying it
+        # left no argument at all (an IndexError in our worker); the edit goes on to apply() instead.
+        tree = ((7,), {"sym": True})
+        out, rest, notes = empty_lists(tree, [{"arg": 0, "edit": "empty"}], is_index)
+        self.assertEqual((out, notes), (tree, []))
+        self.assertEqual(rest, [{"arg": 0, "edit": "empty"}])
+
     def test_sorted_dict_keys_as_jax_flattens_them(self):
         tree = {"b": (1, 2), "a": (3,)}
         out, _, _ = empty_lists(tree, [{"arg": 0, "edit": "empty"}], is_index, sort_dicts=True)
