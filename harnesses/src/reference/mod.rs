@@ -153,26 +153,9 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec,
 /// however much the partials cancel in their sum.
 pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<ParamSet, ReferenceError> {
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
-    let layout = Layout::single(m);
-    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64), &inputs.class_weights);
-    let params: ParamSet = inputs.tensors.iter().cloned().collect();
-    let seq = m.seq as usize;
-    let row = Geom { batch: 1, seq };
-    let mut total: ParamSet = params.iter().map(|(n, t)| (n.clone(), Tensor::zeros(t.shape.clone()))).collect();
+    let mut total: ParamSet = inputs.tensors.iter().map(|(n, t)| (n.clone(), Tensor::zeros(t.shape.clone()))).collect();
     for b in 0..m.batch as usize {
-        let tokens = b * seq..(b + 1) * seq;
-        let mut grads = ParamSet::new();
-        forward_backward(
-            &ctx,
-            &params,
-            &row,
-            &inputs.tokens[tokens.clone()],
-            &inputs.targets[tokens],
-            1.0 / inputs.loss_denominator(),
-            &mut grads,
-        )
-        .map_err(|e| ReferenceError(e.to_string()))?;
-        for (name, g) in &grads {
+        for (name, g) in &rows_gradient(case, inputs, b..b + 1)? {
             if let Some(t) = total.get_mut(name) {
                 t.data.iter_mut().zip(&g.data).for_each(|(a, x)| *a += x * x);
             }

@@ -78,7 +78,7 @@ def run(plugin, case, inputs, dt):
 
     return {
         "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
-        "counted": loss_denominator(inputs),
+        "denominator": loss_denominator(inputs),
         "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
         "sharded": {n: is_distributed_tensor(p) for n, p in named},
         "skipped": skipped if t.get("loss_scale") is not None else None,
@@ -151,15 +151,16 @@ def single_device(case, inputs, dt=None):
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     out = {}
     scaler = loss_scaler(t)
+    denominator = loss_denominator(inputs)
     for k in range(t["steps"]):
         opt.zero_grad()
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum",
                             weight=class_weight(inputs, logits.dtype))
-        ((scaler.scale(l.float()) if scaler is not None else l) / loss_denominator(inputs)).backward()
+        ((scaler.scale(l.float()) if scaler is not None else l) / denominator).backward()
         if scaler is not None:
             scaler.unscale_(opt)
-        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / loss_denominator(inputs))
+        out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / denominator)
         if k == 0:
             out["logits"] = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64).numpy()
             for n, p in model.named_parameters():
@@ -214,7 +215,7 @@ def combine(case, outs, features):
     steps = len(last[0]["losses"])
     total = m["batch"] * m["seq"]
     for k in range(steps):
-        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in last) / last[0]["counted"])
+        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in last) / last[0]["denominator"])
     logits = np.zeros((total, m["vocab"]))
     for o in last:
         a, b = o["rows"]

@@ -151,7 +151,7 @@ def run(case, inputs, rank, tp):
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    global_tokens = loss_denominator(inputs)
+    denominator = loss_denominator(inputs)
     ga = t.get("grad_accumulation", 1)
     chunks = micro_batches(b, ga)
     # One micro-batch: Colossal-AI's own mean (the mode's default) over the batch's counted targets; several:
@@ -173,12 +173,12 @@ def run(case, inputs, rank, tp):
                                  vocab_size=vocab_padded, dtype=dt, mode=mode)
             if mode == "mean":
                 l.backward()
-                loss_sum += l.detach().to(torch.float64) * global_tokens
+                loss_sum += l.detach().to(torch.float64) * denominator
             else:
-                (l * (1.0 / global_tokens)).backward()
+                (l * (1.0 / denominator)).backward()
                 loss_sum += l.detach().to(torch.float64)
         SeqParallelUtils.allreduce_partial_data_grad(group, model=model)
-        losses.append(float(loss_sum) / global_tokens)
+        losses.append(float(loss_sum) / denominator)
         if k == 0:
             logits0 = torch.cat(rows).numpy()
             for name, p in named:
