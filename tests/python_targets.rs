@@ -388,3 +388,40 @@ fn ignored_targets_pass_everywhere_and_colossalais_mean_drops_zero_loss_tokens()
         shardfuzz(&["run", "--json", "--target", "colossalai-tp", &saturated], &[("SHARDFUZZ_KNOWN_FIXES", "colossalai-ce-mean-nonzero")]);
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "with the fix: {}", verdicts(&o)[0]);
 }
+
+/// colossalai-hybrid gives the model `labels` where the model's own loss is the case's (every sequence's last
+/// target ignored, since a causal LM shifts its labels): shardformer's `dist_cross_entropy` then normalises
+/// each micro-batch (and each data-parallel rank) by its own count, so uneven counts diverge and a
+/// micro-batch with none gives a NaN loss
+/// (docs/findings/colossalai-0.5.0-dist-cross-entropy-mean-per-microbatch.py); with all_to_all sequence
+/// parallelism and whole-sequence logits, every rank but the last pairs a logit with its own token's label
+/// (docs/findings/colossalai-0.5.0-all-to-all-full-logits-labels-not-shifted.py). Each known fix removes
+/// exactly its own divergence.
+#[test]
+fn colossalai_hybrids_model_loss_is_a_mean_per_microbatch_and_misaligned_under_all_to_all() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-ignored");
+    let file = |name: &str| dir.join(name).display().to_string();
+    let run = |case: &str, fixes: &str| {
+        let o = shardfuzz(&["run", "--json", "--target", "colossalai-hybrid", &file(case)], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        vs[0].clone()
+    };
+    let (mean, shift) = ("colossalai-dist-ce-batch-mean", "colossalai-a2a-full-logits-shift");
+    for case in ["llama-pp2-tp2-1f1b-f32-label-padding.json", "llama-pp2-tp2-1f1b-f32-label-padding-empty-microbatch.json"] {
+        let v = run(case, "");
+        assert_eq!(v["kind"], "divergent", "{case}: {v}");
+        assert!(v["reason"].as_str().unwrap().starts_with("loss/step0"), "{case}: {v}");
+        assert!(v["features"].as_array().unwrap().iter().any(|f| f == "colossalai-hybrid:loss:model-labels"), "{v}");
+        assert_eq!(run(case, mean)["kind"], "pass", "{case} with the fix");
+    }
+    let a2a = "llama-dp2-sp2-all-to-all-f32-label-padding.json";
+    assert_eq!(run(a2a, "")["kind"], "divergent");
+    assert_eq!(run(a2a, mean)["kind"], "divergent", "the labels stay misaligned");
+    assert_eq!(run(a2a, shift)["kind"], "divergent", "the data-parallel ranks' counts differ");
+    let both = run(a2a, &format!("{mean},{shift}"));
+    assert_eq!(both["kind"], "pass", "{both}");
+}

@@ -152,6 +152,65 @@ def _colossalai_ce_mean_nonzero():
     loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
 
 
+_BATCH = {}
+
+
+def batch_tokens(count, divided_by):
+    """What the fix below needs and the model's forward cannot know: the counted targets of the whole batch
+    (every micro-batch of every data-parallel rank), and the factor by which the pipeline schedule (micro-batch
+    count) and the plugin's gradient average (data-parallel size) divide a micro-batch's loss. transformers
+    passes the first as `num_items_in_batch`, which shardformer's forward takes in **kwargs and drops."""
+    _BATCH.update(count=count, divided_by=divided_by)
+
+
+def _colossalai_dist_ce_batch_mean():
+    """Colossal-AI 0.5.0: shardformer's causal-LM loss (`dist_cross_entropy`) divides each micro-batch's summed
+    loss by that micro-batch's own count of targets not ignored, on each data-parallel rank; the pipeline
+    schedule then averages micro-batches and the plugin averages ranks, so with ignored targets (padding, masked
+    prompts) the loss is a mean of means and its gradient depends on pp's micro-batches and on dp
+    (docs/findings/colossalai-0.5.0-dist-cross-entropy-mean-per-microbatch.py). Sequence-parallel ranks, which
+    it all-reduces, are counted together. Fix: the summed loss over the whole batch's count (transformers'
+    num_items_in_batch), times the factor the schedule and the plugin divide by."""
+    from colossalai.shardformer.modeling import llama
+
+    original = llama.dist_cross_entropy
+
+    def dist_cross_entropy(labels, logits, *args, **kwargs):
+        # Its own count in every mode expressed here: under all_to_all it all-reduces the sequence chunks'
+        # counts, which together are the rows' whole count (so every rank of the group takes the same branch).
+        count = (labels[..., 1:] != -100).sum()
+        if count == 0:
+            return logits.sum() * 0.0  # nothing counted: a zero sum (its mean is 0 / 0)
+        return original(labels, logits, *args, **kwargs) * count * (_BATCH["divided_by"] / _BATCH["count"])
+
+    llama.dist_cross_entropy = dist_cross_entropy
+
+
+def _colossalai_a2a_full_logits_shift():
+    """Colossal-AI 0.5.0: with all_to_all (Ulysses) sequence parallelism and `parallel_output=False`, the last
+    hidden states are gathered to the whole sequence, so `dist_cross_entropy` does not split the labels; it then
+    shifts labels and logits "in the last rank without splitting" only (loss.py:190-194), and every other
+    sequence-parallel rank pairs each position's logits with its own input's label instead of the next one's
+    (docs/findings/colossalai-0.5.0-all-to-all-full-logits-labels-not-shifted.py). Fix: with whole-sequence
+    logits every rank shifts both, as without sequence parallelism."""
+    from colossalai.shardformer.layer.utils import is_share_sp_tp
+    from colossalai.shardformer.modeling import llama
+
+    original = llama.dist_cross_entropy
+
+    def dist_cross_entropy(labels, logits, shard_config, vocab_size, dtype, seq_dim=1):
+        sp, mode = shard_config.sequence_parallel_size or 1, shard_config.sequence_parallelism_mode
+        if sp > 1 and mode == "all_to_all" and not is_share_sp_tp(mode) and logits.size(seq_dim) == labels.shape[-1]:
+            shifted, kept = labels[..., 1:].contiguous(), logits[..., :-1, :].contiguous()
+            loss = torch.nn.functional.cross_entropy(kept.view(-1, kept.size(-1)), shifted.view(-1), reduction="sum")
+            return (loss / (shifted != -100).sum()).squeeze()
+        return original(labels, logits, shard_config, vocab_size, dtype, seq_dim)
+
+    import torch
+
+    llama.dist_cross_entropy = dist_cross_entropy
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -161,6 +220,9 @@ FIXES = {
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
     "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
+    # (Both wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
+    "colossalai-a2a-full-logits-shift": (("colossalai-hybrid",), _colossalai_a2a_full_logits_shift),
+    "colossalai-dist-ce-batch-mean": (("colossalai-hybrid",), _colossalai_dist_ce_batch_mean),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }
@@ -171,10 +233,12 @@ def requested():
 
 
 def apply(target):
-    """Applies the requested fixes that concern `target` (an unknown name is our error, raised)."""
-    for name in requested():
-        if name not in FIXES:
-            raise KeyError(f"{ENV}: unknown fix {name!r} (known: {', '.join(sorted(FIXES))})")
-        targets, fix = FIXES[name]
-        if target in targets:
+    """Applies the requested fixes that concern `target`, in the table's order whatever the request's (an
+    unknown name is our error, raised)."""
+    wanted = requested()
+    unknown = [n for n in wanted if n not in FIXES]
+    if unknown:
+        raise KeyError(f"{ENV}: unknown fix {unknown[0]!r} (known: {', '.join(sorted(FIXES))})")
+    for name, (targets, fix) in FIXES.items():
+        if name in wanted and target in targets:
             fix()

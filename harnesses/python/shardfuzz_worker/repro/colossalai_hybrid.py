@@ -23,8 +23,8 @@ from colossalai.booster.plugin import HybridParallelPlugin
 
 LLAMA = ("NORM_EPS", "config", "NoRotation", "build", "_LAYER", "case_name", "is_projection_weight", "to_llama",
          "to_case", "shard_dim")
-RUN = ("Place", "local_view", "reported_name", "batches", "run", "as_scaled_loss", "plain_step", "pipeline_step",
-       "single_device", "assemble", "_case_axis", "combine")
+RUN = ("Place", "local_view", "reported_name", "batches", "model_labels", "run", "as_scaled_loss", "plain_step",
+       "pipeline_step", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "_case_axis", "combine")
 
 
 def check(case):

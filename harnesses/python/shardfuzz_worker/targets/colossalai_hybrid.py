@@ -5,9 +5,14 @@ ZeRO stage 0-2 over dp (with `zero_offload`), sequence parallelism in each mode 
 sequence-parallel group of the case's tp ranks with tensor parallelism off), the 1F1B and interleaved pipeline
 schedules (the case's `virtual_stages` as model chunks) with the case's micro-batches, clipping by the plugin's global norm, fp32 / bf16 / fp16 precision (fp32 masters).
 
-The loss is the case's: token cross-entropy summed and divided by the global token count (each data-parallel
-rank scaled by dp, since the plugin averages gradients over dp; each micro-batch by the micro-batch count, which
-the pipeline schedule divides by). Logits are the full vocabulary (`parallel_output=False`).
+The loss is the case's: token cross-entropy summed and divided by the global count of targets it does not ignore.
+Where the model's own loss computes exactly that (every sequence's last target ignored, since a causal LM shifts
+its labels; no class weights; shardformer's forward in place: tp, sp or pp), the model is given `labels` and its
+loss is used as returned, as Colossal-AI's examples do (`colossalai_hybrid_run.model_labels`): this is how
+shardformer's `dist_cross_entropy` and the plugin's own normalisation are fuzzed. Otherwise our criterion takes the
+logits: the summed loss scaled by dp / count on each data-parallel rank (the plugin averages gradients over dp)
+and each micro-batch by the micro-batch count (the pipeline schedule divides by it). Logits are the full
+vocabulary (`parallel_output=False`).
 
 Reported: losses, step-0 logits, step-0 gradients (after the plugin's own synchronisation: data-parallel
 all-reduce or ZeRO partitions, sequence-parallel partial gradients) and final parameters, each rank's local
@@ -15,7 +20,7 @@ shard with its tp / pp / dp coordinates; `combine` concatenates tensor-parallel 
 data-parallel copy as a replica.
 """
 
-from .base import dtype_name, parallel, reduce_dtype_name
+from .base import dtype_name, loss_denominator, parallel, reduce_dtype_name
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -88,7 +93,12 @@ class ColossalHybrid(ColossalTarget):
     def run_rank(self, rank, world, case, inputs):
         from .colossalai_hybrid_run import run
 
-        out = run(self.plugin(case), case, inputs, torch_dtype(dtype_name(case)))
+        from .. import known_fixes
+
+        plugin = self.plugin(case)
+        micro = parallel(case)["microbatches"] if plugin.stage_manager is not None else 1
+        known_fixes.batch_tokens(loss_denominator(inputs), micro * plugin.dp_group.size())
+        out = run(plugin, case, inputs, torch_dtype(dtype_name(case)))
         if rank == 0:
             from .colossalai_hybrid_run import single_device
 
@@ -103,7 +113,9 @@ class ColossalHybrid(ColossalTarget):
         feature = f"colossalai-hybrid:dp{p['dp']}:tp{p['tp']}:pp{p['pp']}:zero{p['zero_stage']}:sp-{sp}"
         if p["pp"] > 1:
             feature += f":{p['pipeline_schedule']}{p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else ''}"
-        return combine(case, outs, [feature])
+        # The model's own loss (labels), shardformer's dist_cross_entropy, or our criterion on its logits.
+        loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
+        return combine(case, outs, [feature, loss])
 
 
 TARGET = ColossalHybrid()

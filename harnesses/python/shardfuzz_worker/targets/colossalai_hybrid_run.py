@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches
+from .base import IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches
 from .colossalai_common import plugin_step, unscaled
 from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
 from .torch_common import torch_dtype
@@ -50,6 +50,27 @@ def batches(case, inputs, place):
     return ids[lo:hi], tgt[lo:hi], (lo * s, hi * s)
 
 
+def model_labels(case, inputs, plugin):
+    """The `labels` through which the model's own loss computes the case's, or None.
+
+    A causal LM's labels are its inputs: the model shifts them, so position t's loss takes labels[t + 1] and the
+    last position has none. The case's loss is that loss when every sequence's last target is ignored and no
+    class weights apply. It is taken where shardformer replaces Llama's forward (tensor, sequence or pipeline
+    parallelism), whose loss is its `dist_cross_entropy`; elsewhere the model's forward is transformers' own,
+    and under gradient accumulation the division among steps would be our loop's, not the framework's."""
+    m, t = model_defaults(case), case["train"]
+    b, s = m["batch"], m["seq"]
+    tgt = np.asarray(inputs["targets"], dtype=np.int64).reshape(b, s)
+    shardformed = plugin.stage_manager is not None or plugin.shard_config.enable_tensor_parallelism or \
+        plugin.shard_config.enable_sequence_parallelism
+    if (not shardformed or t.get("grad_accumulation", 1) > 1 or s < 2 or len(inputs.get("class_weights") or [])
+            or not (tgt[:, -1] == IGNORE_INDEX).all()):
+        return None
+    labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
+    labels[:, 1:] = tgt[:, :-1]
+    return torch.tensor(labels)
+
+
 def run(plugin, case, inputs, dt):
     from colossalai.booster import Booster
 
@@ -62,7 +83,12 @@ def run(plugin, case, inputs, dt):
     named = [(reported_name(m, n), p) for n, p in boosted.unwrap().named_parameters()]
     ids, tgt, rows = batches(case, inputs, place)
     scale = place.dp / loss_denominator(inputs)
-    step_fn = pipeline_step if place.pipelined else plain_step
+    labels = model_labels(case, inputs, plugin)
+    if labels is not None:
+        tgt = labels[rows[0] // ids.shape[1]: rows[1] // ids.shape[1]]
+        step_fn = model_loss_pipeline_step if place.pipelined else model_loss_plain_step
+    else:
+        step_fn = pipeline_step if place.pipelined else plain_step
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))
@@ -80,7 +106,7 @@ def run(plugin, case, inputs, dt):
         "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
         "denominator": loss_denominator(inputs),
         "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
-        "sharded": {n: is_distributed_tensor(p) for n, p in named},
+        "sharded": {n: is_distributed_tensor(p) for n, p in named}, "model_loss": labels is not None,
         "skipped": skipped if t.get("loss_scale") is not None else None,
     }
 
@@ -130,6 +156,30 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, we
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     ret = booster.execute_pipeline(iter([batch]), boosted, criterion, zopt, return_loss=True, return_outputs=keep_logits)
+    if ret.get("loss") is None:
+        return None, None
+    raw = float(ret["loss"].detach().to(torch.float64)) / scale
+    logits = None
+    if keep_logits:
+        logits = ret["outputs"]["logits"].detach().reshape(-1, ret["outputs"]["logits"].shape[-1]).to(torch.float64).numpy()
+    return raw, logits
+
+
+def model_loss_plain_step(booster, boosted, zopt, ids, labels, scale, case, keep_logits, weight=None):
+    """Forward and backward with the model's own loss (`labels`), as returned; the loss in the criterion path's
+    units (this rank's share of the summed token loss: the plugin averages ranks' gradients over dp)."""
+    out = boosted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+    booster.backward(as_scaled_loss(case, out.loss), zopt)
+    raw = float(out.loss.detach().to(torch.float64)) / scale
+    logits = out.logits.detach().reshape(-1, out.logits.shape[-1]).to(torch.float64).numpy() if keep_logits else None
+    return raw, logits
+
+
+def model_loss_pipeline_step(booster, boosted, zopt, ids, labels, scale, case, keep_logits, weight=None):
+    """One pipeline step whose criterion is the model's own loss, as Colossal-AI's examples write it."""
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    ret = booster.execute_pipeline(iter([batch]), boosted, lambda outputs, _: as_scaled_loss(case, outputs.loss), zopt,
+                                   return_loss=True, return_outputs=keep_logits)
     if ret.get("loss") is None:
         return None, None
     raw = float(ret["loss"].detach().to(torch.float64)) / scale
@@ -230,3 +280,4 @@ def combine(case, outs, features):
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
+
