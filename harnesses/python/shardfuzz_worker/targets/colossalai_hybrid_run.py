@@ -63,8 +63,8 @@ def model_labels(case, inputs, plugin):
     tgt = np.asarray(inputs["targets"], dtype=np.int64).reshape(b, s)
     shardformed = plugin.stage_manager is not None or plugin.shard_config.enable_tensor_parallelism or \
         plugin.shard_config.enable_sequence_parallelism
-    if (not shardformed or t.get("grad_accumulation", 1) > 1 or s < 2 or len(inputs.get("class_weights") or [])
-            or not (tgt[:, -1] == IGNORE_INDEX).all()):
+    weighted = inputs.get("class_weights") is not None and len(inputs["class_weights"]) > 0
+    if not shardformed or t.get("grad_accumulation", 1) > 1 or s < 2 or weighted or not (tgt[:, -1] == IGNORE_INDEX).all():
         return None
     labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
     labels[:, 1:] = tgt[:, :-1]
