@@ -72,6 +72,18 @@ const KNOWN_SEED_FINDINGS: &[(&str, &str, &str)] = &[
     // parallelism (docs/findings/colossalai-0.5.0-row-bias-grad-sequence-parallel.py).
     ("colossalai-tp", "tp2-sp-bf16-swiglu.json", ".bias"),
     ("colossalai-tp", "tp2-sp-bf16-swiglu-vocab-divisible.json", ".bias"),
+    // Colossal-AI 0.5.0's GPT-2 policy keeps the LM head's output vocabulary-parallel whatever parallel_output
+    // says (docs/findings/colossalai-0.5.0-gpt2-lm-head-ignores-parallel-output-false.py): every tensor-parallel
+    // GPT-2 seed's logits are a rank's shard.
+    ("colossalai-hybrid", "integers-bf16.json", "columns for a vocabulary"),
+    ("colossalai-hybrid", "large-values-f32.json", "columns for a vocabulary"),
+    ("colossalai-hybrid", "tp2-accumulation-clip-f32.json", "columns for a vocabulary"),
+    ("colossalai-hybrid", "tp2-even-vocab-divisible.json", "columns for a vocabulary"),
+    ("colossalai-hybrid", "tp2-even.json", "columns for a vocabulary"),
+    ("colossalai-hybrid", "tp2-vocab-padded.json", "columns for a vocabulary"),
+    // ... and its pipeline forward returns an unassigned `loss` when called without labels
+    // (docs/findings/colossalai-0.5.0-gpt2-pipeline-forward-without-labels-crash.py).
+    ("colossalai-hybrid", "pp3-1f1b-more-microbatches.json", "local variable 'loss' referenced before assignment"),
 ];
 
 #[test]
@@ -424,4 +436,38 @@ fn colossalai_hybrids_model_loss_is_a_mean_per_microbatch_and_misaligned_under_a
     assert_eq!(run(a2a, shift)["kind"], "divergent", "the data-parallel ranks' counts differ");
     let both = run(a2a, &format!("{mean},{shift}"));
     assert_eq!(both["kind"], "pass", "{both}");
+}
+
+/// colossalai-hybrid builds LayerNorm + GELU cases as a `transformers` GPT-2 (fused q/k/v, Conv1D layouts): under
+/// tensor parallelism its logits are a rank's vocabulary shard whatever parallel_output says, its pipeline
+/// forward crashes without labels, GPT-2's row-parallel Conv1D has Linear1D_Row's bias bug under split_gather,
+/// and its pipeline loss is a mean per micro-batch as Llama's; with the known fixes every case passes, so the
+/// GPT-2 translation itself (names, fused q/k/v shards, the frozen position table) is right.
+#[test]
+fn colossalai_hybrid_on_gpt2_passes_once_four_colossalai_bugs_are_fixed() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-gpt2");
+    let run = |case: &str, fixes: &str| {
+        let file = dir.join(case).display().to_string();
+        let o = shardfuzz(&["run", "--json", "--target", "colossalai-hybrid", &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        vs[0].clone()
+    };
+    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
+    let v = run("gpt2-tp2-f32.json", "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("columns for a vocabulary"), "{v}");
+    let v = run("gpt2-tp2-pp2-1f1b-f32.json", "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("local variable 'loss'"), "{v}");
+    let v = run("gpt2-tp2-sp-split-gather-f32.json", "colossalai-gpt2-lm-head-gather");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("mlp.down.bias"), "{v}");
+    let v = run("gpt2-pp2-1f1b-f32-label-padding.json", "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
+    let all = "colossalai-gpt2-lm-head-gather,colossalai-gpt2-pipeline-loss-unbound,colossalai-row-bias-sp,colossalai-dist-ce-batch-mean";
+    for case in ["gpt2-tp2-f32.json", "gpt2-tp2-pp2-1f1b-f32.json", "gpt2-tp2-sp-split-gather-f32.json", "gpt2-pp2-1f1b-f32-label-padding.json"] {
+        let v = run(case, all);
+        assert_eq!(v["kind"], "pass", "{case} with the fixes: {v}");
+    }
 }

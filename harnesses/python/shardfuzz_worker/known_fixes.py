@@ -15,17 +15,18 @@ def _colossalai_row_bias_sp():
     """Colossal-AI 0.5.0: Linear1D_Row adds its bias to the reduce-scattered (sequence-chunk) output under
     split_gather / ring sequence parallelism, but leaves the bias unmarked, so its partial gradient is never
     all-reduced (docs/findings/colossalai-0.5.0-row-bias-grad-sequence-parallel.py). Fix: mark it."""
-    from colossalai.shardformer.layer import Linear1D_Row
+    from colossalai.shardformer.layer import GPT2FusedLinearConv1D_Row, Linear1D_Row
     from colossalai.shardformer.layer.utils import SeqParallelUtils, is_share_sp_tp
 
-    original = Linear1D_Row.__init__
+    for cls in (Linear1D_Row, GPT2FusedLinearConv1D_Row):  # (GPT-2's row-parallel Conv1D has the same code)
+        original = cls.__init__
 
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        if self.bias is not None and is_share_sp_tp(self.seq_parallel_mode):
-            SeqParallelUtils.marked_as_sp_partial_derived_param(self.bias)
+        def init(self, *args, _original=original, **kwargs):
+            _original(self, *args, **kwargs)
+            if self.bias is not None and is_share_sp_tp(self.seq_parallel_mode):
+                SeqParallelUtils.marked_as_sp_partial_derived_param(self.bias)
 
-    Linear1D_Row.__init__ = init
+        cls.__init__ = init
 
 
 def _colossalai_ring_gather():
@@ -171,19 +172,27 @@ def _colossalai_dist_ce_batch_mean():
     (docs/findings/colossalai-0.5.0-dist-cross-entropy-mean-per-microbatch.py). Sequence-parallel ranks, which
     it all-reduces, are counted together. Fix: the summed loss over the whole batch's count (transformers'
     num_items_in_batch), times the factor the schedule and the plugin divide by."""
-    from colossalai.shardformer.modeling import llama
 
-    original = llama.dist_cross_entropy
+    def fixed(original):
+        def dist_cross_entropy(labels, logits, *args, **kwargs):
+            # Its own count in every mode expressed here: under all_to_all it all-reduces the sequence chunks'
+            # counts, which together are the rows' whole count (so every rank of the group takes the same branch).
+            count = (labels[..., 1:] != -100).sum()
+            if count == 0:
+                return logits.sum() * 0.0  # nothing counted: a zero sum (its mean is 0 / 0)
+            return original(labels, logits, *args, **kwargs) * count * (_BATCH["divided_by"] / _BATCH["count"])
 
-    def dist_cross_entropy(labels, logits, *args, **kwargs):
-        # Its own count in every mode expressed here: under all_to_all it all-reduces the sequence chunks'
-        # counts, which together are the rows' whole count (so every rank of the group takes the same branch).
-        count = (labels[..., 1:] != -100).sum()
-        if count == 0:
-            return logits.sum() * 0.0  # nothing counted: a zero sum (its mean is 0 / 0)
-        return original(labels, logits, *args, **kwargs) * count * (_BATCH["divided_by"] / _BATCH["count"])
+        return dist_cross_entropy
 
-    llama.dist_cross_entropy = dist_cross_entropy
+    _wrap_dist_cross_entropy(fixed)
+
+
+def _wrap_dist_cross_entropy(fixed):
+    """Replaces `dist_cross_entropy` where shardformer's causal-LM forwards call it (Llama's and GPT-2's modules)."""
+    from colossalai.shardformer.modeling import gpt2, llama
+
+    for module in (llama, gpt2):
+        module.dist_cross_entropy = fixed(module.dist_cross_entropy)
 
 
 def _colossalai_a2a_full_logits_shift():
@@ -193,22 +202,61 @@ def _colossalai_a2a_full_logits_shift():
     sequence-parallel rank pairs each position's logits with its own input's label instead of the next one's
     (docs/findings/colossalai-0.5.0-all-to-all-full-logits-labels-not-shifted.py). Fix: with whole-sequence
     logits every rank shifts both, as without sequence parallelism."""
-    from colossalai.shardformer.layer.utils import is_share_sp_tp
-    from colossalai.shardformer.modeling import llama
-
-    original = llama.dist_cross_entropy
-
-    def dist_cross_entropy(labels, logits, shard_config, vocab_size, dtype, seq_dim=1):
-        sp, mode = shard_config.sequence_parallel_size or 1, shard_config.sequence_parallelism_mode
-        if sp > 1 and mode == "all_to_all" and not is_share_sp_tp(mode) and logits.size(seq_dim) == labels.shape[-1]:
-            shifted, kept = labels[..., 1:].contiguous(), logits[..., :-1, :].contiguous()
-            loss = torch.nn.functional.cross_entropy(kept.view(-1, kept.size(-1)), shifted.view(-1), reduction="sum")
-            return (loss / (shifted != -100).sum()).squeeze()
-        return original(labels, logits, shard_config, vocab_size, dtype, seq_dim)
-
     import torch
+    from colossalai.shardformer.layer.utils import is_share_sp_tp
 
-    llama.dist_cross_entropy = dist_cross_entropy
+    def fixed(original):
+        def dist_cross_entropy(labels, logits, shard_config, vocab_size, dtype, seq_dim=1):
+            sp, mode = shard_config.sequence_parallel_size or 1, shard_config.sequence_parallelism_mode
+            if sp > 1 and mode == "all_to_all" and not is_share_sp_tp(mode) and logits.size(seq_dim) == labels.shape[-1]:
+                shifted, kept = labels[..., 1:].contiguous(), logits[..., :-1, :].contiguous()
+                loss = torch.nn.functional.cross_entropy(kept.view(-1, kept.size(-1)), shifted.view(-1), reduction="sum")
+                return (loss / (shifted != -100).sum()).squeeze()
+            return original(labels, logits, shard_config, vocab_size, dtype, seq_dim)
+
+        return dist_cross_entropy
+
+    _wrap_dist_cross_entropy(fixed)
+
+
+def _colossalai_gpt2_lm_head_gather():
+    """Colossal-AI 0.5.0: GPT2LMHeadModelPolicy builds the LM head with "gather_output": False whatever
+    parallel_output says, so with parallel_output=False each tensor-parallel rank returns its vocabulary shard as the
+    logits and transformers' loss on them fails (docs/findings/colossalai-0.5.0-gpt2-lm-head-ignores-parallel-output-false.py).
+    Fix: gather_output = not parallel_output, as the Llama policy has it."""
+    from colossalai.shardformer.policies.gpt2 import GPT2LMHeadModelPolicy
+    from transformers.models.gpt2.modeling_gpt2 import GPT2LMHeadModel
+
+    original = GPT2LMHeadModelPolicy.module_policy
+
+    def module_policy(self):
+        policy = original(self)
+        for description in policy[GPT2LMHeadModel].sub_module_replacement or []:
+            if description.suffix == "lm_head" and "gather_output" in (description.kwargs or {}):
+                description.kwargs["gather_output"] = not self.shard_config.parallel_output
+        return policy
+
+    GPT2LMHeadModelPolicy.module_policy = module_policy
+
+
+def _colossalai_gpt2_pipeline_loss_unbound():
+    """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
+    (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
+    model is called without labels (a criterion on the logits, or inference)
+    (docs/findings/colossalai-0.5.0-gpt2-pipeline-forward-without-labels-crash.py). Fix: `loss = None` first."""
+    import inspect
+    import textwrap
+
+    from colossalai.shardformer.modeling import gpt2
+
+    source = textwrap.dedent(inspect.getsource(gpt2.GPT2PipelineForwards.gpt2_lmhead_model_forward))
+    anchor = "\n    lm_logits = self.lm_head(hidden_states)\n"  # (in the dedented method)
+    if anchor not in source:
+        raise RuntimeError("known fix colossalai-gpt2-pipeline-loss-unbound: the released code it patches has changed")
+    source = source.replace("@staticmethod\n", "", 1).replace(anchor, anchor + "    loss = None\n", 1)
+    namespace = {}
+    exec(compile(source, inspect.getsourcefile(gpt2), "exec"), gpt2.__dict__, namespace)
+    gpt2.GPT2PipelineForwards.gpt2_lmhead_model_forward = staticmethod(namespace["gpt2_lmhead_model_forward"])
 
 
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
@@ -223,6 +271,8 @@ FIXES = {
     # (Both wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
     "colossalai-a2a-full-logits-shift": (("colossalai-hybrid",), _colossalai_a2a_full_logits_shift),
     "colossalai-dist-ce-batch-mean": (("colossalai-hybrid",), _colossalai_dist_ce_batch_mean),
+    "colossalai-gpt2-lm-head-gather": (("colossalai-hybrid",), _colossalai_gpt2_lm_head_gather),
+    "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }

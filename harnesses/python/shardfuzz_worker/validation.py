@@ -65,6 +65,9 @@ _COLOSSALAI = [
     ("colossalai/shardformer/shard/sharder.py", "_replace_sub_module", "integer multiples of tensor parallel size"),
     # Shardformer policies' divisibility assertions (heads by tp, ...).
     ("colossalai/shardformer/policies/llama.py", "module_policy", "divisible"),
+    ("colossalai/shardformer/policies/gpt2.py", "module_policy", "divisible"),
+    # GPT-2's policy refuses all_to_all sequence parallelism.
+    ("colossalai/shardformer/policies/gpt2.py", "module_policy", "not supported for GPT2"),
     # The pipeline schedule's checks of a batch: equal micro-batches, at least as many as stages.
     ("colossalai/pipeline/schedule/one_f_one_b.py", "load_batch", None),
     # (interleaved: also micro-batches a multiple of the stages)

@@ -21,10 +21,15 @@ import re
 from colossalai.booster.plugin import HybridParallelPlugin
 """
 
-LLAMA = ("NORM_EPS", "config", "NoRotation", "build", "_LAYER", "case_name", "is_projection_weight", "to_llama",
-         "to_case", "shard_dim")
-RUN = ("Place", "local_view", "reported_name", "batches", "model_labels", "run", "as_scaled_loss", "plain_step",
-       "pipeline_step", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "_case_axis", "combine")
+FAMILIES = {
+    "colossalai_llama": ("NORM_EPS", "config", "NoRotation", "build", "_LAYER", "case_name", "is_projection_weight",
+                         "to_llama", "to_case", "case_tensors", "shardformer_loss"),
+    "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
+                        "shardformer_loss"),
+}
+RUN = ("Place", "local_view", "reported_name", "case_views", "full_vocabulary", "criterion_loss", "batches",
+       "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "model_loss_plain_step",
+       "model_loss_pipeline_step", "single_device", "assemble", "combine")
 
 
 def check(case):
@@ -45,17 +50,23 @@ def plugin_arguments(case):
     return {k: (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v) for k, v in kw.items()}
 
 
-def sources():
+def sources(case):
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "micro_batches").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer")
                + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                                           "skipped_steps_stats")
                + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled"))
+    from ..targets.colossalai_family import family
+
+    module = family(case["model"]).__name__.rsplit(".", 1)[-1]
+    kind = "GPT-2" if module == "colossalai_gpt2" else "Llama"
     return [
         rule("helpers (as the worker's)") + "\n" + helpers,
         shims_source(),
-        rule("the case's model as a transformers Llama (as the worker's)") + "\n" + worker_source("targets/colossalai_llama.py", *LLAMA),
+        rule(f"the case's model as a transformers {kind} (as the worker's)") + "\n"
+        + worker_source(f"targets/{module}.py", *FAMILIES[module])
+        + "\n\n" + worker_source("targets/colossalai_family.py", "case_axis"),
         rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
         + re.sub(r"(?m)^def run\(", "def run_hybrid(", worker_source("targets/colossalai_hybrid_run.py", *RUN)),
     ]
@@ -91,7 +102,7 @@ def generate(case, inputs, bounds, dropped):
         literal("PLUGIN", plugin),
         literal("BOUNDS", bounds),
     ]
-    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), *sources(), template("colossalai_hybrid"),
+    sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), *sources(case), template("colossalai_hybrid"),
                 template("torch_main")]
     head = header(f"{TARGET}, model", describe(case, plugin), command, dropped, case.get("name", ""))
     return assemble(head, IMPORTS, sections, embed(arrays)), command

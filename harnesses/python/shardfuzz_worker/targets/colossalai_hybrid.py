@@ -1,4 +1,5 @@
-"""colossalai-hybrid: the case's model as a `transformers` Llama (colossalai_llama.py) trained through Colossal-AI's
+"""colossalai-hybrid: the case's model as a `transformers` Llama or GPT-2 (colossalai_family.py: RMSNorm + SwiGLU
+cases a Llama, LayerNorm + GELU ones a GPT-2) trained through Colossal-AI's
 Booster with HybridParallelPlugin: tp x pp x dp from the case (ranks dp-outermost, as the plugin lays them out),
 ZeRO stage 0-2 over dp (with `zero_offload`), sequence parallelism in each mode the plugin offers
 (`split_gather` and `ring` over the tensor-parallel group; `all_to_all`, DeepSpeed-Ulysses, over a
@@ -42,7 +43,7 @@ class ColossalHybrid(ColossalTarget):
                                  offload=True, loss_scaling=True) or unsupported_loss_scale(case, dtype_name(case))
         if why:
             return why
-        from .colossalai_llama import expressible
+        from .colossalai_family import expressible
 
         why = expressible(case["model"])
         if why:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .base import IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches
 from .colossalai_common import plugin_step, unscaled
-from .colossalai_llama import build, case_name, is_projection_weight, shard_dim, to_case
+from .colossalai_family import build, case_axis, case_tensors, shardformer_loss
 from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
 from .torch_training import loss_scaler, scaled_step, skipped_steps_stats
@@ -31,14 +31,38 @@ class Place:
         self.pipelined = sm is not None
 
 
-def local_view(case, name, t):
-    return to_case(name, t.detach().to(torch.float64, copy=True)).contiguous().numpy()
+def local_view(t):
+    return t.detach().to(torch.float64, copy=True).contiguous().numpy()
 
 
-def reported_name(m, hf_name):
-    name = case_name(hf_name)
+def reported_name(m, name):
     # Under pipeline parallelism the last stage holds its own copy of a tied embedding as lm_head.
     return "embed.weight" if (name == "lm_head.weight" and m.get("tied_embeddings")) else name
+
+
+def case_views(m, named):
+    """[(reported case name, model parameter name, parameter, tensor-of-it -> the case tensor)] of the model's trained
+    parameters (a fused one yields several case tensors)."""
+    out = []
+    for hf, p in named:
+        for i, (name, _) in enumerate(case_tensors(hf, p.detach())):
+            out.append((reported_name(m, name), hf, p, lambda t, hf=hf, i=i: case_tensors(hf, t)[i][1]))
+    return out
+
+
+def full_vocabulary(logits, m):
+    """Whether the model returned logits over the whole vocabulary (with parallel_output=False it should)."""
+    return logits.shape[-1] >= m["vocab"]
+
+
+def criterion_loss(logits, target, m, weight):
+    """Our criterion on the model's logits: the summed token loss; on logits narrower than the vocabulary (a rank's
+    vocabulary shard), a zero loss on the graph, so every rank's schedule still runs its backward (the narrow logits
+    are reported as such)."""
+    if not full_vocabulary(logits, m):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.flatten(0, -2), target.reshape(-1), reduction="sum",
+                           weight=None if weight is None else weight.to(logits.dtype))
 
 
 def batches(case, inputs, place):
@@ -61,10 +85,8 @@ def model_labels(case, inputs, plugin):
     m, t = model_defaults(case), case["train"]
     b, s = m["batch"], m["seq"]
     tgt = np.asarray(inputs["targets"], dtype=np.int64).reshape(b, s)
-    shardformed = plugin.stage_manager is not None or plugin.shard_config.enable_tensor_parallelism or \
-        plugin.shard_config.enable_sequence_parallelism
     weighted = inputs.get("class_weights") is not None and len(inputs["class_weights"]) > 0
-    if not shardformed or t.get("grad_accumulation", 1) > 1 or s < 2 or weighted or not (tgt[:, -1] == IGNORE_INDEX).all():
+    if not shardformer_loss(m, plugin) or t.get("grad_accumulation", 1) > 1 or s < 2 or weighted or not (tgt[:, -1] == IGNORE_INDEX).all():
         return None
     labels = np.full((b, s), IGNORE_INDEX, dtype=np.int64)
     labels[:, 1:] = tgt[:, :-1]
@@ -76,11 +98,11 @@ def run(plugin, case, inputs, dt):
 
     m, t = model_defaults(case), case["train"]
     model = build(m, inputs, dt)
-    opt = make_optimizer(case, list(model.parameters()))
+    opt = make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
     booster = Booster(plugin=plugin)
     boosted, zopt, *_ = booster.boost(model, opt)
     place = Place(plugin)
-    named = [(reported_name(m, n), p) for n, p in boosted.unwrap().named_parameters()]
+    views = case_views(m, [(n, p) for n, p in boosted.unwrap().named_parameters() if p.requires_grad])
     ids, tgt, rows = batches(case, inputs, place)
     scale = place.dp / loss_denominator(inputs)
     labels = model_labels(case, inputs, plugin)
@@ -96,17 +118,18 @@ def run(plugin, case, inputs, dt):
         if k == 0:
             logits0 = logits
             grad = getattr(zopt, "get_param_grad", None)
-            for name, p in named:
+            for name, hf, p, view in views:
                 g = grad(p) if grad is not None else p.grad
-                grads0[name] = local_view(case, name, grad_or_fail(name, unscaled(zopt, g)))
+                grads0[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
         skipped.append(plugin_step(zopt))
-    from colossalai.tensor.d_tensor import is_distributed_tensor
+    from colossalai.tensor.d_tensor import is_customized_distributed_tensor, is_distributed_tensor
 
     return {
         "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
         "denominator": loss_denominator(inputs),
-        "logits": logits0, "grads": grads0, "params": {n: local_view(case, n, p) for n, p in named},
-        "sharded": {n: is_distributed_tensor(p) for n, p in named}, "model_loss": labels is not None,
+        "logits": logits0, "grads": grads0, "params": {n: local_view(view(p)) for n, _, p, view in views},
+        "sharded": {n: is_distributed_tensor(p) or is_customized_distributed_tensor(p) for n, _, p, _ in views},
+        "model_loss": labels is not None,
         "skipped": skipped if t.get("loss_scale") is not None else None,
     }
 
@@ -129,12 +152,11 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, weigh
         with booster.no_sync(boosted, zopt) if quiet else contextlib.nullcontext():
             out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
             logits = out.logits
-            l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
-                                weight=None if weight is None else weight.to(logits.dtype))
+            l = criterion_loss(logits, tgt[a:c], model_defaults(case), weight)
             booster.backward(as_scaled_loss(case, l) * scale, zopt)
         raw += float(l.detach().to(torch.float64))
         if keep_logits:
-            rows.append(logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64))
+            rows.append(logits.detach().flatten(0, -2).to(torch.float64))
     return raw, (torch.cat(rows).numpy() if keep_logits else None)
 
 
@@ -148,10 +170,7 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, we
     def criterion(outputs, micro_batch):
         i = seen["i"]
         seen["i"] += 1
-        logits = outputs.logits
-        target = tgt[i * size:(i + 1) * size].reshape(-1)
-        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, reduction="sum",
-                            weight=None if weight is None else weight.to(logits.dtype))
+        l = criterion_loss(outputs.logits, tgt[i * size:(i + 1) * size], model_defaults(case), weight)
         return as_scaled_loss(case, l) * (scale * micro)
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -161,7 +180,7 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, we
     raw = float(ret["loss"].detach().to(torch.float64)) / scale
     logits = None
     if keep_logits:
-        logits = ret["outputs"]["logits"].detach().reshape(-1, ret["outputs"]["logits"].shape[-1]).to(torch.float64).numpy()
+        logits = ret["outputs"]["logits"].detach().flatten(0, -2).to(torch.float64).numpy()
     return raw, logits
 
 
@@ -171,7 +190,7 @@ def model_loss_plain_step(booster, boosted, zopt, ids, labels, scale, case, keep
     out = boosted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
     booster.backward(as_scaled_loss(case, out.loss), zopt)
     raw = float(out.loss.detach().to(torch.float64)) / scale
-    logits = out.logits.detach().reshape(-1, out.logits.shape[-1]).to(torch.float64).numpy() if keep_logits else None
+    logits = out.logits.detach().flatten(0, -2).to(torch.float64).numpy() if keep_logits else None
     return raw, logits
 
 
@@ -185,7 +204,7 @@ def model_loss_pipeline_step(booster, boosted, zopt, ids, labels, scale, case, k
     raw = float(ret["loss"].detach().to(torch.float64)) / scale
     logits = None
     if keep_logits:
-        logits = ret["outputs"]["logits"].detach().reshape(-1, ret["outputs"]["logits"].shape[-1]).to(torch.float64).numpy()
+        logits = ret["outputs"]["logits"].detach().flatten(0, -2).to(torch.float64).numpy()
     return raw, logits
 
 
@@ -195,7 +214,9 @@ def single_device(case, inputs, dt=None):
     m, t = model_defaults(case), case["train"]
     dt = dt or torch_dtype(t["dtype"])
     model = build(m, inputs, dt)
-    opt = make_optimizer(case, list(model.parameters()))
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = make_optimizer(case, [p for _, p in trained])
+    views = case_views(m, trained)
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
@@ -205,24 +226,24 @@ def single_device(case, inputs, dt=None):
     for k in range(t["steps"]):
         opt.zero_grad()
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="sum",
+        l = F.cross_entropy(logits.flatten(0, -2), tgt.reshape(-1), reduction="sum",
                             weight=class_weight(inputs, logits.dtype))
         ((scaler.scale(l.float()) if scaler is not None else l) / denominator).backward()
         if scaler is not None:
             scaler.unscale_(opt)
         out[f"loss/step{k}"] = np.array(float(l.detach().to(torch.float64)) / denominator)
         if k == 0:
-            out["logits"] = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float64).numpy()
-            for n, p in model.named_parameters():
-                out[f"grad/{reported_name(m, n)}"] = local_view(case, case_name(n), p.grad)
+            out["logits"] = logits.detach().flatten(0, -2).to(torch.float64).numpy()
+            for name, _, p, view in views:
+                out[f"grad/{name}"] = local_view(view(p.grad))
         if t.get("clip_grad_norm") is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip_grad_norm"], foreach=False)
+            torch.nn.utils.clip_grad_norm_([p for _, p in trained], t["clip_grad_norm"], foreach=False)
         if scaler is not None:
             scaled_step(scaler, opt)
         else:
             opt.step()
-    for n, p in model.named_parameters():
-        out[f"param/{reported_name(m, n)}"] = local_view(case, case_name(n), p)
+    for name, _, p, view in views:
+        out[f"param/{name}"] = local_view(view(p))
     return out
 
 
@@ -237,16 +258,12 @@ def assemble(case, name, pieces):
     vocab_rows = m["vocab"] if name in ("embed.weight", "lm_head.weight") else None  # (padded by Colossal-AI)
     for key in sorted(groups):
         members = sorted(groups[key])
-        d = shard_dim(name)
-        if members[0][3] and d is not None:
-            copies.append((members[0][1], np.concatenate([x[2] for x in members], axis=_case_axis(name, d))[:vocab_rows]))
+        axis = case_axis(name)
+        if members[0][3] and axis is not None:
+            copies.append((members[0][1], np.concatenate([x[2] for x in members], axis=axis)[:vocab_rows]))
         else:
             copies.extend((r, local[:vocab_rows]) for _, r, local, _ in members)
     return copies
-
-
-def _case_axis(name, llama_dim):
-    return 1 - llama_dim if is_projection_weight(name) else llama_dim
 
 
 def combine(case, outs, features):
@@ -261,6 +278,11 @@ def combine(case, outs, features):
             if len(copies) > 1:
                 replicas[f"{prefix}/{name}"] = copies
     # One rank per dp rank on the last stage (tensor- and sequence-parallel rank 0).
+    narrow = next(((r, o["logits"].shape[-1]) for r, o in enumerate(outs) if o["logits"] is not None
+                   and o["logits"].shape[-1] < m["vocab"]), None)
+    if narrow is not None:
+        return {"status": "divergent", "reason": f"logits: rank {narrow[0]} got {narrow[1]} columns for a vocabulary of"
+                f" {m['vocab']} (HybridParallelPlugin with parallel_output=False: whole-vocabulary logits)"}
     last = [o for o in outs if o["place"][3] and o["place"][2] == 0 and o["place"][4] == 0]
     steps = len(last[0]["losses"])
     total = m["batch"] * m["seq"]

@@ -97,13 +97,15 @@ def to_case(case, t):
     return t.t() if is_projection_weight(case) else t
 
 
-def shard_dim(case):
-    """The dimension (Llama layout) along which tensor parallelism shards a parameter, or None."""
-    if case in ("embed.weight", "lm_head.weight"):
-        return 0
-    parts = case.split(".")
-    if len(parts) == 5 and parts[2] in ("attn", "mlp"):
-        if parts[3] in ("q", "k", "v", "gate", "up"):
-            return 0  # column-parallel: output features (weight rows and bias)
-        return 1 if parts[4] == "weight" else None  # row-parallel: input features; its bias is replicated
-    return None
+def case_tensors(name, t):
+    """Llama's parameter (or its gradient, or a tensor-parallel rank's shard of either) -> [(case name, tensor in the
+    case's layout)]."""
+    case = case_name(name)
+    return [(case, to_case(case, t))]
+
+
+def shardformer_loss(m, plugin):
+    """Whether the model's loss is shardformer's (`dist_cross_entropy`): Llama's policy replaces the forward under
+    tensor, sequence or pipeline parallelism, else transformers' own forward computes it."""
+    config = plugin.shard_config
+    return plugin.stage_manager is not None or config.enable_tensor_parallelism or config.enable_sequence_parallelism
