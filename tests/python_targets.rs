@@ -466,7 +466,9 @@ fn colossalai_hybrid_on_gpt2_passes_once_four_colossalai_bugs_are_fixed() {
     let v = run("gpt2-pp2-1f1b-f32-label-padding.json", "");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
     let all = "colossalai-gpt2-lm-head-gather,colossalai-gpt2-pipeline-loss-unbound,colossalai-row-bias-sp,colossalai-dist-ce-batch-mean";
-    for case in ["gpt2-tp2-f32.json", "gpt2-tp2-pp2-1f1b-f32.json", "gpt2-tp2-sp-split-gather-f32.json", "gpt2-pp2-1f1b-f32-label-padding.json"] {
+    for case in
+        ["gpt2-tp2-f32.json", "gpt2-tp2-pp2-1f1b-f32.json", "gpt2-tp2-sp-split-gather-f32.json", "gpt2-pp2-1f1b-f32-label-padding.json"]
+    {
         let v = run(case, all);
         assert_eq!(v["kind"], "pass", "{case} with the fixes: {v}");
     }
