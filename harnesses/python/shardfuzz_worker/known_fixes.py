@@ -259,6 +259,19 @@ def _colossalai_gpt2_pipeline_loss_unbound():
     gpt2.GPT2PipelineForwards.gpt2_lmhead_model_forward = staticmethod(namespace["gpt2_lmhead_model_forward"])
 
 
+def _colossalai_clip_norm_customized_tensors():
+    """Colossal-AI 0.5.0: HybridParallelPlugin's gradient norm (for clipping; all three of its optimizers) divides
+    the squared norm of every parameter that is not `is_distributed_tensor` by tp_size before summing over the
+    tensor-parallel group, taking it for a replica; GPT-2's fused column-parallel weights (c_attn, c_fc) are
+    sharded as *customized* distributed tensors, so their shards count as a mean instead of a sum and the norm is
+    too small (docs/findings/colossalai-0.5.0-clip-grad-norm-gpt2-fused-shards-undercounted.py). Fix: count a
+    customized distributed tensor as sharded too."""
+    from colossalai.booster.plugin import hybrid_parallel_plugin
+    from colossalai.tensor.d_tensor import is_customized_distributed_tensor, is_distributed_tensor
+
+    hybrid_parallel_plugin.is_distributed_tensor = lambda t: is_distributed_tensor(t) or is_customized_distributed_tensor(t)
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -273,6 +286,7 @@ FIXES = {
     "colossalai-dist-ce-batch-mean": (("colossalai-hybrid",), _colossalai_dist_ce_batch_mean),
     "colossalai-gpt2-lm-head-gather": (("colossalai-hybrid",), _colossalai_gpt2_lm_head_gather),
     "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
+    "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }
