@@ -28,7 +28,7 @@ FAMILIES = {
                         "shardformer_loss"),
 }
 RUN = ("Place", "local_view", "reported_name", "case_views", "full_vocabulary", "criterion_loss", "batches",
-       "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "model_loss_plain_step",
+       "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "pipeline_result", "model_loss_plain_step",
        "model_loss_pipeline_step", "single_device", "assemble", "combine")
 
 

@@ -175,12 +175,15 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, we
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     ret = booster.execute_pipeline(iter([batch]), boosted, criterion, zopt, return_loss=True, return_outputs=keep_logits)
+    return pipeline_result(ret, scale, keep_logits)
+
+
+def pipeline_result(ret, scale, keep_logits):
+    """execute_pipeline's loss in the criterion path's units and the logits (on the last stage; else None)."""
     if ret.get("loss") is None:
         return None, None
     raw = float(ret["loss"].detach().to(torch.float64)) / scale
-    logits = None
-    if keep_logits:
-        logits = ret["outputs"]["logits"].detach().flatten(0, -2).to(torch.float64).numpy()
+    logits = ret["outputs"]["logits"].detach().flatten(0, -2).to(torch.float64).numpy() if keep_logits else None
     return raw, logits
 
 
@@ -199,13 +202,7 @@ def model_loss_pipeline_step(booster, boosted, zopt, ids, labels, scale, case, k
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     ret = booster.execute_pipeline(iter([batch]), boosted, lambda outputs, _: as_scaled_loss(case, outputs.loss), zopt,
                                    return_loss=True, return_outputs=keep_logits)
-    if ret.get("loss") is None:
-        return None, None
-    raw = float(ret["loss"].detach().to(torch.float64)) / scale
-    logits = None
-    if keep_logits:
-        logits = ret["outputs"]["logits"].detach().flatten(0, -2).to(torch.float64).numpy()
-    return raw, logits
+    return pipeline_result(ret, scale, keep_logits)
 
 
 def single_device(case, inputs, dt=None):
