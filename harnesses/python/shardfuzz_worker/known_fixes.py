@@ -203,12 +203,11 @@ def _colossalai_a2a_full_logits_shift():
     (docs/findings/colossalai-0.5.0-all-to-all-full-logits-labels-not-shifted.py). Fix: with whole-sequence
     logits every rank shifts both, as without sequence parallelism."""
     import torch
-    from colossalai.shardformer.layer.utils import is_share_sp_tp
 
     def fixed(original):
         def dist_cross_entropy(labels, logits, shard_config, vocab_size, dtype, seq_dim=1):
             sp, mode = shard_config.sequence_parallel_size or 1, shard_config.sequence_parallelism_mode
-            if sp > 1 and mode == "all_to_all" and not is_share_sp_tp(mode) and logits.size(seq_dim) == labels.shape[-1]:
+            if sp > 1 and mode == "all_to_all" and logits.size(seq_dim) == labels.shape[-1]:
                 shifted, kept = labels[..., 1:].contiguous(), logits[..., :-1, :].contiguous()
                 loss = torch.nn.functional.cross_entropy(kept.view(-1, kept.size(-1)), shifted.view(-1), reduction="sum")
                 return (loss / (shifted != -100).sum()).squeeze()

@@ -66,7 +66,7 @@ def sources(case):
         shims_source(),
         rule(f"the case's model as a transformers {kind} (as the worker's)") + "\n"
         + worker_source(f"targets/{module}.py", *FAMILIES[module])
-        + "\n\n" + worker_source("targets/colossalai_family.py", "case_axis"),
+        + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"),
         rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
         + re.sub(r"(?m)^def run\(", "def run_hybrid(", worker_source("targets/colossalai_hybrid_run.py", *RUN)),
     ]

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from .base import IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches
 from .colossalai_common import plugin_step, unscaled
-from .colossalai_family import build, case_axis, case_tensors, shardformer_loss
+from .colossalai_family import build, case_tensors, shardformer_loss
+from .megatron_model import shard_dim
 from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
 from .torch_training import loss_scaler, scaled_step, skipped_steps_stats
@@ -79,9 +80,10 @@ def model_labels(case, inputs, plugin):
 
     A causal LM's labels are its inputs: the model shifts them, so position t's loss takes labels[t + 1] and the
     last position has none. The case's loss is that loss when every sequence's last target is ignored and no
-    class weights apply. It is taken where shardformer replaces Llama's forward (tensor, sequence or pipeline
-    parallelism), whose loss is its `dist_cross_entropy`; elsewhere the model's forward is transformers' own,
-    and under gradient accumulation the division among steps would be our loop's, not the framework's."""
+    class weights apply. It is taken where shardformer replaces the model's forward (`shardformer_loss`: for Llama
+    under tensor, sequence or pipeline parallelism, for GPT-2 under pipeline parallelism), whose loss is its
+    `dist_cross_entropy`; elsewhere the model's forward is transformers' own, and under gradient accumulation the
+    division among steps would be our loop's, not the framework's."""
     m, t = model_defaults(case), case["train"]
     b, s = m["batch"], m["seq"]
     tgt = np.asarray(inputs["targets"], dtype=np.int64).reshape(b, s)
@@ -206,7 +208,7 @@ def model_loss_pipeline_step(booster, boosted, zopt, ids, labels, scale, case, k
 
 
 def single_device(case, inputs, dt=None):
-    """The same Llama, plain transformers on one device in `dt` (default: the case dtype, the oracle's noise
+    """The same model, plain transformers on one device in `dt` (default: the case dtype, the oracle's noise
     baseline; a repro's reference runs it in float64)."""
     m, t = model_defaults(case), case["train"]
     dt = dt or torch_dtype(t["dtype"])
@@ -255,7 +257,7 @@ def assemble(case, name, pieces):
     vocab_rows = m["vocab"] if name in ("embed.weight", "lm_head.weight") else None  # (padded by Colossal-AI)
     for key in sorted(groups):
         members = sorted(groups[key])
-        axis = case_axis(name)
+        axis = shard_dim(name)
         if members[0][3] and axis is not None:
             copies.append((members[0][1], np.concatenate([x[2] for x in members], axis=axis)[:vocab_rows]))
         else:
@@ -274,12 +276,12 @@ def combine(case, outs, features):
             tensors[f"{prefix}/{name}"] = copies[0][1]
             if len(copies) > 1:
                 replicas[f"{prefix}/{name}"] = copies
-    # One rank per dp rank on the last stage (tensor- and sequence-parallel rank 0).
     narrow = next(((r, o["logits"].shape[-1]) for r, o in enumerate(outs) if o["logits"] is not None
-                   and o["logits"].shape[-1] < m["vocab"]), None)
+                   and not full_vocabulary(o["logits"], m)), None)
     if narrow is not None:
         return {"status": "divergent", "reason": f"logits: rank {narrow[0]} got {narrow[1]} columns for a vocabulary of"
                 f" {m['vocab']} (HybridParallelPlugin with parallel_output=False: whole-vocabulary logits)"}
+    # One rank per dp rank on the last stage (tensor- and sequence-parallel rank 0).
     last = [o for o in outs if o["place"][3] and o["place"][2] == 0 and o["place"][4] == 0]
     steps = len(last[0]["losses"])
     total = m["batch"] * m["seq"]
