@@ -6,7 +6,7 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
     Activation, Case, Data, Distribution, IgnorePattern, Ignored, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer,
-    OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train,
+    OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train, VocabLoss,
 };
 use shardfuzz_kernels::DType;
 
@@ -45,6 +45,8 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         zero_stage: if dp > 1 && (ep == 1 || u.ratio(1, 10)?) { u.int_in_range(0..=3)? } else { 0 },
         // (Offloading comes from the `zero-offload` mutator, for the reason given above.)
         zero_offload: false,
+        // (The loss's realisation comes from the `vocab-loss` mutator, for the reason given above.)
+        vocab_loss: VocabLoss::TargetDefault,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         // (Interleaving comes from the `schedule` mutator, for the reason given above.)

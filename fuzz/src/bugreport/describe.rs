@@ -21,6 +21,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
                 let how = divides("seq", m.seq, "TP", p.tp).unwrap_or_default();
                 out.push(format!("sequence parallel, {} ({how})", p.sequence_parallel_mode.name()));
             }
+            if !p.vocab_loss.is_default() && p.tp > 1 {
+                out.push(format!("the loss on {} logits", p.vocab_loss.name().replace("sharded", "vocabulary-sharded")));
+            }
             out.extend(divides("batch", m.batch, "DP", p.dp));
             out.extend(divides("seq", m.seq, "CP", p.cp));
             if p.pp > 1 {

@@ -71,6 +71,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if p.zero_offload {
         out.push(with(case, |c| c.parallel.zero_offload = false));
     }
+    if !p.vocab_loss.is_default() {
+        out.push(with(case, |c| c.parallel.vocab_loss = Default::default()));
+    }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
     }

@@ -33,6 +33,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("sequence-parallel", parallel::toggle_sequence_parallel),
     ("sequence-parallel-mode", parallel::sequence_parallel_mode),
     ("zero-offload", parallel::zero_offload),
+    ("vocab-loss", parallel::vocab_loss),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
     ("world-size-one", parallel::world_size_one),
@@ -95,7 +96,8 @@ pub fn mutate_library_case(case: &Case, vocab: &Vocabulary, rng: &mut ChaCha8Rng
 /// Mutations towards a configuration only some targets offer, with the case feature they need
 /// (`TargetInfo::offers`): a campaign uses them only when one of its targets offers the feature,
 /// instead of spending executions on cases every target refuses.
-pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[("sequence-parallel-mode", "sequence_parallel_mode"), ("zero-offload", "zero_offload")];
+pub const OPTIONAL_MUTATIONS: &[(&str, &str)] =
+    &[("sequence-parallel-mode", "sequence_parallel_mode"), ("zero-offload", "zero_offload"), ("vocab-loss", "vocab_loss")];
 
 /// The mutations a campaign whose targets offer `offered` uses.
 pub fn enabled_mutations(offered: &[&str]) -> Vec<(&'static str, MutationFn)> {
@@ -303,7 +305,7 @@ mod tests {
         assert!(!plain.contains(&"zero-offload") && !plain.contains(&"sequence-parallel-mode"));
         let offload = names(enabled_mutations(&["zero_offload"]));
         assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
-        assert_eq!(names(enabled_mutations(&["zero_offload", "sequence_parallel_mode"])).len(), MUTATIONS.len());
+        assert_eq!(names(enabled_mutations(&["zero_offload", "sequence_parallel_mode", "vocab_loss"])).len(), MUTATIONS.len());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode};
+use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss};
 
 fn divisors(n: u32) -> Vec<u32> {
     (1..=n.max(1)).filter(|d| n % d == 0).collect()
@@ -103,6 +103,16 @@ pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     }
     if c.parallel.dp == 1 {
         c.parallel.dp = 2;
+    }
+    true
+}
+
+/// The other realisation of the loss on a tensor-parallel LM head (tensor parallelism switched on with it).
+pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let others: Vec<_> = VocabLoss::ALL.into_iter().filter(|v| *v != c.parallel.vocab_loss).collect();
+    c.parallel.vocab_loss = *others.choose(rng).expect("three choices");
+    if c.parallel.tp == 1 {
+        c.parallel.tp = 2;
     }
     true
 }

@@ -218,6 +218,27 @@ def _colossalai_a2a_full_logits_shift():
     _wrap_dist_cross_entropy(fixed)
 
 
+def _colossalai_empty_vocab_shard():
+    """Colossal-AI 0.5.0: VocabParallelLMHead1D pads the vocabulary to a multiple of 64 x tp and, with
+    parallel_output=True (the plugin's default), returns each rank's valid columns only, so a tensor-parallel rank
+    whose shard lies wholly in the padding returns logits of width 0 (vocabulary 16 under tp=2: 128 columns, rank 1's
+    64 all padding; any vocabulary below 64 x tp x (tp - 1) can be one). The model's loss (`dist_cross_entropy`,
+    loss.py:223) then fails on that rank: "cannot reshape tensor of 0 elements into shape [-1, 0]"
+    (docs/findings/colossalai-0.5.0-empty-vocab-shard-loss-crash.py). Fix: such a rank takes one column of -inf
+    (no target falls in its range, its exp is 0 in the softmax's sum, its gradient 0)."""
+    import torch
+
+    def fixed(original):
+        def dist_cross_entropy(labels, logits, shard_config, vocab_size, dtype, seq_dim=1):
+            if shard_config.enable_tensor_parallelism and shard_config.parallel_output and logits.size(-1) == 0:
+                logits = torch.cat([logits, torch.full((*logits.shape[:-1], 1), float("-inf"), dtype=logits.dtype)], -1)
+            return original(labels, logits, shard_config, vocab_size, dtype, seq_dim)
+
+        return dist_cross_entropy
+
+    _wrap_dist_cross_entropy(fixed)
+
+
 def _colossalai_gpt2_lm_head_gather():
     """Colossal-AI 0.5.0: GPT2LMHeadModelPolicy builds the LM head with "gather_output": False whatever
     parallel_output says, so with parallel_output=False each tensor-parallel rank returns its vocabulary shard as the
@@ -280,8 +301,9 @@ FIXES = {
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
     "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
-    # (Both wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
+    # (These three wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
     "colossalai-a2a-full-logits-shift": (("colossalai-hybrid",), _colossalai_a2a_full_logits_shift),
+    "colossalai-empty-vocab-shard": (("colossalai-hybrid",), _colossalai_empty_vocab_shard),
     "colossalai-dist-ce-batch-mean": (("colossalai-hybrid",), _colossalai_dist_ce_batch_mean),
     "colossalai-gpt2-lm-head-gather": (("colossalai-hybrid",), _colossalai_gpt2_lm_head_gather),
     "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),

@@ -34,6 +34,10 @@ pub struct Parallel {
     /// it (Colossal-AI's `cpu_offload`); targets without offloading refuse it. Read only with a ZeRO stage.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub zero_offload: bool,
+    /// How the loss meets a tensor-parallel LM head, where a framework offers both (`VocabLoss`); the
+    /// same model and loss either way. Absent: the target's own default.
+    #[serde(default, skip_serializing_if = "VocabLoss::is_default")]
+    pub vocab_loss: VocabLoss,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -69,6 +73,7 @@ impl Default for Parallel {
             sequence_parallel_mode: SequenceParallelMode::SplitGather,
             zero_stage: 0,
             zero_offload: false,
+            vocab_loss: VocabLoss::TargetDefault,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,
@@ -117,6 +122,36 @@ impl SequenceParallelMode {
             Self::SplitGather => "split_gather",
             Self::Ring => "ring",
             Self::AllToAll => "all_to_all",
+        }
+    }
+}
+
+/// How the loss meets a tensor-parallel LM head: `sharded`, each rank's vocabulary shard of the logits
+/// goes into a vocabulary-parallel cross-entropy (Colossal-AI's `parallel_output=True`, the plugin's
+/// default; torch's `loss_parallel`); `gathered`, the logits are all-gathered over the vocabulary first
+/// (`parallel_output=False`; a replicated LM-head output). `target_default` (the field absent): each
+/// target's own choice (torch-tp sharded, colossalai-hybrid gathered). Targets with one realisation run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VocabLoss {
+    #[default]
+    TargetDefault,
+    Gathered,
+    Sharded,
+}
+
+impl VocabLoss {
+    pub const ALL: [VocabLoss; 3] = [Self::TargetDefault, Self::Gathered, Self::Sharded];
+
+    pub fn is_default(&self) -> bool {
+        *self == Self::TargetDefault
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::TargetDefault => "target_default",
+            Self::Gathered => "gathered",
+            Self::Sharded => "sharded",
         }
     }
 }

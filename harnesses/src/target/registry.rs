@@ -53,7 +53,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-tp",
         description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["vocab_loss"],
         create: |o| python("torch-tp", MAIN, o),
     },
     TargetInfo {
@@ -116,7 +116,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-hybrid",
         description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama or GPT-2: tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
-        offers: &["sequence_parallel_mode", "zero_offload"],
+        offers: &["sequence_parallel_mode", "zero_offload", "vocab_loss"],
         create: |o| python("colossalai-hybrid", "colossalai", o),
     },
 ];

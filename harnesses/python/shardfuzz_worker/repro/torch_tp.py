@@ -1,7 +1,7 @@
 """Repro of a torch-tp model case: the case's model with parallelize_module (the torchtitan plan), its training
-steps under loss_parallel, on a 1-D tensor-parallel mesh under torchrun."""
+steps under loss_parallel (or, with the case's `vocab_loss` gathered, on a replicated LM-head output), on a 1-D tensor-parallel mesh under torchrun."""
 
-from ..targets.base import dtype_name, parallel
+from ..targets.base import dtype_name, parallel, vocab_sharded_loss
 from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line, model_source
 from .torch_model import producible  # noqa: F401 - the generator's interface
@@ -23,7 +23,8 @@ def plan_source(case):
     seq = "Shard(1)" if sp else "Replicate()"
     lines = [
         f'"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts={seq}),',
-        f'"lm_head": ColwiseParallel(input_layouts={seq}, output_layouts=Shard(-1), use_local_output=False),',
+        f'"lm_head": ColwiseParallel(input_layouts={seq}, output_layouts=Shard(-1), use_local_output=False),'
+        if vocab_sharded_loss(case, True) else f'"lm_head": ColwiseParallel(input_layouts={seq}, output_layouts=Replicate()),',
     ]
     if sp:
         lines.append('"final_norm": SequenceParallel(),')
@@ -58,7 +59,8 @@ def describe(case):
     p = parallel(case)
     return [
         f"torch tensor parallelism (parallelize_module) over tp={p['tp']} ranks"
-        f"{', sequence parallel' if p['sequence_parallel'] else ''}, dtype {dtype_name(case)}.",
+        f"{', sequence parallel' if p['sequence_parallel'] else ''}"
+        f"{'' if vocab_sharded_loss(case, True) else ', the LM head gathered before the loss'}, dtype {dtype_name(case)}.",
         *model_about(case),
     ]
 
@@ -71,6 +73,7 @@ def generate(case, inputs, bounds, dropped):
         rule("the case"),
         literal("CASE", case),
         f"TP = WORLD = {p['tp']}\nSEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}",
+        f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards",
         f"DTYPE = {TORCH_DTYPES[dtype_name(case)]}\nGRAD_ACCUMULATION = {case['train'].get('grad_accumulation', 1)}",
         model_line(case),
         literal("BOUNDS", bounds),

@@ -145,7 +145,15 @@ def parallel(case):
         "microbatches": p.get("microbatches", 1),
         "pipeline_schedule": p.get("pipeline_schedule", "gpipe"),
         "virtual_stages": p.get("virtual_stages", 1),
+        "vocab_loss": p.get("vocab_loss", "target_default"),
     }
+
+
+def vocab_sharded_loss(case, default):
+    """Whether the loss takes each tensor-parallel rank's vocabulary shard of the logits (the case's
+    `vocab_loss`; `default` where the case leaves it to the target)."""
+    v = parallel(case)["vocab_loss"]
+    return default if v == "target_default" else v == "sharded"
 
 
 def unsupported_sp_mode(case, name, modes=("split_gather",)):

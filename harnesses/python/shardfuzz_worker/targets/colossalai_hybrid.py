@@ -12,8 +12,13 @@ its labels; no class weights; shardformer's forward in place: tp, sp or pp), the
 loss is used as returned, as Colossal-AI's examples do (`colossalai_hybrid_run.model_labels`): this is how
 shardformer's `dist_cross_entropy` and the plugin's own normalisation are fuzzed. Otherwise our criterion takes the
 logits: the summed loss scaled by dp / count on each data-parallel rank (the plugin averages gradients over dp)
-and each micro-batch by the micro-batch count (the pipeline schedule divides by it). Logits are the full
-vocabulary (`parallel_output=False`).
+and each micro-batch by the micro-batch count (the pipeline schedule divides by it).
+
+The case's `vocab_loss` sets `parallel_output`: `gathered` (and by default) False, the LM head gathers the whole
+vocabulary; `sharded` True (the plugin's own default), each tensor-parallel rank keeps its vocabulary shard, which
+the model's loss takes into shardformer's vocabulary-parallel cross-entropy, and under all_to_all each
+sequence-parallel rank keeps its part of the sequence. There our criterion and the reported logits gather the
+shards themselves (`colossalai_hybrid_run.gather`).
 
 Reported: losses, step-0 logits, step-0 gradients (after the plugin's own synchronisation: data-parallel
 all-reduce or ZeRO partitions, sequence-parallel partial gradients) and final parameters, each rank's local
@@ -21,7 +26,7 @@ shard with its tp / pp / dp coordinates; `combine` concatenates tensor-parallel 
 data-parallel copy as a replica.
 """
 
-from .base import dtype_name, loss_denominator, parallel, reduce_dtype_name
+from .base import dtype_name, loss_denominator, parallel, reduce_dtype_name, vocab_sharded_loss
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -77,7 +82,7 @@ class ColossalHybrid(ColossalTarget):
             tp_size=1 if ulysses else p["tp"], pp_size=p["pp"], sp_size=p["tp"] if ulysses else None,
             precision=PRECISION[dt], zero_stage=p["zero_stage"], cpu_offload=p["zero_offload"],
             enable_sequence_parallelism=sp, sequence_parallelism_mode=p["sequence_parallel_mode"] if sp else None,
-            parallel_output=False, **loss_scaling(case), max_norm=float(clip) if clip is not None else 0.0,
+            parallel_output=vocab_sharded_loss(case, False), **loss_scaling(case), max_norm=float(clip) if clip is not None else 0.0,
             overlap_communication=False, overlap_p2p=False, enable_metadata_cache=False,
             communication_dtype=torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None,
         )
@@ -116,6 +121,7 @@ class ColossalHybrid(ColossalTarget):
             feature += f":{p['pipeline_schedule']}{p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else ''}"
         # The model's own loss (labels), shardformer's dist_cross_entropy, or our criterion on its logits.
         loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
+        loss += ":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered"
         return combine(case, outs, [feature, loss])
 
 

@@ -51,6 +51,46 @@ def case_views(m, named):
     return out
 
 
+class _Gather(torch.autograd.Function):
+    """All-gather of the ranks' pieces along `dim` (any sizes, empty ones too), concatenated in rank order; the
+    backward takes this rank's slice times `grad_scale`, as Colossal-AI's gather_forward_split_backward does:
+    every rank computes the same loss from the gathered tensor, so no gradient is summed over ranks."""
+
+    @staticmethod
+    def forward(ctx, t, dim, group, grad_scale):
+        n = dist.get_world_size(group)
+        sizes = [torch.zeros((), dtype=torch.int64) for _ in range(n)]
+        dist.all_gather(sizes, torch.tensor(t.shape[dim], dtype=torch.int64), group=group)
+        sizes = [int(x) for x in sizes]
+        widest = max(sizes)
+        pad = [0, 0] * (t.dim() - 1 - dim) + [0, widest - t.shape[dim]]
+        padded = F.pad(t, pad).contiguous()
+        pieces = [torch.empty_like(padded) for _ in range(n)]
+        dist.all_gather(pieces, padded, group=group)
+        rank = dist.get_rank(group)
+        ctx.dim, ctx.start, ctx.size, ctx.scale = dim, sum(sizes[:rank]), sizes[rank], grad_scale
+        return torch.cat([p.narrow(dim, 0, k) for p, k in zip(pieces, sizes)], dim=dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.narrow(ctx.dim, ctx.start, ctx.size) * ctx.scale, None, None, None
+
+
+def gather(logits, plugin):
+    """The logits over the whole sequence and vocabulary. With parallel_output=True each tensor-parallel rank holds
+    the valid columns of its vocabulary shard (their concatenation in rank order is the vocabulary) and, under
+    all_to_all, each sequence-parallel rank its part of the sequence. The sequence's gradient is scaled by the
+    sequence-parallel size, to offset the plugin's averaging over dp x sp (as Colossal-AI's gather_sp_output does)."""
+    sc = plugin.shard_config
+    if not sc.parallel_output:
+        return logits
+    if plugin.sp_size > 1 and sc.sequence_parallelism_mode == "all_to_all":
+        logits = _Gather.apply(logits, logits.dim() - 2, plugin.sp_group, plugin.sp_size)
+    if sc.enable_tensor_parallelism and dist.get_world_size(plugin.tp_group) > 1:
+        logits = _Gather.apply(logits, logits.dim() - 1, plugin.tp_group, 1)
+    return logits
+
+
 def full_vocabulary(logits, m):
     """Whether the model returned logits over the whole vocabulary (with parallel_output=False it should)."""
     return logits.shape[-1] >= m["vocab"]
@@ -153,7 +193,7 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, weigh
         quiet = i < len(chunks) - 1 and case["parallel"].get("zero_stage", 0) != 2
         with booster.no_sync(boosted, zopt) if quiet else contextlib.nullcontext():
             out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
-            logits = out.logits
+            logits = gather(out.logits, booster.plugin)
             l = criterion_loss(logits, tgt[a:c], model_defaults(case), weight)
             booster.backward(as_scaled_loss(case, l) * scale, zopt)
         raw += float(l.detach().to(torch.float64))
@@ -172,20 +212,26 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, we
     def criterion(outputs, micro_batch):
         i = seen["i"]
         seen["i"] += 1
-        l = criterion_loss(outputs.logits, tgt[i * size:(i + 1) * size], model_defaults(case), weight)
+        l = criterion_loss(gather(outputs.logits, booster.plugin), tgt[i * size:(i + 1) * size], model_defaults(case), weight)
         return as_scaled_loss(case, l) * (scale * micro)
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     ret = booster.execute_pipeline(iter([batch]), boosted, criterion, zopt, return_loss=True, return_outputs=keep_logits)
-    return pipeline_result(ret, scale, keep_logits)
+    return pipeline_result(ret, scale, keep_logits, booster.plugin)
 
 
-def pipeline_result(ret, scale, keep_logits):
+def reported_logits(logits, plugin):
+    """The step's logits as reported: rows of the whole vocabulary."""
+    with torch.no_grad():
+        return gather(logits.detach(), plugin).flatten(0, -2).to(torch.float64).numpy()
+
+
+def pipeline_result(ret, scale, keep_logits, plugin):
     """execute_pipeline's loss in the criterion path's units and the logits (on the last stage; else None)."""
     if ret.get("loss") is None:
         return None, None
     raw = float(ret["loss"].detach().to(torch.float64)) / scale
-    logits = ret["outputs"]["logits"].detach().flatten(0, -2).to(torch.float64).numpy() if keep_logits else None
+    logits = reported_logits(ret["outputs"]["logits"], plugin) if keep_logits else None
     return raw, logits
 
 
@@ -195,7 +241,7 @@ def model_loss_plain_step(booster, boosted, zopt, ids, labels, scale, case, keep
     out = boosted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
     booster.backward(as_scaled_loss(case, out.loss), zopt)
     raw = float(out.loss.detach().to(torch.float64)) / scale
-    logits = out.logits.detach().flatten(0, -2).to(torch.float64).numpy() if keep_logits else None
+    logits = reported_logits(out.logits, booster.plugin) if keep_logits else None
     return raw, logits
 
 
@@ -204,7 +250,7 @@ def model_loss_pipeline_step(booster, boosted, zopt, ids, labels, scale, case, k
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     ret = booster.execute_pipeline(iter([batch]), boosted, lambda outputs, _: as_scaled_loss(case, outputs.loss), zopt,
                                    return_loss=True, return_outputs=keep_logits)
-    return pipeline_result(ret, scale, keep_logits)
+    return pipeline_result(ret, scale, keep_logits, booster.plugin)
 
 
 def single_device(case, inputs, dt=None):

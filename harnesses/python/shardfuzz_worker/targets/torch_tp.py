@@ -1,5 +1,6 @@
 """torch-tp: the case's model with `parallelize_module` — ColwiseParallel / RowwiseParallel projections,
-a vocab-parallel embedding and LM head with `loss_parallel`, and under sequence parallelism
+a vocab-parallel embedding and LM head with `loss_parallel` (or, where the case's `vocab_loss` is `gathered`,
+the LM head's output replicated and a plain loss), and under sequence parallelism
 `SequenceParallel` norms with the residual stream sharded along the sequence (the torchtitan plan).
 
 Replicated parameters (norms) are reported per rank, from each rank's local gradient and value, so
@@ -7,7 +8,7 @@ that a gradient that was never reduced across the tensor-parallel ranks shows up
 replicas rather than being summed away by a gather.
 """
 
-from .base import dtype_name, parallel
+from .base import dtype_name, parallel, vocab_sharded_loss
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import Model, load_case_params, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -49,9 +50,11 @@ class TorchTp(TorchTarget):
         names = [n for n, _ in model.named_parameters()]
         tp = mesh((world,), ("tp",))
         seq = Shard(1) if sp else Replicate()
+        sharded_loss = vocab_sharded_loss(case, True)
         plan = {
             "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-            "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+            "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+            if sharded_loss else ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
         }
         if sp:
             plan["final_norm"] = SequenceParallel()
@@ -90,13 +93,14 @@ class TorchTp(TorchTarget):
                 local = t
             return to_case_layout(name, local.detach().to(torch.float64, copy=True)).numpy()
 
-        out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_parallel, view=view)
+        out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_parallel if sharded_loss else None, view=view)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
         p = parallel(case)
-        return combine_dp(case, outs, [f"tp:tp{p['tp']}:sp{int(p['sequence_parallel'])}"])
+        loss = "sharded" if vocab_sharded_loss(case, True) else "gathered"
+        return combine_dp(case, outs, [f"tp:tp{p['tp']}:sp{int(p['sequence_parallel'])}", f"tp:loss:{loss}"])
 
 
 TARGET = TorchTp()

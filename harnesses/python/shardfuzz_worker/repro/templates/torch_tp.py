@@ -57,7 +57,8 @@ def train(model, data, loss_ctx, view):
 
 def run_sharded(data, rank):
     """The model under tensor parallelism, as the fuzzer's torch-tp ranks run it: parallelize_module with the
-    plan above (and, without sequence parallelism, replicated norms fed local tensors), loss under loss_parallel.
+    plan above (and, without sequence parallelism, replicated norms fed local tensors), loss under loss_parallel
+    where the LM head's output stays sharded over the vocabulary.
     Replicated parameters are reported from this rank's local copy, sharded ones gathered."""
     model = Model(M).to(DTYPE)
     load_case_params(model, data, DTYPE)
@@ -83,7 +84,7 @@ def run_sharded(data, rank):
             local = t
         return to_case_layout(name, local.detach().to(torch.float64, copy=True)).numpy()
 
-    return train(model, data, loss_parallel, view)  # (outputs, skipped steps)
+    return train(model, data, loss_parallel if VOCAB_SHARDED_LOSS else contextlib.nullcontext, view)  # (outputs, skipped steps)
 
 
 def run_reference(data):
