@@ -438,6 +438,46 @@ fn colossalai_hybrids_model_loss_is_a_mean_per_microbatch_and_misaligned_under_a
     assert_eq!(both["kind"], "pass", "{both}");
 }
 
+/// The case field `vocab_loss`: colossalai-hybrid with `parallel_output=True` (sharded) gathers the vocabulary
+/// (and, under all_to_all, sequence) shards for its criterion and reported logits, and passes where Colossal-AI is
+/// right; the model's own vocabulary-parallel loss crashes on a rank whose LM-head shard is all padding, GPT-2's
+/// forward installed for parallel_output crashes without labels, and the all_to_all loss is still a mean per
+/// data-parallel rank; torch-tp runs `gathered` as a replicated LM-head output without loss_parallel.
+#[test]
+fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-vocab-loss");
+    let run = |target: &str, case: &str, fixes: &str| {
+        let file = dir.join(case).display().to_string();
+        let o = shardfuzz(&["run", "--json", "--target", target, &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        vs[0].clone()
+    };
+    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
+    let has = |v: &Value, f: &str| v["features"].as_array().is_some_and(|fs| fs.iter().any(|x| x == f));
+    let hybrid = "colossalai-hybrid";
+    let v = run(hybrid, "llama-dp2-tp2-zero1-sp-bf16-vocab-sharded.json", "");
+    assert!(v["kind"] == "pass" && has(&v, "colossalai-hybrid:loss:criterion:vocab-sharded"), "{v}");
+    let empty = "llama-tp2-f32-label-padding-vocab-sharded.json";
+    let v = run(hybrid, empty, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("cannot reshape tensor of 0 elements"), "{v}");
+    let v = run(hybrid, empty, "colossalai-empty-vocab-shard");
+    assert!(v["kind"] == "pass" && has(&v, "colossalai-hybrid:loss:model-labels:vocab-sharded"), "{v}");
+    let gpt2 = "gpt2-tp2-f32-vocab-sharded.json";
+    let v = run(hybrid, gpt2, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("local variable 'loss'"), "{v}");
+    assert_eq!(run(hybrid, gpt2, "colossalai-gpt2-pipeline-loss-unbound")["kind"], "pass");
+    let a2a = "llama-dp2-sp2-all-to-all-f32-label-padding-vocab-sharded.json";
+    let v = run(hybrid, a2a, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
+    assert_eq!(run(hybrid, a2a, "colossalai-dist-ce-batch-mean")["kind"], "pass", "labels are split, not misaligned");
+    let v = run("torch-tp", "tp2-even-f32-vocab-gathered.json", "");
+    assert!(v["kind"] == "pass" && has(&v, "tp:loss:gathered"), "{v}");
+}
+
 /// colossalai-hybrid builds LayerNorm + GELU cases as a `transformers` GPT-2 (fused q/k/v, Conv1D layouts): under
 /// tensor parallelism its logits are a rank's vocabulary shard whatever parallel_output says, its pipeline
 /// forward crashes without labels, GPT-2's row-parallel Conv1D has Linear1D_Row's bias bug under split_gather,

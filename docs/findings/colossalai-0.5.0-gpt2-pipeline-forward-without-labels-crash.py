@@ -3,6 +3,9 @@
 # plugin's documented execute_pipeline(data, model, criterion, ...) usage) or for inference:
 # GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None` (modeling/gpt2.py:414)
 # and then returns it (:424), so the stage raises UnboundLocalError. The Llama forward sets `loss = None` first.
+# The policy installs the same forward whenever parallel_output is on (policies/gpt2.py:414), so with the plugin's
+# default (parallel_output=True) any GPT-2 forward without labels under tp_size > 1 fails the same way, pipeline
+# or not (shardfuzz: tests/python-vocab-loss/gpt2-tp2-f32-vocab-sharded.json).
 # Fix (`--fixed`): `loss = None` before the branch. Found by shardfuzz (target colossalai-hybrid, on the seed
 # corpus/pp3-1f1b-more-microbatches.json once the target built GPT-2).
 # Run: timeout 120 python this.py [--fixed]  (2 CPU ranks, gloo).

@@ -263,7 +263,9 @@ def _colossalai_gpt2_pipeline_loss_unbound():
     """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
     (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
     model is called without labels (a criterion on the logits, or inference)
-    (docs/findings/colossalai-0.5.0-gpt2-pipeline-forward-without-labels-crash.py). Fix: `loss = None` first."""
+    (docs/findings/colossalai-0.5.0-gpt2-pipeline-forward-without-labels-crash.py). The policy installs the same
+    forward under tensor parallelism with parallel_output=True (the plugin's default, policies/gpt2.py:414), where it
+    fails the same way without a pipeline. Fix: `loss = None` first."""
     import inspect
     import textwrap
 
