@@ -1,6 +1,6 @@
 """Repro of a colossalai-hybrid model case: the case's model as a `transformers` Llama trained through
 Colossal-AI's Booster with HybridParallelPlugin (tp x pp x dp, ZeRO, sequence parallelism, the pipeline
-schedule: the plugin's arguments exactly as the worker gives them), with the worker's CPU start-up shims and
+schedule, parallel_output from the case's vocab_loss: the plugin's arguments exactly as the worker gives them), with the worker's CPU start-up shims and
 its training code, under torchrun; against the same Llama on one device in float64."""
 
 import re
@@ -27,9 +27,9 @@ FAMILIES = {
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
 }
-RUN = ("Place", "local_view", "reported_name", "case_views", "full_vocabulary", "criterion_loss", "batches",
-       "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "pipeline_result", "model_loss_plain_step",
-       "model_loss_pipeline_step", "single_device", "assemble", "combine")
+RUN = ("Place", "local_view", "reported_name", "case_views", "_Gather", "gather", "full_vocabulary", "criterion_loss",
+       "batches", "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
+       "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "combine")
 
 
 def check(case):
