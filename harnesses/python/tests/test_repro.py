@@ -305,10 +305,18 @@ class TorchTpReproTest(ReproChecks, unittest.TestCase):
         inputs = model_inputs(case)
         bounds = model_bounds(case, inputs)
         bounds["replicas/grad/embed.weight"] = {"max": 1e-6}  # not computed: dropped, named in the header
-        return {"tp2": (case, inputs, bounds)}
+        gathered = model_case("tp2-gathered-f32", {"tp": 2, "vocab_loss": "gathered"})
+        g_inputs = model_inputs(gathered)
+        return {"tp2": (case, inputs, bounds), "gathered": (gathered, g_inputs, model_bounds(gathered, g_inputs))}
 
     def test_a_row_parallel_model_detects_a_halved_reduction(self):
         self.check_detects_fault("tp2")
+
+    def test_a_replicated_lm_head_output_without_loss_parallel_detects_a_halved_reduction(self):
+        folder, _, _, _ = self.generated["gathered"]
+        with open(os.path.join(folder, "repro.py")) as f:
+            self.assertIn("VOCAB_SHARDED_LOSS = False", f.read())
+        self.check_detects_fault("gathered")
 
     def test_the_header_names_the_bounds_it_drops(self):
         folder, command, _, _ = self.generated["tp2"]
