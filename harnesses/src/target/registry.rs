@@ -95,7 +95,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["vocab_loss"],
         create: |o| python("megatron-tp", MAIN, o),
     },
     TargetInfo {

@@ -36,7 +36,7 @@ def renamed(source, names):
 def sources():
     """The helpers, the plain torch model (its blocks renamed Ref*: megatron's blocks take their names), the
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "dtype_name", "micro_batches")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "vocab_sharded_loss", "dtype_name", "micro_batches")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")

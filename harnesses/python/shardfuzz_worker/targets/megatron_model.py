@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel
+from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
 from .torch_common import torch_dtype
 from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
 
@@ -104,7 +104,7 @@ class Block(nn.Module):
 
 
 class MegatronModel(nn.Module):
-    def __init__(self, m, cfg, tp):
+    def __init__(self, m, cfg, tp, gather=False):
         super().__init__()
         from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 
@@ -114,7 +114,7 @@ class MegatronModel(nn.Module):
         self.layers = nn.ModuleList(Block(m, k, cfg, tp) for k in m["layers"])
         self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
         self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
-                                            gather_output=False)
+                                            gather_output=gather)
         if self.sp:
             # What megatron's LayerNorm wrappers do: norms see a sequence chunk; their grads are summed over tp.
             for name, p in self.named_parameters():
@@ -123,7 +123,7 @@ class MegatronModel(nn.Module):
         # What finalize_model_grads' helpers read from a megatron DDP chunk.
         self.ddp_config = types.SimpleNamespace(use_megatron_fsdp=False)
 
-    def forward(self, ids):  # ids [b, s] -> local logits [s, b, vocab / tp]
+    def forward(self, ids):  # ids [b, s] -> local logits [s, b, vocab / tp] (gathered: [s, b, vocab])
         x = self.embed(ids)
         if not self.sp:
             x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
@@ -183,7 +183,10 @@ def run(case, inputs, rank, tp):
     dt = torch_dtype(dtype_name(case))
     cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
                               perform_initialization=False, params_dtype=dt)
-    model = MegatronModel(m, cfg, tp).to(dt)  # (the plain norms are built in the default dtype)
+    # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
+    # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
+    gathered = not vocab_sharded_loss(case, True)
+    model = MegatronModel(m, cfg, tp, gathered).to(dt)  # (the plain norms are built in the default dtype)
     load_local(model, inputs, rank, tp, dt)
     named = list(model.named_parameters())
     params = [p for _, p in named]
@@ -210,9 +213,12 @@ def run(case, inputs, rank, tp):
                 # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
                 rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
             target = tgt[a:c].t().contiguous()
-            # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
-            per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
-            l = (per_token * (target != IGNORE_INDEX)).sum()
+            if gathered:
+                l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
+            else:
+                # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
+                per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
+                l = (per_token * (target != IGNORE_INDEX)).sum()
             (l * (1.0 / counted)).backward()
             loss_sum += l.detach().to(torch.float64)
         # Sequence-parallel norms (and row-parallel biases) hold partial gradients: megatron's own reduction.
@@ -239,7 +245,8 @@ def assemble_outputs(case, outs):
     """Per-rank slices -> per-rank results holding full tensors (sharded ones assembled, the same on every
     rank; replicated ones each rank's own copy), the shape combine_dp expects."""
     full = [dict(o) for o in outs]
-    logits = np.concatenate([o["logits"] for o in outs], axis=1)
+    # (Gathered logits are the whole vocabulary on every rank.)
+    logits = np.concatenate([o["logits"] for o in outs], axis=1) if vocab_sharded_loss(case, True) else outs[0]["logits"]
     for kind in ("grads", "params"):
         names = list(outs[0][kind])
         merged = {}

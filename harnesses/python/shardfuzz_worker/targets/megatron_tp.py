@@ -5,7 +5,8 @@
   q, k, v      ColumnParallelLinear (gather_output=False): whole heads per rank (heads / tp, kv_heads / tp)
   o            RowParallelLinear(input_is_parallel=True)
   up, gate     ColumnParallelLinear;  down  RowParallelLinear(input_is_parallel=True)
-  lm_head      ColumnParallelLinear(gather_output=False) + tensor_parallel.vocab_parallel_cross_entropy
+  lm_head      ColumnParallelLinear(gather_output=False) + tensor_parallel.vocab_parallel_cross_entropy, or, where
+               the case's `vocab_loss` is `gathered`, ColumnParallelLinear(gather_output=True) + the plain loss
   norms        plain LayerNorm / RMSNorm (eps 1e-5) as torch_model.Norm, replicated; under sequence parallelism
                they run on the rank's sequence chunk, are marked `sequence_parallel` and their gradients are
                summed over the tensor-parallel group by megatron's own finalize_model_grads helper.
@@ -97,7 +98,8 @@ class MegatronTp(TorchTarget):
 
         p = parallel(case)
         full = assemble_outputs(case, outs)
-        return combine_dp(case, full, [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}"])
+        loss = "megatron:loss:" + ("gathered" if p["vocab_loss"] == "gathered" else "vocab-parallel")
+        return combine_dp(case, full, [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}", loss])
 
 
 TARGET = MegatronTp()
