@@ -121,8 +121,8 @@ class ColossalHybrid(ColossalTarget):
             feature += f":{p['pipeline_schedule']}{p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else ''}"
         # The model's own loss (labels), shardformer's dist_cross_entropy, or our criterion on its logits.
         loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
-        loss += ":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered"
-        return combine(case, outs, [feature, loss])
+        logits = loss + (":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered")
+        return combine(case, outs, [feature, loss, logits])
 
 
 TARGET = ColossalHybrid()
