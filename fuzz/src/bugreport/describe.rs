@@ -1,6 +1,6 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
-use shardfuzz_harnesses::case::{Case, OptimizerKind};
+use shardfuzz_harnesses::case::{Case, OptimizerKind, VocabLoss};
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
     (d > 1).then(|| {
@@ -21,8 +21,10 @@ fn parallel_words(case: &Case) -> Vec<String> {
                 let how = divides("seq", m.seq, "TP", p.tp).unwrap_or_default();
                 out.push(format!("sequence parallel, {} ({how})", p.sequence_parallel_mode.name()));
             }
-            if !p.vocab_loss.is_default() && p.tp > 1 {
-                out.push(format!("the loss on {} logits", p.vocab_loss.name().replace("sharded", "vocabulary-sharded")));
+            match p.vocab_loss {
+                VocabLoss::Sharded if p.tp > 1 => out.push("the loss on vocabulary-sharded logits".into()),
+                VocabLoss::Gathered if p.tp > 1 => out.push("the loss on logits gathered over the vocabulary".into()),
+                _ => {}
             }
             out.extend(divides("batch", m.batch, "DP", p.dp));
             out.extend(divides("seq", m.seq, "CP", p.cp));

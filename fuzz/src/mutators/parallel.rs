@@ -107,7 +107,8 @@ pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// The other realisation of the loss on a tensor-parallel LM head (tensor parallelism switched on with it).
+/// Another realisation of the loss on a tensor-parallel LM head, or the target's default (tensor parallelism
+/// switched on with it).
 pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let others: Vec<_> = VocabLoss::ALL.into_iter().filter(|v| *v != c.parallel.vocab_loss).collect();
     c.parallel.vocab_loss = *others.choose(rng).expect("three choices");

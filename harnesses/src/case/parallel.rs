@@ -146,14 +146,6 @@ impl VocabLoss {
     pub fn is_default(&self) -> bool {
         *self == Self::TargetDefault
     }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::TargetDefault => "target_default",
-            Self::Gathered => "gathered",
-            Self::Sharded => "sharded",
-        }
-    }
 }
 
 /// The order a pipeline runs its micro-batches in: `gpipe` (every forward, then every backward),

@@ -121,9 +121,9 @@ def model_labels(case, inputs, plugin):
     A causal LM's labels are its inputs: the model shifts them, so position t's loss takes labels[t + 1] and the
     last position has none. The case's loss is that loss when every sequence's last target is ignored and no
     class weights apply. It is taken where shardformer replaces the model's forward (`shardformer_loss`: for Llama
-    under tensor, sequence or pipeline parallelism, for GPT-2 under pipeline parallelism), whose loss is its
-    `dist_cross_entropy`; elsewhere the model's forward is transformers' own, and under gradient accumulation the
-    division among steps would be our loop's, not the framework's."""
+    under tensor, sequence or pipeline parallelism, for GPT-2 under pipeline parallelism or with parallel_output),
+    whose loss is its `dist_cross_entropy`; elsewhere the model's forward is transformers' own, and under gradient
+    accumulation the division among steps would be our loop's, not the framework's."""
     m, t = model_defaults(case), case["train"]
     b, s = m["batch"], m["seq"]
     tgt = np.asarray(inputs["targets"], dtype=np.int64).reshape(b, s)

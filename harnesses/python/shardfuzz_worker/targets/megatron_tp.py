@@ -22,7 +22,7 @@ row-parallel biases) per rank as replicas.
 
 import os
 
-from .base import dtype_name, parallel
+from .base import dtype_name, parallel, vocab_sharded_loss
 from .torch_common import TorchTarget
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
@@ -98,7 +98,7 @@ class MegatronTp(TorchTarget):
 
         p = parallel(case)
         full = assemble_outputs(case, outs)
-        loss = "megatron:loss:" + ("gathered" if p["vocab_loss"] == "gathered" else "vocab-parallel")
+        loss = "megatron:loss:" + ("vocab-parallel" if vocab_sharded_loss(case, True) else "gathered")
         return combine_dp(case, full, [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}", loss])
 
 
