@@ -516,3 +516,57 @@ fn colossalai_hybrid_on_gpt2_passes_once_four_colossalai_bugs_are_fixed() {
         assert_eq!(v["kind"], "pass", "{case} with the fixes: {v}");
     }
 }
+
+/// The case fields `reduce_bucket` and `overlap_comm` reach every target that offers them (DDP's and the plugin's
+/// bucket sizes, DeepSpeed's `reduce_bucket_size` / `overlap_comm`, Colossal-AI ZeRO's bucket and
+/// `overlap_communication`, whose overlapped path needs the CPU accelerator's streams): each case passes, with the
+/// feature naming the bucket and overlap it ran, and each case a target refuses is refused for its layout, not for
+/// these fields.
+#[test]
+fn reduction_buckets_and_overlap_reach_every_target_that_offers_them() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-reduction");
+    let mut files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path().display().to_string()).collect();
+    files.sort();
+    let expected = |case: &Value| {
+        let p = &case["parallel"];
+        let bucket = match p["reduce_bucket"].as_u64() {
+            None => "default",
+            Some(b) if b <= 8 => "tiny",
+            Some(_) => "sized",
+        };
+        let overlap = match p["overlap_comm"].as_bool() {
+            None => "default",
+            Some(true) => "on",
+            Some(false) => "off",
+        };
+        format!(":bucket-{bucket}:overlap-{overlap}")
+    };
+    let mut passes = 0;
+    for target in ["torch-ddp", "deepspeed-zero", "colossalai-zero", "colossalai-hybrid"] {
+        let mut args = vec!["run", "--json", "--target", target];
+        args.extend(files.iter().map(String::as_str));
+        let o = shardfuzz(&args, &[]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), files.len(), "{target}: {}", String::from_utf8_lossy(&o.stderr));
+        for v in vs {
+            let case: Value = serde_json::from_str(&std::fs::read_to_string(v["case"].as_str().unwrap()).unwrap()).unwrap();
+            match v["kind"].as_str().unwrap() {
+                "pass" => {
+                    let suffix = expected(&case);
+                    let features = v["features"].as_array().unwrap();
+                    assert!(features.iter().any(|f| f.as_str().unwrap().ends_with(&suffix)), "{target} {suffix}: {v}");
+                    passes += 1;
+                }
+                "unsupported" | "rejected" => {
+                    let reason = v["reason"].as_str().unwrap();
+                    assert!(!reason.contains("bucket") && !reason.contains("overlap"), "{target}: {v}");
+                }
+                _ => panic!("{target}: {v}"),
+            }
+        }
+    }
+    assert!(passes >= 12, "{passes} passes");
+}

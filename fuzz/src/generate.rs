@@ -47,6 +47,9 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         zero_offload: false,
         // (The loss's realisation comes from the `vocab-loss` mutator, for the reason given above.)
         vocab_loss: VocabLoss::TargetDefault,
+        // (Reduction buckets and overlap come from the `reduce-bucket` and `overlap-comm` mutators.)
+        reduce_bucket: None,
+        overlap_comm: None,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         // (Interleaving comes from the `schedule` mutator, for the reason given above.)

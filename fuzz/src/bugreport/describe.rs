@@ -51,6 +51,16 @@ fn parallel_words(case: &Case) -> Vec<String> {
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
     }
+    if p.dp > 1 {
+        if let Some(b) = p.reduce_bucket {
+            out.push(format!("gradient-reduction buckets of {b} elements"));
+        }
+        match p.overlap_comm {
+            Some(true) => out.push("the gradient reduction overlapped with the backward".into()),
+            Some(false) => out.push("the gradient reduction not overlapped with the backward".into()),
+            None => {}
+        }
+    }
     if p.microbatches > 1 {
         out.push(format!("{} micro-batches", p.microbatches));
     }

@@ -74,6 +74,12 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if !p.vocab_loss.is_default() {
         out.push(with(case, |c| c.parallel.vocab_loss = Default::default()));
     }
+    if p.reduce_bucket.is_some() {
+        out.push(with(case, |c| c.parallel.reduce_bucket = None));
+    }
+    if p.overlap_comm.is_some() {
+        out.push(with(case, |c| c.parallel.overlap_comm = None));
+    }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
     }

@@ -34,6 +34,8 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("sequence-parallel-mode", parallel::sequence_parallel_mode),
     ("zero-offload", parallel::zero_offload),
     ("vocab-loss", parallel::vocab_loss),
+    ("reduce-bucket", parallel::reduce_bucket),
+    ("overlap-comm", parallel::overlap_comm),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
     ("world-size-one", parallel::world_size_one),
@@ -96,8 +98,13 @@ pub fn mutate_library_case(case: &Case, vocab: &Vocabulary, rng: &mut ChaCha8Rng
 /// Mutations towards a configuration only some targets offer, with the case feature they need
 /// (`TargetInfo::offers`): a campaign uses them only when one of its targets offers the feature,
 /// instead of spending executions on cases every target refuses.
-pub const OPTIONAL_MUTATIONS: &[(&str, &str)] =
-    &[("sequence-parallel-mode", "sequence_parallel_mode"), ("zero-offload", "zero_offload"), ("vocab-loss", "vocab_loss")];
+pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
+    ("sequence-parallel-mode", "sequence_parallel_mode"),
+    ("zero-offload", "zero_offload"),
+    ("vocab-loss", "vocab_loss"),
+    ("reduce-bucket", "reduce_bucket"),
+    ("overlap-comm", "overlap_comm"),
+];
 
 /// The mutations a campaign whose targets offer `offered` uses.
 pub fn enabled_mutations(offered: &[&str]) -> Vec<(&'static str, MutationFn)> {
@@ -305,7 +312,8 @@ mod tests {
         assert!(!plain.contains(&"zero-offload") && !plain.contains(&"sequence-parallel-mode"));
         let offload = names(enabled_mutations(&["zero_offload"]));
         assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
-        assert_eq!(names(enabled_mutations(&["zero_offload", "sequence_parallel_mode", "vocab_loss"])).len(), MUTATIONS.len());
+        let every = ["zero_offload", "sequence_parallel_mode", "vocab_loss", "reduce_bucket", "overlap_comm"];
+        assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss};
+use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_REDUCE_BUCKET};
 
 fn divisors(n: u32) -> Vec<u32> {
     (1..=n.max(1)).filter(|d| n % d == 0).collect()
@@ -114,6 +114,37 @@ pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.vocab_loss = *others.choose(rng).expect("three choices");
     if c.parallel.tp == 1 {
         c.parallel.tp = 2;
+    }
+    true
+}
+
+/// Another size of the data-parallel gradient-reduction bucket (data parallelism switched on with it):
+/// around one parameter's size (a bucket that exactly holds it, or one element short or over), a few
+/// elements, or back to the target's own.
+pub fn reduce_bucket(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let numels: Vec<usize> = c.model.as_ref().map(|m| m.params().iter().map(|p| p.numel()).collect()).unwrap_or_default();
+    let size = match (rng.gen_range(0..4), numels.choose(rng)) {
+        (0, _) => None,
+        (1, _) | (_, None) => Some(*[1u32, 2, 3, 7, 64].choose(rng).expect("sizes")),
+        (_, Some(&n)) => Some((n as i64 + rng.gen_range(-1..=1)).clamp(1, MAX_REDUCE_BUCKET as i64) as u32),
+    };
+    if size == c.parallel.reduce_bucket {
+        return false;
+    }
+    c.parallel.reduce_bucket = size;
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    true
+}
+
+/// The gradient reduction overlapped with the backward, not overlapped, or the target's own choice
+/// (data parallelism switched on with it).
+pub fn overlap_comm(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let others: Vec<_> = [None, Some(false), Some(true)].into_iter().filter(|o| *o != c.parallel.overlap_comm).collect();
+    c.parallel.overlap_comm = *others.choose(rng).expect("three choices");
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
     }
     true
 }

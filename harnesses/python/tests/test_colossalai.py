@@ -118,6 +118,19 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIn("RMSNorm", TARGET.unsupported(case("tp2-sp-bf16-swiglu.json")))
         self.assertIn("stages 0-2", TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json", zero_stage=3)))
 
+    def test_the_plugins_take_the_cases_reduction_bucket_and_overlap(self):
+        from shardfuzz_worker.repro.colossalai_hybrid import plugin_arguments as hybrid
+        from shardfuzz_worker.repro.colossalai_zero import plugin_arguments as zero
+
+        plain = zero(case("zero2-bf16.json"))
+        self.assertEqual((plain["reduce_bucket_size_in_m"] * 2**20, plain["overlap_communication"]), (2**20, False))
+        z = zero(case("zero2-bf16.json", reduce_bucket=7, overlap_comm=True))
+        self.assertEqual((z["reduce_bucket_size_in_m"] * 2**20, z["overlap_communication"]), (7, True))
+        h = hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json", reduce_bucket=96, overlap_comm=True))
+        self.assertEqual((h["zero_bucket_size_in_m"] * 2**20, h["ddp_bucket_cap_mb"] * 2**20), (96, 96 * 2))
+        self.assertTrue(h["overlap_communication"])
+        self.assertNotIn("zero_bucket_size_in_m", hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json")))
+
     def test_the_case_llama_loads_every_case_parameter_in_place(self):
         import torch
         from transformers import LlamaForCausalLM

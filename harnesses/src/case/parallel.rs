@@ -38,6 +38,17 @@ pub struct Parallel {
     /// same model and loss either way. Absent: the target's own default.
     #[serde(default, skip_serializing_if = "VocabLoss::is_default")]
     pub vocab_loss: VocabLoss,
+    /// Elements per bucket of the data-parallel gradient reduction, where a framework buckets it (DDP's
+    /// and HybridParallelPlugin's `bucket_cap_mb`, DeepSpeed's `reduce_bucket_size`, Colossal-AI ZeRO's
+    /// reduce bucket): the boundaries decide which gradients are flattened and reduced together, and when.
+    /// The same result either way. Absent: the target's own size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_bucket: Option<u32>,
+    /// The gradient reduction overlapped with the backward pass (true) or not (false), where a framework
+    /// offers the choice (DeepSpeed's `overlap_comm`, Colossal-AI's `overlap_communication`); the same
+    /// result either way. Absent: the target's own choice. Read only with data parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_comm: Option<bool>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -74,6 +85,8 @@ impl Default for Parallel {
             zero_stage: 0,
             zero_offload: false,
             vocab_loss: VocabLoss::TargetDefault,
+            reduce_bucket: None,
+            overlap_comm: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

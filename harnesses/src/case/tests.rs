@@ -63,6 +63,20 @@ fn virtual_stages_go_with_the_interleaved_schedule() {
 }
 
 #[test]
+fn reduction_buckets_and_overlap_round_trip_and_are_bounded() {
+    let with = |fields: &str| MINIMAL.replace(r#""pp": 1"#, &format!(r#""pp": 1, {fields}"#));
+    let c = Case::from_json(&with(r#""reduce_bucket": 7, "overlap_comm": false"#)).unwrap();
+    assert_eq!((c.parallel.reduce_bucket, c.parallel.overlap_comm), (Some(7), Some(false)));
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    for b in [0, MAX_REDUCE_BUCKET + 1] {
+        let e = error_of(&with(&format!(r#""reduce_bucket": {b}"#)));
+        assert!(e.contains("parallel.reduce_bucket") && e.contains("must be 1 to"), "{b}: {e}");
+    }
+    let plain = Case::from_json(MINIMAL).unwrap().to_json();
+    assert!(!plain.contains("reduce_bucket") && !plain.contains("overlap_comm"), "absent fields are not written");
+}
+
+#[test]
 fn non_divisible_sizes_are_valid() {
     let t = MINIMAL.replace(r#""ffn": 12"#, r#""ffn": 13"#).replace(r#""tp": 2"#, r#""tp": 3"#);
     Case::from_json(&t).unwrap();

@@ -75,6 +75,11 @@ impl Case {
             }
             _ => {}
         }
+        if let Some(b) = p.reduce_bucket {
+            if !(1..=MAX_REDUCE_BUCKET).contains(&b) {
+                r.fail("parallel.reduce_bucket", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {b})"));
+            }
+        }
         if p.zero_stage > 3 {
             r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
         }
@@ -289,6 +294,10 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
 
 /// The longest chain of output redistributions a library-op case may ask for.
 pub const MAX_REDISTRIBUTIONS: usize = 4;
+
+/// The largest gradient-reduction bucket a case may ask for (2^26 elements: larger than any case model,
+/// small enough for every framework's size arithmetic).
+pub const MAX_REDUCE_BUCKET: u32 = 1 << 26;
 
 fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     r.at_least_one("train.steps", t.steps as u64);

@@ -67,7 +67,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["reduce_bucket"],
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {
@@ -88,7 +88,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "deepspeed-zero",
         description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["reduce_bucket", "overlap_comm"],
         create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {
@@ -109,14 +109,14 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-zero",
         description: "Colossal-AI Booster + LowLevelZeroPlugin: ZeRO stages 1-2 over the data-parallel ranks, fp32/bf16/fp16, optional CPU offload",
         env: Some("colossalai"),
-        offers: &["zero_offload"],
+        offers: &["zero_offload", "reduce_bucket", "overlap_comm"],
         create: |o| python("colossalai-zero", "colossalai", o),
     },
     TargetInfo {
         name: "colossalai-hybrid",
         description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama or GPT-2: tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
-        offers: &["sequence_parallel_mode", "zero_offload", "vocab_loss"],
+        offers: &["sequence_parallel_mode", "zero_offload", "vocab_loss", "reduce_bucket", "overlap_comm"],
         create: |o| python("colossalai-hybrid", "colossalai", o),
     },
 ];

@@ -12,7 +12,7 @@ from .torch_model import producible, training_source  # noqa: F401 - producible:
 
 TARGET = "colossalai-tp"
 
-SHIMS = ("_Done", "_cpu_accelerator", "_reduce_scatter_list", "_all_to_all_list", "install_shims",
+SHIMS = ("_Done", "_CpuStream", "_cpu_accelerator", "_reduce_scatter_list", "_all_to_all_list", "install_shims",
          "_shim_zero_sanity_checks")
 SHIMS_ABOUT = ("The worker's start-up shims stand in for what a CPU and gloo lack (device management, list-form"
                " reduce_scatter / all_to_all, ZeRO's CUDA check); they do not change what Colossal-AI computes.")

@@ -1,7 +1,7 @@
 """Repro of a torch-ddp model case: the case's model in DistributedDataParallel over the data-parallel ranks,
 each training on its rows of the batch, under torchrun."""
 
-from ..targets.base import parallel
+from ..targets.base import dtype_name, parallel
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_model import producible  # noqa: F401 - the generator's interface
@@ -18,5 +18,9 @@ def check(case):
 
 
 def generate(case, inputs, bounds, dropped):
-    what = f"torch DistributedDataParallel (bucket_cap_mb=1) over dp={parallel(case)['dp']} ranks"
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, [], IMPORTS)
+    from ..targets.torch_common import torch_dtype
+    from ..targets.torch_ddp import bucket_cap_mb
+
+    cap = bucket_cap_mb(case, torch_dtype(dtype_name(case)))
+    what = f"torch DistributedDataParallel (bucket_cap_mb={cap!r}) over dp={parallel(case)['dp']} ranks"
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, [f"BUCKET_CAP_MB = {cap!r}"], IMPORTS)

@@ -146,7 +146,33 @@ def parallel(case):
         "pipeline_schedule": p.get("pipeline_schedule", "gpipe"),
         "virtual_stages": p.get("virtual_stages", 1),
         "vocab_loss": p.get("vocab_loss", "target_default"),
+        "reduce_bucket": p.get("reduce_bucket"),
+        "overlap_comm": p.get("overlap_comm"),
     }
+
+
+def reduce_bucket(case, default):
+    """Elements per data-parallel gradient-reduction bucket (the case's `reduce_bucket`; `default` where the case
+    leaves it to the target)."""
+    b = parallel(case)["reduce_bucket"]
+    return default if b is None else b
+
+
+def reduction_feature(prefix, case):
+    """A coverage feature naming how the case buckets and overlaps the gradient reduction (`reduce_bucket`:
+    the target's, a few elements, or a size of its own; `overlap_comm`: the target's, on or off)."""
+    p = parallel(case)
+    b, o = p["reduce_bucket"], p["overlap_comm"]
+    bucket = "default" if b is None else "tiny" if b <= 8 else "sized"
+    overlap = "default" if o is None else "on" if o else "off"
+    return f"{prefix}:bucket-{bucket}:overlap-{overlap}"
+
+
+def overlap_comm(case, default):
+    """Whether the data-parallel gradient reduction overlaps the backward (the case's `overlap_comm`; `default`
+    where the case leaves it to the target)."""
+    o = parallel(case)["overlap_comm"]
+    return default if o is None else o
 
 
 def vocab_sharded_loss(case, default):

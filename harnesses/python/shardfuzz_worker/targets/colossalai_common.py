@@ -2,7 +2,8 @@
 group, versions. Measured on Colossal-AI 0.5.0 / torch 2.5.1 (../shared/reference/colossalai-on-cpu.md):
 
   A  colossalai.accelerator's CPU accelerator raises for current_device / synchronize / manual_seed / streams
-     and passes a device to torch.get_rng_state: a subclass with CPU no-ops replaces it.
+     and passes a device to torch.get_rng_state: a subclass with CPU no-ops replaces it (its streams wait for
+     nothing: CPU work runs in program order).
   B  gloo has no list-form reduce_scatter (sequence parallelism's reduce-scatter) and no list-form all_to_all:
      both are implemented over collectives gloo has, with the same results (sum of every rank's chunk).
   C  torch.cuda.set_device (called by modeling code on any device): a no-op.
@@ -28,6 +29,23 @@ class _Done:
         return True
 
     def is_completed(self):
+        return True
+
+
+class _CpuStream:
+    """A stream on the CPU: work runs in program order, so waiting on another stream or an event has nothing to
+    wait for (ZeRO's `overlap_communication` reduces on a stream of its own)."""
+
+    def wait_stream(self, _stream):
+        pass
+
+    def wait_event(self, _event):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
         return True
 
 
@@ -76,13 +94,13 @@ def _cpu_accelerator():
             pass
 
         def Stream(self, device=None, priority=0, **kwargs):  # noqa: N802 (the accelerator API's name)
-            return None
+            return _CpuStream()
 
         def current_stream(self, device=None):
-            return None
+            return _CpuStream()
 
         def default_stream(self, device=None):
-            return None
+            return _CpuStream()
 
         def stream(self, stream_):
             return contextlib.nullcontext()

@@ -5,6 +5,8 @@ ZeRO stage 0-2 over dp (with `zero_offload`), sequence parallelism in each mode 
 (`split_gather` and `ring` over the tensor-parallel group; `all_to_all`, DeepSpeed-Ulysses, over a
 sequence-parallel group of the case's tp ranks with tensor parallelism off), the 1F1B and interleaved pipeline
 schedules (the case's `virtual_stages` as model chunks) with the case's micro-batches, clipping by the plugin's global norm, fp32 / bf16 / fp16 precision (fp32 masters).
+The data-parallel gradient reduction (ZeRO's, or DDP's at stage 0) takes the case's `reduce_bucket` and
+`overlap_comm`; by default the plugin's buckets (a whole case model) and no overlap.
 
 The loss is the case's: token cross-entropy summed and divided by the global count of targets it does not ignore.
 Where the model's own loss computes exactly that (every sequence's last target ignored, since a causal LM shifts
@@ -26,7 +28,8 @@ shard with its tp / pp / dp coordinates; `combine` concatenates tensor-parallel 
 data-parallel copy as a replica.
 """
 
-from .base import dtype_name, loss_denominator, parallel, reduce_dtype_name, vocab_sharded_loss
+from .base import (dtype_name, loss_denominator, overlap_comm, parallel, reduce_dtype_name, reduction_feature,
+                   vocab_sharded_loss)
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -83,9 +86,13 @@ class ColossalHybrid(ColossalTarget):
             precision=PRECISION[dt], zero_stage=p["zero_stage"], cpu_offload=p["zero_offload"],
             enable_sequence_parallelism=sp, sequence_parallelism_mode=p["sequence_parallel_mode"] if sp else None,
             parallel_output=vocab_sharded_loss(case, False), **loss_scaling(case), max_norm=float(clip) if clip is not None else 0.0,
-            overlap_communication=False, overlap_p2p=False, enable_metadata_cache=False,
+            overlap_communication=overlap_comm(case, False), overlap_p2p=False, enable_metadata_cache=False,
             communication_dtype=torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None,
         )
+        if p["reduce_bucket"] is not None:
+            # ZeRO's bucket in units of 2^20 elements and DDP's (ZeRO stage 0) in MB; neither is rounded.
+            kw.update(zero_bucket_size_in_m=p["reduce_bucket"] / 2**20,
+                      ddp_bucket_cap_mb=p["reduce_bucket"] * torch_dtype(dt).itemsize / 2**20)
         if p["pp"] > 1:
             kw["num_microbatches"] = p["microbatches"]
             if p["pipeline_schedule"] == "interleaved":
@@ -122,7 +129,7 @@ class ColossalHybrid(ColossalTarget):
         # The model's own loss (labels), shardformer's dist_cross_entropy, or our criterion on its logits.
         loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
         logits = loss + (":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered")
-        return combine(case, outs, [feature, loss, logits])
+        return combine(case, outs, [feature, loss, logits, reduction_feature(feature, case)])
 
 
 TARGET = ColossalHybrid()

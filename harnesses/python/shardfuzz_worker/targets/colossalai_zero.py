@@ -2,7 +2,7 @@
 or 2 from the case, optimizer states on the host with `zero_offload`) over the data-parallel ranks.
 
 The plugin owns the model's precision (`fp32` / `bf16` / `fp16` from the case dtype, fp32 master weights), the
-gradient reduction (bucketed, averaged over the ranks), clipping (`max_norm`: the global norm over the
+gradient reduction (bucketed, averaged over the ranks; the case's `reduce_bucket` and `overlap_comm`), clipping (`max_norm`: the global norm over the
 partitions) and the optimizer step (the case's torch optimizer, wrapped in LowLevelZeroOptimizer). Micro-batches
 are accumulated by the ZeRO optimizer itself (every backward reduces into its gradient partitions; one step).
 fp16 runs with the case's dynamic loss scale (halved on each overflow, the step skipped; never grown, as the
@@ -14,7 +14,7 @@ case dtype). As for DeepSpeed, the reference rounds parameters to the case dtype
 plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
-from .base import dtype_name, parallel, reduce_dtype_name
+from .base import dtype_name, overlap_comm, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
 from .colossalai_common import ColossalTarget, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
@@ -57,10 +57,12 @@ class ColossalZero(ColossalTarget):
         p, t, dt = parallel(case), case["train"], dtype_name(case)
         clip = t.get("clip_grad_norm")
         communication = torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None
+        # Buckets of 2^20 elements (a whole case model) and no overlap unless the case asks for others: the
+        # plugin multiplies its bucket size by 2^20 without rounding, so any element count can be given.
         return LowLevelZeroPlugin(stage=p["zero_stage"], precision=PRECISION[dt], **loss_scaling(case),
                                   max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
-                                  communication_dtype=communication, overlap_communication=False,
-                                  reduce_bucket_size_in_m=1)
+                                  communication_dtype=communication, overlap_communication=overlap_comm(case, False),
+                                  reduce_bucket_size_in_m=reduce_bucket(case, 2**20) / 2**20)
 
     def run_rank(self, rank, world, case, inputs):
         import torch
@@ -88,7 +90,8 @@ class ColossalZero(ColossalTarget):
     def combine(self, case, outs):
         p = parallel(case)
         offload = ":offload" if p["zero_offload"] else ""
-        return combine_dp(case, outs, [f"colossalai:dp{len(outs)}:zero{p['zero_stage']}{offload}"])
+        stage = f"colossalai:dp{len(outs)}:zero{p['zero_stage']}{offload}"
+        return combine_dp(case, outs, [stage, reduction_feature(stage, case)])
 
 
 TARGET = ColossalZero()

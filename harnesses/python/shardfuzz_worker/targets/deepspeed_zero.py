@@ -18,13 +18,14 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from .base import dtype_name, parallel, reduce_dtype_name  # noqa: E402
+from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature  # noqa: E402
 from .torch_common import TorchTarget, torch_dtype  # noqa: E402
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
 from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 
-#: Elements per ZeRO reduce / all-gather / prefetch bucket.
+#: Elements per ZeRO reduce / all-gather / prefetch bucket (the reduce bucket: the case's `reduce_bucket` where it
+#: sets one).
 BUCKET = 1000
 
 
@@ -110,7 +111,7 @@ class DeepSpeedZero(TorchTarget):
                 "stage": p["zero_stage"],
                 # Small buckets: the defaults (5e8 elements) cost seconds per case to allocate (deterministic
                 # mode fills fresh memory) and would put a whole tiny model in one bucket.
-                "reduce_bucket_size": BUCKET,
+                "reduce_bucket_size": reduce_bucket(case, BUCKET),
                 "allgather_bucket_size": BUCKET,
                 "stage3_prefetch_bucket_size": BUCKET,
                 # Partition every parameter under ZeRO-3 (by default ones under 1e5 elements stay whole).
@@ -120,6 +121,9 @@ class DeepSpeedZero(TorchTarget):
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
+        if p["overlap_comm"] is not None:
+            # (Absent, DeepSpeed's own default: overlapped under stage 3 only.)
+            cfg["zero_optimization"]["overlap_comm"] = p["overlap_comm"]
         if dt == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif dt == "f16":
@@ -175,7 +179,8 @@ class DeepSpeedZero(TorchTarget):
         return out
 
     def combine(self, case, outs):
-        return combine_dp(case, outs, [f"deepspeed:dp{len(outs)}:zero{parallel(case)['zero_stage']}"])
+        stage = f"deepspeed:dp{len(outs)}:zero{parallel(case)['zero_stage']}"
+        return combine_dp(case, outs, [stage, reduction_feature(stage, case)])
 
 
 TARGET = DeepSpeedZero()

@@ -1,6 +1,7 @@
-"""torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks."""
+"""torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks, its gradient buckets
+of the case's `reduce_bucket` elements (by default 1 MB)."""
 
-from .base import dtype_name, parallel, reduce_dtype_name
+from .base import dtype_name, parallel, reduce_dtype_name, reduction_feature
 from .torch_common import TorchTarget
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -24,14 +25,20 @@ class TorchDdp(TorchTarget):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model, dt = build(case, inputs)
-        ddp = DDP(model, bucket_cap_mb=1)
+        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt))
         named = list(model.named_parameters())
         out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
-        return combine_dp(case, outs, [f"ddp:dp{len(outs)}"])
+        return combine_dp(case, outs, [f"ddp:dp{len(outs)}", reduction_feature(f"ddp:dp{len(outs)}", case)])
+
+
+def bucket_cap_mb(case, dt):
+    """DDP's bucket size in MB for the case's `reduce_bucket` elements of dtype `dt` (1 MB by default)."""
+    b = parallel(case)["reduce_bucket"]
+    return 1 if b is None else b * dt.itemsize / 2**20
 
 
 TARGET = TorchDdp()

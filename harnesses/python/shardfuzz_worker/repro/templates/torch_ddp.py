@@ -2,11 +2,11 @@
 
 
 def run_sharded(data, rank):
-    """The model wrapped in DistributedDataParallel (1 MB gradient buckets) over the dp ranks, as the fuzzer's
+    """The model wrapped in DistributedDataParallel (BUCKET_CAP_MB per gradient bucket) over the dp ranks, as the fuzzer's
     torch-ddp ranks run it; this rank trains on its rows of the batch, with no_sync() on every micro-batch
     but the last of a step (gradients are all-reduced once per step)."""
     model = Model(M).to(DTYPE)
     load_case_params(model, data, DTYPE)
-    ddp = DDP(model, bucket_cap_mb=1)
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     named = list(model.named_parameters())
     return train(CASE, data, ddp, [p for _, p in named], rank, WORLD, no_sync=ddp.no_sync, named=named)

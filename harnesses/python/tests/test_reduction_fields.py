@@ -1,0 +1,54 @@
+"""The case fields `reduce_bucket` and `overlap_comm` as the main environment's data-parallel targets realise them:
+DeepSpeed's ZeRO configuration and DDP's bucket size (the Colossal-AI plugins' are in test_colossalai.py).
+Skipped where torch or DeepSpeed is not installed."""
+
+import importlib.util
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "corpus")
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_DEEPSPEED = HAVE_TORCH and importlib.util.find_spec("deepspeed") is not None
+
+
+def case(name, **parallel):
+    with open(os.path.join(CORPUS, name)) as f:
+        c = json.load(f)
+    c["parallel"].update(parallel)
+    return c
+
+
+@unittest.skipUnless(HAVE_DEEPSPEED, "deepspeed is not installed in this environment")
+class DeepSpeedReductionTest(unittest.TestCase):
+    def test_the_zero_configuration_takes_the_cases_bucket_and_overlap(self):
+        from shardfuzz_worker.targets.deepspeed_zero import BUCKET, TARGET
+
+        plain = TARGET.config(case("zero2-bf16.json"), 2)["zero_optimization"]
+        self.assertEqual(plain["reduce_bucket_size"], BUCKET)
+        self.assertNotIn("overlap_comm", plain, "absent, DeepSpeed's own default")
+        for overlap in (True, False):
+            z = TARGET.config(case("zero2-bf16.json", reduce_bucket=7, overlap_comm=overlap), 2)["zero_optimization"]
+            self.assertEqual((z["reduce_bucket_size"], z["overlap_comm"], z["allgather_bucket_size"]), (7, overlap, BUCKET))
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class DdpReductionTest(unittest.TestCase):
+    def test_the_bucket_cap_holds_the_cases_elements(self):
+        import torch
+
+        from shardfuzz_worker.targets.base import reduction_feature
+        from shardfuzz_worker.targets.torch_ddp import bucket_cap_mb
+
+        self.assertEqual(bucket_cap_mb(case("dp2-even-f32.json"), torch.float32), 1)
+        self.assertEqual(bucket_cap_mb(case("dp2-even-f32.json", reduce_bucket=5), torch.bfloat16) * 2**20, 10)
+        self.assertEqual(reduction_feature("ddp", case("dp2-even-f32.json", reduce_bucket=5)), "ddp:bucket-tiny:overlap-default")
+        self.assertEqual(reduction_feature("x", case("dp2-even-f32.json", reduce_bucket=9, overlap_comm=False)),
+                         "x:bucket-sized:overlap-off")
+
+
+if __name__ == "__main__":
+    unittest.main()
