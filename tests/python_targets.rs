@@ -443,7 +443,9 @@ fn colossalai_hybrids_model_loss_is_a_mean_per_microbatch_and_misaligned_under_a
 /// right; the model's own vocabulary-parallel loss crashes on a rank whose LM-head shard is all padding, GPT-2's
 /// forward installed for parallel_output crashes without labels, and the all_to_all loss is still a mean per
 /// data-parallel rank; torch-tp runs `gathered` as a replicated LM-head output without loss_parallel, megatron-tp
-/// as ColumnParallelLinear(gather_output=True) and the plain loss.
+/// as ColumnParallelLinear(gather_output=True) and the plain loss, colossalai-tp as
+/// VocabParallelLMHead1D(gather_output=True) and the plain loss (with the fix of its known row-parallel bias bug
+/// under sequence parallelism).
 #[test]
 fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
     if !python_ready() {
@@ -479,6 +481,8 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
     assert!(v["kind"] == "pass" && has(&v, "tp:loss:gathered"), "{v}");
     let v = run("megatron-tp", "tp2-sp-f32-padding-vocab-gathered.json", "");
     assert!(v["kind"] == "pass" && has(&v, "megatron:loss:gathered"), "{v}");
+    let v = run("colossalai-tp", "tp2-sp-f32-padding-vocab-gathered.json", "colossalai-row-bias-sp");
+    assert!(v["kind"] == "pass" && has(&v, "colossalai-tp:loss:gathered"), "{v}");
 }
 
 /// colossalai-hybrid builds LayerNorm + GELU cases as a `transformers` GPT-2 (fused q/k/v, Conv1D layouts): under

@@ -102,7 +102,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-tp",
         description: "Colossal-AI shardformer Linear1D_Col / Linear1D_Row / VocabParallelEmbedding1D / VocabParallelLMHead1D + cross_entropy_1d, sequence parallel split_gather / ring",
         env: Some("colossalai"),
-        offers: &["sequence_parallel_mode"],
+        offers: &["sequence_parallel_mode", "vocab_loss"],
         create: |o| python("colossalai-tp", "colossalai", o),
     },
     TargetInfo {

@@ -4,7 +4,7 @@ the torch targets' plain model in float64 on one device."""
 
 import re
 
-from ..targets.base import dtype_name, parallel
+from ..targets.base import dtype_name, parallel, vocab_sharded_loss
 from .common import assemble, embed, header, literal, rule, template, worker_source
 from .megatron_tp import renamed
 from .torch_model import IMPORTS, MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
@@ -37,7 +37,8 @@ def sources():
     """The helpers, the worker's CPU shims, the plain torch model (its blocks renamed Ref*: the shardformer blocks
     take their names), the worker's torch training loop (the reference's) and colossalai_model.py (its `run`
     renamed run_colossalai)."""
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "dtype_name", "micro_batches")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "dtype_name", "micro_batches",
+                              "vocab_sharded_loss")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
@@ -58,9 +59,10 @@ def sources():
 def describe(case):
     p = parallel(case)
     sp = f", sequence parallel ({p['sequence_parallel_mode']})" if p["sequence_parallel"] else ""
+    loss = "cross_entropy_1d" if vocab_sharded_loss(case, True) else "gather_output=True and the plain loss"
     return [
         f"Colossal-AI shardformer tensor parallelism (VocabParallelEmbedding1D, Linear1D_Col / Linear1D_Row,"
-        f" VocabParallelLMHead1D, cross_entropy_1d) over tp={p['tp']} ranks{sp}, dtype {dtype_name(case)}."
+        f" VocabParallelLMHead1D, {loss}) over tp={p['tp']} ranks{sp}, dtype {dtype_name(case)}."
         " Reference: the torch targets' plain model (the same math) in float64.",
         SHIMS_ABOUT,
         *model_about(case),

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel
+from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
 from .torch_model import Model, causal_attention, load_case_params, make_optimizer, model_defaults
@@ -79,9 +79,10 @@ class Block(nn.Module):
 
 
 class ColossalModel(nn.Module):
-    """ids [b, s] -> this rank's logits [b, s, its valid vocabulary columns]."""
+    """ids [b, s] -> this rank's logits [b, s, its valid vocabulary columns], or with `gather_output` the logits
+    gathered over the vocabulary [b, s, vocab]."""
 
-    def __init__(self, plain, m, group, sp_mode):
+    def __init__(self, plain, m, group, sp_mode, gather_output=False):
         from colossalai.shardformer.layer import VocabParallelEmbedding1D, VocabParallelLMHead1D
         from colossalai.shardformer.layer.utils import SeqParallelUtils
 
@@ -93,7 +94,8 @@ class ColossalModel(nn.Module):
         self.embed = VocabParallelEmbedding1D.from_native_module(plain.embed, process_group=group, **pad)
         self.layers = nn.ModuleList(Block(b, m, group, sp_mode) for b in plain.layers)
         self.final_norm = plain.final_norm
-        self.lm_head = VocabParallelLMHead1D.from_native_module(plain.lm_head, process_group=group, **pad)
+        self.lm_head = VocabParallelLMHead1D.from_native_module(plain.lm_head, process_group=group,
+                                                                gather_output=gather_output, **pad)
         if sp_mode:
             for name, p in self.named_parameters():
                 if "norm" in name:
@@ -135,7 +137,7 @@ def build(case, inputs, group):
     # (On one rank there is no sequence to split: ShardConfig refuses split_gather / ring without tensor
     # parallelism, and the model cases mean no sequence parallelism there.)
     sp_mode = p["sequence_parallel_mode"] if p["sequence_parallel"] and dist.get_world_size(group) > 1 else None
-    return ColossalModel(plain, m, group, sp_mode), dt
+    return ColossalModel(plain, m, group, sp_mode, gather_output=not vocab_sharded_loss(case, True)), dt
 
 
 def run(case, inputs, rank, tp):
@@ -156,7 +158,8 @@ def run(case, inputs, rank, tp):
     chunks = micro_batches(b, ga)
     # One micro-batch: Colossal-AI's own mean (the mode's default) over the batch's counted targets; several:
     # sums, divided by the global count here (a mean per micro-batch would be our mistake, not theirs).
-    mode = "mean" if len(chunks) == 1 else "sum"
+    # The plain loss on gathered logits (the case's vocab_loss `gathered`) is our own code: always summed.
+    mode = "mean" if len(chunks) == 1 and not model.lm_head.gather_output else "sum"
     vocab_padded = model.lm_head.out_features  # what shardformer's Llama passes as vocab_size
 
     losses, logits0, grads0 = [], None, {}
@@ -169,8 +172,12 @@ def run(case, inputs, rank, tp):
             flat = logits.reshape((c - a) * s, logits.shape[-1])
             if k == 0:
                 rows.append(flat.detach().to(torch.float64, copy=True))
-            l = cross_entropy_1d(flat, tgt[a:c].reshape(-1), process_group=group,
-                                 vocab_size=vocab_padded, dtype=dt, mode=mode)
+            if model.lm_head.gather_output:
+                # The case's vocab_loss `gathered`: the whole vocabulary on every rank, the plain loss.
+                l = F.cross_entropy(flat, tgt[a:c].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+            else:
+                l = cross_entropy_1d(flat, tgt[a:c].reshape(-1), process_group=group,
+                                     vocab_size=vocab_padded, dtype=dt, mode=mode)
             if mode == "mean":
                 l.backward()
                 loss_sum += l.detach().to(torch.float64) * denominator
@@ -221,7 +228,8 @@ def assemble_outputs(case, outs):
     case's sizes, the same on every rank; replicated ones each rank's own copy)."""
     m = case["model"]
     full = [dict(o) for o in outs]
-    logits = np.concatenate([o["logits"] for o in outs], axis=1)[:, : m["vocab"]]
+    gathered = not vocab_sharded_loss(case, True)
+    logits = outs[0]["logits"] if gathered else np.concatenate([o["logits"] for o in outs], axis=1)[:, : m["vocab"]]
     for kind in ("grads", "params"):
         names = list(outs[0][kind])
         merged = {}

@@ -4,7 +4,8 @@
   q, k, v      Linear1D_Col (gather_output=False): whole heads per rank
   o            Linear1D_Row(parallel_input=True)
   up, gate     Linear1D_Col;  down  Linear1D_Row
-  lm_head      VocabParallelLMHead1D + cross_entropy_1d (the vocabulary-parallel loss, mode "sum")
+  lm_head      VocabParallelLMHead1D + cross_entropy_1d (the vocabulary-parallel loss, mode "sum"), or, where
+               the case's `vocab_loss` is `gathered`, VocabParallelLMHead1D(gather_output=True) + the plain loss
   norms        the plain torch norms, replicated; under sequence parallelism marked sp-partial-derived and
                all-reduced by SeqParallelUtils, as HybridParallelPlugin does
 
@@ -14,7 +15,7 @@ optimizer on the local shards; clipping takes the global norm over the shards (c
 Sharded tensors are reported in full; replicated ones (norms, row-parallel biases) per rank as replicas.
 """
 
-from .base import dtype_name, parallel
+from .base import dtype_name, parallel, vocab_sharded_loss
 from .colossalai_common import ColossalTarget
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
@@ -34,7 +35,7 @@ class ColossalTp(ColossalTarget):
             return "colossalai-tp has no ZeRO stage (colossalai-zero runs ZeRO)"
         if case.get("data", {}).get("class_weights"):
             return "Colossal-AI's cross_entropy_1d takes no class weights"
-        if dtype_name(case) == "f64":
+        if dtype_name(case) == "f64" and vocab_sharded_loss(case, True):
             # cross_entropy_1d sums exp(logits) with dtype=torch.float32 (layer/loss.py:91): the loss is fp32.
             return "Colossal-AI's cross_entropy_1d sums in fp32: f64 training is not expressed"
         if m.get("tied_embeddings"):
@@ -57,7 +58,8 @@ class ColossalTp(ColossalTarget):
 
         p = parallel(case)
         sp = p["sequence_parallel_mode"] if p["sequence_parallel"] else "none"
-        return combine_dp(case, assemble_outputs(case, outs), [f"colossalai:tp{p['tp']}:sp-{sp}"])
+        loss = "colossalai-tp:loss:" + ("vocab-sharded" if vocab_sharded_loss(case, True) else "gathered")
+        return combine_dp(case, assemble_outputs(case, outs), [f"colossalai:tp{p['tp']}:sp-{sp}", loss])
 
 
 TARGET = ColossalTp()
