@@ -574,3 +574,32 @@ fn reduction_buckets_and_overlap_reach_every_target_that_offers_them() {
     }
     assert!(passes >= 12, "{passes} passes");
 }
+
+/// DeepSpeed 0.19.8's ZeRO-3 without reduce-scatter divides every gradient by the world size twice when
+/// `gradient_predivide_factor` equals it (the case fields `reduce_scatter: false`, `grad_predivide` = dp): the
+/// step-0 gradients come back halved on 2 ranks, and the case passes with the known fix; another factor, and
+/// ZeRO-2 with the same one, pass as released; with reduce-scatter, ZeRO-3's own refusal of a factor is `rejected`.
+#[test]
+fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-predivide");
+    let run = |case: &str, fixes: &str| {
+        let file = dir.join(case).display().to_string();
+        let o = shardfuzz(&["run", "--json", "--target", "deepspeed-zero", &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        vs[0].clone()
+    };
+    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
+    let bug = "dp2-zero3-all-reduce-predivide-2-bf16.json";
+    let v = run(bug, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/") && reason(&v).contains("norm error 5.0"), "{v}");
+    assert_eq!(run(bug, "deepspeed-zero3-predivide-world")["kind"], "pass");
+    for case in ["dp2-zero3-all-reduce-predivide-4-bf16.json", "dp2-zero2-all-reduce-predivide-2-bf16.json"] {
+        assert_eq!(run(case, "")["kind"], "pass", "{case}");
+    }
+    let v = run("dp2-zero3-reduce-scatter-predivide-2-bf16.json", "");
+    assert!(v["kind"] == "rejected" && reason(&v).contains("not yet supported"), "{v}");
+}

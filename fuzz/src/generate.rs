@@ -47,9 +47,12 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         zero_offload: false,
         // (The loss's realisation comes from the `vocab-loss` mutator, for the reason given above.)
         vocab_loss: VocabLoss::TargetDefault,
-        // (Reduction buckets and overlap come from the `reduce-bucket` and `overlap-comm` mutators.)
+        // (How the gradient reduction is carried out comes from the `reduce-bucket`, `overlap-comm`,
+        // `reduce-scatter` and `grad-predivide` mutators.)
         reduce_bucket: None,
         overlap_comm: None,
+        reduce_scatter: None,
+        grad_predivide: None,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         // (Interleaving comes from the `schedule` mutator, for the reason given above.)

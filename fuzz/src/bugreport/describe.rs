@@ -60,6 +60,14 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("the gradient reduction not overlapped with the backward".into()),
             None => {}
         }
+        match p.reduce_scatter {
+            Some(true) => out.push("the gradient reduction as a reduce-scatter".into()),
+            Some(false) => out.push("the gradient reduction as all-reduces, not a reduce-scatter".into()),
+            None => {}
+        }
+        if let Some(f) = p.grad_predivide {
+            out.push(format!("gradients pre-divided by {f} before the reduction (DP={})", p.dp));
+        }
     }
     if p.microbatches > 1 {
         out.push(format!("{} micro-batches", p.microbatches));

@@ -80,6 +80,12 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if p.overlap_comm.is_some() {
         out.push(with(case, |c| c.parallel.overlap_comm = None));
     }
+    if p.reduce_scatter.is_some() {
+        out.push(with(case, |c| c.parallel.reduce_scatter = None));
+    }
+    if p.grad_predivide.is_some() {
+        out.push(with(case, |c| c.parallel.grad_predivide = None));
+    }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
     }

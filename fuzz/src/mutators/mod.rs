@@ -36,6 +36,8 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("vocab-loss", parallel::vocab_loss),
     ("reduce-bucket", parallel::reduce_bucket),
     ("overlap-comm", parallel::overlap_comm),
+    ("reduce-scatter", parallel::reduce_scatter),
+    ("grad-predivide", parallel::grad_predivide),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
     ("world-size-one", parallel::world_size_one),
@@ -104,6 +106,8 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("vocab-loss", "vocab_loss"),
     ("reduce-bucket", "reduce_bucket"),
     ("overlap-comm", "overlap_comm"),
+    ("reduce-scatter", "reduce_scatter"),
+    ("grad-predivide", "grad_predivide"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.
@@ -312,7 +316,8 @@ mod tests {
         assert!(!plain.contains(&"zero-offload") && !plain.contains(&"sequence-parallel-mode"));
         let offload = names(enabled_mutations(&["zero_offload"]));
         assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
-        let every = ["zero_offload", "sequence_parallel_mode", "vocab_loss", "reduce_bucket", "overlap_comm"];
+        let every =
+            ["zero_offload", "sequence_parallel_mode", "vocab_loss", "reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide"];
         assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());
     }
 

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_REDUCE_BUCKET};
+use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET};
 
 fn divisors(n: u32) -> Vec<u32> {
     (1..=n.max(1)).filter(|d| n % d == 0).collect()
@@ -146,6 +146,37 @@ pub fn overlap_comm(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.parallel.dp == 1 {
         c.parallel.dp = 2;
     }
+    true
+}
+
+/// The gradient reduction as a reduce-scatter, as all-reduces, or the target's own choice (data parallelism
+/// switched on with it).
+pub fn reduce_scatter(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let others: Vec<_> = [None, Some(false), Some(true)].into_iter().filter(|o| *o != c.parallel.reduce_scatter).collect();
+    c.parallel.reduce_scatter = *others.choose(rng).expect("three choices");
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    true
+}
+
+/// Another gradient pre-division factor: the boundary values of its arithmetic (1, and the data-parallel
+/// degree, where the post-division is 1), another small factor, or none (data parallelism switched on with it).
+pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    let dp = c.parallel.dp.min(MAX_GRAD_PREDIVIDE);
+    let factor = match rng.gen_range(0..4) {
+        0 => None,
+        1 => Some(1),
+        2 => Some(dp),
+        _ => Some(rng.gen_range(1..=8)),
+    };
+    if factor == c.parallel.grad_predivide {
+        return false;
+    }
+    c.parallel.grad_predivide = factor;
     true
 }
 

@@ -297,6 +297,31 @@ def _colossalai_clip_norm_customized_tensors():
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
+def _deepspeed_zero3_predivide_world():
+    """DeepSpeed 0.19.8: ZeRO-3 without reduce-scatter (`"reduce_scatter": false`) with a
+    `gradient_predivide_factor` f divides every gradient by f and by the world size W before the reduction and
+    multiplies by f after it only when f != W (stage3.py:1872-1883, and :1922-1935 without contiguous gradients;
+    ZeRO-1/2 divide by f alone, where that skip is right): with f == W every gradient is divided by W twice
+    (docs/findings/deepspeed-0.19.8-zero3-predivide-factor-equal-to-world-size.py). Fix: multiply by f whenever
+    f != 1, as the ZeRO-1/2 arithmetic amounts to."""
+    import torch.distributed as dist
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    for name in ("_DeepSpeedZeroOptimizer_Stage3__avg_scatter_contiguous_grads",
+                 "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"):
+        original = getattr(Stage3, name)
+
+        def avg_scatter(self, *args, _original=original):
+            partitions = _original(self, *args)
+            f = self.gradient_predivide_factor
+            if self.postscale_gradients and f != 1.0 and f == dist.get_world_size(self.dp_process_group):
+                for p in partitions:
+                    p.mul_(f)
+            return partitions
+
+        setattr(Stage3, name, avg_scatter)
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -311,8 +336,14 @@ FIXES = {
     "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
+    "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }
+
+
+#: The fixes this process has applied: each patches once (a patch that wraps would otherwise wrap twice when a
+#: target's start-up reaches apply() through two paths).
+_APPLIED = set()
 
 
 def requested():
@@ -327,5 +358,6 @@ def apply(target):
     if unknown:
         raise KeyError(f"{ENV}: unknown fix {unknown[0]!r} (known: {', '.join(sorted(FIXES))})")
     for name, (targets, fix) in FIXES.items():
-        if name in wanted and target in targets:
+        if name in wanted and target in targets and name not in _APPLIED:
             fix()
+            _APPLIED.add(name)

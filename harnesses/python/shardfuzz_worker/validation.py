@@ -104,6 +104,10 @@ VALIDATION = {
         # The engine's checks of the config against the accelerator ("Type fp16 is not supported ...").
         ("deepspeed/runtime/engine.py", "_do_sanity_check", None),
         ("deepspeed/runtime/engine.py", "_do_args_sanity_check", None),
+        # The ZeRO optimizers' refusals of option combinations ("gradient_predivide_factor != 1.0 is not yet
+        # supported with ZeRO-2 with reduce scatter enabled").
+        ("deepspeed/runtime/zero/stage_1_and_2.py", "__init__", "is not yet supported"),
+        ("deepspeed/runtime/zero/stage3.py", "__init__", "is not yet supported"),
     ],
     "megatron-tp": [
         # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank.

@@ -34,6 +34,15 @@ class DeepSpeedReductionTest(unittest.TestCase):
             z = TARGET.config(case("zero2-bf16.json", reduce_bucket=7, overlap_comm=overlap), 2)["zero_optimization"]
             self.assertEqual((z["reduce_bucket_size"], z["overlap_comm"], z["allgather_bucket_size"]), (7, overlap, BUCKET))
 
+    def test_the_configuration_takes_the_cases_collective_and_predivide_factor(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET
+
+        plain = TARGET.config(case("zero2-bf16.json"), 2)
+        self.assertNotIn("reduce_scatter", plain["zero_optimization"])
+        self.assertNotIn("gradient_predivide_factor", plain)
+        cfg = TARGET.config(case("zero2-bf16.json", reduce_scatter=False, grad_predivide=2), 2)
+        self.assertEqual((cfg["zero_optimization"]["reduce_scatter"], cfg["gradient_predivide_factor"]), (False, 2.0))
+
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class DdpReductionTest(unittest.TestCase):

@@ -49,6 +49,16 @@ pub struct Parallel {
     /// result either way. Absent: the target's own choice. Read only with data parallelism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap_comm: Option<bool>,
+    /// The data-parallel gradient reduction as a reduce-scatter (true) or as all-reduces (false), where a
+    /// framework offers the choice (DeepSpeed's `reduce_scatter`); the same result either way. Absent: the
+    /// target's own choice. Read only with data parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_scatter: Option<bool>,
+    /// A gradient pre-division factor f: gradients divided by f before the data-parallel reduction and the
+    /// sum by dp / f after it, where a framework offers it (DeepSpeed's `gradient_predivide_factor`, which
+    /// keeps large sums in range); the same average either way. Absent: none (1). 1 to 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_predivide: Option<u32>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -87,6 +97,8 @@ impl Default for Parallel {
             vocab_loss: VocabLoss::TargetDefault,
             reduce_bucket: None,
             overlap_comm: None,
+            reduce_scatter: None,
+            grad_predivide: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

@@ -63,7 +63,7 @@ fn virtual_stages_go_with_the_interleaved_schedule() {
 }
 
 #[test]
-fn reduction_buckets_and_overlap_round_trip_and_are_bounded() {
+fn gradient_reduction_fields_round_trip_and_are_bounded() {
     let with = |fields: &str| MINIMAL.replace(r#""pp": 1"#, &format!(r#""pp": 1, {fields}"#));
     let c = Case::from_json(&with(r#""reduce_bucket": 7, "overlap_comm": false"#)).unwrap();
     assert_eq!((c.parallel.reduce_bucket, c.parallel.overlap_comm), (Some(7), Some(false)));
@@ -72,8 +72,16 @@ fn reduction_buckets_and_overlap_round_trip_and_are_bounded() {
         let e = error_of(&with(&format!(r#""reduce_bucket": {b}"#)));
         assert!(e.contains("parallel.reduce_bucket") && e.contains("must be 1 to"), "{b}: {e}");
     }
+    for f in [0, MAX_GRAD_PREDIVIDE + 1] {
+        let e = error_of(&with(&format!(r#""grad_predivide": {f}"#)));
+        assert!(e.contains("parallel.grad_predivide") && e.contains("must be 1 to"), "{f}: {e}");
+    }
+    let c = Case::from_json(&with(r#""reduce_scatter": false, "grad_predivide": 2"#)).unwrap();
+    assert_eq!((c.parallel.reduce_scatter, c.parallel.grad_predivide), (Some(false), Some(2)));
     let plain = Case::from_json(MINIMAL).unwrap().to_json();
-    assert!(!plain.contains("reduce_bucket") && !plain.contains("overlap_comm"), "absent fields are not written");
+    for field in ["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide"] {
+        assert!(!plain.contains(field), "absent {field} is not written");
+    }
 }
 
 #[test]

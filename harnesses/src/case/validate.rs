@@ -80,6 +80,11 @@ impl Case {
                 r.fail("parallel.reduce_bucket", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {b})"));
             }
         }
+        if let Some(f) = p.grad_predivide {
+            if !(1..=MAX_GRAD_PREDIVIDE).contains(&f) {
+                r.fail("parallel.grad_predivide", format!("must be 1 to {MAX_GRAD_PREDIVIDE} (got {f})"));
+            }
+        }
         if p.zero_stage > 3 {
             r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
         }
@@ -298,6 +303,9 @@ pub const MAX_REDISTRIBUTIONS: usize = 4;
 /// The largest gradient-reduction bucket a case may ask for (2^26 elements: larger than any case model,
 /// small enough for every framework's size arithmetic).
 pub const MAX_REDUCE_BUCKET: u32 = 1 << 26;
+
+/// The largest gradient pre-division factor a case may ask for.
+pub const MAX_GRAD_PREDIVIDE: u32 = 64;
 
 fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     r.at_least_one("train.steps", t.steps as u64);

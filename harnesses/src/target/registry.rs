@@ -88,7 +88,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "deepspeed-zero",
         description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "overlap_comm"],
+        offers: &["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide"],
         create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {

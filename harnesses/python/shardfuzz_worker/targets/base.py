@@ -148,6 +148,8 @@ def parallel(case):
         "vocab_loss": p.get("vocab_loss", "target_default"),
         "reduce_bucket": p.get("reduce_bucket"),
         "overlap_comm": p.get("overlap_comm"),
+        "reduce_scatter": p.get("reduce_scatter"),
+        "grad_predivide": p.get("grad_predivide"),
     }
 
 
@@ -160,12 +162,19 @@ def reduce_bucket(case, default):
 
 def reduction_feature(prefix, case):
     """A coverage feature naming how the case buckets and overlaps the gradient reduction (`reduce_bucket`:
-    the target's, a few elements, or a size of its own; `overlap_comm`: the target's, on or off)."""
+    the target's, a few elements, or a size of its own; `overlap_comm`: the target's, on or off), and where the
+    case sets them, its collective (`reduce_scatter`) and pre-division factor (1, dp, or another)."""
     p = parallel(case)
     b, o = p["reduce_bucket"], p["overlap_comm"]
     bucket = "default" if b is None else "tiny" if b <= 8 else "sized"
     overlap = "default" if o is None else "on" if o else "off"
-    return f"{prefix}:bucket-{bucket}:overlap-{overlap}"
+    feature = f"{prefix}:bucket-{bucket}:overlap-{overlap}"
+    if p["reduce_scatter"] is not None:
+        feature += ":reduce-scatter" if p["reduce_scatter"] else ":all-reduce"
+    f = p["grad_predivide"]
+    if f is not None:
+        feature += ":predivide-" + ("1" if f == 1 else "dp" if f == p["dp"] else "other")
+    return feature
 
 
 def overlap_comm(case, default):

@@ -88,9 +88,6 @@ class DeepSpeedZero(TorchTarget):
         # serves inference_all_reduce. Without it DeepSpeed uses plain torch.distributed (gloo) collectives.
         ds_torch_comm.build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-        from .. import known_fixes
-
-        known_fixes.apply(self.name)
         import gc
 
         # ZeRO-3 calls gc.collect() per engine (over a second with torch's and DeepSpeed's objects alive):
@@ -121,9 +118,13 @@ class DeepSpeedZero(TorchTarget):
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
-        if p["overlap_comm"] is not None:
-            # (Absent, DeepSpeed's own default: overlapped under stage 3 only.)
-            cfg["zero_optimization"]["overlap_comm"] = p["overlap_comm"]
+        # The case's way of reducing gradients, where it sets one (absent: DeepSpeed's defaults, overlapped
+        # under stage 3 only, a reduce-scatter, no pre-division).
+        for field, key in (("overlap_comm", "overlap_comm"), ("reduce_scatter", "reduce_scatter")):
+            if p[field] is not None:
+                cfg["zero_optimization"][key] = p[field]
+        if p["grad_predivide"] is not None:
+            cfg["gradient_predivide_factor"] = float(p["grad_predivide"])
         if dt == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif dt == "f16":
