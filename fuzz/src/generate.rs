@@ -98,6 +98,8 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         activation: pick(u, &[Activation::Gelu, Activation::Swiglu])?,
         bias: u.ratio(3, 4)?,
         tied_embeddings: u.ratio(1, 4)?,
+        // (Sparse embedding gradients come from the `sparse-embedding` mutator.)
+        sparse_embedding: false,
         moe,
     })
 }

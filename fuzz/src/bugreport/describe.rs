@@ -21,6 +21,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
                 let how = divides("seq", m.seq, "TP", p.tp).unwrap_or_default();
                 out.push(format!("sequence parallel, {} ({how})", p.sequence_parallel_mode.name()));
             }
+            if m.sparse_embedding {
+                out.push("the embedding's gradient sparse (nn.Embedding(sparse=True))".into());
+            }
             match p.vocab_loss {
                 VocabLoss::Sharded if p.tp > 1 => out.push("the loss on vocabulary-sharded logits".into()),
                 VocabLoss::Gathered if p.tp > 1 => out.push("the loss on logits gathered over the vocabulary".into()),

@@ -86,6 +86,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if p.grad_predivide.is_some() {
         out.push(with(case, |c| c.parallel.grad_predivide = None));
     }
+    if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
+        out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
+    }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
     }

@@ -38,6 +38,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("overlap-comm", parallel::overlap_comm),
     ("reduce-scatter", parallel::reduce_scatter),
     ("grad-predivide", parallel::grad_predivide),
+    ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
     ("world-size-one", parallel::world_size_one),
@@ -108,6 +109,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("overlap-comm", "overlap_comm"),
     ("reduce-scatter", "reduce_scatter"),
     ("grad-predivide", "grad_predivide"),
+    ("sparse-embedding", "sparse_embedding"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.
@@ -317,7 +319,7 @@ mod tests {
         let offload = names(enabled_mutations(&["zero_offload"]));
         assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
         let every =
-            ["zero_offload", "sequence_parallel_mode", "vocab_loss", "reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide"];
+            ["zero_offload", "sequence_parallel_mode", "vocab_loss", "reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "sparse_embedding"];
         assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());
     }
 

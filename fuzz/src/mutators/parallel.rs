@@ -180,6 +180,17 @@ pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The embedding's gradient as a sparse tensor, or dense again (data parallelism switched on with it; a model
+/// case only).
+pub fn sparse_embedding(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    m.sparse_embedding = !m.sparse_embedding;
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+    true
+}
+
 pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let mut axes = Axis::ALL;
     axes.shuffle(rng);

@@ -322,6 +322,47 @@ def _deepspeed_zero3_predivide_world():
         setattr(Stage3, name, avg_scatter)
 
 
+def _deepspeed_sparse_predivide():
+    """DeepSpeed 0.19.8: DeepSpeedEngine.sparse_allreduce (a sparse gradient: nn.Embedding(sparse=True), ZeRO
+    stage 0) scales the values by f / W before its all-gather sum when `gradient_predivide_factor` f is set and
+    never divides by f, where the dense all-reduce divides by f before and multiplies by f / W after (engine.py
+    :3963-3965 against :3807-3813): sparse gradients come out f times the average
+    (docs/findings/deepspeed-0.19.8-sparse-gradient-predivide-factor.py). Fix: divide by f first."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    original = DeepSpeedEngine.sparse_allreduce
+
+    def sparse_allreduce(self, sparse, dp_group, dp_world_size=None):
+        f = self.gradient_predivide_factor()
+        if self.gradient_average and self.postscale_gradients() and f != 1.0:
+            sparse.values = sparse.values / f
+        return original(self, sparse, dp_group, dp_world_size)
+
+    DeepSpeedEngine.sparse_allreduce = sparse_allreduce
+
+
+def _deepspeed_sparse_clip():
+    """DeepSpeed 0.19.8: the engine's fp32 gradient clipping (deepspeed.runtime.utils.clip_grad_norm_, ZeRO stage
+    0 without bf16 / fp16) scales each gradient by `p.grad.data.mul_(clip_coef)`; on a sparse gradient the
+    in-place product lands on the `.data` alias only, so sparse embedding gradients are never clipped while the
+    norm counts them (docs/findings/deepspeed-0.19.8-sparse-gradient-not-clipped.py). Fix: scale sparse gradients
+    themselves by the same coefficient."""
+    import deepspeed.runtime.engine as engine
+
+    original = engine.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, max_norm, norm_type=2, mpu=None):
+        parameters = [p for p in ([parameters] if hasattr(parameters, "grad") else parameters) if p.grad is not None]
+        total_norm = original(parameters, max_norm, norm_type=norm_type, mpu=mpu)
+        coef = min(1.0, float(max_norm) / (float(total_norm) + 1e-6))
+        for p in parameters:
+            if p.grad.is_sparse:
+                p.grad = p.grad * coef
+        return total_norm
+
+    engine.clip_grad_norm_ = clip_grad_norm_
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -337,6 +378,8 @@ FIXES = {
     "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
+    "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
+    "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }
 

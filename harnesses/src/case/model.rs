@@ -28,6 +28,11 @@ pub struct Model {
     /// The LM head reuses the embedding table.
     #[serde(default)]
     pub tied_embeddings: bool,
+    /// The embedding's gradient as a sparse tensor (torch's `nn.Embedding(sparse=True)`: the rows of the
+    /// tokens seen), reduced sparsely over data-parallel ranks where a target offers it (DDP, DeepSpeed
+    /// without ZeRO); the same model and values either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sparse_embedding: bool,
     /// Settings of the `moe` blocks (required when `layers` contains one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,

@@ -67,7 +67,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &["reduce_bucket"],
+        offers: &["reduce_bucket", "sparse_embedding"],
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {
@@ -88,7 +88,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "deepspeed-zero",
         description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide"],
+        offers: &["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "sparse_embedding"],
         create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {

@@ -20,7 +20,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature  # noqa: E402
 from .torch_common import TorchTarget, torch_dtype  # noqa: E402
-from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
+from .torch_model import (Model, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
+                          to_case_layout, unsupported_layout, unsupported_sparse_embedding)
 from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 
@@ -54,10 +55,15 @@ class DeepSpeedZero(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("dp",), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)")
+        why = (unsupported_layout(case, ("dp",), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)")
+               or unsupported_sparse_embedding(case))
         if why:
             return why
         p = parallel(case)
+        if sparse_embedding(case) and p["zero_stage"] > 0:
+            # Measured: ZeRO's gradient buckets view every gradient flat, which sparse tensors cannot
+            # ("Could not run 'aten::view' with arguments from the 'SparseCPU' backend").
+            return "DeepSpeed reduces sparse gradients without ZeRO only (stage 0)"
         if p["zero_stage"] not in (0, 1, 2, 3):
             return f"ZeRO stage {p['zero_stage']} does not exist"
         dt = dtype_name(case)
@@ -140,7 +146,7 @@ class DeepSpeedZero(TorchTarget):
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
         dt = torch_dtype(dtype_name(case))
-        model = Model(model_defaults(case)).to(dt)
+        model = Model(model_defaults(case), sparse_embedding(case)).to(dt)
         load_case_params(model, inputs, dt)
         names = [n for n, _ in model.named_parameters()]
         opt = make_optimizer(case, list(model.parameters()))
@@ -181,7 +187,8 @@ class DeepSpeedZero(TorchTarget):
 
     def combine(self, case, outs):
         stage = f"deepspeed:dp{len(outs)}:zero{parallel(case)['zero_stage']}"
-        return combine_dp(case, outs, [stage, reduction_feature(stage, case)])
+        sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
+        return combine_dp(case, outs, [stage, reduction_feature(stage, case), *sparse])
 
 
 TARGET = DeepSpeedZero()

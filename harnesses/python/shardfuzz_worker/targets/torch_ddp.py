@@ -3,7 +3,7 @@ of the case's `reduce_bucket` elements (by default 1 MB)."""
 
 from .base import dtype_name, parallel, reduce_dtype_name, reduction_feature
 from .torch_common import TorchTarget
-from .torch_model import build, unsupported_layout
+from .torch_model import build, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_training import combine_dp, single_device, train
 
 
@@ -11,7 +11,8 @@ class TorchDdp(TorchTarget):
     name = "torch-ddp"
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True)
+        why = (unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True)
+               or unsupported_sparse_embedding(case))
         if why:
             return why
         p = parallel(case)
@@ -24,7 +25,7 @@ class TorchDdp(TorchTarget):
     def run_rank(self, rank, world, case, inputs):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model, dt = build(case, inputs)
+        model, dt = build(case, inputs, sparse_embedding(case))
         ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt))
         named = list(model.named_parameters())
         out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
@@ -32,7 +33,8 @@ class TorchDdp(TorchTarget):
         return out
 
     def combine(self, case, outs):
-        return combine_dp(case, outs, [f"ddp:dp{len(outs)}", reduction_feature(f"ddp:dp{len(outs)}", case)])
+        sparse = [f"ddp:dp{len(outs)}:sparse-embedding"] if sparse_embedding(case) else []
+        return combine_dp(case, outs, [f"ddp:dp{len(outs)}", reduction_feature(f"ddp:dp{len(outs)}", case), *sparse])
 
 
 def bucket_cap_mb(case, dt):

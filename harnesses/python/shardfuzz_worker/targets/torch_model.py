@@ -96,10 +96,13 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, m):
+    """The case's model; `sparse_embedding`: the embedding's gradient as a sparse tensor (where the target that
+    builds it reduces sparse gradients)."""
+
+    def __init__(self, m, sparse_embedding=False):
         super().__init__()
         self.tied = m.get("tied_embeddings", False)
-        self.embed = nn.Embedding(m["vocab"], m["hidden"])
+        self.embed = nn.Embedding(m["vocab"], m["hidden"], sparse=sparse_embedding)
         self.layers = nn.ModuleList(Block(m, k) for k in m["layers"])
         self.final_norm = Norm(m["hidden"], m.get("norm", "layernorm"), m["bias"])
         if not self.tied:
@@ -165,14 +168,35 @@ def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=Fal
     return unsupported_sp_mode(case, what.split(" ")[0], sp_modes)
 
 
-def build(case, inputs):
+def build(case, inputs, sparse_embedding=False):
     """The case's model in its dtype with the case's initial parameters; returns (model, dtype)."""
     from .torch_common import torch_dtype
 
     dt = torch_dtype(case["train"]["dtype"])
-    model = Model(model_defaults(case)).to(dt)
+    model = Model(model_defaults(case), sparse_embedding).to(dt)
     load_case_params(model, inputs, dt)
     return model, dt
+
+
+def sparse_embedding(case):
+    """Whether the case asks for the embedding's gradient as a sparse tensor (`model.sparse_embedding`)."""
+    return bool((case.get("model") or {}).get("sparse_embedding", False))
+
+
+def unsupported_sparse_embedding(case):
+    """Why a target that reduces sparse gradients cannot run the case's sparse embedding gradient, or None."""
+    if not sparse_embedding(case):
+        return None
+    t = case["train"]
+    if model_defaults(case).get("tied_embeddings"):
+        return "a tied LM head adds a dense gradient to the embedding's: it cannot stay sparse"
+    o = t["optimizer"]
+    if o["kind"] != "sgd":
+        return f"torch's {o['kind']} takes no sparse gradients (SGD does)"
+    if o.get("weight_decay", 0.0):
+        # torch's SGD adds the decay as add(sparse, dense), which torch refuses.
+        return "torch's SGD takes no sparse gradient with weight decay"
+    return None
 
 
 def is_linear_weight(name):

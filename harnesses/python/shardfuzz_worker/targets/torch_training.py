@@ -25,6 +25,11 @@ def full(t):
     return t.detach().to(torch.float64, copy=True)
 
 
+def dense(t):
+    """A sparse gradient (an embedding's with `sparse=True`) as the dense tensor it stands for."""
+    return t.to_dense() if t.is_sparse else t
+
+
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
           forward=None, named=None, loss_ctx=None, view=None, grad=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
@@ -86,7 +91,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if k == 0:
             logits0 = torch.cat(rows).numpy() if rows else None
             for name, p in named:
-                grads0[name] = view(name, grad_or_fail(name, grad(name, p)))
+                grads0[name] = view(name, dense(grad_or_fail(name, grad(name, p))))
         if clip is not None:
             clip()
         elif t.get("clip_grad_norm") is not None:
