@@ -603,3 +603,40 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
     let v = run("dp2-zero3-reduce-scatter-predivide-2-bf16.json", "");
     assert!(v["kind"] == "rejected" && reason(&v).contains("not yet supported"), "{v}");
 }
+
+/// The case field `model.sparse_embedding` (nn.Embedding(sparse=True)): torch-ddp and deepspeed-zero (stage 0)
+/// reduce the sparse gradient and pass; DeepSpeed 0.19.8's sparse all-reduce ignores the predivide factor's
+/// division (the embedding's gradient doubles with `grad_predivide` 2) and its fp32 clipping never scales a
+/// sparse gradient (the update after a clipped step is off); each passes with its known fix and on torch-ddp.
+#[test]
+fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-sparse-embedding");
+    let run = |target: &str, case: &str, fixes: &str| {
+        let file = dir.join(case).display().to_string();
+        let o = shardfuzz(&["run", "--json", "--target", target, &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        vs[0].clone()
+    };
+    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
+    let has = |v: &Value, f: &str| v["features"].as_array().is_some_and(|fs| fs.iter().any(|x| x == f));
+    let plain = "dp2-sparse-embedding-sgd-f32.json";
+    let v = run("torch-ddp", plain, "");
+    assert!(v["kind"] == "pass" && has(&v, "ddp:dp2:sparse-embedding"), "{v}");
+    let v = run("deepspeed-zero", plain, "");
+    assert!(v["kind"] == "pass" && has(&v, "deepspeed:dp2:zero0:sparse-embedding"), "{v}");
+    let predivide = "dp2-sparse-embedding-predivide-2-f32.json";
+    let v = run("deepspeed-zero", predivide, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/embed.weight: norm error 1.0"), "{v}");
+    assert_eq!(run("deepspeed-zero", predivide, "deepspeed-sparse-predivide")["kind"], "pass");
+    let clip = "dp2-sparse-embedding-clip-f32.json";
+    let v = run("deepspeed-zero", clip, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
+    assert_eq!(run("deepspeed-zero", clip, "deepspeed-sparse-clip")["kind"], "pass");
+    assert_eq!(run("torch-ddp", clip, "")["kind"], "pass", "torch's clipping scales sparse gradients");
+    let v = run("deepspeed-zero", "dp2-sparse-embedding-zero1-f32.json", "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("without ZeRO"), "{v}");
+}

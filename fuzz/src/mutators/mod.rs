@@ -318,8 +318,16 @@ mod tests {
         assert!(!plain.contains(&"zero-offload") && !plain.contains(&"sequence-parallel-mode"));
         let offload = names(enabled_mutations(&["zero_offload"]));
         assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
-        let every =
-            ["zero_offload", "sequence_parallel_mode", "vocab_loss", "reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "sparse_embedding"];
+        let every = [
+            "zero_offload",
+            "sequence_parallel_mode",
+            "vocab_loss",
+            "reduce_bucket",
+            "overlap_comm",
+            "reduce_scatter",
+            "grad_predivide",
+            "sparse_embedding",
+        ];
         assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());
     }
 

@@ -59,5 +59,26 @@ class DdpReductionTest(unittest.TestCase):
                          "x:bucket-sized:overlap-off")
 
 
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class SparseEmbeddingTest(unittest.TestCase):
+    def test_what_a_sparse_embedding_gradient_cannot_meet_is_refused(self):
+        from shardfuzz_worker.targets.torch_model import unsupported_sparse_embedding
+
+        def sparse(**train):
+            c = case("dp2-even-f32.json")
+            c["model"]["sparse_embedding"] = True
+            c["train"].update(train)
+            return c
+
+        self.assertIsNone(unsupported_sparse_embedding(case("dp2-even-f32.json")), "dense: nothing to refuse")
+        self.assertIn("takes no sparse gradients", unsupported_sparse_embedding(sparse()))  # the seed's Adam
+        self.assertIsNone(unsupported_sparse_embedding(sparse(optimizer={"kind": "sgd", "lr": 0.1})))
+        self.assertIn("weight decay",
+                      unsupported_sparse_embedding(sparse(optimizer={"kind": "sgd", "lr": 0.1, "weight_decay": 0.1})))
+        tied = sparse(optimizer={"kind": "sgd", "lr": 0.1})
+        tied["model"]["tied_embeddings"] = True
+        self.assertIn("tied", unsupported_sparse_embedding(tied))
+
+
 if __name__ == "__main__":
     unittest.main()
