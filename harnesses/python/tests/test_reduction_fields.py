@@ -75,6 +75,7 @@ class SparseEmbeddingTest(unittest.TestCase):
         self.assertIsNone(unsupported_sparse_embedding(sparse(optimizer={"kind": "sgd", "lr": 0.1})))
         self.assertIn("weight decay",
                       unsupported_sparse_embedding(sparse(optimizer={"kind": "sgd", "lr": 0.1, "weight_decay": 0.1})))
+        self.assertIn("f16", unsupported_sparse_embedding(sparse(optimizer={"kind": "sgd", "lr": 0.1}, dtype="f16")))
         tied = sparse(optimizer={"kind": "sgd", "lr": 0.1})
         tied["model"]["tied_embeddings"] = True
         self.assertIn("tied", unsupported_sparse_embedding(tied))
