@@ -11,7 +11,7 @@ def run_sharded(data, rank):
     # The shared-memory allreduce is a JIT-built C++ extension that serves inference only: plain gloo instead.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    model = Model(M).to(DTYPE)
+    model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
     load_case_params(model, data, DTYPE)
     names = [n for n, _ in model.named_parameters()]
     opt = make_optimizer(CASE, list(model.parameters()))

@@ -5,7 +5,7 @@ def run_sharded(data, rank):
     """The model wrapped in DistributedDataParallel (BUCKET_CAP_MB per gradient bucket) over the dp ranks, as the fuzzer's
     torch-ddp ranks run it; this rank trains on its rows of the batch, with no_sync() on every micro-batch
     but the last of a step (gradients are all-reduced once per step)."""
-    model = Model(M).to(DTYPE)
+    model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
     load_case_params(model, data, DTYPE)
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     named = list(model.named_parameters())
