@@ -42,6 +42,22 @@ fn verdicts(o: &Output) -> Vec<Value> {
     String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
+/// The one verdict of `shardfuzz run --json --target TARGET FILE` with the known fixes `fixes` applied.
+fn one_verdict(target: &str, file: &Path, fixes: &str) -> Value {
+    let o = shardfuzz(&["run", "--json", "--target", target, &file.display().to_string()], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 1, "{}: {}", file.display(), String::from_utf8_lossy(&o.stderr));
+    vs[0].clone()
+}
+
+fn reason(v: &Value) -> String {
+    v["reason"].as_str().unwrap_or_default().to_string()
+}
+
+fn has_feature(v: &Value, feature: &str) -> bool {
+    v["features"].as_array().is_some_and(|fs| fs.iter().any(|x| x == feature))
+}
+
 /// Python targets as the registry lists them.
 fn python_targets() -> Vec<String> {
     let o = shardfuzz(&["targets", "--json"], &[]);
@@ -452,23 +468,15 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
         return;
     }
     let dir = root().join("tests/python-vocab-loss");
-    let run = |target: &str, case: &str, fixes: &str| {
-        let file = dir.join(case).display().to_string();
-        let o = shardfuzz(&["run", "--json", "--target", target, &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
-        let vs = verdicts(&o);
-        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
-        vs[0].clone()
-    };
-    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
-    let has = |v: &Value, f: &str| v["features"].as_array().is_some_and(|fs| fs.iter().any(|x| x == f));
+    let run = |target: &str, case: &str, fixes: &str| one_verdict(target, &dir.join(case), fixes);
     let hybrid = "colossalai-hybrid";
     let v = run(hybrid, "llama-dp2-tp2-zero1-sp-bf16-vocab-sharded.json", "");
-    assert!(v["kind"] == "pass" && has(&v, "colossalai-hybrid:loss:criterion:vocab-sharded"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-hybrid:loss:criterion:vocab-sharded"), "{v}");
     let empty = "llama-tp2-f32-label-padding-vocab-sharded.json";
     let v = run(hybrid, empty, "");
     assert!(v["kind"] == "crash" && reason(&v).contains("cannot reshape tensor of 0 elements"), "{v}");
     let v = run(hybrid, empty, "colossalai-empty-vocab-shard");
-    assert!(v["kind"] == "pass" && has(&v, "colossalai-hybrid:loss:model-labels:vocab-sharded"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-hybrid:loss:model-labels:vocab-sharded"), "{v}");
     let gpt2 = "gpt2-tp2-f32-vocab-sharded.json";
     let v = run(hybrid, gpt2, "");
     assert!(v["kind"] == "crash" && reason(&v).contains("local variable 'loss'"), "{v}");
@@ -478,11 +486,11 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
     assert_eq!(run(hybrid, a2a, "colossalai-dist-ce-batch-mean")["kind"], "pass", "labels are split, not misaligned");
     let v = run("torch-tp", "tp2-even-f32-vocab-gathered.json", "");
-    assert!(v["kind"] == "pass" && has(&v, "tp:loss:gathered"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "tp:loss:gathered"), "{v}");
     let v = run("megatron-tp", "tp2-sp-f32-padding-vocab-gathered.json", "");
-    assert!(v["kind"] == "pass" && has(&v, "megatron:loss:gathered"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:loss:gathered"), "{v}");
     let v = run("colossalai-tp", "tp2-sp-f32-padding-vocab-gathered.json", "colossalai-row-bias-sp");
-    assert!(v["kind"] == "pass" && has(&v, "colossalai-tp:loss:gathered"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-tp:loss:gathered"), "{v}");
 }
 
 /// colossalai-hybrid builds LayerNorm + GELU cases as a `transformers` GPT-2 (fused q/k/v, Conv1D layouts): under
@@ -496,14 +504,7 @@ fn colossalai_hybrid_on_gpt2_passes_once_four_colossalai_bugs_are_fixed() {
         return;
     }
     let dir = root().join("tests/python-gpt2");
-    let run = |case: &str, fixes: &str| {
-        let file = dir.join(case).display().to_string();
-        let o = shardfuzz(&["run", "--json", "--target", "colossalai-hybrid", &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
-        let vs = verdicts(&o);
-        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
-        vs[0].clone()
-    };
-    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
+    let run = |case: &str, fixes: &str| one_verdict("colossalai-hybrid", &dir.join(case), fixes);
     let v = run("gpt2-tp2-f32.json", "");
     assert!(v["kind"] == "divergent" && reason(&v).contains("columns for a vocabulary"), "{v}");
     let v = run("gpt2-tp2-pp2-1f1b-f32.json", "");
@@ -585,14 +586,7 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
         return;
     }
     let dir = root().join("tests/python-predivide");
-    let run = |case: &str, fixes: &str| {
-        let file = dir.join(case).display().to_string();
-        let o = shardfuzz(&["run", "--json", "--target", "deepspeed-zero", &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
-        let vs = verdicts(&o);
-        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
-        vs[0].clone()
-    };
-    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
+    let run = |case: &str, fixes: &str| one_verdict("deepspeed-zero", &dir.join(case), fixes);
     let bug = "dp2-zero3-all-reduce-predivide-2-bf16.json";
     let v = run(bug, "");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/") && reason(&v).contains("norm error 5.0"), "{v}");
@@ -614,20 +608,12 @@ fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
         return;
     }
     let dir = root().join("tests/python-sparse-embedding");
-    let run = |target: &str, case: &str, fixes: &str| {
-        let file = dir.join(case).display().to_string();
-        let o = shardfuzz(&["run", "--json", "--target", target, &file], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
-        let vs = verdicts(&o);
-        assert_eq!(vs.len(), 1, "{case}: {}", String::from_utf8_lossy(&o.stderr));
-        vs[0].clone()
-    };
-    let reason = |v: &Value| v["reason"].as_str().unwrap_or_default().to_string();
-    let has = |v: &Value, f: &str| v["features"].as_array().is_some_and(|fs| fs.iter().any(|x| x == f));
+    let run = |target: &str, case: &str, fixes: &str| one_verdict(target, &dir.join(case), fixes);
     let plain = "dp2-sparse-embedding-sgd-f32.json";
     let v = run("torch-ddp", plain, "");
-    assert!(v["kind"] == "pass" && has(&v, "ddp:dp2:sparse-embedding"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "ddp:dp2:sparse-embedding"), "{v}");
     let v = run("deepspeed-zero", plain, "");
-    assert!(v["kind"] == "pass" && has(&v, "deepspeed:dp2:zero0:sparse-embedding"), "{v}");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed:dp2:zero0:sparse-embedding"), "{v}");
     let predivide = "dp2-sparse-embedding-predivide-2-f32.json";
     let v = run("deepspeed-zero", predivide, "");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/embed.weight: norm error 1.0"), "{v}");

@@ -5,6 +5,19 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET};
 
+/// One of `choices` other than `current`, at random.
+fn another<T: Copy + PartialEq>(current: T, choices: &[T], rng: &mut ChaCha8Rng) -> T {
+    let others: Vec<T> = choices.iter().copied().filter(|x| *x != current).collect();
+    *others.choose(rng).expect("a choice besides the current one")
+}
+
+/// Data parallelism switched on (dp 2) where the case has none, for a mutation towards a data-parallel setting.
+fn ensure_data_parallel(c: &mut Case) {
+    if c.parallel.dp == 1 {
+        c.parallel.dp = 2;
+    }
+}
+
 fn divisors(n: u32) -> Vec<u32> {
     (1..=n.max(1)).filter(|d| n % d == 0).collect()
 }
@@ -68,9 +81,7 @@ pub fn microbatches_vs_pipeline(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 
 pub fn zero_stage(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let v = rng.gen_range(0..=3);
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    ensure_data_parallel(c);
     let changed = c.parallel.zero_stage != v;
     c.parallel.zero_stage = v;
     changed
@@ -86,8 +97,7 @@ pub fn toggle_sequence_parallel(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
 
 /// Another realisation of sequence parallelism (sequence parallelism switched on with it).
 pub fn sequence_parallel_mode(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let others: Vec<_> = SequenceParallelMode::ALL.into_iter().filter(|m| *m != c.parallel.sequence_parallel_mode).collect();
-    c.parallel.sequence_parallel_mode = *others.choose(rng).expect("three modes");
+    c.parallel.sequence_parallel_mode = another(c.parallel.sequence_parallel_mode, &SequenceParallelMode::ALL, rng);
     c.parallel.sequence_parallel = true;
     if c.parallel.tp == 1 {
         c.parallel.tp = 2;
@@ -101,17 +111,14 @@ pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.parallel.zero_stage == 0 {
         c.parallel.zero_stage = rng.gen_range(1..=2);
     }
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    ensure_data_parallel(c);
     true
 }
 
 /// Another realisation of the loss on a tensor-parallel LM head, or the target's default (tensor parallelism
 /// switched on with it).
 pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let others: Vec<_> = VocabLoss::ALL.into_iter().filter(|v| *v != c.parallel.vocab_loss).collect();
-    c.parallel.vocab_loss = *others.choose(rng).expect("three choices");
+    c.parallel.vocab_loss = another(c.parallel.vocab_loss, &VocabLoss::ALL, rng);
     if c.parallel.tp == 1 {
         c.parallel.tp = 2;
     }
@@ -132,40 +139,30 @@ pub fn reduce_bucket(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         return false;
     }
     c.parallel.reduce_bucket = size;
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    ensure_data_parallel(c);
     true
 }
 
 /// The gradient reduction overlapped with the backward, not overlapped, or the target's own choice
 /// (data parallelism switched on with it).
 pub fn overlap_comm(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let others: Vec<_> = [None, Some(false), Some(true)].into_iter().filter(|o| *o != c.parallel.overlap_comm).collect();
-    c.parallel.overlap_comm = *others.choose(rng).expect("three choices");
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    c.parallel.overlap_comm = another(c.parallel.overlap_comm, &[None, Some(false), Some(true)], rng);
+    ensure_data_parallel(c);
     true
 }
 
 /// The gradient reduction as a reduce-scatter, as all-reduces, or the target's own choice (data parallelism
 /// switched on with it).
 pub fn reduce_scatter(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let others: Vec<_> = [None, Some(false), Some(true)].into_iter().filter(|o| *o != c.parallel.reduce_scatter).collect();
-    c.parallel.reduce_scatter = *others.choose(rng).expect("three choices");
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    c.parallel.reduce_scatter = another(c.parallel.reduce_scatter, &[None, Some(false), Some(true)], rng);
+    ensure_data_parallel(c);
     true
 }
 
 /// Another gradient pre-division factor: the boundary values of its arithmetic (1, and the data-parallel
 /// degree, where the post-division is 1), another small factor, or none (data parallelism switched on with it).
 pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    ensure_data_parallel(c);
     let dp = c.parallel.dp.min(MAX_GRAD_PREDIVIDE);
     let factor = match rng.gen_range(0..4) {
         0 => None,
@@ -185,9 +182,7 @@ pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 pub fn sparse_embedding(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     let Some(m) = c.model.as_mut() else { return false };
     m.sparse_embedding = !m.sparse_embedding;
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    ensure_data_parallel(c);
     true
 }
 
@@ -202,8 +197,7 @@ pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Another pipeline schedule; interleaved with 2 to 4 model chunks per rank.
 pub fn schedule(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let p = &mut c.parallel;
-    let others: Vec<PipelineSchedule> = PipelineSchedule::ALL.into_iter().filter(|s| *s != p.pipeline_schedule).collect();
-    p.pipeline_schedule = *others.choose(rng).expect("three schedules");
+    p.pipeline_schedule = another(p.pipeline_schedule, &PipelineSchedule::ALL, rng);
     p.virtual_stages = if p.pipeline_schedule == PipelineSchedule::Interleaved { rng.gen_range(2..=4) } else { 1 };
     true
 }
@@ -221,9 +215,7 @@ pub fn world_size_one(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
 
 /// Expert parallelism over the data-parallel group.
 pub fn expert_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    if c.parallel.dp == 1 {
-        c.parallel.dp = 2;
-    }
+    ensure_data_parallel(c);
     let v = *divisors(c.parallel.dp).choose(rng).unwrap_or(&1);
     let changed = c.parallel.ep != v;
     c.parallel.ep = v;

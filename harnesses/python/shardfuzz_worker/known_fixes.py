@@ -294,9 +294,6 @@ def _colossalai_clip_norm_customized_tensors():
     hybrid_parallel_plugin.is_distributed_tensor = lambda t: is_distributed_tensor(t) or is_customized_distributed_tensor(t)
 
 
-COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
-
-#: name -> (the targets it concerns, the fix)
 def _deepspeed_zero3_predivide_world():
     """DeepSpeed 0.19.8: ZeRO-3 without reduce-scatter (`"reduce_scatter": false`) with a
     `gradient_predivide_factor` f divides every gradient by f and by the world size W before the reduction and
@@ -363,6 +360,9 @@ def _deepspeed_sparse_clip():
     engine.clip_grad_norm_ = clip_grad_norm_
 
 
+COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
+
+#: name -> (the targets it concerns, the fix)
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),

@@ -126,9 +126,9 @@ class DeepSpeedZero(TorchTarget):
         }
         # The case's way of reducing gradients, where it sets one (absent: DeepSpeed's defaults, overlapped
         # under stage 3 only, a reduce-scatter, no pre-division).
-        for field, key in (("overlap_comm", "overlap_comm"), ("reduce_scatter", "reduce_scatter")):
-            if p[field] is not None:
-                cfg["zero_optimization"][key] = p[field]
+        for key in ("overlap_comm", "reduce_scatter"):
+            if p[key] is not None:
+                cfg["zero_optimization"][key] = p[key]
         if p["grad_predivide"] is not None:
             cfg["gradient_predivide_factor"] = float(p["grad_predivide"])
         if dt == "bf16":

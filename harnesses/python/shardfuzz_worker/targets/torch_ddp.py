@@ -1,7 +1,7 @@
 """torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks, its gradient buckets
 of the case's `reduce_bucket` elements (by default 1 MB)."""
 
-from .base import dtype_name, parallel, reduce_dtype_name, reduction_feature
+from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
 from .torch_common import TorchTarget
 from .torch_model import build, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_training import combine_dp, single_device, train
@@ -39,7 +39,7 @@ class TorchDdp(TorchTarget):
 
 def bucket_cap_mb(case, dt):
     """DDP's bucket size in MB for the case's `reduce_bucket` elements of dtype `dt` (1 MB by default)."""
-    b = parallel(case)["reduce_bucket"]
+    b = reduce_bucket(case, None)
     return 1 if b is None else b * dt.itemsize / 2**20
 
 
