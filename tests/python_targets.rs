@@ -598,6 +598,32 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
     assert!(v["kind"] == "rejected" && reason(&v).contains("not yet supported"), "{v}");
 }
 
+/// deepspeed-zero's ZeRO layouts: the optimizer offloaded to the host (`zero_offload`, stages 2 and 3 with
+/// clipping) and reduced gradients kept per parameter (`contiguous_grads: false`, with accumulation) pass;
+/// with `round_robin_grads`, DeepSpeed 0.19.8 links each parameter to another's fp32 and gradient fragments
+/// (`safe_get_full_grad` raises a size mismatch at step 0), and the case passes with the known fix.
+#[test]
+fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-zero-layout");
+    let run = |case: &str, fixes: &str| one_verdict("deepspeed-zero", &dir.join(case), fixes);
+    for (case, feature) in [
+        ("dp2-zero2-offload-bf16.json", "deepspeed:dp2:zero2:offload"),
+        ("dp2-zero3-offload-clip-bf16.json", "deepspeed:dp2:zero3:offload"),
+        ("dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed:dp2:zero1:contiguous-off"),
+    ] {
+        let v = run(case, "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    let bug = "dp2-zero1-round-robin-f32.json";
+    let v = run(bug, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("get_full_hp_grad"), "{v}");
+    let v = run(bug, "deepspeed-round-robin-hp-link");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed:dp2:zero1:round-robin"), "{v}");
+}
+
 /// The case field `model.sparse_embedding` (nn.Embedding(sparse=True)): torch-ddp and deepspeed-zero (stage 0)
 /// reduce the sparse gradient and pass; DeepSpeed 0.19.8's sparse all-reduce ignores the predivide factor's
 /// division (the embedding's gradient doubles with `grad_predivide` 2) and its fp32 clipping never scales a

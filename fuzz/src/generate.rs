@@ -53,6 +53,8 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         overlap_comm: None,
         reduce_scatter: None,
         grad_predivide: None,
+        contiguous_grads: None,
+        round_robin_grads: None,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         // (Interleaving comes from the `schedule` mutator, for the reason given above.)

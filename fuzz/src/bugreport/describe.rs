@@ -53,6 +53,16 @@ fn parallel_words(case: &Case) -> Vec<String> {
     }
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
+        match p.contiguous_grads {
+            Some(true) => out.push("reduced gradients copied into a contiguous buffer".into()),
+            Some(false) => out.push("reduced gradients kept per parameter (no contiguous buffer)".into()),
+            None => {}
+        }
+        match p.round_robin_grads {
+            Some(true) => out.push("parameters dealt to the ZeRO partitions round robin".into()),
+            Some(false) => out.push("parameters dealt to the ZeRO partitions in model order".into()),
+            None => {}
+        }
     }
     if p.dp > 1 {
         if let Some(b) = p.reduce_bucket {

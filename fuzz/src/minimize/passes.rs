@@ -86,6 +86,12 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if p.grad_predivide.is_some() {
         out.push(with(case, |c| c.parallel.grad_predivide = None));
     }
+    if p.contiguous_grads.is_some() {
+        out.push(with(case, |c| c.parallel.contiguous_grads = None));
+    }
+    if p.round_robin_grads.is_some() {
+        out.push(with(case, |c| c.parallel.round_robin_grads = None));
+    }
     if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
     }

@@ -38,6 +38,8 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("overlap-comm", parallel::overlap_comm),
     ("reduce-scatter", parallel::reduce_scatter),
     ("grad-predivide", parallel::grad_predivide),
+    ("contiguous-grads", parallel::contiguous_grads),
+    ("round-robin-grads", parallel::round_robin_grads),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -109,6 +111,8 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("overlap-comm", "overlap_comm"),
     ("reduce-scatter", "reduce_scatter"),
     ("grad-predivide", "grad_predivide"),
+    ("contiguous-grads", "contiguous_grads"),
+    ("round-robin-grads", "round_robin_grads"),
     ("sparse-embedding", "sparse_embedding"),
 ];
 
@@ -326,6 +330,8 @@ mod tests {
             "overlap_comm",
             "reduce_scatter",
             "grad_predivide",
+            "contiguous_grads",
+            "round_robin_grads",
             "sparse_embedding",
         ];
         assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());

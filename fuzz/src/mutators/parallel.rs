@@ -108,10 +108,7 @@ pub fn sequence_parallel_mode(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// ZeRO optimizer states offloaded to the host, or back (a ZeRO stage switched on with it).
 pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.zero_offload = !c.parallel.zero_offload;
-    if c.parallel.zero_stage == 0 {
-        c.parallel.zero_stage = rng.gen_range(1..=2);
-    }
-    ensure_data_parallel(c);
+    ensure_zero(c, rng);
     true
 }
 
@@ -175,6 +172,29 @@ pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     }
     c.parallel.grad_predivide = factor;
     true
+}
+
+/// Reduced gradients in a contiguous buffer, kept per parameter, or the target's own choice (a ZeRO stage
+/// and data parallelism switched on with it).
+pub fn contiguous_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.contiguous_grads = another(c.parallel.contiguous_grads, &[None, Some(false), Some(true)], rng);
+    ensure_zero(c, rng);
+    true
+}
+
+/// Parameters dealt to the ZeRO partitions round robin, in model order, or the target's own choice (a ZeRO
+/// stage and data parallelism switched on with it).
+pub fn round_robin_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.round_robin_grads = another(c.parallel.round_robin_grads, &[None, Some(false), Some(true)], rng);
+    ensure_zero(c, rng);
+    true
+}
+
+fn ensure_zero(c: &mut Case, rng: &mut ChaCha8Rng) {
+    if c.parallel.zero_stage == 0 {
+        c.parallel.zero_stage = rng.gen_range(1..=2);
+    }
+    ensure_data_parallel(c);
 }
 
 /// The embedding's gradient as a sparse tensor, or dense again (data parallelism switched on with it; a model

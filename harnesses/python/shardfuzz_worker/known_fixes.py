@@ -360,6 +360,38 @@ def _deepspeed_sparse_clip():
     engine.clip_grad_norm_ = clip_grad_norm_
 
 
+def _deepspeed_round_robin_hp_link():
+    """DeepSpeed 0.19.8: with `round_robin_gradients`, ZeRO-1/2 lay the flat buffer out in round-robin order, but
+    `_link_all_hp_params` passes the layout's offsets to `link_hp_params` only when some parameter is padded; with
+    none padded, the fragments of the fp32 partition and of the reduced gradients are assigned in model order, so
+    `safe_get_full_grad` / `safe_get_full_fp32_param` (and everything built on the hp mapping) read another
+    parameter's fragment, or raise a size mismatch (docs/findings/deepspeed-0.19.8-round-robin-hp-mapping.py).
+    Fix: pass the round-robin offsets whenever the order is round robin."""
+    import deepspeed.comm as dist
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from deepspeed.utils import link_hp_params
+
+    def _link_all_hp_params(self):
+        if self.cpu_offload:
+            self._get_offload_gradient_dict()
+        for i, _ in enumerate(self.optimizer.param_groups):
+            group = self.real_dp_process_group[i]
+            partition_id = dist.get_rank(group=group)
+            partition_size = self.bit16_groups_flat[i].numel() // dist.get_world_size(group=group)
+            param_offsets = None
+            if self.round_robin_gradients or any(self.round_robin_bit16_padding[i]):
+                offset_by_param = {id(p): o for p, o in zip(self.round_robin_bit16_groups[i],
+                                                            self.round_robin_bit16_offsets[i])}
+                param_offsets = [offset_by_param[id(p)] for p in self.bit16_groups[i]]
+            link_hp_params(lp_param_list=self.bit16_groups[i], flat_hp_partition=self.single_partition_of_fp32_groups[i],
+                           gradient_dict=self.averaged_gradients, offload_gradient_dict=self.offload_gradient_dict,
+                           use_offload=self.cpu_offload, param_group_index=i,
+                           partition_start=partition_id * partition_size, partition_size=partition_size,
+                           dp_group=group, param_offsets=param_offsets)
+
+    DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -380,6 +412,7 @@ FIXES = {
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
+    "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
 }
 

@@ -1,4 +1,4 @@
-"""The case fields `reduce_bucket` and `overlap_comm` as the main environment's data-parallel targets realise them:
+"""The case fields `reduce_bucket`, `overlap_comm` and the other gradient-reduction fields as the main environment's data-parallel targets realise them:
 DeepSpeed's ZeRO configuration and DDP's bucket size (the Colossal-AI plugins' are in test_colossalai.py).
 Skipped where torch or DeepSpeed is not installed."""
 
@@ -42,6 +42,20 @@ class DeepSpeedReductionTest(unittest.TestCase):
         self.assertNotIn("gradient_predivide_factor", plain)
         cfg = TARGET.config(case("zero2-bf16.json", reduce_scatter=False, grad_predivide=2), 2)
         self.assertEqual((cfg["zero_optimization"]["reduce_scatter"], cfg["gradient_predivide_factor"]), (False, 2.0))
+
+    def test_the_configuration_takes_the_cases_gradient_layout_and_offload(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET
+
+        plain = TARGET.config(case("zero2-bf16.json"), 2)
+        for key in ("contiguous_gradients", "round_robin_gradients", "offload_optimizer"):
+            self.assertNotIn(key, plain["zero_optimization"], "absent, DeepSpeed's own default")
+        z = TARGET.config(case("zero2-bf16.json", contiguous_grads=False, round_robin_grads=True), 2)["zero_optimization"]
+        self.assertEqual((z["contiguous_gradients"], z["round_robin_gradients"]), (False, True))
+        cfg = TARGET.config(case("zero2-bf16.json", zero_offload=True), 2)
+        self.assertEqual(cfg["zero_optimization"]["offload_optimizer"], {"device": "cpu"})
+        self.assertFalse(cfg["zero_force_ds_cpu_optimizer"], "the case's torch optimizer runs on the host")
+        self.assertNotIn("offload_optimizer", TARGET.config(case("zero2-bf16.json", zero_offload=True, zero_stage=0), 2)
+                         ["zero_optimization"], "offloading is read only with a ZeRO stage")
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")

@@ -59,6 +59,17 @@ pub struct Parallel {
     /// keeps large sums in range); the same average either way. Absent: none (1). 1 to 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_predivide: Option<u32>,
+    /// Reduced gradients copied into one contiguous buffer per rank as their buckets are reduced (true), or
+    /// kept per parameter and gathered into the rank's partition at the step (false), where a framework
+    /// offers the choice (DeepSpeed ZeRO's `contiguous_gradients`); the same result either way. Absent:
+    /// the target's own choice. Read only with a ZeRO stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contiguous_grads: Option<bool>,
+    /// Parameters dealt to the ZeRO partitions round robin (true) instead of in model order (false), where a
+    /// framework offers the choice (DeepSpeed ZeRO-1/2's `round_robin_gradients`); the same result either
+    /// way. Absent: the target's own choice. Read only with a ZeRO stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_robin_grads: Option<bool>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -99,6 +110,8 @@ impl Default for Parallel {
             overlap_comm: None,
             reduce_scatter: None,
             grad_predivide: None,
+            contiguous_grads: None,
+            round_robin_grads: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

@@ -79,7 +79,9 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
     let c = Case::from_json(&with(r#""reduce_scatter": false, "grad_predivide": 2"#)).unwrap();
     assert_eq!((c.parallel.reduce_scatter, c.parallel.grad_predivide), (Some(false), Some(2)));
     let plain = Case::from_json(MINIMAL).unwrap().to_json();
-    for field in ["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide"] {
+    let c = Case::from_json(&with(r#""contiguous_grads": false, "round_robin_grads": true"#)).unwrap();
+    assert_eq!((c.parallel.contiguous_grads, c.parallel.round_robin_grads), (Some(false), Some(true)));
+    for field in ["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "contiguous_grads", "round_robin_grads"] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }
 }

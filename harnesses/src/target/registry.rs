@@ -86,9 +86,18 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "deepspeed-zero",
-        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks",
+        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "sparse_embedding"],
+        offers: &[
+            "zero_offload",
+            "reduce_bucket",
+            "overlap_comm",
+            "reduce_scatter",
+            "grad_predivide",
+            "contiguous_grads",
+            "round_robin_grads",
+            "sparse_embedding",
+        ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {

@@ -150,6 +150,8 @@ def parallel(case):
         "overlap_comm": p.get("overlap_comm"),
         "reduce_scatter": p.get("reduce_scatter"),
         "grad_predivide": p.get("grad_predivide"),
+        "contiguous_grads": p.get("contiguous_grads"),
+        "round_robin_grads": p.get("round_robin_grads"),
     }
 
 

@@ -55,7 +55,8 @@ class DeepSpeedZero(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
 
     def unsupported(self, case):
-        why = (unsupported_layout(case, ("dp",), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)")
+        why = (unsupported_layout(case, ("dp",), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)",
+                                  offload=True)
                or unsupported_sparse_embedding(case))
         if why:
             return why
@@ -126,9 +127,16 @@ class DeepSpeedZero(TorchTarget):
         }
         # The case's way of reducing gradients, where it sets one (absent: DeepSpeed's defaults, overlapped
         # under stage 3 only, a reduce-scatter, no pre-division).
-        for key in ("overlap_comm", "reduce_scatter"):
+        for key, ds_key in (("overlap_comm", "overlap_comm"), ("reduce_scatter", "reduce_scatter"),
+                            ("contiguous_grads", "contiguous_gradients"),
+                            ("round_robin_grads", "round_robin_gradients")):
             if p[key] is not None:
-                cfg["zero_optimization"][key] = p[key]
+                cfg["zero_optimization"][ds_key] = p[key]
+        if p["zero_offload"] and p["zero_stage"] > 0:
+            # ZeRO-Offload: the optimizer's partition and step on the host. The case's torch optimizer runs
+            # there (DeepSpeedCPUAdam is a JIT-built extension, and would not be the case's optimizer).
+            cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+            cfg["zero_force_ds_cpu_optimizer"] = False
         if p["grad_predivide"] is not None:
             cfg["gradient_predivide_factor"] = float(p["grad_predivide"])
         if dt == "bf16":
@@ -186,9 +194,14 @@ class DeepSpeedZero(TorchTarget):
         return out
 
     def combine(self, case, outs):
-        stage = f"deepspeed:dp{len(outs)}:zero{parallel(case)['zero_stage']}"
+        p = parallel(case)
+        offload = ":offload" if p["zero_offload"] and p["zero_stage"] > 0 else ""
+        stage = f"deepspeed:dp{len(outs)}:zero{p['zero_stage']}{offload}"
+        layout = [f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}"] if p["contiguous_grads"] is not None else []
+        if p["round_robin_grads"] is not None:
+            layout.append(f"{stage}:{'round-robin' if p['round_robin_grads'] else 'model-order'}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
-        return combine_dp(case, outs, [stage, reduction_feature(stage, case), *sparse])
+        return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse])
 
 
 TARGET = DeepSpeedZero()
