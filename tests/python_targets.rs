@@ -599,7 +599,9 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
 }
 
 /// deepspeed-zero's ZeRO layouts: the optimizer offloaded to the host (`zero_offload`, stages 2 and 3 with
-/// clipping) and reduced gradients kept per parameter (`contiguous_grads: false`, with accumulation) pass;
+/// clipping), reduced gradients kept per parameter (`contiguous_grads: false`, with accumulation) and bf16
+/// accumulated in f32 at ZeRO-1 (`grad_accum_dtype`: DeepSpeed's BF16_Optimizer) pass, and DeepSpeed's refusal
+/// of that accumulation without ZeRO is `rejected`;
 /// with `round_robin_grads`, DeepSpeed 0.19.8 links each parameter to another's fp32 and gradient fragments
 /// (`safe_get_full_grad` raises a size mismatch at step 0), and the case passes with the known fix.
 #[test]
@@ -613,10 +615,13 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
         ("dp2-zero2-offload-bf16.json", "deepspeed:dp2:zero2:offload"),
         ("dp2-zero3-offload-clip-bf16.json", "deepspeed:dp2:zero3:offload"),
         ("dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed:dp2:zero1:contiguous-off"),
+        ("dp2-zero1-bf16-accumulated-in-f32.json", "deepspeed:dp2:zero1:bf16-accumulated-in-f32"),
     ] {
         let v = run(case, "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
     }
+    let v = run("dp2-zero0-bf16-accumulated-in-f32.json", "");
+    assert!(v["kind"] == "rejected" && reason(&v).contains("unsupported mix"), "DeepSpeed's own refusal: {v}");
     let bug = "dp2-zero1-round-robin-f32.json";
     let v = run(bug, "");
     assert!(v["kind"] == "crash" && reason(&v).contains("get_full_hp_grad"), "{v}");

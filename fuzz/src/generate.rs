@@ -151,6 +151,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         grad_accumulation: pick(u, &[1, 1, 1, 2, 3])?,
         dtype,
         reduce_dtype: if dtype != DType::F64 && u.ratio(1, 5)? { Some(DType::F32) } else { None },
+        grad_accum_dtype: None,
         loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? { Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?)) } else { None },
     })
 }

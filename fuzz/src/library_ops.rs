@@ -108,6 +108,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             grad_accumulation: 1,
             dtype,
             reduce_dtype: None,
+            grad_accum_dtype: None,
             loss_scale: None,
         },
         data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },

@@ -69,6 +69,7 @@ impl Complexity {
             case_elements(case) as u64,
             passes::dtype_rank(t.dtype) as u64,
             b(t.reduce_dtype.is_some()),
+            passes::realisation_options(case),
             b(case.data.distribution != Distribution::Normal),
             b(t.clip_grad_norm.is_some())
                 + b(t.loss_scale.is_some())

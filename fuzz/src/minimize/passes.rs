@@ -62,6 +62,27 @@ fn fewer_ranks(case: &Case) -> Vec<Case> {
     out
 }
 
+/// How many of the optional ways of realising a configuration a case sets (each the same result either way:
+/// offloading, buckets, overlap, collectives, layouts, loss and sequence-parallel realisations, sparse
+/// gradients, an accumulation dtype): a case without one is simpler, so dropping it is a shrink.
+pub fn realisation_options(case: &Case) -> u64 {
+    let (p, t) = (&case.parallel, &case.train);
+    let set = [
+        p.zero_offload,
+        !p.vocab_loss.is_default(),
+        !p.sequence_parallel_mode.is_default(),
+        p.reduce_bucket.is_some(),
+        p.overlap_comm.is_some(),
+        p.reduce_scatter.is_some(),
+        p.grad_predivide.is_some(),
+        p.contiguous_grads.is_some(),
+        p.round_robin_grads.is_some(),
+        case.model.as_ref().is_some_and(|m| m.sparse_embedding),
+        t.grad_accum_dtype.is_some(),
+    ];
+    set.iter().filter(|&&x| x).count() as u64
+}
+
 fn drop_strategies(case: &Case) -> Vec<Case> {
     let p = &case.parallel;
     let mut out = vec![];
@@ -94,6 +115,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
+    }
+    if case.train.grad_accum_dtype.is_some() {
+        out.push(with(case, |c| c.train.grad_accum_dtype = None));
     }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
@@ -423,5 +447,27 @@ mod tests {
         assert_eq!(smaller(8), vec![1, 2, 4, 7]);
         assert_eq!(smaller(2), vec![1]);
         assert!(smaller(1).is_empty());
+    }
+
+    #[test]
+    fn dropping_any_strategy_or_realisation_option_is_simpler() {
+        use super::super::Complexity;
+        use shardfuzz_harnesses::case::{SequenceParallelMode, VocabLoss};
+
+        let mut case = crate::generate::random_case(7);
+        let p = &mut case.parallel;
+        (p.dp, p.tp, p.zero_stage, p.sequence_parallel, p.zero_offload) = (2, 2, 2, true, true);
+        p.sequence_parallel_mode = SequenceParallelMode::ALL.iter().copied().find(|m| !m.is_default()).unwrap();
+        p.vocab_loss = VocabLoss::Sharded;
+        (p.reduce_bucket, p.overlap_comm, p.reduce_scatter, p.grad_predivide) = (Some(5), Some(true), Some(false), Some(2));
+        (p.contiguous_grads, p.round_robin_grads) = (Some(false), Some(true));
+        case.train.grad_accum_dtype = Some(DType::F32);
+        case.model.as_mut().expect("a model case").sparse_embedding = true;
+        let before = Complexity::of(&case);
+        let candidates = drop_strategies(&case);
+        assert!(candidates.len() >= 12, "{} candidates", candidates.len());
+        for c in candidates {
+            assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
+        }
     }
 }

@@ -40,6 +40,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("grad-predivide", parallel::grad_predivide),
     ("contiguous-grads", parallel::contiguous_grads),
     ("round-robin-grads", parallel::round_robin_grads),
+    ("grad-accum-dtype", train::grad_accum_dtype),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -113,6 +114,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("grad-predivide", "grad_predivide"),
     ("contiguous-grads", "contiguous_grads"),
     ("round-robin-grads", "round_robin_grads"),
+    ("grad-accum-dtype", "grad_accum_dtype"),
     ("sparse-embedding", "sparse_embedding"),
 ];
 
@@ -332,6 +334,7 @@ mod tests {
             "grad_predivide",
             "contiguous_grads",
             "round_robin_grads",
+            "grad_accum_dtype",
             "sparse_embedding",
         ];
         assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());

@@ -24,6 +24,20 @@ pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
+/// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype
+/// itself, or the target's own.
+pub fn grad_accum_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let t = &mut c.train;
+    let d = match rng.gen_range(0..3) {
+        0 => None,
+        1 => Some(t.dtype),
+        _ => Some(DType::F32),
+    };
+    let changed = t.grad_accum_dtype != d;
+    t.grad_accum_dtype = d;
+    changed
+}
+
 pub fn distribution(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let d = *Distribution::ALL.choose(rng).unwrap_or(&Distribution::Normal);
     let changed = c.data.distribution != d;

@@ -104,6 +104,9 @@ VALIDATION = {
         # The engine's checks of the config against the accelerator ("Type fp16 is not supported ...").
         ("deepspeed/runtime/engine.py", "_do_sanity_check", None),
         ("deepspeed/runtime/engine.py", "_do_args_sanity_check", None),
+        # Its check of the optimizer against the data types ("unsupported mix of model_dtype=... and
+        # grad_accum_dtype=...").
+        ("deepspeed/runtime/engine.py", "_do_optimizer_sanity_check", None),
         # The ZeRO optimizers' refusals of option combinations ("gradient_predivide_factor != 1.0 is not yet
         # supported with ZeRO-2 with reduce scatter enabled").
         ("deepspeed/runtime/zero/stage_1_and_2.py", "__init__", "is not yet supported"),

@@ -57,6 +57,16 @@ class DeepSpeedReductionTest(unittest.TestCase):
         self.assertNotIn("offload_optimizer", TARGET.config(case("zero2-bf16.json", zero_offload=True, zero_stage=0), 2)
                          ["zero_optimization"], "offloading is read only with a ZeRO stage")
 
+    def test_the_accumulation_dtype_is_deepspeeds_data_type(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET
+
+        c = case("zero2-bf16.json")
+        self.assertNotIn("data_types", TARGET.config(c, 2))
+        c["train"]["grad_accum_dtype"] = "f32"
+        self.assertEqual(TARGET.config(c, 2)["data_types"], {"grad_accum_dtype": "fp32"})
+        c["train"]["grad_accum_dtype"] = "f64"
+        self.assertIn("accumulates gradients in fp32 / bf16 / fp16 only", TARGET.unsupported(c))
+
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class DdpReductionTest(unittest.TestCase):

@@ -26,6 +26,12 @@ pub struct Train {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub reduce_dtype: Option<DType>,
+    /// Dtype gradients are accumulated in across micro-batches and handed to the optimizer, where a
+    /// framework offers the choice (DeepSpeed's `data_types.grad_accum_dtype`); absent: the target's own
+    /// (the compute dtype). The same result up to rounding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub grad_accum_dtype: Option<DType>,
     /// Dynamic loss scaling (meant for f16): initial scale; absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<Real>,

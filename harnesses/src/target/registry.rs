@@ -96,6 +96,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "grad_predivide",
             "contiguous_grads",
             "round_robin_grads",
+            "grad_accum_dtype",
             "sparse_embedding",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),

@@ -25,6 +25,9 @@ from .torch_model import (Model, load_case_params, make_optimizer, model_default
 from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 
+#: DeepSpeed's names of the dtypes it accumulates gradients in (`data_types.grad_accum_dtype`).
+ACCUMULATE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
 #: Elements per ZeRO reduce / all-gather / prefetch bucket (the reduce bucket: the case's `reduce_bucket` where it
 #: sets one).
 BUCKET = 1000
@@ -76,6 +79,9 @@ class DeepSpeedZero(TorchTarget):
             # Measured: the CPU accelerator refuses it in deepspeed.initialize:
             # "ValueError: Type fp16 is not supported on your device."
             return "DeepSpeed's CPU accelerator does not support fp16 training"
+        acc = case["train"].get("grad_accum_dtype")
+        if acc is not None and acc not in ACCUMULATE:
+            return f"DeepSpeed accumulates gradients in {' / '.join(ACCUMULATE.values())} only, not {acc}"
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by DeepSpeed's config"
@@ -144,6 +150,9 @@ class DeepSpeedZero(TorchTarget):
         elif dt == "f16":
             # Static loss scale 1: no scaling, as the reference (cases with a loss scale are unsupported).
             cfg["fp16"] = {"enabled": True, "loss_scale": 1.0, "initial_scale_power": 0}
+        if t.get("grad_accum_dtype") is not None:
+            # bf16 with fp32 accumulation at ZeRO-1 is DeepSpeed's BF16_Optimizer (bf16_optimizer.py), not ZeRO's.
+            cfg["data_types"] = {"grad_accum_dtype": ACCUMULATE[t["grad_accum_dtype"]]}
         if reduce_dtype_name(case) == "f32" and dt in ("bf16", "f16"):
             cfg["communication_data_type"] = "fp32"
         return cfg
@@ -200,6 +209,8 @@ class DeepSpeedZero(TorchTarget):
         layout = [f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}"] if p["contiguous_grads"] is not None else []
         if p["round_robin_grads"] is not None:
             layout.append(f"{stage}:{'round-robin' if p['round_robin_grads'] else 'model-order'}")
+        if case["train"].get("grad_accum_dtype") is not None:
+            layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse])
 
