@@ -629,6 +629,25 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
     assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed:dp2:zero1:round-robin"), "{v}");
 }
 
+/// torch-fsdp2's layouts: HSDP on a (2, 2) mesh (`zero_shard_group` 2 of dp 4, ZeRO-3 resharding, accumulation)
+/// and `CPUOffloadPolicy` (`zero_offload`) pass, and so do torch-ddp's gradients as bucket views
+/// (`contiguous_grads`, with accumulation under no_sync and 5-element buckets), each with its feature.
+#[test]
+fn fsdp2_hybrid_sharding_and_offload_ddp_bucket_views() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-zero-layout");
+    for (target, case, feature) in [
+        ("torch-fsdp2", "dp4-hsdp2-zero3-accumulation-f32.json", "fsdp2:dp4:zero3:hsdp-hybrid"),
+        ("torch-fsdp2", "dp2-offload-zero2-bf16.json", "fsdp2:dp2:zero2:offload"),
+        ("torch-ddp", "dp2-bucket-view-bucket5-accumulation-f32.json", "ddp:dp2:bucket-view"),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+}
+
 /// The case field `model.sparse_embedding` (nn.Embedding(sparse=True)): torch-ddp and deepspeed-zero (stage 0)
 /// reduce the sparse gradient and pass; DeepSpeed 0.19.8's sparse all-reduce ignores the predivide factor's
 /// division (the embedding's gradient doubles with `grad_predivide` 2) and its fp32 clipping never scales a

@@ -53,11 +53,6 @@ fn parallel_words(case: &Case) -> Vec<String> {
     }
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
-        match p.contiguous_grads {
-            Some(true) => out.push("reduced gradients copied into a contiguous buffer".into()),
-            Some(false) => out.push("reduced gradients kept per parameter (no contiguous buffer)".into()),
-            None => {}
-        }
         match p.round_robin_grads {
             Some(true) => out.push("parameters dealt to the ZeRO partitions round robin".into()),
             Some(false) => out.push("parameters dealt to the ZeRO partitions in model order".into()),
@@ -65,6 +60,14 @@ fn parallel_words(case: &Case) -> Vec<String> {
         }
     }
     if p.dp > 1 {
+        match p.contiguous_grads {
+            Some(true) => out.push("gradients kept in contiguous reduction buffers".into()),
+            Some(false) => out.push("gradients kept per parameter (no contiguous reduction buffer)".into()),
+            None => {}
+        }
+        if let Some(g) = p.zero_shard_group {
+            out.push(format!("hybrid sharding: sharded within groups of {g} data-parallel ranks, replicated across {}", p.dp / g));
+        }
         if let Some(b) = p.reduce_bucket {
             out.push(format!("gradient-reduction buckets of {b} elements"));
         }

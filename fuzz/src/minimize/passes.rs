@@ -77,6 +77,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.grad_predivide.is_some(),
         p.contiguous_grads.is_some(),
         p.round_robin_grads.is_some(),
+        p.zero_shard_group.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         t.grad_accum_dtype.is_some(),
     ];
@@ -112,6 +113,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.round_robin_grads.is_some() {
         out.push(with(case, |c| c.parallel.round_robin_grads = None));
+    }
+    if p.zero_shard_group.is_some() {
+        out.push(with(case, |c| c.parallel.zero_shard_group = None));
     }
     if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
@@ -460,7 +464,7 @@ mod tests {
         p.sequence_parallel_mode = SequenceParallelMode::ALL.iter().copied().find(|m| !m.is_default()).unwrap();
         p.vocab_loss = VocabLoss::Sharded;
         (p.reduce_bucket, p.overlap_comm, p.reduce_scatter, p.grad_predivide) = (Some(5), Some(true), Some(false), Some(2));
-        (p.contiguous_grads, p.round_robin_grads) = (Some(false), Some(true));
+        (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
         case.train.grad_accum_dtype = Some(DType::F32);
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);

@@ -41,6 +41,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("contiguous-grads", parallel::contiguous_grads),
     ("round-robin-grads", parallel::round_robin_grads),
     ("grad-accum-dtype", train::grad_accum_dtype),
+    ("zero-shard-group", parallel::zero_shard_group),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -115,6 +116,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("contiguous-grads", "contiguous_grads"),
     ("round-robin-grads", "round_robin_grads"),
     ("grad-accum-dtype", "grad_accum_dtype"),
+    ("zero-shard-group", "zero_shard_group"),
     ("sparse-embedding", "sparse_embedding"),
 ];
 
@@ -324,19 +326,12 @@ mod tests {
         assert!(!plain.contains(&"zero-offload") && !plain.contains(&"sequence-parallel-mode"));
         let offload = names(enabled_mutations(&["zero_offload"]));
         assert!(offload.contains(&"zero-offload") && !offload.contains(&"sequence-parallel-mode"));
-        let every = [
-            "zero_offload",
-            "sequence_parallel_mode",
-            "vocab_loss",
-            "reduce_bucket",
-            "overlap_comm",
-            "reduce_scatter",
-            "grad_predivide",
-            "contiguous_grads",
-            "round_robin_grads",
-            "grad_accum_dtype",
-            "sparse_embedding",
-        ];
+        // Every field a target offers has its mutation, and the targets together offer every one.
+        let offered: Vec<&str> = shardfuzz_harnesses::target::registry::TARGETS.iter().flat_map(|t| t.offers.iter().copied()).collect();
+        for f in &offered {
+            assert!(OPTIONAL_MUTATIONS.iter().any(|(_, needs)| needs == f), "no mutation towards offered field {f}");
+        }
+        let every = offered;
         assert_eq!(names(enabled_mutations(&every)).len(), MUTATIONS.len());
     }
 

@@ -174,11 +174,11 @@ pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// Reduced gradients in a contiguous buffer, kept per parameter, or the target's own choice (a ZeRO stage
-/// and data parallelism switched on with it).
+/// Gradients in contiguous reduction buffers, kept per parameter, or the target's own choice (data
+/// parallelism switched on with it).
 pub fn contiguous_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.contiguous_grads = another(c.parallel.contiguous_grads, &[None, Some(false), Some(true)], rng);
-    ensure_zero(c, rng);
+    ensure_data_parallel(c);
     true
 }
 
@@ -187,6 +187,19 @@ pub fn contiguous_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 pub fn round_robin_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.round_robin_grads = another(c.parallel.round_robin_grads, &[None, Some(false), Some(true)], rng);
     ensure_zero(c, rng);
+    true
+}
+
+/// Hybrid sharding within groups of another divisor of dp (1: replicated, dp: plain sharding, and the proper
+/// divisors between), or none; dp raised to 4 where it has no proper divisor.
+pub fn zero_shard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.parallel.dp < 4 && rng.gen_bool(0.75) {
+        c.parallel.dp = 4;
+    }
+    ensure_data_parallel(c);
+    let mut choices: Vec<Option<u32>> = divisors(c.parallel.dp).into_iter().map(Some).collect();
+    choices.push(None);
+    c.parallel.zero_shard_group = another(c.parallel.zero_shard_group, &choices, rng);
     true
 }
 

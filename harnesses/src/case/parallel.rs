@@ -59,10 +59,11 @@ pub struct Parallel {
     /// keeps large sums in range); the same average either way. Absent: none (1). 1 to 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_predivide: Option<u32>,
-    /// Reduced gradients copied into one contiguous buffer per rank as their buckets are reduced (true), or
-    /// kept per parameter and gathered into the rank's partition at the step (false), where a framework
-    /// offers the choice (DeepSpeed ZeRO's `contiguous_gradients`); the same result either way. Absent:
-    /// the target's own choice. Read only with a ZeRO stage.
+    /// Gradients kept in contiguous reduction buffers (true) or per parameter (false), where a framework
+    /// offers the choice: DeepSpeed ZeRO's `contiguous_gradients` (reduced gradients copied into one buffer
+    /// per rank as their buckets are reduced, or gathered into the rank's partition at the step), DDP's
+    /// `gradient_as_bucket_view` (gradients as views into the reduction buckets, or copied out of them). The
+    /// same result either way. Absent: the target's own choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contiguous_grads: Option<bool>,
     /// Parameters dealt to the ZeRO partitions round robin (true) instead of in model order (false), where a
@@ -70,6 +71,11 @@ pub struct Parallel {
     /// way. Absent: the target's own choice. Read only with a ZeRO stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round_robin_grads: Option<bool>,
+    /// Hybrid sharding: the sharded states split within groups of this many consecutive data-parallel ranks
+    /// and replicated across the groups, where a framework offers it (FSDP2's HSDP on a (dp / g, g) mesh); the
+    /// same result either way. Absent: sharded over every data-parallel rank. Divides dp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_shard_group: Option<u32>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -112,6 +118,7 @@ impl Default for Parallel {
             grad_predivide: None,
             contiguous_grads: None,
             round_robin_grads: None,
+            zero_shard_group: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

@@ -78,10 +78,16 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
     }
     let c = Case::from_json(&with(r#""reduce_scatter": false, "grad_predivide": 2"#)).unwrap();
     assert_eq!((c.parallel.reduce_scatter, c.parallel.grad_predivide), (Some(false), Some(2)));
+    for g in [0, 3] {
+        let e = error_of(&with(&format!(r#""zero_shard_group": {g}"#)));
+        assert!(e.contains("parallel.zero_shard_group") && e.contains("must divide dp"), "{g}: {e}");
+    }
     let plain = Case::from_json(MINIMAL).unwrap().to_json();
     let c = Case::from_json(&with(r#""contiguous_grads": false, "round_robin_grads": true"#)).unwrap();
     assert_eq!((c.parallel.contiguous_grads, c.parallel.round_robin_grads), (Some(false), Some(true)));
-    for field in ["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "contiguous_grads", "round_robin_grads"] {
+    for field in
+        ["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "contiguous_grads", "round_robin_grads", "zero_shard_group"]
+    {
         assert!(!plain.contains(field), "absent {field} is not written");
     }
 }

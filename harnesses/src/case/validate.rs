@@ -85,6 +85,11 @@ impl Case {
                 r.fail("parallel.grad_predivide", format!("must be 1 to {MAX_GRAD_PREDIVIDE} (got {f})"));
             }
         }
+        if let Some(g) = p.zero_shard_group {
+            if g == 0 || p.dp % g != 0 {
+                r.fail("parallel.zero_shard_group", format!("must divide dp = {} (got {g})", p.dp));
+            }
+        }
         if p.zero_stage > 3 {
             r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
         }

@@ -58,16 +58,16 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-fsdp2",
-        description: "PyTorch FSDP2: fully_shard over the data-parallel ranks",
+        description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["zero_offload", "zero_shard_group"],
         create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "sparse_embedding"],
+        offers: &["reduce_bucket", "contiguous_grads", "sparse_embedding"],
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {

@@ -152,6 +152,7 @@ def parallel(case):
         "grad_predivide": p.get("grad_predivide"),
         "contiguous_grads": p.get("contiguous_grads"),
         "round_robin_grads": p.get("round_robin_grads"),
+        "zero_shard_group": p.get("zero_shard_group"),
     }
 
 

@@ -1,5 +1,6 @@
 """torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks, its gradient buckets
-of the case's `reduce_bucket` elements (by default 1 MB)."""
+of the case's `reduce_bucket` elements (by default 1 MB), its gradients views into those buckets with
+`contiguous_grads` (`gradient_as_bucket_view`)."""
 
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
 from .torch_common import TorchTarget
@@ -26,15 +27,18 @@ class TorchDdp(TorchTarget):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model, dt = build(case, inputs, sparse_embedding(case))
-        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt))
+        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt),
+                  gradient_as_bucket_view=bool(parallel(case)["contiguous_grads"]))
         named = list(model.named_parameters())
         out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
-        sparse = [f"ddp:dp{len(outs)}:sparse-embedding"] if sparse_embedding(case) else []
-        return combine_dp(case, outs, [f"ddp:dp{len(outs)}", reduction_feature(f"ddp:dp{len(outs)}", case), *sparse])
+        prefix = f"ddp:dp{len(outs)}"
+        sparse = [f"{prefix}:sparse-embedding"] if sparse_embedding(case) else []
+        view = [f"{prefix}:bucket-view"] if parallel(case)["contiguous_grads"] else []
+        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view])
 
 
 def bucket_cap_mb(case, dt):

@@ -1,5 +1,7 @@
 """torch-fsdp2: the case's model with `fully_shard` on every block and on the root, over the
-data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stage 3)."""
+data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stage 3); with `zero_shard_group` g,
+HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, replicated across the groups); with
+`zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host)."""
 
 from .base import parallel, reduce_dtype_name
 from .torch_common import TorchTarget, mesh, torch_dtype
@@ -12,7 +14,7 @@ class TorchFsdp2(TorchTarget):
 
     def unsupported(self, case):
         return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
-                                  loss_scaling=True)
+                                  offload=True, loss_scaling=True)
 
     def run_rank(self, rank, world, case, inputs):
         import torch
@@ -20,12 +22,18 @@ class TorchFsdp2(TorchTarget):
 
         model, dt = build(case, inputs)
         named_before = [n for n, _ in model.named_parameters()]
-        dm = mesh((world,), ("dp",))
-        mp = MixedPrecisionPolicy(reduce_dtype=torch_dtype(reduce_dtype_name(case)))
-        reshard = parallel(case)["zero_stage"] == 3
+        p = parallel(case)
+        g = p["zero_shard_group"] or world
+        dm = mesh((world,), ("dp",)) if g == world else mesh((world // g, g), ("replicate", "shard"))
+        kw = {"mp_policy": MixedPrecisionPolicy(reduce_dtype=torch_dtype(reduce_dtype_name(case))),
+              "reshard_after_forward": p["zero_stage"] == 3}
+        if offloaded(case):
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         for layer in model.layers:
-            fully_shard(layer, mesh=dm, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dm, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=dm, **kw)
+        fully_shard(model, mesh=dm, **kw)
         params = dict(model.named_parameters())
         named = [(n, params[n]) for n in named_before]
         torch.manual_seed(0)
@@ -34,7 +42,16 @@ class TorchFsdp2(TorchTarget):
         return out
 
     def combine(self, case, outs):
-        return combine_dp(case, outs, [f"fsdp2:dp{len(outs)}:zero{parallel(case)['zero_stage']}"])
+        stage = f"fsdp2:dp{len(outs)}:zero{parallel(case)['zero_stage']}"
+        g = parallel(case)["zero_shard_group"]
+        layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == len(outs)
+                                                            else "hybrid")]
+        return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if offloaded(case) else [])])
+
+
+def offloaded(case):
+    """Whether the case offloads FSDP2's shards to the host (`zero_offload`, read with a ZeRO stage as everywhere)."""
+    return parallel(case)["zero_offload"] and parallel(case)["zero_stage"] > 0
 
 
 TARGET = TorchFsdp2()
