@@ -66,6 +66,8 @@ class DeepSpeedReductionTest(unittest.TestCase):
         self.assertEqual(TARGET.config(c, 2)["data_types"], {"grad_accum_dtype": "fp32"})
         c["train"]["grad_accum_dtype"] = "f64"
         self.assertIn("accumulates gradients in fp32 / bf16 / fp16 only", TARGET.unsupported(c))
+        c["train"]["dtype"], c["train"]["grad_accum_dtype"] = "f32", "bf16"
+        self.assertIn("below the f32 compute dtype", TARGET.unsupported(c))
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
