@@ -156,6 +156,12 @@ def parallel(case):
     }
 
 
+def zero_offloaded(case):
+    """Whether the case offloads ZeRO's states to the host (`zero_offload`, read only with a ZeRO stage)."""
+    p = parallel(case)
+    return p["zero_offload"] and p["zero_stage"] > 0
+
+
 def reduce_bucket(case, default):
     """Elements per data-parallel gradient-reduction bucket (the case's `reduce_bucket`; `default` where the case
     leaves it to the target)."""

@@ -18,7 +18,7 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature  # noqa: E402
+from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, zero_offloaded  # noqa: E402
 from .torch_common import TorchTarget, torch_dtype  # noqa: E402
 from .torch_model import (Model, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
                           to_case_layout, unsupported_layout, unsupported_sparse_embedding)
@@ -142,7 +142,7 @@ class DeepSpeedZero(TorchTarget):
                             ("round_robin_grads", "round_robin_gradients")):
             if p[key] is not None:
                 cfg["zero_optimization"][ds_key] = p[key]
-        if p["zero_offload"] and p["zero_stage"] > 0:
+        if zero_offloaded(case):
             # ZeRO-Offload: the optimizer's partition and step on the host. The case's torch optimizer runs
             # there (DeepSpeedCPUAdam is a JIT-built extension, and would not be the case's optimizer).
             cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
@@ -208,9 +208,10 @@ class DeepSpeedZero(TorchTarget):
 
     def combine(self, case, outs):
         p = parallel(case)
-        offload = ":offload" if p["zero_offload"] and p["zero_stage"] > 0 else ""
-        stage = f"deepspeed:dp{len(outs)}:zero{p['zero_stage']}{offload}"
-        layout = [f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}"] if p["contiguous_grads"] is not None else []
+        stage = f"deepspeed:dp{len(outs)}:zero{p['zero_stage']}{':offload' if zero_offloaded(case) else ''}"
+        layout = []
+        if p["contiguous_grads"] is not None:
+            layout.append(f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}")
         if p["round_robin_grads"] is not None:
             layout.append(f"{stage}:{'round-robin' if p['round_robin_grads'] else 'model-order'}")
         if case["train"].get("grad_accum_dtype") is not None:

@@ -3,7 +3,7 @@ data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stag
 HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, replicated across the groups); with
 `zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host)."""
 
-from .base import parallel, reduce_dtype_name
+from .base import parallel, reduce_dtype_name, zero_offloaded
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -27,7 +27,7 @@ class TorchFsdp2(TorchTarget):
         dm = mesh((world,), ("dp",)) if g == world else mesh((world // g, g), ("replicate", "shard"))
         kw = {"mp_policy": MixedPrecisionPolicy(reduce_dtype=torch_dtype(reduce_dtype_name(case))),
               "reshard_after_forward": p["zero_stage"] == 3}
-        if offloaded(case):
+        if zero_offloaded(case):
             from torch.distributed.fsdp import CPUOffloadPolicy
 
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
@@ -46,12 +46,7 @@ class TorchFsdp2(TorchTarget):
         g = parallel(case)["zero_shard_group"]
         layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == len(outs)
                                                             else "hybrid")]
-        return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if offloaded(case) else [])])
-
-
-def offloaded(case):
-    """Whether the case offloads FSDP2's shards to the host (`zero_offload`, read with a ZeRO stage as everywhere)."""
-    return parallel(case)["zero_offload"] and parallel(case)["zero_stage"] > 0
+        return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
 
 
 TARGET = TorchFsdp2()

@@ -161,9 +161,9 @@ def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=Fal
     p = case["parallel"]
     if any(p.get(a, 1) > 1 for a in ("dp", "tp", "pp", "cp", "ep") if a not in axes):
         return what
-    from .base import parallel, unsupported_sp_mode
+    from .base import unsupported_sp_mode, zero_offloaded
 
-    if not offload and parallel(case)["zero_offload"] and parallel(case)["zero_stage"] > 0:
+    if not offload and zero_offloaded(case):
         return f"{what.split(' ')[0]} has no ZeRO offloading"
     return unsupported_sp_mode(case, what.split(" ")[0], sp_modes)
 
