@@ -676,3 +676,34 @@ fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
     let v = run("deepspeed-zero", "dp2-sparse-embedding-zero1-f32.json", "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("without ZeRO"), "{v}");
 }
+
+/// torch-ddp's `static_graph` and its compression hooks (a `reduce_dtype` narrower than the compute dtype), and the
+/// same narrower dtype as deepspeed-zero's `communication_data_type` and torch-fsdp2's `reduce_dtype`, pass with their
+/// features. PyTorch 2.15's static graph under no_sync() (gradient accumulation) crashes at the first backward
+/// (pytorch/pytorch#143580); with the Python half of the proposed fix the crash is gone and the step after the first
+/// is silently wrong: the parameters and the ranks' replicas diverge while the step-0 gradients still pass.
+#[test]
+fn ddp_static_graph_and_narrower_reduce_dtypes() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-ddp");
+    for (target, case, features) in [
+        ("torch-ddp", "dp3-bf16-compress-hook-f32.json", &["ddp:dp3:f32-compressed-to-bf16"][..]),
+        ("torch-ddp", "dp2-fp16-compress-hook-bucket-view-static-f32.json", &["ddp:dp2:static-graph", "ddp:dp2:f32-compressed-to-f16"]),
+        ("torch-ddp", "dp2-fp16-compress-hook-bf16.json", &["ddp:dp2:bf16-compressed-to-f16"]),
+        ("deepspeed-zero", "dp3-bf16-compress-hook-f32.json", &["deepspeed:dp3:zero0:f32-communicated-in-bf16"]),
+        ("torch-fsdp2", "dp3-bf16-compress-hook-f32.json", &["fsdp2:dp3:zero0:f32-reduced-in-bf16"]),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "pass" && features.iter().all(|f| has_feature(&v, f)), "{target} {case}: {v}");
+    }
+    let accumulation = dir.join("dp2-static-graph-accumulation-f32.json");
+    let v = one_verdict("torch-ddp", &accumulation, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("expect_autograd_hooks_ INTERNAL ASSERT FAILED"), "{v}");
+    let v = one_verdict("torch-ddp", &accumulation, "torch-ddp-static-graph-no-sync");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("param/"), "{v}");
+    let checks = v["checks"].as_array().expect("checks");
+    let diverged = |prefix: &str| checks.iter().any(|c| c["tensor"].as_str().unwrap_or("").starts_with(prefix) && c["pass"] == false);
+    assert!(diverged("replicas/param/") && !diverged("grad/") && !diverged("loss/"), "{v}");
+}

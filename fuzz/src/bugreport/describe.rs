@@ -65,6 +65,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("gradients kept per parameter (no contiguous reduction buffer)".into()),
             None => {}
         }
+        match p.static_graph {
+            Some(true) => out.push("a static graph: the same parameters in every step, relied on by the reducer".into()),
+            Some(false) => out.push("no static graph: the reducer finds the step's parameters each step".into()),
+            None => {}
+        }
         if let Some(g) = p.zero_shard_group {
             out.push(format!("hybrid sharding: sharded within groups of {g} data-parallel ranks, replicated across {}", p.dp / g));
         }

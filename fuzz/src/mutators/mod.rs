@@ -42,6 +42,8 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("round-robin-grads", parallel::round_robin_grads),
     ("grad-accum-dtype", train::grad_accum_dtype),
     ("zero-shard-group", parallel::zero_shard_group),
+    ("static-graph", parallel::static_graph),
+    ("reduce-dtype-below", train::reduce_dtype_below),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -117,6 +119,8 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("round-robin-grads", "round_robin_grads"),
     ("grad-accum-dtype", "grad_accum_dtype"),
     ("zero-shard-group", "zero_shard_group"),
+    ("static-graph", "static_graph"),
+    ("reduce-dtype-below", "reduce_dtype_below"),
     ("sparse-embedding", "sparse_embedding"),
 ];
 
@@ -272,6 +276,7 @@ where
 mod tests {
     use super::*;
     use crate::generate::random_case;
+    use shardfuzz_kernels::DType;
 
     #[test]
     fn mutations_draw_a_load_balancing_loss_but_never_with_a_vocabulary_of_one() {
@@ -332,6 +337,24 @@ mod tests {
             assert!(OPTIONAL_MUTATIONS.iter().any(|(_, needs)| needs == f), "no mutation towards offered field {f}");
         }
         assert_eq!(names(enabled_mutations(&offered)).len(), MUTATIONS.len());
+    }
+
+    #[test]
+    fn reduce_dtype_below_picks_a_coarser_half_precision_dtype_or_none() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for (dtype, expected) in [(DType::F32, vec![DType::BF16, DType::F16]), (DType::BF16, vec![DType::F16])] {
+            let mut case = random_case(1);
+            case.train.dtype = dtype;
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..40 {
+                train::reduce_dtype_below(&mut case, &mut rng);
+                if let Some(r) = case.train.reduce_dtype {
+                    assert!(expected.contains(&r), "{dtype}: reduce dtype {r}");
+                }
+                seen.insert(case.train.reduce_dtype.map(|r| r.to_string()));
+            }
+            assert_eq!(seen.len(), expected.len() + 1, "{dtype}: {seen:?}");
+        }
     }
 
     #[test]

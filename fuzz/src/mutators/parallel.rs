@@ -203,6 +203,14 @@ pub fn zero_shard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The same parameters in every step relied on, found out each step, or the target's own choice (data
+/// parallelism switched on with it).
+pub fn static_graph(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.static_graph = another(c.parallel.static_graph, &[None, Some(false), Some(true)], rng);
+    ensure_data_parallel(c);
+    true
+}
+
 fn ensure_zero(c: &mut Case, rng: &mut ChaCha8Rng) {
     if c.parallel.zero_stage == 0 {
         c.parallel.zero_stage = rng.gen_range(1..=2);

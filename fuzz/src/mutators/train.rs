@@ -24,6 +24,18 @@ pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
+/// Gradients reduced in a dtype coarser than the one they are computed in (bf16 or f16 below f32 or f64, the
+/// other half-precision dtype below a half-precision compute dtype: a compression of the reduction), or in
+/// the target's own dtype again.
+pub fn reduce_dtype_below(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let t = &mut c.train;
+    let below: Vec<DType> = [DType::BF16, DType::F16].into_iter().filter(|&d| d != t.dtype).collect();
+    let choice = if t.reduce_dtype.is_some_and(|r| below.contains(&r)) && rng.gen_bool(0.5) { None } else { below.choose(rng).copied() };
+    let changed = t.reduce_dtype != choice;
+    t.reduce_dtype = choice;
+    changed
+}
+
 /// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype
 /// itself, or the target's own.
 pub fn grad_accum_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -395,6 +395,25 @@ def _deepspeed_round_robin_hp_link():
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
+def _torch_ddp_static_graph_no_sync():
+    """PyTorch 2.15: DDP(static_graph=True) with gradient accumulation under no_sync() asserts
+    `expect_autograd_hooks_` in Reducer::finalize_backward at the first backward: _DDPSink.backward enqueues the
+    static graph's one-shot delayed all-reduce on a backward inside no_sync(), where _post_forward never called
+    prepare_for_backward (pytorch/pytorch#143580, open; fix proposed in PR #187732). Fix (that PR's Python part):
+    enqueue it on a syncing backward only. The PR's C++ part (the reducer's hook counts) cannot be patched here."""
+    from torch.autograd import Variable
+    from torch.nn.parallel import distributed
+
+    def backward(ctx, *grad_outputs):
+        ddp = ctx.ddp_weakref()
+        if ddp.static_graph and not ddp._static_graph_delay_allreduce_enqueued and ddp.require_backward_grad_sync:
+            Variable._execution_engine.queue_callback(ddp.reducer._delay_all_reduce)
+            ddp._static_graph_delay_allreduce_enqueued = True
+        return (None, *grad_outputs)
+
+    distributed._DDPSink.backward = staticmethod(backward)
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -414,6 +433,7 @@ FIXES = {
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
+    "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
 }
 
 

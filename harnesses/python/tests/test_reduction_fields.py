@@ -69,6 +69,19 @@ class DeepSpeedReductionTest(unittest.TestCase):
         c["train"]["dtype"], c["train"]["grad_accum_dtype"] = "f32", "bf16"
         self.assertIn("below the f32 compute dtype", TARGET.unsupported(c))
 
+    def test_the_reduce_dtype_is_deepspeeds_communication_data_type(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET
+
+        c = case("zero2-bf16.json")
+        c["train"].pop("reduce_dtype", None)
+        self.assertNotIn("communication_data_type", TARGET.config(c, 2), "the compute dtype: DeepSpeed's default")
+        for dt, rd, ds in (("bf16", "f32", "fp32"), ("f32", "bf16", "bf16"), ("f32", "f16", "fp16")):
+            c["train"]["dtype"], c["train"]["reduce_dtype"] = dt, rd
+            self.assertIsNone(TARGET.unsupported(c), (dt, rd))
+            self.assertEqual(TARGET.config(c, 2)["communication_data_type"], ds)
+        c["train"]["reduce_dtype"] = "f64"
+        self.assertIn("communicates gradients in f32 / bf16 / f16 only", TARGET.unsupported(c))
+
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class DdpReductionTest(unittest.TestCase):
@@ -83,6 +96,20 @@ class DdpReductionTest(unittest.TestCase):
         self.assertEqual(reduction_feature("ddp", case("dp2-even-f32.json", reduce_bucket=5)), "ddp:bucket-tiny:overlap-default")
         self.assertEqual(reduction_feature("x", case("dp2-even-f32.json", reduce_bucket=9, overlap_comm=False)),
                          "x:bucket-sized:overlap-off")
+
+    def test_a_narrower_reduce_dtype_is_ddps_own_compression_hook(self):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        from shardfuzz_worker.targets.torch_ddp import TARGET, compress_hook
+
+        c = case("dp2-even-f32.json")
+        self.assertIsNone(compress_hook(c))
+        for rd, hook in (("bf16", default_hooks.bf16_compress_hook), ("f16", default_hooks.fp16_compress_hook)):
+            c["train"]["reduce_dtype"] = rd
+            self.assertIsNone(TARGET.unsupported(c), rd)
+            self.assertIs(compress_hook(c), hook)
+        c["train"]["reduce_dtype"] = "f64"
+        self.assertIn("through a compression hook, in bf16 / f16", TARGET.unsupported(c))
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")

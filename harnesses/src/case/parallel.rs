@@ -76,6 +76,12 @@ pub struct Parallel {
     /// same result either way. Absent: sharded over every data-parallel rank. Divides dp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_shard_group: Option<u32>,
+    /// The same parameters take part in every step and the framework may rely on it (true), or it must
+    /// find out each step (false), where a framework offers the choice (DDP's `static_graph`: the reducer
+    /// records the first step's autograd hooks, delays that step's reduction to the end of the backward and
+    /// replays the order afterwards); the same result either way. Absent: the target's own choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_graph: Option<bool>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -119,6 +125,7 @@ impl Default for Parallel {
             contiguous_grads: None,
             round_robin_grads: None,
             zero_shard_group: None,
+            static_graph: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

@@ -83,11 +83,19 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         assert!(e.contains("parallel.zero_shard_group") && e.contains("must divide dp"), "{g}: {e}");
     }
     let plain = Case::from_json(MINIMAL).unwrap().to_json();
-    let c = Case::from_json(&with(r#""contiguous_grads": false, "round_robin_grads": true"#)).unwrap();
+    let c = Case::from_json(&with(r#""contiguous_grads": false, "round_robin_grads": true, "static_graph": true"#)).unwrap();
     assert_eq!((c.parallel.contiguous_grads, c.parallel.round_robin_grads), (Some(false), Some(true)));
-    for field in
-        ["reduce_bucket", "overlap_comm", "reduce_scatter", "grad_predivide", "contiguous_grads", "round_robin_grads", "zero_shard_group"]
-    {
+    assert_eq!(c.parallel.static_graph, Some(true));
+    for field in [
+        "reduce_bucket",
+        "overlap_comm",
+        "reduce_scatter",
+        "grad_predivide",
+        "contiguous_grads",
+        "round_robin_grads",
+        "zero_shard_group",
+        "static_graph",
+    ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }
 }

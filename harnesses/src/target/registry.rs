@@ -60,14 +60,14 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
         env: Some(MAIN),
-        offers: &["zero_offload", "zero_shard_group"],
+        offers: &["zero_offload", "zero_shard_group", "reduce_dtype_below"],
         create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "contiguous_grads", "sparse_embedding"],
+        offers: &["reduce_bucket", "contiguous_grads", "sparse_embedding", "static_graph", "reduce_dtype_below"],
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {

@@ -1,7 +1,7 @@
 """Repro of a torch-ddp model case: the case's model in DistributedDataParallel over the data-parallel ranks,
 each training on its rows of the batch, under torchrun."""
 
-from ..targets.base import dtype_name, parallel
+from ..targets.base import dtype_name, parallel, reduce_dtype_name
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_model import producible  # noqa: F401 - the generator's interface
@@ -19,8 +19,15 @@ def check(case):
 
 def generate(case, inputs, bounds, dropped):
     from ..targets.torch_common import torch_dtype
-    from ..targets.torch_ddp import bucket_cap_mb
+    from ..targets.torch_ddp import COMPRESS_HOOKS, bucket_cap_mb
 
+    p = parallel(case)
     cap = bucket_cap_mb(case, torch_dtype(dtype_name(case)))
-    what = f"torch DistributedDataParallel (bucket_cap_mb={cap!r}) over dp={parallel(case)['dp']} ranks"
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, [f"BUCKET_CAP_MB = {cap!r}"], IMPORTS)
+    view, static = bool(p["contiguous_grads"]), bool(p["static_graph"])
+    rd = reduce_dtype_name(case)
+    hook = COMPRESS_HOOKS[rd] if rd != dtype_name(case) else None
+    what = (f"torch DistributedDataParallel (bucket_cap_mb={cap!r}, gradient_as_bucket_view={view}, static_graph={static}"
+            f"{f', comm hook {hook}' if hook else ''}) over dp={p['dp']} ranks")
+    settings = [f"BUCKET_CAP_MB = {cap!r}", f"GRADIENT_AS_BUCKET_VIEW = {view}", f"STATIC_GRAPH = {static}",
+                f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {rd}"]
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

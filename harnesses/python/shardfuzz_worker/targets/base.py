@@ -153,6 +153,7 @@ def parallel(case):
         "contiguous_grads": p.get("contiguous_grads"),
         "round_robin_grads": p.get("round_robin_grads"),
         "zero_shard_group": p.get("zero_shard_group"),
+        "static_graph": p.get("static_graph"),
     }
 
 

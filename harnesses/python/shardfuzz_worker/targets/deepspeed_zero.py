@@ -27,6 +27,8 @@ from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 #: DeepSpeed's names of the dtypes it accumulates gradients in (`data_types.grad_accum_dtype`).
 ACCUMULATE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+#: The dtypes DeepSpeed communicates gradients in (`communication_data_type`): the case's `reduce_dtype`.
+COMMUNICATION = ACCUMULATE
 
 #: Elements per ZeRO reduce / all-gather / prefetch bucket (the reduce bucket: the case's `reduce_bucket` where it
 #: sets one).
@@ -87,8 +89,8 @@ class DeepSpeedZero(TorchTarget):
             # off; the oracle's noise ensemble models the case dtype and reduce_dtype, not an accumulation dtype.
             return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
         rd = reduce_dtype_name(case)
-        if rd not in (dt, "f32"):
-            return f"gradient reduction in {rd} for {dt} parameters is not expressed by DeepSpeed's config"
+        if rd not in COMMUNICATION:
+            return f"DeepSpeed communicates gradients in {' / '.join(COMMUNICATION)} only, not {rd}"
         return None
 
     def init_rank(self, rank, world, timeout_s):
@@ -157,8 +159,8 @@ class DeepSpeedZero(TorchTarget):
         if t.get("grad_accum_dtype") is not None:
             # bf16 with fp32 accumulation at ZeRO-1 is DeepSpeed's BF16_Optimizer (bf16_optimizer.py), not ZeRO's.
             cfg["data_types"] = {"grad_accum_dtype": ACCUMULATE[t["grad_accum_dtype"]]}
-        if reduce_dtype_name(case) == "f32" and dt in ("bf16", "f16"):
-            cfg["communication_data_type"] = "fp32"
+        if reduce_dtype_name(case) != dt:
+            cfg["communication_data_type"] = COMMUNICATION[reduce_dtype_name(case)]
         return cfg
 
     def run_rank(self, rank, world, case, inputs):
@@ -214,6 +216,8 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}")
         if p["round_robin_grads"] is not None:
             layout.append(f"{stage}:{'round-robin' if p['round_robin_grads'] else 'model-order'}")
+        if reduce_dtype_name(case) != dtype_name(case):
+            layout.append(f"{stage}:{dtype_name(case)}-communicated-in-{reduce_dtype_name(case)}")
         if case["train"].get("grad_accum_dtype") is not None:
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []

@@ -1,6 +1,7 @@
 """torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks, its gradient buckets
 of the case's `reduce_bucket` elements (by default 1 MB), its gradients views into those buckets with
-`contiguous_grads` (`gradient_as_bucket_view`)."""
+`contiguous_grads` (`gradient_as_bucket_view`), `static_graph` as the case sets it, and a `reduce_dtype` below
+the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_compress_hook`)."""
 
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
 from .torch_common import TorchTarget
@@ -19,16 +20,21 @@ class TorchDdp(TorchTarget):
         p = parallel(case)
         if p["zero_stage"] > 0:
             return "ZeRO stages are not DDP (see torch-fsdp2, deepspeed-zero)"
-        if reduce_dtype_name(case) != dtype_name(case):
-            return "DDP reduces gradients in their own dtype"
+        rd = reduce_dtype_name(case)
+        if rd != dtype_name(case) and rd not in COMPRESS_HOOKS:
+            return f"DDP reduces gradients in their own dtype or, through a compression hook, in {' / '.join(COMPRESS_HOOKS)}"
         return None
 
     def run_rank(self, rank, world, case, inputs):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model, dt = build(case, inputs, sparse_embedding(case))
-        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt),
-                  gradient_as_bucket_view=bool(parallel(case)["contiguous_grads"]))
+        p = parallel(case)
+        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt), gradient_as_bucket_view=bool(p["contiguous_grads"]),
+                  static_graph=bool(p["static_graph"]))
+        hook = compress_hook(case)
+        if hook is not None:
+            ddp.register_comm_hook(state=None, hook=hook)
         named = list(model.named_parameters())
         out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -37,8 +43,23 @@ class TorchDdp(TorchTarget):
     def combine(self, case, outs):
         prefix = f"ddp:dp{len(outs)}"
         sparse = [f"{prefix}:sparse-embedding"] if sparse_embedding(case) else []
-        view = [f"{prefix}:bucket-view"] if parallel(case)["contiguous_grads"] else []
-        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view])
+        p = parallel(case)
+        view = [f"{prefix}:bucket-view"] if p["contiguous_grads"] else []
+        static = [] if p["static_graph"] is None else [f"{prefix}:{'static' if p['static_graph'] else 'dynamic'}-graph"]
+        rd = reduce_dtype_name(case)
+        hook = [f"{prefix}:{dtype_name(case)}-compressed-to-{rd}"] if rd != dtype_name(case) else []
+        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook])
+
+
+COMPRESS_HOOKS = {"bf16": "bf16_compress_hook", "f16": "fp16_compress_hook"}
+
+
+def compress_hook(case):
+    """DDP's own hook reducing the case's gradients in its narrower `reduce_dtype` (None: no hook)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    rd = reduce_dtype_name(case)
+    return None if rd == dtype_name(case) else getattr(default_hooks, COMPRESS_HOOKS[rd])
 
 
 def bucket_cap_mb(case, dt):

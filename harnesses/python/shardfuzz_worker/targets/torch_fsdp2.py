@@ -3,7 +3,7 @@ data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stag
 HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, replicated across the groups); with
 `zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host)."""
 
-from .base import parallel, reduce_dtype_name, zero_offloaded
+from .base import dtype_name, parallel, reduce_dtype_name, zero_offloaded
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -46,6 +46,8 @@ class TorchFsdp2(TorchTarget):
         g = parallel(case)["zero_shard_group"]
         layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == len(outs)
                                                             else "hybrid")]
+        if reduce_dtype_name(case) != dtype_name(case):
+            layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
 
 
