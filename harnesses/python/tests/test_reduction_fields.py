@@ -110,6 +110,11 @@ class DdpReductionTest(unittest.TestCase):
             self.assertIs(compress_hook(c), hook)
         c["train"]["reduce_dtype"] = "f64"
         self.assertIn("through a compression hook, in bf16 / f16", TARGET.unsupported(c))
+        c["train"].update(reduce_dtype="f16", optimizer={"kind": "sgd", "lr": 0.1})
+        c["model"]["sparse_embedding"] = True
+        self.assertIn("no CPU kernel adding the f16 sparse gradients", TARGET.unsupported(c))
+        c["train"]["reduce_dtype"] = "bf16"
+        self.assertIsNone(TARGET.unsupported(c))
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
