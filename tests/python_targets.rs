@@ -707,3 +707,26 @@ fn ddp_static_graph_and_narrower_reduce_dtypes() {
     let diverged = |prefix: &str| checks.iter().any(|c| c["tensor"].as_str().unwrap_or("").starts_with(prefix) && c["pass"] == false);
     assert!(diverged("replicas/param/") && !diverged("grad/") && !diverged("loss/"), "{v}");
 }
+
+/// Mixed precision (`master_dtype` f32 under a bf16 or f16 compute dtype) on torch-fsdp2: the model held in f32,
+/// `MixedPrecisionPolicy(param_dtype=...)`, with ZeRO-2 and ZeRO-3 resharding, HSDP, gradients reduced in f32 under
+/// accumulation, and Adam under f16 with loss scaling (its moments in f32, which torch-ddp cannot express): each
+/// passes with its feature.
+#[test]
+fn fsdp2_mixed_precision_with_f32_master_weights() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-mixed-precision");
+    for (case, feature) in [
+        ("dp2-zero2-bf16-master-f32.json", "fsdp2:dp2:zero2:bf16-computed-from-f32"),
+        ("dp4-hsdp2-zero3-bf16-master-f32.json", "fsdp2:dp4:zero3:bf16-computed-from-f32"),
+        ("dp2-zero3-bf16-master-f32-reduce-f32-accumulation.json", "fsdp2:dp2:zero3:bf16-reduced-in-f32"),
+        ("dp2-zero3-f16-master-f32-adam-loss-scale.json", "fsdp2:dp2:zero3:f16-computed-from-f32"),
+    ] {
+        let v = one_verdict("torch-fsdp2", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    let v = one_verdict("torch-ddp", &dir.join("dp2-zero3-f16-master-f32-adam-loss-scale.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("Adam moments in f16"), "{v}");
+}

@@ -154,6 +154,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         dtype,
         reduce_dtype: if dtype != DType::F64 && u.ratio(1, 5)? { Some(DType::F32) } else { None },
         grad_accum_dtype: None,
+        master_dtype: None,
         loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? { Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?)) } else { None },
     })
 }

@@ -109,6 +109,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             dtype,
             reduce_dtype: None,
             grad_accum_dtype: None,
+            master_dtype: None,
             loss_scale: None,
         },
         data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },

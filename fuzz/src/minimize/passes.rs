@@ -81,6 +81,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.static_graph.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         t.grad_accum_dtype.is_some(),
+        t.master_dtype.is_some(),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -126,6 +127,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.grad_accum_dtype.is_some() {
         out.push(with(case, |c| c.train.grad_accum_dtype = None));
+    }
+    if case.train.master_dtype.is_some() {
+        out.push(with(case, |c| c.train.master_dtype = None));
     }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
@@ -471,10 +475,11 @@ mod tests {
         (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
         p.static_graph = Some(true);
         case.train.grad_accum_dtype = Some(DType::F32);
+        (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 13, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 14, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

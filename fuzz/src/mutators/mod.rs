@@ -44,6 +44,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("zero-shard-group", parallel::zero_shard_group),
     ("static-graph", parallel::static_graph),
     ("reduce-dtype-below", train::reduce_dtype_below),
+    ("master-dtype", train::master_dtype),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -121,6 +122,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("zero-shard-group", "zero_shard_group"),
     ("static-graph", "static_graph"),
     ("reduce-dtype-below", "reduce_dtype_below"),
+    ("master-dtype", "master_dtype"),
     ("sparse-embedding", "sparse_embedding"),
 ];
 
@@ -355,6 +357,22 @@ mod tests {
             }
             assert_eq!(seen.len(), expected.len() + 1, "{dtype}: {seen:?}");
         }
+    }
+
+    #[test]
+    fn master_dtype_keeps_f32_parameters_under_a_half_precision_compute_dtype() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(9), Limits::default());
+        let mut case = random_case(2);
+        case.train.dtype = DType::F32;
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            train::master_dtype(&mut case, &mut rng);
+            assert!(matches!(case.train.dtype, DType::BF16 | DType::F16), "{}", case.train.dtype);
+            assert!(case.train.master_dtype.is_none_or(|m| m == DType::F32));
+            case.validate(&limits).unwrap();
+            seen.insert(case.train.master_dtype.is_some());
+        }
+        assert_eq!(seen.len(), 2, "both f32 parameters and the target's own");
     }
 
     #[test]

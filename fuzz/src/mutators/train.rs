@@ -36,6 +36,19 @@ pub fn reduce_dtype_below(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
+/// Parameters and optimizer states kept in f32 (mixed precision) or in the compute dtype (the target's own
+/// choice); a compute dtype wider than half precision becomes bf16 first.
+pub fn master_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let t = &mut c.train;
+    if !matches!(t.dtype, DType::BF16 | DType::F16) {
+        t.dtype = DType::BF16;
+        t.loss_scale = None;
+        t.reduce_dtype = t.reduce_dtype.filter(|&r| r == DType::F32 || r == DType::BF16);
+    }
+    t.master_dtype = if t.master_dtype.is_some() && rng.gen_bool(0.5) { None } else { Some(DType::F32) };
+    true
+}
+
 /// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype
 /// itself, or the target's own.
 pub fn grad_accum_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -118,6 +118,21 @@ class DdpReductionTest(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class MasterDtypeTest(unittest.TestCase):
+    def test_adam_under_f16_needs_master_weights_the_target_keeps(self):
+        from shardfuzz_worker.targets.torch_ddp import TARGET as DDP
+        from shardfuzz_worker.targets.torch_fsdp2 import TARGET as FSDP2
+
+        c = case("dp2-even-f32.json")
+        c["train"].update(dtype="f16", optimizer={"kind": "adam", "lr": 0.01})
+        for target in (DDP, FSDP2):
+            self.assertIn("Adam moments in f16", target.unsupported(c), target.name)
+        c["train"]["master_dtype"] = "f32"
+        self.assertIsNone(FSDP2.unsupported(c), "FSDP2 keeps the moments of its f32 parameters in f32")
+        self.assertIn("Adam moments in f16", DDP.unsupported(c), "DDP holds the parameters in the compute dtype")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class SparseEmbeddingTest(unittest.TestCase):
     def test_what_a_sparse_embedding_gradient_cannot_meet_is_refused(self):
         from shardfuzz_worker.targets.torch_model import unsupported_sparse_embedding

@@ -221,3 +221,18 @@ fn an_ignored_share_must_leave_targets_and_round_trips() {
         assert!(e.contains("data.ignored.fraction") && e.contains("< 1"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn master_dtype_is_the_compute_dtype_or_a_wider_float() {
+    let with =
+        |dtype: &str, master: &str| MINIMAL.replace(r#""dtype": "f32""#, &format!(r#""dtype": "{dtype}", "master_dtype": "{master}""#));
+    for (dtype, master) in [("bf16", "f32"), ("f16", "f32"), ("bf16", "f64"), ("f32", "f32"), ("bf16", "bf16")] {
+        let c = Case::from_json(&with(dtype, master)).unwrap();
+        assert_eq!(c.train.master_dtype.map(|m| m.to_string()).as_deref(), Some(master));
+    }
+    for (dtype, master) in [("f16", "bf16"), ("bf16", "f16"), ("f64", "f32")] {
+        let e = error_of(&with(dtype, master));
+        assert!(e.contains("train.master_dtype") && e.contains("compute dtype or a wider one"), "{dtype} {master}: {e}");
+    }
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("master_dtype"), "absent is not written");
+}

@@ -32,6 +32,13 @@ pub struct Train {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub grad_accum_dtype: Option<DType>,
+    /// Dtype parameters and optimizer states are kept in, wider than the compute dtype `dtype`, where a
+    /// framework offers it (mixed precision: FSDP2's `MixedPrecisionPolicy(param_dtype=dtype)` over a model held
+    /// in this dtype, each forward computing with a copy cast to `dtype`); absent: the target's own (parameters
+    /// in `dtype`). The same result up to the compute dtype's rounding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub master_dtype: Option<DType>,
     /// Dynamic loss scaling (meant for f16): initial scale; absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<Real>,

@@ -1,5 +1,7 @@
 //! Structural validation of a case. Every violated rule is reported, each naming its field.
 
+use shardfuzz_kernels::DType;
+
 use super::{
     Case, LayerKind, LibraryOp, Model, OpCase, OpKind, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS,
     MAX_SAMPLE_EDITS, MAX_VIEWS,
@@ -332,5 +334,11 @@ fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     }
     if let Some(s) = t.loss_scale {
         r.finite_at_least("train.loss_scale", s.get(), 0.0, true);
+    }
+    if let Some(m) = t.master_dtype {
+        let wider = matches!(m, DType::F32 | DType::F64) && m.unit_roundoff() < t.dtype.unit_roundoff();
+        if m != t.dtype && !wider {
+            r.fail("train.master_dtype", format!("must be the compute dtype or a wider one, f32 or f64 (got {m} for {})", t.dtype));
+        }
     }
 }

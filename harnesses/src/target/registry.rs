@@ -60,7 +60,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
         env: Some(MAIN),
-        offers: &["zero_offload", "zero_shard_group", "reduce_dtype_below"],
+        offers: &["zero_offload", "zero_shard_group", "reduce_dtype_below", "master_dtype"],
         create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {
@@ -98,6 +98,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "round_robin_grads",
             "grad_accum_dtype",
             "sparse_embedding",
+            "reduce_dtype_below",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

@@ -1,7 +1,7 @@
 """Repro of a torch-fsdp2 model case: the case's model with fully_shard on every block and on the root over the
 data-parallel ranks, each training on its rows of the batch, under torchrun."""
 
-from ..targets.base import parallel, reduce_dtype_name
+from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, zero_offloaded
 from .common import ReproError
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES, check_model_case
@@ -25,9 +25,16 @@ def check(case):
 def generate(case, inputs, bounds, dropped):
     p = parallel(case)
     reshard = p["zero_stage"] == 3
-    what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks, case ZeRO stage"
-            f" {p['zero_stage']}: reshard_after_forward={reshard}, gradients reduce-scattered in"
-            f" {reduce_dtype_name(case)}")
+    g = p["zero_shard_group"] or p["dp"]
+    mesh = ((p["dp"],), ("dp",)) if g == p["dp"] else ((p["dp"] // g, g), ("replicate", "shard"))
+    offload, master = zero_offloaded(case), master_dtype_name(case)
+    what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks on a {mesh[0]} mesh,"
+            f" case ZeRO stage {p['zero_stage']}: reshard_after_forward={reshard}, gradients reduced in"
+            f" {reduce_dtype_name(case)}{', CPU offload' if offload else ''}"
+            f"{f', parameters held in {master}' if master != dtype_name(case) else ''}")
     settings = [f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
-                f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3 (case.parallel.zero_stage == 3)"]
+                f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3 (case.parallel.zero_stage == 3)\n"
+                f"MESH_SHAPE, MESH_NAMES = {mesh!r}  # HSDP where case.parallel.zero_shard_group < dp\n"
+                f"CPU_OFFLOAD = {offload}  # case.parallel.zero_offload\n"
+                f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE"]
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

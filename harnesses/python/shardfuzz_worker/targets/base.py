@@ -217,6 +217,11 @@ def reduce_dtype_name(case):
     return case["train"].get("reduce_dtype") or case["train"]["dtype"]
 
 
+def master_dtype_name(case):
+    """The dtype the case keeps parameters and optimizer states in (`master_dtype`; absent: the compute dtype)."""
+    return case["train"].get("master_dtype") or case["train"]["dtype"]
+
+
 def assemble(shape, pieces):
     """Full tensor from `(ranges, local)` pieces, `ranges` one (start, stop) per dimension."""
     full = np.zeros(shape, dtype=np.float64)

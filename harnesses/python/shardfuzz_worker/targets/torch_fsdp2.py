@@ -1,9 +1,11 @@
 """torch-fsdp2: the case's model with `fully_shard` on every block and on the root, over the
 data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stage 3); with `zero_shard_group` g,
 HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, replicated across the groups); with
-`zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host)."""
+`zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host); with a
+`master_dtype` wider than the compute dtype, mixed precision: the model held in it, `MixedPrecisionPolicy(param_dtype=`
+the compute dtype`)` (parameters all-gathered in the compute dtype, gradients reduced in `reduce_dtype`)."""
 
-from .base import dtype_name, parallel, reduce_dtype_name, zero_offloaded
+from .base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, zero_offloaded
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -14,18 +16,20 @@ class TorchFsdp2(TorchTarget):
 
     def unsupported(self, case):
         return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
-                                  offload=True, loss_scaling=True)
+                                  offload=True, loss_scaling=True, master_weights=True)
 
     def run_rank(self, rank, world, case, inputs):
         import torch
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        model, dt = build(case, inputs)
+        mixed = master_dtype_name(case) != dtype_name(case)
+        model, _ = build(case, inputs, dtype=master_dtype_name(case))
         named_before = [n for n, _ in model.named_parameters()]
         p = parallel(case)
         g = p["zero_shard_group"] or world
         dm = mesh((world,), ("dp",)) if g == world else mesh((world // g, g), ("replicate", "shard"))
-        kw = {"mp_policy": MixedPrecisionPolicy(reduce_dtype=torch_dtype(reduce_dtype_name(case))),
+        param_dtype = torch_dtype(dtype_name(case)) if mixed else None
+        kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
               "reshard_after_forward": p["zero_stage"] == 3}
         if zero_offloaded(case):
             from torch.distributed.fsdp import CPUOffloadPolicy
@@ -46,6 +50,8 @@ class TorchFsdp2(TorchTarget):
         g = parallel(case)["zero_shard_group"]
         layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == len(outs)
                                                             else "hybrid")]
+        if master_dtype_name(case) != dtype_name(case):
+            layout.append(f"{stage}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])

@@ -126,9 +126,10 @@ def model_defaults(case):
     return m
 
 
-def unsupported_model(case, loss_scaling=False):
+def unsupported_model(case, loss_scaling=False, master_weights=False):
     """Why the plain torch model cannot express this case, or None. `loss_scaling`: the target runs
-    the case's dynamic loss scaler (torch_training.loss_scaler)."""
+    the case's dynamic loss scaler (torch_training.loss_scaler); `master_weights`: it keeps parameters and
+    optimizer states in the case's `master_dtype`."""
     if "model" not in case:
         return "model cases only"
     m = model_defaults(case)
@@ -143,7 +144,10 @@ def unsupported_model(case, loss_scaling=False):
     rows = [chunk_range(m["batch"], dp, i)[1] - chunk_range(m["batch"], dp, i)[0] for i in range(dp)]
     if min(rows) < ga:
         return "a data-parallel rank would run an empty micro-batch (fewer rows than grad_accumulation)"
-    if case["train"]["dtype"] == "f16" and case["train"]["optimizer"]["kind"] != "sgd":
+    from .base import master_dtype_name
+
+    held = master_dtype_name(case) if master_weights else case["train"]["dtype"]
+    if held == "f16" and case["train"]["optimizer"]["kind"] != "sgd":
         # torch keeps Adam's moments in the parameter dtype; in f16 the second moment underflows
         # (0.001 g^2 < 6e-8) and the step blows up, where the case's optimizer keeps them in f32.
         return "Adam moments in f16 (torch keeps optimizer state in the parameter dtype)"
@@ -152,10 +156,11 @@ def unsupported_model(case, loss_scaling=False):
     return None
 
 
-def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False, loss_scaling=False):
+def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False, loss_scaling=False,
+                       master_weights=False):
     """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), the
     sequence-parallel mode is one of `sp_modes`, and ZeRO offloading only where the target has it."""
-    why = unsupported_model(case, loss_scaling)
+    why = unsupported_model(case, loss_scaling, master_weights)
     if why:
         return why
     p = case["parallel"]
@@ -168,11 +173,12 @@ def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=Fal
     return unsupported_sp_mode(case, what.split(" ")[0], sp_modes)
 
 
-def build(case, inputs, sparse_embedding=False):
-    """The case's model in its dtype with the case's initial parameters; returns (model, dtype)."""
+def build(case, inputs, sparse_embedding=False, dtype=None):
+    """The case's model in its dtype (or the dtype named `dtype`) with the case's initial parameters; returns
+    (model, dtype)."""
     from .torch_common import torch_dtype
 
-    dt = torch_dtype(case["train"]["dtype"])
+    dt = torch_dtype(dtype or case["train"]["dtype"])
     model = Model(model_defaults(case), sparse_embedding).to(dt)
     load_case_params(model, inputs, dt)
     return model, dt
