@@ -616,6 +616,7 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
         ("dp2-zero3-offload-clip-bf16.json", "deepspeed:dp2:zero3:offload"),
         ("dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed:dp2:zero1:contiguous-off"),
         ("dp2-zero1-bf16-accumulated-in-f32.json", "deepspeed:dp2:zero1:bf16-accumulated-in-f32"),
+        ("dp3-zero2-reduce-to-owner-bf16.json", "deepspeed:dp3:zero2:reduce-to-owner"),
     ] {
         let v = run(case, "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");

@@ -53,6 +53,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
     }
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
+        match p.reduce_to_owner {
+            Some(true) => out.push("each gradient slice reduced to the rank that owns it".into()),
+            Some(false) => out.push("gradient buckets all-reduced, each rank keeping its part".into()),
+            None => {}
+        }
         match p.round_robin_grads {
             Some(true) => out.push("parameters dealt to the ZeRO partitions round robin".into()),
             Some(false) => out.push("parameters dealt to the ZeRO partitions in model order".into()),

@@ -211,6 +211,14 @@ pub fn static_graph(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Bucket slices reduced to their owning rank only, the whole bucket all-reduced, or the target's own choice (a
+/// ZeRO stage and data parallelism switched on with it).
+pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.reduce_to_owner = another(c.parallel.reduce_to_owner, &[None, Some(false), Some(true)], rng);
+    ensure_zero(c, rng);
+    true
+}
+
 fn ensure_zero(c: &mut Case, rng: &mut ChaCha8Rng) {
     if c.parallel.zero_stage == 0 {
         c.parallel.zero_stage = rng.gen_range(1..=2);

@@ -51,6 +51,10 @@ class DeepSpeedReductionTest(unittest.TestCase):
             self.assertNotIn(key, plain["zero_optimization"], "absent, DeepSpeed's own default")
         z = TARGET.config(case("zero2-bf16.json", contiguous_grads=False, round_robin_grads=True), 2)["zero_optimization"]
         self.assertEqual((z["contiguous_gradients"], z["round_robin_gradients"]), (False, True))
+        self.assertNotIn("use_multi_rank_bucket_allreduce", plain["zero_optimization"])
+        for owner in (True, False):
+            z = TARGET.config(case("zero2-bf16.json", reduce_to_owner=owner), 2)["zero_optimization"]
+            self.assertEqual(z["use_multi_rank_bucket_allreduce"], not owner)
         cfg = TARGET.config(case("zero2-bf16.json", zero_offload=True), 2)
         self.assertEqual(cfg["zero_optimization"]["offload_optimizer"], {"device": "cpu"})
         self.assertFalse(cfg["zero_force_ds_cpu_optimizer"], "the case's torch optimizer runs on the host")

@@ -76,6 +76,12 @@ pub struct Parallel {
     /// same result either way. Absent: sharded over every data-parallel rank. Divides dp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_shard_group: Option<u32>,
+    /// Each slice of a gradient bucket reduced only to the rank whose partition owns it (true) instead of the
+    /// whole bucket all-reduced and each rank keeping its part (false), where a framework offers the choice
+    /// (DeepSpeed ZeRO-1/2's `use_multi_rank_bucket_allreduce: false`, one `reduce` per destination rank); the
+    /// same result either way. Absent: the target's own choice. Read only with a ZeRO stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_to_owner: Option<bool>,
     /// The same parameters take part in every step and the framework may rely on it (true), or it must
     /// find out each step (false), where a framework offers the choice (DDP's `static_graph`: the reducer
     /// records the first step's autograd hooks, delays that step's reduction to the end of the backward and
@@ -125,6 +131,7 @@ impl Default for Parallel {
             contiguous_grads: None,
             round_robin_grads: None,
             zero_shard_group: None,
+            reduce_to_owner: None,
             static_graph: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,

@@ -83,9 +83,11 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         assert!(e.contains("parallel.zero_shard_group") && e.contains("must divide dp"), "{g}: {e}");
     }
     let plain = Case::from_json(MINIMAL).unwrap().to_json();
-    let c = Case::from_json(&with(r#""contiguous_grads": false, "round_robin_grads": true, "static_graph": true"#)).unwrap();
+    let c =
+        Case::from_json(&with(r#""contiguous_grads": false, "round_robin_grads": true, "static_graph": true, "reduce_to_owner": true"#))
+            .unwrap();
     assert_eq!((c.parallel.contiguous_grads, c.parallel.round_robin_grads), (Some(false), Some(true)));
-    assert_eq!(c.parallel.static_graph, Some(true));
+    assert_eq!((c.parallel.static_graph, c.parallel.reduce_to_owner), (Some(true), Some(true)));
     for field in [
         "reduce_bucket",
         "overlap_comm",
@@ -95,6 +97,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "round_robin_grads",
         "zero_shard_group",
         "static_graph",
+        "reduce_to_owner",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

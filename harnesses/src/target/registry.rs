@@ -99,6 +99,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "grad_accum_dtype",
             "sparse_embedding",
             "reduce_dtype_below",
+            "reduce_to_owner",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

@@ -144,6 +144,9 @@ class DeepSpeedZero(TorchTarget):
                             ("round_robin_grads", "round_robin_gradients")):
             if p[key] is not None:
                 cfg["zero_optimization"][ds_key] = p[key]
+        if p["reduce_to_owner"] is not None:
+            # Off: average_tensor reduces each bucket slice to its owner (one dist.reduce per destination rank).
+            cfg["zero_optimization"]["use_multi_rank_bucket_allreduce"] = not p["reduce_to_owner"]
         if zero_offloaded(case):
             # ZeRO-Offload: the optimizer's partition and step on the host. The case's torch optimizer runs
             # there (DeepSpeedCPUAdam is a JIT-built extension, and would not be the case's optimizer).
@@ -214,6 +217,8 @@ class DeepSpeedZero(TorchTarget):
         layout = []
         if p["contiguous_grads"] is not None:
             layout.append(f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}")
+        if p["reduce_to_owner"] is not None:
+            layout.append(f"{stage}:{'reduce-to-owner' if p['reduce_to_owner'] else 'bucket-allreduce'}")
         if p["round_robin_grads"] is not None:
             layout.append(f"{stage}:{'round-robin' if p['round_robin_grads'] else 'model-order'}")
         if reduce_dtype_name(case) != dtype_name(case):
