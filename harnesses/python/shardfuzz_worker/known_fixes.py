@@ -399,8 +399,10 @@ def _torch_ddp_static_graph_no_sync():
     """PyTorch 2.15: DDP(static_graph=True) with gradient accumulation under no_sync() asserts
     `expect_autograd_hooks_` in Reducer::finalize_backward at the first backward: _DDPSink.backward enqueues the
     static graph's one-shot delayed all-reduce on a backward inside no_sync(), where _post_forward never called
-    prepare_for_backward (pytorch/pytorch#143580, open; fix proposed in PR #187732). Fix (that PR's Python part):
-    enqueue it on a syncing backward only. The PR's C++ part (the reducer's hook counts) cannot be patched here."""
+    prepare_for_backward (pytorch/pytorch#143580, open; fix proposed in PR #187732;
+    docs/findings/torch-2.15-ddp-static-graph-no-sync.py). Fix (that PR's Python part): enqueue it on a syncing
+    backward only. Partial: the PR's C++ part (the reducer's hook counts) cannot be patched here, and without it the
+    step after the first is not all-reduced, so no case passes with this fix; it shows that silent half."""
     from torch.autograd import Variable
     from torch.nn.parallel import distributed
 
