@@ -5,6 +5,9 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET};
 
+/// A choice the target makes by default that a case may force either way.
+const ON_OFF_OR_TARGETS: [Option<bool>; 3] = [None, Some(false), Some(true)];
+
 /// One of `choices` other than `current`, at random.
 fn another<T: Copy + PartialEq>(current: T, choices: &[T], rng: &mut ChaCha8Rng) -> T {
     let others: Vec<T> = choices.iter().copied().filter(|x| *x != current).collect();
@@ -143,7 +146,7 @@ pub fn reduce_bucket(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// The gradient reduction overlapped with the backward, not overlapped, or the target's own choice
 /// (data parallelism switched on with it).
 pub fn overlap_comm(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.overlap_comm = another(c.parallel.overlap_comm, &[None, Some(false), Some(true)], rng);
+    c.parallel.overlap_comm = another(c.parallel.overlap_comm, &ON_OFF_OR_TARGETS, rng);
     ensure_data_parallel(c);
     true
 }
@@ -151,7 +154,7 @@ pub fn overlap_comm(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// The gradient reduction as a reduce-scatter, as all-reduces, or the target's own choice (data parallelism
 /// switched on with it).
 pub fn reduce_scatter(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.reduce_scatter = another(c.parallel.reduce_scatter, &[None, Some(false), Some(true)], rng);
+    c.parallel.reduce_scatter = another(c.parallel.reduce_scatter, &ON_OFF_OR_TARGETS, rng);
     ensure_data_parallel(c);
     true
 }
@@ -177,7 +180,7 @@ pub fn grad_predivide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Gradients in contiguous reduction buffers, kept per parameter, or the target's own choice (data
 /// parallelism switched on with it).
 pub fn contiguous_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.contiguous_grads = another(c.parallel.contiguous_grads, &[None, Some(false), Some(true)], rng);
+    c.parallel.contiguous_grads = another(c.parallel.contiguous_grads, &ON_OFF_OR_TARGETS, rng);
     ensure_data_parallel(c);
     true
 }
@@ -185,7 +188,7 @@ pub fn contiguous_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Parameters dealt to the ZeRO partitions round robin, in model order, or the target's own choice (a ZeRO
 /// stage and data parallelism switched on with it).
 pub fn round_robin_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.round_robin_grads = another(c.parallel.round_robin_grads, &[None, Some(false), Some(true)], rng);
+    c.parallel.round_robin_grads = another(c.parallel.round_robin_grads, &ON_OFF_OR_TARGETS, rng);
     ensure_zero(c, rng);
     true
 }
@@ -206,7 +209,7 @@ pub fn zero_shard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// The same parameters in every step relied on, found out each step, or the target's own choice (data
 /// parallelism switched on with it).
 pub fn static_graph(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.static_graph = another(c.parallel.static_graph, &[None, Some(false), Some(true)], rng);
+    c.parallel.static_graph = another(c.parallel.static_graph, &ON_OFF_OR_TARGETS, rng);
     ensure_data_parallel(c);
     true
 }
@@ -214,7 +217,7 @@ pub fn static_graph(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Bucket slices reduced to their owning rank only, the whole bucket all-reduced, or the target's own choice (a
 /// ZeRO stage and data parallelism switched on with it).
 pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.reduce_to_owner = another(c.parallel.reduce_to_owner, &[None, Some(false), Some(true)], rng);
+    c.parallel.reduce_to_owner = another(c.parallel.reduce_to_owner, &ON_OFF_OR_TARGETS, rng);
     ensure_zero(c, rng);
     true
 }

@@ -392,9 +392,6 @@ def _deepspeed_round_robin_hp_link():
     DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params
 
 
-COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
-
-#: name -> (the targets it concerns, the fix)
 def _torch_ddp_static_graph_no_sync():
     """PyTorch 2.15: DDP(static_graph=True) with gradient accumulation under no_sync() asserts
     `expect_autograd_hooks_` in Reducer::finalize_backward at the first backward: _DDPSink.backward enqueues the
@@ -416,6 +413,9 @@ def _torch_ddp_static_graph_no_sync():
     distributed._DDPSink.backward = staticmethod(backward)
 
 
+COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
+
+#: name -> (the targets it concerns, the fix)
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),

@@ -19,15 +19,14 @@ def check(case):
 
 def generate(case, inputs, bounds, dropped):
     from ..targets.torch_common import torch_dtype
-    from ..targets.torch_ddp import COMPRESS_HOOKS, bucket_cap_mb
+    from ..targets.torch_ddp import bucket_cap_mb, compress_hook_name
 
     p = parallel(case)
     cap = bucket_cap_mb(case, torch_dtype(dtype_name(case)))
     view, static = bool(p["contiguous_grads"]), bool(p["static_graph"])
-    rd = reduce_dtype_name(case)
-    hook = COMPRESS_HOOKS[rd] if rd != dtype_name(case) else None
+    hook = compress_hook_name(case)
     what = (f"torch DistributedDataParallel (bucket_cap_mb={cap!r}, gradient_as_bucket_view={view}, static_graph={static}"
             f"{f', comm hook {hook}' if hook else ''}) over dp={p['dp']} ranks")
     settings = [f"BUCKET_CAP_MB = {cap!r}", f"GRADIENT_AS_BUCKET_VIEW = {view}", f"STATIC_GRAPH = {static}",
-                f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {rd}"]
+                f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {reduce_dtype_name(case)}"]
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

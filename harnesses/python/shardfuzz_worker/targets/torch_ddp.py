@@ -58,12 +58,19 @@ class TorchDdp(TorchTarget):
 COMPRESS_HOOKS = {"bf16": "bf16_compress_hook", "f16": "fp16_compress_hook"}
 
 
+def compress_hook_name(case):
+    """The name in `default_hooks` of DDP's own hook reducing the case's gradients in its narrower `reduce_dtype`
+    (None: no hook)."""
+    rd = reduce_dtype_name(case)
+    return None if rd == dtype_name(case) else COMPRESS_HOOKS[rd]
+
+
 def compress_hook(case):
-    """DDP's own hook reducing the case's gradients in its narrower `reduce_dtype` (None: no hook)."""
+    """The hook of compress_hook_name(case) itself, or None."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    rd = reduce_dtype_name(case)
-    return None if rd == dtype_name(case) else getattr(default_hooks, COMPRESS_HOOKS[rd])
+    name = compress_hook_name(case)
+    return None if name is None else getattr(default_hooks, name)
 
 
 def bucket_cap_mb(case, dt):
