@@ -600,7 +600,9 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
 
 /// deepspeed-zero's ZeRO layouts: the optimizer offloaded to the host (`zero_offload`, stages 2 and 3 with
 /// clipping), reduced gradients kept per parameter (`contiguous_grads: false`, with accumulation) and bf16
-/// accumulated in f32 at ZeRO-1 (`grad_accum_dtype`: DeepSpeed's BF16_Optimizer) pass, and DeepSpeed's refusal
+/// accumulated in f32 at ZeRO-1 (`grad_accum_dtype`: DeepSpeed's BF16_Optimizer) pass, so does ZeRO-3 with the
+/// small parameters persistent and each partition stepped in sub-groups (`persist_below`, `optimizer_sub_group`,
+/// with accumulation), and DeepSpeed's refusal
 /// of that accumulation without ZeRO is `rejected`;
 /// with `round_robin_grads`, DeepSpeed 0.19.8 links each parameter to another's fp32 and gradient fragments
 /// (`safe_get_full_grad` raises a size mismatch at step 0), and the case passes with the known fix.
@@ -617,6 +619,7 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
         ("dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed:dp2:zero1:contiguous-off"),
         ("dp2-zero1-bf16-accumulated-in-f32.json", "deepspeed:dp2:zero1:bf16-accumulated-in-f32"),
         ("dp3-zero2-reduce-to-owner-bf16.json", "deepspeed:dp3:zero2:reduce-to-owner"),
+        ("dp3-zero3-persistent-sub-groups-accumulation-bf16.json", "deepspeed:dp3:zero3:persistent-some"),
     ] {
         let v = run(case, "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");

@@ -58,6 +58,14 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("gradient buckets all-reduced, each rank keeping its part".into()),
             None => {}
         }
+        if p.zero_stage == 3 {
+            if let Some(n) = p.persist_below {
+                out.push(format!("parameters of at most {n} elements kept whole on every rank (not partitioned)"));
+            }
+            if let Some(n) = p.optimizer_sub_group {
+                out.push(format!("the optimizer stepping each partition in sub-groups of about {n} elements"));
+            }
+        }
         match p.round_robin_grads {
             Some(true) => out.push("parameters dealt to the ZeRO partitions round robin".into()),
             Some(false) => out.push("parameters dealt to the ZeRO partitions in model order".into()),

@@ -44,6 +44,8 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("zero-shard-group", parallel::zero_shard_group),
     ("static-graph", parallel::static_graph),
     ("reduce-to-owner", parallel::reduce_to_owner),
+    ("persist-below", parallel::persist_below),
+    ("optimizer-sub-group", parallel::optimizer_sub_group),
     ("reduce-dtype-below", train::reduce_dtype_below),
     ("master-dtype", train::master_dtype),
     ("sparse-embedding", parallel::sparse_embedding),
@@ -123,6 +125,8 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("zero-shard-group", "zero_shard_group"),
     ("static-graph", "static_graph"),
     ("reduce-to-owner", "reduce_to_owner"),
+    ("persist-below", "persist_below"),
+    ("optimizer-sub-group", "optimizer_sub_group"),
     ("reduce-dtype-below", "reduce_dtype_below"),
     ("master-dtype", "master_dtype"),
     ("sparse-embedding", "sparse_embedding"),
@@ -375,6 +379,27 @@ mod tests {
             seen.insert(case.train.master_dtype.is_some());
         }
         assert_eq!(seen.len(), 2, "both f32 parameters and the target's own");
+    }
+
+    #[test]
+    fn zero3_layout_sizes_sit_around_a_parameter_and_switch_on_zero3() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(4), Limits::default());
+        let mut case = random_case(3);
+        let numels: Vec<u32> = case.model.as_ref().unwrap().params().iter().map(|p| p.numel() as u32).collect();
+        let (mut persisted, mut grouped) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        for _ in 0..60 {
+            parallel::persist_below(&mut case, &mut rng);
+            parallel::optimizer_sub_group(&mut case, &mut rng);
+            assert_eq!((case.parallel.zero_stage, case.parallel.dp > 1), (3, true));
+            case.validate(&limits).unwrap();
+            persisted.insert(case.parallel.persist_below);
+            grouped.insert(case.parallel.optimizer_sub_group);
+        }
+        let near = |v: &Option<u32>| v.is_some_and(|v| numels.iter().any(|&n| v.abs_diff(n) <= 1 && n > 64));
+        for seen in [&persisted, &grouped] {
+            assert!(seen.contains(&None) && seen.iter().any(near), "{seen:?}");
+        }
+        assert!(!grouped.contains(&Some(0)), "a sub-group holds at least one element");
     }
 
     #[test]

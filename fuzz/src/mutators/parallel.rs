@@ -129,12 +129,7 @@ pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// around one parameter's size (a bucket that exactly holds it, or one element short or over), a few
 /// elements, or back to the target's own.
 pub fn reduce_bucket(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let numels: Vec<usize> = c.model.as_ref().map(|m| m.params().iter().map(|p| p.numel()).collect()).unwrap_or_default();
-    let size = match (rng.gen_range(0..4), numels.choose(rng)) {
-        (0, _) => None,
-        (1, _) | (_, None) => Some(*[1u32, 2, 3, 7, 64].choose(rng).expect("sizes")),
-        (_, Some(&n)) => Some((n as i64 + rng.gen_range(-1..=1)).clamp(1, MAX_REDUCE_BUCKET as i64) as u32),
-    };
+    let size = around_a_parameter(c, rng, &[1, 2, 3, 7, 64]).map(|n| n.max(1));
     if size == c.parallel.reduce_bucket {
         return false;
     }
@@ -220,6 +215,44 @@ pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.reduce_to_owner = another(c.parallel.reduce_to_owner, &ON_OFF_OR_TARGETS, rng);
     ensure_zero(c, rng);
     true
+}
+
+/// Another size below which parameters stay whole on every rank (ZeRO-3 switched on with it): around one
+/// parameter's size (exactly it, one element short or over, so it persists or not), every parameter, none, or
+/// back to the target's own.
+pub fn persist_below(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let size = around_a_parameter(c, rng, &[0, MAX_REDUCE_BUCKET]);
+    ensure_zero3(c);
+    replace(&mut c.parallel.persist_below, size)
+}
+
+/// Another optimizer sub-group size (ZeRO-3 switched on with it): around one parameter's size, a few elements
+/// (a group per parameter), or back to the target's own.
+pub fn optimizer_sub_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let size = around_a_parameter(c, rng, &[1, 2, 7, 64]).map(|n| n.max(1));
+    ensure_zero3(c);
+    replace(&mut c.parallel.optimizer_sub_group, size)
+}
+
+/// None, one of `fixed`, or a size within one element of a random parameter's.
+fn around_a_parameter(c: &Case, rng: &mut ChaCha8Rng, fixed: &[u32]) -> Option<u32> {
+    let numels: Vec<usize> = c.model.as_ref().map(|m| m.params().iter().map(|p| p.numel()).collect()).unwrap_or_default();
+    match (rng.gen_range(0..4), numels.choose(rng)) {
+        (0, _) => None,
+        (1, _) | (_, None) => Some(*fixed.choose(rng).expect("sizes")),
+        (_, Some(&n)) => Some((n as i64 + rng.gen_range(-1..=1)).clamp(0, MAX_REDUCE_BUCKET as i64) as u32),
+    }
+}
+
+fn replace(slot: &mut Option<u32>, value: Option<u32>) -> bool {
+    let changed = *slot != value;
+    *slot = value;
+    changed
+}
+
+fn ensure_zero3(c: &mut Case) {
+    c.parallel.zero_stage = 3;
+    ensure_data_parallel(c);
 }
 
 fn ensure_zero(c: &mut Case, rng: &mut ChaCha8Rng) {

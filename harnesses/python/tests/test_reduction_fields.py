@@ -61,6 +61,23 @@ class DeepSpeedReductionTest(unittest.TestCase):
         self.assertNotIn("offload_optimizer", TARGET.config(case("zero2-bf16.json", zero_offload=True, zero_stage=0), 2)
                          ["zero_optimization"], "offloading is read only with a ZeRO stage")
 
+    def test_zero3_persistence_and_sub_groups_are_read_at_stage_3_only(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET, zero3_layout_features
+
+        z = TARGET.config(case("zero2-bf16.json", zero_stage=3), 2)["zero_optimization"]
+        self.assertEqual(z["stage3_param_persistence_threshold"], 0, "absent: every parameter partitioned")
+        self.assertNotIn("sub_group_size", z)
+        z = TARGET.config(case("zero2-bf16.json", zero_stage=3, persist_below=32, optimizer_sub_group=50), 2)
+        self.assertEqual((z["zero_optimization"]["stage3_param_persistence_threshold"],
+                          z["zero_optimization"]["sub_group_size"]), (32, 50))
+        z = TARGET.config(case("zero2-bf16.json", persist_below=32, optimizer_sub_group=50), 2)["zero_optimization"]
+        self.assertNotIn("sub_group_size", z, "stage 2 has no sub-groups")
+        p = {"zero_stage": 3, "persist_below": 32, "optimizer_sub_group": 50}
+        self.assertEqual(zero3_layout_features("s", p, [8, 32, 64, 64], 2), ["s:persistent-some", "s:sub-groups-several"])
+        self.assertEqual(zero3_layout_features("s", p | {"persist_below": 0, "optimizer_sub_group": 500},
+                                               [8, 32], 2), ["s:persistent-none", "s:sub-groups-one"])
+        self.assertEqual(zero3_layout_features("s", p | {"zero_stage": 2}, [8], 2), [])
+
     def test_the_accumulation_dtype_is_deepspeeds_data_type(self):
         from shardfuzz_worker.targets.deepspeed_zero import TARGET
 

@@ -88,6 +88,20 @@ pub struct Parallel {
     /// replays the order afterwards); the same result either way. Absent: the target's own choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub static_graph: Option<bool>,
+    /// Parameters of at most this many elements kept whole on every data-parallel rank while the larger ones
+    /// are partitioned, where a framework offers it (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`:
+    /// persistent parameters are never gathered or released, and their gradients take another path to the
+    /// optimizer's partition); the same result either way. Absent: the target's own choice (deepspeed-zero:
+    /// every parameter partitioned). Read only with ZeRO stage 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persist_below: Option<u32>,
+    /// Elements per optimizer sub-group: each rank's partition flattened and stepped in groups of about this
+    /// many elements (whole parameters: a group closes once it reaches the size), where a framework offers it
+    /// (DeepSpeed ZeRO-3's `sub_group_size`, which also bounds what is offloaded and checked for overflow at
+    /// once); the same result either way. Absent: the target's own choice (DeepSpeed: one group). Read only
+    /// with ZeRO stage 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_sub_group: Option<u32>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -133,6 +147,8 @@ impl Default for Parallel {
             zero_shard_group: None,
             reduce_to_owner: None,
             static_graph: None,
+            persist_below: None,
+            optimizer_sub_group: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

@@ -88,6 +88,12 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
             .unwrap();
     assert_eq!((c.parallel.contiguous_grads, c.parallel.round_robin_grads), (Some(false), Some(true)));
     assert_eq!((c.parallel.static_graph, c.parallel.reduce_to_owner), (Some(true), Some(true)));
+    let c = Case::from_json(&with(r#""persist_below": 0, "optimizer_sub_group": 7"#)).unwrap();
+    assert_eq!((c.parallel.persist_below, c.parallel.optimizer_sub_group), (Some(0), Some(7)));
+    let e = error_of(&with(r#""optimizer_sub_group": 0"#));
+    assert!(e.contains("parallel.optimizer_sub_group") && e.contains("must be 1 to"), "{e}");
+    let e = error_of(&with(r#""persist_below": 4000000000"#));
+    assert!(e.contains("parallel.persist_below") && e.contains("must be 0 to"), "{e}");
     for field in [
         "reduce_bucket",
         "overlap_comm",
@@ -98,6 +104,8 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "zero_shard_group",
         "static_graph",
         "reduce_to_owner",
+        "persist_below",
+        "optimizer_sub_group",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

@@ -82,6 +82,16 @@ impl Case {
                 r.fail("parallel.reduce_bucket", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {b})"));
             }
         }
+        if let Some(b) = p.persist_below {
+            if b > MAX_REDUCE_BUCKET {
+                r.fail("parallel.persist_below", format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {b})"));
+            }
+        }
+        if let Some(g) = p.optimizer_sub_group {
+            if !(1..=MAX_REDUCE_BUCKET).contains(&g) {
+                r.fail("parallel.optimizer_sub_group", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {g})"));
+            }
+        }
         if let Some(f) = p.grad_predivide {
             if !(1..=MAX_GRAD_PREDIVIDE).contains(&f) {
                 r.fail("parallel.grad_predivide", format!("must be 1 to {MAX_GRAD_PREDIVIDE} (got {f})"));

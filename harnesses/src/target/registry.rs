@@ -100,6 +100,8 @@ pub const TARGETS: &[TargetInfo] = &[
             "sparse_embedding",
             "reduce_dtype_below",
             "reduce_to_owner",
+            "persist_below",
+            "optimizer_sub_group",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

@@ -155,6 +155,8 @@ def parallel(case):
         "zero_shard_group": p.get("zero_shard_group"),
         "static_graph": p.get("static_graph"),
         "reduce_to_owner": p.get("reduce_to_owner"),
+        "persist_below": p.get("persist_below"),
+        "optimizer_sub_group": p.get("optimizer_sub_group"),
     }
 
 

@@ -147,6 +147,10 @@ class DeepSpeedZero(TorchTarget):
         if p["reduce_to_owner"] is not None:
             # Off: average_tensor reduces each bucket slice to its owner (one dist.reduce per destination rank).
             cfg["zero_optimization"]["use_multi_rank_bucket_allreduce"] = not p["reduce_to_owner"]
+        if p["zero_stage"] == 3 and p["persist_below"] is not None:
+            cfg["zero_optimization"]["stage3_param_persistence_threshold"] = p["persist_below"]
+        if p["zero_stage"] == 3 and p["optimizer_sub_group"] is not None:
+            cfg["zero_optimization"]["sub_group_size"] = p["optimizer_sub_group"]
         if zero_offloaded(case):
             # ZeRO-Offload: the optimizer's partition and step on the host. The case's torch optimizer runs
             # there (DeepSpeedCPUAdam is a JIT-built extension, and would not be the case's optimizer).
@@ -221,12 +225,28 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:{'reduce-to-owner' if p['reduce_to_owner'] else 'bucket-allreduce'}")
         if p["round_robin_grads"] is not None:
             layout.append(f"{stage}:{'round-robin' if p['round_robin_grads'] else 'model-order'}")
+        layout.extend(zero3_layout_features(stage, p, [v.size for v in outs[0]["params"].values()], len(outs)))
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-communicated-in-{reduce_dtype_name(case)}")
         if case["train"].get("grad_accum_dtype") is not None:
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse])
+
+
+def zero3_layout_features(stage, p, sizes, world):
+    """How ZeRO-3 lays the parameters out, where the case says: whether none, some or all of them persist whole on
+    every rank (`persist_below`), and whether a rank's partition is stepped in one optimizer sub-group or several
+    (`optimizer_sub_group`). `sizes`: every parameter's element count."""
+    if p["zero_stage"] != 3:
+        return []
+    out = []
+    if p["persist_below"] is not None:
+        kept = sum(n <= p["persist_below"] for n in sizes)
+        out.append(f"{stage}:persistent-{'none' if kept == 0 else 'all' if kept == len(sizes) else 'some'}")
+    if p["optimizer_sub_group"] is not None:
+        out.append(f"{stage}:sub-groups-{'several' if p['optimizer_sub_group'] < sum(sizes) / world else 'one'}")
+    return out
 
 
 TARGET = DeepSpeedZero()
