@@ -602,7 +602,8 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
 /// clipping), reduced gradients kept per parameter (`contiguous_grads: false`, with accumulation) and bf16
 /// accumulated in f32 at ZeRO-1 (`grad_accum_dtype`: DeepSpeed's BF16_Optimizer) pass, so does ZeRO-3 with the
 /// small parameters persistent and each partition stepped in sub-groups (`persist_below`, `optimizer_sub_group`,
-/// with accumulation), and DeepSpeed's refusal
+/// with accumulation) and with ZeRO++'s secondary partition over groups of 2 of 4 ranks (`reshard_group`), and
+/// DeepSpeed's refusal
 /// of that accumulation without ZeRO is `rejected`;
 /// with `round_robin_grads`, DeepSpeed 0.19.8 links each parameter to another's fp32 and gradient fragments
 /// (`safe_get_full_grad` raises a size mismatch at step 0), and the case passes with the known fix.
@@ -620,6 +621,7 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
         ("dp2-zero1-bf16-accumulated-in-f32.json", "deepspeed:dp2:zero1:bf16-accumulated-in-f32"),
         ("dp3-zero2-reduce-to-owner-bf16.json", "deepspeed:dp3:zero2:reduce-to-owner"),
         ("dp3-zero3-persistent-sub-groups-accumulation-bf16.json", "deepspeed:dp3:zero3:persistent-some"),
+        ("dp4-zero3-reshard-group2-accumulation-bf16.json", "deepspeed:dp4:zero3:reshard-partial"),
     ] {
         let v = run(case, "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
@@ -635,7 +637,8 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
 
 /// torch-fsdp2's layouts: HSDP on a (2, 2) mesh (`zero_shard_group` 2 of dp 4, ZeRO-3 resharding, accumulation)
 /// and `CPUOffloadPolicy` (`zero_offload`) pass, and so do torch-ddp's gradients as bucket views
-/// (`contiguous_grads`, with accumulation under no_sync and 5-element buckets), each with its feature.
+/// (`contiguous_grads`, with accumulation under no_sync and 5-element buckets) and FSDP2 resharding to 2 of 4 ranks
+/// after the forward (`reshard_group`, `reshard_after_forward=2`), each with its feature.
 #[test]
 fn fsdp2_hybrid_sharding_and_offload_ddp_bucket_views() {
     if !python_ready() {
@@ -645,6 +648,7 @@ fn fsdp2_hybrid_sharding_and_offload_ddp_bucket_views() {
     for (target, case, feature) in [
         ("torch-fsdp2", "dp4-hsdp2-zero3-accumulation-f32.json", "fsdp2:dp4:zero3:hsdp-hybrid"),
         ("torch-fsdp2", "dp2-offload-zero2-bf16.json", "fsdp2:dp2:zero2:offload"),
+        ("torch-fsdp2", "dp4-zero3-reshard-group2-accumulation-bf16.json", "fsdp2:dp4:zero3:reshard-partial"),
         ("torch-ddp", "dp2-bucket-view-bucket5-accumulation-f32.json", "ddp:dp2:bucket-view"),
     ] {
         let v = one_verdict(target, &dir.join(case), "");

@@ -59,6 +59,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         reduce_to_owner: None,
         persist_below: None,
         optimizer_sub_group: None,
+        reshard_group: None,
         static_graph: None,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,

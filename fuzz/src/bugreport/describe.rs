@@ -65,6 +65,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             if let Some(n) = p.optimizer_sub_group {
                 out.push(format!("the optimizer stepping each partition in sub-groups of about {n} elements"));
             }
+            if let Some(g) = p.reshard_group {
+                out.push(format!("parameters resharded after the forward over groups of {g} ranks (a copy per group)"));
+            }
         }
         match p.round_robin_grads {
             Some(true) => out.push("parameters dealt to the ZeRO partitions round robin".into()),

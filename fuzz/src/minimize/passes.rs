@@ -82,6 +82,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.reduce_to_owner.is_some(),
         p.persist_below.is_some(),
         p.optimizer_sub_group.is_some(),
+        p.reshard_group.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
@@ -133,6 +134,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.optimizer_sub_group.is_some() {
         out.push(with(case, |c| c.parallel.optimizer_sub_group = None));
+    }
+    if p.reshard_group.is_some() {
+        out.push(with(case, |c| c.parallel.reshard_group = None));
     }
     if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
@@ -486,13 +490,13 @@ mod tests {
         (p.reduce_bucket, p.overlap_comm, p.reduce_scatter, p.grad_predivide) = (Some(5), Some(true), Some(false), Some(2));
         (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
         (p.static_graph, p.reduce_to_owner) = (Some(true), Some(true));
-        (p.persist_below, p.optimizer_sub_group) = (Some(16), Some(100));
+        (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         case.train.grad_accum_dtype = Some(DType::F32);
         (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 17, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 18, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

@@ -46,6 +46,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("reduce-to-owner", parallel::reduce_to_owner),
     ("persist-below", parallel::persist_below),
     ("optimizer-sub-group", parallel::optimizer_sub_group),
+    ("reshard-group", parallel::reshard_group),
     ("reduce-dtype-below", train::reduce_dtype_below),
     ("master-dtype", train::master_dtype),
     ("sparse-embedding", parallel::sparse_embedding),
@@ -127,6 +128,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("reduce-to-owner", "reduce_to_owner"),
     ("persist-below", "persist_below"),
     ("optimizer-sub-group", "optimizer_sub_group"),
+    ("reshard-group", "reshard_group"),
     ("reduce-dtype-below", "reduce_dtype_below"),
     ("master-dtype", "master_dtype"),
     ("sparse-embedding", "sparse_embedding"),
@@ -400,6 +402,14 @@ mod tests {
             assert!(seen.contains(&None) && seen.iter().any(near), "{seen:?}");
         }
         assert!(!grouped.contains(&Some(0)), "a sub-group holds at least one element");
+        let mut groups = std::collections::BTreeSet::new();
+        for _ in 0..40 {
+            parallel::reshard_group(&mut case, &mut rng);
+            assert_eq!(case.parallel.zero_stage, 3);
+            case.validate(&limits).unwrap();
+            groups.insert(case.parallel.reshard_group.map(|g| (g, g > 1 && g < case.parallel.dp)));
+        }
+        assert!(groups.contains(&None) && groups.iter().flatten().any(|&(_, proper)| proper), "{groups:?}");
     }
 
     #[test]

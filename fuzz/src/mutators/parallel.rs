@@ -234,6 +234,19 @@ pub fn optimizer_sub_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     replace(&mut c.parallel.optimizer_sub_group, size)
 }
 
+/// Parameters resharded after the forward over groups of another divisor of dp (the proper ones, and 1 and dp
+/// themselves), or none (ZeRO-3 switched on with it; dp raised to 4 where it has no proper divisor).
+pub fn reshard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.parallel.dp < 4 && rng.gen_bool(0.75) {
+        c.parallel.dp = 4;
+    }
+    ensure_zero3(c);
+    let mut choices: Vec<Option<u32>> = divisors(c.parallel.dp).into_iter().map(Some).collect();
+    choices.push(None);
+    c.parallel.reshard_group = another(c.parallel.reshard_group, &choices, rng);
+    true
+}
+
 /// None, one of `fixed`, or a size within one element of a random parameter's.
 fn around_a_parameter(c: &Case, rng: &mut ChaCha8Rng, fixed: &[u32]) -> Option<u32> {
     let numels: Vec<usize> = c.model.as_ref().map(|m| m.params().iter().map(|p| p.numel()).collect()).unwrap_or_default();

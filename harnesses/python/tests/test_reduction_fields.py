@@ -72,11 +72,24 @@ class DeepSpeedReductionTest(unittest.TestCase):
                           z["zero_optimization"]["sub_group_size"]), (32, 50))
         z = TARGET.config(case("zero2-bf16.json", persist_below=32, optimizer_sub_group=50), 2)["zero_optimization"]
         self.assertNotIn("sub_group_size", z, "stage 2 has no sub-groups")
-        p = {"zero_stage": 3, "persist_below": 32, "optimizer_sub_group": 50}
+        p = {"zero_stage": 3, "persist_below": 32, "optimizer_sub_group": 50, "reshard_group": None}
         self.assertEqual(zero3_layout_features("s", p, [8, 32, 64, 64], 2), ["s:persistent-some", "s:sub-groups-several"])
         self.assertEqual(zero3_layout_features("s", p | {"persist_below": 0, "optimizer_sub_group": 500},
                                                [8, 32], 2), ["s:persistent-none", "s:sub-groups-one"])
         self.assertEqual(zero3_layout_features("s", p | {"zero_stage": 2}, [8], 2), [])
+        self.assertEqual(zero3_layout_features("s", p | {"persist_below": None, "optimizer_sub_group": None,
+                                                         "reshard_group": 2}, [8], 4), ["s:reshard-partial"])
+
+    def test_the_reshard_group_is_hpzs_partition_size(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET
+
+        self.assertNotIn("zero_hpz_partition_size", TARGET.config(case("zero2-bf16.json", zero_stage=3), 4)["zero_optimization"])
+        z = TARGET.config(case("zero2-bf16.json", dp=4, zero_stage=3, reshard_group=2), 4)["zero_optimization"]
+        self.assertEqual(z["zero_hpz_partition_size"], 2)
+        c = case("zero2-bf16.json", dp=4, zero_stage=3, reshard_group=1)
+        self.assertIn("hpZ partition size 1", TARGET.unsupported(c))
+        self.assertNotIn("zero_hpz_partition_size", TARGET.config(case("zero2-bf16.json", dp=4, reshard_group=2), 4)
+                         ["zero_optimization"], "read only with ZeRO-3")
 
     def test_the_accumulation_dtype_is_deepspeeds_data_type(self):
         from shardfuzz_worker.targets.deepspeed_zero import TARGET
@@ -151,6 +164,22 @@ class MasterDtypeTest(unittest.TestCase):
         c["train"]["master_dtype"] = "f32"
         self.assertIsNone(FSDP2.unsupported(c), "FSDP2 keeps the moments of its f32 parameters in f32")
         self.assertIn("Adam moments in f16", DDP.unsupported(c), "DDP holds the parameters in the compute dtype")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class ReshardGroupTest(unittest.TestCase):
+    def test_fsdp2_reshards_after_forward_over_the_cases_group(self):
+        from shardfuzz_worker.targets.torch_fsdp2 import TARGET, reshard_after_forward
+
+        p = {"zero_stage": 3, "reshard_group": None}
+        self.assertIs(reshard_after_forward(p, 4), True)
+        self.assertIs(reshard_after_forward(p | {"zero_stage": 2}, 4), False)
+        self.assertIs(reshard_after_forward(p | {"zero_stage": 2, "reshard_group": 2}, 4), False, "ZeRO-3 only")
+        self.assertEqual([reshard_after_forward(p | {"reshard_group": g}, 4) for g in (1, 2, 4)], [False, 2, True])
+        c = case("dp2-even-f32.json", dp=4, zero_stage=3, zero_shard_group=2, reshard_group=4)
+        self.assertIn("4 does not divide them", TARGET.unsupported(c))
+        c["parallel"]["reshard_group"] = 2
+        self.assertIsNone(TARGET.unsupported(c))
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")

@@ -102,6 +102,13 @@ pub struct Parallel {
     /// with ZeRO stage 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_sub_group: Option<u32>,
+    /// After the forward, the parameters resharded over groups of this many data-parallel ranks instead of the
+    /// whole sharding group (each group holds a whole copy), so that the backward's all-gather spans one group,
+    /// where a framework offers it: FSDP2's `reshard_after_forward=N`, DeepSpeed ZeRO++'s hierarchical
+    /// partitioning (`zero_hpz_partition_size`: a secondary partition of the parameters per group). The same
+    /// result either way. Absent: the target's own choice. Divides dp; read only with ZeRO stage 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard_group: Option<u32>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -149,6 +156,7 @@ impl Default for Parallel {
             static_graph: None,
             persist_below: None,
             optimizer_sub_group: None,
+            reshard_group: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

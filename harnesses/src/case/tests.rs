@@ -90,6 +90,8 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
     assert_eq!((c.parallel.static_graph, c.parallel.reduce_to_owner), (Some(true), Some(true)));
     let c = Case::from_json(&with(r#""persist_below": 0, "optimizer_sub_group": 7"#)).unwrap();
     assert_eq!((c.parallel.persist_below, c.parallel.optimizer_sub_group), (Some(0), Some(7)));
+    let e = error_of(&with(r#""reshard_group": 3"#));
+    assert!(e.contains("parallel.reshard_group") && e.contains("must divide dp"), "{e}");
     let e = error_of(&with(r#""optimizer_sub_group": 0"#));
     assert!(e.contains("parallel.optimizer_sub_group") && e.contains("must be 1 to"), "{e}");
     let e = error_of(&with(r#""persist_below": 4000000000"#));
@@ -106,6 +108,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "reduce_to_owner",
         "persist_below",
         "optimizer_sub_group",
+        "reshard_group",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

@@ -102,6 +102,11 @@ impl Case {
                 r.fail("parallel.zero_shard_group", format!("must divide dp = {} (got {g})", p.dp));
             }
         }
+        if let Some(g) = p.reshard_group {
+            if g == 0 || p.dp % g != 0 {
+                r.fail("parallel.reshard_group", format!("must divide dp = {} (got {g})", p.dp));
+            }
+        }
         if p.zero_stage > 3 {
             r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
         }

@@ -60,7 +60,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
         env: Some(MAIN),
-        offers: &["zero_offload", "zero_shard_group", "reduce_dtype_below", "master_dtype"],
+        offers: &["zero_offload", "zero_shard_group", "reduce_dtype_below", "master_dtype", "reshard_group"],
         create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {
@@ -102,6 +102,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "reduce_to_owner",
             "persist_below",
             "optimizer_sub_group",
+            "reshard_group",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

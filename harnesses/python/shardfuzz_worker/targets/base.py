@@ -157,7 +157,14 @@ def parallel(case):
         "reduce_to_owner": p.get("reduce_to_owner"),
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),
+        "reshard_group": p.get("reshard_group"),
     }
+
+
+def reshard_feature(group, shard_size):
+    """The feature of resharding after the forward over groups of `group` ranks (`reshard_group`) out of the
+    `shard_size` the states are sharded over: none (whole copies kept), partial, or full."""
+    return f"reshard-{'none' if group == 1 else 'full' if group == shard_size else 'partial'}"
 
 
 def zero_offloaded(case):

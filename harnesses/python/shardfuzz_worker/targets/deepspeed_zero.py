@@ -18,7 +18,8 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, zero_offloaded  # noqa: E402
+from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
+                   zero_offloaded)
 from .torch_common import TorchTarget, torch_dtype  # noqa: E402
 from .torch_model import (Model, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
                           to_case_layout, unsupported_layout, unsupported_sparse_embedding)
@@ -88,6 +89,8 @@ class DeepSpeedZero(TorchTarget):
             # Measured (campaign 113): f32 gradients accumulated in bf16 come back rounded to bf16, as asked, 1e-3
             # off; the oracle's noise ensemble models the case dtype and reduce_dtype, not an accumulation dtype.
             return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
+        if p["zero_stage"] == 3 and p["reshard_group"] == 1:
+            return "DeepSpeed's hpZ partition size 1 turns the secondary partition off; it keeps no whole copies"
         rd = reduce_dtype_name(case)
         if rd not in COMMUNICATION:
             return f"DeepSpeed communicates gradients in {' / '.join(COMMUNICATION)} only, not {rd}"
@@ -151,6 +154,10 @@ class DeepSpeedZero(TorchTarget):
             cfg["zero_optimization"]["stage3_param_persistence_threshold"] = p["persist_below"]
         if p["zero_stage"] == 3 and p["optimizer_sub_group"] is not None:
             cfg["zero_optimization"]["sub_group_size"] = p["optimizer_sub_group"]
+        if p["zero_stage"] == 3 and p["reshard_group"] is not None:
+            # ZeRO++ hpZ: after the forward each parameter is released to a secondary partition over groups of this
+            # many ranks, all-gathered within the group in the backward.
+            cfg["zero_optimization"]["zero_hpz_partition_size"] = p["reshard_group"]
         if zero_offloaded(case):
             # ZeRO-Offload: the optimizer's partition and step on the host. The case's torch optimizer runs
             # there (DeepSpeedCPUAdam is a JIT-built extension, and would not be the case's optimizer).
@@ -246,6 +253,8 @@ def zero3_layout_features(stage, p, sizes, world):
         out.append(f"{stage}:persistent-{'none' if kept == 0 else 'all' if kept == len(sizes) else 'some'}")
     if p["optimizer_sub_group"] is not None:
         out.append(f"{stage}:sub-groups-{'several' if p['optimizer_sub_group'] < sum(sizes) / world else 'one'}")
+    if p["reshard_group"] is not None:
+        out.append(f"{stage}:{reshard_feature(p['reshard_group'], world)}")
     return out
 
 

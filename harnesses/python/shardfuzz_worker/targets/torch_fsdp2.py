@@ -5,7 +5,7 @@ HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, re
 `master_dtype` wider than the compute dtype, mixed precision: the model held in it, `MixedPrecisionPolicy(param_dtype=`
 the compute dtype`)` (parameters all-gathered in the compute dtype, gradients reduced in `reduce_dtype`)."""
 
-from .base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, zero_offloaded
+from .base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, zero_offloaded
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -15,8 +15,15 @@ class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
 
     def unsupported(self, case):
-        return unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
-                                  offload=True, loss_scaling=True, master_weights=True)
+        why = unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
+                                 offload=True, loss_scaling=True, master_weights=True)
+        p = parallel(case)
+        if why is None and p["zero_stage"] == 3 and p["reshard_group"] is not None:
+            shard = p["zero_shard_group"] or p["dp"]
+            if shard % p["reshard_group"]:
+                return (f"FSDP2 reshards after forward within the {shard} ranks a parameter is sharded over: "
+                        f"{p['reshard_group']} does not divide them")
+        return why
 
     def run_rank(self, rank, world, case, inputs):
         import torch
@@ -30,7 +37,7 @@ class TorchFsdp2(TorchTarget):
         dm = mesh((world,), ("dp",)) if g == world else mesh((world // g, g), ("replicate", "shard"))
         param_dtype = torch_dtype(dtype_name(case)) if mixed else None
         kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
-              "reshard_after_forward": p["zero_stage"] == 3}
+              "reshard_after_forward": reshard_after_forward(p, g)}
         if zero_offloaded(case):
             from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -54,7 +61,21 @@ class TorchFsdp2(TorchTarget):
             layout.append(f"{stage}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
+        p = parallel(case)
+        if p["zero_stage"] == 3 and p["reshard_group"] is not None:
+            layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or len(outs))}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
+
+
+def reshard_after_forward(p, shard):
+    """FSDP2's `reshard_after_forward` for the case: ZeRO-3 reshards (over its `reshard_group`, where the case sets
+    one: whole copies kept for 1, every rank for the `shard` ranks a parameter is sharded over, else that int)."""
+    g = p["reshard_group"]
+    if p["zero_stage"] != 3:
+        return False
+    if g is None or g == shard:
+        return True
+    return False if g == 1 else g
 
 
 TARGET = TorchFsdp2()
