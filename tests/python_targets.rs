@@ -685,7 +685,8 @@ fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("without ZeRO"), "{v}");
 }
 
-/// torch-ddp's `static_graph` and its compression hooks (a `reduce_dtype` narrower than the compute dtype), and the
+/// torch-ddp's `static_graph`, `find_unused` (with bucket views and accumulation) and its compression hooks (a
+/// `reduce_dtype` narrower than the compute dtype), and the
 /// same narrower dtype as deepspeed-zero's `communication_data_type` and torch-fsdp2's `reduce_dtype`, pass with their
 /// features. PyTorch 2.15's static graph under no_sync() (gradient accumulation) crashes at the first backward
 /// (pytorch/pytorch#143580); with the Python half of the proposed fix the crash is gone and the step after the first
@@ -700,6 +701,7 @@ fn ddp_static_graph_and_narrower_reduce_dtypes() {
         ("torch-ddp", "dp3-bf16-compress-hook-f32.json", &["ddp:dp3:f32-compressed-to-bf16"][..]),
         ("torch-ddp", "dp2-fp16-compress-hook-bucket-view-static-f32.json", &["ddp:dp2:static-graph", "ddp:dp2:f32-compressed-to-f16"]),
         ("torch-ddp", "dp2-fp16-compress-hook-bf16.json", &["ddp:dp2:bf16-compressed-to-f16"]),
+        ("torch-ddp", "dp3-find-unused-bucket-view-accumulation-bf16-hook-f32.json", &["ddp:dp3:finds-unused", "ddp:dp3:bucket-view"]),
         ("deepspeed-zero", "dp3-bf16-compress-hook-f32.json", &["deepspeed:dp3:zero0:f32-communicated-in-bf16"]),
         ("torch-fsdp2", "dp3-bf16-compress-hook-f32.json", &["fsdp2:dp3:zero0:f32-reduced-in-bf16"]),
     ] {

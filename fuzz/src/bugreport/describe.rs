@@ -86,6 +86,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("no static graph: the reducer finds the step's parameters each step".into()),
             None => {}
         }
+        match p.find_unused {
+            Some(true) => out.push("the reducer searching each step's graph for parameters without a gradient".into()),
+            Some(false) => out.push("the reducer expecting a gradient for every parameter".into()),
+            None => {}
+        }
         if let Some(g) = p.zero_shard_group {
             out.push(format!("hybrid sharding: sharded within groups of {g} data-parallel ranks, replicated across {}", p.dp / g));
         }

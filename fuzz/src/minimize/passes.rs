@@ -79,6 +79,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.round_robin_grads.is_some(),
         p.zero_shard_group.is_some(),
         p.static_graph.is_some(),
+        p.find_unused.is_some(),
         p.reduce_to_owner.is_some(),
         p.persist_below.is_some(),
         p.optimizer_sub_group.is_some(),
@@ -125,6 +126,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.static_graph.is_some() {
         out.push(with(case, |c| c.parallel.static_graph = None));
+    }
+    if p.find_unused.is_some() {
+        out.push(with(case, |c| c.parallel.find_unused = None));
     }
     if p.reduce_to_owner.is_some() {
         out.push(with(case, |c| c.parallel.reduce_to_owner = None));
@@ -489,14 +493,14 @@ mod tests {
         p.vocab_loss = VocabLoss::Sharded;
         (p.reduce_bucket, p.overlap_comm, p.reduce_scatter, p.grad_predivide) = (Some(5), Some(true), Some(false), Some(2));
         (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
-        (p.static_graph, p.reduce_to_owner) = (Some(true), Some(true));
+        (p.static_graph, p.reduce_to_owner, p.find_unused) = (Some(true), Some(true), Some(false));
         (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         case.train.grad_accum_dtype = Some(DType::F32);
         (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 18, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 19, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

@@ -209,6 +209,14 @@ pub fn static_graph(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The reducer searching each step's graph for parameters without a gradient, expecting one for every parameter,
+/// or the target's own choice (data parallelism switched on with it).
+pub fn find_unused(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.find_unused = another(c.parallel.find_unused, &ON_OFF_OR_TARGETS, rng);
+    ensure_data_parallel(c);
+    true
+}
+
 /// Bucket slices reduced to their owning rank only, the whole bucket all-reduced, or the target's own choice (a
 /// ZeRO stage and data parallelism switched on with it).
 pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -88,6 +88,13 @@ pub struct Parallel {
     /// replays the order afterwards); the same result either way. Absent: the target's own choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub static_graph: Option<bool>,
+    /// The framework searches each step's autograd graph for parameters that get no gradient and marks them
+    /// ready (true), or expects a gradient for every parameter (false), where a framework offers the choice
+    /// (DDP's `find_unused_parameters`: the reducer traverses the graph from the outputs after every forward).
+    /// Every parameter of a case gets a gradient, so the same result either way. Absent: the target's own
+    /// choice. Read only with data parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub find_unused: Option<bool>,
     /// Parameters of at most this many elements kept whole on every data-parallel rank while the larger ones
     /// are partitioned, where a framework offers it (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`:
     /// persistent parameters are never gathered or released, and their gradients take another path to the
@@ -154,6 +161,7 @@ impl Default for Parallel {
             zero_shard_group: None,
             reduce_to_owner: None,
             static_graph: None,
+            find_unused: None,
             persist_below: None,
             optimizer_sub_group: None,
             reshard_group: None,

@@ -88,8 +88,9 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
             .unwrap();
     assert_eq!((c.parallel.contiguous_grads, c.parallel.round_robin_grads), (Some(false), Some(true)));
     assert_eq!((c.parallel.static_graph, c.parallel.reduce_to_owner), (Some(true), Some(true)));
-    let c = Case::from_json(&with(r#""persist_below": 0, "optimizer_sub_group": 7"#)).unwrap();
+    let c = Case::from_json(&with(r#""persist_below": 0, "optimizer_sub_group": 7, "find_unused": true"#)).unwrap();
     assert_eq!((c.parallel.persist_below, c.parallel.optimizer_sub_group), (Some(0), Some(7)));
+    assert_eq!(c.parallel.find_unused, Some(true));
     let e = error_of(&with(r#""reshard_group": 3"#));
     assert!(e.contains("parallel.reshard_group") && e.contains("must divide dp"), "{e}");
     let e = error_of(&with(r#""optimizer_sub_group": 0"#));
@@ -109,6 +110,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "persist_below",
         "optimizer_sub_group",
         "reshard_group",
+        "find_unused",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

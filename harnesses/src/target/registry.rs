@@ -67,7 +67,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "contiguous_grads", "sparse_embedding", "static_graph", "reduce_dtype_below"],
+        offers: &["reduce_bucket", "contiguous_grads", "sparse_embedding", "static_graph", "reduce_dtype_below", "find_unused"],
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {

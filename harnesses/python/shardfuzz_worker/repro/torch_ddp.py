@@ -23,10 +23,11 @@ def generate(case, inputs, bounds, dropped):
 
     p = parallel(case)
     cap = bucket_cap_mb(case, torch_dtype(dtype_name(case)))
-    view, static = bool(p["contiguous_grads"]), bool(p["static_graph"])
+    view, static, unused = bool(p["contiguous_grads"]), bool(p["static_graph"]), bool(p["find_unused"])
     hook = compress_hook_name(case)
     what = (f"torch DistributedDataParallel (bucket_cap_mb={cap!r}, gradient_as_bucket_view={view}, static_graph={static}"
-            f"{f', comm hook {hook}' if hook else ''}) over dp={p['dp']} ranks")
+            f", find_unused_parameters={unused}{f', comm hook {hook}' if hook else ''}) over dp={p['dp']} ranks")
     settings = [f"BUCKET_CAP_MB = {cap!r}", f"GRADIENT_AS_BUCKET_VIEW = {view}", f"STATIC_GRAPH = {static}",
+                f"FIND_UNUSED = {unused}",
                 f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {reduce_dtype_name(case)}"]
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

@@ -154,6 +154,7 @@ def parallel(case):
         "round_robin_grads": p.get("round_robin_grads"),
         "zero_shard_group": p.get("zero_shard_group"),
         "static_graph": p.get("static_graph"),
+        "find_unused": p.get("find_unused"),
         "reduce_to_owner": p.get("reduce_to_owner"),
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),

@@ -1,6 +1,7 @@
 """torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks, its gradient buckets
 of the case's `reduce_bucket` elements (by default 1 MB), its gradients views into those buckets with
-`contiguous_grads` (`gradient_as_bucket_view`), `static_graph` as the case sets it, and a `reduce_dtype` below
+`contiguous_grads` (`gradient_as_bucket_view`), `static_graph` and `find_unused` (`find_unused_parameters`) as the
+case sets them, and a `reduce_dtype` below
 the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_compress_hook`)."""
 
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
@@ -35,7 +36,7 @@ class TorchDdp(TorchTarget):
         model, dt = build(case, inputs, sparse_embedding(case))
         p = parallel(case)
         ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt), gradient_as_bucket_view=bool(p["contiguous_grads"]),
-                  static_graph=bool(p["static_graph"]))
+                  static_graph=bool(p["static_graph"]), find_unused_parameters=bool(p["find_unused"]))
         hook = compress_hook(case)
         if hook is not None:
             ddp.register_comm_hook(state=None, hook=hook)
@@ -50,6 +51,8 @@ class TorchDdp(TorchTarget):
         p = parallel(case)
         view = [f"{prefix}:bucket-view"] if p["contiguous_grads"] else []
         static = [] if p["static_graph"] is None else [f"{prefix}:{'static' if p['static_graph'] else 'dynamic'}-graph"]
+        if p["find_unused"] is not None:
+            static.append(f"{prefix}:{'finds-unused' if p['find_unused'] else 'expects-every-gradient'}")
         rd = reduce_dtype_name(case)
         hook = [f"{prefix}:{dtype_name(case)}-compressed-to-{rd}"] if rd != dtype_name(case) else []
         return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook])

@@ -3,12 +3,13 @@
 
 def run_sharded(data, rank):
     """The model wrapped in DistributedDataParallel (BUCKET_CAP_MB per gradient bucket, the case's bucket views, static
-    graph and compression hook) over the dp ranks, as the fuzzer's
+    graph, search for unused parameters and compression hook) over the dp ranks, as the fuzzer's
     torch-ddp ranks run it; this rank trains on its rows of the batch, with no_sync() on every micro-batch
     but the last of a step (gradients are all-reduced once per step)."""
     model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
     load_case_params(model, data, DTYPE)
-    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW, static_graph=STATIC_GRAPH)
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW, static_graph=STATIC_GRAPH,
+              find_unused_parameters=FIND_UNUSED)
     if COMPRESS_HOOK is not None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
