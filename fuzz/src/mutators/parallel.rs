@@ -191,14 +191,20 @@ pub fn round_robin_grads(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Hybrid sharding within groups of another divisor of dp (1: replicated, dp: plain sharding, and the proper
 /// divisors between), or none; dp raised to 4 where it has no proper divisor.
 pub fn zero_shard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.zero_shard_group = another_group_of_ranks(c, c.parallel.zero_shard_group, rng);
+    true
+}
+
+/// Another divisor of dp than `current`, or none; dp raised to 4 in most draws where it has no proper divisor,
+/// and data parallelism switched on.
+fn another_group_of_ranks(c: &mut Case, current: Option<u32>, rng: &mut ChaCha8Rng) -> Option<u32> {
     if c.parallel.dp < 4 && rng.gen_bool(0.75) {
         c.parallel.dp = 4;
     }
     ensure_data_parallel(c);
     let mut choices: Vec<Option<u32>> = divisors(c.parallel.dp).into_iter().map(Some).collect();
     choices.push(None);
-    c.parallel.zero_shard_group = another(c.parallel.zero_shard_group, &choices, rng);
-    true
+    another(current, &choices, rng)
 }
 
 /// The same parameters in every step relied on, found out each step, or the target's own choice (data
@@ -245,13 +251,8 @@ pub fn optimizer_sub_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Parameters resharded after the forward over groups of another divisor of dp (the proper ones, and 1 and dp
 /// themselves), or none (ZeRO-3 switched on with it; dp raised to 4 where it has no proper divisor).
 pub fn reshard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    if c.parallel.dp < 4 && rng.gen_bool(0.75) {
-        c.parallel.dp = 4;
-    }
+    c.parallel.reshard_group = another_group_of_ranks(c, c.parallel.reshard_group, rng);
     ensure_zero3(c);
-    let mut choices: Vec<Option<u32>> = divisors(c.parallel.dp).into_iter().map(Some).collect();
-    choices.push(None);
-    c.parallel.reshard_group = another(c.parallel.reshard_group, &choices, rng);
     true
 }
 
