@@ -1,6 +1,10 @@
 """deepspeed-zero: the case's model trained by a DeepSpeed engine (ZeRO stage 0..3 from the case) over the
 data-parallel ranks, on the CPU accelerator with gloo.
 
+ZeRO-3's layout follows the case where it sets one: small parameters persistent (`persist_below`:
+`stage3_param_persistence_threshold`), optimizer sub-groups (`optimizer_sub_group`: `sub_group_size`) and ZeRO++'s
+secondary partition (`reshard_group`: `zero_hpz_partition_size`).
+
 The engine owns backward, gradient reduction, clipping and the optimizer step (a torch optimizer from
 `make_optimizer`, which DeepSpeed wraps). Gradient accumulation is the engine's: `gradient_accumulation_steps`
 is the number of micro-batches a rank runs, `engine.backward(..., scale_wrt_gas=False)` since the shared loop

@@ -3,7 +3,8 @@ data-parallel ranks (ZeRO-3 resharding after forward when the case asks for stag
 HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, replicated across the groups); with
 `zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host); with a
 `master_dtype` wider than the compute dtype, mixed precision: the model held in it, `MixedPrecisionPolicy(param_dtype=`
-the compute dtype`)` (parameters all-gathered in the compute dtype, gradients reduced in `reduce_dtype`)."""
+the compute dtype`)` (parameters all-gathered in the compute dtype, gradients reduced in `reduce_dtype`); with
+`reshard_group` g under ZeRO-3, `reshard_after_forward=g` (`False` for 1, `True` for the whole shard group)."""
 
 from .base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, zero_offloaded
 from .torch_common import TorchTarget, mesh, torch_dtype
