@@ -336,6 +336,18 @@ class TorchFsdp2ReproTest(ModelReproChecks, unittest.TestCase):
     parallel = {"dp": 2, "zero_stage": 3}
     options = {"grad_accumulation": 2, "optimizer": {"kind": "sgd", "lr": 0.1, "weight_decay": 0.1}}
 
+    def test_the_script_reshards_over_the_cases_group(self):
+        case = model_case("dp4-reshard2-f32", {"dp": 4, "zero_stage": 3, "reshard_group": 2})
+        inputs = model_inputs(case)
+        out = tempfile.mkdtemp(prefix="shardfuzz-repro-reshard-")
+        try:
+            status, _, err = generate(self.target, case, inputs, model_bounds(case, inputs), out)
+            self.assertEqual(status, 0, err)
+            with open(os.path.join(out, "repro.py")) as f:
+                self.assertIn("RESHARD_AFTER_FORWARD = 2", f.read())
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDdpReproTest(ModelReproChecks, unittest.TestCase):

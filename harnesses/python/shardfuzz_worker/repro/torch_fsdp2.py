@@ -23,9 +23,11 @@ def check(case):
 
 
 def generate(case, inputs, bounds, dropped):
+    from ..targets.torch_fsdp2 import reshard_after_forward
+
     p = parallel(case)
-    reshard = p["zero_stage"] == 3
     g = p["zero_shard_group"] or p["dp"]
+    reshard = reshard_after_forward(p, g)
     mesh = ((p["dp"],), ("dp",)) if g == p["dp"] else ((p["dp"] // g, g), ("replicate", "shard"))
     offload, master = zero_offloaded(case), master_dtype_name(case)
     what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks on a {mesh[0]} mesh,"
@@ -33,7 +35,7 @@ def generate(case, inputs, bounds, dropped):
             f" {reduce_dtype_name(case)}{', CPU offload' if offload else ''}"
             f"{f', parameters held in {master}' if master != dtype_name(case) else ''}")
     settings = [f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
-                f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3 (case.parallel.zero_stage == 3)\n"
+                f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3; an int: case.parallel.reshard_group\n"
                 f"MESH_SHAPE, MESH_NAMES = {mesh!r}  # HSDP where case.parallel.zero_shard_group < dp\n"
                 f"CPU_OFFLOAD = {offload}  # case.parallel.zero_offload\n"
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE"]

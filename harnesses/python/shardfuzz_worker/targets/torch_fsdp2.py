@@ -54,15 +54,15 @@ class TorchFsdp2(TorchTarget):
         return out
 
     def combine(self, case, outs):
-        stage = f"fsdp2:dp{len(outs)}:zero{parallel(case)['zero_stage']}"
-        g = parallel(case)["zero_shard_group"]
+        p = parallel(case)
+        stage = f"fsdp2:dp{len(outs)}:zero{p['zero_stage']}"
+        g = p["zero_shard_group"]
         layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == len(outs)
                                                             else "hybrid")]
         if master_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
-        p = parallel(case)
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
             layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or len(outs))}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
