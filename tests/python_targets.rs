@@ -602,8 +602,9 @@ fn deepspeed_zero3_predivide_factor_equal_to_the_world_size_halves_gradients() {
 /// clipping), reduced gradients kept per parameter (`contiguous_grads: false`, with accumulation) and bf16
 /// accumulated in f32 at ZeRO-1 (`grad_accum_dtype`: DeepSpeed's BF16_Optimizer) pass, so does ZeRO-3 with the
 /// small parameters persistent and each partition stepped in sub-groups (`persist_below`, `optimizer_sub_group`,
-/// with accumulation) and with ZeRO++'s secondary partition over groups of 2 of 4 ranks (`reshard_group`), and
-/// DeepSpeed's refusal
+/// with accumulation), with ZeRO++'s secondary partition over groups of 2 of 4 ranks (`reshard_group`) and with
+/// nothing prefetched, at most 40 elements alive and every parameter released after each use (`prefetch_bucket`,
+/// `max_live_parameters`, `max_reuse_distance`; tied embeddings, accumulation), and DeepSpeed's refusal
 /// of that accumulation without ZeRO is `rejected`;
 /// with `round_robin_grads`, DeepSpeed 0.19.8 links each parameter to another's fp32 and gradient fragments
 /// (`safe_get_full_grad` raises a size mismatch at step 0), and the case passes with the known fix.
@@ -622,6 +623,7 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
         ("dp3-zero2-reduce-to-owner-bf16.json", "deepspeed:dp3:zero2:reduce-to-owner"),
         ("dp3-zero3-persistent-sub-groups-accumulation-bf16.json", "deepspeed:dp3:zero3:persistent-some"),
         ("dp4-zero3-reshard-group2-accumulation-bf16.json", "deepspeed:dp4:zero3:reshard-partial"),
+        ("dp3-zero3-no-prefetch-release-every-use-tied-accumulation-bf16.json", "deepspeed:dp3:zero3:reuse-none"),
     ] {
         let v = run(case, "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");

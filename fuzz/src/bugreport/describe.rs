@@ -68,6 +68,17 @@ fn parallel_words(case: &Case) -> Vec<String> {
             if let Some(g) = p.reshard_group {
                 out.push(format!("parameters resharded after the forward over groups of {g} ranks (a copy per group)"));
             }
+            match p.prefetch_bucket {
+                Some(0) => out.push("no parameters gathered ahead of their use (prefetch off)".into()),
+                Some(n) => out.push(format!("up to {n} elements of parameters gathered ahead of their use")),
+                None => {}
+            }
+            if let Some(n) = p.max_live_parameters {
+                out.push(format!("at most {n} elements of gathered parameters alive at once"));
+            }
+            if let Some(n) = p.max_reuse_distance {
+                out.push(format!("a gathered parameter kept only when used again within {n} elements of other uses"));
+            }
         }
         match p.round_robin_grads {
             Some(true) => out.push("parameters dealt to the ZeRO partitions round robin".into()),

@@ -48,6 +48,9 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("persist-below", parallel::persist_below),
     ("optimizer-sub-group", parallel::optimizer_sub_group),
     ("reshard-group", parallel::reshard_group),
+    ("prefetch-bucket", parallel::prefetch_bucket),
+    ("max-live-parameters", parallel::max_live_parameters),
+    ("max-reuse-distance", parallel::max_reuse_distance),
     ("reduce-dtype-below", train::reduce_dtype_below),
     ("master-dtype", train::master_dtype),
     ("sparse-embedding", parallel::sparse_embedding),
@@ -131,6 +134,9 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("persist-below", "persist_below"),
     ("optimizer-sub-group", "optimizer_sub_group"),
     ("reshard-group", "reshard_group"),
+    ("prefetch-bucket", "prefetch_bucket"),
+    ("max-live-parameters", "max_live_parameters"),
+    ("max-reuse-distance", "max_reuse_distance"),
     ("reduce-dtype-below", "reduce_dtype_below"),
     ("master-dtype", "master_dtype"),
     ("sparse-embedding", "sparse_embedding"),
@@ -412,6 +418,29 @@ mod tests {
             groups.insert(case.parallel.reshard_group.map(|g| (g, g > 1 && g < case.parallel.dp)));
         }
         assert!(groups.contains(&None) && groups.iter().flatten().any(|&(_, proper)| proper), "{groups:?}");
+    }
+
+    #[test]
+    fn zero3_fetch_sizes_sit_around_a_parameter_and_switch_on_zero3() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(5), Limits::default());
+        let mut case = random_case(3);
+        let numels: Vec<u32> = case.model.as_ref().unwrap().params().iter().map(|p| p.numel() as u32).collect();
+        let mut seen = [(); 3].map(|_| std::collections::BTreeSet::new());
+        for _ in 0..60 {
+            parallel::prefetch_bucket(&mut case, &mut rng);
+            parallel::max_live_parameters(&mut case, &mut rng);
+            parallel::max_reuse_distance(&mut case, &mut rng);
+            assert_eq!((case.parallel.zero_stage, case.parallel.dp > 1), (3, true));
+            case.validate(&limits).unwrap();
+            let p = &case.parallel;
+            for (s, v) in seen.iter_mut().zip([p.prefetch_bucket, p.max_live_parameters, p.max_reuse_distance]) {
+                s.insert(v);
+            }
+        }
+        let near = |v: &Option<u32>| v.is_some_and(|v| numels.iter().any(|&n| v.abs_diff(n) <= 1 && n > 64));
+        for s in &seen {
+            assert!(s.contains(&None) && s.contains(&Some(0)) && s.iter().any(near), "{s:?}");
+        }
     }
 
     #[test]

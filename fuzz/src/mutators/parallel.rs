@@ -256,6 +256,30 @@ pub fn reshard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Another prefetch size (ZeRO-3 switched on with it): none ahead (0), one element, around one parameter's
+/// size (so that it is prefetched with the one before or not), or back to the target's own.
+pub fn prefetch_bucket(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let size = around_a_parameter(c, rng, &[0, 1]);
+    ensure_zero3(c);
+    replace(&mut c.parallel.prefetch_bucket, size)
+}
+
+/// Another cap on the gathered parameters alive at once (ZeRO-3 switched on with it): none or one element,
+/// around one parameter's size, or back to the target's own.
+pub fn max_live_parameters(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let size = around_a_parameter(c, rng, &[0, 1]);
+    ensure_zero3(c);
+    replace(&mut c.parallel.max_live_parameters, size)
+}
+
+/// Another distance within which a gathered parameter is kept for its next use (ZeRO-3 switched on with it):
+/// 0 (released after every use), around one parameter's size, every use apart, or back to the target's own.
+pub fn max_reuse_distance(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let size = around_a_parameter(c, rng, &[0, MAX_REDUCE_BUCKET]);
+    ensure_zero3(c);
+    replace(&mut c.parallel.max_reuse_distance, size)
+}
+
 /// None, one of `fixed`, or a size within one element of a random parameter's.
 fn around_a_parameter(c: &Case, rng: &mut ChaCha8Rng, fixed: &[u32]) -> Option<u32> {
     let numels: Vec<usize> = c.model.as_ref().map(|m| m.params().iter().map(|p| p.numel()).collect()).unwrap_or_default();

@@ -72,13 +72,33 @@ class DeepSpeedReductionTest(unittest.TestCase):
                           z["zero_optimization"]["sub_group_size"]), (32, 50))
         z = TARGET.config(case("zero2-bf16.json", persist_below=32, optimizer_sub_group=50), 2)["zero_optimization"]
         self.assertNotIn("sub_group_size", z, "stage 2 has no sub-groups")
-        p = {"zero_stage": 3, "persist_below": 32, "optimizer_sub_group": 50, "reshard_group": None}
+        p = {"zero_stage": 3, "persist_below": 32, "optimizer_sub_group": 50, "reshard_group": None,
+             "prefetch_bucket": None, "max_live_parameters": None, "max_reuse_distance": None}
         self.assertEqual(zero3_layout_features("s", p, [8, 32, 64, 64], 2), ["s:persistent-some", "s:sub-groups-several"])
         self.assertEqual(zero3_layout_features("s", p | {"persist_below": 0, "optimizer_sub_group": 500},
                                                [8, 32], 2), ["s:persistent-none", "s:sub-groups-one"])
         self.assertEqual(zero3_layout_features("s", p | {"zero_stage": 2}, [8], 2), [])
         self.assertEqual(zero3_layout_features("s", p | {"persist_below": None, "optimizer_sub_group": None,
                                                          "reshard_group": 2}, [8], 4), ["s:reshard-partial"])
+
+    def test_zero3_fetching_follows_the_case_at_stage_3_only(self):
+        from shardfuzz_worker.targets.deepspeed_zero import TARGET, zero3_layout_features
+
+        z = TARGET.config(case("zero2-bf16.json", zero_stage=3), 2)["zero_optimization"]
+        self.assertNotIn("stage3_max_live_parameters", z)
+        self.assertNotIn("stage3_max_reuse_distance", z)
+        fields = {"prefetch_bucket": 0, "max_live_parameters": 40, "max_reuse_distance": 7}
+        z = TARGET.config(case("zero2-bf16.json", zero_stage=3, **fields), 2)["zero_optimization"]
+        self.assertEqual((z["stage3_prefetch_bucket_size"], z["stage3_max_live_parameters"],
+                          z["stage3_max_reuse_distance"]), (0, 40, 7))
+        z = TARGET.config(case("zero2-bf16.json", **fields), 2)["zero_optimization"]
+        self.assertNotIn("stage3_max_live_parameters", z, "read only with ZeRO-3")
+        p = {"zero_stage": 3, "persist_below": None, "optimizer_sub_group": None, "reshard_group": None} | fields
+        self.assertEqual(zero3_layout_features("s", p, [8, 32, 64], 2),
+                         ["s:prefetch-none", "s:live-cap-below-a-parameter", "s:reuse-below-a-parameter"])
+        p |= {"prefetch_bucket": 104, "max_live_parameters": 64, "max_reuse_distance": 1}
+        self.assertEqual(zero3_layout_features("s", p, [8, 32, 64], 2),
+                         ["s:prefetch-all", "s:live-cap-some", "s:reuse-below-a-parameter"])
 
     def test_the_reshard_group_is_hpzs_partition_size(self):
         from shardfuzz_worker.targets.deepspeed_zero import TARGET

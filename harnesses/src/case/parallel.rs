@@ -116,6 +116,23 @@ pub struct Parallel {
     /// result either way. Absent: the target's own choice. Divides dp; read only with ZeRO stage 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reshard_group: Option<u32>,
+    /// Elements of parameters gathered ahead of their use, in the order the first step traced, where a
+    /// framework offers it (DeepSpeed ZeRO-3's `stage3_prefetch_bucket_size`; 0: each parameter gathered only
+    /// when its module runs). The same result either way. Absent: the target's own choice. Read only with ZeRO
+    /// stage 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch_bucket: Option<u32>,
+    /// At most this many elements of gathered parameters alive on a rank before the framework releases some,
+    /// where a framework offers it (DeepSpeed ZeRO-3's `stage3_max_live_parameters`). The same result either
+    /// way. Absent: the target's own choice. Read only with ZeRO stage 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_live_parameters: Option<u32>,
+    /// A gathered parameter used again within this many parameters' uses is kept instead of released, where a
+    /// framework offers it (DeepSpeed ZeRO-3's `stage3_max_reuse_distance`; 0: released after every use, so a
+    /// tied embedding is gathered again for the head). The same result either way. Absent: the target's own
+    /// choice. Read only with ZeRO stage 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_reuse_distance: Option<u32>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -165,6 +182,9 @@ impl Default for Parallel {
             persist_below: None,
             optimizer_sub_group: None,
             reshard_group: None,
+            prefetch_bucket: None,
+            max_live_parameters: None,
+            max_reuse_distance: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

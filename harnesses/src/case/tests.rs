@@ -97,6 +97,12 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
     assert!(e.contains("parallel.optimizer_sub_group") && e.contains("must be 1 to"), "{e}");
     let e = error_of(&with(r#""persist_below": 4000000000"#));
     assert!(e.contains("parallel.persist_below") && e.contains("must be 0 to"), "{e}");
+    let c = Case::from_json(&with(r#""prefetch_bucket": 0, "max_live_parameters": 9, "max_reuse_distance": 0"#)).unwrap();
+    assert_eq!((c.parallel.prefetch_bucket, c.parallel.max_live_parameters, c.parallel.max_reuse_distance), (Some(0), Some(9), Some(0)));
+    for field in ["prefetch_bucket", "max_live_parameters", "max_reuse_distance"] {
+        let e = error_of(&with(&format!(r#""{field}": 4000000000"#)));
+        assert!(e.contains(&format!("parallel.{field}")) && e.contains("must be 0 to"), "{e}");
+    }
     for field in [
         "reduce_bucket",
         "overlap_comm",
@@ -111,6 +117,9 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "optimizer_sub_group",
         "reshard_group",
         "find_unused",
+        "prefetch_bucket",
+        "max_live_parameters",
+        "max_reuse_distance",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

@@ -87,6 +87,15 @@ impl Case {
                 r.fail("parallel.persist_below", format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {b})"));
             }
         }
+        for (field, value) in [
+            ("parallel.prefetch_bucket", p.prefetch_bucket),
+            ("parallel.max_live_parameters", p.max_live_parameters),
+            ("parallel.max_reuse_distance", p.max_reuse_distance),
+        ] {
+            if let Some(n) = value.filter(|&n| n > MAX_REDUCE_BUCKET) {
+                r.fail(field, format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {n})"));
+            }
+        }
         if let Some(g) = p.optimizer_sub_group {
             if !(1..=MAX_REDUCE_BUCKET).contains(&g) {
                 r.fail("parallel.optimizer_sub_group", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {g})"));

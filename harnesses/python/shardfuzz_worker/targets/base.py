@@ -159,6 +159,9 @@ def parallel(case):
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),
         "reshard_group": p.get("reshard_group"),
+        "prefetch_bucket": p.get("prefetch_bucket"),
+        "max_live_parameters": p.get("max_live_parameters"),
+        "max_reuse_distance": p.get("max_reuse_distance"),
     }
 
 

@@ -3,7 +3,9 @@ data-parallel ranks, on the CPU accelerator with gloo.
 
 ZeRO-3's layout follows the case where it sets one: small parameters persistent (`persist_below`:
 `stage3_param_persistence_threshold`), optimizer sub-groups (`optimizer_sub_group`: `sub_group_size`) and ZeRO++'s
-secondary partition (`reshard_group`: `zero_hpz_partition_size`).
+secondary partition (`reshard_group`: `zero_hpz_partition_size`); so does how its parameter coordinator gathers and
+releases parameters along the first step's trace (`prefetch_bucket`, `max_live_parameters`, `max_reuse_distance`:
+`stage3_prefetch_bucket_size`, `stage3_max_live_parameters`, `stage3_max_reuse_distance`).
 
 The engine owns backward, gradient reduction, clipping and the optimizer step (a torch optimizer from
 `make_optimizer`, which DeepSpeed wraps). Gradient accumulation is the engine's: `gradient_accumulation_steps`
@@ -158,6 +160,12 @@ class DeepSpeedZero(TorchTarget):
             cfg["zero_optimization"]["stage3_param_persistence_threshold"] = p["persist_below"]
         if p["zero_stage"] == 3 and p["optimizer_sub_group"] is not None:
             cfg["zero_optimization"]["sub_group_size"] = p["optimizer_sub_group"]
+        for key, ds_key in (("prefetch_bucket", "stage3_prefetch_bucket_size"),
+                            ("max_live_parameters", "stage3_max_live_parameters"),
+                            ("max_reuse_distance", "stage3_max_reuse_distance")):
+            # How the parameter coordinator gathers and releases parameters along the trace of the first step.
+            if p["zero_stage"] == 3 and p[key] is not None:
+                cfg["zero_optimization"][ds_key] = p[key]
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
             # ZeRO++ hpZ: after the forward each parameter is released to a secondary partition over groups of this
             # many ranks, all-gathered within the group in the backward.
@@ -247,11 +255,14 @@ class DeepSpeedZero(TorchTarget):
 
 def zero3_layout_features(stage, p, sizes, world):
     """How ZeRO-3 lays the parameters out, where the case says: whether none, some or all of them persist whole on
-    every rank (`persist_below`), and whether a rank's partition is stepped in one optimizer sub-group or several
-    (`optimizer_sub_group`). `sizes`: every parameter's element count."""
+    every rank (`persist_below`), whether a rank's partition is stepped in one optimizer sub-group or several
+    (`optimizer_sub_group`), and how much the coordinator gathers ahead, keeps alive and keeps for a reuse
+    (`prefetch_bucket`, `max_live_parameters`, `max_reuse_distance`). `sizes`: every parameter's element count."""
     if p["zero_stage"] != 3:
         return []
-    out = []
+    out = [f"{stage}:{name}-{size_band(p[key], sizes)}"
+           for key, name in (("prefetch_bucket", "prefetch"), ("max_live_parameters", "live-cap"),
+                             ("max_reuse_distance", "reuse")) if p[key] is not None]
     if p["persist_below"] is not None:
         kept = sum(n <= p["persist_below"] for n in sizes)
         out.append(f"{stage}:persistent-{'none' if kept == 0 else 'all' if kept == len(sizes) else 'some'}")
@@ -260,6 +271,12 @@ def zero3_layout_features(stage, p, sizes, world):
     if p["reshard_group"] is not None:
         out.append(f"{stage}:{reshard_feature(p['reshard_group'], world)}")
     return out
+
+
+def size_band(n, sizes):
+    """Where a size in elements sits against the parameters' `sizes`: none, below the largest parameter, some of the
+    model, or all of it."""
+    return "none" if n == 0 else "all" if n >= sum(sizes) else "below-a-parameter" if n < max(sizes) else "some"
 
 
 TARGET = DeepSpeedZero()
