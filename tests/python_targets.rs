@@ -658,6 +658,33 @@ fn fsdp2_hybrid_sharding_and_offload_ddp_bucket_views() {
     }
 }
 
+/// colossalai-zero's layouts: ZeRO-2 on 6 ranks as a (2, 3) mesh (`zero_shard_group` 3: `extra_dp_size` 2) with
+/// parameters stepped in place (`master_dtype` the compute dtype: `master_weights=False`) and accumulation, and
+/// ZeRO-1 on a (2, 2) mesh with f32 masters, offload and clipping pass, each with its features.
+#[test]
+fn colossalai_zero_extra_dp_groups_and_master_weights() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-zero-layout");
+    let cases = [
+        ("dp6-colossalai-zero2-extra-dp2-no-master-accumulation-bf16.json", "colossalai:dp6:zero2:no-master-weights"),
+        ("dp4-colossalai-zero1-extra-dp2-offload-clip-bf16.json", "colossalai:dp4:zero1:offload:master-weights"),
+    ];
+    let paths: Vec<String> = cases.iter().map(|(c, _)| dir.join(c).display().to_string()).collect();
+    let o = shardfuzz(&["run", "--json", "--target", "colossalai-zero", &paths[0], &paths[1]], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    for (v, (case, feature)) in vs.iter().zip(cases) {
+        assert!(
+            v["kind"] == "pass"
+                && has_feature(v, feature)
+                && has_feature(v, &format!("{}:extra-dp-some", &feature[..feature.rfind(':').unwrap()])),
+            "{case}: {v}"
+        );
+    }
+}
+
 /// The case field `model.sparse_embedding` (nn.Embedding(sparse=True)): torch-ddp and deepspeed-zero (stage 0)
 /// reduce the sparse gradient and pass; DeepSpeed 0.19.8's sparse all-reduce ignores the predivide factor's
 /// division (the embedding's gradient doubles with `grad_predivide` 2) and its fp32 clipping never scales a

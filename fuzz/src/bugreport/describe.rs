@@ -176,8 +176,10 @@ fn train_words(case: &Case) -> String {
     if let Some(r) = t.reduce_dtype {
         s += &format!(" (reductions in {r})");
     }
-    if let Some(m) = t.master_dtype.filter(|&m| m != t.dtype) {
-        s += &format!(" (parameters and optimizer states kept in {m}, computed on a copy in {})", t.dtype);
+    match t.master_dtype {
+        Some(m) if m != t.dtype => s += &format!(" (parameters and optimizer states kept in {m}, computed on a copy in {})", t.dtype),
+        Some(_) => s += " (parameters stepped in place, no master copy)",
+        None => {}
     }
     if let Some(a) = t.grad_accum_dtype {
         s += &format!(" (gradients accumulated in {a})");

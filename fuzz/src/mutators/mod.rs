@@ -384,11 +384,14 @@ mod tests {
         for _ in 0..20 {
             train::master_dtype(&mut case, &mut rng);
             assert!(matches!(case.train.dtype, DType::BF16 | DType::F16), "{}", case.train.dtype);
-            assert!(case.train.master_dtype.is_none_or(|m| m == DType::F32));
+            let before = case.train.master_dtype;
+            assert!(case.train.master_dtype.is_none_or(|m| m == DType::F32 || m == case.train.dtype));
             case.validate(&limits).unwrap();
-            seen.insert(case.train.master_dtype.is_some());
+            seen.insert(case.train.master_dtype.map(|m| m == DType::F32));
+            train::master_dtype(&mut case, &mut rng);
+            assert_ne!(case.train.master_dtype, before, "another choice each time");
         }
-        assert_eq!(seen.len(), 2, "both f32 parameters and the target's own");
+        assert_eq!(seen.len(), 3, "f32 parameters, parameters in the compute dtype and the target's own");
     }
 
     #[test]

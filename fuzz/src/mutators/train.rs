@@ -36,8 +36,8 @@ pub fn reduce_dtype_below(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
-/// Parameters and optimizer states kept in f32 (mixed precision) or in the compute dtype (the target's own
-/// choice); a compute dtype wider than half precision becomes bf16 first.
+/// Parameters and optimizer states kept in f32 (mixed precision), in the compute dtype itself (no master copy),
+/// or the target's own choice; a compute dtype wider than half precision becomes bf16 first.
 pub fn master_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let t = &mut c.train;
     if !matches!(t.dtype, DType::BF16 | DType::F16) {
@@ -45,7 +45,9 @@ pub fn master_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         t.loss_scale = None;
         t.reduce_dtype = t.reduce_dtype.filter(|&r| r == DType::F32 || r == DType::BF16);
     }
-    t.master_dtype = if t.master_dtype.is_some() && rng.gen_bool(0.5) { None } else { Some(DType::F32) };
+    let choices = [None, Some(DType::F32), Some(t.dtype)];
+    let others: Vec<Option<DType>> = choices.into_iter().filter(|&m| m != t.master_dtype).collect();
+    t.master_dtype = *others.choose(rng).expect("two others");
     true
 }
 

@@ -108,6 +108,27 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIn("not 0", TARGET.unsupported(case("zero2-bf16.json", zero_stage=0)))
         self.assertIn("f64", TARGET.unsupported(case("zero1-dp2.json")))
 
+    def test_colossalai_zero_keeps_master_weights_unless_the_case_keeps_parameters_in_the_compute_dtype(self):
+        from shardfuzz_worker.repro.colossalai_zero import plugin_arguments as zero
+        from shardfuzz_worker.targets.colossalai_zero import TARGET
+
+        c = case("zero2-bf16.json")
+        self.assertTrue(zero(c)["master_weights"], "absent: the plugin's own fp32 masters")
+        c["train"]["master_dtype"] = "f32"
+        self.assertTrue(zero(c)["master_weights"])
+        c["train"]["master_dtype"] = c["train"]["dtype"]
+        self.assertFalse(zero(c)["master_weights"], "parameters in the compute dtype: no master copy")
+        self.assertIsNone(TARGET.unsupported(c))
+        c["train"]["master_dtype"] = "f64"
+        self.assertIn("fp32 master weights or none", TARGET.unsupported(c))
+
+    def test_colossalai_zeros_shard_group_is_the_inner_axis_of_its_extra_dp_mesh(self):
+        from shardfuzz_worker.repro.colossalai_zero import plugin_arguments as zero
+
+        self.assertEqual(zero(case("zero2-bf16.json", dp=4))["extra_dp_size"], 1)
+        self.assertEqual(zero(case("zero2-bf16.json", dp=4, zero_shard_group=2))["extra_dp_size"], 2)
+        self.assertEqual(zero(case("zero2-bf16.json", dp=4, zero_shard_group=1))["extra_dp_size"], 4)
+
     def test_colossalai_hybrid_refuses_what_a_llama_or_the_plugin_cannot_express(self):
         from shardfuzz_worker.targets.colossalai_hybrid import TARGET
 

@@ -72,8 +72,10 @@ pub struct Parallel {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round_robin_grads: Option<bool>,
     /// Hybrid sharding: the sharded states split within groups of this many consecutive data-parallel ranks
-    /// and replicated across the groups, where a framework offers it (FSDP2's HSDP on a (dp / g, g) mesh); the
-    /// same result either way. Absent: sharded over every data-parallel rank. Divides dp.
+    /// and replicated across the groups, where a framework offers it (FSDP2's HSDP on a (dp / g, g) mesh;
+    /// Colossal-AI's LowLevelZeroPlugin `extra_dp_size = dp / g`, whose optimizer takes the (dp / g, g) mesh's two
+    /// groups and runs every collective across the groups and then within one, its partitions spanning both);
+    /// the same result either way. Absent: sharded over every data-parallel rank. Divides dp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_shard_group: Option<u32>,
     /// Each slice of a gradient bucket reduced only to the rank whose partition owns it (true) instead of the

@@ -127,7 +127,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-zero",
         description: "Colossal-AI Booster + LowLevelZeroPlugin: ZeRO stages 1-2 over the data-parallel ranks, fp32/bf16/fp16, optional CPU offload",
         env: Some("colossalai"),
-        offers: &["zero_offload", "reduce_bucket", "overlap_comm"],
+        offers: &["zero_offload", "reduce_bucket", "overlap_comm", "master_dtype", "zero_shard_group"],
         create: |o| python("colossalai-zero", "colossalai", o),
     },
     TargetInfo {

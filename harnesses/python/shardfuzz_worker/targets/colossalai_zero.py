@@ -1,8 +1,10 @@
 """colossalai-zero: the case's model trained through Colossal-AI's Booster with LowLevelZeroPlugin (ZeRO stage 1
 or 2 from the case, optimizer states on the host with `zero_offload`) over the data-parallel ranks.
 
-The plugin owns the model's precision (`fp32` / `bf16` / `fp16` from the case dtype, fp32 master weights), the
-gradient reduction (bucketed, averaged over the ranks; the case's `reduce_bucket` and `overlap_comm`), clipping (`max_norm`: the global norm over the
+The plugin owns the model's precision (`fp32` / `bf16` / `fp16` from the case dtype, fp32 master weights unless the
+case's `master_dtype` is the compute dtype itself: `master_weights=False`, each partition stepped in place), the
+gradient reduction (bucketed, averaged over the ranks; the case's `reduce_bucket` and `overlap_comm`; with `zero_shard_group` g, `extra_dp_size=dp/g`: the ranks as a (dp / g, g)
+mesh, every collective run in two stages, across the groups and within one), clipping (`max_norm`: the global norm over the
 partitions) and the optimizer step (the case's torch optimizer, wrapped in LowLevelZeroOptimizer). Micro-batches
 are accumulated by the ZeRO optimizer itself (every backward reduces into its gradient partitions; one step).
 fp16 runs with the case's dynamic loss scale (halved on each overflow, the step skipped; never grown, as the
@@ -14,7 +16,7 @@ case dtype). As for DeepSpeed, the reference rounds parameters to the case dtype
 plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
-from .base import dtype_name, overlap_comm, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
+from .base import dtype_name, master_dtype_name, overlap_comm, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
 from .colossalai_common import ColossalTarget, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
@@ -45,6 +47,8 @@ class ColossalZero(ColossalTarget):
         if dt not in PRECISION:
             # Its master weights and gradient partitions are fp32.
             return "LowLevelZeroPlugin keeps fp32 master weights: f64 training is not expressed"
+        if master_dtype_name(case) not in (dt, "f32"):
+            return f"LowLevelZeroPlugin keeps fp32 master weights or none, not {master_dtype_name(case)} ones"
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by LowLevelZeroPlugin"
@@ -62,7 +66,8 @@ class ColossalZero(ColossalTarget):
         return LowLevelZeroPlugin(stage=p["zero_stage"], precision=PRECISION[dt], **loss_scaling(case),
                                   max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
                                   communication_dtype=communication, overlap_communication=overlap_comm(case, False),
-                                  reduce_bucket_size_in_m=reduce_bucket(case, 2**20) / 2**20)
+                                  reduce_bucket_size_in_m=reduce_bucket(case, 2**20) / 2**20,
+                                  master_weights=master_weights(case), extra_dp_size=extra_dp_size(case))
 
     def run_rank(self, rank, world, case, inputs):
         import torch
@@ -91,7 +96,25 @@ class ColossalZero(ColossalTarget):
         p = parallel(case)
         offload = ":offload" if p["zero_offload"] else ""
         stage = f"colossalai:dp{len(outs)}:zero{p['zero_stage']}{offload}"
-        return combine_dp(case, outs, [stage, reduction_feature(stage, case)])
+        layout = [] if case["train"].get("master_dtype") is None else [
+            f"{stage}:{'master-weights' if master_weights(case) else 'no-master-weights'}"]
+        if p["zero_shard_group"] is not None:
+            extra = extra_dp_size(case)
+            layout.append(f"{stage}:extra-dp-{'none' if extra == 1 else 'all' if extra == len(outs) else 'some'}")
+        return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout])
+
+
+def extra_dp_size(case):
+    """LowLevelZeroPlugin's `extra_dp_size` for the case's `zero_shard_group` g: the ranks as a (dp / g, g) mesh, the
+    optimizer's process group the pair (across the groups, within one); 1 (one flat group) where the case sets none."""
+    p = parallel(case)
+    return 1 if p["zero_shard_group"] is None else p["dp"] // p["zero_shard_group"]
+
+
+def master_weights(case):
+    """Whether the plugin keeps fp32 master weights: unless the case keeps parameters in the compute dtype itself
+    (`master_dtype` equal to `dtype`; absent: the plugin's own choice, masters)."""
+    return case["train"].get("master_dtype") != dtype_name(case)
 
 
 TARGET = ColossalZero()
