@@ -493,6 +493,28 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
     assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-tp:loss:gathered"), "{v}");
 }
 
+/// The case field `vocab_divisible_by` (`make_vocab_size_divisible_by`): colossalai-tp with the vocabulary padded to
+/// a multiple of 3 × tp passes (with the fix of its known row-parallel bias bug under sequence parallelism); padded to
+/// 13 × tp, rank 1's shard is all padding and `cross_entropy_1d` crashes on it, passing with the known fix; and
+/// colossalai-hybrid's pipeline with such a shard passes, each with its padding feature.
+#[test]
+fn vocab_padding_of_colossalai_tp_and_hybrid() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-vocab-loss");
+    let run = |target: &str, case: &str, fixes: &str| one_verdict(target, &dir.join(case), fixes);
+    let v = run("colossalai-tp", "tp2-sp-bf16-vocab-divisible-by-3.json", "colossalai-row-bias-sp");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-tp:vocab-padded"), "{v}");
+    let empty = "tp2-sp-bf16-vocab-divisible-by-13-padding-only-shard.json";
+    let v = run("colossalai-tp", empty, "colossalai-row-bias-sp");
+    assert!(v["kind"] == "crash" && reason(&v).contains("Expected reduction dim 1 to have non-zero size"), "{v}");
+    let v = run("colossalai-tp", empty, "colossalai-row-bias-sp,colossalai-ce1d-empty-vocab-shard");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-tp:vocab-padding-only-shards"), "{v}");
+    let v = run("colossalai-hybrid", "llama-pp2-tp2-1f1b-f32-vocab-divisible-by-13.json", "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-hybrid:vocab-padding-only-shards"), "{v}");
+}
+
 /// colossalai-hybrid builds LayerNorm + GELU cases as a `transformers` GPT-2 (fused q/k/v, Conv1D layouts): under
 /// tensor parallelism its logits are a rank's vocabulary shard whatever parallel_output says, its pipeline
 /// forward crashes without labels, GPT-2's row-parallel Conv1D has Linear1D_Row's bias bug under split_gather,

@@ -60,6 +60,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         persist_below: None,
         optimizer_sub_group: None,
         reshard_group: None,
+        vocab_divisible_by: None,
         prefetch_bucket: None,
         max_live_parameters: None,
         max_reuse_distance: None,

@@ -29,6 +29,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
                 VocabLoss::Gathered if p.tp > 1 => out.push("the loss on logits gathered over the vocabulary".into()),
                 _ => {}
             }
+            if let Some(n) = p.vocab_divisible_by {
+                let multiple = n * p.tp;
+                let padded = m.vocab.div_ceil(multiple) * multiple;
+                out.push(format!("the vocabulary padded to a multiple of {n} × TP ({} → {padded} rows)", m.vocab));
+            }
             out.extend(divides("batch", m.batch, "DP", p.dp));
             out.extend(divides("seq", m.seq, "CP", p.cp));
             if p.pp > 1 {

@@ -85,6 +85,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.optimizer_sub_group.is_some(),
         p.reshard_group.is_some(),
         p.prefetch_bucket.is_some(),
+        p.vocab_divisible_by.is_some(),
         p.max_live_parameters.is_some(),
         p.max_reuse_distance.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
@@ -144,6 +145,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.reshard_group.is_some() {
         out.push(with(case, |c| c.parallel.reshard_group = None));
+    }
+    if p.vocab_divisible_by.is_some() {
+        out.push(with(case, |c| c.parallel.vocab_divisible_by = None));
     }
     if p.prefetch_bucket.is_some() {
         out.push(with(case, |c| c.parallel.prefetch_bucket = None));
@@ -508,12 +512,13 @@ mod tests {
         (p.static_graph, p.reduce_to_owner, p.find_unused) = (Some(true), Some(true), Some(false));
         (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         (p.prefetch_bucket, p.max_live_parameters, p.max_reuse_distance) = (Some(0), Some(9), Some(0));
+        p.vocab_divisible_by = Some(64);
         case.train.grad_accum_dtype = Some(DType::F32);
         (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 22, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 23, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

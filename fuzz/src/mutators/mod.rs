@@ -34,6 +34,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("sequence-parallel-mode", parallel::sequence_parallel_mode),
     ("zero-offload", parallel::zero_offload),
     ("vocab-loss", parallel::vocab_loss),
+    ("vocab-divisible-by", parallel::vocab_divisible_by),
     ("reduce-bucket", parallel::reduce_bucket),
     ("overlap-comm", parallel::overlap_comm),
     ("reduce-scatter", parallel::reduce_scatter),
@@ -120,6 +121,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("sequence-parallel-mode", "sequence_parallel_mode"),
     ("zero-offload", "zero_offload"),
     ("vocab-loss", "vocab_loss"),
+    ("vocab-divisible-by", "vocab_divisible_by"),
     ("reduce-bucket", "reduce_bucket"),
     ("overlap-comm", "overlap_comm"),
     ("reduce-scatter", "reduce_scatter"),
@@ -421,6 +423,22 @@ mod tests {
             groups.insert(case.parallel.reshard_group.map(|g| (g, g > 1 && g < case.parallel.dp)));
         }
         assert!(groups.contains(&None) && groups.iter().flatten().any(|&(_, proper)| proper), "{groups:?}");
+    }
+
+    #[test]
+    fn vocab_divisors_include_no_padding_and_padding_past_the_vocabulary() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(6), Limits::default());
+        let mut case = random_case(3);
+        let vocab = case.model.as_ref().unwrap().vocab;
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..40 {
+            let before = case.parallel.vocab_divisible_by;
+            parallel::vocab_divisible_by(&mut case, &mut rng);
+            assert!(case.parallel.vocab_divisible_by != before && case.parallel.tp > 1);
+            case.validate(&limits).unwrap();
+            seen.insert(case.parallel.vocab_divisible_by);
+        }
+        assert!(seen.contains(&None) && seen.contains(&Some(1)) && seen.contains(&Some(vocab)), "{seen:?}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET};
+use shardfuzz_harnesses::case::{
+    Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET, MAX_VOCAB_DIVISOR,
+};
 
 /// A choice the target makes by default that a case may force either way.
 const ON_OFF_OR_TARGETS: [Option<bool>; 3] = [None, Some(false), Some(true)];
@@ -119,6 +121,19 @@ pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// switched on with it).
 pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.vocab_loss = another(c.parallel.vocab_loss, &VocabLoss::ALL, rng);
+    if c.parallel.tp == 1 {
+        c.parallel.tp = 2;
+    }
+    true
+}
+
+/// Another multiple the vocabulary is padded to per tensor-parallel rank: none (1), a few rows, one that
+/// leaves the last ranks with padding only (at least the vocabulary), a framework default (64, 128), or the
+/// target's own (tensor parallelism switched on with it).
+pub fn vocab_divisible_by(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let vocab = c.model.as_ref().map_or(64, |m| m.vocab).clamp(1, MAX_VOCAB_DIVISOR);
+    let choices = [None, Some(1), Some(2), Some(3), Some(vocab), Some(64), Some(128)];
+    c.parallel.vocab_divisible_by = another(c.parallel.vocab_divisible_by, &choices, rng);
     if c.parallel.tp == 1 {
         c.parallel.tp = 2;
     }

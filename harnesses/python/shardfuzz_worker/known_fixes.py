@@ -413,6 +413,30 @@ def _torch_ddp_static_graph_no_sync():
     distributed._DDPSink.backward = staticmethod(backward)
 
 
+def _colossalai_ce1d_empty_vocab_shard():
+    """Colossal-AI 0.5.0: cross_entropy_1d (layer/loss.py:55, DistCrossEntropy.forward) takes the maximum over the
+    rank's vocabulary columns first, so a tensor-parallel rank whose shard of a padded vocabulary is all padding
+    (VocabParallelLMHead1D returns the valid columns only: width 0) fails there, "max(): Expected reduction dim 1 to
+    have non-zero size", before the loss's collectives (vocabulary 13 under tp=2 with make_vocab_size_divisible_by
+    13: 26 rows, rank 1's 13 all padding). The same padding as colossalai-empty-vocab-shard's, met by the
+    vocabulary-parallel loss itself (docs/findings/colossalai-0.5.0-cross-entropy-1d-empty-vocab-shard-crash.py).
+    Fix: such a rank's logits take one column of -inf (no target falls in its range, its exp is 0 in the sum, its
+    gradient 0)."""
+    import torch
+    from colossalai.shardformer import layer
+    from colossalai.shardformer.layer import loss
+
+    original = loss.cross_entropy_1d
+
+    def cross_entropy_1d(vocab_logits, labels, *args, **kwargs):
+        if vocab_logits.size(-1) == 0:
+            pad = torch.full((*vocab_logits.shape[:-1], 1), float("-inf"), dtype=vocab_logits.dtype)
+            vocab_logits = torch.cat([vocab_logits, pad], -1)
+        return original(vocab_logits, labels, *args, **kwargs)
+
+    loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -422,6 +446,7 @@ FIXES = {
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
     "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
+    "colossalai-ce1d-empty-vocab-shard": (("colossalai-tp",), _colossalai_ce1d_empty_vocab_shard),
     # (These three wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
     "colossalai-a2a-full-logits-shift": (("colossalai-hybrid",), _colossalai_a2a_full_logits_shift),
     "colossalai-empty-vocab-shard": (("colossalai-hybrid",), _colossalai_empty_vocab_shard),

@@ -122,6 +122,17 @@ class ColossalAiTest(unittest.TestCase):
         c["train"]["master_dtype"] = "f64"
         self.assertIn("fp32 master weights or none", TARGET.unsupported(c))
 
+    def test_the_vocabulary_is_padded_to_the_cases_divisor(self):
+        from shardfuzz_worker.repro.colossalai_hybrid import plugin_arguments as hybrid
+        from shardfuzz_worker.targets.base import vocab_padding_feature
+
+        self.assertNotIn("make_vocab_size_divisible_by", hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json")))
+        h = hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json", vocab_divisible_by=3))
+        self.assertEqual(h["make_vocab_size_divisible_by"], 3)
+        self.assertEqual([vocab_padding_feature("x", 13, d, 2) for d in (1, 3, 13)],
+                         ["x:vocab-padded", "x:vocab-padded", "x:vocab-padding-only-shards"])
+        self.assertEqual(vocab_padding_feature("x", 12, 1, 4), "x:vocab-unpadded")
+
     def test_colossalai_zeros_shard_group_is_the_inner_axis_of_its_extra_dp_mesh(self):
         from shardfuzz_worker.repro.colossalai_zero import plugin_arguments as zero
 

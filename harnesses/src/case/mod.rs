@@ -19,7 +19,7 @@ pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode, VocabLoss};
 pub use real::Real;
 pub use train::{Optimizer, OptimizerKind, Train};
-pub use validate::{Limits, Violation, MAX_GRAD_PREDIVIDE, MAX_REDISTRIBUTIONS, MAX_REDUCE_BUCKET};
+pub use validate::{Limits, Violation, MAX_GRAD_PREDIVIDE, MAX_REDISTRIBUTIONS, MAX_REDUCE_BUCKET, MAX_VOCAB_DIVISOR};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

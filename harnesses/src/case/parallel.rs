@@ -38,6 +38,12 @@ pub struct Parallel {
     /// same model and loss either way. Absent: the target's own default.
     #[serde(default, skip_serializing_if = "VocabLoss::is_default")]
     pub vocab_loss: VocabLoss,
+    /// The vocabulary padded to a multiple of this many rows per tensor-parallel rank (the padded size a
+    /// multiple of N × tp) where a framework offers it (Megatron's and Colossal-AI's
+    /// `make_vocab_size_divisible_by`): the padding rows are no token, so the same model and loss. A large N
+    /// leaves the last ranks with padding rows only. Absent: the target's own choice. 1 to 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_divisible_by: Option<u32>,
     /// Elements per bucket of the data-parallel gradient reduction, where a framework buckets it (DDP's
     /// and HybridParallelPlugin's `bucket_cap_mb`, DeepSpeed's `reduce_bucket_size`, Colossal-AI ZeRO's
     /// reduce bucket): the boundaries decide which gradients are flattened and reduced together, and when.
@@ -184,6 +190,7 @@ impl Default for Parallel {
             persist_below: None,
             optimizer_sub_group: None,
             reshard_group: None,
+            vocab_divisible_by: None,
             prefetch_bucket: None,
             max_live_parameters: None,
             max_reuse_distance: None,

@@ -99,6 +99,11 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
     assert!(e.contains("parallel.persist_below") && e.contains("must be 0 to"), "{e}");
     let c = Case::from_json(&with(r#""prefetch_bucket": 0, "max_live_parameters": 9, "max_reuse_distance": 0"#)).unwrap();
     assert_eq!((c.parallel.prefetch_bucket, c.parallel.max_live_parameters, c.parallel.max_reuse_distance), (Some(0), Some(9), Some(0)));
+    assert_eq!(Case::from_json(&with(r#""vocab_divisible_by": 64"#)).unwrap().parallel.vocab_divisible_by, Some(64));
+    for n in [0, 5000] {
+        let e = error_of(&with(&format!(r#""vocab_divisible_by": {n}"#)));
+        assert!(e.contains("parallel.vocab_divisible_by") && e.contains("must be 1 to 4096"), "{e}");
+    }
     for field in ["prefetch_bucket", "max_live_parameters", "max_reuse_distance"] {
         let e = error_of(&with(&format!(r#""{field}": 4000000000"#)));
         assert!(e.contains(&format!("parallel.{field}")) && e.contains("must be 0 to"), "{e}");
@@ -120,6 +125,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "prefetch_bucket",
         "max_live_parameters",
         "max_reuse_distance",
+        "vocab_divisible_by",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

@@ -87,6 +87,9 @@ impl Case {
                 r.fail("parallel.persist_below", format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {b})"));
             }
         }
+        if let Some(n) = p.vocab_divisible_by.filter(|n| !(1..=MAX_VOCAB_DIVISOR).contains(n)) {
+            r.fail("parallel.vocab_divisible_by", format!("must be 1 to {MAX_VOCAB_DIVISOR} (got {n})"));
+        }
         for (field, value) in [
             ("parallel.prefetch_bucket", p.prefetch_bucket),
             ("parallel.max_live_parameters", p.max_live_parameters),
@@ -337,6 +340,8 @@ pub const MAX_REDUCE_BUCKET: u32 = 1 << 26;
 
 /// The largest gradient pre-division factor a case may ask for.
 pub const MAX_GRAD_PREDIVIDE: u32 = 64;
+/// Largest `parallel.vocab_divisible_by` (Megatron's default is 128).
+pub const MAX_VOCAB_DIVISOR: u32 = 4096;
 
 fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     r.at_least_one("train.steps", t.steps as u64);

@@ -120,7 +120,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-tp",
         description: "Colossal-AI shardformer Linear1D_Col / Linear1D_Row / VocabParallelEmbedding1D / VocabParallelLMHead1D + cross_entropy_1d, sequence parallel split_gather / ring",
         env: Some("colossalai"),
-        offers: &["sequence_parallel_mode", "vocab_loss"],
+        offers: &["sequence_parallel_mode", "vocab_loss", "vocab_divisible_by"],
         create: |o| python("colossalai-tp", "colossalai", o),
     },
     TargetInfo {
@@ -134,7 +134,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-hybrid",
         description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama or GPT-2: tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
-        offers: &["sequence_parallel_mode", "zero_offload", "vocab_loss", "reduce_bucket", "overlap_comm"],
+        offers: &["sequence_parallel_mode", "zero_offload", "vocab_loss", "reduce_bucket", "overlap_comm", "vocab_divisible_by"],
         create: |o| python("colossalai-hybrid", "colossalai", o),
     },
 ];

@@ -159,10 +159,21 @@ def parallel(case):
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),
         "reshard_group": p.get("reshard_group"),
+        "vocab_divisible_by": p.get("vocab_divisible_by"),
         "prefetch_bucket": p.get("prefetch_bucket"),
         "max_live_parameters": p.get("max_live_parameters"),
         "max_reuse_distance": p.get("max_reuse_distance"),
     }
+
+
+def vocab_padding_feature(prefix, vocab, divisor, tp):
+    """The feature of the vocabulary padded to a multiple of `divisor` x `tp` rows (`vocab_divisible_by`): unpadded,
+    padded with every rank holding a token, or with the last ranks holding padding rows only."""
+    multiple = divisor * tp
+    padded = -(-vocab // multiple) * multiple
+    per_rank = padded // tp
+    kind = "unpadded" if padded == vocab else "padded" if vocab > (tp - 1) * per_rank else "padding-only-shards"
+    return f"{prefix}:vocab-{kind}"
 
 
 def reshard_feature(group, shard_size):

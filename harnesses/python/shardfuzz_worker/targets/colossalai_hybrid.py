@@ -29,7 +29,7 @@ data-parallel copy as a replica.
 """
 
 from .base import (dtype_name, loss_denominator, overlap_comm, parallel, reduce_dtype_name, reduction_feature,
-                   vocab_sharded_loss)
+                   vocab_padding_feature, vocab_sharded_loss)
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -89,6 +89,8 @@ class ColossalHybrid(ColossalTarget):
             overlap_communication=overlap_comm(case, False), overlap_p2p=False, enable_metadata_cache=False,
             communication_dtype=torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None,
         )
+        if p["vocab_divisible_by"] is not None:
+            kw["make_vocab_size_divisible_by"] = p["vocab_divisible_by"]
         if p["reduce_bucket"] is not None:
             # ZeRO's bucket in units of 2^20 elements and DDP's (ZeRO stage 0) in MB; neither is rounded.
             kw.update(zero_bucket_size_in_m=p["reduce_bucket"] / 2**20,
@@ -129,7 +131,11 @@ class ColossalHybrid(ColossalTarget):
         # The model's own loss (labels), shardformer's dist_cross_entropy, or our criterion on its logits.
         loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
         logits = loss + (":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered")
-        return combine(case, outs, [feature, loss, logits, reduction_feature(feature, case)])
+        features = [feature, loss, logits, reduction_feature(feature, case)]
+        if p["vocab_divisible_by"] is not None:
+            tp = 1 if p["sequence_parallel"] and p["sequence_parallel_mode"] == "all_to_all" else p["tp"]
+            features.append(vocab_padding_feature("colossalai-hybrid", case["model"]["vocab"], p["vocab_divisible_by"], tp))
+        return combine(case, outs, features)
 
 
 TARGET = ColossalHybrid()

@@ -82,15 +82,15 @@ class ColossalModel(nn.Module):
     """ids [b, s] -> this rank's logits [b, s, its valid vocabulary columns], or with `gather_output` the logits
     gathered over the vocabulary [b, s, vocab]."""
 
-    def __init__(self, plain, m, group, sp_mode, gather_output=False):
+    def __init__(self, plain, m, group, sp_mode, gather_output=False, vocab_divisor=1):
         from colossalai.shardformer.layer import VocabParallelEmbedding1D, VocabParallelLMHead1D
         from colossalai.shardformer.layer.utils import SeqParallelUtils
 
         super().__init__()
         self.group, self.sp_mode = group, sp_mode
-        # Vocabulary padded to a multiple of tp only: with the default divisor (64 x tp) the cases' small
-        # vocabularies would sit on rank 0 alone.
-        pad = dict(make_vocab_size_divisible_by=1)
+        # Vocabulary padded to a multiple of the case's `vocab_divisible_by` x tp, by default of tp only: with the
+        # layers' default divisor (64 x tp) the cases' small vocabularies would sit on rank 0 alone.
+        pad = dict(make_vocab_size_divisible_by=vocab_divisor)
         self.embed = VocabParallelEmbedding1D.from_native_module(plain.embed, process_group=group, **pad)
         self.layers = nn.ModuleList(Block(b, m, group, sp_mode) for b in plain.layers)
         self.final_norm = plain.final_norm
@@ -137,7 +137,8 @@ def build(case, inputs, group):
     # (On one rank there is no sequence to split: ShardConfig refuses split_gather / ring without tensor
     # parallelism, and the model cases mean no sequence parallelism there.)
     sp_mode = p["sequence_parallel_mode"] if p["sequence_parallel"] and dist.get_world_size(group) > 1 else None
-    return ColossalModel(plain, m, group, sp_mode, gather_output=not vocab_sharded_loss(case, True)), dt
+    return ColossalModel(plain, m, group, sp_mode, gather_output=not vocab_sharded_loss(case, True),
+                         vocab_divisor=p["vocab_divisible_by"] or 1), dt
 
 
 def run(case, inputs, rank, tp):

@@ -1,6 +1,7 @@
 """colossalai-tp: the case's model built from Colossal-AI shardformer layers over tp = world ranks.
 
-  embed        VocabParallelEmbedding1D (vocabulary padded to a multiple of 64 x tp, rows per rank)
+  embed        VocabParallelEmbedding1D (vocabulary padded to a multiple of the case's `vocab_divisible_by` x tp,
+               by default of tp; rows per rank)
   q, k, v      Linear1D_Col (gather_output=False): whole heads per rank
   o            Linear1D_Row(parallel_input=True)
   up, gate     Linear1D_Col;  down  Linear1D_Row
@@ -15,7 +16,7 @@ optimizer on the local shards; clipping takes the global norm over the shards (c
 Sharded tensors are reported in full; replicated ones (norms, row-parallel biases) per rank as replicas.
 """
 
-from .base import dtype_name, parallel, vocab_sharded_loss
+from .base import dtype_name, parallel, vocab_padding_feature, vocab_sharded_loss
 from .colossalai_common import ColossalTarget
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
@@ -59,7 +60,10 @@ class ColossalTp(ColossalTarget):
         p = parallel(case)
         sp = p["sequence_parallel_mode"] if p["sequence_parallel"] else "none"
         loss = "colossalai-tp:loss:" + ("vocab-sharded" if vocab_sharded_loss(case, True) else "gathered")
-        return combine_dp(case, assemble_outputs(case, outs), [f"colossalai:tp{p['tp']}:sp-{sp}", loss])
+        features = [f"colossalai:tp{p['tp']}:sp-{sp}", loss]
+        if p["vocab_divisible_by"] is not None:
+            features.append(vocab_padding_feature("colossalai-tp", case["model"]["vocab"], p["vocab_divisible_by"], p["tp"]))
+        return combine_dp(case, assemble_outputs(case, outs), features)
 
 
 TARGET = ColossalTp()
