@@ -226,12 +226,10 @@ def _colossalai_empty_vocab_shard():
     loss.py:223) then fails on that rank: "cannot reshape tensor of 0 elements into shape [-1, 0]"
     (docs/findings/colossalai-0.5.0-empty-vocab-shard-loss-crash.py). Fix: such a rank takes one column of -inf
     (no target falls in its range, its exp is 0 in the softmax's sum, its gradient 0)."""
-    import torch
-
     def fixed(original):
         def dist_cross_entropy(labels, logits, shard_config, vocab_size, dtype, seq_dim=1):
-            if shard_config.enable_tensor_parallelism and shard_config.parallel_output and logits.size(-1) == 0:
-                logits = torch.cat([logits, torch.full((*logits.shape[:-1], 1), float("-inf"), dtype=logits.dtype)], -1)
+            if shard_config.enable_tensor_parallelism and shard_config.parallel_output:
+                logits = _a_column_where_none(logits)
             return original(labels, logits, shard_config, vocab_size, dtype, seq_dim)
 
         return dist_cross_entropy
@@ -422,19 +420,24 @@ def _colossalai_ce1d_empty_vocab_shard():
     vocabulary-parallel loss itself (docs/findings/colossalai-0.5.0-cross-entropy-1d-empty-vocab-shard-crash.py).
     Fix: such a rank's logits take one column of -inf (no target falls in its range, its exp is 0 in the sum, its
     gradient 0)."""
-    import torch
     from colossalai.shardformer import layer
     from colossalai.shardformer.layer import loss
 
     original = loss.cross_entropy_1d
 
     def cross_entropy_1d(vocab_logits, labels, *args, **kwargs):
-        if vocab_logits.size(-1) == 0:
-            pad = torch.full((*vocab_logits.shape[:-1], 1), float("-inf"), dtype=vocab_logits.dtype)
-            vocab_logits = torch.cat([vocab_logits, pad], -1)
-        return original(vocab_logits, labels, *args, **kwargs)
+        return original(_a_column_where_none(vocab_logits), labels, *args, **kwargs)
 
     loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
+
+
+def _a_column_where_none(logits):
+    """A rank's vocabulary-shard logits, with one column of -inf where the shard holds no column (all padding)."""
+    if logits.size(-1) > 0:
+        return logits
+    import torch
+
+    return torch.cat([logits, torch.full((*logits.shape[:-1], 1), float("-inf"), dtype=logits.dtype)], -1)
 
 
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
