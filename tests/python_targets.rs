@@ -519,7 +519,8 @@ fn vocab_padding_of_colossalai_tp_and_hybrid() {
 /// tensor parallelism its logits are a rank's vocabulary shard whatever parallel_output says, its pipeline
 /// forward crashes without labels, GPT-2's row-parallel Conv1D has Linear1D_Row's bias bug under split_gather,
 /// and its pipeline loss is a mean per micro-batch as Llama's; with the known fixes every case passes, so the
-/// GPT-2 translation itself (names, fused q/k/v shards, the frozen position table) is right.
+/// GPT-2 translation itself (names, fused q/k/v shards, the frozen position table) is right. GPT-2's fused Conv1D
+/// also keeps a layer narrower than tp native, with Linear1D's partial gradients under split_gather.
 #[test]
 fn colossalai_hybrid_on_gpt2_passes_once_four_colossalai_bugs_are_fixed() {
     if !python_ready() {
@@ -542,6 +543,13 @@ fn colossalai_hybrid_on_gpt2_passes_once_four_colossalai_bugs_are_fixed() {
         let v = run(case, all);
         assert_eq!(v["kind"], "pass", "{case} with the fixes: {v}");
     }
+    // GPT-2's fused Conv1D keeps a layer narrower than tp native (ffn 1 under tp 2), as Linear1D does: under
+    // split_gather its gradients stay partial until the narrow-linear fix marks them.
+    let narrow = "gpt2-dp3-tp2-sp-ffn1-clip-f32.json";
+    let others = "colossalai-row-bias-sp,colossalai-gpt2-lm-head-gather,colossalai-clip-norm-customized-tensors";
+    let v = run(narrow, others);
+    assert!(v["kind"] == "divergent" && reason(&v).contains("mlp.down.bias"), "{v}");
+    assert_eq!(run(narrow, &format!("{others},colossalai-narrow-linear-sp"))["kind"], "pass");
 }
 
 /// The case fields `reduce_bucket` and `overlap_comm` reach every target that offers them (DDP's and the plugin's

@@ -49,11 +49,14 @@ def _colossalai_ring_gather():
 def _colossalai_narrow_linear_sp():
     """Colossal-AI 0.5.0: from_native_module keeps a linear narrower than tp as the native layer; under
     split_gather / ring sequence parallelism it runs on the sequence chunk and its gradients stay partial
-    (docs/findings/colossalai-0.5.0-unsharded-linear-grad-sequence-parallel.py). Fix: mark them."""
-    from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row
+    (docs/findings/colossalai-0.5.0-unsharded-linear-grad-sequence-parallel.py). GPT-2's fused Conv1D classes have
+    the same early return (qkv_fused_linear.py:338, :537; found by campaign 125 on a GPT-2 with ffn 1 under tp 2).
+    Fix: mark them."""
+    from colossalai.shardformer.layer import (GPT2FusedLinearConv1D_Col, GPT2FusedLinearConv1D_Row, Linear1D_Col,
+                                              Linear1D_Row)
     from colossalai.shardformer.layer.utils import SeqParallelUtils, is_share_sp_tp
 
-    for cls in (Linear1D_Col, Linear1D_Row):
+    for cls in (Linear1D_Col, Linear1D_Row, GPT2FusedLinearConv1D_Col, GPT2FusedLinearConv1D_Row):
         original = cls.from_native_module
 
         def from_native_module(module, process_group, *args, _original=original, **kwargs):
