@@ -493,6 +493,23 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
     assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-tp:loss:gathered"), "{v}");
 }
 
+/// A Colossal-AI 0.5.0 bug found by campaign 125: HybridParallelZeroOptimizer all-reduces the sequence-parallel
+/// partial gradients (norms, row-parallel biases) after every backward over what ZeRO-2 has accumulated so far, so
+/// with gradient accumulation each earlier micro-batch's share is multiplied by tp again: a Llama at tp 2 with
+/// ZeRO-2, split_gather and 2 accumulation steps diverges on the final norm's gradient (with the row-parallel bias
+/// fixed) and passes once the known fix takes the repeated share back; ZeRO-1 passes without it.
+#[test]
+fn colossalai_zero2_sequence_parallel_accumulation_reduces_earlier_micro_batches_again() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-zero-layout/llama-tp2-zero2-sp-accumulation-bf16.json");
+    let v = one_verdict("colossalai-hybrid", &case, "colossalai-row-bias-sp");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("final_norm.weight"), "{v}");
+    let v = one_verdict("colossalai-hybrid", &case, "colossalai-row-bias-sp,colossalai-zero2-sp-accumulated-sync");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
+}
+
 /// The case field `vocab_divisible_by` (`make_vocab_size_divisible_by`): colossalai-tp with the vocabulary padded to
 /// a multiple of 3 × tp passes (with the fix of its known row-parallel bias bug under sequence parallelism); padded to
 /// 13 × tp, rank 1's shard is all padding and `cross_entropy_1d` crashes on it, passing with the known fix; and

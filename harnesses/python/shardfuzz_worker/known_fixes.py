@@ -443,6 +443,47 @@ def _a_column_where_none(logits):
     return torch.cat([logits, torch.full((*logits.shape[:-1], 1), float("-inf"), dtype=logits.dtype)], -1)
 
 
+def _colossalai_zero2_sp_accumulated_sync():
+    """Colossal-AI 0.5.0: HybridParallelZeroOptimizer.backward all-reduces the sequence-parallel partial gradients
+    (norms, row-parallel biases: `_sync_sp_grads`) after every backward, over the gradients ZeRO-2 has accumulated so
+    far (its partitioned gradient store adds each micro-batch in place), so with gradient accumulation every earlier
+    micro-batch's already-reduced share is multiplied by tp again (ZeRO-2 refuses `no_sync`, so accumulation always
+    syncs; ZeRO-0 and -1 are right)
+    (docs/findings/colossalai-0.5.0-zero2-sequence-parallel-accumulation-grads-reduced-again.py). Fix: after each
+    sync, take back (tp - 1) times what the gradient held after the previous sync."""
+    import ctypes
+
+    import torch.distributed as dist
+    from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelZeroOptimizer
+    from colossalai.shardformer.layer.utils import SeqParallelUtils
+
+    original = HybridParallelZeroOptimizer._sync_sp_grads
+
+    def sp_grads(self):
+        out = []
+        for group_id in range(self.num_param_groups):
+            for grad in self.get_working_grads_by_group_id(group_id):
+                param = ctypes.cast(self.get_param_id_for_grad(grad), ctypes.py_object).value
+                if SeqParallelUtils.is_sp_partial_derived_param(param):
+                    out.append(grad)
+        return out
+
+    def _sync_sp_grads(self):
+        original(self)
+        if not self.require_grad_sync:
+            return
+        tp, synced = dist.get_world_size(self.tp_pg), getattr(self, "_synced_sp_grads", {})
+        now = {}
+        for grad in sp_grads(self):
+            before = synced.get(id(grad))
+            if before is not None and before[0] is grad:
+                grad.sub_(before[1] * (tp - 1))
+            now[id(grad)] = (grad, grad.detach().clone())
+        self._synced_sp_grads = now
+
+    HybridParallelZeroOptimizer._sync_sp_grads = _sync_sp_grads
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -460,6 +501,7 @@ FIXES = {
     "colossalai-gpt2-lm-head-gather": (("colossalai-hybrid",), _colossalai_gpt2_lm_head_gather),
     "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
+    "colossalai-zero2-sp-accumulated-sync": (("colossalai-hybrid",), _colossalai_zero2_sp_accumulated_sync),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
