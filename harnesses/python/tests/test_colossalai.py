@@ -122,6 +122,20 @@ class ColossalAiTest(unittest.TestCase):
         c["train"]["master_dtype"] = "f64"
         self.assertIn("fp32 master weights or none", TARGET.unsupported(c))
 
+    def test_a_hybrid_case_starts_from_a_fresh_randomizer_index(self):
+        from unittest import mock
+
+        from colossalai.shardformer.layer.utils import Randomizer
+
+        from shardfuzz_worker.targets.colossalai_hybrid import TARGET
+
+        Randomizer._INDEX = 5  # what an earlier case refused part-way on this rank may leave
+        seen = []
+        with mock.patch.object(TARGET, "plugin", side_effect=lambda case: seen.append(Randomizer.index()) or 1 / 0):
+            with self.assertRaises(ZeroDivisionError):
+                TARGET.run_rank(0, 2, case("llama-dp2-tp2-zero1-sp-bf16.json"), {})
+        self.assertEqual(seen, [0], "the index is reset before the plugin shards the model")
+
     def test_the_vocabulary_is_padded_to_the_cases_divisor(self):
         from shardfuzz_worker.repro.colossalai_hybrid import plugin_arguments as hybrid
         from shardfuzz_worker.targets.base import vocab_padding_feature

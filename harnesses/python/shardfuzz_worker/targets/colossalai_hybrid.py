@@ -106,10 +106,16 @@ class ColossalHybrid(ColossalTarget):
         return HybridParallelPlugin(**kw)
 
     def run_rank(self, rank, world, case, inputs):
+        from colossalai.shardformer.layer.utils import Randomizer
+
         from .colossalai_hybrid_run import run
 
         from .. import known_fixes
 
+        # Each case starts from a fresh dropout-randomizer index, as in a fresh process: a case refused at different
+        # points on different ranks (pipeline stages) leaves the global index out of step across the pool's ranks,
+        # and the next case's policy would fail Colossal-AI's check that it is the same everywhere (campaign 128).
+        Randomizer.reset_index()
         plugin = self.plugin(case)
         micro = parallel(case)["microbatches"] if plugin.stage_manager is not None else 1
         known_fixes.batch_tokens(loss_denominator(inputs), micro * plugin.dp_group.size())
