@@ -4,16 +4,23 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Axis, Case, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET, MAX_VOCAB_DIVISOR,
+    Axis, Case, Parallel, PipelineSchedule, SequenceParallelMode, VocabLoss, MAX_GRAD_PREDIVIDE, MAX_REDUCE_BUCKET, MAX_VOCAB_DIVISOR,
 };
 
 /// A choice the target makes by default that a case may force either way.
 const ON_OFF_OR_TARGETS: [Option<bool>; 3] = [None, Some(false), Some(true)];
 
 /// One of `choices` other than `current`, at random.
-fn another<T: Copy + PartialEq>(current: T, choices: &[T], rng: &mut ChaCha8Rng) -> T {
+pub(super) fn another<T: Copy + PartialEq>(current: T, choices: &[T], rng: &mut ChaCha8Rng) -> T {
     let others: Vec<T> = choices.iter().copied().filter(|x| *x != current).collect();
     *others.choose(rng).expect("a choice besides the current one")
+}
+
+/// Tensor parallelism switched on (tp 2) where the case has none, for a mutation towards a tensor-parallel setting.
+fn ensure_tensor_parallel(c: &mut Case) {
+    if c.parallel.tp == 1 {
+        c.parallel.tp = 2;
+    }
 }
 
 /// Data parallelism switched on (dp 2) where the case has none, for a mutation towards a data-parallel setting.
@@ -94,9 +101,7 @@ pub fn zero_stage(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 
 pub fn toggle_sequence_parallel(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     c.parallel.sequence_parallel = !c.parallel.sequence_parallel;
-    if c.parallel.tp == 1 {
-        c.parallel.tp = 2;
-    }
+    ensure_tensor_parallel(c);
     true
 }
 
@@ -104,9 +109,7 @@ pub fn toggle_sequence_parallel(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
 pub fn sequence_parallel_mode(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.sequence_parallel_mode = another(c.parallel.sequence_parallel_mode, &SequenceParallelMode::ALL, rng);
     c.parallel.sequence_parallel = true;
-    if c.parallel.tp == 1 {
-        c.parallel.tp = 2;
-    }
+    ensure_tensor_parallel(c);
     true
 }
 
@@ -121,9 +124,7 @@ pub fn zero_offload(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// switched on with it).
 pub fn vocab_loss(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.vocab_loss = another(c.parallel.vocab_loss, &VocabLoss::ALL, rng);
-    if c.parallel.tp == 1 {
-        c.parallel.tp = 2;
-    }
+    ensure_tensor_parallel(c);
     true
 }
 
@@ -134,9 +135,7 @@ pub fn vocab_divisible_by(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let vocab = c.model.as_ref().map_or(64, |m| m.vocab).clamp(1, MAX_VOCAB_DIVISOR);
     let choices = [None, Some(1), Some(2), Some(3), Some(vocab), Some(64), Some(128)];
     c.parallel.vocab_divisible_by = another(c.parallel.vocab_divisible_by, &choices, rng);
-    if c.parallel.tp == 1 {
-        c.parallel.tp = 2;
-    }
+    ensure_tensor_parallel(c);
     true
 }
 
@@ -250,14 +249,13 @@ pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// parameter's size (exactly it, one element short or over, so it persists or not), every parameter, none, or
 /// back to the target's own.
 pub fn persist_below(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let size = around_a_parameter(c, rng, &[0, MAX_REDUCE_BUCKET]);
-    ensure_zero3(c);
-    replace(&mut c.parallel.persist_below, size)
+    zero3_size(c, rng, &[0, MAX_REDUCE_BUCKET], |p| &mut p.persist_below)
 }
 
 /// Another optimizer sub-group size (ZeRO-3 switched on with it): around one parameter's size, a few elements
 /// (a group per parameter), or back to the target's own.
 pub fn optimizer_sub_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    // (A size one element short of a 1-element parameter would be 0: a sub-group holds at least one.)
     let size = around_a_parameter(c, rng, &[1, 2, 7, 64]).map(|n| n.max(1));
     ensure_zero3(c);
     replace(&mut c.parallel.optimizer_sub_group, size)
@@ -274,25 +272,27 @@ pub fn reshard_group(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Another prefetch size (ZeRO-3 switched on with it): none ahead (0), one element, around one parameter's
 /// size (so that it is prefetched with the one before or not), or back to the target's own.
 pub fn prefetch_bucket(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let size = around_a_parameter(c, rng, &[0, 1]);
-    ensure_zero3(c);
-    replace(&mut c.parallel.prefetch_bucket, size)
+    zero3_size(c, rng, &[0, 1], |p| &mut p.prefetch_bucket)
 }
 
 /// Another cap on the gathered parameters alive at once (ZeRO-3 switched on with it): none or one element,
 /// around one parameter's size, or back to the target's own.
 pub fn max_live_parameters(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let size = around_a_parameter(c, rng, &[0, 1]);
-    ensure_zero3(c);
-    replace(&mut c.parallel.max_live_parameters, size)
+    zero3_size(c, rng, &[0, 1], |p| &mut p.max_live_parameters)
 }
 
 /// Another distance within which a gathered parameter is kept for its next use (ZeRO-3 switched on with it):
 /// 0 (released after every use), around one parameter's size, every use apart, or back to the target's own.
 pub fn max_reuse_distance(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    let size = around_a_parameter(c, rng, &[0, MAX_REDUCE_BUCKET]);
+    zero3_size(c, rng, &[0, MAX_REDUCE_BUCKET], |p| &mut p.max_reuse_distance)
+}
+
+/// A ZeRO-3 size setting drawn around a parameter's size (or one of `fixed`, or none) into `slot`, ZeRO-3 switched
+/// on with it; whether the setting changed.
+fn zero3_size(c: &mut Case, rng: &mut ChaCha8Rng, fixed: &[u32], slot: fn(&mut Parallel) -> &mut Option<u32>) -> bool {
+    let size = around_a_parameter(c, rng, fixed);
     ensure_zero3(c);
-    replace(&mut c.parallel.max_reuse_distance, size)
+    replace(slot(&mut c.parallel), size)
 }
 
 /// None, one of `fixed`, or a size within one element of a random parameter's.

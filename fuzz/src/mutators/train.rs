@@ -45,9 +45,7 @@ pub fn master_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         t.loss_scale = None;
         t.reduce_dtype = t.reduce_dtype.filter(|&r| r == DType::F32 || r == DType::BF16);
     }
-    let choices = [None, Some(DType::F32), Some(t.dtype)];
-    let others: Vec<Option<DType>> = choices.into_iter().filter(|&m| m != t.master_dtype).collect();
-    t.master_dtype = *others.choose(rng).expect("two others");
+    t.master_dtype = super::parallel::another(t.master_dtype, &[None, Some(DType::F32), Some(t.dtype)], rng);
     true
 }
 

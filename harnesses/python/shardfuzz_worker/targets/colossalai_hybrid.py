@@ -78,8 +78,7 @@ class ColossalHybrid(ColossalTarget):
         import torch
 
         p, t, dt = parallel(case), case["train"], dtype_name(case)
-        sp = p["sequence_parallel"] and p["tp"] > 1
-        ulysses = sp and p["sequence_parallel_mode"] == "all_to_all"
+        sp, ulysses = p["sequence_parallel"] and p["tp"] > 1, all_to_all(p)
         clip = t.get("clip_grad_norm")
         kw = dict(
             tp_size=1 if ulysses else p["tp"], pp_size=p["pp"], sp_size=p["tp"] if ulysses else None,
@@ -139,9 +138,15 @@ class ColossalHybrid(ColossalTarget):
         logits = loss + (":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered")
         features = [feature, loss, logits, reduction_feature(feature, case)]
         if p["vocab_divisible_by"] is not None:
-            tp = 1 if p["sequence_parallel"] and p["sequence_parallel_mode"] == "all_to_all" else p["tp"]
+            tp = 1 if all_to_all(p) else p["tp"]
             features.append(vocab_padding_feature("colossalai-hybrid", case["model"]["vocab"], p["vocab_divisible_by"], tp))
         return combine(case, outs, features)
+
+
+def all_to_all(p):
+    """Whether the case's tensor-parallel ranks run all_to_all (Ulysses) sequence parallelism instead: the plugin's
+    tp_size is then 1 and its sp_size the case's tp."""
+    return p["sequence_parallel"] and p["tp"] > 1 and p["sequence_parallel_mode"] == "all_to_all"
 
 
 TARGET = ColossalHybrid()

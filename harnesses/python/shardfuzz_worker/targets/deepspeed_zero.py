@@ -156,20 +156,9 @@ class DeepSpeedZero(TorchTarget):
         if p["reduce_to_owner"] is not None:
             # Off: average_tensor reduces each bucket slice to its owner (one dist.reduce per destination rank).
             cfg["zero_optimization"]["use_multi_rank_bucket_allreduce"] = not p["reduce_to_owner"]
-        if p["zero_stage"] == 3 and p["persist_below"] is not None:
-            cfg["zero_optimization"]["stage3_param_persistence_threshold"] = p["persist_below"]
-        if p["zero_stage"] == 3 and p["optimizer_sub_group"] is not None:
-            cfg["zero_optimization"]["sub_group_size"] = p["optimizer_sub_group"]
-        for key, ds_key in (("prefetch_bucket", "stage3_prefetch_bucket_size"),
-                            ("max_live_parameters", "stage3_max_live_parameters"),
-                            ("max_reuse_distance", "stage3_max_reuse_distance")):
-            # How the parameter coordinator gathers and releases parameters along the trace of the first step.
+        for key, ds_key in ZERO3_LAYOUT:
             if p["zero_stage"] == 3 and p[key] is not None:
                 cfg["zero_optimization"][ds_key] = p[key]
-        if p["zero_stage"] == 3 and p["reshard_group"] is not None:
-            # ZeRO++ hpZ: after the forward each parameter is released to a secondary partition over groups of this
-            # many ranks, all-gathered within the group in the backward.
-            cfg["zero_optimization"]["zero_hpz_partition_size"] = p["reshard_group"]
         if zero_offloaded(case):
             # ZeRO-Offload: the optimizer's partition and step on the host. The case's torch optimizer runs
             # there (DeepSpeedCPUAdam is a JIT-built extension, and would not be the case's optimizer).
@@ -251,6 +240,20 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse])
+
+
+#: The case's ZeRO-3 layout fields and the DeepSpeed settings that realise them (read only at stage 3).
+ZERO3_LAYOUT = (
+    ("persist_below", "stage3_param_persistence_threshold"),
+    ("optimizer_sub_group", "sub_group_size"),
+    # How the parameter coordinator gathers and releases parameters along the trace of the first step.
+    ("prefetch_bucket", "stage3_prefetch_bucket_size"),
+    ("max_live_parameters", "stage3_max_live_parameters"),
+    ("max_reuse_distance", "stage3_max_reuse_distance"),
+    # ZeRO++ hpZ: after the forward each parameter is released to a secondary partition over groups of this many
+    # ranks, all-gathered within the group in the backward.
+    ("reshard_group", "zero_hpz_partition_size"),
+)
 
 
 def zero3_layout_features(stage, p, sizes, world):
