@@ -91,8 +91,7 @@ class Coordinator:
             coverage |= r.get("coverage", set())
         failed = [(i, r) for i, r in enumerate(results) if not r["ok"]]
         if failed:
-            if len(failed) < world or any(f["type"] == "Stranded" for _, f in failed):
-                # Peers of a failed rank may be waiting in a collective: start afresh.
+            if must_restart(failed, world):
                 self.drop(world)
             reply = classify_failures(self.target, failed, world)
             if reply["status"] == "crash" and len(failed) == world:
@@ -150,6 +149,24 @@ class Coordinator:
             "stats": combined.get("stats", {}),
             "coverage": sorted(coverage),
         }
+
+
+def must_restart(failed, world):
+    """Whether a pool whose ranks failed must be started afresh. Peers of a failed rank may be waiting in
+    a collective; and ranks that all failed, but at different sites, have not run the same framework
+    calls: process groups created on some ranks only, or a framework's global counters advanced on some,
+    leave the next case out of step (a `new_group` that hangs, a "not synchronized" check that fails).
+    Ranks that all failed at one site (the same refusal everywhere; its message may name the rank) keep
+    the pool."""
+    if len(failed) < world or any(f["type"] == "Stranded" for _, f in failed):
+        return True
+    return len({failure_site(f) for _, f in failed}) > 1
+
+
+def failure_site(f):
+    """Type and raising frame of every exception in the failure's chain, outermost first."""
+    links = f.get("chain") or [{"type": f["type"], "frames": []}]
+    return tuple((link["type"], tuple(link["frames"][-1]) if link["frames"] else None) for link in links)
 
 
 def worker_failed(e):

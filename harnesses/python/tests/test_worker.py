@@ -140,3 +140,68 @@ class MissingOutputTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PoolRestartTest(unittest.TestCase):
+    """A pool whose ranks all failed at different sites is started afresh (their framework state is out of
+    step: campaign 128 hung in `new_group` on the next case); one whose ranks refused at one site is kept."""
+
+    def failure(self, rank, frame, message="refused"):
+        frames = [("/x/shardfuzz_worker/pool.py", 170, "_rank_main"), frame]
+        return {"ok": False, "type": "ValueError", "module": "builtins", "message": f"{message} on rank {rank}",
+                "traceback": "", "chain": [{"type": "ValueError", "message": message, "frames": frames}]}
+
+    def coordinator(self, replies):
+        from shardfuzz_worker import __main__ as entry
+        from shardfuzz_worker.targets.base import Target
+
+        pools = []
+
+        class FakePool:
+            def __init__(self, target, world):
+                pools.append(self)
+
+            def alive(self):
+                return True
+
+            def kill(self):
+                pass
+
+            def run(self, job, timeout_s):
+                return replies.pop(0)
+
+        class TwoRanks(Target):
+            name = "torch-ddp"
+
+            def world(self, case):
+                return 2
+
+            def combine(self, case, outs):
+                return {"status": "rejected", "reason": "combined"}
+
+        from unittest import mock
+
+        for name, value in (("RankPool", FakePool), ("tensors_io", mock.Mock())):
+            patch = mock.patch.object(entry, name, value)
+            patch.start()
+            self.addCleanup(patch.stop)
+        return entry.Coordinator(TwoRanks()), pools
+
+    def run_cases(self, first):
+        done = {"ok": True, "out": {}, "coverage": set()}
+        coord, pools = self.coordinator([first, [done, done]])
+        msg = {"case": {"schema": 1}, "inputs": None}
+        for _ in range(2):
+            coord.run(msg)
+        return len(pools)
+
+    def test_ranks_failed_at_different_sites_get_a_fresh_pool(self):
+        apart = [self.failure(0, ("/f/plugin.py", 10, "init")), self.failure(1, ("/f/layers.py", 99, "forward"))]
+        self.assertEqual(self.run_cases(apart), 2)
+
+    def test_ranks_refused_at_one_site_keep_the_pool(self):
+        same = [self.failure(r, ("/f/plugin.py", 10, "init")) for r in range(2)]
+        self.assertEqual(self.run_cases(same), 1)
+
+    def test_one_rank_failed_gets_a_fresh_pool(self):
+        self.assertEqual(self.run_cases([self.failure(0, ("/f/a.py", 1, "f")), {"ok": True, "out": {}}]), 2)
