@@ -57,6 +57,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         round_robin_grads: None,
         zero_shard_group: None,
         reduce_to_owner: None,
+        overlap_param_gather: None,
         persist_below: None,
         optimizer_sub_group: None,
         reshard_group: None,

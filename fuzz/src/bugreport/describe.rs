@@ -63,6 +63,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("gradient buckets all-reduced, each rank keeping its part".into()),
             None => {}
         }
+        match p.overlap_param_gather {
+            Some(true) => out.push("updated parameters all-gathered asynchronously, waited for at their next use".into()),
+            Some(false) => out.push("updated parameters all-gathered before the step returns".into()),
+            None => {}
+        }
         if p.zero_stage == 3 {
             if let Some(n) = p.persist_below {
                 out.push(format!("parameters of at most {n} elements kept whole on every rank (not partitioned)"));

@@ -245,6 +245,14 @@ pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Parameter partitions all-gathered asynchronously after the step (waited for at their first use), before the
+/// step returns, or the target's own choice (a ZeRO stage and data parallelism switched on with it).
+pub fn overlap_param_gather(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.overlap_param_gather = another(c.parallel.overlap_param_gather, &ON_OFF_OR_TARGETS, rng);
+    ensure_zero(c, rng);
+    true
+}
+
 /// Another size below which parameters stay whole on every rank (ZeRO-3 switched on with it): around one
 /// parameter's size (exactly it, one element short or over, so it persists or not), every parameter, none, or
 /// back to the target's own.

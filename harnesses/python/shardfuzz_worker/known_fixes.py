@@ -484,6 +484,41 @@ def _colossalai_zero2_sp_accumulated_sync():
     HybridParallelZeroOptimizer._sync_sp_grads = _sync_sp_grads
 
 
+def _colossalai_overlap_allgather_nd():
+    """Colossal-AI 0.5.0: with `overlap_allgather` (LowLevelZeroPlugin's or HybridParallelPlugin's) the ZeRO optimizer
+    gathers each updated parameter after the step with `all_gather_into_flat_tensor_nd(..., async_op=True)`
+    (zero/low_level/_utils.py:215). On a two-level data-parallel mesh (LowLevelZeroPlugin's `extra_dp_size` > 1) that
+    runs one all-gather per level and issues the second, which sends the first's output, without waiting for the
+    first; it returns the second's handle only. So the outer gather sends partitions the inner one has not written
+    yet, and the ranks' working parameters disagree after the step (docs/findings/
+    colossalai-0.5.0-overlap-allgather-two-level-mesh-stale-parameters.py). Fix: wait for each level's gather before
+    issuing the next (the last one stays asynchronous)."""
+    import numpy as np
+    import torch.distributed as dist
+    from colossalai.zero.low_level import _utils, low_level_optim
+    from colossalai.zero.low_level.bookkeeping import tensor_bucket
+
+    original = _utils.all_gather_into_flat_tensor_nd
+
+    def all_gather_into_flat_tensor_nd(output_tensor, input_tensor, group, async_op=False):
+        if not async_op or isinstance(group, dist.ProcessGroup):
+            return original(output_tensor, input_tensor, group, async_op)
+        sizes, ranks = [dist.get_world_size(pg) for pg in group], [dist.get_rank(pg) for pg in group]
+        handle = None
+        for i, pg in list(enumerate(group))[::-1]:
+            if handle is not None:
+                handle.wait()
+            out = output_tensor
+            if i > 0:
+                out = output_tensor.chunk(int(np.prod(sizes[:i])))[int(np.ravel_multi_index(ranks[:i], sizes[:i]))]
+            handle = dist.all_gather_into_tensor(out, input_tensor, group=pg, async_op=True)
+            input_tensor = out
+        return handle
+
+    for module in (_utils, low_level_optim, tensor_bucket):
+        module.all_gather_into_flat_tensor_nd = all_gather_into_flat_tensor_nd
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -502,6 +537,7 @@ FIXES = {
     "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
     "colossalai-zero2-sp-accumulated-sync": (("colossalai-hybrid",), _colossalai_zero2_sp_accumulated_sync),
+    "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),

@@ -177,6 +177,16 @@ class ColossalAiTest(unittest.TestCase):
         self.assertTrue(h["overlap_communication"])
         self.assertNotIn("zero_bucket_size_in_m", hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json")))
 
+    def test_the_plugins_gather_updated_parameters_asynchronously_where_the_case_asks(self):
+        from shardfuzz_worker.repro.colossalai_hybrid import plugin_arguments as hybrid
+        from shardfuzz_worker.repro.colossalai_zero import plugin_arguments as zero
+
+        self.assertFalse(zero(case("zero2-bf16.json"))["overlap_allgather"], "absent: gathered in the step")
+        self.assertTrue(zero(case("zero2-bf16.json", overlap_param_gather=True))["overlap_allgather"])
+        self.assertFalse(zero(case("zero2-bf16.json", overlap_param_gather=False))["overlap_allgather"])
+        self.assertFalse(hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json"))["overlap_allgather"])
+        self.assertTrue(hybrid(case("llama-dp2-tp2-zero1-sp-bf16.json", overlap_param_gather=True))["overlap_allgather"])
+
     def test_the_case_llama_loads_every_case_parameter_in_place(self):
         import torch
         from transformers import LlamaForCausalLM

@@ -90,6 +90,12 @@ pub struct Parallel {
     /// same result either way. Absent: the target's own choice. Read only with a ZeRO stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reduce_to_owner: Option<bool>,
+    /// After the optimizer step, the updated parameter partitions all-gathered asynchronously, each waited for
+    /// when the next forward first uses the parameter (true), or gathered before the step returns (false), where
+    /// a framework offers the choice (Colossal-AI's `overlap_allgather`); the same result either way. Absent:
+    /// the target's own choice. Read only with a ZeRO stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_param_gather: Option<bool>,
     /// The same parameters take part in every step and the framework may rely on it (true), or it must
     /// find out each step (false), where a framework offers the choice (DDP's `static_graph`: the reducer
     /// records the first step's autograd hooks, delays that step's reduction to the end of the backward and
@@ -185,6 +191,7 @@ impl Default for Parallel {
             round_robin_grads: None,
             zero_shard_group: None,
             reduce_to_owner: None,
+            overlap_param_gather: None,
             static_graph: None,
             find_unused: None,
             persist_below: None,

@@ -118,6 +118,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "zero_shard_group",
         "static_graph",
         "reduce_to_owner",
+        "overlap_param_gather",
         "persist_below",
         "optimizer_sub_group",
         "reshard_group",

@@ -156,6 +156,7 @@ def parallel(case):
         "static_graph": p.get("static_graph"),
         "find_unused": p.get("find_unused"),
         "reduce_to_owner": p.get("reduce_to_owner"),
+        "overlap_param_gather": p.get("overlap_param_gather"),
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),
         "reshard_group": p.get("reshard_group"),
@@ -216,6 +217,13 @@ def overlap_comm(case, default):
     """Whether the data-parallel gradient reduction overlaps the backward (the case's `overlap_comm`; `default`
     where the case leaves it to the target)."""
     o = parallel(case)["overlap_comm"]
+    return default if o is None else o
+
+
+def overlap_param_gather(case, default):
+    """Whether the updated parameter partitions are all-gathered asynchronously after the step, each waited for at
+    its next use (the case's `overlap_param_gather`; `default` where the case leaves it to the target)."""
+    o = parallel(case)["overlap_param_gather"]
     return default if o is None else o
 
 

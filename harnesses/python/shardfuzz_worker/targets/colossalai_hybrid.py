@@ -6,7 +6,9 @@ ZeRO stage 0-2 over dp (with `zero_offload`), sequence parallelism in each mode 
 sequence-parallel group of the case's tp ranks with tensor parallelism off), the 1F1B and interleaved pipeline
 schedules (the case's `virtual_stages` as model chunks) with the case's micro-batches, clipping by the plugin's global norm, fp32 / bf16 / fp16 precision (fp32 masters).
 The data-parallel gradient reduction (ZeRO's, or DDP's at stage 0) takes the case's `reduce_bucket` and
-`overlap_comm`; by default the plugin's buckets (a whole case model) and no overlap.
+`overlap_comm`; by default the plugin's buckets (a whole case model) and no overlap. With a ZeRO stage the updated
+parameters are gathered asynchronously after the step where the case's `overlap_param_gather` asks
+(`overlap_allgather`).
 
 The loss is the case's: token cross-entropy summed and divided by the global count of targets it does not ignore.
 Where the model's own loss computes exactly that (every sequence's last target ignored, since a causal LM shifts
@@ -28,8 +30,8 @@ shard with its tp / pp / dp coordinates; `combine` concatenates tensor-parallel 
 data-parallel copy as a replica.
 """
 
-from .base import (dtype_name, loss_denominator, overlap_comm, parallel, reduce_dtype_name, reduction_feature,
-                   vocab_padding_feature, vocab_sharded_loss)
+from .base import (dtype_name, loss_denominator, overlap_comm, overlap_param_gather, parallel, reduce_dtype_name,
+                   reduction_feature, vocab_padding_feature, vocab_sharded_loss)
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -86,6 +88,7 @@ class ColossalHybrid(ColossalTarget):
             enable_sequence_parallelism=sp, sequence_parallelism_mode=p["sequence_parallel_mode"] if sp else None,
             parallel_output=vocab_sharded_loss(case, False), **loss_scaling(case), max_norm=float(clip) if clip is not None else 0.0,
             overlap_communication=overlap_comm(case, False), overlap_p2p=False, enable_metadata_cache=False,
+            overlap_allgather=overlap_param_gather(case, False),
             communication_dtype=torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None,
         )
         if p["vocab_divisible_by"] is not None:
@@ -137,6 +140,8 @@ class ColossalHybrid(ColossalTarget):
         loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
         logits = loss + (":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered")
         features = [feature, loss, logits, reduction_feature(feature, case)]
+        if p["overlap_param_gather"] is not None and p["zero_stage"] > 0:
+            features.append(f"{feature}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}")
         if p["vocab_divisible_by"] is not None:
             tp = 1 if all_to_all(p) else p["tp"]
             features.append(vocab_padding_feature("colossalai-hybrid", case["model"]["vocab"], p["vocab_divisible_by"], tp))

@@ -164,6 +164,9 @@ def run(plugin, case, inputs, dt):
                 g = grad(p) if grad is not None else p.grad
                 grads0[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
         skipped.append(plugin_step(zopt))
+    # With ZeRO's overlap_allgather the updated parameters arrive asynchronously (each waited for by the next
+    # forward's op hook): read after the wait Colossal-AI's own checkpointing does first.
+    boosted._force_wait_all_gather()
     from colossalai.tensor.d_tensor import is_customized_distributed_tensor, is_distributed_tensor
 
     return {

@@ -3,7 +3,8 @@ or 2 from the case, optimizer states on the host with `zero_offload`) over the d
 
 The plugin owns the model's precision (`fp32` / `bf16` / `fp16` from the case dtype, fp32 master weights unless the
 case's `master_dtype` is the compute dtype itself: `master_weights=False`, each partition stepped in place), the
-gradient reduction (bucketed, averaged over the ranks; the case's `reduce_bucket` and `overlap_comm`; with `zero_shard_group` g, `extra_dp_size=dp/g`: the ranks as a (dp / g, g)
+gradient reduction (bucketed, averaged over the ranks; the case's `reduce_bucket` and `overlap_comm`; the updated
+parameters gathered after the step asynchronously with `overlap_param_gather` (`overlap_allgather`); with `zero_shard_group` g, `extra_dp_size=dp/g`: the ranks as a (dp / g, g)
 mesh, every collective run in two stages, across the groups and within one), clipping (`max_norm`: the global norm over the
 partitions) and the optimizer step (the case's torch optimizer, wrapped in LowLevelZeroOptimizer). Micro-batches
 are accumulated by the ZeRO optimizer itself (every backward reduces into its gradient partitions; one step).
@@ -16,7 +17,8 @@ case dtype). As for DeepSpeed, the reference rounds parameters to the case dtype
 plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
-from .base import dtype_name, master_dtype_name, overlap_comm, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
+from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, parallel, reduce_bucket,
+                   reduce_dtype_name, reduction_feature)
 from .colossalai_common import ColossalTarget, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
@@ -67,7 +69,8 @@ class ColossalZero(ColossalTarget):
                                   max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
                                   communication_dtype=communication, overlap_communication=overlap_comm(case, False),
                                   reduce_bucket_size_in_m=reduce_bucket(case, 2**20) / 2**20,
-                                  master_weights=master_weights(case), extra_dp_size=extra_dp_size(case))
+                                  master_weights=master_weights(case), extra_dp_size=extra_dp_size(case),
+                                  overlap_allgather=overlap_param_gather(case, False))
 
     def run_rank(self, rank, world, case, inputs):
         import torch
@@ -84,6 +87,10 @@ class ColossalZero(ColossalTarget):
         named = [(n, params[n]) for n in names]
 
         def view(name, t):
+            # With overlap_allgather the updated parameters arrive asynchronously, each waited for by the next
+            # forward's op hook; reported ones (after the last step) are read after the wait Colossal-AI's own
+            # checkpointing does first. Nothing is pending when step 0's gradients are read.
+            boosted._force_wait_all_gather()
             return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
 
         out = train(case, inputs, boosted, [p for _, p in named], rank, world,
@@ -98,6 +105,8 @@ class ColossalZero(ColossalTarget):
         stage = f"colossalai:dp{len(outs)}:zero{p['zero_stage']}{offload}"
         layout = [] if case["train"].get("master_dtype") is None else [
             f"{stage}:{'master-weights' if master_weights(case) else 'no-master-weights'}"]
+        if p["overlap_param_gather"] is not None:
+            layout.append(f"{stage}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}")
         if p["zero_shard_group"] is not None:
             extra = extra_dp_size(case)
             layout.append(f"{stage}:extra-dp-{'none' if extra == 1 else 'all' if extra == len(outs) else 'some'}")
