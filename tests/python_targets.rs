@@ -749,6 +749,26 @@ fn colossalai_zero_overlapped_parameter_gather_on_two_level_mesh_leaves_replicas
     assert!(v["kind"] == "pass" && has_feature(&v, "colossalai:dp4:zero1:param-gather-overlapped"), "with the fix: {v}");
 }
 
+/// Pipeline parallelism with sequence parallelism: Colossal-AI 0.5.0's later stages build the causal mask from the
+/// received sequence chunk while `cache_position` spans the whole sequence, and crash in transformers' mask
+/// (`split_gather` under tp 2, `all_to_all` over sp 2); both pass with the known fix.
+#[test]
+fn colossalai_pipeline_with_sequence_parallelism_builds_the_mask_from_the_chunk() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-pipeline");
+    for (case, fixes) in [
+        ("llama-pp2-tp2-1f1b-sp-split-gather-f32.json", "colossalai-row-bias-sp"),
+        ("llama-pp2-sp2-1f1b-all-to-all-bf16.json", "colossalai-a2a-full-logits-shift"),
+    ] {
+        let v = one_verdict("colossalai-hybrid", &dir.join(case), fixes);
+        assert!(v["kind"] == "crash" && reason(&v).contains("_prepare_4d_causal_attention_mask"), "{case}: {v}");
+        let v = one_verdict("colossalai-hybrid", &dir.join(case), &format!("{fixes},colossalai-pp-sp-causal-mask"));
+        assert_eq!(v["kind"], "pass", "{case} with the fix: {v}");
+    }
+}
+
 /// The case field `model.sparse_embedding` (nn.Embedding(sparse=True)): torch-ddp and deepspeed-zero (stage 0)
 /// reduce the sparse gradient and pass; DeepSpeed 0.19.8's sparse all-reduce ignores the predivide factor's
 /// division (the embedding's gradient doubles with `grad_predivide` 2) and its fp32 clipping never scales a

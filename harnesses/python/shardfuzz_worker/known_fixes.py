@@ -519,6 +519,27 @@ def _colossalai_overlap_allgather_nd():
         module.all_gather_into_flat_tensor_nd = all_gather_into_flat_tensor_nd
 
 
+def _colossalai_pp_sp_causal_mask():
+    """Colossal-AI 0.5.0: on a later pipeline stage under sequence parallelism (`split_gather`, `ring` or `all_to_all`,
+    without flash attention) LlamaPipelineForwards.llama_model_forward (modeling/llama.py:101-146) takes cache_position
+    over the whole sequence (seq_length times sp_size) but builds the causal mask with
+    `self._update_causal_mask(attention_mask, hidden_states, cache_position, ...)` from the hidden states it received,
+    the rank's chunk of the sequence: transformers' `_prepare_4d_causal_attention_mask_with_cache_position` fails with
+    "The size of tensor a (2) must match the size of tensor b (4)" (the first stage builds the mask before splitting)
+    (docs/findings/colossalai-0.5.0-pipeline-sequence-parallel-causal-mask-crash.py). Fix: the mask is built for the
+    whole sequence (the shape taken from a stand-in of cache_position's length)."""
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    original = LlamaModel._update_causal_mask
+
+    def _update_causal_mask(self, attention_mask, input_tensor, cache_position, *args, **kwargs):
+        if cache_position is not None and input_tensor.dim() == 3 and input_tensor.shape[1] != cache_position.shape[0]:
+            input_tensor = input_tensor.new_empty(input_tensor.shape[0], cache_position.shape[0], input_tensor.shape[2])
+        return original(self, attention_mask, input_tensor, cache_position, *args, **kwargs)
+
+    LlamaModel._update_causal_mask = _update_causal_mask
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -538,6 +559,7 @@ FIXES = {
     "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
     "colossalai-zero2-sp-accumulated-sync": (("colossalai-hybrid",), _colossalai_zero2_sp_accumulated_sync),
     "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
+    "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
