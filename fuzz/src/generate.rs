@@ -58,6 +58,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         zero_shard_group: None,
         reduce_to_owner: None,
         overlap_param_gather: None,
+        sync_every_microbatch: None,
         persist_below: None,
         optimizer_sub_group: None,
         reshard_group: None,

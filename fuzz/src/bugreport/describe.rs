@@ -56,6 +56,13 @@ fn parallel_words(case: &Case) -> Vec<String> {
         }
         _ => {}
     }
+    if p.dp > 1 && case.train.grad_accumulation > 1 {
+        match p.sync_every_microbatch {
+            Some(true) => out.push("gradients reduced after every accumulated micro-batch".into()),
+            Some(false) => out.push("gradients accumulated locally, reduced once after the last micro-batch".into()),
+            None => {}
+        }
+    }
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
         match p.reduce_to_owner {

@@ -253,6 +253,17 @@ pub fn overlap_param_gather(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Gradients reduced after every accumulated micro-batch, only after the last, or the target's own choice (data
+/// parallelism and gradient accumulation switched on with it).
+pub fn sync_every_microbatch(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.sync_every_microbatch = another(c.parallel.sync_every_microbatch, &ON_OFF_OR_TARGETS, rng);
+    ensure_data_parallel(c);
+    if c.train.grad_accumulation == 1 {
+        c.train.grad_accumulation = 2;
+    }
+    true
+}
+
 /// Another size below which parameters stay whole on every rank (ZeRO-3 switched on with it): around one
 /// parameter's size (exactly it, one element short or over, so it persists or not), every parameter, none, or
 /// back to the target's own.

@@ -96,6 +96,12 @@ pub struct Parallel {
     /// the target's own choice. Read only with a ZeRO stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap_param_gather: Option<bool>,
+    /// With gradient accumulation, the data-parallel gradients reduced after every micro-batch (true) or accumulated
+    /// locally and reduced once, after the last (false), where a framework offers the choice (DDP's `no_sync`,
+    /// FSDP2's `set_requires_gradient_sync(False)` on the micro-batches before the last); the same result either
+    /// way. Absent: the target's own choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_every_microbatch: Option<bool>,
     /// The same parameters take part in every step and the framework may rely on it (true), or it must
     /// find out each step (false), where a framework offers the choice (DDP's `static_graph`: the reducer
     /// records the first step's autograd hooks, delays that step's reduction to the end of the backward and
@@ -192,6 +198,7 @@ impl Default for Parallel {
             zero_shard_group: None,
             reduce_to_owner: None,
             overlap_param_gather: None,
+            sync_every_microbatch: None,
             static_graph: None,
             find_unused: None,
             persist_below: None,

@@ -119,6 +119,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "static_graph",
         "reduce_to_owner",
         "overlap_param_gather",
+        "sync_every_microbatch",
         "persist_below",
         "optimizer_sub_group",
         "reshard_group",

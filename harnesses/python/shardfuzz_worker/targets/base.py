@@ -157,6 +157,7 @@ def parallel(case):
         "find_unused": p.get("find_unused"),
         "reduce_to_owner": p.get("reduce_to_owner"),
         "overlap_param_gather": p.get("overlap_param_gather"),
+        "sync_every_microbatch": p.get("sync_every_microbatch"),
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),
         "reshard_group": p.get("reshard_group"),
@@ -225,6 +226,21 @@ def overlap_param_gather(case, default):
     its next use (the case's `overlap_param_gather`; `default` where the case leaves it to the target)."""
     o = parallel(case)["overlap_param_gather"]
     return default if o is None else o
+
+
+def sync_every_microbatch(case, default):
+    """Whether, with gradient accumulation, the data-parallel gradients are reduced after every micro-batch (or
+    accumulated locally and reduced after the last): the case's `sync_every_microbatch`, `default` where the case
+    leaves it to the target."""
+    s = parallel(case)["sync_every_microbatch"]
+    return default if s is None else s
+
+
+def sync_feature(prefix, case, default):
+    """`prefix:sync-every-microbatch` / `prefix:sync-last-microbatch` where the case sets the choice and accumulates."""
+    if parallel(case)["sync_every_microbatch"] is None or case["train"].get("grad_accumulation", 1) < 2:
+        return []
+    return [f"{prefix}:sync-{'every' if sync_every_microbatch(case, default) else 'last'}-microbatch"]
 
 
 def vocab_sharded_loss(case, default):

@@ -1,10 +1,11 @@
 """torch-ddp: the case's model wrapped in DistributedDataParallel over the data-parallel ranks, its gradient buckets
 of the case's `reduce_bucket` elements (by default 1 MB), its gradients views into those buckets with
 `contiguous_grads` (`gradient_as_bucket_view`), `static_graph` and `find_unused` (`find_unused_parameters`) as the
-case sets them, and a `reduce_dtype` below
+case sets them, accumulated micro-batches under `no_sync` (reduced with the last) unless the case's
+`sync_every_microbatch` asks for every one reduced, and a `reduce_dtype` below
 the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_compress_hook`)."""
 
-from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
+from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, sync_every_microbatch, sync_feature
 from .torch_common import TorchTarget
 from .torch_model import build, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_training import combine_dp, single_device, train
@@ -41,7 +42,9 @@ class TorchDdp(TorchTarget):
         if hook is not None:
             ddp.register_comm_hook(state=None, hook=hook)
         named = list(model.named_parameters())
-        out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=ddp.no_sync, named=named)
+        # Accumulated micro-batches under no_sync, reduced with the last, unless the case asks for every one reduced.
+        no_sync = None if sync_every_microbatch(case, False) else ddp.no_sync
+        out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=no_sync, named=named)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -55,7 +58,8 @@ class TorchDdp(TorchTarget):
             static.append(f"{prefix}:{'finds-unused' if p['find_unused'] else 'expects-every-gradient'}")
         rd = reduce_dtype_name(case)
         hook = [f"{prefix}:{dtype_name(case)}-compressed-to-{rd}"] if rd != dtype_name(case) else []
-        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook])
+        sync = sync_feature(prefix, case, False)
+        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook, *sync])
 
 
 COMPRESS_HOOKS = {"bf16": "bf16_compress_hook", "f16": "fp16_compress_hook"}

@@ -4,9 +4,14 @@ HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, re
 `zero_offload`, `CPUOffloadPolicy` (sharded parameters, gradients and the optimizer step on the host); with a
 `master_dtype` wider than the compute dtype, mixed precision: the model held in it, `MixedPrecisionPolicy(param_dtype=`
 the compute dtype`)` (parameters all-gathered in the compute dtype, gradients reduced in `reduce_dtype`); with
-`reshard_group` g under ZeRO-3, `reshard_after_forward=g` (`False` for 1, `True` for the whole shard group)."""
+`reshard_group` g under ZeRO-3, `reshard_after_forward=g` (`False` for 1, `True` for the whole shard group); every
+accumulated micro-batch reduced unless the case's `sync_every_microbatch` is false
+(`set_requires_gradient_sync(False)` on all but the last)."""
 
-from .base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, zero_offloaded
+import contextlib
+
+from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, sync_every_microbatch,
+                   sync_feature, zero_offloaded)
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -49,7 +54,8 @@ class TorchFsdp2(TorchTarget):
         params = dict(model.named_parameters())
         named = [(n, params[n]) for n in named_before]
         torch.manual_seed(0)
-        out = train(case, inputs, model, [p for _, p in named], rank, world, named=named)
+        out = train(case, inputs, model, [p for _, p in named], rank, world, named=named,
+                    no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(model))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -65,7 +71,19 @@ class TorchFsdp2(TorchTarget):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
             layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or len(outs))}")
+        layout += sync_feature(stage, case, True)
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
+
+
+@contextlib.contextmanager
+def without_gradient_sync(model):
+    """FSDP2's accumulation without communication: `set_requires_gradient_sync(False)` on the root (and with it every
+    fully_shard module) for a micro-batch, so its gradients stay unsharded and local until a synced one."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def reshard_after_forward(p, shard):
