@@ -786,6 +786,22 @@ fn accumulation_with_and_without_gradient_sync_on_fsdp2_and_ddp() {
     assert!(v["kind"] == "pass" && has_feature(&v, "ddp:dp2:sync-every-microbatch"), "{v}");
 }
 
+/// `overlap_param_gather` on colossalai-hybrid with the vocabulary-parallel loss: Colossal-AI 0.5.0 turns the
+/// parameters into ColoParameters, whose derived ColoTensors run `mul_` out of place, and DistCrossEntropy's backward
+/// drops its `mul_` by the incoming gradient: every gradient is off by the loss's scale. Passes with the known fix, and
+/// the same case without the overlap passes.
+#[test]
+fn colossalai_hybrid_overlapped_gather_drops_the_vocab_parallel_loss_gradient_scale() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-vocab-loss/llama-dp2-tp2-zero1-overlap-param-gather-vocab-sharded-ignored-bf16.json");
+    let v = one_verdict("colossalai-hybrid", &case, "colossalai-dist-ce-batch-mean");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("grad/lm_head.weight"), "{v}");
+    let v = one_verdict("colossalai-hybrid", &case, "colossalai-dist-ce-batch-mean,colossalai-coloparam-inplace-ce-grad");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-hybrid:dp2:tp2:pp1:zero1:sp-none:param-gather-overlapped"), "{v}");
+}
+
 /// The case field `model.sparse_embedding` (nn.Embedding(sparse=True)): torch-ddp and deepspeed-zero (stage 0)
 /// reduce the sparse gradient and pass; DeepSpeed 0.19.8's sparse all-reduce ignores the predivide factor's
 /// division (the embedding's gradient doubles with `grad_predivide` 2) and its fp32 clipping never scales a

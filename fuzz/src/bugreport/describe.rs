@@ -70,6 +70,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("gradient buckets all-reduced, each rank keeping its part".into()),
             None => {}
         }
+        if let Some(d) = p.param_shard_dim.filter(|&d| d > 0) {
+            out.push(format!("parameters sharded along dimension {d} where it divides evenly (the others along 0)"));
+        }
         match p.overlap_param_gather {
             Some(true) => out.push("updated parameters all-gathered asynchronously, waited for at their next use".into()),
             Some(false) => out.push("updated parameters all-gathered before the step returns".into()),

@@ -83,6 +83,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.reduce_to_owner.is_some(),
         p.overlap_param_gather.is_some(),
         p.sync_every_microbatch.is_some(),
+        p.param_shard_dim.is_some(),
         p.persist_below.is_some(),
         p.optimizer_sub_group.is_some(),
         p.reshard_group.is_some(),
@@ -144,6 +145,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.sync_every_microbatch.is_some() {
         out.push(with(case, |c| c.parallel.sync_every_microbatch = None));
+    }
+    if p.param_shard_dim.is_some() {
+        out.push(with(case, |c| c.parallel.param_shard_dim = None));
     }
     if p.persist_below.is_some() {
         out.push(with(case, |c| c.parallel.persist_below = None));
@@ -518,7 +522,7 @@ mod tests {
         (p.reduce_bucket, p.overlap_comm, p.reduce_scatter, p.grad_predivide) = (Some(5), Some(true), Some(false), Some(2));
         (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
         (p.static_graph, p.reduce_to_owner, p.find_unused) = (Some(true), Some(true), Some(false));
-        (p.overlap_param_gather, p.sync_every_microbatch) = (Some(true), Some(false));
+        (p.overlap_param_gather, p.sync_every_microbatch, p.param_shard_dim) = (Some(true), Some(false), Some(1));
         (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         (p.prefetch_bucket, p.max_live_parameters, p.max_reuse_distance) = (Some(0), Some(9), Some(0));
         p.vocab_divisible_by = Some(64);
@@ -527,7 +531,7 @@ mod tests {
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 25, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 26, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

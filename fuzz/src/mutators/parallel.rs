@@ -264,6 +264,14 @@ pub fn sync_every_microbatch(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Parameters sharded along dimension 1 (where it divides evenly), 0, or the target's own choice (a ZeRO stage and
+/// data parallelism switched on with it).
+pub fn param_shard_dim(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.param_shard_dim = another(c.parallel.param_shard_dim, &[Some(0), Some(1), None], rng);
+    ensure_zero(c, rng);
+    true
+}
+
 /// Another size below which parameters stay whole on every rank (ZeRO-3 switched on with it): around one
 /// parameter's size (exactly it, one element short or over, so it persists or not), every parameter, none, or
 /// back to the target's own.

@@ -540,6 +540,29 @@ def _colossalai_pp_sp_causal_mask():
     LlamaModel._update_causal_mask = _update_causal_mask
 
 
+def _colossalai_coloparam_inplace_ce_grad():
+    """Colossal-AI 0.5.0: with `overlap_allgather` (or `use_fp8`) HybridParallelPlugin turns every parameter into a
+    ColoParameter, so every tensor computed from one is a ColoTensor, and ColoTensor.__torch_function__
+    (tensor/colo_tensor.py:6-11, :84-85) runs `add_`, `sub_`, `mul_` and `div_` out of place. DistCrossEntropy.backward
+    (shardformer/layer/loss.py:136) scales the gradient with `grad_logits.mul_(grad_output...)` and drops the result:
+    the vocabulary-parallel loss's gradient (tp > 1 with `parallel_output`, the plugin's default) is never multiplied
+    by the incoming gradient, so every gradient comes out times the count of labels the mean divides by (14 in the
+    script), or off by the loss's scale (docs/findings/colossalai-0.5.0-colotensor-inplace-mul-cross-entropy-grad.py).
+    Fix: the loss's function runs on a plain tensor view of its ColoTensor input (the autograd graph is kept)."""
+    import torch
+    from colossalai.shardformer import layer
+    from colossalai.shardformer.layer import loss
+
+    original = loss.cross_entropy_1d
+
+    def cross_entropy_1d(vocab_logits, labels, *args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            plain = vocab_logits.as_subclass(torch.Tensor)
+        return original(plain, labels, *args, **kwargs)
+
+    loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -560,6 +583,7 @@ FIXES = {
     "colossalai-zero2-sp-accumulated-sync": (("colossalai-hybrid",), _colossalai_zero2_sp_accumulated_sync),
     "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
     "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
+    "colossalai-coloparam-inplace-ce-grad": (("colossalai-hybrid",), _colossalai_coloparam_inplace_ce_grad),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),

@@ -102,6 +102,12 @@ pub struct Parallel {
     /// way. Absent: the target's own choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_every_microbatch: Option<bool>,
+    /// Sharded parameters split along this tensor dimension where it divides evenly over their shard group, the
+    /// others along dimension 0, where a framework offers the choice (FSDP2's `shard_placement_fn` returning
+    /// `Shard(d)`; it refuses uneven splits on a nonzero dimension); the same result either way. Absent: dimension
+    /// 0. 0 to 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param_shard_dim: Option<u8>,
     /// The same parameters take part in every step and the framework may rely on it (true), or it must
     /// find out each step (false), where a framework offers the choice (DDP's `static_graph`: the reducer
     /// records the first step's autograd hooks, delays that step's reduction to the end of the backward and
@@ -199,6 +205,7 @@ impl Default for Parallel {
             reduce_to_owner: None,
             overlap_param_gather: None,
             sync_every_microbatch: None,
+            param_shard_dim: None,
             static_graph: None,
             find_unused: None,
             persist_below: None,

@@ -104,6 +104,8 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         let e = error_of(&with(&format!(r#""vocab_divisible_by": {n}"#)));
         assert!(e.contains("parallel.vocab_divisible_by") && e.contains("must be 1 to 4096"), "{e}");
     }
+    let e = error_of(&with(r#""param_shard_dim": 4"#));
+    assert!(e.contains("parallel.param_shard_dim") && e.contains("must be 0 to 3"), "{e}");
     for field in ["prefetch_bucket", "max_live_parameters", "max_reuse_distance"] {
         let e = error_of(&with(&format!(r#""{field}": 4000000000"#)));
         assert!(e.contains(&format!("parallel.{field}")) && e.contains("must be 0 to"), "{e}");
@@ -120,6 +122,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "reduce_to_owner",
         "overlap_param_gather",
         "sync_every_microbatch",
+        "param_shard_dim",
         "persist_below",
         "optimizer_sub_group",
         "reshard_group",

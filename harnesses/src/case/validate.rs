@@ -87,6 +87,9 @@ impl Case {
                 r.fail("parallel.persist_below", format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {b})"));
             }
         }
+        if let Some(d) = p.param_shard_dim.filter(|&d| d > 3) {
+            r.fail("parallel.param_shard_dim", format!("must be 0 to 3 (got {d})"));
+        }
         if let Some(n) = p.vocab_divisible_by.filter(|n| !(1..=MAX_VOCAB_DIVISOR).contains(n)) {
             r.fail("parallel.vocab_divisible_by", format!("must be 1 to {MAX_VOCAB_DIVISOR} (got {n})"));
         }

@@ -60,7 +60,15 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
         env: Some(MAIN),
-        offers: &["zero_offload", "zero_shard_group", "reduce_dtype_below", "master_dtype", "reshard_group", "sync_every_microbatch"],
+        offers: &[
+            "zero_offload",
+            "zero_shard_group",
+            "reduce_dtype_below",
+            "master_dtype",
+            "reshard_group",
+            "sync_every_microbatch",
+            "param_shard_dim",
+        ],
         create: |o| python("torch-fsdp2", MAIN, o),
     },
     TargetInfo {

@@ -6,7 +6,8 @@ HSDP on a (dp / g, g) mesh (sharded within each group of g consecutive ranks, re
 the compute dtype`)` (parameters all-gathered in the compute dtype, gradients reduced in `reduce_dtype`); with
 `reshard_group` g under ZeRO-3, `reshard_after_forward=g` (`False` for 1, `True` for the whole shard group); every
 accumulated micro-batch reduced unless the case's `sync_every_microbatch` is false
-(`set_requires_gradient_sync(False)` on all but the last)."""
+(`set_requires_gradient_sync(False)` on all but the last); with `param_shard_dim` d, `shard_placement_fn` sharding each
+parameter along d where it divides evenly over its shard group (the others along 0)."""
 
 import contextlib
 
@@ -44,6 +45,8 @@ class TorchFsdp2(TorchTarget):
         param_dtype = torch_dtype(dtype_name(case)) if mixed else None
         kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
               "reshard_after_forward": reshard_after_forward(p, g)}
+        if p["param_shard_dim"]:
+            kw["shard_placement_fn"] = shard_placement(p["param_shard_dim"], g)
         if zero_offloaded(case):
             from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -72,7 +75,32 @@ class TorchFsdp2(TorchTarget):
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
             layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or len(outs))}")
         layout += sync_feature(stage, case, True)
+        if p["param_shard_dim"] is not None:
+            layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or len(outs))}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
+
+
+def shard_placement(dim, shard_ranks):
+    """FSDP2's `shard_placement_fn` for the case's `param_shard_dim`: Shard(dim) for a parameter with that dimension
+    dividing evenly over the `shard_ranks` it is sharded over (FSDP2 refuses uneven nonzero-dim shards), else None
+    (FSDP2's own Shard(0))."""
+    from torch.distributed.tensor import Shard
+
+    def placement(param):
+        return Shard(dim) if param.dim() > dim and param.size(dim) % shard_ranks == 0 else None
+
+    return placement
+
+
+def shard_dim_feature(case, dim, shard_ranks):
+    """`shard-dim-0`, or for a nonzero dim whether none, some or all of the case's matrices take it (their second
+    dimensions are the hidden size, or the ffn size for the MLP's down projection)."""
+    if dim == 0:
+        return "shard-dim-0"
+    m = case["model"]
+    sizes = [m["hidden"], m["ffn"]]
+    even = [s % shard_ranks == 0 for s in sizes] if dim == 1 else [False]
+    return f"shard-dim-{dim}-" + ("all" if all(even) else "some" if any(even) else "none")
 
 
 @contextlib.contextmanager
