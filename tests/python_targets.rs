@@ -769,8 +769,9 @@ fn colossalai_pipeline_with_sequence_parallelism_builds_the_mask_from_the_chunk(
     }
 }
 
-/// The case field `sync_every_microbatch`: torch-fsdp2 accumulating without communication
-/// (`set_requires_gradient_sync(False)` before the last micro-batch) under HSDP and ZeRO-3 passes, and so does
+/// The case fields `sync_every_microbatch` and `param_shard_dim`: torch-fsdp2 accumulating without communication
+/// (`set_requires_gradient_sync(False)` before the last micro-batch) under HSDP and ZeRO-3, its matrices sharded along
+/// dimension 1 (`shard_placement_fn`), passes, and so does
 /// torch-ddp reducing every micro-batch with a static graph (the known static-graph crash needs `no_sync`), each with
 /// its feature.
 #[test]
@@ -778,9 +779,10 @@ fn accumulation_with_and_without_gradient_sync_on_fsdp2_and_ddp() {
     if !python_ready() {
         return;
     }
-    let case = root().join("tests/python-zero-layout/dp4-hsdp2-zero3-accumulation-sync-last-microbatch-f32.json");
+    let case = root().join("tests/python-zero-layout/dp4-hsdp2-zero3-accumulation-sync-last-microbatch-shard-dim1-f32.json");
     let v = one_verdict("torch-fsdp2", &case, "");
     assert!(v["kind"] == "pass" && has_feature(&v, "fsdp2:dp4:zero3:sync-last-microbatch"), "{v}");
+    assert!(has_feature(&v, "fsdp2:dp4:zero3:shard-dim-1-all"), "{v}");
     let case = root().join("tests/python-ddp/dp2-static-graph-accumulation-sync-every-microbatch-f32.json");
     let v = one_verdict("torch-ddp", &case, "");
     assert!(v["kind"] == "pass" && has_feature(&v, "ddp:dp2:sync-every-microbatch"), "{v}");

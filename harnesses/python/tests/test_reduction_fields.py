@@ -203,6 +203,24 @@ class ReshardGroupTest(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class ParamShardDimTest(unittest.TestCase):
+    def test_fsdp2_shards_along_the_cases_dim_where_it_divides_evenly(self):
+        import torch
+        from torch.distributed.tensor import Shard
+
+        from shardfuzz_worker.targets.torch_fsdp2 import shard_dim_feature, shard_placement
+
+        place = shard_placement(1, 4)
+        self.assertEqual(place(torch.nn.Parameter(torch.zeros(3, 8))), Shard(1))
+        self.assertIsNone(place(torch.nn.Parameter(torch.zeros(8, 6))), "6 columns over 4 ranks: FSDP2's Shard(0)")
+        self.assertIsNone(place(torch.nn.Parameter(torch.zeros(8))), "a vector has no dimension 1")
+        c = case("dp2-even-f32.json")
+        c["model"].update(hidden=8, ffn=12)
+        self.assertEqual([shard_dim_feature(c, d, r) for d, r in ((0, 4), (1, 4), (1, 3), (1, 5))],
+                         ["shard-dim-0", "shard-dim-1-all", "shard-dim-1-some", "shard-dim-1-none"])
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class SparseEmbeddingTest(unittest.TestCase):
     def test_what_a_sparse_embedding_gradient_cannot_meet_is_refused(self):
         from shardfuzz_worker.targets.torch_model import unsupported_sparse_embedding
