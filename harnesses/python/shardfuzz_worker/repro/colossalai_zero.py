@@ -9,7 +9,8 @@ from .colossalai_tp import SHIMS_ABOUT, shims_source
 from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line, model_source
-from .torch_model import producible, training_source  # noqa: F401 - producible: the generator's interface
+from .torch_dp import producible  # noqa: F401 - the generator's interface
+from .torch_model import training_source
 
 TARGET = "colossalai-zero"
 

@@ -6,7 +6,7 @@ from ..targets.base import parallel
 from .common import literal
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
-from .torch_model import producible  # noqa: F401 - the generator's interface
+from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "deepspeed-zero"
 

@@ -4,7 +4,7 @@ each training on its rows of the batch, under torchrun."""
 from ..targets.base import dtype_name, parallel, reduce_dtype_name
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
-from .torch_model import producible  # noqa: F401 - the generator's interface
+from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-ddp"
 
@@ -19,6 +19,7 @@ def check(case):
 
 def generate(case, inputs, bounds, dropped):
     from ..targets.torch_common import torch_dtype
+    from ..targets.base import sync_every_microbatch
     from ..targets.torch_ddp import bucket_cap_mb, compress_hook_name
 
     p = parallel(case)
@@ -29,5 +30,6 @@ def generate(case, inputs, bounds, dropped):
             f", find_unused_parameters={unused}{f', comm hook {hook}' if hook else ''}) over dp={p['dp']} ranks")
     settings = [f"BUCKET_CAP_MB = {cap!r}", f"GRADIENT_AS_BUCKET_VIEW = {view}", f"STATIC_GRAPH = {static}",
                 f"FIND_UNUSED = {unused}",
+                f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, False)}  # False: no_sync() on all but the last",
                 f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {reduce_dtype_name(case)}"]
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

@@ -1,10 +1,19 @@
-"""What the generators of the data-parallel torch targets (torch-fsdp2, torch-ddp, deepspeed-zero) share: the
+"""What the generators of the data-parallel torch targets (torch-fsdp2, torch-ddp, deepspeed-zero; colossalai-zero
+takes its comparison) share: the
 script runs the worker's own training loop on each rank's rows of the batch under torchrun, gathers the ranks'
 results as the worker does and compares them with the same loop in float64 on one rank."""
 
 from ..targets.base import dtype_name, parallel
 from .common import assemble, embed, header, literal, rule, template
 from .torch_model import TORCH_DTYPES, model_about, model_arrays, model_line, model_source, training_source
+from .torch_model import producible as model_producible
+
+
+def producible(case):
+    """The model case's tensors, and the data-parallel ranks' copies of every gradient and parameter (`replicas/`:
+    each rank's against the first's, as the fuzzer compares them)."""
+    tensors = model_producible(case)
+    return tensors | {f"replicas/{n}" for n in tensors if n.startswith(("grad/", "param/"))}
 
 
 def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports):

@@ -5,7 +5,7 @@ from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype
 from .common import ReproError
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES, check_model_case
-from .torch_model import producible  # noqa: F401 - the generator's interface
+from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-fsdp2"
 
@@ -23,6 +23,7 @@ def check(case):
 
 
 def generate(case, inputs, bounds, dropped):
+    from ..targets.base import sync_every_microbatch
     from ..targets.torch_fsdp2 import reshard_after_forward
 
     p = parallel(case)
@@ -38,5 +39,8 @@ def generate(case, inputs, bounds, dropped):
                 f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3; an int: case.parallel.reshard_group\n"
                 f"MESH_SHAPE, MESH_NAMES = {mesh!r}  # HSDP where case.parallel.zero_shard_group < dp\n"
                 f"CPU_OFFLOAD = {offload}  # case.parallel.zero_offload\n"
-                f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE"]
+                f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE\n"
+                f"SHARD_DIM = {p['param_shard_dim'] or 0}  # case.parallel.param_shard_dim: Shard(d) where d divides evenly\n"
+                f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: set_requires_gradient_sync(False)"
+                " on all but the last micro-batch"]
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)

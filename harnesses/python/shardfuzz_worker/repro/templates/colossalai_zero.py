@@ -19,6 +19,7 @@ def run_sharded(data, rank):
     named = [(n, params[n]) for n in names]
 
     def view(name, t):
+        boosted._force_wait_all_gather()  # with overlap_allgather: the gathers after the last step, as checkpointing waits
         return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
 
     return train(CASE, data, boosted, [p for _, p in named], rank, WORLD,

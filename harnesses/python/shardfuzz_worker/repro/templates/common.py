@@ -79,12 +79,13 @@ def crash_guard(entry):
         os._exit(1)
 
 
-def report(sharded, reference, bounds):
-    """Prints every bounded tensor's statistics against its bound; returns 1 on a mismatch, else 0."""
+def report(sharded, reference, bounds, scale_of=None):
+    """Prints every bounded tensor's statistics against its bound; returns 1 on a mismatch, else 0. `scale_of`
+    gives the error scale of tensors that are not compared with the reference (replicas)."""
     if not bounds:
         print("OK: the sharded run completed (the finding was a crash or a hang; it did not show)", flush=True)
         return 0
-    scale = scales({name: reference[name] for name in bounds})
+    scale = scales({name: reference[name] for name in bounds if name not in (scale_of or {})}) | (scale_of or {})
     worst = None
     for name, stat_bounds in bounds.items():
         t, r = np.asarray(sharded[name]), np.asarray(reference[name])

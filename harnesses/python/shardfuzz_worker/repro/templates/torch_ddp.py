@@ -5,7 +5,7 @@ def run_sharded(data, rank):
     """The model wrapped in DistributedDataParallel (BUCKET_CAP_MB per gradient bucket, the case's bucket views, static
     graph, search for unused parameters and compression hook) over the dp ranks, as the fuzzer's
     torch-ddp ranks run it; this rank trains on its rows of the batch, with no_sync() on every micro-batch
-    but the last of a step (gradients are all-reduced once per step)."""
+    but the last of a step (gradients are all-reduced once per step) unless SYNC_EVERY_MICROBATCH."""
     model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
     load_case_params(model, data, DTYPE)
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW, static_graph=STATIC_GRAPH,
@@ -15,4 +15,5 @@ def run_sharded(data, rank):
 
         ddp.register_comm_hook(state=None, hook=getattr(default_hooks, COMPRESS_HOOK))
     named = list(model.named_parameters())
-    return train(CASE, data, ddp, [p for _, p in named], rank, WORLD, no_sync=ddp.no_sync, named=named)
+    no_sync = None if SYNC_EVERY_MICROBATCH else ddp.no_sync
+    return train(CASE, data, ddp, [p for _, p in named], rank, WORLD, no_sync=no_sync, named=named)
