@@ -240,17 +240,13 @@ pub fn find_unused(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Bucket slices reduced to their owning rank only, the whole bucket all-reduced, or the target's own choice (a
 /// ZeRO stage and data parallelism switched on with it).
 pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.reduce_to_owner = another(c.parallel.reduce_to_owner, &ON_OFF_OR_TARGETS, rng);
-    ensure_zero(c, rng);
-    true
+    zero_choice(c, rng, &ON_OFF_OR_TARGETS, |p| &mut p.reduce_to_owner)
 }
 
 /// Parameter partitions all-gathered asynchronously after the step (waited for at their first use), before the
 /// step returns, or the target's own choice (a ZeRO stage and data parallelism switched on with it).
 pub fn overlap_param_gather(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.overlap_param_gather = another(c.parallel.overlap_param_gather, &ON_OFF_OR_TARGETS, rng);
-    ensure_zero(c, rng);
-    true
+    zero_choice(c, rng, &ON_OFF_OR_TARGETS, |p| &mut p.overlap_param_gather)
 }
 
 /// Gradients reduced after every accumulated micro-batch, only after the last, or the target's own choice (data
@@ -267,7 +263,13 @@ pub fn sync_every_microbatch(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// Parameters sharded along dimension 1 (where it divides evenly), 0, or the target's own choice (a ZeRO stage and
 /// data parallelism switched on with it).
 pub fn param_shard_dim(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    c.parallel.param_shard_dim = another(c.parallel.param_shard_dim, &[Some(0), Some(1), None], rng);
+    zero_choice(c, rng, &[Some(0), Some(1), None], |p| &mut p.param_shard_dim)
+}
+
+/// Another of `choices` for the ZeRO setting in `slot`, a ZeRO stage (and data parallelism) switched on with it.
+fn zero_choice<T: Copy + PartialEq>(c: &mut Case, rng: &mut ChaCha8Rng, choices: &[T], slot: fn(&mut Parallel) -> &mut T) -> bool {
+    let setting = slot(&mut c.parallel);
+    *setting = another(*setting, choices, rng);
     ensure_zero(c, rng);
     true
 }

@@ -98,12 +98,18 @@ def _top_level(relpath):
 
 def worker_source(relpath, *names):
     """Source of top-level functions, classes and assignments `names` of a worker module (path relative to
-    shardfuzz_worker/), in the order asked."""
+    shardfuzz_worker/), in the order asked, decorators included."""
     text, found = _top_level(relpath)
     missing = [n for n in names if n not in found]
     if missing:
         raise RuntimeError(f"{relpath} has no top-level {', '.join(missing)}")
-    parts = [ast.get_source_segment(text, found[n]) for n in names]
+    lines = text.splitlines()
+
+    def segment(node):
+        start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        return "\n".join(lines[start - 1: node.end_lineno])
+
+    parts = [segment(found[n]) for n in names]
     return f"# from shardfuzz_worker/{relpath}\n" + "\n\n\n".join(parts) + "\n"
 
 

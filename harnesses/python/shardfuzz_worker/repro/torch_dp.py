@@ -16,10 +16,10 @@ def producible(case):
     return tensors | {f"replicas/{n}" for n in tensors if n.startswith(("grad/", "param/"))}
 
 
-def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports):
+def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports, sources=""):
     """(script, command) of a dp target: `what` is the header's first line (without the dtype), `settings` the
-    target's configuration lines, `imports` the script's imports; its template (named after the target)
-    defines run_sharded(data, rank)."""
+    target's configuration lines, `imports` the script's imports, `sources` the worker code its template calls
+    beyond the model and training loop; its template (named after the target) defines run_sharded(data, rank)."""
     arrays = model_arrays(case, inputs, target)
     dp = parallel(case)["dp"]
     command = f"torchrun --nproc_per_node {dp} repro.py"
@@ -36,7 +36,7 @@ def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports):
         template("common"),
         model_source(),
         training_source(),
-        template(target.replace("-", "_")),
+        template(target.replace("-", "_")) + (f"\n\n{sources}" if sources else ""),
         template("torch_reference"),
         template("torch_dp"),
         template("torch_main"),

@@ -2,7 +2,7 @@
 data-parallel ranks, each training on its rows of the batch, under torchrun."""
 
 from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, zero_offloaded
-from .common import ReproError
+from .common import ReproError, worker_source
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -43,4 +43,5 @@ def generate(case, inputs, bounds, dropped):
                 f"SHARD_DIM = {p['param_shard_dim'] or 0}  # case.parallel.param_shard_dim: Shard(d) where d divides evenly\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: set_requires_gradient_sync(False)"
                 " on all but the last micro-batch"]
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)
+    sources = worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync")
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

@@ -229,6 +229,13 @@ def overlap_param_gather(case, default):
     return default if o is None else o
 
 
+def param_gather_feature(prefix, case):
+    """`prefix:param-gather-overlapped` / `prefix:param-gather-in-step` where the case sets `overlap_param_gather`."""
+    if parallel(case)["overlap_param_gather"] is None:
+        return []
+    return [f"{prefix}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}"]
+
+
 def sync_every_microbatch(case, default):
     """Whether, with gradient accumulation, the data-parallel gradients are reduced after every micro-batch (or
     accumulated locally and reduced after the last): the case's `sync_every_microbatch`, `default` where the case

@@ -30,8 +30,8 @@ shard with its tp / pp / dp coordinates; `combine` concatenates tensor-parallel 
 data-parallel copy as a replica.
 """
 
-from .base import (dtype_name, loss_denominator, overlap_comm, overlap_param_gather, parallel, reduce_dtype_name,
-                   reduction_feature, vocab_padding_feature, vocab_sharded_loss)
+from .base import (dtype_name, loss_denominator, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
+                   reduce_dtype_name, reduction_feature, vocab_padding_feature, vocab_sharded_loss)
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -140,8 +140,8 @@ class ColossalHybrid(ColossalTarget):
         loss = "colossalai-hybrid:loss:" + ("model-labels" if any(o.get("model_loss") for o in outs) else "criterion")
         logits = loss + (":vocab-sharded" if vocab_sharded_loss(case, False) else ":gathered")
         features = [feature, loss, logits, reduction_feature(feature, case)]
-        if p["overlap_param_gather"] is not None and p["zero_stage"] > 0:
-            features.append(f"{feature}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}")
+        if p["zero_stage"] > 0:
+            features += param_gather_feature(feature, case)
         if p["vocab_divisible_by"] is not None:
             tp = 1 if all_to_all(p) else p["tp"]
             features.append(vocab_padding_feature("colossalai-hybrid", case["model"]["vocab"], p["vocab_divisible_by"], tp))

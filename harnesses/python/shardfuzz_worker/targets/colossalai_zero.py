@@ -17,8 +17,8 @@ case dtype). As for DeepSpeed, the reference rounds parameters to the case dtype
 plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
-from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, parallel, reduce_bucket,
-                   reduce_dtype_name, reduction_feature)
+from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
+                   reduce_bucket, reduce_dtype_name, reduction_feature)
 from .colossalai_common import ColossalTarget, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
@@ -105,8 +105,7 @@ class ColossalZero(ColossalTarget):
         stage = f"colossalai:dp{len(outs)}:zero{p['zero_stage']}{offload}"
         layout = [] if case["train"].get("master_dtype") is None else [
             f"{stage}:{'master-weights' if master_weights(case) else 'no-master-weights'}"]
-        if p["overlap_param_gather"] is not None:
-            layout.append(f"{stage}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}")
+        layout += param_gather_feature(stage, case)
         if p["zero_shard_group"] is not None:
             extra = extra_dp_size(case)
             layout.append(f"{stage}:extra-dp-{'none' if extra == 1 else 'all' if extra == len(outs) else 'some'}")

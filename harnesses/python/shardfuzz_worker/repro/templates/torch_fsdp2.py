@@ -12,10 +12,7 @@ def run_sharded(data, rank):
     mp = MixedPrecisionPolicy(param_dtype=DTYPE if MASTER_DTYPE != DTYPE else None, reduce_dtype=REDUCE_DTYPE)
     kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": RESHARD_AFTER_FORWARD}
     if SHARD_DIM:
-        from torch.distributed.tensor import Shard
-
-        ranks = MESH_SHAPE[-1]  # those a parameter is sharded over
-        kw["shard_placement_fn"] = lambda p: Shard(SHARD_DIM) if p.dim() > SHARD_DIM and p.size(SHARD_DIM) % ranks == 0 else None
+        kw["shard_placement_fn"] = shard_placement(SHARD_DIM, MESH_SHAPE[-1])  # over the ranks a parameter is sharded over
     if CPU_OFFLOAD:
         from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -26,14 +23,5 @@ def run_sharded(data, rank):
     params = dict(model.named_parameters())
     named = [(n, params[n]) for n in names]
     torch.manual_seed(0)
-
-    @contextlib.contextmanager
-    def without_gradient_sync():
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-
-    no_sync = None if SYNC_EVERY_MICROBATCH else without_gradient_sync
+    no_sync = None if SYNC_EVERY_MICROBATCH else lambda: without_gradient_sync(model)
     return train(CASE, data, model, [p for _, p in named], rank, WORLD, named=named, no_sync=no_sync)
