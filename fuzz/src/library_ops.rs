@@ -111,6 +111,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             grad_accum_dtype: None,
             master_dtype: None,
             loss_scale: None,
+            resume_after: None,
         },
         data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },
     }

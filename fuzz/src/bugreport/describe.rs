@@ -204,6 +204,9 @@ fn train_words(case: &Case) -> String {
     if let Some(a) = t.grad_accum_dtype {
         s += &format!(" (gradients accumulated in {a})");
     }
+    if let Some(k) = t.resume_after {
+        s += &format!(", checkpointed after step {k} of {} and resumed from the checkpoint", t.steps);
+    }
     s += &format!(", {:?} data (seed {})", case.data.distribution, case.data.seed).to_lowercase();
     if let Some(ig) = &case.data.ignored {
         s += &format!(", {:.0} % of the targets ignored ({:?})", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();

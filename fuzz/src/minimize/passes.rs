@@ -94,6 +94,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
+        t.resume_after.is_some(),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -178,6 +179,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.master_dtype.is_some() {
         out.push(with(case, |c| c.train.master_dtype = None));
+    }
+    if case.train.resume_after.is_some() {
+        out.push(with(case, |c| c.train.resume_after = None));
     }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));
@@ -528,10 +532,11 @@ mod tests {
         p.vocab_divisible_by = Some(64);
         case.train.grad_accum_dtype = Some(DType::F32);
         (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
+        (case.train.steps, case.train.resume_after) = (3, Some(2));
         case.model.as_mut().expect("a model case").sparse_embedding = true;
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 26, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 27, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

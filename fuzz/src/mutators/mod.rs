@@ -57,6 +57,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("max-reuse-distance", parallel::max_reuse_distance),
     ("reduce-dtype-below", train::reduce_dtype_below),
     ("master-dtype", train::master_dtype),
+    ("resume-after", train::resume_after),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -148,6 +149,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("reduce-dtype-below", "reduce_dtype_below"),
     ("master-dtype", "master_dtype"),
     ("sparse-embedding", "sparse_embedding"),
+    ("resume-after", "resume_after"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.

@@ -49,6 +49,15 @@ pub fn master_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Checkpointed and resumed after another number of steps (at least two steps then), or run uninterrupted.
+pub fn resume_after(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let t = &mut c.train;
+    t.steps = t.steps.max(2);
+    let choices: Vec<Option<u32>> = std::iter::once(None).chain((1..t.steps).map(Some)).collect();
+    t.resume_after = super::parallel::another(t.resume_after, &choices, rng);
+    true
+}
+
 /// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype
 /// itself, or the target's own.
 pub fn grad_accum_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
@@ -105,7 +114,12 @@ pub fn reseed(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 pub fn training_step(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let t = &mut c.train;
     match rng.gen_range(0..4) {
-        0 => t.steps = rng.gen_range(1..=3),
+        0 => {
+            t.steps = rng.gen_range(1..=3);
+            if t.resume_after.is_some_and(|k| k >= t.steps) {
+                t.resume_after = None;
+            }
+        }
         1 => {
             t.grad_accumulation = rng.gen_range(1..=3);
             if let Some(m) = c.model.as_mut() {

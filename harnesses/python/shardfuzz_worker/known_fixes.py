@@ -563,6 +563,36 @@ def _colossalai_coloparam_inplace_ce_grad():
     loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
 
 
+def _colossalai_zero_stateless_optimizer_checkpoint():
+    """Colossal-AI 0.5.0: LowLevelZeroOptimizer.state_dict_shard (zero/low_level/low_level_optim.py:872-884), which
+    LowLevelZeroPlugin's sharded `booster.save_optimizer` calls, reads `self.optim.state_dict()["state"][i]` for every
+    parameter index i; an optimizer that keeps no state for a parameter (SGD without momentum, or any optimizer
+    before its first step or after an overflow skipped it) has no entry there, and saving fails with `KeyError: 0`.
+    Its unsharded `state_dict` skips such parameters (`if param not in self.optim.state: continue`)
+    (docs/findings/colossalai-0.5.0-zero-sharded-optimizer-checkpoint-stateless-keyerror.py). Fix: a parameter
+    without state is saved with an empty one, as torch's own optimizer checkpoints have it."""
+    from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
+
+    original = LowLevelZeroOptimizer.state_dict_shard
+
+    def state_dict_shard(self, *args, **kwargs):
+        inner = self.optim.state_dict
+
+        def with_every_index():
+            out = inner()
+            count = sum(len(g["params"]) for g in out["param_groups"])
+            out["state"] = {i: out["state"].get(i, {}) for i in range(count)}
+            return out
+
+        self.optim.state_dict = with_every_index
+        try:
+            yield from original(self, *args, **kwargs)
+        finally:
+            del self.optim.state_dict
+
+    LowLevelZeroOptimizer.state_dict_shard = state_dict_shard
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -584,6 +614,7 @@ FIXES = {
     "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
     "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
     "colossalai-coloparam-inplace-ce-grad": (("colossalai-hybrid",), _colossalai_coloparam_inplace_ce_grad),
+    "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),

@@ -272,3 +272,16 @@ fn master_dtype_is_the_compute_dtype_or_a_wider_float() {
     }
     assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("master_dtype"), "absent is not written");
 }
+
+#[test]
+fn resume_after_is_a_step_before_the_last() {
+    let with = |steps: u32, k: u32| MINIMAL.replace(r#""steps": 1"#, &format!(r#""steps": {steps}, "resume_after": {k}"#));
+    let c = Case::from_json(&with(3, 2)).unwrap();
+    assert_eq!(c.train.resume_after, Some(2));
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    for (steps, k) in [(3, 0), (3, 3), (1, 1), (2, 5)] {
+        let e = error_of(&with(steps, k));
+        assert!(e.contains("train.resume_after") && e.contains("less than train.steps"), "{steps} {k}: {e}");
+    }
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("resume_after"), "absent is not written");
+}

@@ -367,6 +367,11 @@ fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     if let Some(s) = t.loss_scale {
         r.finite_at_least("train.loss_scale", s.get(), 0.0, true);
     }
+    if let Some(k) = t.resume_after {
+        if k == 0 || k >= t.steps {
+            r.fail("train.resume_after", format!("must be at least 1 and less than train.steps ({}) (got {k})", t.steps));
+        }
+    }
     if let Some(m) = t.master_dtype {
         let wider = matches!(m, DType::F32 | DType::F64) && m.unit_roundoff() < t.dtype.unit_roundoff();
         if m != t.dtype && !wider {

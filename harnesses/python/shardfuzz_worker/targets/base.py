@@ -236,6 +236,17 @@ def param_gather_feature(prefix, case):
     return [f"{prefix}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}"]
 
 
+def resume_after(case):
+    """The step count after which the run is checkpointed and resumed into fresh objects (the case's
+    `train.resume_after`), or None for an uninterrupted run."""
+    return case["train"].get("resume_after")
+
+
+def resume_feature(prefix, case):
+    """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run."""
+    return [] if resume_after(case) is None else [f"{prefix}:resumed-from-checkpoint"]
+
+
 def sync_every_microbatch(case, default):
     """Whether, with gradient accumulation, the data-parallel gradients are reduced after every micro-batch (or
     accumulated locally and reduced after the last): the case's `sync_every_microbatch`, `default` where the case

@@ -220,6 +220,43 @@ def fp16_scaler(opt):
     return None
 
 
+@contextlib.contextmanager
+def shared_tempdir():
+    """A fresh directory every rank of the default group sees (rank 0 makes it, in memory-backed /dev/shm where
+    there is one, and removes it once every rank is done)."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    path = [tempfile.mkdtemp(prefix="shardfuzz-ckpt-", dir=where) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(path, src=0)
+    try:
+        yield path[0]
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(path[0], ignore_errors=True)
+
+
+def booster_resume(booster, boosted, opt, fresh):
+    """The run checkpointed and resumed as a Colossal-AI user does it: the booster's sharded model and optimizer
+    checkpoints saved, `fresh()` -> (model, optimizer) built anew, boosted by the same booster and loaded from
+    them; returns the new (boosted model, optimizer)."""
+    import torch.distributed as dist
+
+    with shared_tempdir() as path:
+        booster.save_model(boosted, f"{path}/model", shard=True)
+        booster.save_optimizer(opt, f"{path}/optimizer", shard=True)
+        dist.barrier()
+        model, new_opt = fresh()
+        boosted, opt, *_ = booster.boost(model, new_opt)
+        booster.load_model(boosted, f"{path}/model")
+        booster.load_optimizer(opt, f"{path}/optimizer")
+    return boosted, opt
+
+
 def plugin_step(opt):
     """The optimizer's step and zero_grad; whether its fp16 loss scaler skipped the step (its scale went down),
     None without one."""

@@ -31,7 +31,7 @@ data-parallel copy as a replica.
 """
 
 from .base import (dtype_name, loss_denominator, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
-                   reduce_dtype_name, reduction_feature, vocab_padding_feature, vocab_sharded_loss)
+                   reduce_dtype_name, reduction_feature, resume_feature, vocab_padding_feature, vocab_sharded_loss)
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -145,6 +145,7 @@ class ColossalHybrid(ColossalTarget):
         if p["vocab_divisible_by"] is not None:
             tp = 1 if all_to_all(p) else p["tp"]
             features.append(vocab_padding_feature("colossalai-hybrid", case["model"]["vocab"], p["vocab_divisible_by"], tp))
+        features += resume_feature(feature, case)
         return combine(case, outs, features)
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches
-from .colossalai_common import plugin_step, unscaled
+from .base import IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches, resume_after
+from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
 from .megatron_model import shard_dim
 from .torch_common import torch_dtype
@@ -139,12 +139,14 @@ def run(plugin, case, inputs, dt):
     from colossalai.booster import Booster
 
     m, t = model_defaults(case), case["train"]
-    model = build(m, inputs, dt)
-    opt = make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
+
+    def fresh():
+        model = build(m, inputs, dt)
+        return model, make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
+
     booster = Booster(plugin=plugin)
-    boosted, zopt, *_ = booster.boost(model, opt)
+    boosted, zopt, *_ = booster.boost(*fresh())
     place = Place(plugin)
-    views = case_views(m, [(n, p) for n, p in boosted.unwrap().named_parameters() if p.requires_grad])
     ids, tgt, rows = batches(case, inputs, place)
     scale = place.dp / loss_denominator(inputs)
     labels = model_labels(case, inputs, plugin)
@@ -154,7 +156,14 @@ def run(plugin, case, inputs, dt):
     else:
         step_fn = pipeline_step if place.pipelined else plain_step
     losses, logits0, grads0, skipped = [], None, {}, []
+    def trained_views():
+        return case_views(m, [(n, p) for n, p in boosted.unwrap().named_parameters() if p.requires_grad])
+
+    views = trained_views()
     for k in range(t["steps"]):
+        if k == resume_after(case):
+            boosted, zopt = booster_resume(booster, boosted, zopt, fresh)
+            views = trained_views()
         raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))
         losses.append(raw)
         if k == 0:

@@ -18,8 +18,8 @@ plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
 from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
-                   reduce_bucket, reduce_dtype_name, reduction_feature)
-from .colossalai_common import ColossalTarget, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
+                   reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
+from .colossalai_common import ColossalTarget, booster_resume, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -77,25 +77,40 @@ class ColossalZero(ColossalTarget):
         from colossalai.booster import Booster
 
         dt = torch_dtype(dtype_name(case))
-        model = Model(model_defaults(case)).to(dt)
-        load_case_params(model, inputs, dt)
+
+        def fresh():
+            model = Model(model_defaults(case)).to(dt)
+            load_case_params(model, inputs, dt)
+            return model, make_optimizer(case, list(model.parameters()))
+
+        model, opt = fresh()
         names = [n for n, _ in model.named_parameters()]
-        opt = make_optimizer(case, list(model.parameters()))
         booster = Booster(plugin=self.plugin(case))
         boosted, zero_opt, *_ = booster.boost(model, opt)
-        params = dict(boosted.unwrap().named_parameters())
-        named = [(n, params[n]) for n in names]
+        # What the hooks below reach: the boosted model and its optimizer, replaced when the run resumes.
+        now = {"boosted": boosted, "opt": zero_opt}
+
+        def trained():
+            now["params"] = dict(now["boosted"].unwrap().named_parameters())
+            return [(n, now["params"][n]) for n in names]
+
+        def resume():
+            now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh)
+            return trained()
 
         def view(name, t):
             # With overlap_allgather the updated parameters arrive asynchronously, each waited for by the next
             # forward's op hook; reported ones (after the last step) are read after the wait Colossal-AI's own
             # checkpointing does first. Nothing is pending when step 0's gradients are read.
-            boosted._force_wait_all_gather()
-            return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
+            now["boosted"]._force_wait_all_gather()
+            shape = now["params"][name].shape
+            return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(shape)).numpy()
 
-        out = train(case, inputs, boosted, [p for _, p in named], rank, world,
-                    backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: plugin_step(zero_opt), clip=lambda: None,
-                    named=named, view=view, grad=lambda name, p: unscaled(zero_opt, zero_opt.get_param_grad(p)))
+        named = trained()
+        out = train(case, inputs, boosted, [p for _, p in named], rank, world, forward=lambda ids: now["boosted"](ids),
+                    backward=lambda loss: booster.backward(loss, now["opt"]), step=lambda: plugin_step(now["opt"]),
+                    clip=lambda: None, named=named, view=view, resume=resume,
+                    grad=lambda name, p: unscaled(now["opt"], now["opt"].get_param_grad(p)))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -109,6 +124,7 @@ class ColossalZero(ColossalTarget):
         if p["zero_shard_group"] is not None:
             extra = extra_dp_size(case)
             layout.append(f"{stage}:extra-dp-{'none' if extra == 1 else 'all' if extra == len(outs) else 'some'}")
+        layout += resume_feature(stage, case)
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout])
 
 

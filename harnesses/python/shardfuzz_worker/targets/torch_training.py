@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, grad_or_fail, loss_denominator
+from .base import chunk_range, class_weight, grad_or_fail, loss_denominator, resume_after
 from .torch_model import make_optimizer, to_case_layout
 
 
@@ -31,13 +31,16 @@ def dense(t):
 
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
-          forward=None, named=None, loss_ctx=None, view=None, grad=None):
+          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `step()` may return whether the framework's own loss scaler skipped the step.
     `loss_ctx` wraps the loss (torch's loss_parallel); `view(name, t)` turns a parameter or gradient
     into what this rank reports (default: the full tensor); `grad(name, p)` is a parameter's step-0
-    gradient (default: p.grad; None is a harness error, never a zero).
+    gradient (default: p.grad; None is a harness error, never a zero). `resume()`, for a target that owns the
+    step, checkpoints its framework's state after the case's `resume_after` steps, reloads it into fresh objects
+    (which `forward`, `backward` and `step` then reach) and returns the new `named` parameters; a target without
+    one runs the case uninterrupted (the same result).
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -57,6 +60,9 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     named = named or []
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
+        if resume is not None and k == resume_after(case):
+            named = resume()
+            params = [p for _, p in named]
         if opt is not None:
             opt.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64)

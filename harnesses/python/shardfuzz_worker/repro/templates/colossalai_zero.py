@@ -9,19 +9,34 @@ def run_sharded(data, rank):
     partitions. Step-0 gradients: its reduced gradients before the step (get_param_grad, the loss scale divided out); final parameters: the
     working parameters after the last step (its fp32 masters rounded to DTYPE)."""
     install_shims()
-    model = Model(M).to(DTYPE)
-    load_case_params(model, data, DTYPE)
+
+    def fresh():
+        model = Model(M).to(DTYPE)
+        load_case_params(model, data, DTYPE)
+        return model, make_optimizer(CASE, list(model.parameters()))
+
+    model, opt = fresh()
     names = [n for n, _ in model.named_parameters()]
-    opt = make_optimizer(CASE, list(model.parameters()))
     booster = Booster(plugin=LowLevelZeroPlugin(**PLUGIN))
     boosted, zero_opt, *_ = booster.boost(model, opt)
-    params = dict(boosted.unwrap().named_parameters())
-    named = [(n, params[n]) for n in names]
+    now = {"boosted": boosted, "opt": zero_opt}  # replaced when the run resumes from its checkpoint
+
+    def trained():
+        now["params"] = dict(now["boosted"].unwrap().named_parameters())
+        return [(n, now["params"][n]) for n in names]
+
+    def resume():
+        # The case's resume_after: the booster's sharded checkpoints saved and loaded into a fresh model and optimizer.
+        now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh)
+        return trained()
 
     def view(name, t):
-        boosted._force_wait_all_gather()  # with overlap_allgather: the gathers after the last step, as checkpointing waits
-        return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(params[name].shape)).numpy()
+        now["boosted"]._force_wait_all_gather()  # with overlap_allgather: the gathers after the last step, as checkpointing waits
+        shape = now["params"][name].shape
+        return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(shape)).numpy()
 
-    return train(CASE, data, boosted, [p for _, p in named], rank, WORLD,
-                 backward=lambda loss: booster.backward(loss, zero_opt), step=lambda: plugin_step(zero_opt),
-                 clip=lambda: None, named=named, view=view, grad=lambda name, p: unscaled(zero_opt, zero_opt.get_param_grad(p)))
+    named = trained()
+    return train(CASE, data, boosted, [p for _, p in named], rank, WORLD, forward=lambda ids: now["boosted"](ids),
+                 backward=lambda loss: booster.backward(loss, now["opt"]), step=lambda: plugin_step(now["opt"]),
+                 clip=lambda: None, named=named, view=view, resume=resume,
+                 grad=lambda name, p: unscaled(now["opt"], now["opt"].get_param_grad(p)))
