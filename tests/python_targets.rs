@@ -896,9 +896,10 @@ fn fsdp2_mixed_precision_with_f32_master_weights() {
 
 /// The case field `resume_after`: the run checkpointed with the booster's sharded save after step 1 and resumed into a
 /// fresh model and optimizer passes on colossalai-hybrid (pipeline + tensor parallel; ZeRO-1 + tensor parallel) and
-/// colossalai-zero (ZeRO-2 on a two-level mesh, Adam), each with its feature. Colossal-AI 0.5.0's ZeRO cannot save
-/// the sharded checkpoint of an optimizer without state for a parameter (plain SGD): `KeyError` in
-/// `state_dict_shard`, a crash; it passes with the known fix.
+/// colossalai-zero (ZeRO-2 on a two-level mesh, Adam), each with its feature. Three Colossal-AI 0.5.0 checkpoint
+/// crashes, each passing with its known fix: ZeRO's sharded save of an optimizer without state for a parameter (plain
+/// SGD: `KeyError` in `state_dict_shard`); HybridParallelPlugin's model save of a padded vocabulary without tensor
+/// parallelism (`_unpad_detach`); its optimizer save of a padded vocabulary longer than one tensor-parallel shard.
 #[test]
 fn checkpointed_and_resumed_runs_on_the_colossalai_targets() {
     if !python_ready() {
@@ -913,9 +914,24 @@ fn checkpointed_and_resumed_runs_on_the_colossalai_targets() {
         let v = one_verdict(target, &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, &format!("{feature}:resumed-from-checkpoint")), "{case}: {v}");
     }
-    let case = dir.join("dp2-colossalai-zero2-offload-sgd-resume-after-1-bf16.json");
-    let v = one_verdict("colossalai-zero", &case, "");
-    assert!(v["kind"] == "crash" && reason(&v).contains("state_dict_shard"), "{v}");
-    let v = one_verdict("colossalai-zero", &case, "colossalai-zero-stateless-optimizer-checkpoint");
-    assert_eq!(v["kind"], "pass", "with the fix: {v}");
+    for (target, case, crash, fix) in [
+        (
+            "colossalai-zero",
+            "dp2-colossalai-zero2-offload-sgd-resume-after-1-bf16.json",
+            "state_dict_shard",
+            "colossalai-zero-stateless-optimizer-checkpoint",
+        ),
+        ("colossalai-hybrid", "llama-dp2-adam-resume-after-1-f32.json", "_unpad_detach", "colossalai-padded-detached-param-save"),
+        (
+            "colossalai-hybrid",
+            "llama-dp2-tp2-zero1-vocab17-divisible-by-1-adam-resume-after-1-bf16.json",
+            "evenly distributed",
+            "colossalai-padded-vocab-optimizer-save",
+        ),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "crash" && reason(&v).contains(crash), "{case}: {v}");
+        let v = one_verdict(target, &dir.join(case), fix);
+        assert_eq!(v["kind"], "pass", "{case} with the fix: {v}");
+    }
 }

@@ -593,6 +593,56 @@ def _colossalai_zero_stateless_optimizer_checkpoint():
     LowLevelZeroOptimizer.state_dict_shard = state_dict_shard
 
 
+def _colossalai_padded_detached_param_save():
+    """Colossal-AI 0.5.0: HybridParallelCheckpointIO._model_sharder (checkpoint_io/hybrid_parallel_checkpoint_io.py:
+    112-115) saves each parameter as `gather_distributed_param(param)`, which is `param.detach()` for one that is not
+    tensor-parallel, and unpads it with `to_unpadded_tensor` when it is a padded tensor. A vocabulary padded to
+    `make_vocab_size_divisible_by` without tensor parallelism (PaddingEmbedding / PaddingLMHead: tp 1, or sequence
+    parallelism's all_to_all) is such a parameter, and its hijacked `detach` copies the padding attributes onto the
+    copy but not the saved original methods, so `_hijack_back_detach_and_clone` raises `AttributeError: 'Tensor'
+    object has no attribute '_unpad_detach'`: a sharded `save_model` fails on every rank
+    (docs/findings/colossalai-0.5.0-hybrid-checkpoint-padded-vocabulary-crash.py). Fix: a detached copy is
+    unpadded by slicing it."""
+    from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as io
+
+    original = io.to_unpadded_tensor
+
+    def to_unpadded_tensor(ptensor):
+        if io.is_padded_tensor(ptensor) and not hasattr(ptensor, "_unpad_detach"):
+            keep = [slice(None)] * ptensor.dim()
+            keep[ptensor._padding_dim] = slice(None, ptensor._origin_length)
+            return ptensor.data[tuple(keep)]
+        return original(ptensor)
+
+    io.to_unpadded_tensor = to_unpadded_tensor
+
+
+def _colossalai_padded_vocab_optimizer_save():
+    """Colossal-AI 0.5.0: HybridParallelCheckpointIO gathers a tensor-parallel parameter's optimizer states over the
+    tp group where `search_tp_partition_dim(current_shape, original_shape, tp)` (checkpoint_io/utils.py:107-132) finds
+    the dimension along which the shard is shorter than the parameter's shape before sharding, and asserts that shape
+    is tp times the shard's. A vocabulary padded to `make_vocab_size_divisible_by` x tp is longer than tp shards of
+    the unpadded shape, so with a vocabulary longer than one shard that is not already a multiple of it (130 over tp 2,
+    GPT-2's 50257 with the default padding to 64) a sharded `save_optimizer` (and its load) fails on every rank with
+    "The parameter isn't evenly distributed among tensor parallel group"
+    (docs/findings/colossalai-0.5.0-hybrid-checkpoint-padded-vocabulary-crash.py). Fix: the padded vocabulary's
+    dimension is the partition dimension (the gathered states are then unpadded by the code that follows, and padded
+    before slicing on load)."""
+    from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as io
+
+    original = io.search_tp_partition_dim
+
+    def search_tp_partition_dim(current_shape, original_shape, tp_size):
+        for dim, length in enumerate(original_shape):
+            if length > current_shape[dim]:
+                if tp_size * current_shape[dim] > length:
+                    return dim
+                break
+        return original(current_shape, original_shape, tp_size)
+
+    io.search_tp_partition_dim = search_tp_partition_dim
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -614,6 +664,8 @@ FIXES = {
     "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
     "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
     "colossalai-coloparam-inplace-ce-grad": (("colossalai-hybrid",), _colossalai_coloparam_inplace_ce_grad),
+    "colossalai-padded-detached-param-save": (("colossalai-hybrid",), _colossalai_padded_detached_param_save),
+    "colossalai-padded-vocab-optimizer-save": (("colossalai-hybrid",), _colossalai_padded_vocab_optimizer_save),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),

@@ -10,6 +10,8 @@ group, versions. Measured on Colossal-AI 0.5.0 / torch 2.5.1 (../shared/referenc
   D  LowLevelZeroOptimizer._sanity_checks insists on CUDA parameters: only its dtype check is kept.
   E  Tensor.record_stream on CPU tensors: a no-op.
   G  pipeline/p2p.py reads dist.Backend.HCCL, absent from torch's CPU build: defined.
+  H  Tensor.cuda() (the GPT-2 fused qkv checkpoint gather moves its shard to the GPU): on a machine without CUDA,
+     the tensor itself.
 
 None of them changes what Colossal-AI computes: they stand in for device management and for collectives
 gloo lacks.
@@ -138,7 +140,7 @@ def _all_to_all_list(output_list, input_list, group=None, async_op=False):
 
 
 def install_shims():
-    """Shims A-E and G (idempotent; in every rank after the process group exists)."""
+    """Shims A-E, G and H (idempotent; in every rank after the process group exists)."""
     import torch
     import torch.distributed as dist
     from colossalai.accelerator import api
@@ -162,6 +164,8 @@ def install_shims():
     if not hasattr(dist.Backend, "HCCL"):
         dist.Backend.HCCL = "hccl"
     torch.cuda.set_device = lambda *_a, **_k: None
+    if not torch.cuda.is_available():
+        torch.Tensor.cuda = lambda self, *_a, **_k: self
     _shim_zero_sanity_checks()
 
 
@@ -223,21 +227,36 @@ def fp16_scaler(opt):
 @contextlib.contextmanager
 def shared_tempdir():
     """A fresh directory every rank of the default group sees (rank 0 makes it, in memory-backed /dev/shm where
-    there is one, and removes it once every rank is done)."""
+    there is one, and removes it once every rank is done). A rank that raises inside leaves at once (its peers may
+    be anywhere: a barrier could pair with one of theirs); what such runs leave, or a killed process's, is removed
+    by rank 0's next call (the directory names the process that made it)."""
     import shutil
     import tempfile
 
     import torch.distributed as dist
 
-    where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    path = [tempfile.mkdtemp(prefix="shardfuzz-ckpt-", dir=where) if dist.get_rank() == 0 else None]
+    rank0 = dist.get_rank() == 0
+    where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    if rank0:
+        _remove_left_checkpoints(where)
+    path = [tempfile.mkdtemp(prefix=f"shardfuzz-ckpt-{os.getpid()}-", dir=where) if rank0 else None]
     dist.broadcast_object_list(path, src=0)
-    try:
-        yield path[0]
-    finally:
-        dist.barrier()
-        if dist.get_rank() == 0:
-            shutil.rmtree(path[0], ignore_errors=True)
+    yield path[0]
+    dist.barrier()
+    if rank0:
+        shutil.rmtree(path[0], ignore_errors=True)
+
+
+def _remove_left_checkpoints(where):
+    """Checkpoint directories in `where` made by this process or by one that no longer runs."""
+    import shutil
+
+    for name in os.listdir(where):
+        parts = name.split("-")
+        if name.startswith("shardfuzz-ckpt-") and len(parts) > 3 and parts[2].isdigit():
+            pid = int(parts[2])
+            if pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(where, name), ignore_errors=True)
 
 
 def booster_resume(booster, boosted, opt, fresh):
