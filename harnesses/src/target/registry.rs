@@ -122,6 +122,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "prefetch_bucket",
             "max_live_parameters",
             "max_reuse_distance",
+            "resume_after",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

@@ -56,7 +56,8 @@ def generate(case, inputs, bounds, dropped):
         model_source(),
         training_source(),
         template("colossalai_zero") + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled",
-                                                                                "shared_tempdir", "_remove_left_checkpoints", "booster_resume"),
+                                                                                "booster_resume")
+        + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir", "_remove_left_checkpoints"),
         template("torch_reference"),
         template("torch_dp"),
         template("torch_main"),

@@ -3,7 +3,7 @@ over the data-parallel ranks on DeepSpeed's CPU accelerator with gloo, each rank
 batch, under torchrun."""
 
 from ..targets.base import parallel
-from .common import literal
+from .common import literal, worker_source
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -33,4 +33,5 @@ def generate(case, inputs, bounds, dropped):
             f" dp={p['dp']} ranks")
     settings = ["# The engine's configuration, as the worker's DeepSpeedZero.config() writes it for this case.",
                 literal("DS_CONFIG", config)]
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)
+    sources = worker_source("targets/torch_common.py", "shared_tempdir", "_remove_left_checkpoints")
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

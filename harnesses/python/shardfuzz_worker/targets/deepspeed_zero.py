@@ -25,8 +25,8 @@ import os
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
-                   zero_offloaded)
-from .torch_common import TorchTarget, torch_dtype  # noqa: E402
+                   resume_feature, zero_offloaded)
+from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .torch_model import (Model, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
                           to_case_layout, unsupported_layout, unsupported_sparse_embedding)
 from .torch_training import combine_dp, single_device, train  # noqa: E402
@@ -184,29 +184,47 @@ class DeepSpeedZero(TorchTarget):
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
         dt = torch_dtype(dtype_name(case))
-        model = Model(model_defaults(case), sparse_embedding(case)).to(dt)
-        load_case_params(model, inputs, dt)
-        names = [n for n, _ in model.named_parameters()]
-        opt = make_optimizer(case, list(model.parameters()))
         cfg = self.config(case, world)
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-        params = dict(engine.module.named_parameters())
-        named = [(n, params[n]) for n in names]
+
+        def fresh_engine():
+            model = Model(model_defaults(case), sparse_embedding(case)).to(dt)
+            load_case_params(model, inputs, dt)
+            return deepspeed.initialize(model=model, optimizer=make_optimizer(case, list(model.parameters())),
+                                        config=cfg)[0]
+
+        # What the hooks below reach: the engine and its parameters, replaced when the run resumes.
+        now = {"engine": fresh_engine()}
+        names = [n for n, _ in now["engine"].module.named_parameters()]
+
+        def trained():
+            now["params"] = dict(now["engine"].module.named_parameters())
+            return [(n, now["params"][n]) for n in names]
+
+        def resume():
+            # DeepSpeed's own checkpoint (module, ZeRO partitions, optimizer states) loaded into a fresh engine.
+            with shared_tempdir() as path:
+                now["engine"].save_checkpoint(path, tag="resume")
+                old, now["engine"] = now["engine"], fresh_engine()
+                now["engine"].load_checkpoint(path, tag="resume")
+                old.destroy()
+            return trained()
+
+        named = trained()
         ga = cfg["gradient_accumulation_steps"]
         state = {"micro": 0, "stepped": False}
 
         def backward(loss):
-            engine.backward(loss, scale_wrt_gas=False)
+            now["engine"].backward(loss, scale_wrt_gas=False)
             state["micro"] += 1
             if state["micro"] % ga:
-                engine.step()  # not a boundary: DeepSpeed only counts the micro-step
+                now["engine"].step()  # not a boundary: DeepSpeed only counts the micro-step
 
         def step():
             state["stepped"] = True
-            engine.step()
+            now["engine"].step()
 
         def view(name, t):
-            p = params[name]
+            p = now["params"][name]
             if not state["stepped"]:
                 v = t  # the gradient, from grad() below
             else:
@@ -217,9 +235,10 @@ class DeepSpeedZero(TorchTarget):
             return to_case_layout(name, v.detach().to(torch.float64, copy=True).reshape(
                 tuple(getattr(p, "ds_shape", p.shape)))).numpy()
 
-        out = train(case, inputs, engine, [p for _, p in named], rank, world, backward=backward, step=step,
-                    clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p))
-        engine.destroy()
+        out = train(case, inputs, now["engine"], [p for _, p in named], rank, world, backward=backward, step=step,
+                    clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p),
+                    forward=lambda ids: now["engine"](ids), resume=resume)
+        now["engine"].destroy()
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -239,7 +258,8 @@ class DeepSpeedZero(TorchTarget):
         if case["train"].get("grad_accum_dtype") is not None:
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
-        return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse])
+        return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
+                                       *resume_feature(stage, case)])
 
 
 #: The case's ZeRO-3 layout fields and the DeepSpeed settings that realise them (read only at stage 3).

@@ -1,5 +1,6 @@
 """Shared by the torch-based targets: process group, dtypes, meshes, versions."""
 
+import contextlib
 import datetime
 import os
 
@@ -75,3 +76,38 @@ def to_numpy(t):
     import torch
 
     return t.detach().to(torch.float64, copy=True).cpu().numpy()
+
+
+@contextlib.contextmanager
+def shared_tempdir():
+    """A fresh directory every rank of the default group sees (rank 0 makes it, in memory-backed /dev/shm where
+    there is one, and removes it once every rank is done). A rank that raises inside leaves at once (its peers may
+    be anywhere: a barrier could pair with one of theirs); what such runs leave, or a killed process's, is removed
+    by rank 0's next call (the directory names the process that made it)."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    rank0 = dist.get_rank() == 0
+    where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    if rank0:
+        _remove_left_checkpoints(where)
+    path = [tempfile.mkdtemp(prefix=f"shardfuzz-ckpt-{os.getpid()}-", dir=where) if rank0 else None]
+    dist.broadcast_object_list(path, src=0)
+    yield path[0]
+    dist.barrier()
+    if rank0:
+        shutil.rmtree(path[0], ignore_errors=True)
+
+
+def _remove_left_checkpoints(where):
+    """Checkpoint directories in `where` made by this process or by one that no longer runs."""
+    import shutil
+
+    for name in os.listdir(where):
+        parts = name.split("-")
+        if name.startswith("shardfuzz-ckpt-") and len(parts) > 3 and parts[2].isdigit():
+            pid = int(parts[2])
+            if pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(where, name), ignore_errors=True)

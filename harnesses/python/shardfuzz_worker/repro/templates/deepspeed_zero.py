@@ -11,34 +11,51 @@ def run_sharded(data, rank):
     # The shared-memory allreduce is a JIT-built C++ extension that serves inference only: plain gloo instead.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
-    load_case_params(model, data, DTYPE)
-    names = [n for n, _ in model.named_parameters()]
-    opt = make_optimizer(CASE, list(model.parameters()))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=DS_CONFIG)
-    params = dict(engine.module.named_parameters())
-    named = [(n, params[n]) for n in names]
+    def fresh_engine():
+        model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
+        load_case_params(model, data, DTYPE)
+        return deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
+                                    config=DS_CONFIG)[0]
+
+    now = {"engine": fresh_engine()}  # replaced when the run resumes from its checkpoint
+    names = [n for n, _ in now["engine"].module.named_parameters()]
+
+    def trained():
+        now["params"] = dict(now["engine"].module.named_parameters())
+        return [(n, now["params"][n]) for n in names]
+
+    def resume():
+        # The case's resume_after: DeepSpeed's own checkpoint loaded into a fresh engine.
+        with shared_tempdir() as path:
+            now["engine"].save_checkpoint(path, tag="resume")
+            old, now["engine"] = now["engine"], fresh_engine()
+            now["engine"].load_checkpoint(path, tag="resume")
+            old.destroy()
+        return trained()
+
+    named = trained()
     state = {"micro": 0, "stepped": False}
 
     def backward(loss):
-        engine.backward(loss, scale_wrt_gas=False)
+        now["engine"].backward(loss, scale_wrt_gas=False)
         state["micro"] += 1
         if state["micro"] % DS_CONFIG["gradient_accumulation_steps"]:
-            engine.step()  # not a boundary: DeepSpeed only counts the micro-step
+            now["engine"].step()  # not a boundary: DeepSpeed only counts the micro-step
 
     def step():
         state["stepped"] = True
-        engine.step()
+        now["engine"].step()
 
     def view(name, t):
-        p = params[name]
+        p = now["params"][name]
         if state["stepped"]:
             master = safe_get_full_fp32_param(p)
             t = (p if master is None else master).detach().to(DTYPE)
         shape = tuple(getattr(p, "ds_shape", p.shape))
         return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(shape)).numpy()
 
-    out = train(CASE, data, engine, [p for _, p in named], rank, WORLD, backward=backward, step=step,
-                clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p))
-    engine.destroy()
+    out = train(CASE, data, now["engine"], [p for _, p in named], rank, WORLD, backward=backward, step=step,
+                clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p),
+                forward=lambda ids: now["engine"](ids), resume=resume)
+    now["engine"].destroy()
     return out
