@@ -897,13 +897,13 @@ fn fsdp2_mixed_precision_with_f32_master_weights() {
 /// The case field `resume_after`: the run checkpointed with the booster's sharded save after step 1 and resumed into a
 /// fresh model and optimizer passes on colossalai-hybrid (pipeline + tensor parallel; ZeRO-1 + tensor parallel) and
 /// colossalai-zero (ZeRO-2 on a two-level mesh, Adam) and deepspeed-zero (ZeRO-2 with clipping; ZeRO-3 with persistent
-/// parameters, optimizer sub-groups and accumulation; Adam, f32, where a lost optimizer state shows), each with its
-/// feature. Three Colossal-AI 0.5.0 checkpoint
+/// parameters, optimizer sub-groups and accumulation) and torch-fsdp2 (HSDP, torch.distributed.checkpoint); Adam, f32,
+/// where a lost optimizer state shows; each with its feature. Three Colossal-AI 0.5.0 checkpoint
 /// crashes, each passing with its known fix: ZeRO's sharded save of an optimizer without state for a parameter (plain
 /// SGD: `KeyError` in `state_dict_shard`); HybridParallelPlugin's model save of a padded vocabulary without tensor
 /// parallelism (`_unpad_detach`); its optimizer save of a padded vocabulary longer than one tensor-parallel shard.
 #[test]
-fn checkpointed_and_resumed_runs_on_colossalai_and_deepspeed() {
+fn checkpointed_and_resumed_runs_on_colossalai_deepspeed_and_fsdp2() {
     if !python_ready() {
         return;
     }
@@ -914,6 +914,7 @@ fn checkpointed_and_resumed_runs_on_colossalai_and_deepspeed() {
         ("colossalai-zero", "dp6-colossalai-zero2-extra-dp2-no-master-adam-resume-after-1-bf16.json", "colossalai:dp6:zero2"),
         ("deepspeed-zero", "dp2-zero2-adam-clip-resume-after-1-f32.json", "deepspeed:dp2:zero2"),
         ("deepspeed-zero", "dp3-zero3-persistent-sub-groups-adam-accumulation-resume-after-1-f32.json", "deepspeed:dp3:zero3"),
+        ("torch-fsdp2", "dp4-hsdp2-zero3-adam-clip-accumulation-resume-after-1-f32.json", "fsdp2:dp4:zero3"),
     ] {
         let v = one_verdict(target, &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, &format!("{feature}:resumed-from-checkpoint")), "{case}: {v}");

@@ -68,6 +68,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "reshard_group",
             "sync_every_microbatch",
             "param_shard_dim",
+            "resume_after",
         ],
         create: |o| python("torch-fsdp2", MAIN, o),
     },

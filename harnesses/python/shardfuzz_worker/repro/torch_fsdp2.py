@@ -43,5 +43,7 @@ def generate(case, inputs, bounds, dropped):
                 f"SHARD_DIM = {p['param_shard_dim'] or 0}  # case.parallel.param_shard_dim: Shard(d) where d divides evenly\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: set_requires_gradient_sync(False)"
                 " on all but the last micro-batch"]
-    sources = worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync")
+    sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync", "save_checkpoint",
+                             "load_checkpoint")
+               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir", "_remove_left_checkpoints"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

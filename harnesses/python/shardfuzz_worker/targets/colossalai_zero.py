@@ -94,9 +94,9 @@ class ColossalZero(ColossalTarget):
             now["params"] = dict(now["boosted"].unwrap().named_parameters())
             return [(n, now["params"][n]) for n in names]
 
-        def resume():
+        def resume(_opt):
             now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh)
-            return trained()
+            return trained(), None
 
         def view(name, t):
             # With overlap_allgather the updated parameters arrive asynchronously, each waited for by the next

@@ -200,14 +200,14 @@ class DeepSpeedZero(TorchTarget):
             now["params"] = dict(now["engine"].module.named_parameters())
             return [(n, now["params"][n]) for n in names]
 
-        def resume():
+        def resume(_opt):
             # DeepSpeed's own checkpoint (module, ZeRO partitions, optimizer states) loaded into a fresh engine.
             with shared_tempdir() as path:
                 now["engine"].save_checkpoint(path, tag="resume")
                 old, now["engine"] = now["engine"], fresh_engine()
                 now["engine"].load_checkpoint(path, tag="resume")
                 old.destroy()
-            return trained()
+            return trained(), None
 
         named = trained()
         ga = cfg["gradient_accumulation_steps"]

@@ -7,14 +7,16 @@ the compute dtype`)` (parameters all-gathered in the compute dtype, gradients re
 `reshard_group` g under ZeRO-3, `reshard_after_forward=g` (`False` for 1, `True` for the whole shard group); every
 accumulated micro-batch reduced unless the case's `sync_every_microbatch` is false
 (`set_requires_gradient_sync(False)` on all but the last); with `param_shard_dim` d, `shard_placement_fn` sharding each
-parameter along d where it divides evenly over its shard group (the others along 0)."""
+parameter along d where it divides evenly over its shard group (the others along 0); with `resume_after`, the model's
+and optimizer's sharded state dicts saved with torch.distributed.checkpoint and loaded into a fresh sharded model and
+optimizer."""
 
 import contextlib
 
-from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, sync_every_microbatch,
-                   sync_feature, zero_offloaded)
-from .torch_common import TorchTarget, mesh, torch_dtype
-from .torch_model import build, unsupported_layout
+from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, resume_feature,
+                   sync_every_microbatch, sync_feature, zero_offloaded)
+from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
+from .torch_model import build, make_optimizer, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 
@@ -34,31 +36,32 @@ class TorchFsdp2(TorchTarget):
 
     def run_rank(self, rank, world, case, inputs):
         import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mixed = master_dtype_name(case) != dtype_name(case)
-        model, _ = build(case, inputs, dtype=master_dtype_name(case))
-        named_before = [n for n, _ in model.named_parameters()]
         p = parallel(case)
         g = p["zero_shard_group"] or world
         dm = mesh((world,), ("dp",)) if g == world else mesh((world // g, g), ("replicate", "shard"))
-        param_dtype = torch_dtype(dtype_name(case)) if mixed else None
-        kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
-              "reshard_after_forward": reshard_after_forward(p, g)}
-        if p["param_shard_dim"]:
-            kw["shard_placement_fn"] = shard_placement(p["param_shard_dim"], g)
-        if zero_offloaded(case):
-            from torch.distributed.fsdp import CPUOffloadPolicy
+        now = {"model": None}  # what the hooks below reach, replaced when the run resumes
 
-            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-        for layer in model.layers:
-            fully_shard(layer, mesh=dm, **kw)
-        fully_shard(model, mesh=dm, **kw)
-        params = dict(model.named_parameters())
-        named = [(n, params[n]) for n in named_before]
+        def trained():
+            now["model"], names = sharded_model(case, inputs, dm, g)
+            params = dict(now["model"].named_parameters())
+            return [(n, params[n]) for n in names]
+
+        def resume(opt):
+            # torch.distributed.checkpoint, as torchtitan does it: the model's and optimizer's sharded state dicts
+            # saved, a fresh sharded model and optimizer built, loaded from it.
+            with shared_tempdir() as path:
+                save_checkpoint(now["model"], opt, path)
+                named = trained()
+                opt = make_optimizer(case, [p for _, p in named])
+                load_checkpoint(now["model"], opt, path)
+            return named, opt
+
+        named = trained()
         torch.manual_seed(0)
-        out = train(case, inputs, model, [p for _, p in named], rank, world, named=named,
-                    no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(model))
+        out = train(case, inputs, now["model"], [p for _, p in named], rank, world, named=named,
+                    forward=lambda ids: now["model"](ids), resume=resume,
+                    no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -74,10 +77,55 @@ class TorchFsdp2(TorchTarget):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
             layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or len(outs))}")
-        layout += sync_feature(stage, case, True)
+        layout += sync_feature(stage, case, True) + resume_feature(stage, case)
         if p["param_shard_dim"] is not None:
             layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or len(outs))}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
+
+
+def sharded_model(case, inputs, dm, g):
+    """The case's model held in its master dtype with `fully_shard` on every block and on the root over the mesh `dm`
+    (sharded over `g` ranks), as the case asks; returns (model, the parameter names before sharding)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    p = parallel(case)
+    mixed = master_dtype_name(case) != dtype_name(case)
+    model, _ = build(case, inputs, dtype=master_dtype_name(case))
+    names = [n for n, _ in model.named_parameters()]
+    param_dtype = torch_dtype(dtype_name(case)) if mixed else None
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
+          "reshard_after_forward": reshard_after_forward(p, g)}
+    if p["param_shard_dim"]:
+        kw["shard_placement_fn"] = shard_placement(p["param_shard_dim"], g)
+    if zero_offloaded(case):
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+    for layer in model.layers:
+        fully_shard(layer, mesh=dm, **kw)
+    fully_shard(model, mesh=dm, **kw)
+    return model, names
+
+
+def save_checkpoint(model, opt, path):
+    """The model's and optimizer's state dicts (DTensor shards) saved with torch.distributed.checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+
+
+def load_checkpoint(model, opt, path):
+    """The checkpoint at `path` loaded into a fresh sharded model and its optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def shard_placement(dim, shard_ranks):

@@ -37,10 +37,11 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     `step()` may return whether the framework's own loss scaler skipped the step.
     `loss_ctx` wraps the loss (torch's loss_parallel); `view(name, t)` turns a parameter or gradient
     into what this rank reports (default: the full tensor); `grad(name, p)` is a parameter's step-0
-    gradient (default: p.grad; None is a harness error, never a zero). `resume()`, for a target that owns the
-    step, checkpoints its framework's state after the case's `resume_after` steps, reloads it into fresh objects
-    (which `forward`, `backward` and `step` then reach) and returns the new `named` parameters; a target without
-    one runs the case uninterrupted (the same result).
+    gradient (default: p.grad; None is a harness error, never a zero). `resume(opt)` checkpoints the run after the
+    case's `resume_after` steps (the model, and `opt`, this loop's optimizer, or the framework's own when `step` is
+    given and `opt` is None), reloads it into fresh objects (which `forward`, `backward`, `step` and `no_sync` then
+    reach) and returns the new (`named` parameters, optimizer or None); a target without one runs the case
+    uninterrupted (the same result).
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -61,7 +62,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         if resume is not None and k == resume_after(case):
-            named = resume()
+            named, opt = resume(opt)
             params = [p for _, p in named]
         if opt is not None:
             opt.zero_grad()

@@ -25,10 +25,10 @@ def run_sharded(data, rank):
         now["params"] = dict(now["boosted"].unwrap().named_parameters())
         return [(n, now["params"][n]) for n in names]
 
-    def resume():
+    def resume(_opt):
         # The case's resume_after: the booster's sharded checkpoints saved and loaded into a fresh model and optimizer.
         now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh)
-        return trained()
+        return trained(), None
 
     def view(name, t):
         now["boosted"]._force_wait_all_gather()  # with overlap_allgather: the gathers after the last step, as checkpointing waits

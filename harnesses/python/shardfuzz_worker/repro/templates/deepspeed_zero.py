@@ -24,14 +24,14 @@ def run_sharded(data, rank):
         now["params"] = dict(now["engine"].module.named_parameters())
         return [(n, now["params"][n]) for n in names]
 
-    def resume():
+    def resume(_opt):
         # The case's resume_after: DeepSpeed's own checkpoint loaded into a fresh engine.
         with shared_tempdir() as path:
             now["engine"].save_checkpoint(path, tag="resume")
             old, now["engine"] = now["engine"], fresh_engine()
             now["engine"].load_checkpoint(path, tag="resume")
             old.destroy()
-        return trained()
+        return trained(), None
 
     named = trained()
     state = {"micro": 0, "stepped": False}
