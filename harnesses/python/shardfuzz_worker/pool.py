@@ -22,6 +22,7 @@ import time
 from multiprocessing.connection import wait
 
 from . import lifetime
+from .lifetime import orphan_dir_prefix, remove_orphan_dirs
 from .coverage import Coverage
 from .validation import describe
 
@@ -53,7 +54,9 @@ def free_loopback_port():
 
 def _stderr_dir():
     shm = "/dev/shm"
-    return tempfile.mkdtemp(prefix="shardfuzz-ranks-", dir=shm if os.path.isdir(shm) else None)
+    where = shm if os.path.isdir(shm) else tempfile.gettempdir()
+    remove_orphan_dirs(where, "shardfuzz-ranks")  # a worker killed with its pools leaves theirs
+    return tempfile.mkdtemp(prefix=orphan_dir_prefix("shardfuzz-ranks"), dir=where)
 
 
 def _capture_stderr(path):

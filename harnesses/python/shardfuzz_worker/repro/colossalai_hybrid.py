@@ -57,7 +57,8 @@ def sources(case):
                + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                                           "skipped_steps_stats")
                + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled", "booster_resume")
-               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir", "_remove_left_checkpoints"))
+               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
+               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     from ..targets.colossalai_family import family
 
     module = family(case["model"]).__name__.rsplit(".", 1)[-1]

@@ -57,7 +57,8 @@ def generate(case, inputs, bounds, dropped):
         training_source(),
         template("colossalai_zero") + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled",
                                                                                 "booster_resume")
-        + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir", "_remove_left_checkpoints"),
+        + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
+               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"),
         template("torch_reference"),
         template("torch_dp"),
         template("torch_main"),

@@ -45,5 +45,6 @@ def generate(case, inputs, bounds, dropped):
                 " on all but the last micro-batch"]
     sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync", "save_checkpoint",
                              "load_checkpoint")
-               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir", "_remove_left_checkpoints"))
+               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
+               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

@@ -4,6 +4,7 @@ import contextlib
 import datetime
 import os
 
+from ..lifetime import orphan_dir_prefix, remove_orphan_dirs
 from .base import Target
 
 _MESHES = {}
@@ -92,22 +93,10 @@ def shared_tempdir():
     rank0 = dist.get_rank() == 0
     where = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     if rank0:
-        _remove_left_checkpoints(where)
-    path = [tempfile.mkdtemp(prefix=f"shardfuzz-ckpt-{os.getpid()}-", dir=where) if rank0 else None]
+        remove_orphan_dirs(where, "shardfuzz-ckpt", mine=True)
+    path = [tempfile.mkdtemp(prefix=orphan_dir_prefix("shardfuzz-ckpt"), dir=where) if rank0 else None]
     dist.broadcast_object_list(path, src=0)
     yield path[0]
     dist.barrier()
     if rank0:
         shutil.rmtree(path[0], ignore_errors=True)
-
-
-def _remove_left_checkpoints(where):
-    """Checkpoint directories in `where` made by this process or by one that no longer runs."""
-    import shutil
-
-    for name in os.listdir(where):
-        parts = name.split("-")
-        if name.startswith("shardfuzz-ckpt-") and len(parts) > 3 and parts[2].isdigit():
-            pid = int(parts[2])
-            if pid == os.getpid() or not os.path.exists(f"/proc/{pid}"):
-                shutil.rmtree(os.path.join(where, name), ignore_errors=True)
