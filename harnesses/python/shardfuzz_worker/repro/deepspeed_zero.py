@@ -33,6 +33,6 @@ def generate(case, inputs, bounds, dropped):
             f" dp={p['dp']} ranks")
     settings = ["# The engine's configuration, as the worker's DeepSpeedZero.config() writes it for this case.",
                 literal("DS_CONFIG", config)]
-    sources = worker_source("targets/torch_common.py", "shared_tempdir")
-               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs")
+    sources = (worker_source("targets/torch_common.py", "shared_tempdir")
+               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)
