@@ -156,6 +156,7 @@ def run(plugin, case, inputs, dt):
     else:
         step_fn = pipeline_step if place.pipelined else plain_step
     losses, logits0, grads0, skipped = [], None, {}, []
+
     def trained_views():
         return case_views(m, [(n, p) for n, p in boosted.unwrap().named_parameters() if p.requires_grad])
 
