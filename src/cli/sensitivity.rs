@@ -44,6 +44,9 @@ pub struct SensitivityArgs {
     /// Where the CSV goes.
     #[arg(long, default_value = "sensitivity.csv")]
     csv: PathBuf,
+    /// Write every flagged clean case here (`<target>-<dtype>-<seed>.json`), to be triaged with `run`.
+    #[arg(long)]
+    save: Option<PathBuf>,
 }
 
 #[derive(serde::Serialize)]
@@ -90,6 +93,16 @@ pub fn run(a: SensitivityArgs) -> anyhow::Result<ExitCode> {
     Ok(if totals.false_positives.is_empty() && totals.harness_errors == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+/// Writes a flagged clean case to `--save` (a failure to write is reported, not fatal: the listing
+/// still names the seed).
+fn save_flagged(a: &SensitivityArgs, name: &str, case: &shardfuzz_harnesses::case::Case) {
+    let Some(dir) = &a.save else { return };
+    let path = dir.join(format!("{name}.json"));
+    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, case.to_json())) {
+        eprintln!("warning: could not write {}: {e}", path.display());
+    }
+}
+
 fn measure(
     target: &mut dyn shardfuzz_harnesses::target::Target,
     dtype: DType,
@@ -114,6 +127,9 @@ fn measure(
             continue;
         };
         clean += 1;
+        if result.clean.kind.is_finding() || result.clean.kind == shardfuzz_fuzz::oracle::VerdictKind::HarnessError {
+            save_flagged(a, &format!("{}-{dtype}-{seed}", target.name()), &case);
+        }
         if result.clean.kind.is_finding() {
             totals.false_positives.push(format!(
                 "{} {dtype} seed {}: {}",
