@@ -16,7 +16,7 @@ use shardfuzz_harnesses::target::Target;
 use crate::coverage;
 use crate::findings::FindingStore;
 use crate::input::CaseInput;
-use crate::oracle::{config_class, evaluate_confirming, Confirmations, Oracle, Prepared, Verdict, VerdictKind};
+use crate::oracle::{config_class, evaluate_confirming, precision, Confirmations, Oracle, Prepared, Verdict, VerdictKind};
 
 pub struct CaseExecutor<OT> {
     pub observers: OT,
@@ -43,6 +43,9 @@ pub struct CaseExecutor<OT> {
     pub new_findings: Vec<String>,
     /// Simulated findings already confirmed on real ranks, by signature.
     pub confirmations: Confirmations,
+    /// Precision notes of low-precision library-op divergences (`oracle::precision`), by signature:
+    /// the first case of a signature is run again in other dtypes, later ones reuse its note.
+    pub precision_notes: std::collections::HashMap<String, String>,
 }
 
 impl<OT> CaseExecutor<OT> {
@@ -70,6 +73,7 @@ impl<OT> CaseExecutor<OT> {
             framework_lines: Default::default(),
             new_findings: vec![],
             confirmations: Confirmations::default(),
+            precision_notes: Default::default(),
         }
     }
 
@@ -102,6 +106,20 @@ impl<OT> CaseExecutor<OT> {
         verdicts
     }
 
+    /// The precision note of divergence `v` of `case` on target `i`, computed once per signature.
+    fn precision_note(&mut self, i: usize, case: &Case, v: &Verdict) -> String {
+        let sig = v.signature(case);
+        if let Some(note) = self.precision_notes.get(&sig) {
+            return note.clone();
+        }
+        let target = &mut self.targets[i];
+        let oracle = self.oracle;
+        let note = catch_unwind(AssertUnwindSafe(|| precision::note(target.as_mut(), case, v, &oracle)))
+            .unwrap_or_else(|_| "precision: the runs in other dtypes panicked; not known".to_string());
+        self.precision_notes.insert(sig, note.clone());
+        note
+    }
+
     /// Runs one case through target `i`; a panic anywhere below becomes a crash verdict.
     fn run_on(&mut self, i: usize, prep: &Prepared) -> Verdict {
         let case = &prep.case;
@@ -127,6 +145,11 @@ impl<OT> CaseExecutor<OT> {
                 localization: None,
             }
         });
+        let mut v = v;
+        if precision::wants_note(case, &v) {
+            let note = self.precision_note(i, case, &v);
+            v.notes.push(note);
+        }
         let external = self.targets[i].take_coverage();
         self.framework_lines.extend(external.iter().copied());
         self.target_time += t0.elapsed();

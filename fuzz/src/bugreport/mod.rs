@@ -55,7 +55,11 @@ pub fn build(target: &mut dyn Target, case: &Case, oracle: &Oracle, repro_dir: &
     let prep = Prepared::new(case);
     let outcome = target.run(case, &prep.inputs);
     let verdict = judge_prepared(target.name(), target.versions(), &prep, outcome.clone(), oracle);
-    let verdict = crate::oracle::confirm_finding(target, &prep, verdict, oracle);
+    let mut verdict = crate::oracle::confirm_finding(target, &prep, verdict, oracle);
+    if crate::oracle::precision::wants_note(case, &verdict) {
+        let note = crate::oracle::precision::note(target, case, &verdict, oracle);
+        verdict.notes.push(note);
+    }
     // The oracle localized the divergence already; only the values are read here.
     let loc = verdict.localization.clone();
     let (mut values, mut scale_dir) = (vec![], None);

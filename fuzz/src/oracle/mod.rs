@@ -19,6 +19,7 @@ mod check;
 mod compare;
 pub mod ensemble;
 pub mod nan;
+pub mod precision;
 mod signature;
 pub mod stats;
 
