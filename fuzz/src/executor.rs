@@ -148,7 +148,7 @@ impl<OT> CaseExecutor<OT> {
         let mut v = v;
         if precision::wants_note(case, &v) {
             let note = self.precision_note(i, case, &v);
-            v.notes.push(note);
+            v = precision::judged(v, note);
         }
         let external = self.targets[i].take_coverage();
         self.framework_lines.extend(external.iter().copied());
