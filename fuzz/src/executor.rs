@@ -128,7 +128,7 @@ impl<OT> CaseExecutor<OT> {
         let oracle = self.oracle;
         let name = target.name().to_string();
         let known = &mut self.confirmations;
-        let v = catch_unwind(AssertUnwindSafe(|| evaluate_confirming(target.as_mut(), prep, &oracle, known))).unwrap_or_else(|p| {
+        let mut v = catch_unwind(AssertUnwindSafe(|| evaluate_confirming(target.as_mut(), prep, &oracle, known))).unwrap_or_else(|p| {
             let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
             Verdict {
                 target: name,
@@ -145,7 +145,6 @@ impl<OT> CaseExecutor<OT> {
                 localization: None,
             }
         });
-        let mut v = v;
         if precision::wants_note(case, &v) {
             let note = self.precision_note(i, case, &v);
             v = precision::judged(v, note);
