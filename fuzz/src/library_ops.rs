@@ -88,6 +88,8 @@ pub fn random_library_case(seed: u64, vocab: &Vocabulary) -> Option<Case> {
         views: vec![],
         edits: vec![],
         warmup: vec![],
+        cotangent: vec![],
+        cotangent_in_dtype: false,
     };
     Some(library_case(op, dtype(&mut rng), rng.gen()))
 }
@@ -133,6 +135,13 @@ pub const LIBRARY_MUTATIONS: &[(&str, LibraryMutation)] = &[
     ("warmup", warmup),
     ("source", source),
     ("view", view),
+    ("cotangent", cotangent),
+    ("cotangent-dtype", |c, _, _| {
+        lib(c).is_some_and(|op| {
+            op.cotangent_in_dtype = !op.cotangent_in_dtype;
+            true
+        })
+    }),
     ("dtype", |c, _, rng| change(&mut c.train.dtype, dtype(rng))),
     ("reseed", |c, _, rng| change(&mut c.data.seed, rng.gen())),
 ];
@@ -201,6 +210,9 @@ fn mesh_reshape(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     for p in op.placements.iter_mut().chain(op.redistribute.iter_mut()).chain(op.sources.iter_mut()) {
         p.resize(mesh.len(), Placement::Replicate);
     }
+    if !op.cotangent.is_empty() {
+        op.cotangent.resize(mesh.len(), Placement::Replicate);
+    }
     change(&mut op.mesh, mesh)
 }
 
@@ -248,6 +260,29 @@ fn source(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
     let m = rng.gen_range(0..dims);
     let p = placement(rng);
     change(&mut op.sources[arg][m], p)
+}
+
+/// Where the cotangents enter on one mesh dimension (sharded, partial by sum or average, or
+/// replicated); or, now and then, the gathered output's cotangent again.
+fn cotangent(c: &mut Case, _: &Vocabulary, rng: &mut ChaCha8Rng) -> bool {
+    let Some(op) = lib(c) else { return false };
+    if !op.cotangent.is_empty() && rng.gen_bool(0.15) {
+        op.cotangent.clear();
+        return true;
+    }
+    let dims = op.mesh.len();
+    op.cotangent.resize(dims, Placement::Replicate);
+    let to = [
+        Placement::Replicate,
+        Placement::Shard(0),
+        Placement::Shard(1),
+        Placement::Shard(2),
+        Placement::PARTIAL,
+        Placement::Partial(Reduce::Avg),
+    ];
+    let p = *to.choose(rng).expect("nonempty");
+    let m = rng.gen_range(0..dims);
+    change(&mut op.cotangent[m], p)
 }
 
 /// An output view appended (transpose, permute, flatten, unsqueeze, narrow), or one of them removed.
@@ -329,6 +364,8 @@ mod tests {
                 views: vec![],
                 edits: vec![],
                 warmup: vec![],
+                cotangent: vec![],
+                cotangent_in_dtype: false,
             },
             DType::F32,
             1,

@@ -102,7 +102,14 @@ impl Complexity {
             };
             v.push(l.placements.iter().flatten().map(weight).sum());
             v.push(l.placements.len() as u64 + b(l.backward));
-            v.push(l.redistribute.len() as u64 + l.edits.len() as u64 + l.views.len() as u64 + l.warmup.len() as u64);
+            v.push(
+                l.redistribute.len() as u64
+                    + l.edits.len() as u64
+                    + l.views.len() as u64
+                    + l.warmup.len() as u64
+                    + b(!l.cotangent.is_empty())
+                    + b(l.cotangent_in_dtype),
+            );
             v.push(l.sources.iter().enumerate().filter(|(i, s)| l.placements.get(*i) != Some(*s)).count() as u64);
         }
         Complexity(v)

@@ -378,6 +378,12 @@ fn simpler_library_placements(case: &Case) -> Vec<Case> {
     if l.warmup.len() > 1 {
         out.push(with(case, |c| lib(c).warmup.clear()));
     }
+    if !l.cotangent.is_empty() {
+        out.push(with(case, |c| lib(c).cotangent.clear()));
+    }
+    if l.cotangent_in_dtype {
+        out.push(with(case, |c| lib(c).cotangent_in_dtype = false));
+    }
     for i in 0..l.warmup.len() {
         out.push(with(case, |c| {
             lib(c).warmup.remove(i);

@@ -198,6 +198,43 @@ class JaxLibraryOps(unittest.TestCase):
         self.assertIn("edit flip: argument 0 0 → 1", " ".join(reply["notes"]))
         self.assertIn("lib:warmup", reply["features"])
 
+    def test_cotangents_enter_sharded_partial_or_in_the_case_dtype(self):
+        # jax.lax.dot_general sample 0 ([S(1)/R, R/S(1)], even shards for shard_map); the cotangent split over one mesh dim and entering as
+        # uneven summands over the other (`library_op.cotangent`), in float64 or in the case dtype.
+        for kind in ("gspmd", "shardmap"):
+            for cot, in_dtype in ((["S(0)", "P"], False), (["P", "S(1)"], True), (["R", "S(0)"], True)):
+                places = [["S(1)", "R"], ["R", "S(1)"]] if kind == "gspmd" else [["R", "R"], ["S(0)", "R"]]
+                case = lib_case("jax.lax.dot_general", 0, (2, 2), places, seed=4)
+                case["library_op"]["cotangent"] = cot
+                case["library_op"]["cotangent_in_dtype"] = in_dtype
+                what = f"{kind} dot_general, cotangent {cot}{' in the case dtype' if in_dtype else ''}"
+                reply = self.run_case(case, kind)
+                self.assert_matches_reference(reply, what)
+                self.assertIn("grad/0", reply["tensors"], what)
+                self.assertIn(f"lib:cotangent:{'/'.join('S' if p.startswith('S') else p for p in cot)}", reply["features"])
+                self.assertEqual("lib:cotangent-in-dtype" in reply["features"], in_dtype, what)
+
+    def test_a_partial_cotangent_whose_summands_are_not_added_is_seen(self):
+        # The check can fail: the same partial cotangent with its summands' sum replaced by one summand.
+        case = lib_case("jax.lax.dot_general", 0, (2, 2), [["S(1)", "R"], ["R", "S(1)"]], seed=4)
+        case["library_op"]["cotangent"] = ["P", "R"]
+        real = self.lib.cotangent_in
+
+        def first_summand_only(cot_lays, m):
+            inner = real(cot_lays, m)
+            return lambda k, c: inner(k, c[:1] if cot_lays[k].partial else c)
+
+        self.lib.cotangent_in = first_summand_only
+        try:
+            self.lib._COMPILED.clear()
+            reply = self.run_case(case)
+        finally:
+            self.lib.cotangent_in = real
+            self.lib._COMPILED.clear()
+        tensors = reply["tensors"]
+        got, want = np.asarray(tensors["grad/0"]), np.asarray(tensors["reference/grad/0"])
+        self.assertGreater(float(np.abs(got - want).max()), 1e-3 * float(np.abs(want).max()))
+
     def test_uneven_shard_map_is_rejected(self):
         from shardfuzz_worker.validation import describe
         from shardfuzz_worker.verdicts import classify_failures

@@ -189,6 +189,38 @@ class TorchLibraryOpsTest(LibraryWorker):
         self.assertEqual(outputs["reference/out/0"][0, 0], 1.0, "the case's own value pads")
         self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9)
 
+    def test_cotangents_enter_at_the_output_sharded_or_partial(self):
+        # addmm sample 1 on a 2x2 mesh (the corpus case); the backward's cotangent enters at the output as a
+        # DTensor split on one mesh dim and uneven summands on the other (`library_op.cotangent`).
+        for cot in (["S(0)", "P"], ["P(avg)", "S(1)"], ["R", "S(0)"]):
+            case = library_case("addmm", "", 1, [2, 2], [["P", "R"], ["S(0)", "S(1)"], ["R", "S(0)"]])
+            case["library_op"]["cotangent"] = cot
+            reply, outputs = self.run_case(case)
+            self.assertEqual(reply["status"], "completed", reply.get("reason"))
+            self.assertIn(f"lib:cotangent:{'/'.join('S' if p.startswith('S') else p for p in cot)}", reply["features"])
+            self.assertIn("grad/1", outputs, cot)
+            self.assertLessEqual(worst_against_reference(outputs)[0], 1e-9, cot)
+
+    def test_a_cotangent_entered_with_a_wrong_value_is_seen(self):
+        # The check can fail: in this process, the same sharded run with each rank's piece of the entering
+        # cotangent doubled gives other gradients.
+        from shardfuzz_worker.targets import torch_local_dtensor as local
+        from shardfuzz_worker.targets.torch_opinfo import Prepared, find
+
+        lib = library_case("addmm", "", 1, [2, 2], [["P", "R"], ["S(0)", "S(1)"], ["R", "S(0)"]])["library_op"]
+        lib["cotangent"] = ["S(0)", "P"]
+        prep = Prepared(find(lib), lib, 3, "f64")
+        good = local.run_sharded(prep, lib, 3)["grads"]
+        real = local.entering_cotangent
+        local.entering_cotangent = lambda *a: real(*a) * 2
+        try:
+            bad = local.run_sharded(prep, lib, 3)["grads"]
+        finally:
+            local.entering_cotangent = real
+        self.assertEqual(set(good), set(bad))
+        for j in good:
+            np.testing.assert_allclose(bad[j][1][0], 2 * good[j][1][0], rtol=1e-12, atol=1e-12)
+
     def test_on_real_ranks_too_a_call_the_op_refuses_on_one_device_is_rejected_not_a_crash(self):
         # (Older torch runs every library-op case this way, on a pool of gloo processes: an edited index
         # out of range raised on every rank and read as a crash of the framework.)

@@ -65,6 +65,24 @@ pub struct LibraryOp {
     /// an argument (DTensor's sharding propagation keyed without a scalar) shows as a divergence.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warmup: Vec<SampleEdit>,
+    /// Where the backward's cotangents (the seeded gradient of each float output) enter the sharded
+    /// run, per mesh dimension (`S(d)` taken modulo the output's dimensions; `P(sum)` / `P(avg)` as
+    /// uneven random summands where the target can express a partial gradient): the gradient
+    /// arrives at the op's output (after views and redistributions) already sharded or partial, as
+    /// it does from the layer after it in training, and the op's backward sharding rules take it
+    /// from there. Empty: the cotangent of the gathered, replicated output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cotangent: Vec<Placement>,
+    /// The cotangents enter the compiled program in the case dtype instead of float64 converted to
+    /// the output's dtype inside it (JAX: a convert in the program, or none; a DTensor's backward
+    /// takes them in the output's dtype either way). The values are the same: they are rounded to
+    /// the case dtype.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cotangent_in_dtype: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One change to a sample argument. `arg` picks the n-th *editable* argument of the sample, in call

@@ -162,6 +162,12 @@ impl Case {
                 let w: Vec<String> = l.warmup.iter().map(|e| format!("arg {} {}", e.arg, e.edit.name())).collect();
                 s += &format!(" | after a warm-up call ({})", w.join(", "));
             }
+            if !l.cotangent.is_empty() {
+                s += &format!(" | cotangent {}", l.cotangent.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/"));
+            }
+            if l.cotangent_in_dtype {
+                s += " | cotangent in the case dtype";
+            }
         }
         s + &format!(" | {}", self.train.dtype)
     }

@@ -221,6 +221,17 @@ fn library_op_rules_name_their_field() {
     assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
     let e = error_of(&warmup(&format!("[{}]", [r#"{"arg": 0, "edit": "zero"}"#; 5].join(", "))));
     assert!(e.contains("library_op.warmup: must hold at most 4"), "{e}");
+    let cotangent = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], {e}"#));
+    let ok = Case::from_json(&cotangent(r#""cotangent": ["S(1)", "P(avg)"], "cotangent_in_dtype": true"#)).unwrap();
+    let l = ok.library_op.as_ref().unwrap();
+    assert_eq!(l.cotangent, vec![Placement::Shard(1), Placement::Partial(Reduce::Avg)]);
+    assert!(l.cotangent_in_dtype);
+    assert!(ok.summary().contains("| cotangent S(1)/P(avg) | cotangent in the case dtype"), "{}", ok.summary());
+    assert_eq!(Case::from_json(&ok.to_json()).unwrap(), ok);
+    let e = error_of(&cotangent(r#""cotangent": ["S(0)"]"#));
+    assert!(e.contains("library_op.cotangent: must give one placement per mesh dimension (2, got 1), or none"), "{e}");
+    let e = error_of(&cotangent(r#""cotangent": ["P(max)", "R"]"#));
+    assert!(e.contains("library_op.cotangent: a gradient is partial by sum or average only"), "{e}");
     let sources = |e: &str| LIBRARY.replace(r#""mesh": [2, 3]"#, &format!(r#""mesh": [2, 3], "sources": {e}"#));
     let ok = Case::from_json(&sources(r#"[["P(avg)", "S(0)"]]"#)).unwrap();
     assert_eq!(ok.library_op.as_ref().unwrap().sources[0], vec![Placement::Partial(Reduce::Avg), Placement::Shard(0)]);

@@ -299,6 +299,15 @@ fn validate_library_op(l: &LibraryOp, r: &mut Report) {
     if l.world() > MAX_MESH_RANKS {
         r.fail("library_op.mesh", format!("{:?} has {} ranks, more than {MAX_MESH_RANKS}", l.mesh, l.world()));
     }
+    if !l.cotangent.is_empty() && l.cotangent.len() != l.mesh.len() {
+        r.fail(
+            "library_op.cotangent",
+            format!("must give one placement per mesh dimension ({}, got {}), or none", l.mesh.len(), l.cotangent.len()),
+        );
+    }
+    if l.cotangent.iter().any(|p| matches!(p, Placement::Partial(Reduce::Max | Reduce::Min))) {
+        r.fail("library_op.cotangent", "a gradient is partial by sum or average only (P or P(avg)), never by max or min");
+    }
     for (name, lists) in [("placements", &l.placements), ("sources", &l.sources), ("redistribute", &l.redistribute)] {
         for (i, places) in lists.iter().enumerate() {
             if places.len() != l.mesh.len() {

@@ -73,6 +73,22 @@ def layout_lines(prep, lib, notes):
     return out, parts, lays, starts
 
 
+def cotangent_lines(prep, lib, notes, data):
+    """Per float output, how its cotangent enters as run_sharded has it (its summands into `data`), or None."""
+    from ..targets.jax_library_op import cotangent_layouts, entering_cotangents
+
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    lays = cotangent_layouts(prep, lib, notes)
+    if not lays:
+        return None
+    out = []
+    for k, (c, lay) in enumerate(zip(entering_cotangents(prep, lays, mesh_shape), lays)):
+        data[f"cot{k}@entering"] = np.asarray(c)
+        out.append({"spec": list(lay.spec()), "partial": len(lay.partial),
+                    "replicated": not lay.divides(np.shape(c)[len(lay.partial):], mesh_shape)})
+    return out
+
+
 def generate(case, inputs, bounds, dropped):
     from ..targets.jax_library_op import AXES
 
@@ -89,6 +105,7 @@ def generate(case, inputs, bounds, dropped):
     data = {f"arg{j}": np.asarray(x) for j, x in enumerate(prep.inputs)}
     data.update({f"arg{j}@entering": np.asarray(x) for j, x in enumerate(parts)})
     data.update({f"cot{k}": np.asarray(c) for k, c in enumerate(prep.cots)})
+    cotangents = cotangent_lines(prep, lib, notes, data)
     kwargs = {k: plain(v, f"keyword argument {k!r}") for k, v in prep.kwargs.items()}
     config = [
         rule("the case"),
@@ -102,6 +119,10 @@ def generate(case, inputs, bounds, dropped):
         "# Per argument: start PartitionSpec (partial axes first), summand axes, entered replicated, layout spec",
         literal("ARGS", lines),
         literal("CHAIN", steps),
+        "# Per float output, how its cotangent enters (library_op.cotangent): PartitionSpec (partial axes first),\n"
+        "# summand axes, entered replicated (uneven); None: replicated. COTS_IN_DTYPE: in DTYPE, not float64.",
+        literal("COTANGENTS", cotangents),
+        literal("COTS_IN_DTYPE", bool(lib.get("cotangent_in_dtype")) and prep.grad),
         literal("REPLICATE_AFTER", replicate),
         literal("BOUNDS", bounds),
     ]
@@ -114,6 +135,11 @@ def generate(case, inputs, bounds, dropped):
     about += [f"  argument {j} {list(np.shape(prep.inputs[j]))}: [{', '.join(lay.places)}]"
               + (f", from [{', '.join(start.places)}]" if start.places != lay.places else "")
               for j, (start, lay) in enumerate(zip(starts, lays))]
+    if lib.get("cotangent") and prep.grad:
+        about.append(f"Cotangents enter at [{', '.join(lib['cotangent'])}]"
+                     + (" in the case dtype." if lib.get("cotangent_in_dtype") else ", in float64 converted inside."))
+    elif lib.get("cotangent_in_dtype") and prep.grad:
+        about.append("Cotangents enter in the case dtype.")
     if lib.get("redistribute"):
         about.append("Outputs constrained in turn to " + " then ".join(f"[{', '.join(p)}]" for p in lib["redistribute"]) + ".")
     about += notes

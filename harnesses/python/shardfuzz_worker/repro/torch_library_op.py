@@ -104,6 +104,7 @@ def generate(case, inputs, bounds, dropped):
     for k, g in enumerate(getattr(prep, "last_grad_outputs", [])):
         if g is not None:
             data[f"gout{k}"] = g.to(torch.float64).numpy()
+    cotangent = cotangent_pieces(prep, lib, seed, data)
     leaves, spec = structure(prep)
     warm = warmup_call(op, lib, seed, case["train"]["dtype"], prep)
     if warm is not None:
@@ -126,6 +127,9 @@ def generate(case, inputs, bounds, dropped):
         literal("STARTS", starts),
         literal("VIEWS", list(lib.get("views") or [])),
         literal("REDISTRIBUTE", [list(r) for r in lib.get("redistribute") or []]),
+        "# Per output, the placements its cotangent enters the backward at (library_op.cotangent), or None:",
+        "# at the gathered output. Each rank's piece of it is embedded as cout<k>@rank<r>.",
+        literal("COTANGENT", cotangent),
         literal("BOUNDS", bounds),
         literal("REFUSAL", refusal),
         "# The warm-up call before the case's own (library_op.warmup): its non-tensor leaves and spec, or None.",
@@ -145,6 +149,10 @@ def generate(case, inputs, bounds, dropped):
     if lib.get("redistribute"):
         about.append("Each output is redistributed, in turn, to " + " then ".join(f"[{', '.join(r)}]" for r in lib["redistribute"])
                      + " (S(d) modulo the output's dimensions) before it is gathered.")
+    if cotangent:
+        about.append("The backward's cotangent of each output enters at the output itself (after its views and"
+                     " redistributions), as a DTensor at " + ", ".join(f"output {k} [{', '.join(p)}]" for k, p in cotangent.items())
+                     + " (P = random uneven summands per rank); the warm-up call, if any, takes it at the gathered output.")
     if prep.edit_notes:
         about.append("The sample as the fuzzer edited it (embedded below): " + "; ".join(prep.edit_notes) + ".")
     if warm is not None:
@@ -157,6 +165,27 @@ def generate(case, inputs, bounds, dropped):
     from .common import assemble
 
     return assemble(head, IMPORTS, sections, embed(data)), command
+
+
+def cotangent_pieces(prep, lib, seed, data):
+    """{output k: the placements its cotangent enters at} as the worker builds it (`library_op.cotangent`),
+    each rank's piece into `data` as `cout<k>@rank<r>`; None when the cotangents enter at the gathered outputs."""
+    from ..targets.base import normalise_placements
+    from ..targets.torch_local_dtensor import ArgumentLayout
+
+    if not lib.get("cotangent"):
+        return None
+    mesh_shape = tuple(int(d) for d in lib["mesh"])
+    out = {}
+    for k, g in enumerate(getattr(prep, "last_grad_outputs", [])):
+        if g is None:
+            continue
+        places = normalise_placements(lib["cotangent"], g.ndim, len(mesh_shape), True)
+        layout = ArgumentLayout(g, places, mesh_shape, prep.dtype_name, seed, f"cot{k}")
+        for r in range(int(np.prod(mesh_shape))):
+            data[f"cout{k}@rank{r}"] = layout.local(r).double().numpy()
+        out[k] = places
+    return out or None
 
 
 def warmup_call(op, lib, seed, dtype_name, prep):

@@ -169,8 +169,10 @@ def _moved(x, u, rng):
     return x * (1 + u * rng.choice([-1.0, 1.0], size=np.shape(x)))
 
 
-def make_step(call, float_args, grad):
-    """A traceable (args, cots) -> (outputs, gradients of the float args): `call(args)` gives the outputs."""
+def make_step(call, float_args, grad, cot_in=None):
+    """A traceable (args, cots) -> (outputs, gradients of the float args): `call(args)` gives the outputs;
+    `cot_in(k, c)`, when given, takes cotangent k from how it entered to its full value (the sharded run's
+    `library_op.cotangent`) before it is converted to its output's dtype."""
 
     def step(args, cots):
         def fwd(fvals):
@@ -184,7 +186,7 @@ def make_step(call, float_args, grad):
         if not grad:
             return fwd(fvals)[1], []
         floats, vjp, outs = jax.vjp(fwd, fvals, has_aux=True)
-        (grads,) = vjp([c.astype(o.dtype) for c, o in zip(cots, floats)])
+        (grads,) = vjp([(cot_in(k, c) if cot_in else c).astype(o.dtype) for k, (c, o) in enumerate(zip(cots, floats))])
         return outs, grads
 
     return step
@@ -396,18 +398,63 @@ def _shardmap_call(prep, lays, m):
     return lambda vals: list(smap(*vals))
 
 
-def sharded_args(prep, parts, lays, m, mesh_shape):
+def cotangent_layouts(prep, lib, notes):
+    """Where each float output's cotangent enters (`library_op.cotangent`), or None: replicated, as before."""
+    places = lib.get("cotangent") or []
+    if not places or not prep.grad:
+        return None
+    mesh_ndim = len(lib["mesh"])
+    out = []
+    for k in prep.float_outs:
+        shape = prep.outs[k][0]
+        lay = normalise_placements(places, len(shape), mesh_ndim, True)
+        if any(s.startswith("P(") for s in lay):
+            notes.append("cotangent: a partial other than a sum has no JAX counterpart: enters replicated there")
+            lay = ["R" if s.startswith("P(") else s for s in lay]
+        out.append(Layout(lay, len(shape)))
+    return out
+
+
+def entering_cotangents(prep, cot_lays, mesh_shape):
+    """The cotangents as they enter (float64 values): a partial one as its uneven random summands."""
+    out = []
+    for k, c in enumerate(prep.cots):
+        lay = cot_lays[k] if cot_lays else None
+        if lay is not None and lay.partial:
+            c = partial_parts(c, [mesh_shape[AXES.index(a)] for a in lay.partial], prep.dtype_name, prep.seed, f"cot{k}")
+        out.append(c)
+    return out
+
+
+def cotangent_in(cot_lays, m):
+    """`make_step`'s `cot_in` for cotangents entering at `cot_lays`: constrained to their layout inside the
+    program, partial summands added."""
+    from jax.sharding import NamedSharding
+
+    def cot_in(k, c):
+        lay = cot_lays[k]
+        c = jax.lax.with_sharding_constraint(c, NamedSharding(m, lay.spec()))
+        return c.sum(axis=tuple(range(len(lay.partial)))) if lay.partial else c
+
+    return cot_in if cot_lays else None
+
+
+def sharded_args(prep, parts, lays, m, mesh_shape, cot_lays=None, cots_in_dtype=False):
     from jax.sharding import NamedSharding, PartitionSpec
 
     dt = DTYPES[prep.dtype_name]
     repl = NamedSharding(m, PartitionSpec())
-    args = []
-    for x, f, lay in zip(parts, prep.floating, lays):
-        arr = jnp.asarray(x, dtype=dt) if f else jnp.asarray(x)
+
+    def placed(x, lay, arr):
         shape = np.shape(x)[len(lay.partial):]
         # Uneven: in replicated, the constraint inside jit (gspmd) or shard_map's own check does the rest.
-        args.append(jax.device_put(arr, NamedSharding(m, lay.spec()) if lay.divides(shape, mesh_shape) else repl))
-    cots = [jax.device_put(np.asarray(c), repl) for c in prep.cots]
+        return jax.device_put(arr, NamedSharding(m, lay.spec()) if lay.divides(shape, mesh_shape) else repl)
+
+    args = [placed(x, lay, jnp.asarray(x, dtype=dt) if f else jnp.asarray(x)) for x, f, lay in zip(parts, prep.floating, lays)]
+    cots = []
+    for k, c in enumerate(entering_cotangents(prep, cot_lays, mesh_shape)):
+        arr = jnp.asarray(c, dtype=dt) if cots_in_dtype else np.asarray(c)
+        cots.append(placed(c, cot_lays[k], arr) if cot_lays else jax.device_put(arr, repl))
     return args, cots
 
 
@@ -419,18 +466,20 @@ def run_sharded(prep, lib, target_kind, notes):
     if lib.get("sources") and target_kind != "gspmd":
         notes.append("sources: shard_map's arguments enter at their placements; not applied")
     parts = entering(prep, starts, mesh_shape)
-    args, cots = sharded_args(prep, parts, starts, m, mesh_shape)
+    cot_lays = cotangent_layouts(prep, lib, notes)
+    in_dtype = bool(lib.get("cotangent_in_dtype")) and prep.grad
+    args, cots = sharded_args(prep, parts, starts, m, mesh_shape, cot_lays, in_dtype)
     # Output redistributions: sharding constraints on each output under gspmd; shard_map's outputs are
     # replicated by its out_specs, so a chain has nothing to act on there.
     chain = tuple(tuple(p) for p in lib.get("redistribute") or []) if target_kind == "gspmd" else ()
     if lib.get("redistribute") and not chain:
         notes.append("redistribute: shard_map returns replicated outputs; the chain is not applied")
     key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays),
-           tuple(tuple(s.places) for s in starts), chain) + prep.key
+           tuple(tuple(s.places) for s in starts), chain, tuple(tuple(c.places) for c in cot_lays or []), in_dtype) + prep.key
 
     def build():
         call = _gspmd_call(prep, starts, lays, m, chain) if target_kind == "gspmd" else _shardmap_call(prep, lays, m)
-        compiled = jax.jit(make_step(call, prep.float_args, prep.grad)).lower(args, cots).compile()
+        compiled = jax.jit(make_step(call, prep.float_args, prep.grad, cotangent_in(cot_lays, m))).lower(args, cots).compile()
         try:
             feats = hlo_features(compiled.as_text())
         except Exception:  # noqa: BLE001 - features are a nicety
@@ -441,7 +490,7 @@ def run_sharded(prep, lib, target_kind, notes):
     outs, grads = compiled(args, cots)
     # (Gradients come back as the arguments entered: in their start layouts.)
     return {"outs": list(outs), "grads": dict(zip(prep.float_args, grads)), "layouts": starts, "targets": lays,
-            "mesh": mesh_shape, "hlo": feats}
+            "mesh": mesh_shape, "hlo": feats, "cotangents": cot_lays or [], "cots_in_dtype": in_dtype}
 
 
 def _copies(arr, shape, k):
@@ -552,5 +601,9 @@ def features(case, prep, sharded, target_kind):
     out += [f"lib:view:{v}" for v in prep.views]
     if case["library_op"].get("warmup"):
         out.append("lib:warmup")
+    for lay in sharded.get("cotangents") or []:
+        out.append(f"lib:cotangent:{'/'.join('S' if s.startswith('S(') else s for s in lay.places)}")
+    if sharded.get("cots_in_dtype"):
+        out.append("lib:cotangent-in-dtype")
     out += sharded["hlo"]
     return sorted(set(out))

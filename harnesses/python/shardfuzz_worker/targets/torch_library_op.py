@@ -272,6 +272,8 @@ def features(case, prep, sharded):
     out += [f"lib:view:{v}" for v in lib.get("views") or []]
     if lib.get("warmup"):
         out.append("lib:warmup")
+    if lib.get("cotangent") and lib.get("backward", True) and prep.grad_args:
+        out.append(f"lib:cotangent:{'/'.join(kind(s) for s in lib['cotangent'])}")
     for j, places in enumerate(sharded["places"]):
         start = starting_placements(lib, j, places, prep.leaves[prep.positions[j]], len(mesh))
         out += [f"lib:from:{kind(a)}>{kind(b)}" for a, b in zip(start, places) if a != b]

@@ -136,13 +136,30 @@ def run_op(prep, lib, seed, mesh, local_of):
         if start != places:
             leaves[i] = leaves[i].redistribute(mesh, [placement_object(s) for s in places])
     outs = [viewed(o, prep.views) for o in output_leaves(call(prep.op, leaves, prep.spec))]
-    fulls = [redistributed(o, lib, mesh).full_tensor() if isinstance(o, DTensor) else o for o in outs]
-    pairs = [(f, g) for f, g in zip(fulls, prep.grad_outputs(outs)) if g is not None and f.requires_grad]
+    ends = [redistributed(o, lib, mesh) if isinstance(o, DTensor) else o for o in outs]
+    fulls = [e.full_tensor() if isinstance(e, DTensor) else e for e in ends]
+    heads, gouts = fulls, prep.grad_outputs(outs)
+    if lib.get("cotangent"):
+        entered = [entering_cotangent(e, g, lib, prep, seed, k, local_of) if isinstance(e, DTensor) and g is not None else None
+                   for k, (e, g) in enumerate(zip(ends, gouts))]
+        heads = [f if c is None else e for f, e, c in zip(fulls, ends, entered)]
+        gouts = [g if c is None else c for g, c in zip(gouts, entered)]
+    pairs = [(f, g) for f, g in zip(heads, gouts) if g is not None and f.requires_grad]
     inputs = [leaf for _, leaf in grads.values()]
     got = [None] * len(inputs)
     if pairs and inputs:
         got = torch.autograd.grad([f for f, _ in pairs], inputs, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
     return fulls, {j: (places, g) for (j, (places, _)), g in zip(grads.items(), got) if g is not None}, places_used
+
+
+def entering_cotangent(end, g, lib, prep, seed, k, local_of):
+    """The cotangent of DTensor output k (`end`, after its views and redistributions) as a DTensor at the case's
+    placements (`library_op.cotangent`, S(d) modulo the output's dims; `P` / `P(avg)` as uneven random
+    summands), entering the backward at the output itself instead of at its gathered copy."""
+    mesh = end.device_mesh
+    places = normalise_placements(lib["cotangent"], end.ndim, mesh.ndim, True)
+    layout = ArgumentLayout(g, places, tuple(mesh.shape), prep.dtype_name, seed, f"cot{k}")
+    return layout.dtensor(local_of(layout), mesh).to(end.dtype)
 
 
 def fresh_propagation_cache():
@@ -165,7 +182,8 @@ def warm_up(prep, lib, seed, mesh, local_of):
 
     def run():
         warm = Prepared(find(lib), {**lib, "edits": lib["warmup"]}, seed, prep.dtype_name)
-        run_op(warm, lib, seed, mesh, local_of)
+        # (With the gathered output's cotangent: `library_op.cotangent` is the case's own call's.)
+        run_op(warm, {**lib, "cotangent": []}, seed, mesh, local_of)
         return warm.edit_notes
 
     return sample_edits.warm_up(lib.get("warmup"), run)

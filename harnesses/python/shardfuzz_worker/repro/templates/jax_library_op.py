@@ -8,8 +8,9 @@ def resolve_op():
     return getattr(importlib.import_module(module), name)
 
 
-def step_of(call):
-    """(args, cots) -> (outputs, gradients of the float arguments), the vjp inside, as the fuzzer's step."""
+def step_of(call, cot_in=None):
+    """(args, cots) -> (outputs, gradients of the float arguments), the vjp inside, as the fuzzer's step;
+    `cot_in(k, c)` takes cotangent k from how it entered to its full value before its convert."""
 
     def step(args, cots):
         def fwd(fvals):
@@ -23,7 +24,7 @@ def step_of(call):
         if not cots:
             return fwd(fvals)[1], []
         floats, vjp, outs = jax.vjp(fwd, fvals, has_aux=True)
-        (grads,) = vjp([c.astype(o.dtype) for c, o in zip(cots, floats)])
+        (grads,) = vjp([(cot_in(k, c) if cot_in else c).astype(o.dtype) for k, (c, o) in enumerate(zip(cots, floats))])
         return outs, grads
 
     return step
@@ -59,8 +60,8 @@ def run_sharded(data, op):
         x = data[f"arg{j}@entering"]
         x = jnp.asarray(x, dtype=DTYPE) if j in FLOAT_ARGS else jnp.asarray(x)
         args.append(jax.device_put(x, repl if a["replicated"] else NamedSharding(mesh, PartitionSpec(*a["spec"]))))
-    cots = [jax.device_put(np.asarray(data[f"cot{k}"]), repl) for k in range(len(FLOAT_OUTS)) if f"cot{k}" in data]
-    outs, grads = jax.jit(step_of(call))(args, cots)
+    cots, cot_in = entering_cotangents(data, mesh, repl)
+    outs, grads = jax.jit(step_of(call, cot_in))(args, cots)
     got = results(outs, grads)
     for j in FLOAT_ARGS:
         # A partial argument's gradient: that of its first summand (the fuzzer's choice; the others are copies).
@@ -68,6 +69,28 @@ def run_sharded(data, op):
         if k:
             got[f"grad/{j}"] = got[f"grad/{j}"].reshape((-1,) + data[f"arg{j}"].shape)[0]
     return got
+
+
+def entering_cotangents(data, mesh, repl):
+    """The cotangents as they enter the program (COTANGENTS: each one's PartitionSpec, partial summand axes
+    first; float64 unless COTS_IN_DTYPE), and the function that takes each to its full value inside it."""
+    cots = []
+    for k in range(len(FLOAT_OUTS)):
+        if f"cot{k}" not in data:
+            continue
+        c = data[f"cot{k}@entering"] if COTANGENTS else data[f"cot{k}"]
+        c = jnp.asarray(c, dtype=DTYPE) if COTS_IN_DTYPE else np.asarray(c)
+        at = COTANGENTS[k] if COTANGENTS else None
+        cots.append(jax.device_put(c, repl if at is None or at["replicated"] else NamedSharding(mesh, PartitionSpec(*at["spec"]))))
+    if not COTANGENTS:
+        return cots, None
+
+    def cot_in(k, c):
+        at = COTANGENTS[k]
+        c = jax.lax.with_sharding_constraint(c, NamedSharding(mesh, PartitionSpec(*at["spec"])))
+        return c.sum(axis=tuple(range(at["partial"]))) if at["partial"] else c
+
+    return cots, cot_in
 
 
 def run_reference(data, op):

@@ -43,12 +43,26 @@ def redistributed(out):
     return out
 
 
-def forward_backward(op, tensors, leaves, gouts, structure=None):
+def entering_cotangent(end, k, local):
+    """Output k's cotangent as a DTensor at COTANGENT[k] from this rank's piece of it (library_op.cotangent)."""
+    shape = tuple(end.shape)
+    return DTensor.from_local(local.to(DTYPE), end.device_mesh, [placement(s) for s in COTANGENT[k]], run_check=False,
+                              shape=torch.Size(shape), stride=torch.empty(shape).stride()).to(end.dtype)
+
+
+def forward_backward(op, tensors, leaves, gouts, structure=None, cot_locals=None):
     """Outputs (float64 arrays, after the redistributions and a gather on each) and the gradients of `leaves`
-    from the upstream gradients."""
+    from the upstream gradients: at the gathered outputs, or, with `cot_locals` (this rank's pieces of them),
+    entering at the outputs themselves at COTANGENT's placements."""
     outs = [viewed(o, VIEWS) for o in pytree.tree_leaves(call(op, tensors, structure)) if isinstance(o, torch.Tensor)]
-    gathered = [redistributed(o).full_tensor() if isinstance(o, DTensor) else o for o in outs]
-    pairs = [(f, gouts[k]) for k, f in enumerate(gathered) if k in gouts and f.requires_grad]
+    ends = [redistributed(o) if isinstance(o, DTensor) else o for o in outs]
+    gathered = [e.full_tensor() if isinstance(e, DTensor) else e for e in ends]
+    pairs = []
+    for k, (e, f) in enumerate(zip(ends, gathered)):
+        if k not in gouts or not f.requires_grad:
+            continue
+        entered = cot_locals is not None and isinstance(e, DTensor) and k in cot_locals
+        pairs.append((e, entering_cotangent(e, k, cot_locals[k])) if entered else (f, gouts[k]))
     grads = [None] * len(leaves)
     if pairs and leaves:
         grads = torch.autograd.grad([f for f, _ in pairs], leaves, [g.to(f.dtype) for f, g in pairs], allow_unused=True)
@@ -77,7 +91,8 @@ def run_sharded(data, rank, op):
         except Exception as e:  # noqa: BLE001 - the warm-up's own outcome is not the case's
             print(f"rank {rank}: the warm-up call raised {type(e).__name__}: {str(e)[:200]}", flush=True)
     gouts = {int(n[4:]): torch.tensor(data[n]).to(DTYPE) for n in data if n.startswith("gout")}
-    outs, grads = forward_backward(op, tensors, leaves, gouts)
+    cot_locals = {int(n[4:].split("@")[0]): torch.tensor(data[n]) for n in data if n.startswith("cout") and n.endswith(f"@rank{rank}")}
+    outs, grads = forward_backward(op, tensors, leaves, gouts, cot_locals=cot_locals if COTANGENT else None)
     return outs, [None if g is None else to_numpy(g) for g in grads]
 
 
