@@ -297,3 +297,65 @@ fn a_warm_up_call_reproduces_torch_2_5_1s_propagation_cache_bug_standalone() {
     let new_torch = run_repro_in(clean.path(), &command, ".venv");
     assert_eq!(new_torch.status.code(), Some(0), "{}", text(&new_torch));
 }
+
+/// A cotangent entering at the output (`library_op.cotangent`: sharded on one mesh dim, partial on the
+/// other) reaches the script: on a correct framework it prints OK, and with each rank's piece of the
+/// cotangent doubled in the script, MISMATCH, so the script's backward does take it.
+#[test]
+fn a_cotangent_entering_sharded_and_partial_reaches_the_script() {
+    if !python_ready() {
+        return;
+    }
+    let cases = [
+        (
+            "torch-dtensor",
+            r#""name": "addmm", "sample": 1, "mesh": [2, 2], "placements": [["P", "R"], ["S(0)", "S(1)"], ["R", "S(0)"]]"#,
+            (".to(end.dtype)", ".to(end.dtype) * 2"),
+        ),
+        (
+            "jax-gspmd",
+            r#""name": "jax.lax.dot_general", "sample": 0, "mesh": [2, 2], "placements": [["S(1)", "R"], ["R", "S(1)"]]"#,
+            ("return c.sum(", "return 2 * c.sum("),
+        ),
+    ];
+    for (target, op, (entered, doubled)) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let case = tmp.path().join("case.json");
+        std::fs::write(
+            &case,
+            format!(
+                r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}},
+                    "library_op": {{{op}, "cotangent": ["S(0)", "P"], "cotangent_in_dtype": true}},
+                    "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f32"}}, "data": {{"seed": 4}}}}"#
+            ),
+        )
+        .unwrap();
+        let (clean, command) = passing_case_to_script(&case, target);
+        let ok = run_repro(clean.path(), &command, None);
+        assert_eq!(ok.status.code(), Some(0), "{target}: {}", text(&ok));
+        let script = clean.path().join("repro.py");
+        let source = std::fs::read_to_string(&script).unwrap();
+        let doubled = source.replacen(entered, doubled, 1);
+        assert_ne!(doubled, source, "{target}: the script's cotangent entry moved");
+        std::fs::write(&script, doubled).unwrap();
+        let bad = run_repro(clean.path(), &command, None);
+        assert_eq!(bad.status.code(), Some(1), "{target}: {}", text(&bad));
+        assert!(String::from_utf8_lossy(&bad.stdout).contains("MISMATCH"), "{target}: {}", text(&bad));
+    }
+}
+
+/// The standalone script of a case that passes (`report` writes it, and exits 1: nothing failed).
+fn passing_case_to_script(case: &Path, target: &str) -> (tempfile::TempDir, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("report");
+    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+        .args(["report", &case.display().to_string(), "--target", target, "--format", "json", "--out", &out.display().to_string()])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(report["verdict"]["kind"], "pass", "{:#?}", report["verdict"]);
+    assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
+    (clean, report["repro"]["command"].as_str().unwrap().to_string())
+}
