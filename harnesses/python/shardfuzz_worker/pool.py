@@ -46,6 +46,15 @@ class RanksHung(Exception):
         self.stuck = stuck
 
 
+#: Starts of a rank pool tried when its rendezvous port was taken between being picked and bound.
+START_ATTEMPTS = 3
+
+
+def port_taken(message):
+    """Whether a rank's failure says its rendezvous port was in use (torch's TCPStore: `EADDRINUSE`)."""
+    return "EADDRINUSE" in message or "ddress already in use" in message
+
+
 def free_loopback_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -186,7 +195,19 @@ class RankPool:
         ctx = mp.get_context(method)
         if method == "forkserver":
             ctx.set_forkserver_preload(list(getattr(target, "preload", ())))
-        port = free_loopback_port()
+        # The port is free when picked and bound by rank 0's store a moment later: another process
+        # (a second campaign, a test beside it) can take it in between. Rank 0 then fails at once
+        # with EADDRINUSE, and the pool starts again on another port.
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start(ctx, target, free_loopback_port(), init_timeout_s)
+                return
+            except RankDied as e:
+                if attempt == START_ATTEMPTS or not port_taken(str(e)):
+                    raise
+
+    def _start(self, ctx, target, port, init_timeout_s):
+        world = self.world
         self.procs, self.conns = [], []
         self.stderr_dir = _stderr_dir()
         self.stderr_paths = [os.path.join(self.stderr_dir, f"rank{r}.err") for r in range(world)]

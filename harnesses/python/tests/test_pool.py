@@ -1,0 +1,52 @@
+"""The rank pool's start: a rendezvous port another process takes between being picked and bound
+(EADDRINUSE at rank 0's store) makes the pool start again on another port, not fail the case. Skipped
+where torch is not installed.
+
+    cd harnesses/python && ../../.venv/bin/python -m unittest tests.test_pool
+"""
+
+import importlib.util
+import os
+import socket
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class RankPoolStart(unittest.TestCase):
+    def test_a_port_taken_before_rank_0_binds_it_starts_the_pool_on_another(self):
+        from shardfuzz_worker import pool
+        from shardfuzz_worker.targets.torch_ddp import TARGET
+
+        taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        picks = [taken.getsockname()[1]]
+        real = pool.free_loopback_port
+        pool.free_loopback_port = lambda: picks.pop() if picks else real()
+        try:
+            p = pool.RankPool(TARGET, 2, init_timeout_s=60.0)
+        finally:
+            pool.free_loopback_port = real
+            taken.close()
+        try:
+            self.assertEqual(picks, [], "the taken port was tried first")
+            self.assertTrue(p.alive())
+        finally:
+            p.kill()
+
+    def test_only_a_taken_port_is_retried(self):
+        from shardfuzz_worker.pool import port_taken
+
+        self.assertTrue(port_taken("rank 0 exited with status 1: torch.distributed.DistNetworkError: The server socket "
+                                   "has failed to listen on any local network address. port: 41, useIpv6: false, code: -98, "
+                                   "name: EADDRINUSE, message: address already in use"))
+        self.assertFalse(port_taken("rank 1 exited with status 1: RuntimeError: gloo connect timed out"))
+
+
+if __name__ == "__main__":
+    unittest.main()
