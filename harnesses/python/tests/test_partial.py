@@ -35,6 +35,25 @@ class SplitTest(unittest.TestCase):
                     exact = sum(Fraction(float(p)) for p in parts[(slice(None),) + idx])
                     self.assertEqual(exact, Fraction(float(x[idx])), f"{dtype} k={k} at {idx}")
 
+    def test_every_order_of_addition_is_exact_in_the_dtype_itself(self):
+        # A sharded reduction adds the summands in its own order (ring, tree), rounding each addition to the
+        # dtype: every order, and a pairwise tree, must give the value exactly (an ulp off flipped an
+        # argmax tie: the module doc).
+        import itertools
+
+        for dtype in DTYPES:
+            x = values(dtype, seed=5)
+            for k in (3, 4):
+                parts = split(x, k, dtype, split_rng(9, "x"))
+                for order in itertools.permutations(range(k)):
+                    total = parts[order[0]]
+                    for i in order[1:]:
+                        total = round_to(total + parts[i], dtype)
+                    np.testing.assert_array_equal(total, x, err_msg=f"{dtype} k={k} order {order}")
+                tree = round_to(round_to(parts[0] + parts[2], dtype) + round_to(parts[1] + parts[-1], dtype), dtype)
+                if k == 4:
+                    np.testing.assert_array_equal(tree, x, err_msg=f"{dtype} pairwise")
+
     def test_summands_are_nonzero_and_differ_across_coordinates(self):
         for dtype in DTYPES:
             x = values(dtype)
