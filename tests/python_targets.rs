@@ -940,3 +940,45 @@ fn checkpointed_and_resumed_runs_on_colossalai_deepspeed_and_fsdp2() {
         assert_eq!(v["kind"], "pass", "{case} with the fix: {v}");
     }
 }
+
+/// A cotangent entering as a partial of another kind than the output's (`library_op.cotangent`) reaches
+/// DTensor's backward: `nansum` over the sharded dim leaves a Partial(sum), redistributed to Shard(0);
+/// a Partial(avg) gradient coming back crashes in `Redistribute`'s backward (torch 2.15: "Redistribution
+/// from one partial type (P(avg)) to another (P(sum)) is unsupported"; the pattern a plain training step
+/// meets, docs/findings/torch-2.15-dtensor-partial-grad-through-avg-or-max-partial-crash.py). The same
+/// case with a Partial(sum), Replicate or Shard(0) cotangent passes.
+#[test]
+fn a_partial_cotangent_of_another_kind_crashes_dtensors_redistribute_backward() {
+    if !python_ready() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let files: Vec<String> = ["P(avg)", "P", "R", "S(0)"]
+        .iter()
+        .enumerate()
+        .map(|(i, cot)| {
+            let path = tmp.path().join(format!("c{i}.json"));
+            std::fs::write(
+                &path,
+                format!(
+                    r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}},
+                        "library_op": {{"name": "nansum", "sample": 8, "mesh": [2], "placements": [["S(0)"]],
+                                        "redistribute": [["S(0)"]], "cotangent": ["{cot}"]}},
+                        "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f64"}}, "data": {{"seed": 3}}}}"#
+                ),
+            )
+            .unwrap();
+            path.display().to_string()
+        })
+        .collect();
+    let mut args = vec!["run", "--json", "--target", "torch-dtensor"];
+    args.extend(files.iter().map(String::as_str));
+    let o = shardfuzz(&args, &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 4, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
+    assert!(vs[0]["reason"].as_str().unwrap().contains("Redistribution from one partial type (P(avg)) to another (P(sum))"), "{}", vs[0]);
+    for v in &vs[1..] {
+        assert_eq!(v["kind"], "pass", "{v}");
+    }
+}
