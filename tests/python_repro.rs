@@ -359,3 +359,29 @@ fn passing_case_to_script(case: &Path, target: &str) -> (tempfile::TempDir, Stri
     std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
     (clean, report["repro"]["command"].as_str().unwrap().to_string())
 }
+
+/// A finding only the ranks' copies show reaches the script: conv1d with a batch of 1 split over 3 ranks
+/// (two empty shards) and a replicated weight; DTensor's convolution handler skips the redistribution
+/// sharding propagation asks for (README, DTensor bugs), so the weight's gradient, placed Replicate, is
+/// right on rank 0 and zero on the others. The script compares every rank's copy, as the worker does,
+/// and prints the mismatch of `replicas/grad/1`.
+#[test]
+fn a_replicated_gradient_the_ranks_disagree_on_reproduces_standalone() {
+    if !python_ready() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let case = tmp.path().join("case.json");
+    std::fs::write(
+        &case,
+        r#"{"schema": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1},
+            "library_op": {"name": "nn.functional.conv1d", "sample": 8, "mesh": [3], "placements": [["S(0)"]], "cotangent": ["S(0)"]},
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"}, "data": {"seed": 10584793434432731929}}"#,
+    )
+    .unwrap();
+    let (report, clean, command) = report_to_script(&case, "torch-dtensor", &[], "divergent");
+    assert!(report["verdict"]["reason"].as_str().unwrap().starts_with("replicas/grad/1"), "{:#?}", report["verdict"]);
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: replicas/grad/1"), "{}", text(&run));
+}

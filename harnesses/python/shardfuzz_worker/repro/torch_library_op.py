@@ -222,13 +222,14 @@ def refusal_of(prep):
 
 def producible(case):
     """The outputs and gradients this case's sample gives (its float64 single-device run names them; none
-    when single-device torch refuses the call)."""
+    when single-device torch refuses the call), and their copies on other ranks (`replicas/NAME`)."""
     import torch
 
     from ..targets.torch_opinfo import Prepared, find
 
     lib = case["library_op"]
     try:
-        return set(Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"]).run(torch.float64))
+        names = set(Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"]).run(torch.float64))
+        return names | {f"replicas/{n}" for n in names}
     except Exception:  # noqa: BLE001 - a refused call (refusal_of says why)
         return set()

@@ -96,15 +96,16 @@ def run_sharded(data, rank, op):
     return outs, [None if g is None else to_numpy(g) for g in grads]
 
 
-def assemble_grad(data, j, pieces):
-    """Argument j's gradient from the ranks' local pieces: each rank's piece sits where its shards put it (the
-    copy of the ranks at coordinate 0 of every replicated / partial mesh dim, as the fuzzer takes it)."""
-    full = np.zeros(data[f"arg{j}"].shape)
+def grad_copies(data, j, pieces):
+    """Argument j's gradient from the ranks' local pieces, one full copy per coordinate of its replicated and
+    partial mesh dims (the ranks sharing it hold one copy between them, each piece where its shards put it):
+    [(first rank of the copy, array)] in rank order. The fuzzer takes the first and holds the others to it."""
+    places = STARTS[j]
+    copies = {}
     for rank, piece in enumerate(pieces):
         coord = np.unravel_index(rank, MESH)
-        places = STARTS[j]
-        if any(coord[m] != 0 for m, s in enumerate(places) if not s.startswith("S(")):
-            continue
+        key = tuple(int(coord[m]) for m, s in enumerate(places) if not s.startswith("S("))
+        _, full = copies.setdefault(key, (rank, np.zeros(data[f"arg{j}"].shape)))
         ranges = [(0, n) for n in full.shape]
         for m, s in enumerate(places):
             if s.startswith("S("):
@@ -116,7 +117,7 @@ def assemble_grad(data, j, pieces):
         if np.shape(piece) != tuple(b - a for a, b in ranges):
             raise SystemExit(f"grad/{j}: rank {rank}'s local gradient has shape {np.shape(piece)}, its placements give {ranges}")
         full[tuple(slice(a, b) for a, b in ranges)] = piece
-    return full
+    return sorted(copies.values(), key=lambda c: c[0])
 
 
 def run_reference(data, op):
@@ -165,15 +166,19 @@ def run(rank):
         return run_refused(rank, data, op)
     outs, grads = run_sharded(data, rank, op)
     gathered = [None] * WORLD if rank == 0 else None
-    dist.gather_object(grads, gathered, dst=0)
+    dist.gather_object((outs, grads), gathered, dst=0)
     if rank != 0:
         return None
-    sharded = {f"out/{k}": o for k, o in enumerate(outs)}
+    # Every rank gathers each output in full (a copy per rank); a gradient has a copy per coordinate of its
+    # replicated and partial mesh dims. The first copy is compared with the reference, the others with it.
+    replicas = {f"out/{k}": [(r, g[0][k]) for r, g in enumerate(gathered)] for k in range(len(outs))}
     for i, j in enumerate(GRAD_ARGS):
-        pieces = [g[i] for g in gathered]
+        pieces = [g[1][i] for g in gathered]
         if all(p is not None for p in pieces):
-            sharded[f"grad/{j}"] = assemble_grad(data, j, pieces)
+            replicas[f"grad/{j}"] = grad_copies(data, j, pieces)
+    sharded = {name: copies[0][1] for name, copies in replicas.items()}
     reference = run_reference(data, op)
     dump(sharded, reference)
+    scale_of = compare_replicas(replicas, sharded, reference)
     bounds = {n: b for n, b in BOUNDS.items() if n in sharded and n in reference}
-    return report(sharded, reference, bounds)
+    return report(sharded, reference, bounds, scale_of)
