@@ -164,17 +164,13 @@ fn torch_tp_real_crash_on_an_empty_vocab_shard_reproduces_standalone() {
     if !python_ready() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let case = tmp.path().join("case.json");
-    std::fs::write(
-        &case,
+    let (_tmp, case) = case_file(
         r#"{"schema": 1, "parallel": {"dp": 1, "tp": 2, "pp": 1},
             "model": {"vocab": 1, "hidden": 2, "ffn": 2, "heads": 2, "kv_heads": 2, "seq": 2, "batch": 2,
                       "layers": ["mlp"], "bias": false},
             "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"},
             "data": {"seed": 65205}}"#,
-    )
-    .unwrap();
+    );
     let (report, clean, command) = report_to_script(&case, "torch-tp", &[], "crash");
     let run = run_repro(clean.path(), &command, None);
     assert_eq!(run.status.code(), Some(1), "torch {} no longer crashes?\n{}", report["environment"]["torch"], text(&run));
@@ -219,19 +215,13 @@ fn colossalai_hybrid_row_bias_under_sequence_parallelism_reproduces_standalone()
         return;
     }
     for (sp, code, want) in [(true, 1, "MISMATCH: grad/layers."), (false, 0, "OK: all tensors within")] {
-        let tmp = tempfile::tempdir().unwrap();
-        let case = tmp.path().join("case.json");
-        std::fs::write(
-            &case,
-            format!(
-                r#"{{"schema": 1, "parallel": {{"dp": 2, "tp": 2, "pp": 1, "sequence_parallel": {sp}}},
+        let (tmp, case) = case_file(format!(
+            r#"{{"schema": 1, "parallel": {{"dp": 2, "tp": 2, "pp": 1, "sequence_parallel": {sp}}},
                     "model": {{"vocab": 13, "hidden": 8, "ffn": 12, "heads": 4, "kv_heads": 2, "seq": 4, "batch": 4,
                               "layers": ["attention", "mlp"], "norm": "rmsnorm", "activation": "swiglu", "bias": true}},
                     "train": {{"steps": 2, "optimizer": {{"kind": "adam", "lr": 0.01}}, "dtype": "f32"}},
                     "data": {{"seed": 4343}}}}"#
-            ),
-        )
-        .unwrap();
+        ));
         let out = tmp.path().join("report");
         let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
             .args(["report", &case.display().to_string(), "--target", "colossalai-hybrid", "--format", "json"])
@@ -279,16 +269,12 @@ fn a_warm_up_call_reproduces_torch_2_5_1s_propagation_cache_bug_standalone() {
         assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-colossalai: run scripts/setup-python.sh");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let case = tmp.path().join("case.json");
-    std::fs::write(
-        &case,
+    let (_tmp, case) = case_file(
         r#"{"schema": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1},
             "library_op": {"name": "constant_pad_nd", "sample": 1, "mesh": [2], "placements": [["P"]], "backward": false,
                            "warmup": [{"arg": 2, "edit": "increment"}]},
             "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"}, "data": {"seed": 3}}"#,
-    )
-    .unwrap();
+    );
     let old = format!("torch-dtensor={}", root().join(".venv-colossalai/bin/python").display());
     let (_, clean, command) = report_to_script(&case, "torch-dtensor", &["--python", &old], "divergent");
     let old_torch = run_repro_in(clean.path(), &command, ".venv-colossalai");
@@ -319,17 +305,11 @@ fn a_cotangent_entering_sharded_and_partial_reaches_the_script() {
         ),
     ];
     for (target, op, (entered, doubled)) in cases {
-        let tmp = tempfile::tempdir().unwrap();
-        let case = tmp.path().join("case.json");
-        std::fs::write(
-            &case,
-            format!(
-                r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}},
+        let (_tmp, case) = case_file(format!(
+            r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}},
                     "library_op": {{{op}, "cotangent": ["S(0)", "P"], "cotangent_in_dtype": true}},
                     "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f32"}}, "data": {{"seed": 4}}}}"#
-            ),
-        )
-        .unwrap();
+        ));
         let (clean, command) = passing_case_to_script(&case, target);
         let ok = run_repro(clean.path(), &command, None);
         assert_eq!(ok.status.code(), Some(0), "{target}: {}", text(&ok));
@@ -370,18 +350,22 @@ fn a_replicated_gradient_the_ranks_disagree_on_reproduces_standalone() {
     if !python_ready() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let case = tmp.path().join("case.json");
-    std::fs::write(
-        &case,
+    let (_tmp, case) = case_file(
         r#"{"schema": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1},
             "library_op": {"name": "nn.functional.conv1d", "sample": 8, "mesh": [3], "placements": [["S(0)"]], "cotangent": ["S(0)"]},
             "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.01}, "dtype": "f64"}, "data": {"seed": 10584793434432731929}}"#,
-    )
-    .unwrap();
+    );
     let (report, clean, command) = report_to_script(&case, "torch-dtensor", &[], "divergent");
     assert!(report["verdict"]["reason"].as_str().unwrap().starts_with("replicas/grad/1"), "{:#?}", report["verdict"]);
     let run = run_repro(clean.path(), &command, None);
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: replicas/grad/1"), "{}", text(&run));
+}
+
+/// A case file holding `json` in a fresh temporary directory (kept alive by the returned guard).
+fn case_file(json: impl AsRef<str>) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let case = tmp.path().join("case.json");
+    std::fs::write(&case, json.as_ref()).unwrap();
+    (tmp, case)
 }
