@@ -952,33 +952,59 @@ fn a_partial_cotangent_of_another_kind_crashes_dtensors_redistribute_backward() 
     if !python_ready() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let files: Vec<String> = ["P(avg)", "P", "R", "S(0)"]
+    let ops: Vec<String> = ["P(avg)", "P", "R", "S(0)"]
         .iter()
-        .enumerate()
-        .map(|(i, cot)| {
-            let path = tmp.path().join(format!("c{i}.json"));
-            std::fs::write(
-                &path,
-                format!(
-                    r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}},
-                        "library_op": {{"name": "nansum", "sample": 8, "mesh": [2], "placements": [["S(0)"]],
-                                        "redistribute": [["S(0)"]], "cotangent": ["{cot}"]}},
-                        "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f64"}}, "data": {{"seed": 3}}}}"#
-                ),
-            )
-            .unwrap();
-            path.display().to_string()
+        .map(|cot| {
+            format!(r#"{{"name": "nansum", "sample": 8, "mesh": [2], "placements": [["S(0)"]], "redistribute": [["S(0)"]], "cotangent": ["{cot}"]}}"#)
         })
         .collect();
-    let mut args = vec!["run", "--json", "--target", "torch-dtensor"];
-    args.extend(files.iter().map(String::as_str));
-    let o = shardfuzz(&args, &[]);
-    let vs = verdicts(&o);
-    assert_eq!(vs.len(), 4, "{}", String::from_utf8_lossy(&o.stderr));
+    let vs = library_op_verdicts("torch-dtensor", &ops, 3);
     assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
     assert!(vs[0]["reason"].as_str().unwrap().contains("Redistribution from one partial type (P(avg)) to another (P(sum))"), "{}", vs[0]);
     for v in &vs[1..] {
         assert_eq!(v["kind"], "pass", "{v}");
     }
+}
+
+/// The campaign finding behind docs/findings/torch-2.15-dtensor-conv-backward-2d-mesh-unneeded-output-crash.py:
+/// `conv1d` without bias on a 2-D mesh ([1, 2], the input `Shard(0)` on the first dim) crashes in the
+/// backward's strategy expansion (the single-dim rule's None for `grad_bias` meets the other mesh dim's
+/// placement); the same case with everything replicated passes.
+#[test]
+fn a_bias_free_conv_on_a_two_dimensional_mesh_crashes_dtensors_backward_strategy() {
+    if !python_ready() {
+        return;
+    }
+    let ops: Vec<String> = [r#"["S(0)", "R"]"#, r#"["R", "R"]"#]
+        .iter()
+        .map(|places| format!(r#"{{"name": "nn.functional.conv1d", "sample": 9, "mesh": [1, 2], "placements": [{places}]}}"#))
+        .collect();
+    let vs = library_op_verdicts("torch-dtensor", &ops, 10584793434432731929);
+    assert_eq!(vs[0]["kind"], "crash", "{}", vs[0]);
+    assert!(vs[0]["reason"].as_str().unwrap().contains("mixes None with placements across mesh dims"), "{}", vs[0]);
+    assert_eq!(vs[1]["kind"], "pass", "{}", vs[1]);
+}
+
+/// The verdicts of library-op cases on `target`, one per `library_op` JSON object (f64, seed `seed`).
+fn library_op_verdicts(target: &str, library_ops: &[String], seed: u64) -> Vec<Value> {
+    let tmp = tempfile::tempdir().unwrap();
+    let files: Vec<String> = library_ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let path = tmp.path().join(format!("c{i}.json"));
+            let case = format!(
+                r#"{{"schema": 1, "parallel": {{"dp": 1, "tp": 1, "pp": 1}}, "library_op": {op},
+                    "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f64"}}, "data": {{"seed": {seed}}}}}"#
+            );
+            std::fs::write(&path, case).unwrap();
+            path.display().to_string()
+        })
+        .collect();
+    let mut args = vec!["run", "--json", "--target", target];
+    args.extend(files.iter().map(String::as_str));
+    let o = shardfuzz(&args, &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), library_ops.len(), "{}", String::from_utf8_lossy(&o.stderr));
+    vs
 }
