@@ -187,7 +187,8 @@ fn report_to_script(case: &Path, target: &str, extra: &[&str], kind: &str) -> (V
         .args(extra)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
+    // (`report` exits 1 on a case that does not fail, after writing the report and the script.)
+    assert_eq!(o.status.code(), Some(if kind == "pass" { 1 } else { 0 }), "{}", text(&o));
     let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["verdict"]["kind"], kind, "{:#?}", report["verdict"]);
     assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
@@ -310,7 +311,7 @@ fn a_cotangent_entering_sharded_and_partial_reaches_the_script() {
                     "library_op": {{{op}, "cotangent": ["S(0)", "P"], "cotangent_in_dtype": true}},
                     "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f32"}}, "data": {{"seed": 4}}}}"#
         ));
-        let (clean, command) = passing_case_to_script(&case, target);
+        let (_, clean, command) = report_to_script(&case, target, &[], "pass");
         let ok = run_repro(clean.path(), &command, None);
         assert_eq!(ok.status.code(), Some(0), "{target}: {}", text(&ok));
         let script = clean.path().join("repro.py");
@@ -322,22 +323,6 @@ fn a_cotangent_entering_sharded_and_partial_reaches_the_script() {
         assert_eq!(bad.status.code(), Some(1), "{target}: {}", text(&bad));
         assert!(String::from_utf8_lossy(&bad.stdout).contains("MISMATCH"), "{target}: {}", text(&bad));
     }
-}
-
-/// The standalone script of a case that passes (`report` writes it, and exits 1: nothing failed).
-fn passing_case_to_script(case: &Path, target: &str) -> (tempfile::TempDir, String) {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("report");
-    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
-        .args(["report", &case.display().to_string(), "--target", target, "--format", "json", "--out", &out.display().to_string()])
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
-    assert_eq!(report["verdict"]["kind"], "pass", "{:#?}", report["verdict"]);
-    assert_eq!(report["repro"]["standalone"], true, "no standalone script: {:#?}", report["repro"]);
-    let clean = tempfile::tempdir().unwrap();
-    std::fs::copy(out.join("repro/repro.py"), clean.path().join("repro.py")).unwrap();
-    (clean, report["repro"]["command"].as_str().unwrap().to_string())
 }
 
 /// A finding only the ranks' copies show reaches the script: conv1d with a batch of 1 split over 3 ranks

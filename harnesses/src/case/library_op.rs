@@ -77,12 +77,8 @@ pub struct LibraryOp {
     /// the output's dtype inside it (JAX: a convert in the program, or none; a DTensor's backward
     /// takes them in the output's dtype either way). The values are the same: they are rounded to
     /// the case dtype.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cotangent_in_dtype: bool,
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
 }
 
 /// One change to a sample argument. `arg` picks the n-th *editable* argument of the sample, in call

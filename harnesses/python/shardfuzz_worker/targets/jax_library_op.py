@@ -331,14 +331,15 @@ def start_layouts(prep, lib, lays, notes):
     return out
 
 
-def entering(prep, lays, mesh_shape):
-    """Each argument as it enters the sharded program (float64 values): a Partial one as its summands
-    (uneven, random, exact in the case dtype; the same split torch-dtensor makes of argument j)."""
+def entering(prep, lays, mesh_shape, values=None, name="arg"):
+    """Each argument (or each of `values`, named `name`0, `name`1 …) as it enters the sharded program
+    (float64 values): a Partial one as its summands (uneven, random, exact in the case dtype; the same split
+    torch-dtensor makes of argument j)."""
     out = []
-    for j, (x, lay) in enumerate(zip(prep.inputs, lays)):
+    for j, (x, lay) in enumerate(zip(prep.inputs if values is None else values, lays)):
         if lay.partial:
             sizes = [mesh_shape[AXES.index(a)] for a in lay.partial]
-            x = partial_parts(x, sizes, prep.dtype_name, prep.seed, f"arg{j}")
+            x = partial_parts(x, sizes, prep.dtype_name, prep.seed, f"{name}{j}")
         out.append(x)
     return out
 
@@ -417,13 +418,7 @@ def cotangent_layouts(prep, lib, notes):
 
 def entering_cotangents(prep, cot_lays, mesh_shape):
     """The cotangents as they enter (float64 values): a partial one as its uneven random summands."""
-    out = []
-    for k, c in enumerate(prep.cots):
-        lay = cot_lays[k] if cot_lays else None
-        if lay is not None and lay.partial:
-            c = partial_parts(c, [mesh_shape[AXES.index(a)] for a in lay.partial], prep.dtype_name, prep.seed, f"cot{k}")
-        out.append(c)
-    return out
+    return entering(prep, cot_lays, mesh_shape, prep.cots, "cot") if cot_lays else list(prep.cots)
 
 
 def cotangent_in(cot_lays, m):

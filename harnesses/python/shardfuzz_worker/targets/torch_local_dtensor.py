@@ -138,13 +138,12 @@ def run_op(prep, lib, seed, mesh, local_of):
     outs = [viewed(o, prep.views) for o in output_leaves(call(prep.op, leaves, prep.spec))]
     ends = [redistributed(o, lib, mesh) if isinstance(o, DTensor) else o for o in outs]
     fulls = [e.full_tensor() if isinstance(e, DTensor) else e for e in ends]
-    heads, gouts = fulls, prep.grad_outputs(outs)
-    if lib.get("cotangent"):
-        entered = [entering_cotangent(e, g, lib, prep, seed, k, local_of) if isinstance(e, DTensor) and g is not None else None
-                   for k, (e, g) in enumerate(zip(ends, gouts))]
-        heads = [f if c is None else e for f, e, c in zip(fulls, ends, entered)]
-        gouts = [g if c is None else c for g, c in zip(gouts, entered)]
-    pairs = [(f, g) for f, g in zip(heads, gouts) if g is not None and f.requires_grad]
+    pairs = []
+    for k, (e, f, g) in enumerate(zip(ends, fulls, prep.grad_outputs(outs))):
+        if g is None or not f.requires_grad:
+            continue
+        entered = lib.get("cotangent") and isinstance(e, DTensor)
+        pairs.append((e, entering_cotangent(e, g, lib, prep, seed, k, local_of)) if entered else (f, g))
     inputs = [leaf for _, leaf in grads.values()]
     got = [None] * len(inputs)
     if pairs and inputs:

@@ -43,17 +43,22 @@ def redistributed(out):
     return out
 
 
+def from_piece(local, mesh, places, shape):
+    """A DTensor of global `shape` at `places` from this rank's piece of it."""
+    return DTensor.from_local(local, mesh, [placement(s) for s in places], run_check=False,
+                              shape=torch.Size(shape), stride=torch.empty(shape).stride())
+
+
 def entering_cotangent(end, k, local):
     """Output k's cotangent as a DTensor at COTANGENT[k] from this rank's piece of it (library_op.cotangent)."""
-    shape = tuple(end.shape)
-    return DTensor.from_local(local.to(DTYPE), end.device_mesh, [placement(s) for s in COTANGENT[k]], run_check=False,
-                              shape=torch.Size(shape), stride=torch.empty(shape).stride()).to(end.dtype)
+    return from_piece(local.to(DTYPE), end.device_mesh, COTANGENT[k], tuple(end.shape)).to(end.dtype)
 
 
 def forward_backward(op, tensors, leaves, gouts, structure=None, cot_locals=None):
     """Outputs (float64 arrays, after the redistributions and a gather on each) and the gradients of `leaves`
-    from the upstream gradients: at the gathered outputs, or, with `cot_locals` (this rank's pieces of them),
-    entering at the outputs themselves at COTANGENT's placements."""
+    from the upstream gradients: at the gathered outputs, or, for the outputs in `cot_locals` (this rank's
+    pieces of their cotangents), entering at the outputs themselves at COTANGENT's placements."""
+    cot_locals = cot_locals or {}
     outs = [viewed(o, VIEWS) for o in pytree.tree_leaves(call(op, tensors, structure)) if isinstance(o, torch.Tensor)]
     ends = [redistributed(o) if isinstance(o, DTensor) else o for o in outs]
     gathered = [e.full_tensor() if isinstance(e, DTensor) else e for e in ends]
@@ -61,7 +66,7 @@ def forward_backward(op, tensors, leaves, gouts, structure=None, cot_locals=None
     for k, (e, f) in enumerate(zip(ends, gathered)):
         if k not in gouts or not f.requires_grad:
             continue
-        entered = cot_locals is not None and isinstance(e, DTensor) and k in cot_locals
+        entered = isinstance(e, DTensor) and k in cot_locals
         pairs.append((e, entering_cotangent(e, k, cot_locals[k])) if entered else (f, gouts[k]))
     grads = [None] * len(leaves)
     if pairs and leaves:
@@ -78,8 +83,7 @@ def run_sharded(data, rank, op):
         if j in GRAD_ARGS:
             local.requires_grad_(True)
             leaves.append(local)
-        t = DTensor.from_local(local, mesh, [placement(s) for s in STARTS[j]], run_check=False,
-                               shape=torch.Size(full.shape), stride=torch.empty(full.shape).stride())
+        t = from_piece(local, mesh, STARTS[j], full.shape)
         if STARTS[j] != PLACEMENTS[j]:
             t = t.redistribute(mesh, [placement(s) for s in PLACEMENTS[j]])
         tensors.append(t)
@@ -92,7 +96,7 @@ def run_sharded(data, rank, op):
             print(f"rank {rank}: the warm-up call raised {type(e).__name__}: {str(e)[:200]}", flush=True)
     gouts = {int(n[4:]): torch.tensor(data[n]).to(DTYPE) for n in data if n.startswith("gout")}
     cot_locals = {int(n[4:].split("@")[0]): torch.tensor(data[n]) for n in data if n.startswith("cout") and n.endswith(f"@rank{rank}")}
-    outs, grads = forward_backward(op, tensors, leaves, gouts, cot_locals=cot_locals if COTANGENT else None)
+    outs, grads = forward_backward(op, tensors, leaves, gouts, cot_locals=cot_locals)
     return outs, [None if g is None else to_numpy(g) for g in grads]
 
 
