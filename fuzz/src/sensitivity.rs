@@ -120,20 +120,27 @@ pub fn run_case(target: &mut dyn Target, case: &Case, oracle: &Oracle) -> Option
 /// One line on a corruption the oracle passed: the tensor, and its statistics against their bounds.
 fn miss(c: &Corruption, what: &str, v: &Verdict) -> String {
     let wanted = if *c == Corruption::ReplicaPerturbed { format!("replicas/{what}") } else { what.to_string() };
-    let stats = v
+    // A corruption of every gradient ("grad/*") lists each gradient's statistics.
+    let every = wanted.strip_suffix('*');
+    let stats: Vec<String> = v
         .checks
         .iter()
-        .find(|k| k.tensor == wanted)
+        .filter(|k| every.map_or(k.tensor == wanted, |prefix| k.tensor.starts_with(prefix)))
         .map(|k| {
             let stats: Vec<String> = k
                 .stats
                 .iter()
                 .map(|s| format!("{} {:.2e}/{:.2e} [{}]", s.stat, s.error, s.bound, s.member.as_deref().unwrap_or("floor")))
                 .collect();
-            format!("{}{}", stats.join(" "), k.note.as_deref().map(|n| format!("; note: {n}")).unwrap_or_default())
+            let note = k.note.as_deref().map(|n| format!("; note: {n}")).unwrap_or_default();
+            if every.is_some() {
+                format!("{}: {}{note}", k.tensor, stats.join(" "))
+            } else {
+                format!("{}{note}", stats.join(" "))
+            }
         })
-        .unwrap_or_default();
-    format!("{} on {what}: {} (error/bound: {stats})", c.name(), v.kind)
+        .collect();
+    format!("{} on {what}: {} (error/bound: {})", c.name(), v.kind, stats.join(" | "))
 }
 
 /// The tensors a corruption may hit: compared, passing, representable, not round-off.

@@ -29,6 +29,31 @@ impl DType {
         }
     }
 
+    /// The representable value next to `r` (itself representable) in the direction of `x`.
+    pub fn next_toward(self, r: f64, x: f64) -> f64 {
+        // Positive values order like their bit patterns, negative ones in reverse.
+        let step = |bits: u64, sign: u64| -> u64 {
+            let magnitude = bits & !sign;
+            let away_from_zero = (x > r) == (bits & sign == 0) || magnitude == 0;
+            let sign = match (magnitude, x < r) {
+                (0, true) => sign,
+                (0, false) => 0,
+                _ => bits & sign,
+            };
+            if away_from_zero {
+                sign | (magnitude + 1)
+            } else {
+                sign | (magnitude - 1)
+            }
+        };
+        match self {
+            DType::F64 => f64::from_bits(step(r.to_bits(), 1 << 63)),
+            DType::F32 => f32::from_bits(step(u64::from((r as f32).to_bits()), 1 << 31) as u32) as f64,
+            DType::BF16 => half::bf16::from_bits(step(u64::from(half::bf16::from_f64(r).to_bits()), 1 << 15) as u16).to_f64(),
+            DType::F16 => half::f16::from_bits(step(u64::from(half::f16::from_f64(r).to_bits()), 1 << 15) as u16).to_f64(),
+        }
+    }
+
     /// Rounds every element in place.
     pub fn round_slice(self, xs: &mut [f64]) {
         if self != DType::F64 {
@@ -120,6 +145,20 @@ mod tests {
             assert_eq!(d.round(q), q, "{d}");
             assert_eq!(d.round(0.4 * q), 0.0, "{d}: below half the spacing rounds to zero");
             assert_eq!(d.round(2.6 * q), 3.0 * q, "{d}: multiples of it are the values near zero");
+        }
+    }
+
+    #[test]
+    fn the_next_value_toward_a_point_is_one_spacing_away() {
+        for d in DType::ALL {
+            let e = 2.0 * d.unit_roundoff();
+            assert_eq!(d.next_toward(1.0, 2.0), 1.0 + e, "{d}");
+            assert_eq!(d.next_toward(1.0, 0.0), 1.0 - e / 2.0, "{d}: below a power of two the spacing halves");
+            assert_eq!(d.next_toward(-1.0, -2.0), -1.0 - e, "{d}");
+            assert_eq!(d.next_toward(-1.0, 0.0), -1.0 + e / 2.0, "{d}");
+            assert_eq!(d.next_toward(0.0, 1.0), d.smallest_subnormal(), "{d}");
+            assert_eq!(d.next_toward(0.0, -1.0), -d.smallest_subnormal(), "{d}");
+            assert_eq!(d.next_toward(-0.0, 1.0), d.smallest_subnormal(), "{d}");
         }
     }
 

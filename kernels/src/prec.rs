@@ -15,6 +15,11 @@ pub struct Prec {
     /// (a LayerNorm over two features, whose output hardly depends on its input), that difference is
     /// amplified far beyond anything perturbing the inputs shows, and such a run measures it.
     pub jitter_ulps: u8,
+    /// Round stochastically instead of to nearest: up with probability (x − below) / spacing, the
+    /// draw a hash of the exact value (deterministic). Unbiased, and each rounding moves by less
+    /// than one spacing: the size of the differences between correct implementations that round
+    /// their intermediates at other points, which `jitter_ulps` (a whole ulp every time) overstates.
+    pub stochastic: bool,
     /// When above 1, matrix products and row sums split their reduction into this many contiguous
     /// chunks (as torch.chunk shards a dimension), round each chunk's sum to the storage dtype, and
     /// add the rounded partial sums: the rounding of a row-parallel product or a data-parallel
@@ -26,7 +31,8 @@ pub struct Prec {
 }
 
 impl Prec {
-    pub const F64: Prec = Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0, split_sums: 0, split_dtype: None };
+    pub const F64: Prec =
+        Prec { dtype: DType::F64, reversed_sums: false, jitter_ulps: 0, stochastic: false, split_sums: 0, split_dtype: None };
 
     pub fn new(dtype: DType) -> Prec {
         Prec { dtype, ..Prec::F64 }
@@ -92,7 +98,7 @@ impl Prec {
     }
 
     fn rounding_to(self, dtype: DType) -> Rounding {
-        Rounding { dtype, jitter_ulps: self.jitter_ulps }
+        Rounding { dtype, jitter_ulps: self.jitter_ulps, stochastic: self.stochastic }
     }
 
     /// Rounds an elementwise intermediate: f32 for low precision, f64 otherwise.
@@ -110,6 +116,11 @@ impl Prec {
         Prec { jitter_ulps: ulps, ..self }
     }
 
+    /// Every rounding stochastic (see `stochastic`).
+    pub fn stochastic_rounding(self) -> Prec {
+        Prec { stochastic: true, ..self }
+    }
+
     /// No op rounds anything: f64 without jitter or split sums.
     pub fn is_exact(self) -> bool {
         self.dtype == DType::F64 && self.jitter_ulps == 0 && self.split_sums <= 1
@@ -121,12 +132,13 @@ impl Prec {
 pub struct Rounding {
     pub dtype: DType,
     pub jitter_ulps: u8,
+    pub stochastic: bool,
 }
 
 impl Rounding {
     #[inline]
     pub fn round(self, x: f64) -> f64 {
-        let r = self.dtype.round(x);
+        let r = if self.stochastic { self.round_stochastically(x) } else { self.dtype.round(x) };
         if self.jitter_ulps == 0 || r == 0.0 || !r.is_finite() {
             return r;
         }
@@ -135,6 +147,25 @@ impl Rounding {
         let up = mix(r.to_bits()) & 1 == 0;
         let step = f64::from(self.jitter_ulps) * self.dtype.unit_roundoff() * r;
         self.dtype.round(if up { r + step } else { r - step })
+    }
+}
+
+impl Rounding {
+    /// `x` rounded to the neighbour above with probability (x − below) / (above − below).
+    fn round_stochastically(self, x: f64) -> f64 {
+        let nearest = self.dtype.round(x);
+        if nearest == x || !nearest.is_finite() || !x.is_finite() {
+            return nearest;
+        }
+        let other = self.dtype.next_toward(nearest, x);
+        let (below, above) = if nearest < x { (nearest, other) } else { (other, nearest) };
+        let p_up = (x - below) / (above - below);
+        let draw = (mix(x.to_bits()) >> 11) as f64 / (1u64 << 53) as f64;
+        if draw < p_up {
+            above
+        } else {
+            below
+        }
     }
 }
 
@@ -170,5 +201,31 @@ mod tests {
         assert_eq!(p.r(0.0), 0.0);
         assert!(!p.is_exact() && Prec::F64.is_exact());
         assert_eq!(Prec::F64.r(1.0 / 3.0), 1.0 / 3.0, "no jitter unless asked");
+    }
+
+    #[test]
+    fn stochastic_rounding_picks_a_neighbour_in_proportion_and_is_unbiased() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let p = Prec::new(dtype).stochastic_rounding();
+            let spacing = 2.0 * dtype.unit_roundoff();
+            // x a quarter of the way from 1 to the next value: up about a quarter of the time.
+            let (mut ups, n) = (0, 4000);
+            let mut bias = 0.0;
+            for i in 0..n {
+                let base = 1.0 + (i % 16) as f64 * spacing;
+                let x = base + spacing * (0.25 + 1e-4 * i as f64 / n as f64);
+                let r = p.r(x);
+                assert!(r == dtype.round(base) || r == dtype.round(base + spacing), "{dtype}: {x} -> {r}");
+                ups += usize::from(r > x);
+                bias += r - x;
+                assert_eq!(p.r(x), r, "deterministic");
+            }
+            let share = ups as f64 / n as f64;
+            assert!((share - 0.25).abs() < 0.04, "{dtype}: up {share}");
+            assert!((bias / n as f64).abs() < 0.05 * spacing, "{dtype}: mean error {} spacings", bias / n as f64 / spacing);
+            assert_eq!(p.r(1.0), 1.0, "representable values stay");
+            assert!(p.r(-1.3) < 0.0 && (p.r(-1.3) + 1.3).abs() <= spacing * 1.3);
+            assert_eq!(p.r(0.0), 0.0);
+        }
     }
 }

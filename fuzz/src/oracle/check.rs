@@ -26,6 +26,24 @@ struct Exclusions {
     overflow_seen: bool,
 }
 
+/// `r` moved by `share` of the way to `t` (a probe's move, counted as noise at that share); a
+/// non-finite element of `t` stays (it is not comparable whatever the share).
+fn toward(r: &Tensor, t: &Tensor, share: f64) -> Tensor {
+    if t.shape != r.shape {
+        return t.clone();
+    }
+    Tensor::new(t.shape.clone(), r.data.iter().zip(&t.data).map(|(a, b)| if b.is_finite() { a + share * (b - a) } else { *b }).collect())
+}
+
+/// The share of a probe member's move (`Member::probe_only`) that counts as ε, so that a
+/// statistic's bound is at least threshold × share = 4 times what a probe moves it by. The probes
+/// move every rounding by a whole ulp or every input to its other neighbour, several times what a
+/// correct sharded run does (their median bf16 move is 4× the native sharded run's, README "The
+/// oracle, measured"); at half share they still bound the tails only they reach (a clean bf16
+/// regression case, MoE tp3, sits at 6.2 ε), and a 20 % scale of a bf16 tensor is seen in 90 %
+/// of `bench sensitivity`'s cases instead of 84 %.
+pub const PROBE_SHARE: f64 = 0.5;
+
 /// The floor of a replica check's statistics over the whole tensor, in u (`Rules::for_replicas`).
 /// Clean native runs (3,000 cases per dtype, seeds 7,000,000–7,002,999) hold 38,161 copy pairs:
 /// all but 40–71 per dtype bitwise equal, the others at most 0.08 of their tensor's own ensemble ε
@@ -113,6 +131,8 @@ struct Comparison<'a> {
     /// The reference in the case dtype (the `dtype` member).
     dtype_member: Option<&'a RunOutput>,
     first_step: FirstStep<'a>,
+    /// `Oracle::probe_share`.
+    probe_share: f64,
 }
 
 impl<'a> Comparison<'a> {
@@ -128,11 +148,28 @@ impl<'a> Comparison<'a> {
             scale: ErrorScale::new(&reference.tensors),
             dtype_member: members.iter().find(|m| m.name == "dtype").map(|m| &m.output),
             first_step: FirstStep { out, clip: OnceCell::new() },
+            probe_share: oracle.probe_share,
         }
     }
 
     fn has_member(&self, name: &str) -> bool {
         self.members.iter().any(|m| m.name == name)
+    }
+
+    /// The share of a probe's move that counts as ε ([`PROBE_SHARE`]), or all of it where
+    /// round-off is within reach of a discontinuity: top-k routing near a tie, or an attention row
+    /// near one. There a correct run's round-off is carried past anything realistic rounding
+    /// samples (`tests/clean-cases/bf16-4018098-moe-gates-round-off-saturated-softmax-tp3.json`,
+    /// near-tie routing: a router-weight gradient 9.5 ε past the realistic members and the probes
+    /// at half share, 7.7 ε at full share). Chaotic later steps need no such rule: their tensors are
+    /// not compared at all.
+    fn probe_share(&self, ex: &Exclusions) -> f64 {
+        let discontinuous = ex.attention_tie.is_some() || self.has_member("routing-flip");
+        if discontinuous {
+            1.0
+        } else {
+            self.probe_share
+        }
     }
 
     /// What cannot be compared in this run, with a note for each reason.
@@ -175,7 +212,15 @@ impl<'a> Comparison<'a> {
         let target = out.tensor(name).filter(|t| t.shape == r.shape);
         let overflow = target.filter(|t| !t.all_finite()).and_then(|_| near_overflow(case, dtype_value.unwrap_or(r), ex.peak));
         let adam = adam_samples(self.prep, self.reference, &self.first_step, checks, &self.scale, name);
-        let mut others: Vec<(&str, &Tensor)> = self.members.iter().filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
+        let probes: Vec<(&str, Tensor)> = self
+            .members
+            .iter()
+            .filter(|m| m.probe_only)
+            .filter_map(|m| Some((m.name, toward(r, m.tensor(name)?, self.probe_share(ex)))))
+            .collect();
+        let mut others: Vec<(&str, &Tensor)> =
+            self.members.iter().filter(|m| !m.probe_only).filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
+        others.extend(probes.iter().map(|(n, t)| (*n, t)));
         others.extend(out.baseline_tensor(name).filter(|b| b.shape == r.shape).map(|b| ("framework", b)));
         others.extend(adam.iter().map(|t| ("adam", t)));
         let mask = self.comparable_mask(r, &mut others, target.filter(|_| overflow.is_some()), denom);

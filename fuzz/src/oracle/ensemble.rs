@@ -17,10 +17,10 @@
 //!    round-off: TTrace's estimate).
 //! 4. `reordered`: in the case dtype, every dot product summed in reverse order, on inputs rounded
 //!    to their neighbours (another order, another rounding of every input). In f64: every rounding
-//!    jittered by a few ulps, since the f64 reference is the baseline itself there.
+//!    jittered by a few ulps, since the f64 reference is the baseline itself there. In low
+//!    precision a *probe* (below).
 //! 5. `stochastic`: in the case dtype, every rounding of the run (storage and accumulation) moved
-//!    by one ulp up or down: stochastic rounding of every intermediate, the rounding points a
-//!    correct implementation may place elsewhere (low precision only).
+//!    by one ulp up or down (low precision only). A probe.
 //! 6. `gradient-noise`: the f64 reference with absolute noise added to its gradients before each
 //!    step (what a sharded reduction puts there; optimizers that normalise each element, Adam,
 //!    amplify it, and large steps on large values can make it chaotic), for the tensors of later
@@ -48,6 +48,20 @@
 //!    two tokens swapped, router gradients 17 ε past every member). Not an ε either: the elements
 //!    it moves past the statistics' threshold times any other member's move are left out.
 //!
+//! 10. `reversed`: in the case dtype, every dot product summed in reverse order, on the case's own
+//!     inputs (low precision only).
+//! 11. `rounded-stochastically`: in the case dtype, every rounding stochastic and unbiased (up with
+//!     probability (x − below) / spacing): the rounding points a correct implementation may place
+//!     elsewhere, each moved by less than a spacing, as such an implementation moves them.
+//!
+//! Probes (`Member::probe_only`): the two low-precision members that move every rounding by a
+//! whole ulp or every input to its other neighbour are wider than what a correct run does (their
+//! median bf16 move is 4× the native sharded run's). They find where round-off is amplified, and
+//! everything that asks the members how far round-off reaches uses them whole: chaotic later
+//! steps, attention rows and routing near a tie, the gradient noise of later steps. As ε they
+//! count at a share (`check::PROBE_SHARE`, a half; whole where routing or an attention row is near
+//! a tie): `reversed` and `rounded-stochastically` size the rest.
+//!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
 //! all of them, and the verdict does not depend on the path.
@@ -63,7 +77,7 @@ use shardfuzz_harnesses::tensor::Tensor;
 use shardfuzz_kernels::{DType, Prec};
 
 /// How many ensemble members exist; `Prepared::members(n)` computes the first `n`.
-pub const MEMBERS: usize = 9;
+pub const MEMBERS: usize = 11;
 
 /// Router margins below this many unit round-offs (of the coarse dtype) count as near-ties.
 pub const ROUTING_FLIP_ULPS: f64 = 4.0;
@@ -149,11 +163,16 @@ pub struct Member {
     pub later_steps_only: bool,
     /// Only for step-0 gradients.
     pub gradients_only: bool,
+    /// A probe, not an ε: moves wider than a correct run's round-off (a whole ulp at every
+    /// rounding, inputs moved to their other neighbour), which find where round-off is amplified
+    /// (chaotic later steps, attention rows and routing near a tie, the gradient noise the
+    /// optimizer sees) without sizing the tolerance of every tensor.
+    pub probe_only: bool,
 }
 
 impl Member {
     pub(crate) fn new(name: &'static str, output: RunOutput) -> Member {
-        Member { name, output, later_steps_only: false, gradients_only: false }
+        Member { name, output, later_steps_only: false, gradients_only: false, probe_only: false }
     }
 
     /// A noise member the framework computed itself (library-op cases: the worker's `perturbed`
@@ -253,16 +272,21 @@ impl Prepared {
                 } else {
                     count(reference::run_jittered(case, inputs, 4))
                 };
-                out.map(|o| Member::new("reordered", o))
+                out.map(|o| Member { probe_only: low, ..Member::new("reordered", o) })
             }
             4 => low
                 .then(|| count(reference::run_prec(case, inputs, Prec::new(dtype).reversed().jittered(1))))
                 .flatten()
-                .map(|o| Member::new("stochastic", o)),
+                .map(|o| Member { probe_only: true, ..Member::new("stochastic", o) }),
             5 => self.gradient_noise(coarse).map(|o| Member { later_steps_only: true, ..Member::new("gradient-noise", o) }),
             6 => self.reduce_rounding(coarse).map(|o| Member { gradients_only: true, ..Member::new("reduce-rounding", o) }),
             7 => self.routing_flip(coarse).map(|o| Member::new("routing-flip", o)),
             8 => self.gate_jitter(coarse).map(|o| Member::new("gate-jitter", o)),
+            9 => low.then(|| count(reference::run_reversed(case, inputs, dtype))).flatten().map(|o| Member::new("reversed", o)),
+            10 => low
+                .then(|| count(reference::run_prec(case, inputs, Prec::new(dtype).stochastic_rounding())))
+                .flatten()
+                .map(|o| Member::new("rounded-stochastically", o)),
             _ => None,
         }
     }

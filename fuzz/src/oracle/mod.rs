@@ -54,6 +54,9 @@ pub struct Oracle {
     /// Judge with the first ensemble members and compute the rest only when a tensor fails (the
     /// verdict is the same either way; off, every verdict reports ε from the whole ensemble).
     pub fast_path: bool,
+    /// The share of a probe member's move that counts as ε (`check::PROBE_SHARE`; 1 judges as
+    /// the oracle did before realistic rounding sized ε).
+    pub probe_share: f64,
 }
 
 impl Default for Oracle {
@@ -65,6 +68,7 @@ impl Default for Oracle {
             rms_threshold: RMS_THRESHOLD,
             stat_floor_ulps: STAT_FLOOR_ULPS,
             fast_path: true,
+            probe_share: check::PROBE_SHARE,
         }
     }
 }
