@@ -40,8 +40,8 @@ fn toward(r: &Tensor, t: &Tensor, share: f64) -> Tensor {
 /// move every rounding by a whole ulp or every input to its other neighbour, several times what a
 /// correct sharded run does (their median bf16 move is 4× the native sharded run's, README "The
 /// oracle, measured"); at half share they still bound the tails only they reach (a clean bf16
-/// regression case, MoE tp3, sits at 6.2 ε), and a 20 % scale of a bf16 tensor is seen in 90 %
-/// of `bench sensitivity`'s cases instead of 84 %.
+/// regression case, MoE tp3, sits at 6.2 ε), and a 20 % scale of a bf16 tensor is seen in 86 %
+/// of `bench sensitivity`'s cases instead of 84 % (90 % without MoE cases' exception).
 pub const PROBE_SHARE: f64 = 0.5;
 
 /// The floor of a replica check's statistics over the whole tensor, in u (`Rules::for_replicas`).
@@ -157,14 +157,16 @@ impl<'a> Comparison<'a> {
     }
 
     /// The share of a probe's move that counts as ε ([`PROBE_SHARE`]), or all of it where
-    /// round-off is within reach of a discontinuity: top-k routing near a tie, or an attention row
-    /// near one. There a correct run's round-off is carried past anything realistic rounding
-    /// samples (`tests/clean-cases/bf16-4018098-moe-gates-round-off-saturated-softmax-tp3.json`,
-    /// near-tie routing: a router-weight gradient 9.5 ε past the realistic members and the probes
-    /// at half share, 7.7 ε at full share). Chaotic later steps need no such rule: their tensors are
-    /// not compared at all.
+    /// round-off is within reach of a discontinuity: top-k routing (every MoE case: its gates), or
+    /// an attention row near a tie. There a correct run's round-off is carried past anything
+    /// realistic rounding samples: `tests/clean-cases/bf16-4018098-moe-gates-round-off-saturated-softmax-tp3.json`
+    /// (near-tie routing: a router-weight gradient 9.5 ε past the realistic members and the probes
+    /// at half share, 7.7 ε with them whole), and a clean f32 campaign case without a near tie
+    /// (`f32-campaign-moe-gates-norm-grad-below-the-experts.json`: the gates' round-off moved a
+    /// norm gradient below the experts 9.7 ε past them at half share). Chaotic later steps need no
+    /// such rule: their tensors are not compared at all.
     fn probe_share(&self, ex: &Exclusions) -> f64 {
-        let discontinuous = ex.attention_tie.is_some() || self.has_member("routing-flip");
+        let discontinuous = ex.attention_tie.is_some() || self.has_member("routing-flip") || self.has_member("gate-jitter");
         if discontinuous {
             1.0
         } else {

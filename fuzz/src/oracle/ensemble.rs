@@ -59,8 +59,8 @@
 //! median bf16 move is 4× the native sharded run's). They find where round-off is amplified, and
 //! everything that asks the members how far round-off reaches uses them whole: chaotic later
 //! steps, attention rows and routing near a tie, the gradient noise of later steps. As ε they
-//! count at a share (`check::PROBE_SHARE`, a half; whole where routing or an attention row is near
-//! a tie): `reversed` and `rounded-stochastically` size the rest.
+//! count at a share (`check::PROBE_SHARE`, a half; whole in MoE cases and where an attention row
+//! is near a tie): `reversed` and `rounded-stochastically` size the rest.
 //!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with

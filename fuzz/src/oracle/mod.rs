@@ -54,8 +54,8 @@ pub struct Oracle {
     /// Judge with the first ensemble members and compute the rest only when a tensor fails (the
     /// verdict is the same either way; off, every verdict reports ε from the whole ensemble).
     pub fast_path: bool,
-    /// The share of a probe member's move that counts as ε (`check::PROBE_SHARE`; 1 judges as
-    /// the oracle did before realistic rounding sized ε).
+    /// The share of a probe member's move that counts as ε (`check::PROBE_SHARE`; 1 counts the
+    /// probes whole, as before 2026-11-29, the realistic members then only adding to ε).
     pub probe_share: f64,
 }
 
