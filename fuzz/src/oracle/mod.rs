@@ -442,7 +442,7 @@ fn judge_completed(
         let (checks, notes) = check::compare_run(prep, reference, out, &members, oracle);
         v.checks = checks;
         v.notes = notes;
-        v.members = members.iter().map(|m| m.name.to_string()).collect();
+        v.members = member_names(&members);
         if v.first_divergent().is_none() {
             break;
         }
@@ -453,7 +453,7 @@ fn judge_completed(
             members.push(&own);
             let (checks, notes) = check::compare_run(prep, reference, out, &members, oracle);
             (v.checks, v.notes) = (checks, notes);
-            v.members = members.iter().map(|m| m.name.to_string()).collect();
+            v.members = member_names(&members);
         }
     }
     // In execution order, so that the first failing check is where the divergence first shows.
@@ -478,7 +478,7 @@ fn judge_library_op(v: &mut Verdict, prep: &Prepared, out: &shardfuzz_harnesses:
     let (checks, notes) = check::compare_run(prep, &reference, out, &members, oracle);
     v.checks = checks;
     v.notes = notes;
-    v.members = members.iter().map(|m| m.name.to_string()).collect();
+    v.members = member_names(&members);
     v.checks.sort_by_key(|c| crate::localize::execution_order(&prep.case, &c.tensor));
     conclude(v);
     if v.kind == VerdictKind::Divergent {
@@ -534,4 +534,9 @@ fn conclude(v: &mut Verdict) {
             };
         }
     }
+}
+
+/// The members a verdict's ε came from, each probe marked (it counts at a share, `Member::probe_only`).
+fn member_names(members: &[&ensemble::Member]) -> Vec<String> {
+    members.iter().map(|m| if m.probe_only { format!("{} (probe)", m.name) } else { m.name.to_string() }).collect()
 }
