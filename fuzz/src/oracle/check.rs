@@ -214,12 +214,9 @@ impl<'a> Comparison<'a> {
         let target = out.tensor(name).filter(|t| t.shape == r.shape);
         let overflow = target.filter(|t| !t.all_finite()).and_then(|_| near_overflow(case, dtype_value.unwrap_or(r), ex.peak));
         let adam = adam_samples(self.prep, self.reference, &self.first_step, checks, &self.scale, name);
-        let probes: Vec<(&str, Tensor)> = self
-            .members
-            .iter()
-            .filter(|m| m.probe_only)
-            .filter_map(|m| Some((m.name, toward(r, m.tensor(name)?, self.probe_share(ex)))))
-            .collect();
+        let share = self.probe_share(ex);
+        let probes: Vec<(&str, Tensor)> =
+            self.members.iter().filter(|m| m.probe_only).filter_map(|m| Some((m.name, toward(r, m.tensor(name)?, share)))).collect();
         let mut others: Vec<(&str, &Tensor)> =
             self.members.iter().filter(|m| !m.probe_only).filter_map(|m| Some((m.name, m.tensor(name)?))).collect();
         others.extend(probes.iter().map(|(n, t)| (*n, t)));
