@@ -179,3 +179,61 @@ fn a_twenty_percent_short_bf16_gradient_is_seen_once_probes_count_at_their_share
     let before = judge(out, &whole);
     assert_eq!(before.kind, VerdictKind::Pass, "with the probes counted whole: {}", before.reason);
 }
+
+/// Scales `name` of a clean bf16 run of `random_case(seed)` by `factor` and judges it with
+/// `oracle` (the clean run must pass with it).
+fn bf16_scaled(seed: u64, name: &str, factor: f64, oracle: &Oracle) -> shardfuzz_fuzz::oracle::Verdict {
+    let mut c = random_case(seed);
+    c.train.dtype = DType::BF16;
+    c.train.reduce_dtype = None;
+    c.train.loss_scale = None;
+    let prep = Prepared::new(&c);
+    let mut out = common::native_output(&c, &prep.inputs);
+    let judge = |out: RunOutput| judge_prepared("native", Default::default(), &prep, Outcome::Completed(out), oracle);
+    let clean = judge(out.clone());
+    assert_eq!(clean.kind, VerdictKind::Pass, "seed {seed}: {}", clean.reason);
+    assert!(out.tensor(name).is_some(), "seed {seed} has no {name}");
+    out.tensors.iter_mut().filter(|(n, _)| n == name).for_each(|(_, t)| t.data.iter_mut().for_each(|x| *x *= factor));
+    judge(out)
+}
+
+/// A parameter after two Adam steps whose few elements with a gradient within round-off of zero
+/// (their update may take either sign: a move of 2 lr) are left out of the comparison instead of
+/// setting every element's ε: 20 % short, a bf16 key projection (tp3 with sequence parallelism,
+/// `bench sensitivity` seed 40; 2 of its 27 elements undecided) passed before and is divergent now.
+#[test]
+fn a_bf16_parameter_after_adam_steps_is_compared_without_its_undecided_elements() {
+    let name = "param/layers.1.attn.k.weight";
+    let v = bf16_scaled(40, name, 0.8, &Oracle::default());
+    assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
+    assert_eq!(v.first_divergent().unwrap().tensor, name, "{}", v.reason);
+}
+
+/// In MoE cases the probes count whole only for the gradients that flow back through the gates
+/// (at or below the last MoE layer's experts), where the gates' round-off reaches further than
+/// realistic rounding; above them they count at their share: a bf16 final-norm gradient 20 % short
+/// in an MoE case (`bench sensitivity` seed 235) is divergent, and passes with the probes whole (as
+/// every tensor of an MoE case was judged before).
+#[test]
+fn a_twenty_percent_short_bf16_gradient_above_the_experts_is_seen_with_the_probes_at_their_share() {
+    let name = "grad/final_norm.weight";
+    let v = bf16_scaled(235, name, 0.8, &Oracle::default());
+    assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
+    assert_eq!(v.first_divergent().unwrap().tensor, name, "{}", v.reason);
+    let whole = bf16_scaled(235, name, 0.8, &Oracle { probe_share: 1.0, ..Oracle::default() });
+    assert_eq!(whole.kind, VerdictKind::Pass, "with the probes counted whole: {}", whole.reason);
+}
+
+/// The later steps' `gradient-noise` member is sized from the members before it, the probes
+/// whole among them, so in low precision it is a probe too and counts as ε at their share: a bf16
+/// query projection 20 % short after two Adam steps (`bench sensitivity` seed 45) is divergent,
+/// and passes with the probes counted whole.
+#[test]
+fn a_bf16_parameter_after_adam_steps_is_seen_with_the_gradient_noise_at_the_probes_share() {
+    let name = "param/layers.0.attn.q.weight";
+    let v = bf16_scaled(45, name, 0.8, &Oracle::default());
+    assert_eq!(v.kind, VerdictKind::Divergent, "{}", v.reason);
+    assert_eq!(v.first_divergent().unwrap().tensor, name, "{}", v.reason);
+    let whole = bf16_scaled(45, name, 0.8, &Oracle { probe_share: 1.0, ..Oracle::default() });
+    assert_eq!(whole.kind, VerdictKind::Pass, "with the probes counted whole: {}", whole.reason);
+}

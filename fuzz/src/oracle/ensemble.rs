@@ -26,7 +26,8 @@
 //!    amplify it, and large steps on large values can make it chaotic), for the tensors of later
 //!    steps: per parameter, twice the largest difference the members
 //!    before it show on that parameter's step-0 gradient, and never below 4 u of the largest
-//!    gradient element.
+//!    gradient element. In low precision the members before it include the probes whole, so it
+//!    is a probe itself (as ε it counts at their share; the chaos rule reads it whole).
 //! 7. `reduce-rounding`: with a reduce dtype coarser than the compute dtype, the reference's step-0
 //!    gradients moved by the reduction's rounding of every partial gradient (u·√roundings times
 //!    the root-sum-square of the rows' gradients).
@@ -58,9 +59,10 @@
 //! whole ulp or every input to its other neighbour are wider than what a correct run does (their
 //! median bf16 move is 4× the native sharded run's). They find where round-off is amplified, and
 //! everything that asks the members how far round-off reaches uses them whole: chaotic later
-//! steps, attention rows and routing near a tie, the gradient noise of later steps. As ε they
-//! count at a share (`check::PROBE_SHARE`, a half; whole in MoE cases and where an attention row
-//! is near a tie): `reversed` and `rounded-stochastically` size the rest.
+//! steps, attention rows and routing near a tie, the gradient noise of later steps (itself a probe,
+//! being sized from them). As ε they count at a share (`check::PROBE_SHARE`, a half; whole where
+//! an attention row is near a tie, and in MoE cases for the gradients that flow back through the
+//! gates): `reversed` and `rounded-stochastically` size the rest.
 //!
 //! The oracle judges with the members computed so far and computes more only when a tensor fails
 //! (the fast path): adding a member can only raise ε, so a pass with fewer members is a pass with
@@ -278,7 +280,11 @@ impl Prepared {
                 .then(|| count(reference::run_prec(case, inputs, Prec::new(dtype).reversed().jittered(1))))
                 .flatten()
                 .map(|o| Member { probe_only: true, ..Member::new("stochastic", o) }),
-            5 => self.gradient_noise(coarse).map(|o| Member { later_steps_only: true, ..Member::new("gradient-noise", o) }),
+            5 => self.gradient_noise(coarse).map(|o| Member {
+                later_steps_only: true,
+                probe_only: low,
+                ..Member::new("gradient-noise", o)
+            }),
             6 => self.reduce_rounding(coarse).map(|o| Member { gradients_only: true, ..Member::new("reduce-rounding", o) }),
             7 => self.routing_flip(coarse).map(|o| Member::new("routing-flip", o)),
             8 => self.gate_jitter(coarse).map(|o| Member::new("gate-jitter", o)),
