@@ -246,8 +246,9 @@ fn activations_rounded_to_a_coarser_reduce_dtype_are_not_a_divergence() {
 /// round-off gradients' signs (with L2 weight decay), later losses moved by those flips, 16-bit
 /// gradients made mostly of round-off, a later loss that only the stochastic-rounding member found
 /// chaotic, a last step whose chaos no reported loss showed, an ill-conditioned MoE router that
-/// round-off moved by far more than 4 u, and MoE gates whose round-off the token's large expert
-/// outputs amplified into a swapped saturated softmax. Each must pass; the oracle stays sensitive to real errors (`fuzz/tests/sensitivity.rs`).
+/// round-off moved by far more than 4 u, MoE gates whose round-off the token's large expert
+/// outputs amplified into a swapped saturated softmax, and copies of a parameter whose Adam updates
+/// of round-off gradient elements took different signs. Each must pass; the oracle stays sensitive to real errors (`fuzz/tests/sensitivity.rs`).
 #[test]
 fn the_clean_cases_met_while_calibrating_the_thresholds_pass() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clean-cases");

@@ -280,11 +280,9 @@ impl Prepared {
                 .then(|| count(reference::run_prec(case, inputs, Prec::new(dtype).reversed().jittered(1))))
                 .flatten()
                 .map(|o| Member { probe_only: true, ..Member::new("stochastic", o) }),
-            5 => self.gradient_noise(coarse).map(|o| Member {
-                later_steps_only: true,
-                probe_only: low,
-                ..Member::new("gradient-noise", o)
-            }),
+            5 => {
+                self.gradient_noise(coarse).map(|o| Member { later_steps_only: true, probe_only: low, ..Member::new("gradient-noise", o) })
+            }
             6 => self.reduce_rounding(coarse).map(|o| Member { gradients_only: true, ..Member::new("reduce-rounding", o) }),
             7 => self.routing_flip(coarse).map(|o| Member::new("routing-flip", o)),
             8 => self.gate_jitter(coarse).map(|o| Member::new("gate-jitter", o)),
