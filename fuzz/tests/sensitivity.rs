@@ -237,3 +237,20 @@ fn a_bf16_parameter_after_adam_steps_is_seen_with_the_gradient_noise_at_the_prob
     let whole = bf16_scaled(45, name, 0.8, &Oracle { probe_share: 1.0, ..Oracle::default() });
     assert_eq!(whole.kind, VerdictKind::Pass, "with the probes counted whole: {}", whole.reason);
 }
+
+/// Dropping a micro-batch whose every target is ignored changes no gradient: the corruption does
+/// not apply (it counted as a miss, 7 of 924 f64 cases). Seed 81: batch 2 as two micro-batches, 90 %
+/// of the targets ignored as padding.
+#[test]
+fn dropping_a_microbatch_that_contributes_nothing_is_no_corruption() {
+    let mut t = create("native", &TargetOptions::default()).unwrap();
+    let mut c = random_case(81);
+    c.train.dtype = DType::F64;
+    c.train.reduce_dtype = None;
+    c.train.loss_scale = None;
+    let r = run_case(t.as_mut(), &c, &Oracle::default()).unwrap();
+    let dropped = r.detected.iter().find(|(c, _)| *c == Corruption::MicrobatchDropped).unwrap().1;
+    assert_eq!(dropped, None, "{:?}", r.misses);
+    let scaled = r.detected.iter().find(|(c, _)| *c == Corruption::Scale(0.5)).unwrap().1;
+    assert_eq!(scaled, Some(true), "{:?}", r.misses);
+}
