@@ -165,10 +165,10 @@ impl<'a> Comparison<'a> {
     /// (`f32-campaign-moe-gates-norm-grad-below-the-experts.json`: a norm gradient below the experts
     /// 9.7 ε past them at half share). Above the experts (logits, loss, later layers) the probes
     /// count at their share: whole there too, 859 of 1,000 bf16 `bench sensitivity` cases saw a
-    /// 20 % short tensor instead of 876 (×1.25: 897 and 895). Counting the `gate-jitter` member as ε instead fits neither: the
-    /// f32 case needs it whole (7.0 ε), and whole it hides a halved output-layer gradient
-    /// (`fuzz/tests/oracle_attention_tie.rs`). Chaotic later steps need no such rule: their tensors
-    /// are not compared at all.
+    /// 20 % short tensor instead of 876 (×1.25: 897 and 895). Counting the `gate-jitter` member
+    /// as ε instead fits neither case: the f32 one needs it whole (7.0 ε), and whole it hides a
+    /// halved output-layer gradient (`fuzz/tests/oracle_attention_tie.rs`). Chaotic later steps
+    /// need no such rule: their tensors are not compared at all.
     fn probe_share(&self, ex: &Exclusions, name: &str) -> f64 {
         let moe = self.has_member("routing-flip") || self.has_member("gate-jitter");
         if ex.attention_tie.is_some() || (moe && below_the_experts(&self.prep.case, name)) {
@@ -704,7 +704,7 @@ fn adam_moves(
         .collect();
     let up = p.data.iter().zip(&moves).map(|(x, m)| x + m).collect();
     let outward = p.data.iter().zip(&moves).map(|(x, m)| x + m.copysign(*x)).collect();
-    let undecided = moves.iter().map(|&m| m >= lr * UNDECIDED_STEPS).collect();
+    let undecided = moves.iter().map(|&m| m > 0.0 && m >= lr * UNDECIDED_STEPS).collect();
     Some(AdamMoves { up: Tensor::new(p.shape.clone(), up), outward: Tensor::new(p.shape.clone(), outward), undecided })
 }
 
