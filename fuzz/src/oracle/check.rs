@@ -132,6 +132,9 @@ struct Comparison<'a> {
     first_step: FirstStep<'a>,
     /// `Oracle::probe_share`.
     probe_share: f64,
+    /// In MoE cases, the parameters whose gradients flow back through the gates
+    /// (`below_the_experts`); empty otherwise.
+    below_the_experts: Vec<String>,
 }
 
 impl<'a> Comparison<'a> {
@@ -148,6 +151,11 @@ impl<'a> Comparison<'a> {
             dtype_member: members.iter().find(|m| m.name == "dtype").map(|m| &m.output),
             first_step: FirstStep { out, clip: OnceCell::new() },
             probe_share: oracle.probe_share,
+            below_the_experts: if members.iter().any(|m| m.name == "routing-flip" || m.name == "gate-jitter") {
+                below_the_experts(&prep.case)
+            } else {
+                vec![]
+            },
         }
     }
 
@@ -170,8 +178,8 @@ impl<'a> Comparison<'a> {
     /// halved output-layer gradient (`fuzz/tests/oracle_attention_tie.rs`). Chaotic later steps
     /// need no such rule: their tensors are not compared at all.
     fn probe_share(&self, ex: &Exclusions, name: &str) -> f64 {
-        let moe = self.has_member("routing-flip") || self.has_member("gate-jitter");
-        if ex.attention_tie.is_some() || (moe && below_the_experts(&self.prep.case, name)) {
+        let param = name.strip_prefix("grad/").or_else(|| name.strip_prefix("param/"));
+        if ex.attention_tie.is_some() || param.is_some_and(|p| self.below_the_experts.iter().any(|b| b == p)) {
             1.0
         } else {
             self.probe_share
@@ -269,15 +277,13 @@ impl<'a> Comparison<'a> {
     }
 }
 
-/// Whether `name` is the gradient or the updated value of a parameter at or below the last MoE
-/// layer's experts in forward order (the router and experts included): the gradients that flow
-/// back through the gates.
-fn below_the_experts(case: &Case, name: &str) -> bool {
-    let Some(model) = case.model.as_ref() else { return false };
-    let params: Vec<String> = model.params().into_iter().map(|p| p.name).collect();
-    let Some(last) = params.iter().rposition(|p| p.contains(".moe.")) else { return false };
-    let param = name.strip_prefix("grad/").or_else(|| name.strip_prefix("param/"));
-    param.and_then(|p| params.iter().position(|x| x == p)).is_some_and(|i| i <= last)
+/// The parameters at or below the last MoE layer's experts in forward order (the router and
+/// experts included): those whose gradients flow back through the gates.
+fn below_the_experts(case: &Case) -> Vec<String> {
+    let mut params: Vec<String> = case.model.as_ref().map(|m| m.params().into_iter().map(|p| p.name).collect()).unwrap_or_default();
+    let last = params.iter().rposition(|p| p.contains(".moe.")).map_or(0, |i| i + 1);
+    params.truncate(last);
+    params
 }
 
 /// Near zero a dtype's rounding is absolute: its values there are multiples of the smallest
@@ -605,7 +611,7 @@ fn replica_checks(out: &RunOutput, noise: &[(String, ReplicaNoise)], scale: &Err
         let own = noise.iter().find(|(n, _)| n == name).map(|(_, s)| s);
         let noise = |s: Stat| own.map(|c| c.stats[s as usize].noise).filter(|n| n.is_finite()).unwrap_or(rules.floors[s as usize]);
         let denom = scale.denominator(name, first);
-        let mask = own.and_then(|c| c.mask.as_deref()).filter(|m| m.len() == first.data.len());
+        let mask = own.and_then(|c| c.mask.as_deref());
         let mut worst: Option<(usize, Vec<StatCheck>)> = None;
         for (rank, t) in copies.iter().skip(1) {
             let values = statistics(t, first, denom, mask.filter(|m| m.len() == t.data.len()));
