@@ -291,7 +291,7 @@ fn sensitivity_on_library_ops_detects_a_halved_tensor() {
 }
 
 /// Dynamic loss scaling on the torch targets (torch.amp.GradScaler) and the Colossal-AI plugins (their
-/// own fp16 scaler): the scaler's skipped steps
+/// own fp16 scaler, which checks for overflow without loss scaling too): the scaler's skipped steps
 /// travel as run statistics and agree with the reference's where every rank overflows alike; and the
 /// scalers of torch-tp's ranks disagreeing (DTensor's found_inf reduced by the first gradient's
 /// placement alone, docs/findings/torch-2.15-dtensor-gradscaler-found-inf-first-grad-placement.py) is a
@@ -313,14 +313,22 @@ fn loss_scaler_skips_travel_and_a_disagreement_between_ranks_diverges() {
     }
     // Colossal-AI's scalers: skips travel, and gradients read before the step are unscaled (a gradient
     // still carrying the scale diverges by that factor).
+    // The third case has no loss scaling; its f16 norms' backward overflows (tiny data), on one device
+    // in torch too, and the plugin's overflow check (a fixed scale of 1) skips the step, which a plain
+    // run applies: the skip travels and nothing after it is compared (it diverged before: the output
+    // layer, whose gradient is finite, stepped in the reference only).
     let zero: Vec<String> =
-        ["zero2-f16-overflow-every-rank.json", "zero2-f16-no-overflow.json"].iter().map(|c| dir.join(c).display().to_string()).collect();
-    let o = shardfuzz(&["run", "--json", "--target", "colossalai-zero", &zero[0], &zero[1]], &[]);
+        ["zero2-f16-overflow-every-rank.json", "zero2-f16-no-overflow.json", "zero1-f16-unscaled-nan-gradients-step-skipped.json"]
+            .iter()
+            .map(|c| dir.join(c).display().to_string())
+            .collect();
+    let o = shardfuzz(&["run", "--json", "--target", "colossalai-zero", &zero[0], &zero[1], &zero[2]], &[]);
     let vs = verdicts(&o);
-    assert_eq!(vs.len(), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs.len(), 3, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(vs.iter().all(|v| v["kind"] == "pass"), "{vs:?}");
     assert!(vs[0]["features"].as_array().unwrap().iter().any(|f| f == "loss-scale:overflow"), "{}", vs[0]);
     assert!(!vs[0]["notes"].to_string().contains("loss scaler skipped"), "{}", vs[0]);
+    assert!(vs[2]["notes"].to_string().contains("overflow check skipped step 0"), "{}", vs[2]);
     let hybrid = dir.join("hybrid-tp2-f16-no-overflow.json").display().to_string();
     let o = shardfuzz(&["run", "--json", "--target", "colossalai-hybrid", &hybrid], &[]);
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "{}", verdicts(&o)[0]);

@@ -22,6 +22,10 @@ struct Exclusions {
     attention_tie: Option<AttentionTie>,
     scaler_differs: bool,
     first_step_skipped: bool,
+    /// A case without loss scaling whose run the framework's own overflow check skipped at a step
+    /// where the single-device run in the case dtype had non-finite gradients too
+    /// (`overflow_check_skip`).
+    overflow_check_skipped: bool,
     peak: f64,
     overflow_seen: bool,
 }
@@ -323,14 +327,37 @@ fn exclusions(case: &Case, reference: &RunOutput, out: &RunOutput, dtype_run: Op
             single.unwrap_or_default()
         ));
     }
+    let scaled = case.train.loss_scale.is_some();
     Exclusions {
         chaotic: None,
         attention_tie: None,
         scaler_differs,
-        first_step_skipped: skips(Some(out)).is_some_and(|s| s.first() == Some(&true)),
+        first_step_skipped: scaled && skips(Some(out)).is_some_and(|s| s.first() == Some(&true)),
+        overflow_check_skipped: !scaled && overflow_check_skip(out, dtype_run, notes),
         peak: reference.stats.peak_activation.unwrap_or(0.0),
         overflow_seen: false,
     }
+}
+
+/// Some frameworks check every fp16 step for overflow whether or not the loss is scaled
+/// (Colossal-AI's fp16 precision: its scaler at a fixed scale of 1 still skips the step), where a
+/// plain single-device run applies it. Whether a step whose gradients overflow in the case dtype is
+/// applied or skipped is the framework's policy: the tensors after it are not comparable. A skip at
+/// a step whose gradients are finite in the case dtype is not excused: the parameters then differ.
+fn overflow_check_skip(out: &RunOutput, dtype_run: Option<&RunOutput>, notes: &mut Vec<String>) -> bool {
+    let Some(step) = out.stats.skipped_steps.as_ref().and_then(|s| s.iter().position(|&x| x)) else {
+        return false;
+    };
+    // The target's own single-device run (its step-0 gradients) may overflow where the emulated
+    // one does not: an fp16 norm's backward computed in fp16.
+    let overflowed = dtype_run.and_then(|d| d.stats.nonfinite_grad_steps.as_ref()).is_some_and(|o| o.get(step) == Some(&true))
+        || (step == 0 && out.baseline.iter().any(|(n, t)| n.starts_with("grad/") && !t.all_finite()));
+    notes.push(if overflowed {
+        format!("the framework's overflow check skipped step {step} (a case without loss scaling), whose gradients are not finite on one device in the case dtype either: later steps not comparable")
+    } else {
+        format!("the framework's overflow check skipped step {step} (a case without loss scaling), whose gradients are finite on one device in the case dtype: compared as they are")
+    });
+    overflowed
 }
 
 /// Raises a statistic's ε to `floor` (its bound follows: `set_bounds`); `why` names where the
@@ -555,6 +582,8 @@ fn judge_tensor(check: &mut TensorCheck, name: &str, t: &Tensor, r: &Tensor, den
         Some("loss scaler decisions differ: not comparable".into())
     } else if ex.first_step_skipped && name.starts_with("grad/") {
         Some("step 0 overflowed and was skipped by the loss scaler: not comparable".into())
+    } else if ex.overflow_check_skipped && after_first_step {
+        Some("the framework skipped a step that overflows in the case dtype (see notes): not comparable".into())
     } else if ex.chaotic.is_some() && after_first_step {
         Some("later steps amplify round-off chaotically (see notes): not comparable".into())
     } else if ex.attention_tie.is_some_and(|t| t.reaches(name)) {
@@ -899,4 +928,37 @@ fn near_overflow(case: &Case, t: &Tensor, peak: f64) -> Option<String> {
     let (what, size) = if own >= peak { ("values", own) } else { ("intermediates", peak) };
     (size * headroom >= dtype.max_finite())
         .then(|| format!("overflow: {what} reach {size:.3e}, within the sharding's headroom (×{headroom}) of {dtype}'s range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardfuzz_harnesses::target::RunStats;
+
+    fn run(skipped: Option<Vec<bool>>, nonfinite: Option<Vec<bool>>) -> RunOutput {
+        RunOutput {
+            stats: RunStats { skipped_steps: skipped, nonfinite_grad_steps: nonfinite, ..RunStats::default() },
+            ..RunOutput::default()
+        }
+    }
+
+    #[test]
+    fn an_overflow_check_skip_is_excused_only_where_one_device_overflows_too() {
+        let mut notes = vec![];
+        let skipped_second = run(Some(vec![false, true]), None);
+        assert!(overflow_check_skip(&skipped_second, Some(&run(None, Some(vec![false, true]))), &mut notes));
+        assert!(notes[0].contains("not finite on one device"), "{notes:?}");
+        // One device's gradients finite at the skipped step: the skip is not excused.
+        assert!(!overflow_check_skip(&skipped_second, Some(&run(None, Some(vec![true, false]))), &mut notes));
+        assert!(notes[1].contains("compared as they are"), "{notes:?}");
+        // The target's own single-device step-0 gradients overflowing excuse a skip of step 0.
+        let mut skipped_first = run(Some(vec![true]), None);
+        assert!(!overflow_check_skip(&skipped_first, Some(&run(None, Some(vec![false]))), &mut notes));
+        skipped_first.baseline = vec![("grad/w".into(), Tensor::new(vec![2], vec![1.0, f64::NAN]))];
+        assert!(overflow_check_skip(&skipped_first, Some(&run(None, Some(vec![false]))), &mut notes));
+        // No skip: nothing to excuse, no note.
+        let before = notes.len();
+        assert!(!overflow_check_skip(&run(Some(vec![false]), None), None, &mut notes));
+        assert_eq!(notes.len(), before);
+    }
 }

@@ -252,7 +252,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
     let tokens = inputs.loss_denominator();
     let mut out = RunOutput::default();
-    let mut skipped = vec![];
+    let (mut skipped, mut nonfinite_steps) = (vec![], vec![]);
     for step in 0..case.train.steps {
         let mut grads = ParamSet::new();
         let s = scale.unwrap_or(1.0);
@@ -266,7 +266,9 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
             out.tensors.push(("logits".into(), Tensor::from_mat(logits)));
             out.tensors.extend(order.iter().map(|n| (format!("grad/{n}"), grads[n].clone())));
         }
-        let overflow = scale.is_some() && grads.values().any(|t| !t.all_finite());
+        let nonfinite = grads.values().any(|t| !t.all_finite());
+        nonfinite_steps.push(nonfinite);
+        let overflow = scale.is_some() && nonfinite;
         skipped.push(overflow);
         if overflow {
             scale = Some(s / 2.0);
@@ -283,6 +285,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
         out.stats.final_loss = final_loss(&ctx, &params, &g, inputs).map(|l| l / tokens);
     }
     out.stats.skipped_steps = case.train.loss_scale.is_some().then_some(skipped);
+    out.stats.nonfinite_grad_steps = Some(nonfinite_steps);
     out.stats.near_ties = (flips.below > 0.0).then(|| ctx.near_ties.get());
     Ok(out)
 }

@@ -60,6 +60,10 @@ pub struct RunStats {
     /// Per step: whether the dynamic loss scaler skipped it (runs with a loss scaler only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped_steps: Option<Vec<bool>>,
+    /// Per step: whether a gradient had a non-finite element, with or without a loss scaler
+    /// (reference runs): where a framework's own overflow check may skip the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonfinite_grad_steps: Option<Vec<bool>>,
     /// The smallest gap between a token's k-th and (k+1)-th router probability (MoE models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing_margin: Option<f64>,

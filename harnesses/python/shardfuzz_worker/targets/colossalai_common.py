@@ -242,13 +242,17 @@ def booster_resume(booster, boosted, opt, fresh):
 
 
 def plugin_step(opt):
-    """The optimizer's step and zero_grad; whether its fp16 loss scaler skipped the step (its scale went down),
-    None without one."""
+    """The optimizer's step and zero_grad; whether its fp16 loss scaler skipped the step, None without one. The
+    scaler checks every fp16 step for overflow, even at a fixed scale of 1 (a case without loss scaling, whose
+    scale cannot go down): its `found_overflow` flag, set by the step's check, says so."""
     mixin = fp16_scaler(opt)
     before = mixin.loss_scale if mixin is not None else None
     opt.step()
     opt.zero_grad()
-    return None if before is None else mixin.loss_scale < before
+    if before is None:
+        return None
+    found = getattr(mixin, "found_overflow", None)
+    return bool(found.item() > 0) if found is not None else mixin.loss_scale < before
 
 
 def unscaled(opt, grad):

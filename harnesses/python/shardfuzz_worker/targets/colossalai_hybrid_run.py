@@ -185,7 +185,8 @@ def run(plugin, case, inputs, dt):
         "logits": logits0, "grads": grads0, "params": {n: local_view(view(p)) for n, _, p, view in views},
         "sharded": {n: is_distributed_tensor(p) or is_customized_distributed_tensor(p) for n, _, p, _ in views},
         "model_loss": labels is not None,
-        "skipped": skipped if t.get("loss_scale") is not None else None,
+        # Without loss scaling too where the framework checks for overflow (plugin_step: not None).
+        "skipped": skipped if t.get("loss_scale") is not None or any(s is not None for s in skipped) else None,
     }
 
 

@@ -9,7 +9,9 @@ mesh, every collective run in two stages, across the groups and within one), cli
 partitions) and the optimizer step (the case's torch optimizer, wrapped in LowLevelZeroOptimizer). Micro-batches
 are accumulated by the ZeRO optimizer itself (every backward reduces into its gradient partitions; one step).
 fp16 runs with the case's dynamic loss scale (halved on each overflow, the step skipped; never grown, as the
-reference's scaler), or without one with a loss scale of 1 that stays 1 (initial_scale=1, min_scale=1).
+reference's scaler), or without one with a loss scale of 1 that stays 1 (initial_scale=1, min_scale=1); its
+overflow check still skips a step whose gradients are not finite, which a plain run applies: the skip is
+reported, and the oracle compares nothing after a skipped step that overflows on one device in the case dtype too.
 
 Step-0 gradients are the optimizer's reduced gradients before the step (`get_param_grad`, gathered from the
 partitions); final parameters are the working parameters after the last step (the fp32 masters rounded to the

@@ -114,7 +114,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             opt.step()
     final = {name: view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
-            "skipped": skipped if t.get("loss_scale") is not None else None}
+            "skipped": skipped if t.get("loss_scale") is not None or skipped else None}
 
 
 class _LowPrecisionGradScaler(torch.amp.GradScaler):
