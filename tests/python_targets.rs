@@ -777,6 +777,31 @@ fn colossalai_pipeline_with_sequence_parallelism_builds_the_mask_from_the_chunk(
     }
 }
 
+/// A pipeline stage without a trainable parameter (pp 3 over a model without decoder layers: the middle stage holds
+/// none) and gradient clipping: Colossal-AI 0.5.0's `_compute_grad_norm` returns 0.0 there before the pipeline
+/// group's all-reduce the other stages wait in, a hang (found by a colossalai-hybrid `bench guidance` campaign,
+/// 2026-11-29); with the known fix the stage takes part with a zero contribution and the run passes.
+#[test]
+fn colossalai_pipeline_stage_without_gradients_skips_the_clipping_norms_collective() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-pipeline/llama-pp3-no-layers-clip-f32.json").display().to_string();
+    let run = |fixes: &str| {
+        let o = shardfuzz(
+            &["run", "--json", "--timeout-ms", "20000", "--target", "colossalai-hybrid", &case],
+            &[("SHARDFUZZ_KNOWN_FIXES", fixes)],
+        );
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{}", String::from_utf8_lossy(&o.stderr));
+        vs[0].clone()
+    };
+    let v = run("");
+    assert!(v["kind"] == "hang" && reason(&v).contains("hybrid_parallel_plugin.py") && reason(&v).contains("in step"), "{v}");
+    let v = run("colossalai-empty-grad-norm-collective");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
+}
+
 /// The case fields `sync_every_microbatch` and `param_shard_dim`: torch-fsdp2 accumulating without communication
 /// (`set_requires_gradient_sync(False)` before the last micro-batch) under HSDP and ZeRO-3, its matrices sharded along
 /// dimension 1 (`shard_placement_fn`), passes, and so does

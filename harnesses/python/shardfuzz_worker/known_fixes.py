@@ -295,6 +295,31 @@ def _colossalai_clip_norm_customized_tensors():
     hybrid_parallel_plugin.is_distributed_tensor = lambda t: is_distributed_tensor(t) or is_customized_distributed_tensor(t)
 
 
+def _colossalai_empty_grad_norm_collective():
+    """Colossal-AI 0.5.0: each of HybridParallelPlugin's three optimizers computes the clipping norm in
+    `_compute_grad_norm`, which returns 0.0 at once when the rank holds no gradient, before the all-reduces over
+    the tensor- and pipeline-parallel (ZeRO: data-parallel) groups that every other rank enters: a pipeline stage
+    without a trainable parameter (a stage holding no layer, or only frozen ones) skips them, and the others wait
+    forever (docs/findings/colossalai-0.5.0-grad-norm-early-return-skips-collective.py). Fix: a rank without
+    gradients takes part with a zero contribution."""
+    import torch
+    from colossalai.booster.plugin import hybrid_parallel_plugin as hpp
+
+    def zero():
+        return torch.zeros(1, dtype=torch.float32)
+
+    for cls in (hpp.HybridParallelNaiveOptimizer, hpp.HybridParallelAMPOptimizer):
+        def pairs_norm(self, pairs, norm_type=2, _real=cls._compute_grad_norm):
+            return _real(self, pairs if pairs else [(zero(), zero())], norm_type)
+
+        cls._compute_grad_norm = pairs_norm
+
+    def zero_norm(self, dp_pg, gradients, norm_type=2, _real=hpp.HybridParallelZeroOptimizer._compute_grad_norm):
+        return _real(self, dp_pg, gradients if gradients else [zero()], norm_type)
+
+    hpp.HybridParallelZeroOptimizer._compute_grad_norm = zero_norm
+
+
 def _deepspeed_zero3_predivide_world():
     """DeepSpeed 0.19.8: ZeRO-3 without reduce-scatter (`"reduce_scatter": false`) with a
     `gradient_predivide_factor` f divides every gradient by f and by the world size W before the reduction and
@@ -660,6 +685,7 @@ FIXES = {
     "colossalai-gpt2-lm-head-gather": (("colossalai-hybrid",), _colossalai_gpt2_lm_head_gather),
     "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
+    "colossalai-empty-grad-norm-collective": (("colossalai-hybrid",), _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (("colossalai-hybrid",), _colossalai_zero2_sp_accumulated_sync),
     "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
     "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
