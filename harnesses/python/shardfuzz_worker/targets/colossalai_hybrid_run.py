@@ -173,7 +173,9 @@ def run(plugin, case, inputs, dt):
             for name, hf, p, view in views:
                 g = grad(p) if grad is not None else p.grad
                 grads0[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
-        skipped.append(plugin_step(zopt))
+        was_skipped = plugin_step(zopt)
+        if was_skipped is not None:
+            skipped.append(was_skipped)
     # With ZeRO's overlap_allgather the updated parameters arrive asynchronously (each waited for by the next
     # forward's op hook): read after the wait Colossal-AI's own checkpointing does first.
     boosted._force_wait_all_gather()
@@ -186,7 +188,7 @@ def run(plugin, case, inputs, dt):
         "sharded": {n: is_distributed_tensor(p) or is_customized_distributed_tensor(p) for n, _, p, _ in views},
         "model_loss": labels is not None,
         # Without loss scaling too where the framework checks for overflow (plugin_step: not None).
-        "skipped": skipped if t.get("loss_scale") is not None or any(s is not None for s in skipped) else None,
+        "skipped": skipped if t.get("loss_scale") is not None or skipped else None,
     }
 
 
