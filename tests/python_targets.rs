@@ -1041,3 +1041,25 @@ fn library_op_verdicts(target: &str, library_ops: &[String], seed: u64) -> Vec<V
     assert_eq!(vs.len(), library_ops.len(), "{}", String::from_utf8_lossy(&o.stderr));
     vs
 }
+
+/// The case field `train.frozen`: parameters set requires_grad=False before the framework wraps the model report no
+/// gradient and keep their values on every target that offers it (ZeRO-3 gathers a frozen parameter, which has no
+/// fp32 master); a target that trains every parameter refuses the case.
+#[test]
+fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai_zero() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-frozen");
+    for (target, case, feature) in [
+        ("torch-ddp", "dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json", "ddp:dp2"),
+        ("torch-fsdp2", "dp2-zero3-frozen-mlp-and-attention-adamw-clip-bf16.json", "fsdp2:dp2:zero3"),
+        ("deepspeed-zero", "dp2-zero3-frozen-first-layer-adamw-clip-accumulation-bf16.json", "deepspeed:dp2:zero3"),
+        ("colossalai-zero", "dp2-zero2-frozen-embedding-and-first-layer-adamw-clip-f32.json", "colossalai:dp2:zero2"),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, &format!("{feature}:frozen")), "{target} {case}: {v}");
+    }
+    let v = one_verdict("torch-tp", &dir.join("dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("trains every parameter"), "{v}");
+}

@@ -169,6 +169,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         master_dtype: None,
         loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? { Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?)) } else { None },
         resume_after: None,
+        frozen: vec![],
     })
 }
 

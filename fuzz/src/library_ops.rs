@@ -114,6 +114,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             master_dtype: None,
             loss_scale: None,
             resume_after: None,
+            frozen: vec![],
         },
         data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },
     }

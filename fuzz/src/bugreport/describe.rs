@@ -207,6 +207,9 @@ fn train_words(case: &Case) -> String {
     if let Some(k) = t.resume_after {
         s += &format!(", checkpointed after step {k} of {} and resumed from the checkpoint", t.steps);
     }
+    if !t.frozen.is_empty() {
+        s += &format!(", {} frozen (requires_grad=False)", t.frozen.join(", "));
+    }
     s += &format!(", {:?} data (seed {})", case.data.distribution, case.data.seed).to_lowercase();
     if let Some(ig) = &case.data.ignored {
         s += &format!(", {:.0} % of the targets ignored ({:?})", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();

@@ -95,6 +95,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
+        !t.frozen.is_empty(),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -182,6 +183,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.resume_after.is_some() {
         out.push(with(case, |c| c.train.resume_after = None));
+    }
+    for i in 0..case.train.frozen.len() {
+        out.push(with(case, |c| _ = c.train.frozen.remove(i)));
     }
     if !p.sequence_parallel_mode.is_default() {
         out.push(with(case, |c| c.parallel.sequence_parallel_mode = Default::default()));

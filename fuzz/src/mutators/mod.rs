@@ -58,6 +58,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("reduce-dtype-below", train::reduce_dtype_below),
     ("master-dtype", train::master_dtype),
     ("resume-after", train::resume_after),
+    ("frozen", train::frozen),
     ("sparse-embedding", parallel::sparse_embedding),
     ("rank-order", parallel::rank_order),
     ("pipeline-schedule", parallel::schedule),
@@ -150,6 +151,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("master-dtype", "master_dtype"),
     ("sparse-embedding", "sparse_embedding"),
     ("resume-after", "resume_after"),
+    ("frozen", "frozen"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Case, Distribution, IgnorePattern, Ignored, OptimizerKind, Real};
+use shardfuzz_harnesses::case::{Case, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerKind, Real};
 use shardfuzz_kernels::DType;
 
 pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
@@ -138,5 +138,33 @@ pub fn training_step(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
             t.optimizer.lr = Real(*[1e-3, 1e-2, 1e-1].choose(rng).unwrap_or(&1e-2));
         }
     }
+    true
+}
+
+/// Another set of frozen parameters: a module (the embedding, a layer, a layer's attention, MLP, experts or
+/// norm, the layer stack, the final norm, the LM head) frozen beside the others, or one of them trained again.
+pub fn frozen(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = &c.model else { return false };
+    let t = &mut c.train;
+    if !t.frozen.is_empty() && rng.gen_bool(0.4) {
+        let i = rng.gen_range(0..t.frozen.len());
+        t.frozen.remove(i);
+        return true;
+    }
+    let mut modules = vec!["embed".to_string(), "layers".into(), "final_norm".into()];
+    if !m.tied_embeddings {
+        modules.push("lm_head".into());
+    }
+    for (i, kind) in m.layers.iter().enumerate() {
+        let part = match kind {
+            LayerKind::Attention => "attn",
+            LayerKind::Mlp => "mlp",
+            LayerKind::Moe => "moe",
+        };
+        modules.extend([format!("layers.{i}"), format!("layers.{i}.{part}"), format!("layers.{i}.norm")]);
+    }
+    modules.retain(|m| !t.frozen.contains(m));
+    let Some(pick) = modules.choose(rng) else { return false };
+    t.frozen.push(pick.clone());
     true
 }

@@ -310,6 +310,7 @@ impl Prepared {
             .inputs
             .tensors
             .iter()
+            .filter(|(name, _)| !self.case.train.is_frozen(name))
             .map(|(name, _)| Some((name.clone(), out.tensor(&format!("grad/{name}")).filter(|t| t.all_finite())?.clone())))
             .collect::<Option<_>>()?;
         self.runs.set(self.runs.get() + 1);

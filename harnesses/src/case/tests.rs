@@ -296,3 +296,19 @@ fn resume_after_is_a_step_before_the_last() {
     }
     assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("resume_after"), "absent is not written");
 }
+
+#[test]
+fn frozen_names_parameters_at_a_module_boundary_and_leaves_one_to_train() {
+    let with = |frozen: &str| MINIMAL.replace(r#""dtype": "f32""#, &format!(r#""dtype": "f32", "frozen": {frozen}"#));
+    let c = Case::from_json(&with(r#"["embed", "layers.0.attn"]"#)).unwrap();
+    assert!(c.train.is_frozen("embed.weight") && c.train.is_frozen("layers.0.attn.q.weight"));
+    assert!(!c.train.is_frozen("layers.0.norm.weight") && !c.train.is_frozen("layers.1.mlp.up.weight"));
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    // A prefix must stop at a `.`: "layers.1" is not "layers.10", "emb" is no module.
+    assert!(!Case::from_json(&with(r#"["layers.1"]"#)).unwrap().train.is_frozen("layers.10.mlp.up.weight"));
+    let e = error_of(&with(r#"["embed", "emb"]"#));
+    assert!(e.contains("train.frozen[1]") && e.contains("must name a parameter") && !e.contains("frozen[0]"), "{e}");
+    let e = error_of(&with(r#"["embed", "layers", "final_norm", "lm_head"]"#));
+    assert!(e.contains("train.frozen") && e.contains("at least one parameter to train"), "{e}");
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("frozen"), "absent is not written");
+}

@@ -48,6 +48,17 @@ pub struct Train {
     /// the parameters to the compute dtype where a framework checkpoints its working copy). Absent: uninterrupted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_after: Option<u32>,
+    /// Parameters left out of training (`requires_grad=False`), by name prefix at a `.` boundary
+    /// (`embed`, `layers.0`, `layers.1.attn`, `final_norm.weight`), as in fine-tuning with a frozen backbone:
+    /// their gradients are neither computed nor reduced nor counted in the clipping norm, and the optimizer
+    /// leaves them unchanged (no weight decay). Where a target offers it; empty: every parameter trains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen: Vec<String>,
+}
+
+/// Whether the `train.frozen` entry `prefix` freezes the parameter `name` (itself or a module above it).
+pub fn freezes(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
 fn one() -> u32 {
@@ -57,6 +68,11 @@ fn one() -> u32 {
 impl Train {
     pub fn reduce_dtype(&self) -> DType {
         self.reduce_dtype.unwrap_or(self.dtype)
+    }
+
+    /// Whether the parameter `name` is frozen (`frozen` names it or a module above it).
+    pub fn is_frozen(&self, name: &str) -> bool {
+        self.frozen.iter().any(|f| freezes(f, name))
     }
 }
 

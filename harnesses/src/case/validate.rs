@@ -135,6 +135,7 @@ impl Case {
             _ => r.fail("model", "exactly one of `model`, `op` and `library_op` must be present"),
         }
         validate_train(&self.train, limits, &mut r);
+        validate_frozen(self, &mut r);
         if let Some(ig) = &self.data.ignored {
             let f = ig.fraction.get();
             if !(f.is_finite() && (0.0..1.0).contains(&f)) {
@@ -354,6 +355,26 @@ pub const MAX_REDUCE_BUCKET: u32 = 1 << 26;
 pub const MAX_GRAD_PREDIVIDE: u32 = 64;
 /// Largest `parallel.vocab_divisible_by` (Megatron's default is 128).
 pub const MAX_VOCAB_DIVISOR: u32 = 4096;
+
+/// `train.frozen` names parameters of the model, and leaves at least one to train.
+fn validate_frozen(c: &Case, r: &mut Report) {
+    let t = &c.train;
+    if t.frozen.is_empty() {
+        return;
+    }
+    let Some(m) = &c.model else {
+        return r.fail("train.frozen", "only model cases have parameters to freeze");
+    };
+    let names: Vec<String> = m.params().into_iter().map(|p| p.name).collect();
+    for (i, f) in t.frozen.iter().enumerate() {
+        if !names.iter().any(|n| super::train::freezes(f, n)) {
+            r.fail(format!("train.frozen[{i}]"), format!("must name a parameter of the model or a module above one (got {f:?})"));
+        }
+    }
+    if names.iter().all(|n| t.is_frozen(n)) {
+        r.fail("train.frozen", "must leave at least one parameter to train (it freezes every one)");
+    }
+}
 
 fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     r.at_least_one("train.steps", t.steps as u64);

@@ -165,6 +165,9 @@ impl Target for NativeTarget {
         if p.zero_offload && p.zero_stage > 0 {
             return Outcome::Unsupported { reason: "the native target has no ZeRO offloading".into() };
         }
+        if !case.train.frozen.is_empty() {
+            return Outcome::Unsupported { reason: "the native target trains every parameter (no train.frozen)".into() };
+        }
         let plan = match Plan::new(case, self.bugs) {
             // The loss is the mean over the counted targets of every rank (a sharded loader
             // all-reduces that count; here it comes from the global batch).

@@ -246,7 +246,8 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
             (n.clone(), t)
         })
         .collect();
-    let order: Vec<String> = inputs.tensors.iter().map(|(n, _)| n.clone()).collect();
+    // The parameters that train: a frozen one's gradient is neither reported, clipped nor applied.
+    let order: Vec<String> = inputs.tensors.iter().map(|(n, _)| n.clone()).filter(|n| !case.train.is_frozen(n)).collect();
     let mut opt = OptState::new(&case.train, &params);
     let mut scale = case.train.loss_scale.map(|s| s.get());
     let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
@@ -266,7 +267,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
             out.tensors.push(("logits".into(), Tensor::from_mat(logits)));
             out.tensors.extend(order.iter().map(|n| (format!("grad/{n}"), grads[n].clone())));
         }
-        let nonfinite = grads.values().any(|t| !t.all_finite());
+        let nonfinite = order.iter().any(|n| !grads[n].all_finite());
         nonfinite_steps.push(nonfinite);
         let overflow = scale.is_some() && nonfinite;
         skipped.push(overflow);
@@ -278,7 +279,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
         let applied = step - skipped.iter().filter(|&&s| s).count() as u32;
         clip_and_update(case, p, &order, &mut grads, &mut params, &mut opt, applied);
     }
-    out.tensors.extend(order.iter().map(|n| (format!("param/{n}"), params[n].clone())));
+    out.tensors.extend(inputs.tensors.iter().map(|(n, _)| (format!("param/{n}"), params[n].clone())));
     out.stats.routing_margin = ctx.routing_margin.get().is_finite().then(|| ctx.routing_margin.get());
     out.stats.peak_activation = Some(ctx.peak_activation.get());
     if case.train.steps >= 2 {
@@ -315,12 +316,48 @@ fn clip_and_update(case: &Case, p: Prec, order: &[String], grads: &mut ParamSet,
     if let Some(max_norm) = case.train.clip_grad_norm {
         let sq: f64 = order.iter().map(|n| shardfuzz_kernels::sum_squares(p, &grads[n].data)).sum();
         let c = clip_coefficient_of(sq, max_norm.get());
-        for t in grads.values_mut() {
-            shardfuzz_kernels::scale_in_place(p, &mut t.data, c);
+        for n in order {
+            shardfuzz_kernels::scale_in_place(p, &mut grads.get_mut(n).expect("grad").data, c);
         }
     }
     for n in order {
         let param = params.get_mut(n).expect("param");
         opt.update(n, p, &mut param.data, &grads[n].data, 0, step + 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frozen parameter reports no gradient, keeps its value (weight decay included) and stays out of the
+    /// clipping norm: each trained one moves by lr · c · g with c from the trained gradients alone.
+    #[test]
+    fn frozen_parameters_take_no_gradient_no_update_and_no_part_in_the_clipping_norm() {
+        let text = crate::case::tests::MINIMAL.replace(
+            r#""optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32""#,
+            r#""optimizer": {"kind": "sgd", "lr": 0.1, "weight_decay": 0.5}, "dtype": "f64", "clip_grad_norm": 0.01, "frozen": ["embed", "layers.1"]"#,
+        );
+        let case = Case::from_json(&text).unwrap();
+        let inputs = Inputs::generate(&case);
+        let out = run(&case, &inputs, DType::F64).unwrap();
+        let frozen = ["embed.weight", "layers.1.mlp.up.weight", "layers.1.norm.weight"];
+        for name in frozen {
+            assert!(out.tensor(&format!("grad/{name}")).is_none(), "{name}");
+            assert_eq!(out.tensor(&format!("param/{name}")), inputs.tensor(name), "{name}");
+        }
+        let trained: Vec<&String> = inputs.tensors.iter().map(|(n, _)| n).filter(|n| !case.train.is_frozen(n)).collect();
+        let sum_squares: f64 =
+            trained.iter().map(|n| out.tensor(&format!("grad/{n}")).unwrap().data.iter().map(|g| g * g).sum::<f64>()).sum();
+        let c = clip_coefficient_of(sum_squares, 0.01);
+        assert!(c < 0.5, "the case clips: {c}");
+        for n in trained {
+            let (w0, g, w1) =
+                (inputs.tensor(n).unwrap(), out.tensor(&format!("grad/{n}")).unwrap(), out.tensor(&format!("param/{n}")).unwrap());
+            for ((w0, g), w1) in w0.data.iter().zip(&g.data).zip(&w1.data) {
+                let expected = w0 - 0.1 * (c * g + 0.5 * w0);
+                assert!((w1 - expected).abs() <= 1e-12 * (1.0 + expected.abs()), "{n}: {w1} vs {expected}");
+            }
+        }
     }
 }

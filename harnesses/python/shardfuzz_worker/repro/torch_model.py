@@ -1,12 +1,12 @@
 """What the generators of the torch model-case targets share: refusals, tensor names, the case's model and its
 training loop taken from the worker, the header lines about the model, and the embedded inputs."""
 
-from ..targets.base import dtype_name
+from ..targets.base import dtype_name, is_frozen, unsupported_frozen
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
 MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "is_linear_weight",
-                "load_case_params", "to_case_layout", "make_optimizer")
+                "load_case_params", "freeze", "to_case_layout", "make_optimizer")
 
 IMPORTS = """
 import base64
@@ -31,7 +31,7 @@ def check_model_case(case, target, worker, fields):
     about) and its dtype has a torch dtype."""
     if "op" in case:
         raise ReproError(f"{target} runs model cases only (the case has case.op, not case.model)")
-    why = worker.unsupported(case)
+    why = unsupported_frozen(worker, case) or worker.unsupported(case)
     if why:
         raise ReproError(f"{target} cannot run this case ({fields}): {why}")
     if dtype_name(case) not in TORCH_DTYPES:
@@ -51,7 +51,8 @@ def param_names(case):
 def producible(case):
     params = param_names(case)
     losses = [f"loss/step{k}" for k in range(case["train"]["steps"])]
-    return {"logits", *losses} | {f"{kind}/{n}" for kind in ("grad", "param") for n in params}
+    grads = {f"grad/{n}" for n in params if not is_frozen(case, n)}
+    return {"logits", *losses, *grads} | {f"param/{n}" for n in params}
 
 
 def model_about(case):
@@ -87,7 +88,7 @@ def model_source():
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "resume_after").replace("HarnessError", "RuntimeError")
+                         "is_frozen", "resume_after").replace("HarnessError", "RuntimeError")
     loop = worker_source("targets/torch_training.py", "full", "dense", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")
     return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop

@@ -18,6 +18,8 @@ class Target:
     coverage_prefixes = ()
     #: The op kinds this target implements (op cases of another kind are `unsupported`).
     op_kinds = OP_KINDS
+    #: Whether it leaves the case's frozen parameters (`train.frozen`) untrained (others refuse such cases).
+    freezes = False
 
     def versions(self):
         return {}
@@ -236,6 +238,20 @@ def param_gather_feature(prefix, case):
     return [f"{prefix}:param-gather-{'overlapped' if overlap_param_gather(case, False) else 'in-step'}"]
 
 
+def is_frozen(case, name):
+    """Whether the case freezes the parameter `name` (`train.frozen`: name prefixes at a `.` boundary): it takes no
+    gradient and no update."""
+    return any(name == f or name.startswith(f + ".") for f in case["train"].get("frozen") or ())
+
+
+def unsupported_frozen(target, case):
+    """Why `target` cannot run the case's frozen parameters (`train.frozen`), or None: only targets that set
+    `freezes` leave them untrained (any other would train them, a different computation)."""
+    if case.get("train", {}).get("frozen") and not target.freezes:
+        return f"{target.name} trains every parameter (no train.frozen)"
+    return None
+
+
 def resume_after(case):
     """The step count after which the run is checkpointed and resumed into fresh objects (the case's
     `train.resume_after`), or None for an uninterrupted run."""
@@ -342,7 +358,8 @@ def op_dim(op):
 
 def expected_outputs(case, inputs):
     """Names of the tensors the reference compares, which a completed run must return: an op's output and the
-    gradient of every float input; a model's logits, losses, and every parameter's gradient and final value."""
+    gradient of every float input; a model's logits, losses, every trained parameter's gradient and every parameter's
+    final value."""
     if "library_op" in case:
         # Which outputs and gradients exist depends on the sample; the oracle's reference (sent with
         # them) names them, and a name the sharded run lacks is sent as NaN with a note.
@@ -351,4 +368,5 @@ def expected_outputs(case, inputs):
         return ["out"] + [f"grad/{n}" for n, _ in input_shapes(case["op"])]
     params = [n for n in inputs if n not in ("tokens", "targets", "class_weights")]
     losses = [f"loss/step{k}" for k in range(case["train"]["steps"])]
-    return ["logits"] + losses + [f"{kind}/{n}" for kind in ("grad", "param") for n in params]
+    grads = [f"grad/{n}" for n in params if not is_frozen(case, n)]
+    return ["logits"] + losses + grads + [f"param/{n}" for n in params]

@@ -23,7 +23,7 @@ from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_ga
                    reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
 from .colossalai_common import ColossalTarget, booster_resume, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_common import torch_dtype
-from .torch_model import Model, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_model import Model, freeze, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -31,6 +31,7 @@ PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
 class ColossalZero(ColossalTarget):
     name = "colossalai-zero"
+    freezes = True
 
     def __init__(self):
         super().__init__()
@@ -83,6 +84,7 @@ class ColossalZero(ColossalTarget):
         def fresh():
             model = Model(model_defaults(case)).to(dt)
             load_case_params(model, inputs, dt)
+            freeze(model, case)
             return model, make_optimizer(case, list(model.parameters()))
 
         model, opt = fresh()

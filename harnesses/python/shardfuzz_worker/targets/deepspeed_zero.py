@@ -27,7 +27,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
                    resume_feature, zero_offloaded)
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
-from .torch_model import (Model, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
+from .torch_model import (Model, freeze, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
                           to_case_layout, unsupported_layout, unsupported_sparse_embedding)
 from .torch_training import combine_dp, single_device, train  # noqa: E402
 
@@ -50,6 +50,7 @@ def micro_batches(case):
 
 class DeepSpeedZero(TorchTarget):
     name = "deepspeed-zero"
+    freezes = True
 
     def __init__(self):
         super().__init__()
@@ -189,6 +190,7 @@ class DeepSpeedZero(TorchTarget):
         def fresh_engine():
             model = Model(model_defaults(case), sparse_embedding(case)).to(dt)
             load_case_params(model, inputs, dt)
+            freeze(model, case)
             return deepspeed.initialize(model=model, optimizer=make_optimizer(case, list(model.parameters())),
                                         config=cfg)[0]
 
@@ -230,7 +232,7 @@ class DeepSpeedZero(TorchTarget):
             else:
                 v = safe_get_full_fp32_param(p)
                 if v is None:
-                    v = p
+                    v = gathered(p)  # a frozen parameter has no fp32 copy in the optimizer
                 v = v.detach().to(dt)
             return to_case_layout(name, v.detach().to(torch.float64, copy=True).reshape(
                 tuple(getattr(p, "ds_shape", p.shape)))).numpy()
@@ -302,4 +304,15 @@ def size_band(n, sizes):
     return "none" if n == 0 else "all" if n >= sum(sizes) else "below-a-parameter" if n < max(sizes) else "some"
 
 
+def gathered(p):
+    """The full value of the parameter `p` (ZeRO-3 partitions it: gathered, every rank calling)."""
+    import deepspeed
+
+    if not hasattr(p, "ds_id"):
+        return p.detach().clone()
+    with deepspeed.zero.GatheredParameters([p]):
+        return p.detach().clone()
+
+
 TARGET = DeepSpeedZero()
+

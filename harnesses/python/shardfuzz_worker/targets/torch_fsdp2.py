@@ -22,6 +22,7 @@ from .torch_training import combine_dp, single_device, train
 
 class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
+    freezes = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .base import is_frozen
+
 NORM_EPS = 1e-5
 
 
@@ -181,7 +183,7 @@ def build(case, inputs, sparse_embedding=False, dtype=None):
     dt = torch_dtype(dtype or case["train"]["dtype"])
     model = Model(model_defaults(case), sparse_embedding).to(dt)
     load_case_params(model, inputs, dt)
-    return model, dt
+    return freeze(model, case), dt
 
 
 def sparse_embedding(case):
@@ -223,6 +225,15 @@ def load_case_params(model, inputs, dtype):
             p.copy_(src.to(dtype))
 
 
+def freeze(model, case):
+    """`model` with the case's frozen parameters (`train.frozen`) set requires_grad=False, as a user freezes them before
+    a framework wraps the model."""
+    for name, p in model.named_parameters():
+        if is_frozen(case, name):
+            p.requires_grad_(False)
+    return model
+
+
 def to_case_layout(name, t):
     """A full parameter or gradient in the reference's layout (linear weights [in, out])."""
     return t.t() if is_linear_weight(name) else t
@@ -238,6 +249,9 @@ def token_slices(case, dp_index, dp):
 
 
 def make_optimizer(case, params):
+    """The case's optimizer over the trainable ones of `params` (a frozen parameter is left out, as fine-tuning
+    scripts do)."""
+    params = [p for p in params if p.requires_grad]
     o = case["train"]["optimizer"]
     lr, wd = o["lr"], o.get("weight_decay", 0.0)
     betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))

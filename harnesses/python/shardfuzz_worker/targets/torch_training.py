@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, grad_or_fail, loss_denominator, resume_after
-from .torch_model import make_optimizer, to_case_layout
+from .base import chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, resume_after
+from .torch_model import freeze, make_optimizer, to_case_layout
 
 
 def full(t):
@@ -98,7 +98,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if k == 0:
             logits0 = torch.cat(rows).numpy() if rows else None
             for name, p in named:
-                grads0[name] = view(name, dense(grad_or_fail(name, grad(name, p))))
+                if not is_frozen(case, name):  # a frozen parameter has no gradient to report
+                    grads0[name] = view(name, dense(grad_or_fail(name, grad(name, p))))
         if clip is not None:
             clip()
         elif t.get("clip_grad_norm") is not None:
@@ -185,6 +186,8 @@ def combine_dp(case, outs, features):
         tensors[f"baseline/{name}"] = v
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]  # as the native target names it
+    if case["train"].get("frozen") and features:
+        features = features + [f"{features[0]}:frozen"]
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
 
@@ -198,6 +201,7 @@ def single_device(case, inputs):
     dt = torch_dtype(case["train"]["dtype"])
     model = Model(model_defaults(case)).to(dt)
     load_case_params(model, inputs, dt)
+    freeze(model, case)
     named = list(model.named_parameters())
     out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named)
     tensors = {f"loss/step{k}": np.array(l) for k, l in enumerate(out["losses"])}

@@ -13,6 +13,7 @@ def run_sharded(data, rank):
     def fresh():
         model = Model(M).to(DTYPE)
         load_case_params(model, data, DTYPE)
+        freeze(model, CASE)
         return model, make_optimizer(CASE, list(model.parameters()))
 
     model, opt = fresh()

@@ -14,6 +14,7 @@ def run_sharded(data, rank):
     def fresh_engine():
         model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
         load_case_params(model, data, DTYPE)
+        freeze(model, CASE)
         return deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
                                     config=DS_CONFIG)[0]
 
@@ -50,7 +51,7 @@ def run_sharded(data, rank):
         p = now["params"][name]
         if state["stepped"]:
             master = safe_get_full_fp32_param(p)
-            t = (p if master is None else master).detach().to(DTYPE)
+            t = (gathered(p) if master is None else master).detach().to(DTYPE)  # a frozen one has no master
         shape = tuple(getattr(p, "ds_shape", p.shape))
         return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(shape)).numpy()
 

@@ -8,6 +8,7 @@ def run_sharded(data, rank):
     but the last of a step (gradients are all-reduced once per step) unless SYNC_EVERY_MICROBATCH."""
     model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
     load_case_params(model, data, DTYPE)
+    freeze(model, CASE)
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW, static_graph=STATIC_GRAPH,
               find_unused_parameters=FIND_UNUSED)
     if COMPRESS_HOOK is not None:

@@ -11,6 +11,7 @@ def run_sharded(data, rank):
     def sharded():
         model = Model(M).to(MASTER_DTYPE)
         load_case_params(model, data, MASTER_DTYPE)
+        freeze(model, CASE)
         names = [n for n, _ in model.named_parameters()]
         mp = MixedPrecisionPolicy(param_dtype=DTYPE if MASTER_DTYPE != DTYPE else None, reduce_dtype=REDUCE_DTYPE)
         kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": RESHARD_AFTER_FORWARD}
