@@ -1046,7 +1046,7 @@ fn library_op_verdicts(target: &str, library_ops: &[String], seed: u64) -> Vec<V
 /// gradient and keep their values on every target that offers it (ZeRO-3 gathers a frozen parameter, which has no
 /// fp32 master); a target that trains every parameter refuses the case.
 #[test]
-fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai_zero() {
+fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
     if !python_ready() {
         return;
     }
@@ -1056,10 +1056,18 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai_zero()
         ("torch-fsdp2", "dp2-zero3-frozen-mlp-and-attention-adamw-clip-bf16.json", "fsdp2:dp2:zero3"),
         ("deepspeed-zero", "dp2-zero3-frozen-first-layer-adamw-clip-accumulation-bf16.json", "deepspeed:dp2:zero3"),
         ("colossalai-zero", "dp2-zero2-frozen-embedding-and-first-layer-adamw-clip-f32.json", "colossalai:dp2:zero2"),
+        (
+            "colossalai-hybrid",
+            "llama-pp2-tp2-1f1b-frozen-attention-and-mlp-clip-f32.json",
+            "colossalai-hybrid:dp1:tp2:pp2:zero0:sp-none:1f1b",
+        ),
     ] {
         let v = one_verdict(target, &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, &format!("{feature}:frozen")), "{target} {case}: {v}");
     }
     let v = one_verdict("torch-tp", &dir.join("dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("trains every parameter"), "{v}");
+    // GPT-2's c_attn holds q, k and v in one parameter: q alone cannot freeze.
+    let v = one_verdict("colossalai-hybrid", &dir.join("gpt2-tp2-pp2-frozen-query-only-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("freeze together"), "{v}");
 }

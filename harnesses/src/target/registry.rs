@@ -173,6 +173,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "vocab_divisible_by",
             "overlap_param_gather",
             "resume_after",
+            "frozen",
         ],
         create: |o| python("colossalai-hybrid", "colossalai", o),
     },

@@ -28,5 +28,12 @@ def case_tensors(name, t):
     return (colossalai_gpt2 if name.startswith("transformer.") else colossalai_llama).case_tensors(name, t)
 
 
+def unfreezable(m, case):
+    """Why the case's family cannot freeze what the case's `train.frozen` asks (a parameter fusing frozen and trained
+    case tensors), or None."""
+    f = family(m)
+    return f.unfreezable(m, case) if hasattr(f, "unfreezable") else None
+
+
 def shardformer_loss(m, plugin):
     return family(m).shardformer_loss(m, plugin)

@@ -85,6 +85,18 @@ def case_tensors(name, t):
     return [(f"layers.{2 * i + offset}.{case}.{leaf}", t)]
 
 
+def unfreezable(m, case):
+    """Why the case's frozen parameters (`train.frozen`) cannot be expressed, or None: c_attn holds q, k and v of its
+    attention layer in one parameter, which freezes as a whole."""
+    from .base import is_frozen
+
+    for j, kind in enumerate(m["layers"]):
+        for leaf in ("weight", "bias"):
+            if kind == "attention" and len({is_frozen(case, f"layers.{j}.attn.{n}.{leaf}") for n in "qkv"}) > 1:
+                return f"GPT-2 holds layers.{j}'s q, k and v {leaf}s in one parameter (c_attn): they freeze together"
+    return None
+
+
 def shardformer_loss(m, plugin):
     """Whether the model's loss is shardformer's (`dist_cross_entropy`): GPT-2's policy replaces the forward under
     pipeline parallelism or with parallel_output, else transformers' own forward computes it."""

@@ -42,6 +42,7 @@ SP_MODES = ("split_gather", "ring", "all_to_all")
 
 class ColossalHybrid(ColossalTarget):
     name = "colossalai-hybrid"
+    freezes = True
 
     def __init__(self):
         super().__init__()
@@ -53,9 +54,9 @@ class ColossalHybrid(ColossalTarget):
                                  offload=True, loss_scaling=True) or unsupported_loss_scale(case, dtype_name(case))
         if why:
             return why
-        from .colossalai_family import expressible
+        from .colossalai_family import expressible, unfreezable
 
-        why = expressible(case["model"])
+        why = expressible(case["model"]) or unfreezable(case["model"], case)
         if why:
             return why
         p, dt, t = parallel(case), dtype_name(case), case["train"]

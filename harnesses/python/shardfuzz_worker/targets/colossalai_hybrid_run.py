@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, loss_denominator, micro_batches, resume_after
+from .base import (IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, micro_batches,
+                   resume_after)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
 from .megatron_model import shard_dim
@@ -49,6 +50,16 @@ def case_views(m, named):
         for i, (name, _) in enumerate(case_tensors(hf, p.detach())):
             out.append((reported_name(m, name), hf, p, lambda t, hf=hf, i=i: case_tensors(hf, t)[i][1]))
     return out
+
+
+def frozen_model(model, case):
+    """`model` with requires_grad=False on each parameter whose case tensors the case freezes (`train.frozen`), as a
+    user freezes them before boosting."""
+    for name, p in model.named_parameters():
+        names = [n for n, _ in case_tensors(name, p.detach())]
+        if names and all(is_frozen(case, n) for n in names):
+            p.requires_grad_(False)
+    return model
 
 
 class _Gather(torch.autograd.Function):
@@ -141,7 +152,7 @@ def run(plugin, case, inputs, dt):
     m, t = model_defaults(case), case["train"]
 
     def fresh():
-        model = build(m, inputs, dt)
+        model = frozen_model(build(m, inputs, dt), case)
         return model, make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
 
     booster = Booster(plugin=plugin)
@@ -157,20 +168,23 @@ def run(plugin, case, inputs, dt):
         step_fn = pipeline_step if place.pipelined else plain_step
     losses, logits0, grads0, skipped = [], None, {}, []
 
-    def trained_views():
-        return case_views(m, [(n, p) for n, p in boosted.unwrap().named_parameters() if p.requires_grad])
+    def model_views():
+        # Every parameter's final value is reported; a frozen one's gradient is not (it has none).
+        return case_views(m, list(boosted.unwrap().named_parameters()))
 
-    views = trained_views()
+    views = model_views()
     for k in range(t["steps"]):
         if k == resume_after(case):
             boosted, zopt = booster_resume(booster, boosted, zopt, fresh)
-            views = trained_views()
+            views = model_views()
         raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))
         losses.append(raw)
         if k == 0:
             logits0 = logits
             grad = getattr(zopt, "get_param_grad", None)
             for name, hf, p, view in views:
+                if is_frozen(case, name):
+                    continue
                 g = grad(p) if grad is not None else p.grad
                 grads0[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
         was_skipped = plugin_step(zopt)
@@ -274,10 +288,10 @@ def single_device(case, inputs, dt=None):
     baseline; a repro's reference runs it in float64)."""
     m, t = model_defaults(case), case["train"]
     dt = dt or torch_dtype(t["dtype"])
-    model = build(m, inputs, dt)
+    model = frozen_model(build(m, inputs, dt), case)
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = make_optimizer(case, [p for _, p in trained])
-    views = case_views(m, trained)
+    views = case_views(m, list(model.named_parameters()))
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
@@ -296,7 +310,8 @@ def single_device(case, inputs, dt=None):
         if k == 0:
             out["logits"] = logits.detach().flatten(0, -2).to(torch.float64).numpy()
             for name, _, p, view in views:
-                out[f"grad/{name}"] = local_view(view(p.grad))
+                if not is_frozen(case, name):
+                    out[f"grad/{name}"] = local_view(view(p.grad))
         if t.get("clip_grad_norm") is not None:
             torch.nn.utils.clip_grad_norm_([p for _, p in trained], t["clip_grad_norm"], foreach=False)
         if scaler is not None:
@@ -362,5 +377,7 @@ def combine(case, outs, features):
         return {"status": "divergent", "reason": disagreement}
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]
+    if case["train"].get("frozen") and features:
+        features = features + [f"{features[0]}:frozen"]
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
