@@ -44,9 +44,16 @@ fn verdicts(o: &Output) -> Vec<Value> {
 
 /// The one verdict of `shardfuzz run --json --target TARGET FILE` with the known fixes `fixes` applied.
 fn one_verdict(target: &str, file: &Path, fixes: &str) -> Value {
-    let o = shardfuzz(&["run", "--json", "--target", target, &file.display().to_string()], &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
+    one_verdict_with(target, file, fixes, &[])
+}
+
+/// `one_verdict` with more `shardfuzz run` options (`--timeout-ms N`).
+fn one_verdict_with(target: &str, file: &Path, fixes: &str, options: &[&str]) -> Value {
+    let file = file.display().to_string();
+    let args: Vec<&str> = ["run", "--json", "--target", target].into_iter().chain(options.iter().copied()).chain([file.as_str()]).collect();
+    let o = shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]);
     let vs = verdicts(&o);
-    assert_eq!(vs.len(), 1, "{}: {}", file.display(), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs.len(), 1, "{file}: {}", String::from_utf8_lossy(&o.stderr));
     vs[0].clone()
 }
 
@@ -786,16 +793,8 @@ fn colossalai_pipeline_stage_without_gradients_skips_the_clipping_norms_collecti
     if !python_ready() {
         return;
     }
-    let case = root().join("tests/python-pipeline/llama-pp3-no-layers-clip-f32.json").display().to_string();
-    let run = |fixes: &str| {
-        let o = shardfuzz(
-            &["run", "--json", "--timeout-ms", "20000", "--target", "colossalai-hybrid", &case],
-            &[("SHARDFUZZ_KNOWN_FIXES", fixes)],
-        );
-        let vs = verdicts(&o);
-        assert_eq!(vs.len(), 1, "{}", String::from_utf8_lossy(&o.stderr));
-        vs[0].clone()
-    };
+    let case = root().join("tests/python-pipeline/llama-pp3-no-layers-clip-f32.json");
+    let run = |fixes: &str| one_verdict_with("colossalai-hybrid", &case, fixes, &["--timeout-ms", "20000"]);
     let v = run("");
     assert!(v["kind"] == "hang" && reason(&v).contains("hybrid_parallel_plugin.py") && reason(&v).contains("in step"), "{v}");
     let v = run("colossalai-empty-grad-norm-collective");
