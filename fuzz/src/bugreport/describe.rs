@@ -183,6 +183,13 @@ fn train_words(case: &Case) -> String {
         OptimizerKind::Adamw => "AdamW",
     };
     let mut s = format!("{} step(s) of {opt} (lr {})", t.steps, t.optimizer.lr.0);
+    let decay = t.optimizer.weight_decay.0;
+    if decay != 0.0 {
+        s += &format!(", weight decay {decay}");
+        if t.optimizer.no_decay_vectors {
+            s += " on matrices only (biases and norm weights in a parameter group without it)";
+        }
+    }
     if t.grad_accumulation > 1 {
         s += &format!(", {} accumulation steps", t.grad_accumulation);
     }

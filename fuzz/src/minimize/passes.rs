@@ -96,6 +96,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
         !t.frozen.is_empty(),
+        t.optimizer.no_decay_vectors,
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -183,6 +184,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.resume_after.is_some() {
         out.push(with(case, |c| c.train.resume_after = None));
+    }
+    if case.train.optimizer.no_decay_vectors {
+        out.push(with(case, |c| c.train.optimizer.no_decay_vectors = false));
     }
     for i in 0..case.train.frozen.len() {
         out.push(with(case, |c| _ = c.train.frozen.remove(i)));

@@ -168,3 +168,14 @@ pub fn frozen(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     t.frozen.push(pick.clone());
     true
 }
+
+/// Weight decay on matrices only (biases and norm weights in a second parameter group without it), or on every
+/// parameter again; decay is switched on where the case had none.
+pub fn no_decay_vectors(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let o = &mut c.train.optimizer;
+    o.no_decay_vectors = !o.no_decay_vectors;
+    if o.no_decay_vectors && o.weight_decay.get() == 0.0 {
+        o.weight_decay = Real(*[0.01, 0.1].choose(rng).unwrap_or(&0.1));
+    }
+    true
+}

@@ -97,6 +97,10 @@ pub struct Optimizer {
     pub eps: Real,
     #[serde(default)]
     pub weight_decay: Real,
+    /// Weight decay on matrices only: the parameters of fewer than two dimensions (biases, norm weights) in a second
+    /// parameter group without it, as nanoGPT's `configure_optimizers` and most fine-tuning scripts do.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_decay_vectors: bool,
 }
 
 fn beta1() -> Real {
@@ -111,6 +115,14 @@ fn eps() -> Real {
 
 impl Optimizer {
     pub fn sgd(lr: f64) -> Self {
-        Optimizer { kind: OptimizerKind::Sgd, lr: Real(lr), beta1: beta1(), beta2: beta2(), eps: eps(), weight_decay: Real(0.0) }
+        Optimizer {
+            kind: OptimizerKind::Sgd,
+            lr: Real(lr),
+            beta1: beta1(),
+            beta2: beta2(),
+            eps: eps(),
+            weight_decay: Real(0.0),
+            no_decay_vectors: false,
+        }
     }
 }

@@ -360,4 +360,27 @@ mod tests {
             }
         }
     }
+
+    /// `no_decay_vectors`: biases and norm weights step without weight decay, matrices with it.
+    #[test]
+    fn vectors_step_without_weight_decay_in_their_own_group() {
+        let text = crate::case::tests::MINIMAL.replace(
+            r#""optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32""#,
+            r#""optimizer": {"kind": "sgd", "lr": 0.1, "weight_decay": 0.5, "no_decay_vectors": true}, "dtype": "f64""#,
+        );
+        let case = Case::from_json(&text).unwrap();
+        let inputs = Inputs::generate(&case);
+        let out = run(&case, &inputs, DType::F64).unwrap();
+        for (name, decayed) in
+            [("layers.0.norm.weight", false), ("final_norm.weight", false), ("layers.1.mlp.up.weight", true), ("embed.weight", true)]
+        {
+            let (w0, g, w1) =
+                (inputs.tensor(name).unwrap(), out.tensor(&format!("grad/{name}")).unwrap(), out.tensor(&format!("param/{name}")).unwrap());
+            let decay = if decayed { 0.5 } else { 0.0 };
+            for ((w0, g), w1) in w0.data.iter().zip(&g.data).zip(&w1.data) {
+                let expected = w0 - 0.1 * (g + decay * w0);
+                assert!((w1 - expected).abs() <= 1e-12 * (1.0 + expected.abs()), "{name}: {w1} vs {expected}");
+            }
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Optimizer state kept per parameter (or per ZeRO partition of it), and the clip coefficient.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use shardfuzz_kernels::{self as k, Prec};
 
@@ -13,6 +13,8 @@ pub struct OptState {
     cfg: k::AdamConfig,
     weight_decay: f64,
     moments: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
+    /// Parameters in the group without weight decay (`no_decay_vectors`: those of fewer than two dimensions).
+    undecayed: BTreeSet<String>,
 }
 
 impl OptState {
@@ -31,17 +33,20 @@ impl OptState {
         } else {
             params.iter().map(|(n, t)| (n.clone(), (vec![0.0; t.numel()], vec![0.0; t.numel()]))).collect()
         };
-        OptState { kind: o.kind, cfg, weight_decay: o.weight_decay.get(), moments }
+        let undecayed = params.iter().filter(|(_, t)| o.no_decay_vectors && t.shape.len() < 2).map(|(n, _)| n.clone()).collect();
+        OptState { kind: o.kind, cfg, weight_decay: o.weight_decay.get(), moments, undecayed }
     }
 
     /// Updates `param[..]`, which starts at element `offset` of the parameter `name`.
     pub fn update(&mut self, name: &str, p: Prec, param: &mut [f64], grad: &[f64], offset: usize, step: u32) {
+        let decay = if self.undecayed.contains(name) { 0.0 } else { self.weight_decay };
         match self.kind {
-            OptimizerKind::Sgd => k::sgd_step(p, param, grad, self.cfg.lr, self.weight_decay),
+            OptimizerKind::Sgd => k::sgd_step(p, param, grad, self.cfg.lr, decay),
             _ => {
                 let (m, v) = self.moments.get_mut(name).unwrap_or_else(|| panic!("no optimizer state for {name}"));
                 let n = param.len();
-                k::adam_step(p, param, grad, &mut m[offset..offset + n], &mut v[offset..offset + n], step, &self.cfg);
+                let cfg = k::AdamConfig { weight_decay: decay, ..self.cfg };
+                k::adam_step(p, param, grad, &mut m[offset..offset + n], &mut v[offset..offset + n], step, &cfg);
             }
         }
     }

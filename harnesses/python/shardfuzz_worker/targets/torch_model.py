@@ -260,8 +260,14 @@ def make_optimizer(case, params):
     # reference does) instead of in the parameter dtype, where eps and v underflow in f16.
     low = params[0].dtype in (torch.float16, torch.bfloat16) if params else False
     impl = {"fused": True} if low else {"foreach": False}
+    groups = params
+    if o.get("no_decay_vectors"):
+        # nanoGPT's configure_optimizers: matrices decay, biases and norm weights (fewer than two dims) do not.
+        groups = [{"params": [p for p in params if p.dim() >= 2]},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
     if o["kind"] == "sgd":
         # SGD's update is one rounding of w - lr * g either way.
-        return torch.optim.SGD(params, lr=lr, weight_decay=wd, foreach=False)
+        return torch.optim.SGD(groups, lr=lr, weight_decay=wd, foreach=False)
     cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
-    return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=wd, **impl)
+    return cls(groups, lr=lr, betas=betas, eps=eps, weight_decay=wd, **impl)
