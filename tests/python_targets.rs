@@ -794,11 +794,17 @@ fn colossalai_pipeline_stage_without_gradients_skips_the_clipping_norms_collecti
         return;
     }
     let case = root().join("tests/python-pipeline/llama-pp3-no-layers-clip-f32.json");
-    let run = |fixes: &str| one_verdict_with("colossalai-hybrid", &case, fixes, &["--timeout-ms", "20000"]);
-    let v = run("");
+    let run = |case: &Path, fixes: &str| one_verdict_with("colossalai-hybrid", case, fixes, &["--timeout-ms", "20000"]);
+    let v = run(&case, "");
     assert!(v["kind"] == "hang" && reason(&v).contains("hybrid_parallel_plugin.py") && reason(&v).contains("in step"), "{v}");
-    let v = run("colossalai-empty-grad-norm-collective");
+    let v = run(&case, "colossalai-empty-grad-norm-collective");
     assert_eq!(v["kind"], "pass", "with the fix: {v}");
+    // As users meet it: the first stage's layers (and the embedding) frozen, clipping on (the others wait in the next
+    // step's pipeline send, the frozen stage having skipped the norm's all-reduce).
+    let frozen = root().join("tests/python-frozen/llama-pp2-first-stage-frozen-clip-f32.json");
+    assert_eq!(run(&frozen, "")["kind"], "hang");
+    let v = run(&frozen, "colossalai-empty-grad-norm-collective");
+    assert_eq!(v["kind"], "pass", "frozen first stage, with the fix: {v}");
 }
 
 /// The case fields `sync_every_microbatch` and `param_shard_dim`: torch-fsdp2 accumulating without communication
