@@ -51,7 +51,7 @@ def plugin_arguments(case):
 
 
 def sources(case):
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "micro_batches", "resume_after").replace("HarnessError", "RuntimeError")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "frozen_feature", "micro_batches", "resume_after").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer")
                + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",

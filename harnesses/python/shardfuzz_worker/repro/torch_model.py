@@ -88,7 +88,7 @@ def model_source():
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "is_frozen", "resume_after").replace("HarnessError", "RuntimeError")
+                         "is_frozen", "frozen_feature", "resume_after").replace("HarnessError", "RuntimeError")
     loop = worker_source("targets/torch_training.py", "full", "dense", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")
     return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop

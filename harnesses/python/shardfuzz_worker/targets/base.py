@@ -244,6 +244,10 @@ def is_frozen(case, name):
     return any(name == f or name.startswith(f + ".") for f in case["train"].get("frozen") or ())
 
 
+def frozen_feature(prefix, case):
+    return [f"{prefix}:frozen"] if case["train"].get("frozen") else []
+
+
 def unsupported_frozen(target, case):
     """Why `target` cannot run the case's frozen parameters (`train.frozen`), or None: only targets that set
     `freezes` leave them untrained (any other would train them, a different computation)."""

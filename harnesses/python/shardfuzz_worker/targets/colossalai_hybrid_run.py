@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import (IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, micro_batches,
-                   resume_after)
+from .base import (IGNORE_INDEX, chunk_range, class_weight, frozen_feature, grad_or_fail, is_frozen, loss_denominator,
+                   micro_batches, resume_after)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
 from .megatron_model import shard_dim
@@ -153,7 +153,7 @@ def run(plugin, case, inputs, dt):
 
     def fresh():
         model = frozen_model(build(m, inputs, dt), case)
-        return model, make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
+        return model, make_optimizer(case, list(model.parameters()))
 
     booster = Booster(plugin=plugin)
     boosted, zopt, *_ = booster.boost(*fresh())
@@ -377,7 +377,6 @@ def combine(case, outs, features):
         return {"status": "divergent", "reason": disagreement}
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]
-    if case["train"].get("frozen") and features:
-        features = features + [f"{features[0]}:frozen"]
+    features = features + (frozen_feature(features[0], case) if features else [])
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 

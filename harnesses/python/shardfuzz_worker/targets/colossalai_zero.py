@@ -22,8 +22,7 @@ plugin keeps fp32 masters: a difference of the order of one rounding per step.
 from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
                    reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
 from .colossalai_common import ColossalTarget, booster_resume, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
-from .torch_common import torch_dtype
-from .torch_model import Model, freeze, load_case_params, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_model import build, make_optimizer, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
@@ -79,12 +78,8 @@ class ColossalZero(ColossalTarget):
         import torch
         from colossalai.booster import Booster
 
-        dt = torch_dtype(dtype_name(case))
-
         def fresh():
-            model = Model(model_defaults(case)).to(dt)
-            load_case_params(model, inputs, dt)
-            freeze(model, case)
+            model, _ = build(case, inputs)
             return model, make_optimizer(case, list(model.parameters()))
 
         model, opt = fresh()

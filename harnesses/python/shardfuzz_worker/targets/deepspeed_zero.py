@@ -27,8 +27,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
                    resume_feature, zero_offloaded)
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
-from .torch_model import (Model, freeze, load_case_params, make_optimizer, model_defaults, sparse_embedding,  # noqa: E402
-                          to_case_layout, unsupported_layout, unsupported_sparse_embedding)
+from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
+                          unsupported_sparse_embedding)
 from .torch_training import combine_dp, single_device, train  # noqa: E402
 
 
@@ -188,9 +188,7 @@ class DeepSpeedZero(TorchTarget):
         cfg = self.config(case, world)
 
         def fresh_engine():
-            model = Model(model_defaults(case), sparse_embedding(case)).to(dt)
-            load_case_params(model, inputs, dt)
-            freeze(model, case)
+            model, _ = build(case, inputs, sparse_embedding(case))
             return deepspeed.initialize(model=model, optimizer=make_optimizer(case, list(model.parameters())),
                                         config=cfg)[0]
 

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, resume_after
-from .torch_model import freeze, make_optimizer, to_case_layout
+from .base import chunk_range, class_weight, frozen_feature, grad_or_fail, is_frozen, loss_denominator, resume_after
+from .torch_model import make_optimizer, to_case_layout
 
 
 def full(t):
@@ -186,8 +186,7 @@ def combine_dp(case, outs, features):
         tensors[f"baseline/{name}"] = v
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]  # as the native target names it
-    if case["train"].get("frozen") and features:
-        features = features + [f"{features[0]}:frozen"]
+    features = features + (frozen_feature(features[0], case) if features else [])
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
 
@@ -195,13 +194,9 @@ def single_device(case, inputs):
     """The case on one device in its dtype with plain PyTorch: the framework's own rounding, which the
     oracle takes as a noise baseline beside its emulated one. In f64 too: where the math cancels, the
     framework's own rounding shows far above the f64 noise floor."""
-    from .torch_common import torch_dtype
-    from .torch_model import Model, load_case_params, model_defaults
+    from .torch_model import build
 
-    dt = torch_dtype(case["train"]["dtype"])
-    model = Model(model_defaults(case)).to(dt)
-    load_case_params(model, inputs, dt)
-    freeze(model, case)
+    model, _ = build(case, inputs)
     named = list(model.named_parameters())
     out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named)
     tensors = {f"loss/step{k}": np.array(l) for k, l in enumerate(out["losses"])}
