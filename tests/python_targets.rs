@@ -1076,3 +1076,39 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
     let v = one_verdict("colossalai-hybrid", &dir.join("gpt2-tp2-pp2-frozen-query-only-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("freeze together"), "{v}");
 }
+
+/// The case field `model.activation_checkpointing`: every block recomputed in the backward (torch.utils.checkpoint,
+/// Megatron's own re-entrant checkpoint, transformers' gradient checkpointing under Colossal-AI's shardformer) gives
+/// the same values on every target that offers it, frozen layers included (a re-entrant checkpoint after a frozen
+/// embedding still trains the blocks); DDP refuses what its documentation rules out.
+#[test]
+fn activation_checkpointing_gives_the_same_training_on_every_target_that_offers_it() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-recompute");
+    for (target, case, feature) in [
+        ("torch-ddp", "dp2-ddp-frozen-embedding-reentrant-accumulation-f32.json", "ddp:dp2:recompute-reentrant"),
+        ("torch-fsdp2", "dp2-zero3-frozen-first-layer-reentrant-accumulation-bf16.json", "fsdp2:dp2:zero3:recompute-reentrant"),
+        ("deepspeed-zero", "dp2-zero3-frozen-first-layer-reentrant-accumulation-bf16.json", "deepspeed:dp2:zero3:recompute-reentrant"),
+        ("colossalai-zero", "dp2-zero2-frozen-embedding-non-reentrant-f32.json", "colossalai:dp2:zero2:recompute-non_reentrant"),
+        ("torch-tp", "tp2-sp-gqa-rmsnorm-reentrant-f32.json", "tp:tp2:sp1:recompute-reentrant"),
+        ("megatron-tp", "tp2-sp-gqa-rmsnorm-reentrant-f32.json", "megatron:tp2:sp1:recompute-reentrant"),
+        ("colossalai-tp", "tp2-sp-gqa-rmsnorm-reentrant-f32.json", "colossalai:tp2:sp-split_gather:recompute-reentrant"),
+        (
+            "colossalai-hybrid",
+            "llama-pp2-tp2-1f1b-non-reentrant-f32.json",
+            "colossalai-hybrid:dp1:tp2:pp2:zero0:sp-none:1f1b:recompute-non_reentrant",
+        ),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{target} {case}: {v}");
+    }
+    let text = std::fs::read_to_string(dir.join("dp2-ddp-frozen-embedding-reentrant-accumulation-f32.json")).unwrap();
+    let mut case: Value = serde_json::from_str(&text).unwrap();
+    case["parallel"]["find_unused"] = Value::Bool(true);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), case.to_string()).unwrap();
+    let v = one_verdict("torch-ddp", file.path(), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("find_unused_parameters=True"), "{v}");
+}

@@ -116,6 +116,7 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         tied_embeddings: u.ratio(1, 4)?,
         // (Sparse embedding gradients come from the `sparse-embedding` mutator.)
         sparse_embedding: false,
+        activation_checkpointing: None,
         moe,
     })
 }

@@ -1,6 +1,6 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
-use shardfuzz_harnesses::case::{Case, OptimizerKind, VocabLoss};
+use shardfuzz_harnesses::case::{Case, OptimizerKind, Recompute, VocabLoss};
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
     (d > 1).then(|| {
@@ -23,6 +23,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             }
             if m.sparse_embedding {
                 out.push("the embedding's gradient sparse (nn.Embedding(sparse=True))".into());
+            }
+            if let Some(r) = m.activation_checkpointing {
+                out.push(format!("activation checkpointing of every block ({}: use_reentrant={})", r.name(), r == Recompute::Reentrant));
             }
             match p.vocab_loss {
                 VocabLoss::Sharded if p.tp > 1 => out.push("the loss on vocabulary-sharded logits".into()),

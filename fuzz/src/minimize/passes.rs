@@ -92,6 +92,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.max_live_parameters.is_some(),
         p.max_reuse_distance.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
+        case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()),
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
@@ -175,6 +176,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
+    }
+    if case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()) {
+        out.push(with(case, |c| c.model.as_mut().expect("a model case").activation_checkpointing = None));
     }
     if case.train.grad_accum_dtype.is_some() {
         out.push(with(case, |c| c.train.grad_accum_dtype = None));
@@ -547,10 +551,11 @@ mod tests {
         case.train.grad_accum_dtype = Some(DType::F32);
         (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
         (case.train.steps, case.train.resume_after) = (3, Some(2));
-        case.model.as_mut().expect("a model case").sparse_embedding = true;
+        let m = case.model.as_mut().expect("a model case");
+        (m.sparse_embedding, m.activation_checkpointing) = (true, Some(shardfuzz_harnesses::case::Recompute::Reentrant));
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 27, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 28, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

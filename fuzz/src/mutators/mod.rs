@@ -72,6 +72,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("remove-layer", model::remove_layer),
     ("reorder-layers", model::reorder_layers),
     ("architecture", model::architecture),
+    ("activation-checkpointing", model::activation_checkpointing),
     ("moe-routing", model::moe_routing),
     ("moe-capacity-drops", model::moe_capacity_drops),
     ("dtype", train::dtype),
@@ -153,6 +154,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("sparse-embedding", "sparse_embedding"),
     ("resume-after", "resume_after"),
     ("frozen", "frozen"),
+    ("activation-checkpointing", "activation_checkpointing"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Activation, Case, LayerKind, MoeConfig, NormKind, Real};
+use shardfuzz_harnesses::case::{Activation, Case, LayerKind, MoeConfig, NormKind, Real, Recompute};
 
 /// Load-balancing loss coefficients a mutated MoE case may carry: none, and the range models use
 /// (Switch Transformer 0.01) up to one that dominates the router's gradient. Random generation does
@@ -162,5 +162,15 @@ pub fn moe_capacity_drops(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         let at = rng.gen_range(0..=m.layers.len());
         m.layers.insert(at, LayerKind::Moe);
     }
+    true
+}
+
+/// Activation checkpointing switched on (either implementation), to the other implementation, or off (a model
+/// case only).
+pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let choices: Vec<Option<Recompute>> =
+        std::iter::once(None).chain(Recompute::ALL.map(Some)).filter(|r| *r != m.activation_checkpointing).collect();
+    m.activation_checkpointing = *choices.choose(rng).expect("two other choices");
     true
 }

@@ -33,6 +33,13 @@ pub struct Model {
     /// without ZeRO); the same model and values either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sparse_embedding: bool,
+    /// Each block's activations recomputed in the backward instead of kept from the forward (activation
+    /// checkpointing), where a target offers it: torch's `torch.utils.checkpoint` around each block with the
+    /// re-entrant (autograd.Function) or non-re-entrant (saved-tensor hooks) implementation, a transformers
+    /// model's `gradient_checkpointing_enable(use_reentrant=...)`. The same values either way. Absent: no
+    /// recomputation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<Recompute>,
     /// Settings of the `moe` blocks (required when `layers` contains one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
@@ -40,6 +47,28 @@ pub struct Model {
 
 fn yes() -> bool {
     true
+}
+
+/// How activation checkpointing recomputes a block (`model.activation_checkpointing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    /// `use_reentrant=True`: the block runs under `no_grad` in an autograd.Function and again, with grad,
+    /// inside its backward.
+    Reentrant,
+    /// `use_reentrant=False`: saved-tensor hooks recompute what the backward unpacks.
+    NonReentrant,
+}
+
+impl Recompute {
+    pub const ALL: [Recompute; 2] = [Recompute::Reentrant, Recompute::NonReentrant];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::Reentrant => "reentrant",
+            Recompute::NonReentrant => "non_reentrant",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

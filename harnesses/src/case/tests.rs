@@ -312,3 +312,16 @@ fn frozen_names_parameters_at_a_module_boundary_and_leaves_one_to_train() {
     assert!(e.contains("train.frozen") && e.contains("at least one parameter to train"), "{e}");
     assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("frozen"), "absent is not written");
 }
+
+#[test]
+fn activation_checkpointing_names_its_implementation() {
+    let with = |v: &str| MINIMAL.replace(r#""batch": 2,"#, &format!(r#""batch": 2, "activation_checkpointing": {v},"#));
+    for r in Recompute::ALL {
+        let c = Case::from_json(&with(&format!("{:?}", r.name()))).unwrap();
+        assert_eq!(c.model.as_ref().unwrap().activation_checkpointing, Some(r));
+        assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    }
+    let e = error_of(&with(r#""selective""#));
+    assert!(e.contains("model.activation_checkpointing") && e.contains("non_reentrant"), "{e}");
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("activation_checkpointing"), "absent is not written");
+}

@@ -27,7 +27,7 @@ FAMILIES = {
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
 }
-RUN = ("Place", "local_view", "reported_name", "case_views", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
+RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "combine")
 
@@ -51,7 +51,7 @@ def plugin_arguments(case):
 
 
 def sources(case):
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "frozen_feature", "micro_batches", "resume_after").replace("HarnessError", "RuntimeError")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "setup_features", "micro_batches", "resume_after").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer")
                + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",

@@ -5,7 +5,7 @@ from ..targets.base import dtype_name, is_frozen, unsupported_frozen
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
-MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "is_linear_weight",
+MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "checkpointed_block", "is_linear_weight",
                 "load_case_params", "freeze", "to_case_layout", "make_optimizer")
 
 IMPORTS = """
@@ -88,7 +88,7 @@ def model_source():
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "is_frozen", "frozen_feature", "resume_after").replace("HarnessError", "RuntimeError")
+                         "is_frozen", "setup_features", "resume_after").replace("HarnessError", "RuntimeError")
     loop = worker_source("targets/torch_training.py", "full", "dense", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")
     return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop

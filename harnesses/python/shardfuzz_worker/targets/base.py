@@ -244,8 +244,10 @@ def is_frozen(case, name):
     return any(name == f or name.startswith(f + ".") for f in case["train"].get("frozen") or ())
 
 
-def frozen_feature(prefix, case):
-    return [f"{prefix}:frozen"] if case["train"].get("frozen") else []
+def setup_features(prefix, case):
+    """Features of how the model is trained: frozen parameters, activation checkpointing."""
+    recompute = (case.get("model") or {}).get("activation_checkpointing")
+    return ([f"{prefix}:frozen"] if case["train"].get("frozen") else []) + ([f"{prefix}:recompute-{recompute}"] if recompute else [])
 
 
 def unsupported_frozen(target, case):

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import (IGNORE_INDEX, chunk_range, class_weight, frozen_feature, grad_or_fail, is_frozen, loss_denominator,
+from .base import (IGNORE_INDEX, chunk_range, class_weight, setup_features, grad_or_fail, is_frozen, loss_denominator,
                    micro_batches, resume_after)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
@@ -50,6 +50,20 @@ def case_views(m, named):
         for i, (name, _) in enumerate(case_tensors(hf, p.detach())):
             out.append((reported_name(m, name), hf, p, lambda t, hf=hf, i=i: case_tensors(hf, t)[i][1]))
     return out
+
+
+def checkpointed(model, m):
+    """`model` with transformers' gradient checkpointing of every decoder layer where the case asks for activation
+    checkpointing (`model.activation_checkpointing`), as a user enables it before boosting; Colossal-AI's
+    shardformer forwards honour the flag. A re-entrant checkpoint also gets inputs that require a gradient
+    (`enable_input_require_grads`, as transformers does for a frozen embedding), else the layers of a checkpoint
+    whose input needs none would get no gradient."""
+    recompute = m.get("activation_checkpointing")
+    if recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": recompute == "reentrant"})
+        if recompute == "reentrant":
+            model.enable_input_require_grads()
+    return model
 
 
 def frozen_model(model, case):
@@ -152,7 +166,7 @@ def run(plugin, case, inputs, dt):
     m, t = model_defaults(case), case["train"]
 
     def fresh():
-        model = frozen_model(build(m, inputs, dt), case)
+        model = checkpointed(frozen_model(build(m, inputs, dt), case), m)
         return model, make_optimizer(case, list(model.parameters()))
 
     booster = Booster(plugin=plugin)
@@ -288,7 +302,7 @@ def single_device(case, inputs, dt=None):
     baseline; a repro's reference runs it in float64)."""
     m, t = model_defaults(case), case["train"]
     dt = dt or torch_dtype(t["dtype"])
-    model = frozen_model(build(m, inputs, dt), case)
+    model = checkpointed(frozen_model(build(m, inputs, dt), case), m)
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = make_optimizer(case, [p for _, p in trained])
     views = case_views(m, list(model.named_parameters()))
@@ -377,6 +391,6 @@ def combine(case, outs, features):
         return {"status": "divergent", "reason": disagreement}
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]
-    features = features + (frozen_feature(features[0], case) if features else [])
+    features = features + (setup_features(features[0], case) if features else [])
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
 from .torch_common import torch_dtype
-from .torch_model import Norm, causal_attention, make_optimizer, model_defaults
+from .torch_model import Norm, causal_attention, checkpointed_block, make_optimizer, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
 COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
@@ -109,6 +109,7 @@ class MegatronModel(nn.Module):
         from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 
         self.sp = cfg.sequence_parallel
+        self.recompute = m.get("activation_checkpointing")
         self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
                                             reduce_scatter_embeddings=self.sp)
         self.layers = nn.ModuleList(Block(m, k, cfg, tp) for k in m["layers"])
@@ -128,8 +129,17 @@ class MegatronModel(nn.Module):
         if not self.sp:
             x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
         for layer in self.layers:
-            x = layer(x)
+            x = self.run_block(layer, x)
         return self.lm_head(self.final_norm(x))[0]
+
+    def run_block(self, layer, x):
+        """A block, under Megatron's own re-entrant activation checkpoint (`tensor_parallel.checkpoint`, what its
+        TransformerBlock's full recomputation calls) or torch's non-re-entrant one, as the case asks."""
+        if self.recompute != "reentrant" or not torch.is_grad_enabled():
+            return checkpointed_block(layer, x, self.recompute)
+        from megatron.core import tensor_parallel
+
+        return tensor_parallel.checkpoint(layer, False, x)
 
 
 def load_local(model, inputs, rank, tp, dt):

@@ -31,10 +31,15 @@ _STATE = {"tp": None}
 
 
 def _patch_cuda():
-    """megatron-core asks torch.cuda for the device in its collectives and buffers: point it at the CPU."""
+    """megatron-core asks torch.cuda for the device in its collectives and buffers: point it at the CPU. Its
+    activation checkpoint saves and restores the CUDA generator's state around the recomputation: on the CPU there is
+    none (the CPU generator's state it keeps; the case's model draws no random numbers)."""
     import torch
+    from megatron.core.tensor_parallel import random
 
     torch.cuda.current_device = lambda: "cpu"
+    random._get_cuda_rng_state = lambda *args, **kwargs: None
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 class MegatronTp(TorchTarget):

@@ -30,6 +30,11 @@ class TorchDdp(TorchTarget):
             # Measured (campaign 114): the fp16 hook's sparse gradients come back through `"cadd_sparse" not
             # implemented for 'Half'` (torch has no CPU kernel adding f16 sparse tensors; bf16 has one).
             return "torch has no CPU kernel adding the f16 sparse gradients DDP's fp16 hook reduces"
+        if case["model"].get("activation_checkpointing") == "reentrant" and p["find_unused"]:
+            # DDP's documentation: with use_reentrant=True it works "when there are no unused parameters ... (make
+            # sure you are not passing `find_unused_parameters=True` to DDP)"; its reducer then raises "Expected to
+            # mark a variable ready only once" in the backward.
+            return "DDP documents re-entrant activation checkpointing as unsupported with find_unused_parameters=True"
         return None
 
     def run_rank(self, rank, world, case, inputs):

@@ -99,10 +99,12 @@ class Block(nn.Module):
 
 class Model(nn.Module):
     """The case's model; `sparse_embedding`: the embedding's gradient as a sparse tensor (where the target that
-    builds it reduces sparse gradients)."""
+    builds it reduces sparse gradients). `m["activation_checkpointing"]`: every block under torch.utils.checkpoint
+    (reentrant or not)."""
 
     def __init__(self, m, sparse_embedding=False):
         super().__init__()
+        self.recompute = m.get("activation_checkpointing")
         self.tied = m.get("tied_embeddings", False)
         self.embed = nn.Embedding(m["vocab"], m["hidden"], sparse=sparse_embedding)
         self.layers = nn.ModuleList(Block(m, k) for k in m["layers"])
@@ -113,11 +115,27 @@ class Model(nn.Module):
     def forward(self, ids):
         x = self.embed(ids)
         for layer in self.layers:
-            x = layer(x)
+            x = checkpointed_block(layer, x, self.recompute)
         z = self.final_norm(x)
         if self.tied:
             return z @ self.embed.weight.t()
         return self.lm_head(z)
+
+
+def checkpointed_block(layer, x, recompute):
+    """`layer(x)`, under torch.utils.checkpoint where `recompute` (a case's `model.activation_checkpointing`) asks
+    for it: its activations recomputed in the backward (use_reentrant as `recompute` says)."""
+    if recompute is None or not torch.is_grad_enabled():
+        return layer(x)
+    reentrant = recompute == "reentrant"
+    if reentrant and not x.requires_grad:
+        # A re-entrant checkpoint whose inputs need no gradient gives its parameters none (torch warns "None of the
+        # inputs have requires_grad=True"); with a frozen embedding users make the input require one, as
+        # transformers' enable_input_require_grads() does.
+        x = x.detach().requires_grad_(True)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(layer, x, use_reentrant=reentrant)
 
 
 def model_defaults(case):

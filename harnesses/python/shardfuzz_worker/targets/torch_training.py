@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, frozen_feature, grad_or_fail, is_frozen, loss_denominator, resume_after
+from .base import chunk_range, class_weight, setup_features, grad_or_fail, is_frozen, loss_denominator, resume_after
 from .torch_model import make_optimizer, to_case_layout
 
 
@@ -186,7 +186,7 @@ def combine_dp(case, outs, features):
         tensors[f"baseline/{name}"] = v
     if any(stats.get("skipped_steps", [])):
         features = features + ["loss-scale:overflow"]  # as the native target names it
-    features = features + (frozen_feature(features[0], case) if features else [])
+    features = features + (setup_features(features[0], case) if features else [])
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
 
