@@ -1091,6 +1091,10 @@ fn activation_checkpointing_gives_the_same_training_on_every_target_that_offers_
         ("torch-ddp", "dp2-ddp-frozen-embedding-reentrant-accumulation-f32.json", "ddp:dp2:recompute-reentrant"),
         ("torch-fsdp2", "dp2-zero3-frozen-first-layer-reentrant-accumulation-bf16.json", "fsdp2:dp2:zero3:recompute-reentrant"),
         ("deepspeed-zero", "dp2-zero3-frozen-first-layer-reentrant-accumulation-bf16.json", "deepspeed:dp2:zero3:recompute-reentrant"),
+        // DeepSpeed before 0.19.8 (PR #8148) crashes here: its ZeRO-3 hooks partition the frozen norm weight that the
+        // non-re-entrant recomputation holds (docs/findings/deepspeed-0.19.2-zero3-frozen-norm-non-reentrant-checkpoint.py).
+        ("deepspeed-zero", "zero3-frozen-norm-non-reentrant-f32.json", "deepspeed:dp1:zero3:recompute-non_reentrant"),
+        ("torch-fsdp2", "dp2-zero3-frozen-first-layer-non-reentrant-accumulation-bf16.json", "fsdp2:dp2:zero3:recompute-non_reentrant"),
         ("colossalai-zero", "dp2-zero2-frozen-embedding-non-reentrant-f32.json", "colossalai:dp2:zero2:recompute-non_reentrant"),
         ("torch-tp", "tp2-sp-gqa-rmsnorm-reentrant-f32.json", "tp:tp2:sp1:recompute-reentrant"),
         ("megatron-tp", "tp2-sp-gqa-rmsnorm-reentrant-f32.json", "megatron:tp2:sp1:recompute-reentrant"),
