@@ -27,7 +27,7 @@ FAMILIES = {
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
 }
-RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
+RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "combine")
 

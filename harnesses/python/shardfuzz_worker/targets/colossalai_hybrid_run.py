@@ -55,14 +55,21 @@ def case_views(m, named):
 def checkpointed(model, m):
     """`model` with transformers' gradient checkpointing of every decoder layer where the case asks for activation
     checkpointing (`model.activation_checkpointing`), as a user enables it before boosting; Colossal-AI's
-    shardformer forwards honour the flag. A re-entrant checkpoint also gets inputs that require a gradient
-    (`enable_input_require_grads`, as transformers does for a frozen embedding), else the layers of a checkpoint
-    whose input needs none would get no gradient."""
+    shardformer forwards honour the flag."""
     recompute = m.get("activation_checkpointing")
     if recompute:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": recompute == "reentrant"})
-        if recompute == "reentrant":
-            model.enable_input_require_grads()
+    return model
+
+
+def input_grads(model, m):
+    """`model` (boosted: its unwrapped module) whose input embeddings' output requires a gradient under re-entrant
+    checkpointing (transformers' `enable_input_require_grads`), else the layers of a checkpoint whose input needs
+    none (after a frozen embedding) get no gradient. Registered after boosting: shardformer replaces the embedding
+    module under tensor parallelism, and a hook on the original is lost with it. A pipeline stage without the
+    embedding receives its input from the previous stage."""
+    if m.get("activation_checkpointing") == "reentrant" and model.get_input_embeddings() is not None:
+        model.enable_input_require_grads()
     return model
 
 
@@ -171,6 +178,7 @@ def run(plugin, case, inputs, dt):
 
     booster = Booster(plugin=plugin)
     boosted, zopt, *_ = booster.boost(*fresh())
+    input_grads(boosted.unwrap(), m)
     place = Place(plugin)
     ids, tgt, rows = batches(case, inputs, place)
     scale = place.dp / loss_denominator(inputs)
@@ -190,6 +198,7 @@ def run(plugin, case, inputs, dt):
     for k in range(t["steps"]):
         if k == resume_after(case):
             boosted, zopt = booster_resume(booster, boosted, zopt, fresh)
+            input_grads(boosted.unwrap(), m)
             views = model_views()
         raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))
         losses.append(raw)
@@ -302,7 +311,7 @@ def single_device(case, inputs, dt=None):
     baseline; a repro's reference runs it in float64)."""
     m, t = model_defaults(case), case["train"]
     dt = dt or torch_dtype(t["dtype"])
-    model = checkpointed(frozen_model(build(m, inputs, dt), case), m)
+    model = input_grads(checkpointed(frozen_model(build(m, inputs, dt), case), m), m)
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = make_optimizer(case, [p for _, p in trained])
     views = case_views(m, list(model.named_parameters()))
