@@ -96,6 +96,50 @@ def _colossalai_interleaved_metadata():
         InterleavedSchedule.send_backward_recv_backward, "send_grad_metadata", lambda sm: not sm.is_first_stage())
 
 
+def _colossalai_interleaved_metadata_requires_grad():
+    """Colossal-AI 0.5.0: with the metadata cache (HybridParallelPlugin's default), InterleavedSchedule keeps one
+    forward-metadata cache per rank, not per model chunk: the first activation a rank receives fixes shape, dtype and
+    `requires_grad` of every later one (and a sender sends metadata only once). When the first chunk's output needs no
+    gradient (a frozen embedding alone in chunk 0, or a frozen first chunk), every later chunk's input on that rank is
+    received without `requires_grad`, the last stage's backward stops at its input and no earlier decoder layer gets
+    a gradient: silently, they do not train (found 2026-11-29 by a colossalai-hybrid campaign). Workaround, not a
+    fix: the schedule without the cache (each message carries its metadata), which is right once its own hang is
+    fixed (colossalai-interleaved-metadata, applied here too)."""
+    from colossalai.pipeline.schedule.interleaved_pp import InterleavedSchedule
+
+    if "colossalai-interleaved-metadata" not in _APPLIED:
+        _colossalai_interleaved_metadata()
+        _APPLIED.add("colossalai-interleaved-metadata")
+    original = InterleavedSchedule.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.enable_metadata_cache = False
+
+    InterleavedSchedule.__init__ = __init__
+
+
+def _colossalai_frozen_shared_param_sync():
+    """Colossal-AI 0.5.0: under pipeline parallelism a tied embedding is a shared parameter of the first and last
+    stages, and `HybridParallelModule.sync_shared_params` (hybrid_parallel_plugin.py:131-136) all-reduces its
+    `.grad` between them without asking whether it trains: a frozen tied embedding (grad None) crashes every step in
+    `dist.all_reduce` ("Invalid function argument. Expected parameter `tensor` of type torch.Tensor"). Found
+    2026-11-29 by a colossalai-hybrid campaign (seed 159). Fix: a shared parameter without a gradient (frozen on
+    every stage that holds it) is not reduced."""
+    import torch.distributed as dist
+    from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelModule
+
+    def sync_shared_params(self):
+        for shared_param, group in zip(self.shared_params, self.shared_param_process_groups):
+            if self.stage_manager.stage in shared_param:
+                param = shared_param[self.stage_manager.stage]
+                if param.grad is not None:
+                    dist.all_reduce(param.grad, group=group)
+            dist.barrier()
+
+    HybridParallelModule.sync_shared_params = sync_shared_params
+
+
 def _deepspeed_unfused_init_step():
     """DeepSpeed 0.19.8: FP16_UnfusedOptimizer (what bf16 without ZeRO, stage 0, runs) initialises the
     optimizer's state by a real step() on zero gradients, so Adam's step counter is 1 before training and
@@ -676,6 +720,8 @@ FIXES = {
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
+    "colossalai-interleaved-metadata-requires-grad": (("colossalai-hybrid",), _colossalai_interleaved_metadata_requires_grad),
+    "colossalai-frozen-shared-param-sync": (("colossalai-hybrid",), _colossalai_frozen_shared_param_sync),
     "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
     "colossalai-ce1d-empty-vocab-shard": (("colossalai-tp",), _colossalai_ce1d_empty_vocab_shard),
     # (These three wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)

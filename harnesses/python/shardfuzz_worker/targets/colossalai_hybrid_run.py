@@ -188,7 +188,7 @@ def run(plugin, case, inputs, dt):
         step_fn = model_loss_pipeline_step if place.pipelined else model_loss_plain_step
     else:
         step_fn = pipeline_step if place.pipelined else plain_step
-    losses, logits0, grads0, skipped = [], None, {}, []
+    losses, logits0, grads0, skipped, ungraded = [], None, {}, [], []
 
     def model_views():
         # Every parameter's final value is reported; a frozen one's gradient is not (it has none).
@@ -209,6 +209,11 @@ def run(plugin, case, inputs, dt):
                 if is_frozen(case, name):
                     continue
                 g = grad(p) if grad is not None else p.grad
+                if g is None and p.requires_grad:
+                    # A parameter this rank holds and trains, yet the framework's backward gave it no gradient: it
+                    # will not train (the optimizer skips it), the framework's outcome (combine says so).
+                    ungraded.append(name)
+                    continue
                 grads0[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
         was_skipped = plugin_step(zopt)
         if was_skipped is not None:
@@ -226,6 +231,7 @@ def run(plugin, case, inputs, dt):
         "model_loss": labels is not None,
         # Without loss scaling too where the framework checks for overflow (plugin_step: not None).
         "skipped": skipped if t.get("loss_scale") is not None or skipped else None,
+        "ungraded": ungraded,
     }
 
 
@@ -367,6 +373,11 @@ def assemble(case, name, pieces):
 
 def combine(case, outs, features):
     m = case["model"]
+    ungraded = next(((r, o["ungraded"]) for r, o in enumerate(outs) if o.get("ungraded")), None)
+    if ungraded is not None:
+        r, names = ungraded
+        return {"status": "divergent", "reason": f"grad/{names[0]}: no gradient reached it on rank {r}, which holds and"
+                f" trains it (requires_grad=True): it does not train ({len(names)} parameter(s) so on that rank)"}
     tensors, replicas = {}, {}
     for kind, prefix in (("grads", "grad"), ("params", "param")):
         names = sorted({n for o in outs for n in o[kind]})
