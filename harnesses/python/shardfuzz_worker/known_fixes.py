@@ -102,7 +102,8 @@ def _colossalai_interleaved_metadata_requires_grad():
     `requires_grad` of every later one (and a sender sends metadata only once). When the first chunk's output needs no
     gradient (a frozen embedding alone in chunk 0, or a frozen first chunk), every later chunk's input on that rank is
     received without `requires_grad`, the last stage's backward stops at its input and no earlier decoder layer gets
-    a gradient: silently, they do not train (found 2026-11-29 by a colossalai-hybrid campaign). Workaround, not a
+    a gradient: silently, they do not train (found 2026-11-29 by a colossalai-hybrid campaign;
+    docs/findings/colossalai-0.5.0-interleaved-metadata-cache-frozen-first-chunk-no-grads.py). Workaround, not a
     fix: the schedule without the cache (each message carries its metadata), which is right once its own hang is
     fixed (colossalai-interleaved-metadata, applied here too)."""
     from colossalai.pipeline.schedule.interleaved_pp import InterleavedSchedule
@@ -124,8 +125,9 @@ def _colossalai_frozen_shared_param_sync():
     stages, and `HybridParallelModule.sync_shared_params` (hybrid_parallel_plugin.py:131-136) all-reduces its
     `.grad` between them without asking whether it trains: a frozen tied embedding (grad None) crashes every step in
     `dist.all_reduce` ("Invalid function argument. Expected parameter `tensor` of type torch.Tensor"). Found
-    2026-11-29 by a colossalai-hybrid campaign (seed 159). Fix: a shared parameter without a gradient (frozen on
-    every stage that holds it) is not reduced."""
+    2026-11-29 by a colossalai-hybrid campaign (seed 159;
+    docs/findings/colossalai-0.5.0-frozen-tied-embedding-pipeline-shared-grad-sync-crash.py). Fix: a shared parameter
+    without a gradient (frozen on every stage that holds it) is not reduced."""
     import torch.distributed as dist
     from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelModule
 
