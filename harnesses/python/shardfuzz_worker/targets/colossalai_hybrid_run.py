@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import (IGNORE_INDEX, chunk_range, class_weight, setup_features, grad_or_fail, is_frozen, loss_denominator,
-                   micro_batches, resume_after)
+from .base import (IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, micro_batches,
+                   resume_after, setup_features)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
 from .megatron_model import shard_dim

@@ -33,6 +33,9 @@ class TorchFsdp2(TorchTarget):
             # 2.15's torch.distributed.fsdp.fully_shard runs on the CPU.
             raise RuntimeError(f"torch {torch.__version__}'s FSDP2 (torch.distributed._composable.fsdp) needs CUDA "
                                "for its streams; the CPU runs only torch.distributed.fsdp.fully_shard's")
+        import inspect
+
+        self.shard_placement_fn = "shard_placement_fn" in inspect.signature(torch.distributed.fsdp.fully_shard).parameters
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
@@ -43,13 +46,8 @@ class TorchFsdp2(TorchTarget):
             if shard % p["reshard_group"]:
                 return (f"FSDP2 reshards after forward within the {shard} ranks a parameter is sharded over: "
                         f"{p['reshard_group']} does not divide them")
-        if why is None and p["param_shard_dim"]:
-            import inspect
-
-            from torch.distributed.fsdp import fully_shard
-
-            if "shard_placement_fn" not in inspect.signature(fully_shard).parameters:
-                return "this torch's fully_shard has no shard_placement_fn: parameters shard on dimension 0 only"
+        if why is None and p["param_shard_dim"] and not self.shard_placement_fn:
+            return "this torch's fully_shard has no shard_placement_fn: parameters shard on dimension 0 only"
         return why
 
     def run_rank(self, rank, world, case, inputs):

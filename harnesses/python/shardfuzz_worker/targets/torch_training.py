@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, setup_features, grad_or_fail, is_frozen, loss_denominator, resume_after
+from .base import chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, resume_after, setup_features
 from .torch_model import make_optimizer, to_case_layout
 
 
