@@ -266,3 +266,30 @@ fn the_clean_cases_met_while_calibrating_the_thresholds_pass() {
     }
     assert_eq!(o.status.code(), Some(0));
 }
+
+/// `model.layer_passes`: the block stack run again with the same parameters, so each block's gradient is the sum
+/// over its uses. The native target trains such models like the reference (tp with sequence parallelism, ZeRO-1, bf16,
+/// three passes in f32), refuses to split shared blocks over pipeline stages, and a wrong gradient in them is still
+/// caught (the row-parallel-bias fault fires on every use).
+#[test]
+fn shared_blocks_train_like_the_reference_on_the_native_target() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/layer-passes");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    cases.sort();
+    for case in &cases {
+        let o = bin().args(["run", "--json", &case.to_string_lossy()]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(v["kind"], "pass", "{}: {}", case.display(), v["reason"]);
+        let o = bin().args(["run", "--json", "--inject", "row-parallel-bias-every-rank", &case.to_string_lossy()]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(v["kind"], "divergent", "{}: the injected fault is not seen: {}", case.display(), v["reason"]);
+    }
+    let text = std::fs::read_to_string(&cases[0]).unwrap().replace(r#""pp": 1"#, r#""pp": 2"#);
+    let pp = std::env::temp_dir().join(format!("shardfuzz-layer-passes-pp2-{}.json", std::process::id()));
+    std::fs::write(&pp, text).unwrap();
+    let o = bin().args(["run", "--json", &pp.to_string_lossy()]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["kind"], "unsupported", "{}", v["reason"]);
+    assert!(v["reason"].as_str().unwrap().contains("layer_passes"), "{}", v["reason"]);
+    std::fs::remove_file(&pp).ok();
+}

@@ -117,6 +117,7 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         // (Sparse embedding gradients come from the `sparse-embedding` mutator.)
         sparse_embedding: false,
         activation_checkpointing: None,
+        layer_passes: 1,
         moe,
     })
 }

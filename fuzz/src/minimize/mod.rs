@@ -78,7 +78,7 @@ impl Complexity {
         ];
         if let Some(m) = &case.model {
             let moe = m.moe.as_ref().map_or(0, |e| e.experts + e.top_k);
-            v.push(m.layers.len() as u64);
+            v.push(m.block_sequence().len() as u64);
             v.push((m.hidden + m.ffn + m.vocab + m.seq + m.batch + m.heads + m.kv_heads + moe) as u64);
             v.push(b(m.bias) + b(m.tied_embeddings) + b(m.activation != Default::default()));
         }

@@ -222,8 +222,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
 fn fewer_layers(case: &Case) -> Vec<Case> {
     let Some(m) = &case.model else { return vec![] };
     let n = m.layers.len();
-    let mut out = vec![];
-    // The last layer alone, then the first alone, then one layer removed at a time.
+    // Each block used once, then (from three passes) twice; then the last layer alone, then the first
+    // alone, then one layer removed at a time.
+    let mut out: Vec<Case> = (1..m.layer_passes).map(|k| with(case, |c| c.model.as_mut().unwrap().layer_passes = k)).collect();
     if n > 1 {
         out.push(with(case, |c| c.model.as_mut().unwrap().layers = vec![m.layers[n - 1]]));
         out.push(with(case, |c| c.model.as_mut().unwrap().layers = vec![m.layers[0]]));

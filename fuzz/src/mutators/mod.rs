@@ -73,6 +73,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("reorder-layers", model::reorder_layers),
     ("architecture", model::architecture),
     ("activation-checkpointing", model::activation_checkpointing),
+    ("layer-passes", model::layer_passes),
     ("moe-routing", model::moe_routing),
     ("moe-capacity-drops", model::moe_capacity_drops),
     ("dtype", train::dtype),
@@ -155,6 +156,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("resume-after", "resume_after"),
     ("frozen", "frozen"),
     ("activation-checkpointing", "activation_checkpointing"),
+    ("layer-passes", "layer_passes"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.

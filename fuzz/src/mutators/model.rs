@@ -174,3 +174,12 @@ pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     m.activation_checkpointing = *choices.choose(rng).expect("two other choices");
     true
 }
+
+/// The block stack run another number of times with the same parameters (`model.layer_passes`: 1 to 3, so
+/// each block is used once or several times per step; a model case only).
+pub fn layer_passes(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    let choices: Vec<u32> = (1..=3).filter(|n| *n != m.layer_passes).collect();
+    m.layer_passes = *choices.choose(rng).expect("two other choices");
+    true
+}

@@ -14,7 +14,7 @@ mod validate;
 
 pub use data::{Data, Distribution, IgnorePattern, Ignored};
 pub use library_op::{Edit, LibraryOp, SampleEdit, View, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS, MAX_VIEWS};
-pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec, Recompute};
+pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec, Recompute, MAX_LAYER_PASSES};
 pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode, VocabLoss};
 pub use real::Real;
@@ -121,7 +121,7 @@ impl Case {
         }
         if let Some(m) = &self.model {
             s += &format!(
-                " | v{} h{} f{} heads{}/{} s{} b{} L{}",
+                " | v{} h{} f{} heads{}/{} s{} b{} L{}{}",
                 m.vocab,
                 m.hidden,
                 m.ffn,
@@ -129,7 +129,8 @@ impl Case {
                 m.kv_heads,
                 m.seq,
                 m.batch,
-                m.layers.len()
+                m.layers.len(),
+                if m.layer_passes > 1 { format!("x{}", m.layer_passes) } else { String::new() }
             );
             if let Some(ig) = &self.data.ignored {
                 s += &format!(" ignored {:.0}% {:?}", ig.fraction.get() * 100.0, ig.pattern).to_lowercase();

@@ -40,6 +40,11 @@ pub struct Model {
     /// recomputation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_checkpointing: Option<Recompute>,
+    /// How many times the block stack runs per forward, every pass with the same parameters (cross-layer
+    /// parameter sharing, as ALBERT and universal transformers do): each block is a module used
+    /// `layer_passes` times per step, and its gradient is the sum over its uses. 1 (the default): once.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub layer_passes: u32,
     /// Settings of the `moe` blocks (required when `layers` contains one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
@@ -48,6 +53,17 @@ pub struct Model {
 fn yes() -> bool {
     true
 }
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
+/// The most passes over the block stack a case may ask for (`model.layer_passes`).
+pub const MAX_LAYER_PASSES: u32 = 4;
 
 /// How activation checkpointing recomputes a block (`model.activation_checkpointing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -152,6 +168,13 @@ impl Model {
 
     pub fn tokens(&self) -> usize {
         self.batch as usize * self.seq as usize
+    }
+
+    /// The blocks in the order the forward runs them: `layers` once per pass (`layer_passes`), as
+    /// (index into `layers`, kind).
+    pub fn block_sequence(&self) -> Vec<(usize, LayerKind)> {
+        let passes = self.layer_passes.max(1) as usize;
+        (0..passes).flat_map(|_| self.layers.iter().copied().enumerate()).collect()
     }
 
     /// Every parameter in a fixed order (the order of gradient norms and optimizer states).

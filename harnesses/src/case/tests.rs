@@ -325,3 +325,20 @@ fn activation_checkpointing_names_its_implementation() {
     assert!(e.contains("model.activation_checkpointing") && e.contains("non_reentrant"), "{e}");
     assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("activation_checkpointing"), "absent is not written");
 }
+
+#[test]
+fn layer_passes_runs_the_stack_again_with_the_same_blocks() {
+    let with = |v: u32| MINIMAL.replace(r#""batch": 2,"#, &format!(r#""batch": 2, "layer_passes": {v},"#));
+    let c = Case::from_json(&with(3)).unwrap();
+    let m = c.model.as_ref().unwrap();
+    let order: Vec<usize> = m.block_sequence().iter().map(|(i, _)| *i).collect();
+    let n = m.layers.len();
+    assert_eq!(order, (0..3).flat_map(|_| 0..n).collect::<Vec<_>>());
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    assert_eq!(m.params(), Case::from_json(MINIMAL).unwrap().model.unwrap().params(), "the passes share parameters");
+    for bad in [0, crate::case::MAX_LAYER_PASSES + 1] {
+        let e = error_of(&with(bad));
+        assert!(e.contains("model.layer_passes") && e.contains("between 1 and"), "{e}");
+    }
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("layer_passes"), "one pass is not written");
+}

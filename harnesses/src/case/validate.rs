@@ -176,7 +176,7 @@ impl Case {
             let (h, f, v) = (m.hidden as u64, m.ffn as u64, m.vocab as u64);
             let experts = m.moe.as_ref().map_or(1, |c| c.experts as u64);
             let per_layer = t * (12 * h + 4 * f * experts.min(4)) + t * m.seq as u64 * m.heads as u64 * 2;
-            let acts = per_layer * m.layers.len() as u64 + t * (4 * h + 3 * v);
+            let acts = per_layer * m.block_sequence().len() as u64 + t * (4 * h + 3 * v);
             // param, grad, two optimizer states, initial copy; activations kept for backward.
             params * 5 + acts * 2
         } else if let Some(o) = &self.op {
@@ -218,6 +218,10 @@ fn validate_model(m: &Model, r: &mut Report) {
             "model.kv_heads",
             format!("must divide model.heads for grouped-query attention (heads {} kv_heads {})", m.heads, m.kv_heads),
         );
+    }
+    if m.layer_passes < 1 || m.layer_passes > super::model::MAX_LAYER_PASSES {
+        let max = super::model::MAX_LAYER_PASSES;
+        r.fail("model.layer_passes", format!("must be between 1 and {max} (got {})", m.layer_passes));
     }
     let has_moe = m.layers.contains(&LayerKind::Moe);
     match (&m.moe, has_moe) {

@@ -161,9 +161,10 @@ pub fn forward_backward(
     ctx.loss_grad_scale.set(grad_scale);
     let mut x = embed_fwd(ctx, params, g, ids)?;
     ctx.note_peak(&x);
-    let mut caches = Vec::with_capacity(ctx.model.layers.len());
-    for (i, kind) in ctx.model.layers.iter().enumerate() {
-        let (nx, c) = block_fwd(ctx, i, *kind, params, g, &x)?;
+    let blocks = ctx.model.block_sequence();
+    let mut caches = Vec::with_capacity(blocks.len());
+    for &(i, kind) in &blocks {
+        let (nx, c) = block_fwd(ctx, i, kind, params, g, &x)?;
         caches.push(c);
         x = nx;
         ctx.note_peak(&x);
@@ -171,7 +172,7 @@ pub fn forward_backward(
     let (losses, logits, hc) = head_fwd(ctx, params, g, &x, targets, grad_scale)?;
     let mut dx = head_bwd(ctx, params, g, hc, grads)?;
     ctx.note_peak(&dx);
-    for (i, c) in caches.into_iter().enumerate().rev() {
+    for (&(i, _), c) in blocks.iter().zip(caches).rev() {
         dx = block_bwd(ctx, i, params, g, c, &dx, grads)?;
         ctx.note_peak(&dx);
     }
@@ -182,8 +183,8 @@ pub fn forward_backward(
 /// The summed loss of a forward pass alone (no gradients).
 pub fn forward_loss(ctx: &Ctx, params: &ParamSet, g: &Geom, ids: &[usize], targets: &[usize]) -> CResult<f64> {
     let mut x = embed_fwd(ctx, params, g, ids)?;
-    for (i, kind) in ctx.model.layers.iter().enumerate() {
-        x = block_fwd(ctx, i, *kind, params, g, &x)?.0;
+    for (i, kind) in ctx.model.block_sequence() {
+        x = block_fwd(ctx, i, kind, params, g, &x)?.0;
     }
     let (losses, _, _) = head_fwd(ctx, params, g, &x, targets, 1.0)?;
     Ok(loss_sum(ctx, &losses))

@@ -168,6 +168,10 @@ impl Target for NativeTarget {
         if !case.train.frozen.is_empty() {
             return Outcome::Unsupported { reason: "the native target trains every parameter (no train.frozen)".into() };
         }
+        if p.pp > 1 && case.model.as_ref().is_some_and(|m| m.layer_passes > 1) {
+            let reason = "the native target does not share blocks across pipeline stages (model.layer_passes > 1 with pp > 1)";
+            return Outcome::Unsupported { reason: reason.into() };
+        }
         let plan = match Plan::new(case, self.bugs) {
             // The loss is the mean over the counted targets of every rank (a sharded loader
             // all-reduces that count; here it comes from the global batch).

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::case::{Axis, Case, Mesh, Model, ParamSpec, PipelineSchedule};
+use crate::case::{Axis, Case, LayerKind, Mesh, Model, ParamSpec, PipelineSchedule};
 use crate::model::{Bug, Bugs, Layout, Reject};
 
 /// Splits `n` into `parts` sizes that differ by at most one (how batches are split over ranks).
@@ -32,9 +32,12 @@ pub struct Plan<'a> {
     pub microbatches: usize,
     pub accumulation: usize,
     pub schedule: PipelineSchedule,
-    /// Layers of each virtual pipeline stage: pp × model chunks of them, virtual stage c·pp + s
-    /// (chunk c of stage s) on the ranks of stage s (one chunk per stage unless interleaved).
+    /// Positions in `blocks` of each virtual pipeline stage: pp × model chunks of them, virtual stage
+    /// c·pp + s (chunk c of stage s) on the ranks of stage s (one chunk per stage unless interleaved).
     pub stages: Vec<Range<usize>>,
+    /// The blocks in the order the forward runs them (`Model::block_sequence`: each layer once per
+    /// pass); a layer run twice lies in one stage (shared blocks across stages are not planned).
+    pub blocks: Vec<(usize, LayerKind)>,
     pub specs: Vec<ParamSpec>,
     pub bugs: Bugs,
     /// The loss mean's denominator: the counted targets of the global batch (`data.ignored`), each
@@ -69,7 +72,8 @@ impl<'a> Plan<'a> {
                 "batch ({batch}) is smaller than dp × microbatches × grad_accumulation ({dp} × {mb} × {ga}): some micro-batches would be empty"
             )));
         }
-        let layers = model.layers.len();
+        let blocks = model.block_sequence();
+        let layers = blocks.len();
         let chunks = if pp > 1 && p.pipeline_schedule == PipelineSchedule::Interleaved { p.virtual_stages as usize } else { 1 };
         let stages = (0..pp * chunks).map(|s| balanced(layers, pp * chunks, s)).collect();
         Ok(Plan {
@@ -86,6 +90,7 @@ impl<'a> Plan<'a> {
             accumulation: ga,
             schedule: p.pipeline_schedule,
             stages,
+            blocks,
             specs: model.params(),
             bugs,
             loss_denominator: model.tokens() as f64,

@@ -167,8 +167,9 @@ impl<'a> Rank<'a> {
             let data = self.groups.recv(self.neighbour(-1), tag(vs - 1))?;
             Mat::from_shape_vec((data.len() / h, h), data).map_err(|e| CommFailure(format!("received activation: {e}")))?
         };
-        for i in self.plan.stages[vs].clone() {
-            let (nx, c) = block_fwd(&ctx, i, self.plan.model.layers[i], params, &st.geom, &x)?;
+        for pos in self.plan.stages[vs].clone() {
+            let (i, kind) = self.plan.blocks[pos];
+            let (nx, c) = block_fwd(&ctx, i, kind, params, &st.geom, &x)?;
             st.caches.push(c);
             x = nx;
         }
@@ -195,9 +196,9 @@ impl<'a> Rank<'a> {
                 Mat::from_shape_vec((data.len() / h, h), data).map_err(|e| CommFailure(format!("received gradient: {e}")))?
             }
         };
-        let layers = self.plan.stages[vs].clone();
-        for (i, c) in layers.zip(st.caches).rev() {
-            dx = block_bwd(&ctx, i, params, &st.geom, c, &dx, grads)?;
+        let positions = self.plan.stages[vs].clone();
+        for (pos, c) in positions.zip(st.caches).rev() {
+            dx = block_bwd(&ctx, self.plan.blocks[pos].0, params, &st.geom, c, &dx, grads)?;
         }
         if vs == 0 {
             embed_bwd(&ctx, params, &st.geom, &st.ids, &dx, grads)
@@ -653,7 +654,7 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
     f.push(format!("opt:{:?}", t.optimizer.kind));
     f.push(format!("zero:{}", plan.zero));
     for c in 0..plan.chunks() {
-        f.extend(m.layers[plan.stages[c * plan.pp + stage].clone()].iter().map(|l| format!("block:{l:?}")));
+        f.extend(plan.blocks[plan.stages[c * plan.pp + stage].clone()].iter().map(|(_, l)| format!("block:{l:?}")));
     }
     let flags = [
         (plan.tp > 1, "tp"),
@@ -667,6 +668,7 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
         (plan.ep > 1, "ep"),
         (m.bias, "bias"),
         (m.tied_embeddings, "tied"),
+        (m.layer_passes > 1, "blocks:shared"),
         (m.kv_heads < m.heads, "gqa"),
         (layout.local_heads() > 1, "attn:local-heads:multi"),
         (layout.kv_replicated && m.kv_heads == 1, "tp:kv:replicated"),

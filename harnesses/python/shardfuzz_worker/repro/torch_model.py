@@ -5,8 +5,8 @@ from ..targets.base import dtype_name, is_frozen, unsupported_frozen
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
-MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "checkpointed_block", "is_linear_weight",
-                "load_case_params", "freeze", "to_case_layout", "make_optimizer")
+MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "block_sequence",
+                "checkpointed_block", "is_linear_weight", "load_case_params", "freeze", "to_case_layout", "make_optimizer")
 
 IMPORTS = """
 import base64
@@ -62,9 +62,10 @@ def model_about(case):
     m, t = model_defaults(case), case["train"]
     o = t["optimizer"]
     opt = ", ".join(f"{k}={v}" for k, v in o.items() if k != "kind")
+    passes = f" run {m['layer_passes']} times (the same modules each pass)" if m.get("layer_passes", 1) > 1 else ""
     return [
         f"Model: vocab {m['vocab']}, hidden {m['hidden']}, ffn {m['ffn']}, heads {m['heads']} (kv {m['kv_heads']}),"
-        f" layers {m['layers']}, {m['norm']}, {m['activation']}, bias {m['bias']};"
+        f" layers {m['layers']}{passes}, {m['norm']}, {m['activation']}, bias {m['bias']};"
         f" batch {m['batch']} x seq {m['seq']}.",
         f"Training: {t['steps']} step(s) of {o['kind']} ({opt}), grad accumulation {t.get('grad_accumulation', 1)},"
         f" clip_grad_norm {t.get('clip_grad_norm')}; loss = token-mean cross-entropy.",

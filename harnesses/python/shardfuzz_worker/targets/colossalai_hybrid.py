@@ -59,6 +59,8 @@ class ColossalHybrid(ColossalTarget):
         why = expressible(case["model"]) or unfreezable(case["model"], case)
         if why:
             return why
+        if case["model"].get("layer_passes", 1) > 1:
+            return "a transformers model runs each decoder layer once (model.layer_passes > 1 is not expressed)"
         p, dt, t = parallel(case), dtype_name(case), case["train"]
         if dt not in PRECISION:
             return "HybridParallelPlugin keeps fp32 master weights (and Llama's RMSNorm computes in fp32): f64 is not expressed"

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
-from .torch_model import Model, causal_attention, checkpointed_block, load_case_params, make_optimizer, model_defaults
+from .torch_model import (Model, block_sequence, causal_attention, checkpointed_block, load_case_params,
+                          make_optimizer, model_defaults)
 
 
 def _col(linear, group, sp_mode):
@@ -88,7 +89,7 @@ class ColossalModel(nn.Module):
 
         super().__init__()
         self.group, self.sp_mode = group, sp_mode
-        self.recompute = plain.recompute
+        self.recompute, self.passes = plain.recompute, plain.passes
         # Vocabulary padded to a multiple of the case's `vocab_divisible_by` x tp, by default of tp only: with the
         # layers' default divisor (64 x tp) the cases' small vocabularies would sit on rank 0 alone.
         pad = dict(make_vocab_size_divisible_by=vocab_divisor)
@@ -108,7 +109,7 @@ class ColossalModel(nn.Module):
         x = self.embed(ids)
         if self.sp_mode:
             x = split_forward_gather_backward(x, 1, self.group)
-        for layer in self.layers:
+        for layer in block_sequence(self.layers, self.passes):
             x = checkpointed_block(layer, x, self.recompute)
         x = self.final_norm(x)
         if self.sp_mode:

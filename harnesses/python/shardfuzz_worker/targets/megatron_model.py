@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
 from .torch_common import torch_dtype
-from .torch_model import Norm, causal_attention, checkpointed_block, make_optimizer, model_defaults
+from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, make_optimizer, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
 COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
@@ -110,6 +110,7 @@ class MegatronModel(nn.Module):
 
         self.sp = cfg.sequence_parallel
         self.recompute = m.get("activation_checkpointing")
+        self.passes = m.get("layer_passes", 1)
         self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
                                             reduce_scatter_embeddings=self.sp)
         self.layers = nn.ModuleList(Block(m, k, cfg, tp) for k in m["layers"])
@@ -128,7 +129,7 @@ class MegatronModel(nn.Module):
         x = self.embed(ids)
         if not self.sp:
             x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
-        for layer in self.layers:
+        for layer in block_sequence(self.layers, self.passes):
             x = self.run_block(layer, x)
         return self.lm_head(self.final_norm(x))[0]
 

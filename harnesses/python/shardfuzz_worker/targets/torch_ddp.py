@@ -35,6 +35,11 @@ class TorchDdp(TorchTarget):
             # sure you are not passing `find_unused_parameters=True` to DDP)"; its reducer then raises "Expected to
             # mark a variable ready only once" in the backward.
             return "DDP documents re-entrant activation checkpointing as unsupported with find_unused_parameters=True"
+        if case["model"].get("activation_checkpointing") == "reentrant" and case["model"].get("layer_passes", 1) > 1 \
+                and not p["static_graph"]:
+            # The reducer's own error names this: "Reused parameters in multiple reentrant backward passes ... DDP does
+            # not support such use cases in default. You can try to use _set_static_graph() as a workaround".
+            return "DDP documents parameters reused by several re-entrant checkpointed passes as unsupported without static_graph"
         return None
 
     def run_rank(self, rank, world, case, inputs):

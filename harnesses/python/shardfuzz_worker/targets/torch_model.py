@@ -100,11 +100,12 @@ class Block(nn.Module):
 class Model(nn.Module):
     """The case's model; `sparse_embedding`: the embedding's gradient as a sparse tensor (where the target that
     builds it reduces sparse gradients). `m["activation_checkpointing"]`: every block under torch.utils.checkpoint
-    (reentrant or not)."""
+    (reentrant or not). `m["layer_passes"]`: the block stack run that many times, the same modules each pass."""
 
     def __init__(self, m, sparse_embedding=False):
         super().__init__()
         self.recompute = m.get("activation_checkpointing")
+        self.passes = m.get("layer_passes", 1)
         self.tied = m.get("tied_embeddings", False)
         self.embed = nn.Embedding(m["vocab"], m["hidden"], sparse=sparse_embedding)
         self.layers = nn.ModuleList(Block(m, k) for k in m["layers"])
@@ -114,12 +115,18 @@ class Model(nn.Module):
 
     def forward(self, ids):
         x = self.embed(ids)
-        for layer in self.layers:
+        for layer in block_sequence(self.layers, self.passes):
             x = checkpointed_block(layer, x, self.recompute)
         z = self.final_norm(x)
         if self.tied:
             return z @ self.embed.weight.t()
         return self.lm_head(z)
+
+
+def block_sequence(layers, passes):
+    """The blocks in the order the forward runs them: `layers` once per pass (a case's `model.layer_passes`, each
+    block a module used `passes` times per step, as ALBERT shares its layers)."""
+    return [layer for _ in range(passes) for layer in layers]
 
 
 def checkpointed_block(layer, x, recompute):
