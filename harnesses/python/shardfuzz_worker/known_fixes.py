@@ -464,6 +464,63 @@ def _deepspeed_round_robin_hp_link():
     DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params
 
 
+def _torch_fsdp2_reentrant_reused_module():
+    """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
+    re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
+    the first recomputation's nested backward reduces and reshards the module's parameters, and the second
+    recomputation finds the FSDPState still in PRE_BACKWARD, where `_pre_forward` unshards the parameters again but
+    returns before registering the post-backward hook. That use's gradient stays on the unsharded parameters, is
+    never reduce-scattered, and the module is left unsharded (plain Parameters) after backward
+    (docs/findings/torch-2.15-fsdp2-reentrant-checkpoint-reused-module-gradient-lost.py). Fix: in that branch, the
+    groups it had to unshard register their post-backward hook, as a first forward does."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    original = FSDPState._pre_forward
+
+    def _pre_forward(self, module, args, kwargs):
+        if self._training_state != TrainingState.PRE_BACKWARD:
+            return original(self, module, args, kwargs)
+        resharded = [g for g in self._fsdp_param_groups if not g.is_unsharded]
+        args, kwargs = original(self, module, args, kwargs)
+        for group in resharded:
+            args, kwargs = group._register_post_backward_hook(args, kwargs)
+        return args, kwargs
+
+    FSDPState._pre_forward = _pre_forward
+
+
+def _deepspeed_zero3_reused_param_copy():
+    """DeepSpeed 0.19.8: ZeRO-3 runs a parameter's reduction once per re-entrant checkpoint phase and gives every
+    phase of a backward "copy semantics" (stage3.py: `partition_grads` copies the reduced partition over the
+    buffer while `micro_step_id == 0`). A parameter used in two checkpointed phases (shared blocks,
+    `model.layer_passes` > 1 with use_reentrant=True) is reduced twice, and the second copy overwrites the first
+    phase's gradient, silently, whenever the two reductions fall in different buckets (in one bucket
+    `__reduce_and_partition_ipg_grads` asserts instead)
+    (docs/findings/deepspeed-0.19.8-zero3-reentrant-checkpoint-reused-param-gradient-overwritten.py). Fix: a
+    parameter reduced again within the backward has the partition written so far added to its new one first."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    partition_grads, clear_backward_seen_flag = Stage3.partition_grads, Stage3.clear_backward_seen_flag
+
+    def written(self):
+        return self.__dict__.setdefault("_reduced_this_backward", set())
+
+    def partition(self, params, grads):
+        if self.micro_step_id == 0:
+            buffers = self._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition
+            grads = [g + buffers[p.ds_id].narrow(0, 0, g.numel()).view(g.shape).to(g.dtype) if p.ds_id in written(self) else g
+                     for p, g in zip(params, grads)]
+        written(self).update(p.ds_id for p in params)
+        return partition_grads(self, params, grads)
+
+    def clear_seen(self):
+        written(self).clear()
+        return clear_backward_seen_flag(self)
+
+    Stage3.partition_grads, Stage3.clear_backward_seen_flag = partition, clear_seen
+
+
 def _torch_ddp_static_graph_no_sync():
     """PyTorch 2.15: DDP(static_graph=True) with gradient accumulation under no_sync() asserts
     `expect_autograd_hooks_` in Reducer::finalize_backward at the first backward: _DDPSink.backward enqueues the
@@ -748,6 +805,8 @@ FIXES = {
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
+    "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
+    "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
 }
 
 

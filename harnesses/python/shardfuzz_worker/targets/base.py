@@ -245,9 +245,11 @@ def is_frozen(case, name):
 
 
 def setup_features(prefix, case):
-    """Features of how the model is trained: frozen parameters, activation checkpointing."""
-    recompute = (case.get("model") or {}).get("activation_checkpointing")
-    return ([f"{prefix}:frozen"] if case["train"].get("frozen") else []) + ([f"{prefix}:recompute-{recompute}"] if recompute else [])
+    """Features of how the model is trained: frozen parameters, activation checkpointing, blocks used several times."""
+    m = case.get("model") or {}
+    recompute = m.get("activation_checkpointing")
+    return ([f"{prefix}:frozen"] if case["train"].get("frozen") else []) + ([f"{prefix}:recompute-{recompute}"] if recompute else []) \
+        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else [])
 
 
 def unsupported_frozen(target, case):
