@@ -1124,6 +1124,47 @@ fn activation_checkpointing_gives_the_same_training_on_every_target_that_offers_
     assert!(v["kind"] == "unsupported" && reason(&v).contains("find_unused_parameters=True"), "{v}");
 }
 
+/// The case field `model.layer_passes`: the block stack run again through the same modules (shared blocks, each a
+/// module used several times per step) gives the same training on every target that offers it, with and without
+/// activation checkpointing. Under re-entrant checkpointing two frameworks lose a use's gradient, silently: torch
+/// 2.15's FSDP2 (the second recomputation registers no post-backward hook) and DeepSpeed 0.19.8's ZeRO-3 (the second
+/// phase's reduction overwrites the first's); their known fixes make the runs right. DDP refuses re-entrant
+/// checkpointing of reused parameters without static_graph, as its own error message documents.
+#[test]
+fn layer_passes_gives_the_same_training_on_every_target_that_offers_it() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-shared-blocks");
+    for (target, case, feature) in [
+        ("torch-fsdp2", "dp2-zero3-non-reentrant-passes2-accumulation-bf16.json", "fsdp2:dp2:zero3:shared-blocks"),
+        ("deepspeed-zero", "dp2-zero3-non-reentrant-passes2-accumulation-bf16.json", "deepspeed:dp2:zero3:shared-blocks"),
+        ("deepspeed-zero", "dp2-zero1-reentrant-passes2-accumulation-f32.json", "deepspeed:dp2:zero1:shared-blocks"),
+        ("colossalai-zero", "dp2-zero1-reentrant-passes2-accumulation-f32.json", "colossalai:dp2:zero1:shared-blocks"),
+        ("torch-ddp", "dp2-ddp-static-graph-reentrant-passes2-f32.json", "ddp:dp2:shared-blocks"),
+        ("torch-tp", "tp2-sp-reentrant-passes2-f32.json", "tp:tp2:sp1:shared-blocks"),
+        ("megatron-tp", "tp2-sp-reentrant-passes2-f32.json", "megatron:tp2:sp1:shared-blocks"),
+        ("colossalai-tp", "tp2-passes3-f32.json", "colossalai:tp2:sp-none:shared-blocks"),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{target} {case}: {v}");
+    }
+    let case = dir.join("dp2-zero3-reentrant-passes2-accumulation-f32.json");
+    for (target, fix) in [("torch-fsdp2", "torch-fsdp2-reentrant-reused-module"), ("deepspeed-zero", "deepspeed-zero3-reused-param-copy")] {
+        let v = one_verdict(target, &case, "");
+        assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/layers."), "{target} without its fix: {v}");
+        let v = one_verdict(target, &case, fix);
+        assert_eq!(v["kind"], "pass", "{target} with {fix}: {v}");
+    }
+    let text = std::fs::read_to_string(dir.join("dp2-ddp-static-graph-reentrant-passes2-f32.json")).unwrap();
+    let mut case: Value = serde_json::from_str(&text).unwrap();
+    case["parallel"]["static_graph"] = Value::Bool(false);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), case.to_string()).unwrap();
+    let v = one_verdict("torch-ddp", file.path(), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("static_graph"), "{v}");
+}
+
 /// Colossal-AI 0.5.0's interleaved schedule caches one forward metadata per rank (with the plugin's default metadata
 /// cache): when the first model chunk's output needs no gradient (a Llama whose chunk 0 holds only its frozen
 /// embedding), every later chunk's input is received without `requires_grad` and no decoder layer gets a gradient,
