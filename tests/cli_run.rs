@@ -285,11 +285,11 @@ fn shared_blocks_train_like_the_reference_on_the_native_target() {
         assert_eq!(v["kind"], "divergent", "{}: the injected fault is not seen: {}", case.display(), v["reason"]);
     }
     let text = std::fs::read_to_string(&cases[0]).unwrap().replace(r#""pp": 1"#, r#""pp": 2"#);
-    let pp = std::env::temp_dir().join(format!("shardfuzz-layer-passes-pp2-{}.json", std::process::id()));
+    let dir = tempfile::tempdir().unwrap();
+    let pp = dir.path().join("pp2.json");
     std::fs::write(&pp, text).unwrap();
     let o = bin().args(["run", "--json", &pp.to_string_lossy()]).output().unwrap();
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(v["kind"], "unsupported", "{}", v["reason"]);
     assert!(v["reason"].as_str().unwrap().contains("layer_passes"), "{}", v["reason"]);
-    std::fs::remove_file(&pp).ok();
 }
