@@ -102,3 +102,36 @@ fn a_divergence_report_names_the_first_divergent_tensor_and_a_likely_cause() {
     assert!(md.contains("first divergent tensor: grad/layers.0.moe."), "{md}");
     assert!(md.contains("wrong scaling"), "{md}");
 }
+
+/// One injected forward bug met under two strategy sets is two signatures; minimized, both cases need the
+/// same things (tensor parallelism with biases), so `triage --minimize` groups them into one probable bug.
+#[test]
+fn one_bug_under_two_strategy_sets_is_one_probable_bug_once_minimized() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("seeds");
+    std::fs::create_dir_all(&corpus).unwrap();
+    for (name, dp) in [("tp.json", 1), ("tp-dp.json", 2)] {
+        let text = format!(
+            r#"{{"schema": 1, "parallel": {{"dp": {dp}, "tp": 2, "pp": 1}},
+            "model": {{"vocab": 8, "hidden": 4, "ffn": 4, "heads": 2, "kv_heads": 2, "seq": 2, "batch": 4,
+                      "layers": ["attention", "mlp"], "bias": true}},
+            "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.01}}, "dtype": "f32"}},
+            "data": {{"seed": 9}}}}"#
+        );
+        std::fs::write(corpus.join(name), text).unwrap();
+    }
+    let dir = tmp.path().join("out").display().to_string();
+    let corpus = corpus.display().to_string();
+    let args = ["fuzz", "--inject", "row-parallel-bias-every-rank", "--corpus", &corpus, "--execs", "2", "--quiet", "--out", &dir];
+    ok(&shardfuzz(&args));
+    let before: Vec<Value> = serde_json::from_str(&ok(&shardfuzz(&["triage", &dir, "--json"]))).unwrap();
+    let divergent = |rows: &[Value]| rows.iter().filter(|r| r["kind"] == "divergent").cloned().collect::<Vec<_>>();
+    assert_eq!(divergent(&before).len(), 2, "{before:#?}");
+    assert_ne!(divergent(&before)[0]["probable_bug"], divergent(&before)[1]["probable_bug"], "not minimized yet: {before:#?}");
+
+    let text = ok(&shardfuzz(&["triage", &dir, "--minimize"]));
+    assert!(text.contains("1 probable bugs"), "{text}");
+    assert!(text.contains("needs bias, dtype=f64, tp"), "{text}");
+    let after: Vec<Value> = serde_json::from_str(&ok(&shardfuzz(&["triage", &dir, "--json"]))).unwrap();
+    assert_eq!(divergent(&after)[0]["probable_bug"], divergent(&after)[1]["probable_bug"], "{after:#?}");
+}

@@ -1,6 +1,7 @@
 //! shardfuzz engine: the oracle, the LibAFL fuzzer, campaigns, minimizer and reports.
 pub mod bugreport;
 pub mod campaign;
+pub mod cluster;
 pub mod coverage;
 pub mod executor;
 pub mod findings;

@@ -5,8 +5,15 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::findings::{Finding, FindingStore, MINIMIZATION};
-use crate::minimize::Minimized;
+use std::collections::BTreeMap;
+
+use shardfuzz_harnesses::target::registry::TargetOptions;
+
+use crate::cluster::probable_bugs;
+use crate::findings::{Finding, FindingStore, MINIMIZATION, MINIMIZED};
+use crate::minimize::background::minimize_one;
+use crate::minimize::{Budget, Minimized};
+use crate::oracle::Oracle;
 
 /// The name of a finding's Markdown report.
 pub const REPORT: &str = "report.md";
@@ -29,6 +36,8 @@ pub struct TriageRow {
     pub minimized_elements: Option<usize>,
     pub report: Option<String>,
     pub reason: String,
+    /// The probable bug it belongs to (`crate::cluster`): findings whose minimized cases need the same things.
+    pub probable_bug: String,
 }
 
 /// Every finding of `out/findings`, most hits first.
@@ -38,11 +47,23 @@ pub fn triage(out: &Path) -> anyhow::Result<(Vec<TriageRow>, Vec<Finding>)> {
     let store = FindingStore::open(&dir)?;
     let mut findings: Vec<Finding> = store.findings.values().cloned().collect();
     findings.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.first_seen_elapsed_s.total_cmp(&b.first_seen_elapsed_s)));
-    let rows = findings.iter().map(|f| row(f, &dir.join(&f.id))).collect();
+    let bugs = probable_bugs(&findings, &dir);
+    let bug_of = |id: &str| bugs.iter().find(|b| b.findings.iter().any(|f| f == id)).map(|b| b.id.clone()).unwrap_or_default();
+    let rows = findings.iter().map(|f| row(f, &dir.join(&f.id), bug_of(&f.id))).collect();
     Ok((rows, findings))
 }
 
-fn row(f: &Finding, dir: &Path) -> TriageRow {
+/// Minimizes every finding of the campaign directory `out` that has no minimized case yet, within
+/// `budget` each; one log line per finding.
+pub fn minimize_missing(out: &Path, budget: Budget, oracle: &Oracle) -> anyhow::Result<Vec<String>> {
+    let dir = out.join("findings");
+    let store = FindingStore::open(&dir)?;
+    let mut targets = BTreeMap::new();
+    let missing = store.findings.values().map(|f| dir.join(&f.id)).filter(|d| !d.join(MINIMIZED).exists());
+    Ok(missing.map(|d| minimize_one(&d, &mut targets, &TargetOptions::default(), oracle, budget)).collect())
+}
+
+fn row(f: &Finding, dir: &Path, probable_bug: String) -> TriageRow {
     let minimized: Option<Minimized> = std::fs::read_to_string(dir.join(MINIMIZATION)).ok().and_then(|t| serde_json::from_str(&t).ok());
     let smallest = f.smallest_member();
     let report = dir.join(REPORT);
@@ -59,5 +80,6 @@ fn row(f: &Finding, dir: &Path) -> TriageRow {
         minimized_elements: minimized.map(|m| m.elements_after),
         report: report.exists().then(|| report.display().to_string()),
         reason: f.verdict.reason.clone(),
+        probable_bug,
     }
 }

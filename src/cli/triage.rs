@@ -1,11 +1,16 @@
-//! `shardfuzz triage OUT/ [--json] [--sarif FILE]`: one table of a campaign's deduplicated findings.
+//! `shardfuzz triage OUT/ [--json] [--sarif FILE] [--minimize]`: one table of a campaign's deduplicated
+//! findings, and the probable bugs they group into.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use shardfuzz_fuzz::cluster::{probable_bugs, ProbableBug};
 use shardfuzz_fuzz::findings::write_atomic;
+use shardfuzz_fuzz::minimize::Budget;
+use shardfuzz_fuzz::oracle::Oracle;
 use shardfuzz_fuzz::report::sarif;
-use shardfuzz_fuzz::triage::triage;
+use shardfuzz_fuzz::triage::{minimize_missing, triage};
 
 #[derive(clap::Args)]
 pub struct TriageArgs {
@@ -17,9 +22,22 @@ pub struct TriageArgs {
     /// Also write the findings as SARIF 2.1.0 to this file.
     #[arg(long)]
     sarif: Option<PathBuf>,
+    /// First minimize every finding that has no minimized case yet (`minimized.json` beside it), so the
+    /// findings group into probable bugs by what their minimized cases need.
+    #[arg(long)]
+    minimize: bool,
+    /// Most time per finding for `--minimize`, e.g. 60s, 10m.
+    #[arg(long, value_parser = super::fuzz::parse_duration, default_value = "3m")]
+    minimize_time: Duration,
 }
 
 pub fn run(a: TriageArgs) -> anyhow::Result<ExitCode> {
+    if a.minimize {
+        let budget = Budget { max_execs: Budget::default().max_execs, max_time: a.minimize_time };
+        for line in minimize_missing(&a.out, budget, &Oracle::default())? {
+            eprintln!("{line}");
+        }
+    }
     let (rows, findings) = triage(&a.out)?;
     if let Some(p) = &a.sarif {
         write_atomic(p, serde_json::to_string_pretty(&sarif(&findings, &a.out.join("findings")))?.as_bytes())?;
@@ -56,5 +74,25 @@ pub fn run(a: TriageArgs) -> anyhow::Result<ExitCode> {
     });
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
     println!("{} distinct findings ({})", rows.len(), kinds.join(", "));
+    print_probable_bugs(&probable_bugs(&findings, &a.out.join("findings")));
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_probable_bugs(bugs: &[ProbableBug]) {
+    println!();
+    println!("probable bugs (divergences grouped by what their minimized cases need):");
+    for b in bugs {
+        let needs = match &b.needs {
+            Some(n) if n.is_empty() => "needs nothing beyond one rank".to_string(),
+            Some(n) => format!("needs {}", n.join(", ")),
+            None => "not minimized".to_string(),
+        };
+        let phase = b.phase.as_ref().map(|p| format!(" in the {p}")).unwrap_or_default();
+        println!("{:<16} {} {}{phase}, {} hits, first at {:.0} s; {needs}", b.id, b.target, b.kind, b.hits, b.first_seen_elapsed_s);
+        println!("{:<16} findings: {}", "", b.findings.join(", "));
+    }
+    let unminimized = bugs.iter().filter(|b| b.needs.is_none()).count();
+    let hint =
+        if unminimized > 0 { format!("; {unminimized} not minimized (`triage --minimize` or `fuzz --minimize`)") } else { String::new() };
+    println!("{} probable bugs{hint}", bugs.len());
 }

@@ -43,7 +43,10 @@ impl BackgroundMinimizer {
     }
 }
 
-fn minimize_one(
+/// Minimizes the finding in `dir` and stores `minimized.json` and `minimization.json` beside it; one log
+/// line. `targets` keeps the target instances between calls (keyed by name and injected bugs); the
+/// bugs injected are `options.inject`, else those the finding recorded.
+pub fn minimize_one(
     dir: &Path,
     targets: &mut BTreeMap<String, Box<dyn Target>>,
     options: &TargetOptions,
@@ -53,10 +56,12 @@ fn minimize_one(
     let mut run = || -> anyhow::Result<String> {
         let src = FindingSource::load(dir)?;
         let name = src.target(None);
-        if !targets.contains_key(&name) {
-            targets.insert(name.clone(), create(&name, options).map_err(|e| anyhow::anyhow!(e))?);
+        let options = TargetOptions { inject: src.injected(&options.inject), ..options.clone() };
+        let key = format!("{name}|{}", options.inject.join(","));
+        if !targets.contains_key(&key) {
+            targets.insert(key.clone(), create(&name, &options).map_err(|e| anyhow::anyhow!(e))?);
         }
-        let target = targets.get_mut(&name).expect("inserted above");
+        let target = targets.get_mut(&key).expect("inserted above");
         let m = minimize(target.as_mut(), &src.smallest_case(), oracle, budget)?;
         write_atomic(&dir.join(MINIMIZED), m.case.to_json().as_bytes())?;
         write_atomic(&dir.join(MINIMIZATION), serde_json::to_string_pretty(&m)?.as_bytes())?;

@@ -1,7 +1,8 @@
 //! The minimizer: a deterministic shrinker built from small named passes run to a fixpoint
 //! (Hypothesis style). A candidate is kept only when it is valid, strictly simpler than the current
 //! case (no measure of [`Complexity`] grows and one shrinks) and still fails the same way: same
-//! target, verdict kind, and first divergent tensor (layer indices generalised) or crash site.
+//! target, verdict kind, and first divergent tensor's family (layer indices generalised, `.weight` /
+//! `.bias` dropped) or crash site.
 
 pub mod background;
 pub mod bench;
@@ -17,7 +18,7 @@ use shardfuzz_harnesses::case::{Case, Distribution, Limits, OptimizerKind, Place
 use shardfuzz_harnesses::inputs::Inputs;
 use shardfuzz_harnesses::target::Target;
 
-use crate::oracle::{crash_site, evaluate, generalise, hang_site, Oracle, Verdict, VerdictKind};
+use crate::oracle::{crash_site, evaluate, generalise, hang_site, tensor_family, Oracle, Verdict, VerdictKind};
 
 /// How a finding fails: what a smaller case must reproduce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,8 +33,9 @@ impl FailureKey {
     pub fn of(v: &Verdict) -> Option<FailureKey> {
         let site = match v.kind {
             // (A divergence no tensor shows, such as a result where the reference refused, by its reason.)
+            // (The tensor's family, as in signatures: dropping biases may move it from `.bias` to `.weight`.)
             VerdictKind::Divergent => match v.first_divergent() {
-                Some(c) => generalise(&c.tensor),
+                Some(c) => tensor_family(&c.tensor),
                 None => generalise(&v.reason).chars().take(120).collect(),
             },
             VerdictKind::Crash => crash_site(v),
@@ -70,7 +72,7 @@ impl Complexity {
             passes::dtype_rank(t.dtype) as u64,
             b(t.reduce_dtype.is_some()),
             passes::realisation_options(case),
-            b(case.data.distribution != Distribution::Normal),
+            b(case.data.distribution != Distribution::Normal) + b(case.data.ignored.is_some()) + b(case.data.class_weights),
             b(t.clip_grad_norm.is_some())
                 + b(t.loss_scale.is_some())
                 + b(t.optimizer.kind != OptimizerKind::Sgd)

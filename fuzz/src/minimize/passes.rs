@@ -561,4 +561,21 @@ mod tests {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }
     }
+
+    #[test]
+    fn every_data_simplification_is_simpler() {
+        use super::super::Complexity;
+        use shardfuzz_harnesses::case::{IgnorePattern, Ignored, Real};
+
+        let mut case = crate::generate::random_case(7);
+        case.data.distribution = Distribution::Large;
+        case.data.ignored = Some(Ignored { fraction: Real(0.5), pattern: IgnorePattern::ALL[0] });
+        case.data.class_weights = true;
+        let before = Complexity::of(&case);
+        let candidates = simpler_data(&case);
+        assert_eq!(candidates.len(), 3);
+        for c in candidates {
+            assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.data);
+        }
+    }
 }

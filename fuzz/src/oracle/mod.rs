@@ -25,7 +25,7 @@ pub mod stats;
 
 pub use compare::{relative_error, ErrorScale};
 pub use ensemble::Prepared;
-pub use signature::{config_class, crash_parts, crash_site, generalise, hang_site, signature, signature_id};
+pub use signature::{config_class, crash_parts, crash_site, generalise, hang_site, signature, signature_id, tensor_family};
 pub use stats::Stat;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,227 @@
+//! Probable bugs: findings grouped by what their minimized cases need.
+//!
+//! A divergence's signature is its first divergent tensor and the strategy set of the case it was seen
+//! in, so one bug that loses the gradient of every reused module shows as a signature per module and
+//! per strategy set (eleven for one torch FSDP2 bug in a 10-minute campaign). Minimization removes
+//! whatever a failure does not need, keeping the divergent tensor's module, so what is left of a case
+//! is what the bug needs. Divergences of one target whose minimized cases need the same things and
+//! first go wrong in the same phase (forward, backward, a later step, the optimizer step) are one
+//! probable bug. Crashes and hangs are already keyed by their site, and a finding not yet minimized
+//! stays a group of its own: its case still carries what it does not need.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind};
+use shardfuzz_kernels::DType;
+
+use crate::findings::{Finding, MINIMIZATION};
+use crate::localize::{first_divergent, place_of};
+use crate::minimize::Minimized;
+use crate::oracle::{config_class, signature_id, VerdictKind};
+
+/// A group of findings that are probably one bug.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbableBug {
+    pub id: String,
+    pub target: String,
+    pub kind: String,
+    /// Where the minimized cases first go wrong (divergences only).
+    pub phase: Option<String>,
+    /// What every minimized case of the group needs; `None` when the finding was not minimized.
+    pub needs: Option<Vec<String>>,
+    /// Finding ids, most hits first.
+    pub findings: Vec<String>,
+    pub hits: u64,
+    pub first_seen_elapsed_s: f64,
+}
+
+/// The configuration a case needs, in terms free of sizes, seeds and layer indices: its strategies,
+/// dtypes, the options that realise them, model and training features. (Not which sizes a degree does
+/// not divide: the minimizer shrinks sizes to 1 wherever the failure allows, so a minimized case is
+/// often uneven whether or not its bug needs it.)
+pub fn needs(case: &Case) -> Vec<String> {
+    let mut out: Vec<String> = config_class(case).split('+').filter(|c| *c != "single").map(String::from).collect();
+    out.push(format!("dtype={}", precision(case.train.dtype)));
+    out.extend(parallel_needs(case));
+    out.extend(train_needs(case));
+    if let Some(m) = &case.model {
+        let flags = [
+            (m.bias, "bias"),
+            (m.tied_embeddings, "tied-embeddings"),
+            (m.sparse_embedding, "sparse-embedding"),
+            (m.moe.is_some(), "moe"),
+            (m.layer_passes > 1, "shared-blocks"),
+            (m.activation != Default::default(), "activation"),
+        ];
+        out.extend(flags.iter().filter(|(on, _)| *on).map(|(_, n)| n.to_string()));
+        if let Some(r) = m.activation_checkpointing {
+            out.push(format!("activation_checkpointing={}", r.name()));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn precision(d: DType) -> &'static str {
+    match d {
+        DType::F64 => "f64",
+        DType::F32 => "f32",
+        DType::BF16 | DType::F16 => "16-bit",
+    }
+}
+
+/// A serde enum's name (`"sharded"`), or `set` for anything else.
+fn value_name<T: Serialize>(x: &T) -> String {
+    match serde_json::to_value(x) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(serde_json::Value::Bool(b)) => b.to_string(),
+        _ => "set".into(),
+    }
+}
+
+fn parallel_needs(case: &Case) -> Vec<String> {
+    let p = &case.parallel;
+    let mut out = vec![];
+    let mut option = |name: &str, v: Option<String>| {
+        if let Some(v) = v {
+            out.push(format!("{name}={v}"));
+        }
+    };
+    option("zero_offload", p.zero_offload.then(|| "true".into()));
+    option("vocab_loss", (!p.vocab_loss.is_default()).then(|| value_name(&p.vocab_loss)));
+    option("sequence_parallel_mode", (!p.sequence_parallel_mode.is_default()).then(|| p.sequence_parallel_mode.name().into()));
+    option("microbatches", (p.microbatches > 1).then(|| ">1".into()));
+    option("pipeline_schedule", (p.pp > 1).then(|| value_name(&p.pipeline_schedule)));
+    option("virtual_stages", (p.virtual_stages > 1).then(|| ">1".into()));
+    option("reduce_bucket", p.reduce_bucket.map(|_| "set".into()));
+    option("overlap_comm", p.overlap_comm.map(|b| b.to_string()));
+    option("reduce_scatter", p.reduce_scatter.map(|b| b.to_string()));
+    option("grad_predivide", p.grad_predivide.map(|_| "set".into()));
+    option("contiguous_grads", p.contiguous_grads.map(|b| b.to_string()));
+    option("round_robin_grads", p.round_robin_grads.map(|b| b.to_string()));
+    option("zero_shard_group", p.zero_shard_group.map(|_| "set".into()));
+    option("reduce_to_owner", p.reduce_to_owner.map(|b| b.to_string()));
+    option("overlap_param_gather", p.overlap_param_gather.map(|b| b.to_string()));
+    option("sync_every_microbatch", p.sync_every_microbatch.map(|b| b.to_string()));
+    option("param_shard_dim", p.param_shard_dim.map(|d| d.to_string()));
+    option("static_graph", p.static_graph.map(|b| b.to_string()));
+    option("find_unused", p.find_unused.map(|b| b.to_string()));
+    option("persist_below", p.persist_below.map(|_| "set".into()));
+    option("optimizer_sub_group", p.optimizer_sub_group.map(|_| "set".into()));
+    option("reshard_group", p.reshard_group.map(|_| "set".into()));
+    option("prefetch_bucket", p.prefetch_bucket.map(|_| "set".into()));
+    option("vocab_divisible_by", p.vocab_divisible_by.map(|_| "set".into()));
+    option("max_live_parameters", p.max_live_parameters.map(|_| "set".into()));
+    option("max_reuse_distance", p.max_reuse_distance.map(|_| "set".into()));
+    if p.rank_order != Default::default() {
+        out.push("rank_order".into());
+    }
+    out
+}
+
+fn train_needs(case: &Case) -> Vec<String> {
+    let (t, d) = (&case.train, &case.data);
+    let mut out = vec![];
+    let dtype = |name: &str, x: Option<DType>| x.map(|x| format!("{name}={}", value_name(&x)));
+    out.extend(dtype("reduce_dtype", t.reduce_dtype));
+    out.extend(dtype("grad_accum_dtype", t.grad_accum_dtype));
+    out.extend(dtype("master_dtype", t.master_dtype));
+    if t.optimizer.kind != OptimizerKind::Sgd {
+        out.push(format!("optimizer={}", value_name(&t.optimizer.kind)));
+    }
+    let flags = [
+        (t.steps > 1, "steps>1"),
+        (t.grad_accumulation > 1, "grad_accumulation>1"),
+        (t.clip_grad_norm.is_some(), "clip_grad_norm"),
+        (t.loss_scale.is_some(), "loss_scale"),
+        (t.resume_after.is_some(), "resume"),
+        (!t.frozen.is_empty(), "frozen"),
+        (t.optimizer.weight_decay.0 != 0.0, "weight_decay"),
+        (t.optimizer.no_decay_vectors, "no_decay_vectors"),
+        (d.ignored.is_some(), "ignored-tokens"),
+        (d.class_weights, "class-weights"),
+    ];
+    out.extend(flags.iter().filter(|(on, _)| *on).map(|(_, n)| n.to_string()));
+    if d.distribution != Distribution::Normal {
+        out.push(format!("data={}", value_name(&d.distribution)));
+    }
+    out
+}
+
+/// The probable bugs of a campaign's findings (`dir` is `OUT/findings`), most hits first.
+pub fn probable_bugs(findings: &[Finding], dir: &Path) -> Vec<ProbableBug> {
+    let mut groups: BTreeMap<String, ProbableBug> = BTreeMap::new();
+    for f in findings {
+        let (key, phase, needs) = group_key(f, &dir.join(&f.id));
+        let g = groups.entry(key.clone()).or_insert_with(|| ProbableBug {
+            id: signature_id(&key),
+            target: f.target.clone(),
+            kind: f.kind.clone(),
+            phase,
+            needs,
+            findings: vec![],
+            hits: 0,
+            first_seen_elapsed_s: f64::INFINITY,
+        });
+        g.findings.push(f.id.clone());
+        g.hits += f.hits;
+        g.first_seen_elapsed_s = g.first_seen_elapsed_s.min(f.first_seen_elapsed_s);
+    }
+    let mut out: Vec<ProbableBug> = groups.into_values().collect();
+    out.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.first_seen_elapsed_s.total_cmp(&b.first_seen_elapsed_s)));
+    out
+}
+
+/// A finding's group: its minimized divergence's target, phase and needs, or its own signature.
+fn group_key(f: &Finding, dir: &Path) -> (String, Option<String>, Option<Vec<String>>) {
+    let minimized: Option<Minimized> = std::fs::read_to_string(dir.join(MINIMIZATION)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    match minimized {
+        Some(m) if f.kind == "divergent" && m.verdict.kind == VerdictKind::Divergent => {
+            let phase = first_divergent(&m.verdict, &m.case).map(|c| place_of(&m.case, &c.tensor).0).unwrap_or_default();
+            let needs = needs(&m.case);
+            (format!("{}|divergent|{phase}|{}", f.target, needs.join(",")), Some(phase), Some(needs))
+        }
+        _ => (f.signature.clone(), None, minimized.map(|m| needs(&m.case))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardfuzz_harnesses::case::{LayerKind, Recompute};
+
+    fn base() -> Case {
+        let mut c = Case::from_json(include_str!("../../corpus/dp2-even.json")).unwrap();
+        c.parallel.zero_stage = 3;
+        c.train.dtype = DType::BF16;
+        c
+    }
+
+    #[test]
+    fn sizes_seeds_and_divisibility_do_not_change_the_needs_but_features_do() {
+        let base = base();
+        let mut bigger = base.clone();
+        let m = bigger.model.as_mut().unwrap();
+        m.hidden *= 2;
+        m.ffn *= 2;
+        m.layers = vec![LayerKind::Mlp];
+        bigger.data.seed += 1;
+        bigger.parallel.dp = 4;
+        bigger.model.as_mut().unwrap().batch = 8;
+        assert_eq!(needs(&base), needs(&bigger));
+        assert_eq!(needs(&base), vec!["bias", "dp", "dtype=16-bit", "optimizer=adam", "steps>1", "zero3"]);
+
+        let mut shared = base.clone();
+        let m = shared.model.as_mut().unwrap();
+        m.layer_passes = 2;
+        m.activation_checkpointing = Some(Recompute::Reentrant);
+        let added: Vec<String> = needs(&shared).into_iter().filter(|n| !needs(&base).contains(n)).collect();
+        assert_eq!(added, vec!["activation_checkpointing=reentrant", "shared-blocks"]);
+        let mut uneven = base.clone();
+        uneven.model.as_mut().unwrap().batch = 5;
+        assert_eq!(needs(&uneven), needs(&base));
+    }
+}
