@@ -1165,6 +1165,38 @@ fn layer_passes_gives_the_same_training_on_every_target_that_offers_it() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("static_graph"), "{v}");
 }
 
+/// DeepSpeed's own activation checkpoint (`framework_checkpoint`: `deepspeed.checkpointing.checkpoint` and
+/// `non_reentrant_checkpoint`) in place of torch's trains like the reference where DeepSpeed 0.19.8 gets it right
+/// (plain with shared blocks and accumulation in bf16, partitioned into contiguous buffers at ZeRO-3, partitioned
+/// with host copies), and crashes inside DeepSpeed where it does not: its non-re-entrant checkpoint under ZeRO-3
+/// (DeepSpeed #4595, open), `cpu_checkpointing` on the CPU accelerator (the recomputation gets an emptied input:
+/// a crash in the model code DeepSpeed recomputes, not a harness error), and `partition_activations` without
+/// model parallelism when the checkpoint's input is a leaf (a frozen embedding's output made to require a
+/// gradient): the flattened input is never given its shape back.
+#[test]
+fn deepspeed_activation_checkpointing_trains_like_the_reference_or_crashes_inside_deepspeed() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-framework-checkpoint");
+    for (case, feature) in [
+        ("dp2-zero1-plain-reentrant-passes2-accumulation-bf16.json", "deepspeed:dp2:zero1:checkpoint-plain"),
+        ("dp2-zero3-contiguous-reentrant-f32.json", "deepspeed:dp2:zero3:checkpoint-contiguous"),
+        ("dp2-zero1-partition-cpu-non-reentrant-f32.json", "deepspeed:dp2:zero1:checkpoint-partition_cpu"),
+    ] {
+        let v = one_verdict("deepspeed-zero", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    for (case, reason_has) in [
+        ("dp2-zero3-plain-non-reentrant-f32.json", "The size of tensor a (0) must match"),
+        ("dp2-zero1-cpu-reentrant-f32.json", "in the model code recomputed by File"),
+        ("dp2-zero1-partition-reentrant-frozen-embedding-f32.json", "must match the size of tensor b"),
+    ] {
+        let v = one_verdict("deepspeed-zero", &dir.join(case), "");
+        assert!(v["kind"] == "crash" && reason(&v).contains(reason_has), "{case}: {v}");
+    }
+}
+
 /// Colossal-AI 0.5.0's interleaved schedule caches one forward metadata per rank (with the plugin's default metadata
 /// cache): when the first model chunk's output needs no gradient (a Llama whose chunk 0 holds only its frozen
 /// embedding), every later chunk's input is received without `requires_grad` and no decoder layer gets a gradient,

@@ -116,6 +116,7 @@ fn parallel_needs(case: &Case) -> Vec<String> {
     option("vocab_divisible_by", p.vocab_divisible_by.map(|_| "set".into()));
     option("max_live_parameters", p.max_live_parameters.map(|_| "set".into()));
     option("max_reuse_distance", p.max_reuse_distance.map(|_| "set".into()));
+    option("framework_checkpoint", p.framework_checkpoint.map(|f| f.name().into()));
     if p.rank_order != Default::default() {
         out.push("rank_order".into());
     }

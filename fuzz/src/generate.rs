@@ -67,6 +67,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         prefetch_bucket: None,
         max_live_parameters: None,
         max_reuse_distance: None,
+        framework_checkpoint: None,
         static_graph: None,
         find_unused: None,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },

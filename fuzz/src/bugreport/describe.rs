@@ -1,6 +1,6 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
-use shardfuzz_harnesses::case::{Case, OptimizerKind, Recompute, VocabLoss};
+use shardfuzz_harnesses::case::{Case, FrameworkCheckpoint, OptimizerKind, Recompute, VocabLoss};
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
     (d > 1).then(|| {
@@ -29,6 +29,18 @@ fn parallel_words(case: &Case) -> Vec<String> {
             }
             if let Some(r) = m.activation_checkpointing {
                 out.push(format!("activation checkpointing of every block ({}: use_reentrant={})", r.name(), r == Recompute::Reentrant));
+            }
+            if let Some(f) = p.framework_checkpoint {
+                let keep = match f {
+                    FrameworkCheckpoint::Plain => "inputs kept as they are",
+                    FrameworkCheckpoint::Partition => "inputs partitioned over the model-parallel group (partition_activations)",
+                    FrameworkCheckpoint::Cpu => "inputs moved to host memory (cpu_checkpointing)",
+                    FrameworkCheckpoint::PartitionCpu => {
+                        "inputs partitioned and moved to host memory (partition_activations, cpu_checkpointing)"
+                    }
+                    FrameworkCheckpoint::Contiguous => "inputs partitioned into contiguous buffers (contiguous_memory_optimization)",
+                };
+                out.push(format!("the framework's own activation checkpoint, {keep}"));
             }
             match p.vocab_loss {
                 VocabLoss::Sharded if p.tp > 1 => out.push("the loss on vocabulary-sharded logits".into()),

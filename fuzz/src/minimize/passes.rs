@@ -91,6 +91,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.vocab_divisible_by.is_some(),
         p.max_live_parameters.is_some(),
         p.max_reuse_distance.is_some(),
+        p.framework_checkpoint.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()),
         t.grad_accum_dtype.is_some(),
@@ -177,8 +178,14 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     if case.model.as_ref().is_some_and(|m| m.sparse_embedding) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").sparse_embedding = false));
     }
+    if p.framework_checkpoint.is_some() {
+        out.push(with(case, |c| c.parallel.framework_checkpoint = None));
+    }
     if case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()) {
-        out.push(with(case, |c| c.model.as_mut().expect("a model case").activation_checkpointing = None));
+        out.push(with(case, |c| {
+            c.model.as_mut().expect("a model case").activation_checkpointing = None;
+            c.parallel.framework_checkpoint = None;
+        }));
     }
     if case.train.grad_accum_dtype.is_some() {
         out.push(with(case, |c| c.train.grad_accum_dtype = None));
@@ -548,6 +555,7 @@ mod tests {
         (p.overlap_param_gather, p.sync_every_microbatch, p.param_shard_dim) = (Some(true), Some(false), Some(1));
         (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         (p.prefetch_bucket, p.max_live_parameters, p.max_reuse_distance) = (Some(0), Some(9), Some(0));
+        p.framework_checkpoint = Some(shardfuzz_harnesses::case::FrameworkCheckpoint::Contiguous);
         p.vocab_divisible_by = Some(64);
         case.train.grad_accum_dtype = Some(DType::F32);
         (case.train.dtype, case.train.master_dtype) = (DType::BF16, Some(DType::F32));
@@ -556,7 +564,7 @@ mod tests {
         (m.sparse_embedding, m.activation_checkpointing) = (true, Some(shardfuzz_harnesses::case::Recompute::Reentrant));
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 28, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 29, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

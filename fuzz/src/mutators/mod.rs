@@ -74,6 +74,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("architecture", model::architecture),
     ("activation-checkpointing", model::activation_checkpointing),
     ("layer-passes", model::layer_passes),
+    ("framework-checkpoint", model::framework_checkpoint),
     ("moe-routing", model::moe_routing),
     ("moe-capacity-drops", model::moe_capacity_drops),
     ("dtype", train::dtype),
@@ -157,6 +158,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("frozen", "frozen"),
     ("activation-checkpointing", "activation_checkpointing"),
     ("layer-passes", "layer_passes"),
+    ("framework-checkpoint", "framework_checkpoint"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Activation, Case, LayerKind, MoeConfig, NormKind, Real, Recompute};
+use shardfuzz_harnesses::case::{Activation, Case, FrameworkCheckpoint, LayerKind, MoeConfig, NormKind, Real, Recompute};
 
 /// Load-balancing loss coefficients a mutated MoE case may carry: none, and the range models use
 /// (Switch Transformer 0.01) up to one that dominates the router's gradient. Random generation does
@@ -172,6 +172,23 @@ pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices: Vec<Option<Recompute>> =
         std::iter::once(None).chain(Recompute::ALL.map(Some)).filter(|r| *r != m.activation_checkpointing).collect();
     m.activation_checkpointing = *choices.choose(rng).expect("two other choices");
+    if m.activation_checkpointing.is_none() {
+        c.parallel.framework_checkpoint = None;
+    }
+    true
+}
+
+/// The framework's own activation checkpoint in another way of keeping the blocks' inputs, or torch's again
+/// (`parallel.framework_checkpoint`; the blocks checkpointed, re-entrant or not, when they were not).
+pub fn framework_checkpoint(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    if m.activation_checkpointing.is_none() {
+        m.activation_checkpointing = Some(*Recompute::ALL.choose(rng).expect("two kinds"));
+    }
+    let current = c.parallel.framework_checkpoint;
+    let choices: Vec<Option<FrameworkCheckpoint>> =
+        std::iter::once(None).chain(FrameworkCheckpoint::ALL.map(Some)).filter(|f| *f != current).collect();
+    c.parallel.framework_checkpoint = *choices.choose(rng).expect("five other choices");
     true
 }
 

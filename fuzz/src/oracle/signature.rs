@@ -103,8 +103,12 @@ pub fn crash_parts(v: &Verdict) -> (String, String) {
         Some(_) => v.reason.split_once(':').map_or(v.reason.as_str(), |(_, rest)| rest),
         None => v.reason.as_str(),
     };
-    let (message, frame) = match reason.rfind(" (at File ") {
-        Some(i) => (&reason[..i], reason[i + 5..].trim_end_matches(')')),
+    // What the worker writes before the raising frame: the frame itself, or the activation checkpoint that
+    // was recomputing our model code.
+    let markers = [" (at ", " (in the model code recomputed by "];
+    let found = markers.iter().filter_map(|m| reason.rfind(&format!("{m}File ")).map(|i| (i, i + m.len()))).max();
+    let (message, frame) = match found {
+        Some((i, j)) => (&reason[..i], reason[j..].trim_end_matches(')')),
         None => (reason, ""),
     };
     (message.split_whitespace().collect::<Vec<_>>().join(" "), raising_frame(frame))
@@ -158,5 +162,13 @@ mod tests {
             localization: None,
         };
         assert_eq!(crash_site(&v), "RuntimeError: size # vs # @ torch/distributed/tensor/_dispatch.py:dispatch");
+        let recomputed = Verdict {
+            reason: "rank 0: IndexError: tuple index out of range (in the model code recomputed by File \"/v/site-packages/deepspeed/runtime/activation_checkpointing/checkpointing.py\", line 738, in backward)".into(),
+            ..v
+        };
+        assert_eq!(
+            crash_site(&recomputed),
+            "IndexError: tuple index out of range @ deepspeed/runtime/activation_checkpointing/checkpointing.py:backward"
+        );
     }
 }

@@ -4,7 +4,10 @@ A failure is classified by where it was raised, not by its type:
   * innermost relevant frame in our own package (shardfuzz_worker), or the failure never entered the
     framework, or it is a HarnessError: `harness_error` (our worker failed, the framework did not);
   * innermost framework frame in one of the target's validation locations below: `rejected`;
-  * anywhere else in the framework (autograd, dispatch of a supported op, a collective): `crash`.
+  * anywhere else in the framework (autograd, dispatch of a supported op, a collective): `crash`;
+  * in our model's code while an activation checkpoint recomputes it in the backward (a RECOMPUTE frame outside
+    it): `crash`. The same code ran on the forward's inputs moments before, so a recomputation that fails ran on
+    what the checkpoint restored, not on what the forward had.
 
 "Relevant" frames are our package's and the target's framework packages' (FRAMEWORKS); frames of the
 standard library, numpy, pydantic and the like are skipped, so that pydantic raising for a DeepSpeed
@@ -149,6 +152,13 @@ REFUSAL_TYPES = {
 #: Framework functions that only raise what their caller asks for: the caller is the site.
 THROW_HELPERS = ("_log_and_throw",)
 
+#: Where activation checkpoints recompute a checkpointed function in the backward: (path fragment, functions).
+RECOMPUTE = (
+    ("torch/utils/checkpoint.py", ("backward", "unpack_hook", "unpack_hook_with_error_cb", "recompute_fn")),
+    ("deepspeed/runtime/activation_checkpointing/checkpointing.py", ("backward", "checkpoint_unpack")),
+    ("megatron/core/tensor_parallel/random.py", ("backward",)),
+)
+
 #: Our functions that only hand a framework's own object to the framework's native code, with arguments
 #: derived from that object alone (a view of an op's output DTensor: `reshape(-1)`, `transpose(0, n - 1)`).
 #: Native code leaves no Python frame, so an exception it raises directly under one of them (the frame is
@@ -259,6 +269,17 @@ def classify(target, failure):
         if who == "framework" and (is_validation(target, frame, link["message"]) or link["type"] in REFUSAL_TYPES.get(target, ())):
             return "rejected", frame
     who, frame = site(chain[-1]["frames"], roots)
+    if who == "ours" and (recompute := recomputing(chain[-1]["frames"])) is not None:
+        return "crash", recompute
     if who != "framework":
         return "harness_error", frame
     return "crash", frame
+
+
+def recomputing(frames):
+    """The innermost RECOMPUTE frame (an activation checkpoint recomputing in the backward), or None."""
+    for frame in reversed(frames):
+        path = frame[0].replace(os.sep, "/")
+        if any(fragment in path and frame[2] in functions for fragment, functions in RECOMPUTE):
+            return frame
+    return None

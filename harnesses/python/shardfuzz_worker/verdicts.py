@@ -10,7 +10,7 @@ error is its own, not a peer's closed or reset connection (what the ranks that o
 #: What gloo raises on a rank whose peer died: never the cause of a crash.
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
-from .validation import classify, is_native_caller, short
+from .validation import classify, is_native_caller, recomputing, short
 
 
 def classify_failures(target, failed, world):
@@ -26,6 +26,9 @@ def classify_failures(target, failed, world):
     site = last_frame(first.get("traceback", ""))
     frame = next(v[3] for v in verdicts if v[0] == first_rank)
     where = "raised in the framework's native code, called at" if frame and is_native_caller(frame) else "at"
+    if frame and is_recompute(frame) and frame[0] not in site:
+        # Raised in our model's code as the checkpoint recomputed it: the checkpoint's frame is the crash site.
+        where, site = "in the model code recomputed by", f'File "{frame[0]}", line {frame[1]}, in {frame[2]}'
     reason = message if not site else f"{message} ({where} {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
 
@@ -42,3 +45,7 @@ def harness_error(f, frame):
 def last_frame(tb):
     lines = [l.strip() for l in tb.splitlines() if l.strip().startswith("File ")]
     return lines[-1] if lines else ""
+
+
+def is_recompute(frame):
+    return recomputing([frame]) is not None

@@ -113,6 +113,22 @@ class TorchFramesTest(unittest.TestCase):
         f["chain"][0]["frames"][-2:] = [(OPINFO, 180, "run")]
         self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
 
+    def test_our_model_code_failing_as_a_checkpoint_recomputes_it_is_a_crash(self):
+        # The forward ran the same code moments before: what failed is what the checkpoint restored.
+        model = (os.path.join(os.path.dirname(validation.__file__), "targets", "torch_model.py"), 30, "forward")
+        engine = [fw("torch", "autograd/graph.py", "_engine_run_backward"),
+                  fw("torch", "utils/checkpoint.py", "backward", 282), fw("torch", "nn/modules/module.py", "_call_impl")]
+        f = failure(("IndexError", "tuple index out of range", engine + [model]))
+        f["traceback"] = f'  File "{model[0]}", line 30, in forward\n    b, s, h = x.shape\nIndexError: ...'
+        self.assertEqual(classify("torch-fsdp2", f), ("crash", engine[1]))
+        reply = classify_failures(Target("torch-fsdp2"), [(0, f)], 1)
+        self.assertEqual(reply["status"], "crash")
+        self.assertIn("(in the model code recomputed by File", reply["reason"])
+        self.assertIn("utils/checkpoint.py\", line 282, in backward)", reply["reason"])
+        # The same failure in the forward (no recomputation outside it) is ours.
+        f = failure(("IndexError", "tuple index out of range", [fw("torch", "nn/modules/module.py", "_call_impl"), model]))
+        self.assertEqual(classify("torch-fsdp2", f)[0], "harness_error")
+
     def test_a_harness_error_is_one_whatever_its_frames(self):
         f = failure(("HarnessError", "no gradient came back for w", [fw("torch", "autograd/__init__.py", "backward")]))
         self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
@@ -200,6 +216,16 @@ class TableTest(unittest.TestCase):
                 if function:
                     with open(path, encoding="utf-8") as f:
                         self.assertIn(f"def {function}(", f.read(), f"{target}: {function} is not in {fragment}")
+
+    def test_every_recompute_location_exists_in_the_installed_framework(self):
+        for fragment, functions in validation.RECOMPUTE:
+            pkg, rel = fragment.split("/", 1)
+            if installed(pkg) is None:
+                continue
+            with open(os.path.join(installed(pkg), rel), encoding="utf-8") as f:
+                text = f.read()
+            for function in functions:
+                self.assertIn(f"def {function}(", text, f"{function} is not in {fragment}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ pub use data::{Data, Distribution, IgnorePattern, Ignored};
 pub use library_op::{Edit, LibraryOp, SampleEdit, View, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS, MAX_VIEWS};
 pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec, Recompute, MAX_LAYER_PASSES};
 pub use op::{OpCase, OpKind, Placement, Reduce};
-pub use parallel::{Axis, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode, VocabLoss};
+pub use parallel::{Axis, FrameworkCheckpoint, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode, VocabLoss};
 pub use real::Real;
 pub use train::{Optimizer, OptimizerKind, Train};
 pub use validate::{Limits, Violation, MAX_GRAD_PREDIVIDE, MAX_REDISTRIBUTIONS, MAX_REDUCE_BUCKET, MAX_VOCAB_DIVISOR};

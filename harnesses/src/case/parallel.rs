@@ -159,6 +159,12 @@ pub struct Parallel {
     /// choice. Read only with ZeRO stage 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_reuse_distance: Option<u32>,
+    /// The blocks checkpointed (`model.activation_checkpointing`) by the framework's own activation checkpoint
+    /// instead of torch's, where a framework offers one (DeepSpeed's `deepspeed.checkpointing.checkpoint` /
+    /// `non_reentrant_checkpoint`), keeping each block's inputs until the backward as this says. The same
+    /// result either way. Absent: torch's checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework_checkpoint: Option<FrameworkCheckpoint>,
     /// Micro-batches per step (pipeline parallel and gradient accumulation inside a step).
     #[serde(default = "one")]
     pub microbatches: u32,
@@ -172,6 +178,38 @@ pub struct Parallel {
     /// Order of the mesh axes from fastest-varying rank to slowest, e.g. "tp-cp-dp-pp".
     #[serde(default)]
     pub rank_order: RankOrder,
+}
+
+/// How a framework's own activation checkpoint keeps a checkpointed block's inputs until the backward
+/// (DeepSpeed's `activation_checkpointing` settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameworkCheckpoint {
+    /// As they are (no partitioning, no host copy).
+    Plain,
+    /// Partitioned over the model-parallel group (`partition_activations`).
+    Partition,
+    /// Moved to host memory (`cpu_checkpointing`).
+    Cpu,
+    /// Partitioned and moved to host memory.
+    PartitionCpu,
+    /// Partitioned into one contiguous buffer per input, sized for every checkpoint of the forward
+    /// (`contiguous_memory_optimization` with `number_checkpoints`).
+    Contiguous,
+}
+
+impl FrameworkCheckpoint {
+    pub const ALL: [FrameworkCheckpoint; 5] = [Self::Plain, Self::Partition, Self::Cpu, Self::PartitionCpu, Self::Contiguous];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Partition => "partition",
+            Self::Cpu => "cpu",
+            Self::PartitionCpu => "partition_cpu",
+            Self::Contiguous => "contiguous",
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -215,6 +253,7 @@ impl Default for Parallel {
             prefetch_bucket: None,
             max_live_parameters: None,
             max_reuse_distance: None,
+            framework_checkpoint: None,
             microbatches: 1,
             pipeline_schedule: PipelineSchedule::Gpipe,
             virtual_stages: 1,

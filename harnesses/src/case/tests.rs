@@ -342,3 +342,22 @@ fn layer_passes_runs_the_stack_again_with_the_same_blocks() {
     }
     assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("layer_passes"), "one pass is not written");
 }
+
+#[test]
+fn framework_checkpoint_needs_checkpointed_blocks() {
+    use crate::case::FrameworkCheckpoint;
+    let with = |fc: &str, recompute: &str| {
+        MINIMAL
+            .replace(r#""pp": 1"#, &format!(r#""pp": 1, "framework_checkpoint": "{fc}""#))
+            .replace(r#""batch": 2,"#, &format!(r#""batch": 2, {recompute}"#))
+    };
+    for f in FrameworkCheckpoint::ALL {
+        let c = Case::from_json(&with(f.name(), r#""activation_checkpointing": "reentrant","#)).unwrap();
+        assert_eq!(c.parallel.framework_checkpoint, Some(f));
+        assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    }
+    let e = error_of(&with("cpu", ""));
+    assert!(e.contains("parallel.framework_checkpoint") && e.contains("needs model.activation_checkpointing"), "{e}");
+    assert!(Case::from_json(&with("disk", r#""activation_checkpointing": "reentrant","#)).is_err());
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("framework_checkpoint"), "absent is not written");
+}

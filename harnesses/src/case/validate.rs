@@ -122,6 +122,14 @@ impl Case {
                 r.fail("parallel.reshard_group", format!("must divide dp = {} (got {g})", p.dp));
             }
         }
+        if let Some(f) = p.framework_checkpoint {
+            if self.model.as_ref().is_none_or(|m| m.activation_checkpointing.is_none()) {
+                r.fail(
+                    "parallel.framework_checkpoint",
+                    format!("needs model.activation_checkpointing: the blocks it checkpoints (got \"{}\")", f.name()),
+                );
+            }
+        }
         if p.zero_stage > 3 {
             r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
         }

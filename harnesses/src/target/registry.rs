@@ -129,7 +129,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "max_reuse_distance",
             "resume_after",
             "frozen",
-            "activation_checkpointing", "layer_passes",
+            "activation_checkpointing", "layer_passes", "framework_checkpoint",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

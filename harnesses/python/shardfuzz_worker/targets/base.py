@@ -168,6 +168,7 @@ def parallel(case):
         "prefetch_bucket": p.get("prefetch_bucket"),
         "max_live_parameters": p.get("max_live_parameters"),
         "max_reuse_distance": p.get("max_reuse_distance"),
+        "framework_checkpoint": p.get("framework_checkpoint"),
     }
 
 

@@ -7,6 +7,11 @@ secondary partition (`reshard_group`: `zero_hpz_partition_size`); so does how it
 releases parameters along the first step's trace (`prefetch_bucket`, `max_live_parameters`, `max_reuse_distance`:
 `stage3_prefetch_bucket_size`, `stage3_max_live_parameters`, `stage3_max_reuse_distance`).
 
+Checkpointed blocks (`model.activation_checkpointing`) run under torch's checkpoint, or under DeepSpeed's own where
+the case asks for it (`framework_checkpoint`: `deepspeed.checkpointing.checkpoint` / `non_reentrant_checkpoint`,
+configured with `partition_activations`, `cpu_checkpointing`, `contiguous_memory_optimization` as the case says,
+without a model-parallel unit, as a data-parallel-only user calls it).
+
 The engine owns backward, gradient reduction, clipping and the optimizer step (a torch optimizer from
 `make_optimizer`, which DeepSpeed wraps). Gradient accumulation is the engine's: `gradient_accumulation_steps`
 is the number of micro-batches a rank runs, `engine.backward(..., scale_wrt_gas=False)` since the shared loop
@@ -187,8 +192,12 @@ class DeepSpeedZero(TorchTarget):
         dt = torch_dtype(dtype_name(case))
         cfg = self.config(case, world)
 
+        block_checkpoint = deepspeed_block_checkpoint(case)
+
         def fresh_engine():
             model, _ = build(case, inputs, sparse_embedding(case))
+            if block_checkpoint is not None:
+                model.block_checkpoint = block_checkpoint
             return deepspeed.initialize(model=model, optimizer=make_optimizer(case, list(model.parameters())),
                                         config=cfg)[0]
 
@@ -258,8 +267,38 @@ class DeepSpeedZero(TorchTarget):
         if case["train"].get("grad_accum_dtype") is not None:
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
+        if p["framework_checkpoint"] is not None:
+            layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
                                        *resume_feature(stage, case)])
+
+
+def deepspeed_block_checkpoint(case):
+    """The case's `framework_checkpoint` as DeepSpeed's activation checkpointing: its module-level settings configured
+    for this case (every case configures them, so none leaks into the next), and a block runner for the model in
+    place of torch's checkpoint; None where the case leaves the blocks to torch's."""
+    mode = case["parallel"].get("framework_checkpoint")
+    if mode is None:
+        return None
+    import torch
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ck
+
+    m = case["model"]
+    ck.configure(None, partition_activations=mode in ("partition", "partition_cpu", "contiguous"),
+                 contiguous_checkpointing=mode == "contiguous", checkpoint_in_cpu=mode in ("cpu", "partition_cpu"),
+                 num_checkpoints=len(m["layers"]) * m.get("layer_passes", 1), synchronize=False, profile=False)
+    ck.reset()
+
+    def run(layer, x, recompute):
+        if recompute is None or not torch.is_grad_enabled():
+            return layer(x)
+        if recompute == "non_reentrant":
+            return ck.non_reentrant_checkpoint(layer, x)
+        if not x.requires_grad:
+            x = x.detach().requires_grad_(True)  # as for torch's re-entrant checkpoint (see checkpointed_block)
+        return ck.checkpoint(layer, x)
+
+    return run
 
 
 #: The case's ZeRO-3 layout fields and the DeepSpeed settings that realise them (read only at stage 3).

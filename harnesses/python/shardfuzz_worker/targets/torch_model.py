@@ -100,12 +100,14 @@ class Block(nn.Module):
 class Model(nn.Module):
     """The case's model; `sparse_embedding`: the embedding's gradient as a sparse tensor (where the target that
     builds it reduces sparse gradients). `m["activation_checkpointing"]`: every block under torch.utils.checkpoint
-    (reentrant or not). `m["layer_passes"]`: the block stack run that many times, the same modules each pass."""
+    (reentrant or not), or under `block_checkpoint(layer, x, recompute)` where a target sets one (a framework's own
+    checkpoint). `m["layer_passes"]`: the block stack run that many times, the same modules each pass."""
 
     def __init__(self, m, sparse_embedding=False):
         super().__init__()
         self.recompute = m.get("activation_checkpointing")
         self.passes = m.get("layer_passes", 1)
+        self.block_checkpoint = checkpointed_block
         self.tied = m.get("tied_embeddings", False)
         self.embed = nn.Embedding(m["vocab"], m["hidden"], sparse=sparse_embedding)
         self.layers = nn.ModuleList(Block(m, k) for k in m["layers"])
@@ -116,7 +118,7 @@ class Model(nn.Module):
     def forward(self, ids):
         x = self.embed(ids)
         for layer in block_sequence(self.layers, self.passes):
-            x = checkpointed_block(layer, x, self.recompute)
+            x = self.block_checkpoint(layer, x, self.recompute)
         z = self.final_norm(x)
         if self.tied:
             return z @ self.embed.weight.t()

@@ -11,8 +11,13 @@ def run_sharded(data, rank):
     # The shared-memory allreduce is a JIT-built C++ extension that serves inference only: plain gloo instead.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    # The case's parallel.framework_checkpoint: DeepSpeed's own activation checkpoint instead of torch's.
+    block_checkpoint = deepspeed_block_checkpoint(CASE)
+
     def fresh_engine():
         model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
+        if block_checkpoint is not None:
+            model.block_checkpoint = block_checkpoint
         load_case_params(model, data, DTYPE)
         freeze(model, CASE)
         return deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
