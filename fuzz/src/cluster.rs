@@ -43,6 +43,10 @@ pub struct ProbableBug {
 /// often uneven whether or not its bug needs it.)
 pub fn needs(case: &Case) -> Vec<String> {
     let mut out: Vec<String> = config_class(case).split('+').filter(|c| *c != "single").map(String::from).collect();
+    if case.parallel.zero_stage > 0 && case.parallel.dp == 1 {
+        // (The strategy set leaves ZeRO out on one rank, where it partitions nothing; its hooks still run.)
+        out.push(format!("zero{}", case.parallel.zero_stage));
+    }
     out.push(format!("dtype={}", precision(case.train.dtype)));
     out.extend(parallel_needs(case));
     out.extend(train_needs(case));
