@@ -3,10 +3,10 @@
 //! A divergence's signature is its first divergent tensor and the strategy set of the case it was seen
 //! in, so one bug that loses the gradient of every reused module shows as a signature per module and
 //! per strategy set (eleven for one torch FSDP2 bug in a 10-minute campaign). Minimization removes
-//! whatever a failure does not need, keeping the divergent tensor's module, so what is left of a case
-//! is what the bug needs. Divergences of one target whose minimized cases need the same things and
-//! first go wrong in the same phase (forward, backward, a later step, the optimizer step) are one
-//! probable bug. Crashes and hangs are already keyed by their site, and a finding not yet minimized
+//! whatever a failure does not need (keeping the divergent tensor's module), and `minimize::needs`
+//! then drops what only kept the divergence on that tensor, so what is left is what the bug needs.
+//! Divergences of one target whose minimized cases need the same things and first go wrong in the
+//! same phase (forward, backward, a later step, the optimizer step) are one probable bug. Crashes and hangs are already keyed by their site, and a finding not yet minimized
 //! stays a group of its own: its case still carries what it does not need.
 
 use std::collections::BTreeMap;
@@ -186,7 +186,7 @@ fn group_key(f: &Finding, dir: &Path) -> (String, Option<String>, Option<Vec<Str
     match minimized {
         Some(m) if f.kind == "divergent" && m.verdict.kind == VerdictKind::Divergent => {
             let phase = first_divergent(&m.verdict, &m.case).map(|c| place_of(&m.case, &c.tensor).0).unwrap_or_default();
-            let needs = needs(&m.case);
+            let needs = m.needs.clone().unwrap_or_else(|| needs(&m.case));
             (format!("{}|divergent|{phase}|{}", f.target, needs.join(",")), Some(phase), Some(needs))
         }
         _ => (f.signature.clone(), None, minimized.map(|m| needs(&m.case))),

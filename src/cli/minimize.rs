@@ -75,5 +75,8 @@ fn print_record(m: &Minimized, out: &std::path::Path) {
         100.0 * ratio
     );
     println!("minimized: {} — {}", out.display(), m.case.summary());
+    if let Some(n) = &m.needs {
+        println!("needs ({} more executions, dropping what the divergence survives without): {}", m.needs_execs, n.join(", "));
+    }
     println!("verdict: {}", m.verdict.reason);
 }

@@ -6,6 +6,7 @@
 
 pub mod background;
 pub mod bench;
+pub mod needs;
 mod passes;
 
 pub use passes::{Pass, PASSES};
@@ -160,6 +161,12 @@ pub struct Minimized {
     pub passes: Vec<PassStats>,
     /// The budget ran out before the fixpoint.
     pub budget_exhausted: bool,
+    /// For a divergence: what it needs (`cluster::needs` of the minimized case after [`needs::probe`] dropped
+    /// what it could while the case still diverged), and the target runs that took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<Vec<String>>,
+    #[serde(default)]
+    pub needs_execs: u64,
 }
 
 /// Shrinks `case`, which must fail on `target`, to a fixpoint of [`PASSES`] within `budget`.
@@ -178,6 +185,8 @@ pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: B
         elements_after: 0,
         passes: PASSES.iter().map(|p| PassStats { name: p.name.into(), ..Default::default() }).collect(),
         budget_exhausted: false,
+        needs: None,
+        needs_execs: 0,
     };
     let mut tried: HashSet<Case> = HashSet::from([case.clone()]);
     let out_of_budget = |m: &Minimized| m.execs >= budget.max_execs || start.elapsed() >= budget.max_time;
@@ -198,6 +207,10 @@ pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: B
         if !progressed {
             break;
         }
+    }
+    if m.key.kind == VerdictKind::Divergent {
+        let (essential, execs) = needs::probe(target, &m.case, oracle);
+        (m.needs, m.needs_execs) = (Some(crate::cluster::needs(&essential)), execs);
     }
     m.seconds = start.elapsed().as_secs_f64();
     m.elements_after = case_elements(&m.case);

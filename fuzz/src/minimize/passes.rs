@@ -25,6 +25,11 @@ pub const PASSES: &[Pass] = &[
     Pass { name: "drop-features", candidates: drop_features },
 ];
 
+/// Every candidate that drops a rank, a strategy, a realisation option, a data or a model feature.
+pub(super) fn feature_drops(case: &Case) -> Vec<Case> {
+    [fewer_ranks(case), drop_strategies(case), simpler_data(case), drop_features(case)].concat()
+}
+
 fn with(case: &Case, f: impl FnOnce(&mut Case)) -> Case {
     let mut c = case.clone();
     f(&mut c);
