@@ -56,7 +56,7 @@ pub fn needs(case: &Case) -> Vec<String> {
             (m.tied_embeddings, "tied-embeddings"),
             (m.sparse_embedding, "sparse-embedding"),
             (m.moe.is_some(), "moe"),
-            (m.layer_passes > 1, "shared-blocks"),
+            (m.layer_passes > 1 && !m.layers.is_empty(), "shared-blocks"),
             (m.activation != Default::default(), "activation"),
         ];
         out.extend(flags.iter().filter(|(on, _)| *on).map(|(_, n)| n.to_string()));

@@ -78,10 +78,13 @@ impl Complexity {
                 + b(t.loss_scale.is_some())
                 + b(t.optimizer.kind != OptimizerKind::Sgd)
                 + b(t.optimizer.weight_decay.0 != 0.0),
+            // (Each frozen prefix, so that unfreezing one of several is a shrink too.)
+            t.frozen.len() as u64,
         ];
         if let Some(m) = &case.model {
             let moe = m.moe.as_ref().map_or(0, |e| e.experts + e.top_k);
-            v.push(m.block_sequence().len() as u64);
+            // (Passes count on their own: with no blocks left, fewer passes is still a shrink.)
+            v.push(m.block_sequence().len() as u64 + m.layer_passes as u64);
             v.push((m.hidden + m.ffn + m.vocab + m.seq + m.batch + m.heads + m.kv_heads + moe) as u64);
             v.push(b(m.bias) + b(m.tied_embeddings) + b(m.activation != Default::default()));
         }

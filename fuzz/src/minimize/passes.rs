@@ -27,7 +27,7 @@ pub const PASSES: &[Pass] = &[
 
 /// Every candidate that drops a rank, a strategy, a realisation option, a data or a model feature.
 pub(super) fn feature_drops(case: &Case) -> Vec<Case> {
-    [fewer_ranks(case), drop_strategies(case), simpler_data(case), drop_features(case)].concat()
+    [fewer_ranks(case), drop_strategies(case), fewer_layers(case), simpler_data(case), drop_features(case)].concat()
 }
 
 fn with(case: &Case, f: impl FnOnce(&mut Case)) -> Case {
@@ -590,5 +590,21 @@ mod tests {
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.data);
         }
+    }
+
+    #[test]
+    fn unfreezing_one_prefix_and_fewer_passes_without_blocks_are_simpler() {
+        use super::super::Complexity;
+
+        let mut case = crate::generate::random_case(7);
+        case.train.frozen = vec!["lm_head".into(), "final_norm".into()];
+        let m = case.model.as_mut().expect("a model case");
+        (m.layers, m.layer_passes) = (vec![], 2);
+        let before = Complexity::of(&case);
+        let candidates = [drop_strategies(&case), fewer_layers(&case)].concat();
+        let unfrozen = candidates.iter().find(|c| c.train.frozen.len() == 1).expect("one prefix unfrozen");
+        assert!(Complexity::of(unfrozen).strictly_simpler_than(&before));
+        let one_pass = candidates.iter().find(|c| c.model.as_ref().unwrap().layer_passes == 1).expect("one pass");
+        assert!(Complexity::of(one_pass).strictly_simpler_than(&before));
     }
 }
