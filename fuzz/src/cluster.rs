@@ -6,8 +6,9 @@
 //! whatever a failure does not need (keeping the divergent tensor's module), and `minimize::needs`
 //! then drops what only kept the divergence on that tensor, so what is left is what the bug needs.
 //! Divergences of one target whose minimized cases need the same things and first go wrong in the
-//! same phase (forward, backward, a later step, the optimizer step) are one probable bug. Crashes and hangs are already keyed by their site, and a finding not yet minimized
-//! stays a group of its own: its case still carries what it does not need.
+//! same phase (forward, backward, a later step, the optimizer step) are one probable bug. Crashes and
+//! hangs are already keyed by their site, and a finding not yet minimized stays a group of its own:
+//! its case still carries what it does not need.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,9 +5,9 @@ A failure is classified by where it was raised, not by its type:
     framework, or it is a HarnessError: `harness_error` (our worker failed, the framework did not);
   * innermost framework frame in one of the target's validation locations below: `rejected`;
   * anywhere else in the framework (autograd, dispatch of a supported op, a collective): `crash`;
-  * in our model's code while an activation checkpoint recomputes it in the backward (a RECOMPUTE frame outside
-    it): `crash`. The same code ran on the forward's inputs moments before, so a recomputation that fails ran on
-    what the checkpoint restored, not on what the forward had.
+  * in our model's code (targets/*_model.py) while an activation checkpoint recomputes it in the backward (a
+    RECOMPUTE frame outside it): `crash`. The same code ran on the forward's inputs moments before, so a
+    recomputation that fails ran on what the checkpoint restored, not on what the forward had.
 
 "Relevant" frames are our package's and the target's framework packages' (FRAMEWORKS); frames of the
 standard library, numpy, pydantic and the like are skipped, so that pydantic raising for a DeepSpeed
@@ -269,11 +269,17 @@ def classify(target, failure):
         if who == "framework" and (is_validation(target, frame, link["message"]) or link["type"] in REFUSAL_TYPES.get(target, ())):
             return "rejected", frame
     who, frame = site(chain[-1]["frames"], roots)
-    if who == "ours" and (recompute := recomputing(chain[-1]["frames"])) is not None:
+    if who == "ours" and is_model_code(frame) and (recompute := recomputing(chain[-1]["frames"])) is not None:
         return "crash", recompute
     if who != "framework":
         return "harness_error", frame
     return "crash", frame
+
+
+def is_model_code(frame):
+    """Whether a frame of ours is in a model definition (targets/torch_model.py, megatron_model.py, ...)."""
+    path = frame[0].replace(os.sep, "/")
+    return "/targets/" in path and path.endswith("_model.py")
 
 
 def recomputing(frames):

@@ -125,8 +125,11 @@ class TorchFramesTest(unittest.TestCase):
         self.assertEqual(reply["status"], "crash")
         self.assertIn("(in the model code recomputed by File", reply["reason"])
         self.assertIn("utils/checkpoint.py\", line 282, in backward)", reply["reason"])
-        # The same failure in the forward (no recomputation outside it) is ours.
+        # The same failure in the forward (no recomputation outside it) is ours, and so is our other code
+        # failing under a recomputation (a hook of ours, not the model).
         f = failure(("IndexError", "tuple index out of range", [fw("torch", "nn/modules/module.py", "_call_impl"), model]))
+        self.assertEqual(classify("torch-fsdp2", f)[0], "harness_error")
+        f = failure(("IndexError", "tuple index out of range", engine + [(OURS, 9, "hook")]))
         self.assertEqual(classify("torch-fsdp2", f)[0], "harness_error")
 
     def test_a_harness_error_is_one_whatever_its_frames(self):
