@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
-use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind};
+use serde_json::Value;
+use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Parallel};
 use shardfuzz_kernels::DType;
 
 use crate::findings::{Finding, MINIMIZATION};
@@ -78,54 +79,27 @@ fn precision(d: DType) -> &'static str {
     }
 }
 
-/// A serde enum's name (`"sharded"`), or `set` for anything else.
+/// A serde enum's or flag's name (`"sharded"`, `true`), or `set` for anything else (a size).
 fn value_name<T: Serialize>(x: &T) -> String {
     match serde_json::to_value(x) {
-        Ok(serde_json::Value::String(s)) => s,
-        Ok(serde_json::Value::Bool(b)) => b.to_string(),
+        Ok(Value::String(s)) => s,
+        Ok(Value::Bool(b)) => b.to_string(),
         _ => "set".into(),
     }
 }
 
+/// Every `parallel` field the case sets away from its default, but the degrees and strategies
+/// `config_class` already names: `name=value` for flags and modes, `name=set` for sizes. (Read from
+/// the serialized case, so a new option needs no line here.)
 fn parallel_needs(case: &Case) -> Vec<String> {
-    let p = &case.parallel;
-    let mut out = vec![];
-    let mut option = |name: &str, v: Option<String>| {
-        if let Some(v) = v {
-            out.push(format!("{name}={v}"));
-        }
+    const NAMED: [&str; 7] = ["dp", "tp", "pp", "cp", "ep", "sequence_parallel", "zero_stage"];
+    let (Ok(Value::Object(set)), Ok(Value::Object(default))) =
+        (serde_json::to_value(&case.parallel), serde_json::to_value(Parallel::default()))
+    else {
+        return vec![];
     };
-    option("zero_offload", p.zero_offload.then(|| "true".into()));
-    option("vocab_loss", (!p.vocab_loss.is_default()).then(|| value_name(&p.vocab_loss)));
-    option("sequence_parallel_mode", (!p.sequence_parallel_mode.is_default()).then(|| p.sequence_parallel_mode.name().into()));
-    option("microbatches", (p.microbatches > 1).then(|| ">1".into()));
-    option("pipeline_schedule", (p.pp > 1).then(|| value_name(&p.pipeline_schedule)));
-    option("virtual_stages", (p.virtual_stages > 1).then(|| ">1".into()));
-    option("reduce_bucket", p.reduce_bucket.map(|_| "set".into()));
-    option("overlap_comm", p.overlap_comm.map(|b| b.to_string()));
-    option("reduce_scatter", p.reduce_scatter.map(|b| b.to_string()));
-    option("grad_predivide", p.grad_predivide.map(|_| "set".into()));
-    option("contiguous_grads", p.contiguous_grads.map(|b| b.to_string()));
-    option("round_robin_grads", p.round_robin_grads.map(|b| b.to_string()));
-    option("zero_shard_group", p.zero_shard_group.map(|_| "set".into()));
-    option("reduce_to_owner", p.reduce_to_owner.map(|b| b.to_string()));
-    option("overlap_param_gather", p.overlap_param_gather.map(|b| b.to_string()));
-    option("sync_every_microbatch", p.sync_every_microbatch.map(|b| b.to_string()));
-    option("param_shard_dim", p.param_shard_dim.map(|d| d.to_string()));
-    option("static_graph", p.static_graph.map(|b| b.to_string()));
-    option("find_unused", p.find_unused.map(|b| b.to_string()));
-    option("persist_below", p.persist_below.map(|_| "set".into()));
-    option("optimizer_sub_group", p.optimizer_sub_group.map(|_| "set".into()));
-    option("reshard_group", p.reshard_group.map(|_| "set".into()));
-    option("prefetch_bucket", p.prefetch_bucket.map(|_| "set".into()));
-    option("vocab_divisible_by", p.vocab_divisible_by.map(|_| "set".into()));
-    option("max_live_parameters", p.max_live_parameters.map(|_| "set".into()));
-    option("max_reuse_distance", p.max_reuse_distance.map(|_| "set".into()));
-    option("framework_checkpoint", p.framework_checkpoint.map(|f| f.name().into()));
-    if p.rank_order != Default::default() {
-        out.push("rank_order".into());
-    }
-    out
+    let differs = |(k, v): &(&String, &Value)| !NAMED.contains(&k.as_str()) && default.get(*k) != Some(*v);
+    set.iter().filter(differs).map(|(k, v)| format!("{k}={}", value_name(v))).collect()
 }
 
 fn train_needs(case: &Case) -> Vec<String> {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use shardfuzz_harnesses::target::registry::TargetOptions;
 
-use crate::cluster::probable_bugs;
+use crate::cluster::{probable_bugs, ProbableBug};
 use crate::findings::{Finding, FindingStore, MINIMIZATION, MINIMIZED};
 use crate::minimize::background::minimize_one;
 use crate::minimize::{Budget, Minimized};
@@ -40,17 +40,17 @@ pub struct TriageRow {
     pub probable_bug: String,
 }
 
-/// Every finding of `out/findings`, most hits first.
-pub fn triage(out: &Path) -> anyhow::Result<(Vec<TriageRow>, Vec<Finding>)> {
+/// Every finding of `out/findings`, most hits first, and the probable bugs they group into.
+pub fn triage(out: &Path) -> anyhow::Result<(Vec<TriageRow>, Vec<Finding>, Vec<ProbableBug>)> {
     let dir = out.join("findings");
     anyhow::ensure!(dir.is_dir(), "{}: no findings directory (is this a campaign directory?)", out.display());
     let store = FindingStore::open(&dir)?;
     let mut findings: Vec<Finding> = store.findings.values().cloned().collect();
     findings.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.first_seen_elapsed_s.total_cmp(&b.first_seen_elapsed_s)));
     let bugs = probable_bugs(&findings, &dir);
-    let bug_of = |id: &str| bugs.iter().find(|b| b.findings.iter().any(|f| f == id)).map(|b| b.id.clone()).unwrap_or_default();
-    let rows = findings.iter().map(|f| row(f, &dir.join(&f.id), bug_of(&f.id))).collect();
-    Ok((rows, findings))
+    let bug_of: BTreeMap<&str, &str> = bugs.iter().flat_map(|b| b.findings.iter().map(|f| (f.as_str(), b.id.as_str()))).collect();
+    let rows = findings.iter().map(|f| row(f, &dir.join(&f.id), bug_of.get(f.id.as_str()).unwrap_or(&"").to_string())).collect();
+    Ok((rows, findings, bugs))
 }
 
 /// Minimizes every finding of the campaign directory `out` that has no minimized case yet, within

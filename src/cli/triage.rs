@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use shardfuzz_fuzz::cluster::{probable_bugs, ProbableBug};
+use shardfuzz_fuzz::cluster::ProbableBug;
 use shardfuzz_fuzz::findings::write_atomic;
 use shardfuzz_fuzz::minimize::Budget;
 use shardfuzz_fuzz::oracle::Oracle;
@@ -38,7 +38,7 @@ pub fn run(a: TriageArgs) -> anyhow::Result<ExitCode> {
             eprintln!("{line}");
         }
     }
-    let (rows, findings) = triage(&a.out)?;
+    let (rows, findings, bugs) = triage(&a.out)?;
     if let Some(p) = &a.sarif {
         write_atomic(p, serde_json::to_string_pretty(&sarif(&findings, &a.out.join("findings")))?.as_bytes())?;
     }
@@ -74,7 +74,7 @@ pub fn run(a: TriageArgs) -> anyhow::Result<ExitCode> {
     });
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
     println!("{} distinct findings ({})", rows.len(), kinds.join(", "));
-    print_probable_bugs(&probable_bugs(&findings, &a.out.join("findings")));
+    print_probable_bugs(&bugs);
     Ok(ExitCode::SUCCESS)
 }
 
