@@ -122,6 +122,16 @@ VALIDATION = {
         ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
         ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
     ],
+    "megatron-ddp": [
+        # Its configs' own checks (dataclass __post_init__) and the optimizer factory's refusals of combinations.
+        ("megatron/core/distributed/distributed_data_parallel_config.py", "__post_init__", None),
+        ("megatron/core/optimizer/optimizer_config.py", "__post_init__", None),
+        ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
+        ("megatron/core/model_parallel_config.py", "__post_init__", None),
+        # The distributed optimizer's refusal of an optimizer it cannot shard ("Only Adam, HybridDeviceOptimizer, and
+        # optimizers with an init_state_fn (e.g., Lion) are currently supported").
+        ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "are currently supported"),
+    ],
     "colossalai-tp": _COLOSSALAI,
     "colossalai-zero": _COLOSSALAI,
     "colossalai-hybrid": _COLOSSALAI,
@@ -137,6 +147,7 @@ FRAMEWORKS = {
     "jax-shardmap": ("jax", "jaxlib"),
     "deepspeed-zero": ("deepspeed", "torch"),
     "megatron-tp": ("megatron", "torch"),
+    "megatron-ddp": ("megatron", "torch"),
     "colossalai-tp": ("colossalai", "torch"),
     "colossalai-zero": ("colossalai", "torch"),
     "colossalai-hybrid": ("colossalai", "torch", "transformers"),

@@ -141,6 +141,13 @@ pub const TARGETS: &[TargetInfo] = &[
         create: |o| python("megatron-tp", MAIN, o),
     },
     TargetInfo {
+        name: "megatron-ddp",
+        description: "Megatron-core DistributedDataParallel + its optimizer over the data-parallel ranks: contiguous gradient buckets, the distributed optimizer (ZeRO-1), fp32 main parameters, gradient reduction in fp32",
+        env: Some(MAIN),
+        offers: &["reduce_bucket", "overlap_comm", "frozen", "activation_checkpointing", "layer_passes"],
+        create: |o| python("megatron-ddp", MAIN, o),
+    },
+    TargetInfo {
         name: "colossalai-tp",
         description: "Colossal-AI shardformer Linear1D_Col / Linear1D_Row / VocabParallelEmbedding1D / VocabParallelLMHead1D + cross_entropy_1d, sequence parallel split_gather / ring",
         env: Some("colossalai"),

@@ -11,6 +11,7 @@ REGISTRY = {
     "jax-gspmd": "jax_gspmd",
     "deepspeed-zero": "deepspeed_zero",
     "megatron-tp": "megatron_tp",
+    "megatron-ddp": "megatron_ddp",
     "colossalai-tp": "colossalai_tp",
     "colossalai-zero": "colossalai_zero",
     "colossalai-hybrid": "colossalai_hybrid",

@@ -1,0 +1,254 @@
+"""megatron-ddp: the case's model wrapped in megatron-core's DistributedDataParallel over the data-parallel ranks and
+trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU with gloo.
+
+  zero_stage 0   DDP: one contiguous gradient buffer per dtype, all-reduced after the last micro-batch
+  zero_stage 1   the distributed optimizer (`use_distributed_optimizer`): gradients reduce-scattered to the rank
+                 that owns their slice of the buffer, fp32 main parameters and optimizer state for that slice only,
+                 parameters all-gathered after the step
+  reduce_bucket  `bucket_size` (elements per bucket; absent: megatron's own choice)
+  overlap_comm   `overlap_grad_reduce` (a bucket's collective starts as soon as its last gradient is ready)
+  reduce_dtype   f32 under bf16 / f16 compute: `grad_reduce_in_fp32` (gradients accumulated and reduced in fp32)
+
+Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum). Micro-batches run under the
+DDP's `no_sync`, `finish_grad_sync` after the last, as megatron's schedules do. bf16 and f16 training keep fp32 main
+parameters (megatron's mixed-precision optimizer; f16 with a constant loss scale of 1, so nothing is scaled):
+the reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding
+per step. Clipping is the optimizer's (`clip_grad`, its own global norm); learning rate and weight decay are set
+by megatron's parameter scheduler, constant, as its training loop runs it; weight decay follows the case: megatron's
+default leaves biases and other vectors undecayed (the case's `no_decay_vectors`), an empty override table decays
+every parameter.
+
+Step-0 gradients are megatron's reduced gradients (`main_grad`; under the distributed optimizer each rank's reduced
+slice of the buffer, all-gathered for the report); final parameters are the model's.
+
+megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `param.type() ==
+'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): `CudaOnCpu` points those at the CPU while a case runs.
+"""
+
+import os
+
+from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
+from .torch_common import TorchTarget
+from .torch_model import build, unsupported_layout
+from .torch_training import combine_dp, single_device, train
+
+
+def cuda_on_cpu():
+    """A torch function mode under which megatron-core's CUDA-only calls run on the CPU: factory calls asking for a
+    CUDA device get the CPU, `Tensor.cuda()` is the tensor itself, and `Tensor.type()` names the CUDA type of the
+    tensor's dtype (what megatron checks parameters against)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class CudaOnCpu(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            device = kwargs.get("device")
+            if device is not None and torch.device(device).type == "cuda":
+                kwargs = {**kwargs, "device": "cpu"}
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                name = func(*args)
+                return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+            if func is torch.Tensor.cuda:
+                return args[0]
+            return func(*args, **kwargs)
+
+    return CudaOnCpu()
+
+
+class _NoStream:
+    """The current stream megatron waits on before a reduction: on the CPU, work is done when it returns."""
+
+    def wait_event(self, _event):
+        pass
+
+    def wait_stream(self, _stream):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+#: The dtype megatron reduces gradients in, per compute dtype, with `grad_reduce_in_fp32` off and on.
+REDUCED_IN = {"f32": ("f32", "f32"), "bf16": ("bf16", "f32"), "f16": ("f16", "f32")}
+
+
+class MegatronDdp(TorchTarget):
+    name = "megatron-ddp"
+    freezes = True
+
+    def __init__(self):
+        super().__init__()
+        # Imported once here, before ranks are forked (a missing megatron-core makes the target unavailable).
+        import megatron.core
+        import megatron.core.distributed  # noqa: F401
+        import megatron.core.optimizer  # noqa: F401
+        import megatron.core.parallel_state  # noqa: F401
+
+        self.coverage_prefixes = (os.path.dirname(megatron.core.__file__) + os.sep,)
+
+    def versions(self):
+        from importlib.metadata import version
+
+        import torch
+
+        return {"torch": torch.__version__.split("+")[0], "megatron-core": version("megatron-core"), "backend": "gloo"}
+
+    def unsupported(self, case):
+        why = unsupported_layout(case, ("dp",), "megatron-ddp runs data parallelism only (no tp/pp/cp/ep)")
+        if why:
+            return why
+        if case["model"].get("sparse_embedding"):
+            return "megatron's gradient buffers are dense: no sparse embedding gradient"
+        p = parallel(case)
+        if p["zero_stage"] not in (0, 1):
+            return "megatron's distributed optimizer shards optimizer state (ZeRO-1); gradients and parameters stay whole"
+        dt = dtype_name(case)
+        if dt == "f64":
+            # Measured: "TypeError: Wrapped parameters must be one of torch.cuda.FloatTensor, torch.cuda.HalfTensor,
+            # or torch.cuda.BFloat16Tensor. Received torch.cuda.DoubleTensor" (the distributed optimizer).
+            return "megatron-core's optimizers take fp32, fp16 and bf16 parameters only: f64 is not expressed"
+        if reduce_dtype_name(case) not in REDUCED_IN[dt]:
+            return f"megatron reduces {dt} gradients in {' or '.join(sorted(set(REDUCED_IN[dt])))} only"
+        if p["reduce_bucket"] is not None and p["reduce_bucket"] < 1:
+            return "megatron's bucket_size must be positive"
+        return None
+
+    def init_rank(self, rank, world, timeout_s):
+        super().init_rank(rank, world, timeout_s)
+        import torch
+        from megatron.core import parallel_state
+
+        torch.cuda.current_device = lambda: "cpu"
+        torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
+        # (The optimizers ask for gloo copies of the data-parallel groups: on gloo ranks they are more gloo groups.)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+
+    def run_rank(self, rank, world, case, inputs):
+        with cuda_on_cpu():
+            out = self._train(rank, world, case, inputs)
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
+
+    def _train(self, rank, world, case, inputs):
+        from megatron.core.distributed import DistributedDataParallel
+
+        model, dt = build(case, inputs)
+        ddp = DistributedDataParallel(transformer_config(case, dt), ddp_config(case), model)
+        opt = megatron_optimizer(case, ddp, dt)
+        schedule = constant_schedule(case, opt)
+        named = [(n, p) for n, p in model.named_parameters()]
+        ga = case["train"].get("grad_accumulation", 1)
+        state = {"micro": 0, "grads": None}
+
+        def backward(loss):
+            if state["micro"] % ga == 0:
+                ddp.zero_grad_buffer()
+                opt.zero_grad()
+            loss.backward()
+            state["micro"] += 1
+            if state["micro"] % ga == 0:
+                ddp.finish_grad_sync()
+
+        def grad(name, _p):
+            if state["grads"] is None:
+                state["grads"] = reduced_grads(ddp, case, world)
+            return state["grads"][name]
+
+        def step():
+            opt.step()  # (under f16 it skips a step whose gradients overflow: the reference's are inf there)
+            schedule.step(1)
+
+        return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward, step=step,
+                     clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad,
+                     forward=lambda ids: ddp(ids))
+
+    def combine(self, case, outs):
+        p = parallel(case)
+        prefix = f"megatron:ddp{len(outs)}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
+        features = [prefix, reduction_feature(prefix, case)]
+        if reduce_dtype_name(case) != dtype_name(case):
+            features.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
+        return combine_dp(case, outs, features)
+
+
+def transformer_config(case, dt):
+    """The TransformerConfig DistributedDataParallel reads (its per-token-loss and mixed-precision switches); the
+    model itself is the case's torch model, so the sizes here are placeholders."""
+    import torch
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, use_cpu_initialization=True,
+                             params_dtype=dt, bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
+
+
+def ddp_config(case):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    p = parallel(case)
+    return DistributedDataParallelConfig(
+        use_distributed_optimizer=p["zero_stage"] == 1,
+        grad_reduce_in_fp32=reduce_dtype_name(case) != dtype_name(case),
+        overlap_grad_reduce=bool(p["overlap_comm"]),
+        bucket_size=reduce_bucket(case, None))
+
+
+def megatron_optimizer(case, ddp, dt):
+    """megatron's optimizer for the case's: Adam (AdamW where the case decays decoupled) or SGD without momentum,
+    the case's clipping (0: none), fp32 main parameters under bf16 / f16 (f16: a constant loss scale of 1)."""
+    import torch
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    t = case["train"]
+    o = t["optimizer"]
+    clip = t.get("clip_grad_norm")
+    cfg = OptimizerConfig(
+        optimizer="sgd" if o["kind"] == "sgd" else "adam", lr=o["lr"], weight_decay=o.get("weight_decay", 0.0),
+        adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.999), adam_eps=o.get("eps", 1e-8),
+        decoupled_weight_decay=o["kind"] == "adamw", sgd_momentum=0.0,
+        clip_grad=float(clip) if clip is not None else 0.0,
+        bf16=dt == torch.bfloat16, fp16=dt == torch.float16, loss_scale=1.0 if dt == torch.float16 else None,
+        params_dtype=dt, use_distributed_optimizer=parallel(case)["zero_stage"] == 1)
+    # None: megatron's default groups (no decay on biases and other vectors); {}: every parameter decays.
+    overrides = None if o.get("no_decay_vectors") else {}
+    return get_megatron_optimizer(cfg, [ddp], config_overrides=overrides)
+
+
+def constant_schedule(case, opt):
+    """megatron's parameter scheduler at the case's constant learning rate and weight decay: it is what sets each
+    group's weight decay (times the group's `wd_mult`: 0 for the vectors megatron leaves undecayed), as megatron's
+    training loop runs it."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    o = case["train"]["optimizer"]
+    lr, wd = o["lr"], o.get("weight_decay", 0.0)
+    return OptimizerParamScheduler(opt, init_lr=lr, max_lr=lr, min_lr=lr, lr_warmup_steps=0, lr_decay_steps=1,
+                                   lr_decay_style="constant", start_wd=wd, end_wd=wd, wd_incr_steps=1,
+                                   wd_incr_style="constant")
+
+
+def reduced_grads(ddp, case, world):
+    """Every trainable parameter's reduced gradient by name, read from megatron's buffers after finish_grad_sync.
+    Under the distributed optimizer a rank holds the reduced values of its slice of each bucket only: the slices
+    are all-gathered (into a copy; the buffers stay as megatron left them)."""
+    import torch
+    import torch.distributed as dist
+
+    names = {p: n for n, p in ddp.module.named_parameters()}
+    out = {}
+    for group in list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups):
+        for bucket in group.buckets:
+            data = bucket.grad_data
+            if parallel(case)["zero_stage"] == 1 and world > 1:
+                owners = group.intra_distributed_optimizer_instance_group
+                whole = torch.empty_like(data)
+                mine = data.view(world, -1)[owners.rank()]
+                dist.all_gather_into_tensor(whole, mine.contiguous(), group=owners)
+                data = whole
+            for param in bucket.params_list:
+                start, end = bucket.param_to_index[param]
+                out[names[param]] = data[start:end].view(param.shape).clone()
+    return out
+
+
+TARGET = MegatronDdp()
