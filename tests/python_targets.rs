@@ -612,7 +612,7 @@ fn reduction_buckets_and_overlap_reach_every_target_that_offers_them() {
         format!(":bucket-{bucket}:overlap-{overlap}")
     };
     let mut passes = 0;
-    for target in ["torch-ddp", "deepspeed-zero", "colossalai-zero", "colossalai-hybrid"] {
+    for target in ["torch-ddp", "deepspeed-zero", "megatron-ddp", "colossalai-zero", "colossalai-hybrid"] {
         let mut args = vec!["run", "--json", "--target", target];
         args.extend(files.iter().map(String::as_str));
         let o = shardfuzz(&args, &[]);
@@ -1058,6 +1058,7 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
     let dir = root().join("tests/python-frozen");
     for (target, case, feature) in [
         ("torch-ddp", "dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json", "ddp:dp2"),
+        ("megatron-ddp", "dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json", "megatron:dp2:ddp"),
         ("torch-fsdp2", "dp2-zero3-frozen-mlp-and-attention-adamw-clip-bf16.json", "fsdp2:dp2:zero3"),
         ("deepspeed-zero", "dp2-zero3-frozen-first-layer-adamw-clip-accumulation-bf16.json", "deepspeed:dp2:zero3"),
         ("colossalai-zero", "dp2-zero2-frozen-embedding-and-first-layer-adamw-clip-f32.json", "colossalai:dp2:zero2"),
@@ -1089,6 +1090,7 @@ fn activation_checkpointing_gives_the_same_training_on_every_target_that_offers_
     let dir = root().join("tests/python-recompute");
     for (target, case, feature) in [
         ("torch-ddp", "dp2-ddp-frozen-embedding-reentrant-accumulation-f32.json", "ddp:dp2:recompute-reentrant"),
+        ("megatron-ddp", "dp2-ddp-frozen-embedding-reentrant-accumulation-f32.json", "megatron:dp2:ddp:recompute-reentrant"),
         ("torch-fsdp2", "dp2-zero3-frozen-first-layer-reentrant-accumulation-bf16.json", "fsdp2:dp2:zero3:recompute-reentrant"),
         ("deepspeed-zero", "dp2-zero3-frozen-first-layer-reentrant-accumulation-bf16.json", "deepspeed:dp2:zero3:recompute-reentrant"),
         // DeepSpeed before 0.19.8 (PR #8148) crashes here: its ZeRO-3 hooks partition the frozen norm weight that the
@@ -1142,6 +1144,7 @@ fn layer_passes_gives_the_same_training_on_every_target_that_offers_it() {
         ("deepspeed-zero", "dp2-zero1-reentrant-passes2-accumulation-f32.json", "deepspeed:dp2:zero1:shared-blocks"),
         ("colossalai-zero", "dp2-zero1-reentrant-passes2-accumulation-f32.json", "colossalai:dp2:zero1:shared-blocks"),
         ("torch-ddp", "dp2-ddp-static-graph-reentrant-passes2-f32.json", "ddp:dp2:shared-blocks"),
+        ("megatron-ddp", "dp2-zero1-reentrant-passes2-accumulation-f32.json", "megatron:dp2:distributed-optimizer:shared-blocks"),
         ("torch-tp", "tp2-sp-reentrant-passes2-f32.json", "tp:tp2:sp1:shared-blocks"),
         ("megatron-tp", "tp2-sp-reentrant-passes2-f32.json", "megatron:tp2:sp1:shared-blocks"),
         ("colossalai-tp", "tp2-passes3-f32.json", "colossalai:tp2:sp-none:shared-blocks"),

@@ -91,4 +91,34 @@ MUTANTS = {
         '                    elems_to_copy = param.ds_numel - start - 1\n',
         "ZeRO-3's last (short) partition copies one element too few (off-by-one in an uneven partition)",
     ),
+    # The four mg-ddp-* mutants below were fixed on 2026-11-30, before any measurement, by a helper that did
+    # not read the fuzzer's megatron-ddp harness (only megatron-core's installed sources and this table).
+    'mg-ddp-grad-scale-skipped': (
+        'megatron-ddp',
+        'megatron.core.distributed.param_and_grad_buffer',
+        '                if bucket.gradient_scaling_factor != 1.0:\n                    bucket.grad_data *= bucket.gradient_scaling_factor',
+        '                if bucket.gradient_scaling_factor > 1.0:\n                    bucket.grad_data *= bucket.gradient_scaling_factor',
+        'the 1/dp pre-scaling of each grad bucket before its all-reduce / reduce-scatter is guarded as if the factor were dp (> 1), so it never runs: grads are summed, not averaged, over DP ranks',
+    ),
+    'mg-ddp-gradnorm-over-dp-replicas': (
+        'megatron-ddp',
+        'megatron.core.optimizer',
+        "            optimizer = Float16OptimizerWithFloat16Params(*optimizer_args)\n            setattr(optimizer, 'grad_stats_parallel_group', model_parallel_group)",
+        "            optimizer = Float16OptimizerWithFloat16Params(*optimizer_args)\n            setattr(optimizer, 'grad_stats_parallel_group', intra_dist_opt_group)",
+        'the non-distributed fp16/bf16 optimizer sums its squared grad norm over the data-parallel ranks (the distributed-optimizer group), counting the replicated full gradients dp times (norm x sqrt(dp), clipping too strong)',
+    ),
+    'mg-ddp-distopt-shard-end-offbyone': (
+        'megatron-ddp',
+        'megatron.core.optimizer.distrib_optimizer',
+        'gbuf_world_end = min(gbuf_size, gbuf_world_start + max_gbuf_range_size)',
+        'gbuf_world_end = min(gbuf_size, gbuf_world_start + max_gbuf_range_size - 1)',
+        "distributed optimizer's per-rank shard range ends one element early (inclusive end): the last element of every rank's shard is owned by no rank, never updated and left out of the grad norm",
+    ),
+    'mg-ddp-distopt-param-copy-local-range': (
+        'megatron-ddp',
+        'megatron.core.optimizer.distrib_optimizer',
+        '                    world_range = param_range_map["gbuf_world_in_bucket"]\n\n                    assert world_range.size',
+        '                    world_range = param_range_map["gbuf_local"]\n\n                    assert world_range.size',
+        "distributed optimizer copies updated fp32 main-param shards into the bucket's param buffer at the shard-local offset instead of the in-bucket offset: ranks > 0 write over rank 0's slot and all-gather their own stale bf16/fp16 shard (main -> model param copy of the wrong range)",
+    ),
 }

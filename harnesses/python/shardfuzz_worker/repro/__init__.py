@@ -21,6 +21,7 @@ GENERATORS = {
     "torch-fsdp2": "torch_fsdp2",
     "torch-ddp": "torch_ddp",
     "megatron-tp": "megatron_tp",
+    "megatron-ddp": "megatron_ddp",
     "deepspeed-zero": "deepspeed_zero",
     "jax-shardmap": "jax_shardmap",
     "colossalai-tp": "colossalai_tp",

@@ -10,7 +10,8 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
   reduce_dtype   f32 under bf16 / f16 compute: `grad_reduce_in_fp32` (gradients accumulated and reduced in fp32)
 
 Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum). Micro-batches run under the
-DDP's `no_sync`, `finish_grad_sync` after the last, as megatron's schedules do. bf16 and f16 training keep fp32 main
+DDP's `no_sync`, `finalize_model_grads` (`finish_grad_sync` and what follows it) after the last, as megatron's
+training loop does. bf16 and f16 training keep fp32 main
 parameters (megatron's mixed-precision optimizer; f16 with a constant loss scale of 1, so nothing is scaled):
 the reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding
 per step. Clipping is the optimizer's (`clip_grad`, its own global norm); learning rate and weight decay are set
@@ -54,6 +55,15 @@ def cuda_on_cpu():
             return func(*args, **kwargs)
 
     return CudaOnCpu()
+
+
+def patch_cuda():
+    """megatron asks torch.cuda for the current device (its buffers) and stream (before a reduction): the CPU, and
+    a stream with nothing to wait for."""
+    import torch
+
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
 
 
 class _NoStream:
@@ -116,11 +126,9 @@ class MegatronDdp(TorchTarget):
 
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
-        import torch
         from megatron.core import parallel_state
 
-        torch.cuda.current_device = lambda: "cpu"
-        torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
+        patch_cuda()
         # (The optimizers ask for gloo copies of the data-parallel groups: on gloo ranks they are more gloo groups.)
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
 
@@ -134,8 +142,13 @@ class MegatronDdp(TorchTarget):
         from megatron.core.distributed import DistributedDataParallel
 
         model, dt = build(case, inputs)
-        ddp = DistributedDataParallel(transformer_config(case, dt), ddp_config(case), model)
-        opt = megatron_optimizer(case, ddp, dt)
+        from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        ddp = DistributedDataParallel(transformer_config(dt), DistributedDataParallelConfig(**ddp_settings(case)),
+                                      model)
+        opt = get_megatron_optimizer(OptimizerConfig(**optimizer_settings(case), params_dtype=dt), [ddp],
+                                     config_overrides=weight_decay_overrides(case))
         schedule = constant_schedule(case, opt)
         named = [(n, p) for n, p in model.named_parameters()]
         ga = case["train"].get("grad_accumulation", 1)
@@ -148,11 +161,11 @@ class MegatronDdp(TorchTarget):
             loss.backward()
             state["micro"] += 1
             if state["micro"] % ga == 0:
-                ddp.finish_grad_sync()
+                finalize_model_grads([ddp])  # megatron's own step: finish_grad_sync and what follows it
 
         def grad(name, _p):
             if state["grads"] is None:
-                state["grads"] = reduced_grads(ddp, case, world)
+                state["grads"] = reduced_grads(ddp, parallel(case)["zero_stage"] == 1, world)
             return state["grads"][name]
 
         def step():
@@ -165,14 +178,14 @@ class MegatronDdp(TorchTarget):
 
     def combine(self, case, outs):
         p = parallel(case)
-        prefix = f"megatron:ddp{len(outs)}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
+        prefix = f"megatron:dp{len(outs)}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
         features = [prefix, reduction_feature(prefix, case)]
         if reduce_dtype_name(case) != dtype_name(case):
             features.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         return combine_dp(case, outs, features)
 
 
-def transformer_config(case, dt):
+def transformer_config(dt):
     """The TransformerConfig DistributedDataParallel reads (its per-token-loss and mixed-precision switches); the
     model itself is the case's torch model, so the sizes here are placeholders."""
     import torch
@@ -182,36 +195,34 @@ def transformer_config(case, dt):
                              params_dtype=dt, bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
 
 
-def ddp_config(case):
-    from megatron.core.distributed import DistributedDataParallelConfig
-
+def ddp_settings(case):
+    """DistributedDataParallelConfig's arguments for the case."""
     p = parallel(case)
-    return DistributedDataParallelConfig(
-        use_distributed_optimizer=p["zero_stage"] == 1,
-        grad_reduce_in_fp32=reduce_dtype_name(case) != dtype_name(case),
-        overlap_grad_reduce=bool(p["overlap_comm"]),
-        bucket_size=reduce_bucket(case, None))
+    return {"use_distributed_optimizer": p["zero_stage"] == 1,
+            "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
+            "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None)}
 
 
-def megatron_optimizer(case, ddp, dt):
-    """megatron's optimizer for the case's: Adam (AdamW where the case decays decoupled) or SGD without momentum,
-    the case's clipping (0: none), fp32 main parameters under bf16 / f16 (f16: a constant loss scale of 1)."""
-    import torch
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
+def optimizer_settings(case):
+    """OptimizerConfig's arguments for the case's optimizer (but `params_dtype`): Adam (AdamW where the case decays
+    decoupled) or SGD without momentum, the case's clipping (0: none), fp32 main parameters under bf16 / f16 (f16: a
+    constant loss scale of 1)."""
     t = case["train"]
-    o = t["optimizer"]
+    o, dt = t["optimizer"], dtype_name(case)
     clip = t.get("clip_grad_norm")
-    cfg = OptimizerConfig(
-        optimizer="sgd" if o["kind"] == "sgd" else "adam", lr=o["lr"], weight_decay=o.get("weight_decay", 0.0),
-        adam_beta1=o.get("beta1", 0.9), adam_beta2=o.get("beta2", 0.999), adam_eps=o.get("eps", 1e-8),
-        decoupled_weight_decay=o["kind"] == "adamw", sgd_momentum=0.0,
-        clip_grad=float(clip) if clip is not None else 0.0,
-        bf16=dt == torch.bfloat16, fp16=dt == torch.float16, loss_scale=1.0 if dt == torch.float16 else None,
-        params_dtype=dt, use_distributed_optimizer=parallel(case)["zero_stage"] == 1)
-    # None: megatron's default groups (no decay on biases and other vectors); {}: every parameter decays.
-    overrides = None if o.get("no_decay_vectors") else {}
-    return get_megatron_optimizer(cfg, [ddp], config_overrides=overrides)
+    return {"optimizer": "sgd" if o["kind"] == "sgd" else "adam", "lr": o["lr"],
+            "weight_decay": o.get("weight_decay", 0.0), "adam_beta1": o.get("beta1", 0.9),
+            "adam_beta2": o.get("beta2", 0.999), "adam_eps": o.get("eps", 1e-8),
+            "decoupled_weight_decay": o["kind"] == "adamw", "sgd_momentum": 0.0,
+            "clip_grad": float(clip) if clip is not None else 0.0, "bf16": dt == "bf16", "fp16": dt == "f16",
+            "loss_scale": 1.0 if dt == "f16" else None,
+            "use_distributed_optimizer": parallel(case)["zero_stage"] == 1}
+
+
+def weight_decay_overrides(case):
+    """get_megatron_optimizer's `config_overrides`: None keeps megatron's default groups (no decay on biases and
+    other vectors: the case's `no_decay_vectors`); an empty table decays every parameter."""
+    return None if case["train"]["optimizer"].get("no_decay_vectors") else {}
 
 
 def constant_schedule(case, opt):
@@ -227,7 +238,7 @@ def constant_schedule(case, opt):
                                    wd_incr_style="constant")
 
 
-def reduced_grads(ddp, case, world):
+def reduced_grads(ddp, distributed_optimizer, world):
     """Every trainable parameter's reduced gradient by name, read from megatron's buffers after finish_grad_sync.
     Under the distributed optimizer a rank holds the reduced values of its slice of each bucket only: the slices
     are all-gathered (into a copy; the buffers stay as megatron left them)."""
@@ -239,7 +250,7 @@ def reduced_grads(ddp, case, world):
     for group in list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups):
         for bucket in group.buckets:
             data = bucket.grad_data
-            if parallel(case)["zero_stage"] == 1 and world > 1:
+            if distributed_optimizer and world > 1:
                 owners = group.intra_distributed_optimizer_instance_group
                 whole = torch.empty_like(data)
                 mine = data.view(world, -1)[owners.rank()]

@@ -1,0 +1,38 @@
+"""Repro of a megatron-ddp model case: the case's model in megatron-core's DistributedDataParallel, trained by
+megatron-core's optimizer (plain or distributed) under its parameter scheduler over the data-parallel ranks on the
+CPU with gloo, each rank training on its rows of the batch, under torchrun."""
+
+from ..targets.base import parallel
+from .common import literal, worker_source
+from .torch_dp import generate_dp
+from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
+from .torch_dp import producible  # noqa: F401 - the generator's interface
+
+TARGET = "megatron-ddp"
+
+IMPORTS = TORCH_IMPORTS + """
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,  # noqa: E402
+                                       finalize_model_grads)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
+"""
+
+
+def check(case):
+    from ..targets.megatron_ddp import TARGET as WORKER
+
+    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+
+
+def generate(case, inputs, bounds, dropped):
+    from ..targets.megatron_ddp import ddp_settings, optimizer_settings, weight_decay_overrides
+
+    p = parallel(case)
+    kind = "the distributed optimizer" if p["zero_stage"] == 1 else "its optimizer"
+    what = f"megatron-core DistributedDataParallel + {kind} (CPU, gloo) over dp={p['dp']} ranks"
+    settings = ["# megatron's configuration, as the worker's ddp_settings() / optimizer_settings() write it for this case.",
+                literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
+                f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
+    sources = worker_source("targets/megatron_ddp.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "transformer_config",
+                            "constant_schedule", "reduced_grads")
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)
