@@ -1230,3 +1230,40 @@ fn colossalai_pipeline_crashes_on_a_frozen_tied_embedding() {
     let v = one_verdict("colossalai-hybrid", &case, "colossalai-frozen-shared-param-sync");
     assert_eq!(v["kind"], "pass", "{v}");
 }
+
+/// megatron-core's DistributedDataParallel and its optimizer (megatron-ddp): the distributed optimizer over three
+/// uneven ranks with 7-element buckets (rank slices cut through parameters, the buffer padded), the reduction
+/// overlapped and in fp32 under bf16, accumulation, clipping and weight decay on every parameter; and plain DDP with
+/// tied embeddings, SGD and clipping, train as the reference does. The distributed optimizer's own refusal of SGD
+/// is `rejected`, and a halved or doubled tensor of a clean run is seen (bench sensitivity).
+#[test]
+fn megatron_ddp_and_its_distributed_optimizer_train_like_the_reference() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-megatron-ddp");
+    for (case, feature) in [
+        (
+            "dp3-distributed-optimizer-bucket7-overlap-fp32-reduce-clip-accumulation-bf16.json",
+            "megatron:dp3:distributed-optimizer:bf16-reduced-in-f32",
+        ),
+        ("dp2-ddp-tied-sgd-clip-f32.json", "megatron:dp2:ddp:bucket-default:overlap-default"),
+    ] {
+        let v = one_verdict("megatron-ddp", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+        assert!(v["versions"]["megatron-core"].is_string(), "{v}");
+    }
+    let v = one_verdict("megatron-ddp", &dir.join("dp2-distributed-optimizer-sgd-rejected-f32.json"), "");
+    assert!(v["kind"] == "rejected" && reason(&v).contains("Only Adam"), "{v}");
+    let out = tempfile::tempdir().unwrap();
+    let csv = out.path().join("s.csv");
+    let args = ["bench", "sensitivity", "--target", "megatron-ddp", "--cases", "3", "--dtype", "bf16", "--seed", "7", "--json"];
+    let o = shardfuzz(&[&args[..], &["--csv", &csv.display().to_string()]].concat(), &[]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(v["clean_runs"], 3, "{v}");
+    assert_eq!(v["false_positives"], 0, "{v}");
+    for corruption in ["x0.5", "x2"] {
+        let row = v["rows"].as_array().unwrap().iter().find(|r| r["corruption"] == corruption).unwrap();
+        assert!(row["cases"].as_u64().unwrap() > 0 && row["detected"] == row["cases"], "{row}");
+    }
+}

@@ -29,54 +29,10 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 import os
 
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
+from .megatron_common import constant_schedule, cuda_on_cpu, optimizer_settings, patch_cuda, weight_decay_overrides
 from .torch_common import TorchTarget
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
-
-
-def cuda_on_cpu():
-    """A torch function mode under which megatron-core's CUDA-only calls run on the CPU: factory calls asking for a
-    CUDA device get the CPU, `Tensor.cuda()` is the tensor itself, and `Tensor.type()` names the CUDA type of the
-    tensor's dtype (what megatron checks parameters against)."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    class CudaOnCpu(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            device = kwargs.get("device")
-            if device is not None and torch.device(device).type == "cuda":
-                kwargs = {**kwargs, "device": "cpu"}
-            if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-                name = func(*args)
-                return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
-            if func is torch.Tensor.cuda:
-                return args[0]
-            return func(*args, **kwargs)
-
-    return CudaOnCpu()
-
-
-def patch_cuda():
-    """megatron asks torch.cuda for the current device (its buffers) and stream (before a reduction): the CPU, and
-    a stream with nothing to wait for."""
-    import torch
-
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
-
-
-class _NoStream:
-    """The current stream megatron waits on before a reduction: on the CPU, work is done when it returns."""
-
-    def wait_event(self, _event):
-        pass
-
-    def wait_stream(self, _stream):
-        pass
-
-    def synchronize(self):
-        pass
 
 
 #: The dtype megatron reduces gradients in, per compute dtype, with `grad_reduce_in_fp32` off and on.
@@ -201,41 +157,6 @@ def ddp_settings(case):
     return {"use_distributed_optimizer": p["zero_stage"] == 1,
             "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
             "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None)}
-
-
-def optimizer_settings(case):
-    """OptimizerConfig's arguments for the case's optimizer (but `params_dtype`): Adam (AdamW where the case decays
-    decoupled) or SGD without momentum, the case's clipping (0: none), fp32 main parameters under bf16 / f16 (f16: a
-    constant loss scale of 1)."""
-    t = case["train"]
-    o, dt = t["optimizer"], dtype_name(case)
-    clip = t.get("clip_grad_norm")
-    return {"optimizer": "sgd" if o["kind"] == "sgd" else "adam", "lr": o["lr"],
-            "weight_decay": o.get("weight_decay", 0.0), "adam_beta1": o.get("beta1", 0.9),
-            "adam_beta2": o.get("beta2", 0.999), "adam_eps": o.get("eps", 1e-8),
-            "decoupled_weight_decay": o["kind"] == "adamw", "sgd_momentum": 0.0,
-            "clip_grad": float(clip) if clip is not None else 0.0, "bf16": dt == "bf16", "fp16": dt == "f16",
-            "loss_scale": 1.0 if dt == "f16" else None,
-            "use_distributed_optimizer": parallel(case)["zero_stage"] == 1}
-
-
-def weight_decay_overrides(case):
-    """get_megatron_optimizer's `config_overrides`: None keeps megatron's default groups (no decay on biases and
-    other vectors: the case's `no_decay_vectors`); an empty table decays every parameter."""
-    return None if case["train"]["optimizer"].get("no_decay_vectors") else {}
-
-
-def constant_schedule(case, opt):
-    """megatron's parameter scheduler at the case's constant learning rate and weight decay: it is what sets each
-    group's weight decay (times the group's `wd_mult`: 0 for the vectors megatron leaves undecayed), as megatron's
-    training loop runs it."""
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    o = case["train"]["optimizer"]
-    lr, wd = o["lr"], o.get("weight_decay", 0.0)
-    return OptimizerParamScheduler(opt, init_lr=lr, max_lr=lr, min_lr=lr, lr_warmup_steps=0, lr_decay_steps=1,
-                                   lr_decay_style="constant", start_wd=wd, end_wd=wd, wd_incr_steps=1,
-                                   wd_incr_style="constant")
 
 
 def reduced_grads(ddp, distributed_optimizer, world):
