@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "grad_norm", "run", "assemble_outputs")
+                   "load_local", "case_view", "run", "megatron_training", "train_megatron", "assemble_outputs")
 
 
 def check(case):
@@ -38,6 +38,8 @@ def sources():
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "vocab_sharded_loss", "dtype_name", "micro_batches")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
+               + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
+                                          "optimizer_settings", "weight_decay_overrides", "constant_schedule")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(

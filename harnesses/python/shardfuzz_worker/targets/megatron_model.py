@@ -1,17 +1,17 @@
 """The case's model from megatron-core tensor-parallel layers (see megatron_tp.py), its training loop on one
 tensor-parallel rank, and the assembly of the ranks' slices into full case-layout tensors."""
 
-import types
+import contextlib
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
+from .megatron_common import constant_schedule, cuda_on_cpu, optimizer_settings, weight_decay_overrides
 from .torch_common import torch_dtype
-from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, make_optimizer, model_defaults
+from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
 COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
@@ -122,8 +122,6 @@ class MegatronModel(nn.Module):
             for name, p in self.named_parameters():
                 if "norm" in name:
                     p.sequence_parallel = True
-        # What finalize_model_grads' helpers read from a megatron DDP chunk.
-        self.ddp_config = types.SimpleNamespace(use_megatron_fsdp=False)
 
     def forward(self, ids):  # ids [b, s] -> local logits [s, b, vocab / tp] (gathered: [s, b, vocab])
         x = self.embed(ids)
@@ -167,29 +165,14 @@ def case_view(name, t):
     return t.contiguous().numpy()
 
 
-def grad_norm(named, tp_group):
-    """Global L2 norm of the gradients as megatron's get_grad_norm_fp32 takes it: tensor-parallel params from
-    every rank, replicated (duplicate) params from tp rank 0 only, summed squares all-reduced over tp."""
-    from megatron.core import parallel_state
-
-    rank = parallel_state.get_tensor_model_parallel_rank()
-    sq = torch.zeros((), dtype=torch.float64)
-    for _, p in named:
-        if p.grad is None:
-            continue
-        if getattr(p, "tensor_model_parallel", False) or rank == 0:
-            sq += p.grad.detach().to(torch.float64).pow(2).sum()
-    dist.all_reduce(sq, group=tp_group)
-    return float(sq.sqrt())
-
-
 def run(case, inputs, rank, tp):
-    from megatron.core import ModelParallelConfig, parallel_state
-    from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    """The case's training on this tensor-parallel rank: the megatron model in megatron's DistributedDataParallel
+    (one data-parallel rank), trained by megatron's optimizer (its gradient norm over the tensor-parallel group,
+    its clipping) under its parameter scheduler, finalize_model_grads after the micro-batches (the
+    sequence-parallel norms' partial gradients summed over tp there). Returns this rank's slices."""
+    from megatron.core import ModelParallelConfig
 
     m = model_defaults(case)
-    t = case["train"]
     sp = parallel(case)["sequence_parallel"]
     dt = torch_dtype(dtype_name(case))
     cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
@@ -199,57 +182,72 @@ def run(case, inputs, rank, tp):
     gathered = not vocab_sharded_loss(case, True)
     model = MegatronModel(m, cfg, tp, gathered).to(dt)  # (the plain norms are built in the default dtype)
     load_local(model, inputs, rank, tp, dt)
-    named = list(model.named_parameters())
-    params = [p for _, p in named]
-    tp_group = parallel_state.get_tensor_model_parallel_group()
-    opt = make_optimizer(case, params)
+    with cuda_on_cpu():
+        return train_megatron(case, inputs, model, tp, gathered)
 
+
+def megatron_training(case, model, tp):
+    """(DDP chunk, optimizer, scheduler) for the megatron model, as megatron's training loop sets them up."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer import TransformerConfig
+
+    dt = next(model.parameters()).dtype
+    # What DDP and finalize_model_grads read (tensor parallelism, sequence parallelism, the dtype); the model's own
+    # sizes are the case's, so the sizes here are placeholders megatron's checks accept.
+    sp = bool(parallel(case)["sequence_parallel"]) and tp > 1
+    config = TransformerConfig(num_layers=1, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
+                               sequence_parallel=sp, use_cpu_initialization=True, params_dtype=dt,
+                               bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_settings(case), params_dtype=dt), [ddp],
+                                 config_overrides=weight_decay_overrides(case))
+    return ddp, opt, constant_schedule(case, opt)
+
+
+def train_megatron(case, inputs, model, tp, gathered):
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    m, t = model_defaults(case), case["train"]
+    ddp, opt, schedule = megatron_training(case, model, tp)
+    named = list(model.named_parameters())
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    global_tokens = b * s
     counted = loss_denominator(inputs)
-    ga = t.get("grad_accumulation", 1)
-    chunks = micro_batches(b, ga)
-    sp_cfg = types.SimpleNamespace(sequence_parallel=sp, qk_layernorm=False)
-
+    chunks = micro_batches(b, t.get("grad_accumulation", 1))
     losses, logits0, grads0 = [], None, {}
     for k in range(t["steps"]):
+        ddp.zero_grad_buffer()
         opt.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64)
         rows = []
-        for a, c in chunks:
-            logits = model(ids[a:c])  # [s, bc, v / tp]
-            if k == 0:
-                # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
-                rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
-            target = tgt[a:c].t().contiguous()
-            if gathered:
-                l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
-            else:
-                # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
-                per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
-                l = (per_token * (target != IGNORE_INDEX)).sum()
-            (l * (1.0 / counted)).backward()
+        for i, (a, c) in enumerate(chunks):
+            with ddp.no_sync() if i < len(chunks) - 1 else contextlib.nullcontext():
+                logits = ddp(ids[a:c])  # [s, bc, v / tp]
+                if k == 0:
+                    # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
+                    rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
+                target = tgt[a:c].t().contiguous()
+                if gathered:
+                    l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
+                else:
+                    # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
+                    per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
+                    l = (per_token * (target != IGNORE_INDEX)).sum()
+                (l * (1.0 / counted)).backward()
             loss_sum += l.detach().to(torch.float64)
-        # Sequence-parallel norms (and row-parallel biases) hold partial gradients: megatron's own reduction.
-        _allreduce_non_tensor_model_parallel_grads([model], sp_cfg, tp_group)
+        finalize_model_grads([ddp])
         losses.append(float(loss_sum) / counted)
         if k == 0:
             logits0 = torch.cat(rows).numpy()
             for name, p in named:
-                grads0[name] = case_view(name, grad_or_fail(name, p.grad))
-        if t.get("clip_grad_norm") is not None:
-            total = grad_norm(named, tp_group)
-            coeff = t["clip_grad_norm"] / (total + 1.0e-6)
-            if coeff < 1.0:
-                with torch.no_grad():
-                    for p in params:
-                        if p.grad is not None:
-                            p.grad.mul_(coeff)
-        opt.step()
+                grads0[name] = case_view(name, grad_or_fail(name, p.main_grad))
+        opt.step()  # megatron's clipping (its norm over the tensor-parallel group) and step
+        schedule.step(1)
     final = {name: case_view(name, p) for name, p in named}
-    return {"rows": (0, global_tokens), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+    return {"rows": (0, b * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
 
 
 def assemble_outputs(case, outs):

@@ -11,10 +11,11 @@
                they run on the rank's sequence chunk, are marked `sequence_parallel` and their gradients are
                summed over the tensor-parallel group by megatron's own finalize_model_grads helper.
 
-Activations are megatron's [s, b, h]. The optimizer is the case's torch optimizer on the local shards (elementwise,
-so sharding does not change it); gradient clipping computes the global norm over the shards as megatron's
-get_grad_norm_fp32 does (tensor-parallel params on every rank, replicated params once) — megatron's own
-clip functions hard-code CUDA tensors.
+Activations are megatron's [s, b, h]. The model trains as megatron's training loop runs it on one data-parallel
+rank: in megatron's DistributedDataParallel, with megatron's optimizer for the case's (megatron_common; fp32 main
+parameters under bf16 / f16), its gradient norm over the tensor-parallel group (tensor-parallel parameters from
+every rank, replicated ones once) and its clipping, under its parameter scheduler, finalize_model_grads after the
+micro-batches; megatron's CUDA-only calls pointed at the CPU (megatron_common.cuda_on_cpu).
 
 Sharded tensors are reported in full (each rank's slices assembled in `combine`); replicated tensors (norms,
 row-parallel biases) per rank as replicas.
@@ -23,6 +24,7 @@ row-parallel biases) per rank as replicas.
 import os
 
 from .base import dtype_name, parallel, vocab_sharded_loss
+from .megatron_common import patch_cuda
 from .torch_common import TorchTarget
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
@@ -34,10 +36,9 @@ def _patch_cuda():
     """megatron-core asks torch.cuda for the device in its collectives and buffers: point it at the CPU. Its
     activation checkpoint saves and restores the CUDA generator's state around the recomputation: on the CPU there is
     none (the CPU generator's state it keeps; the case's model draws no random numbers)."""
-    import torch
     from megatron.core.tensor_parallel import random
 
-    torch.cuda.current_device = lambda: "cpu"
+    patch_cuda()
     random._get_cuda_rng_state = lambda *args, **kwargs: None
     random._set_cuda_rng_state = lambda *args, **kwargs: None
 
@@ -87,7 +88,8 @@ class MegatronTp(TorchTarget):
         _patch_cuda()
         from megatron.core import parallel_state
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world, create_gloo_process_groups=False)
+        # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
         _STATE["tp"] = world
 
     def run_rank(self, rank, world, case, inputs):

@@ -3,10 +3,11 @@
 
 def run_sharded(data, rank):
     """megatron-core's tensor-parallel model (MegatronModel above) over the tp ranks, as the fuzzer's megatron-tp
-    ranks run it: megatron's parallel state over all ranks, torch.cuda.current_device pointed at the CPU, then the
-    worker's megatron training loop (run_megatron) on the whole batch. Returns this rank's slices."""
+    ranks run it: megatron's parallel state over all ranks, torch.cuda pointed at the CPU, then the worker's megatron
+    training loop (run_megatron: megatron's DDP, optimizer and clipping) on the whole batch. Returns this rank's
+    slices."""
     _patch_cuda()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD, create_gloo_process_groups=False)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD)
     return run_megatron(CASE, data, rank, WORLD)
 
 
