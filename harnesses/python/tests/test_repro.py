@@ -367,6 +367,18 @@ class MegatronTpReproTest(ModelReproChecks, unittest.TestCase):
     options = {"vocab": 14}  # megatron shards the vocabulary evenly (13 would fail its divisibility assert)
 
 
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class MegatronDdpReproTest(ModelReproChecks, unittest.TestCase):
+    target = "megatron-ddp"
+    fault = "megatron-ddp-grads-summed"
+    extra_imports = ("megatron",)
+    # The distributed optimizer (reduce-scatter of the buckets; it steps Adam, not SGD), two micro-batches per rank.
+    # eps 1e-3: the key bias's gradient is zero up to round-off, which Adam with a tiny eps turns into a whole step of
+    # either sign (the fuzzer's oracle samples that; these fixed bounds do not).
+    parallel = {"dp": 2, "zero_stage": 1}
+    options = {"grad_accumulation": 2, "optimizer": {"kind": "adam", "lr": 0.01, "eps": 1e-3}}
+
+
 @unittest.skipUnless(HAVE_DEEPSPEED, "deepspeed is not installed")
 class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
     target = "deepspeed-zero"

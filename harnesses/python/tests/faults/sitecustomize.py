@@ -19,6 +19,10 @@ Put this folder on PYTHONPATH and set SHARDFUZZ_TEST_FAULT; every Python process
                         (a comm hook that DistributedDataParallel.__init__ registers in place of the built-in one).
   megatron-reduce-half  megatron-core's tensor-parallel region all-reduce (tensor_parallel.mappings._reduce: the
                         outputs of row-parallel layers and of the vocab-parallel embedding) returns half the sum.
+  megatron-ddp-grads-summed
+                        megatron-core's DistributedDataParallel skips each gradient bucket's 1/dp scaling before its
+                        all-reduce or reduce-scatter (_ParamAndGradBucketGroup.start_grad_sync): gradients summed over
+                        the data-parallel ranks instead of averaged.
   deepspeed-reduce-half every SUM reduction DeepSpeed issues through its torch comm backend
                         (deepspeed.comm.torch.TorchBackend: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
                         reduce_scatter_tensor; ZeRO's gradient reductions) yields half the sum.
@@ -171,6 +175,18 @@ def _halve_deepspeed_reductions(module):
         setattr(backend, name, halving)
 
 
+def _megatron_ddp_grads_summed(module):
+    group = module._ParamAndGradBucketGroup
+    start = group.start_grad_sync
+
+    def summed(self, *args, **kwargs):
+        for bucket in self.buckets:
+            bucket.gradient_scaling_factor = 1.0
+        return start(self, *args, **kwargs)
+
+    group.start_grad_sync = summed
+
+
 #: Fault name -> (module to patch once it has been executed, patch).
 FAULTS = {
     "dtensor-partial-half": ("torch.distributed.tensor.placement_types", _halve_partial_reductions),
@@ -180,6 +196,7 @@ FAULTS = {
     "fsdp2-avg-off-by-one": ("torch.distributed.fsdp._fully_shard._fsdp_collectives", _fsdp2_divide_off_by_one),
     "ddp-avg-off-by-one": ("torch.nn.parallel.distributed", _ddp_average_off_by_one),
     "megatron-reduce-half": ("megatron.core.tensor_parallel.mappings", _halve_megatron_reduce),
+    "megatron-ddp-grads-summed": ("megatron.core.distributed.param_and_grad_buffer", _megatron_ddp_grads_summed),
     "deepspeed-reduce-half": ("deepspeed.comm.torch", _halve_deepspeed_reductions),
 }
 
