@@ -11,9 +11,8 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
 
 Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum). Micro-batches run under the
 DDP's `no_sync`, `finalize_model_grads` (`finish_grad_sync` and what follows it) after the last, as megatron's
-training loop does. bf16 and f16 training keep fp32 main
-parameters (megatron's mixed-precision optimizer; f16 with a constant loss scale of 1, so nothing is scaled):
-the reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding
+training loop does. bf16 and f16 training keep fp32 main parameters (megatron's mixed-precision optimizer; f16
+with a constant loss scale of 1, so nothing is scaled): the reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding
 per step. Clipping is the optimizer's (`clip_grad`, its own global norm); learning rate and weight decay are set
 by megatron's parameter scheduler, constant, as its training loop runs it; weight decay follows the case: megatron's
 default leaves biases and other vectors undecayed (the case's `no_decay_vectors`), an empty override table decays
@@ -23,7 +22,7 @@ Step-0 gradients are megatron's reduced gradients (`main_grad`; under the distri
 slice of the buffer, all-gathered for the report); final parameters are the model's.
 
 megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `param.type() ==
-'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): `CudaOnCpu` points those at the CPU while a case runs.
+'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
 import os
@@ -95,12 +94,10 @@ class MegatronDdp(TorchTarget):
         return out
 
     def _train(self, rank, world, case, inputs):
-        from megatron.core.distributed import DistributedDataParallel
-
-        model, dt = build(case, inputs)
-        from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        model, dt = build(case, inputs)
         ddp = DistributedDataParallel(transformer_config(dt), DistributedDataParallelConfig(**ddp_settings(case)),
                                       model)
         opt = get_megatron_optimizer(OptimizerConfig(**optimizer_settings(case), params_dtype=dt), [ddp],
