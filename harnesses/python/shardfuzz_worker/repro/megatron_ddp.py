@@ -12,9 +12,6 @@ TARGET = "megatron-ddp"
 
 IMPORTS = TORCH_IMPORTS + """
 from megatron.core import parallel_state  # noqa: E402
-from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,  # noqa: E402
-                                       finalize_model_grads)
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: E402
 """
 
 
@@ -33,6 +30,7 @@ def generate(case, inputs, bounds, dropped):
     settings = ["# megatron's configuration, as the worker's ddp_settings() / optimizer_settings() write it for this case.",
                 literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
                 f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
-    sources = (worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "constant_schedule")
-               + "\n\n" + worker_source("targets/megatron_ddp.py", "transformer_config", "reduced_grads"))
+    sources = (worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "transformer_config",
+                             "megatron_training", "constant_schedule")
+               + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp", "reduced_grads"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "run", "megatron_training", "train_megatron", "assemble_outputs")
+                   "load_local", "case_view", "run", "train_megatron", "assemble_outputs")
 
 
 def check(case):
@@ -39,7 +39,8 @@ def sources():
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "vocab_sharded_loss", "dtype_name", "micro_batches")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
-                                          "optimizer_settings", "weight_decay_overrides", "constant_schedule")
+                                          "optimizer_settings", "weight_decay_overrides", "constant_schedule",
+                                          "transformer_config", "megatron_training")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(

@@ -1,7 +1,33 @@
 """What the megatron-core targets share: megatron's CUDA-only calls pointed at the CPU, and its optimizer (with its
 parameter scheduler) configured for a case."""
 
+import os
+
 from .base import dtype_name, parallel
+from .torch_common import TorchTarget
+
+
+class MegatronTarget(TorchTarget):
+    """A megatron-core target: megatron's modules imported once, before ranks are forked (a missing megatron-core
+    makes the target unavailable), its package as the coverage prefix, its version recorded."""
+
+    def __init__(self):
+        super().__init__()
+        import megatron.core
+        import megatron.core.distributed  # noqa: F401
+        import megatron.core.optimizer  # noqa: F401
+        import megatron.core.parallel_state  # noqa: F401
+        import megatron.core.tensor_parallel  # noqa: F401
+
+        self.coverage_prefixes = (os.path.dirname(megatron.core.__file__) + os.sep,)
+
+    def versions(self):
+        from importlib.metadata import version
+
+        import torch
+
+        # (megatron.core.package_info appends the git hash of the current directory's repository.)
+        return {"torch": torch.__version__.split("+")[0], "megatron-core": version("megatron-core"), "backend": "gloo"}
 
 
 def cuda_on_cpu():
@@ -82,3 +108,28 @@ def constant_schedule(case, opt):
     return OptimizerParamScheduler(opt, init_lr=lr, max_lr=lr, min_lr=lr, lr_warmup_steps=0, lr_decay_steps=1,
                                    lr_decay_style="constant", start_wd=wd, end_wd=wd, wd_incr_steps=1,
                                    wd_incr_style="constant")
+
+
+def transformer_config(dt, tp=1, sequence_parallel=False):
+    """The TransformerConfig megatron's DDP and finalize_model_grads read (tensor and sequence parallelism, the
+    mixed-precision switches); the model itself is the case's, so its sizes here are placeholders megatron's checks
+    accept."""
+    import torch
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
+                             sequence_parallel=sequence_parallel, use_cpu_initialization=True, params_dtype=dt,
+                             bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
+
+
+def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides):
+    """(DDP chunk, optimizer, scheduler) for `model`, as megatron's training loop sets them up: the DDP and optimizer
+    configs' arguments `ddp_kwargs` and `optimizer_kwargs` (params_dtype: the model's), `overrides` its
+    config_overrides."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    dt = next(model.parameters()).dtype
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_kwargs), model)
+    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), [ddp], config_overrides=overrides)
+    return ddp, opt, constant_schedule(case, opt)

@@ -25,11 +25,9 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
-import os
-
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
-from .megatron_common import constant_schedule, cuda_on_cpu, optimizer_settings, patch_cuda, weight_decay_overrides
-from .torch_common import TorchTarget
+from .megatron_common import (MegatronTarget, cuda_on_cpu, megatron_training, optimizer_settings, patch_cuda,
+                              transformer_config, weight_decay_overrides)
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -38,26 +36,9 @@ from .torch_training import combine_dp, single_device, train
 REDUCED_IN = {"f32": ("f32", "f32"), "bf16": ("bf16", "f32"), "f16": ("f16", "f32")}
 
 
-class MegatronDdp(TorchTarget):
+class MegatronDdp(MegatronTarget):
     name = "megatron-ddp"
     freezes = True
-
-    def __init__(self):
-        super().__init__()
-        # Imported once here, before ranks are forked (a missing megatron-core makes the target unavailable).
-        import megatron.core
-        import megatron.core.distributed  # noqa: F401
-        import megatron.core.optimizer  # noqa: F401
-        import megatron.core.parallel_state  # noqa: F401
-
-        self.coverage_prefixes = (os.path.dirname(megatron.core.__file__) + os.sep,)
-
-    def versions(self):
-        from importlib.metadata import version
-
-        import torch
-
-        return {"torch": torch.__version__.split("+")[0], "megatron-core": version("megatron-core"), "backend": "gloo"}
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "megatron-ddp runs data parallelism only (no tp/pp/cp/ep)")
@@ -89,45 +70,11 @@ class MegatronDdp(TorchTarget):
 
     def run_rank(self, rank, world, case, inputs):
         with cuda_on_cpu():
-            out = self._train(rank, world, case, inputs)
+            model, _ = build(case, inputs)
+            out = train_dp(case, inputs, model, rank, world, ddp_settings(case), optimizer_settings(case),
+                           weight_decay_overrides(case))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
-
-    def _train(self, rank, world, case, inputs):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        model, dt = build(case, inputs)
-        ddp = DistributedDataParallel(transformer_config(dt), DistributedDataParallelConfig(**ddp_settings(case)),
-                                      model)
-        opt = get_megatron_optimizer(OptimizerConfig(**optimizer_settings(case), params_dtype=dt), [ddp],
-                                     config_overrides=weight_decay_overrides(case))
-        schedule = constant_schedule(case, opt)
-        named = [(n, p) for n, p in model.named_parameters()]
-        ga = case["train"].get("grad_accumulation", 1)
-        state = {"micro": 0, "grads": None}
-
-        def backward(loss):
-            if state["micro"] % ga == 0:
-                ddp.zero_grad_buffer()
-                opt.zero_grad()
-            loss.backward()
-            state["micro"] += 1
-            if state["micro"] % ga == 0:
-                finalize_model_grads([ddp])  # megatron's own step: finish_grad_sync and what follows it
-
-        def grad(name, _p):
-            if state["grads"] is None:
-                state["grads"] = reduced_grads(ddp, parallel(case)["zero_stage"] == 1, world)
-            return state["grads"][name]
-
-        def step():
-            opt.step()  # (under f16 it skips a step whose gradients overflow: the reference's are inf there)
-            schedule.step(1)
-
-        return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward, step=step,
-                     clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad,
-                     forward=lambda ids: ddp(ids))
 
     def combine(self, case, outs):
         p = parallel(case)
@@ -138,22 +85,47 @@ class MegatronDdp(TorchTarget):
         return combine_dp(case, outs, features)
 
 
-def transformer_config(dt):
-    """The TransformerConfig DistributedDataParallel reads (its per-token-loss and mixed-precision switches); the
-    model itself is the case's torch model, so the sizes here are placeholders."""
-    import torch
-    from megatron.core.transformer import TransformerConfig
-
-    return TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, use_cpu_initialization=True,
-                             params_dtype=dt, bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
-
-
 def ddp_settings(case):
     """DistributedDataParallelConfig's arguments for the case."""
     p = parallel(case)
     return {"use_distributed_optimizer": p["zero_stage"] == 1,
             "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
             "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None)}
+
+
+def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
+    """The case's training of `model` on this data-parallel rank, as megatron's loop runs it: megatron's DDP and
+    optimizer from their configs' arguments (megatron_common.megatron_training), no_sync on every micro-batch but the last,
+    finalize_model_grads after it, the scheduler stepped with the optimizer. Step-0 gradients from megatron's
+    buffers (reduced_grads)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    config = transformer_config(next(model.parameters()).dtype)
+    ddp, opt, schedule = megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides)
+    named = list(model.named_parameters())
+    ga = case["train"].get("grad_accumulation", 1)
+    state = {"micro": 0, "grads": None}
+
+    def backward(loss):
+        if state["micro"] % ga == 0:
+            ddp.zero_grad_buffer()
+            opt.zero_grad()
+        loss.backward()
+        state["micro"] += 1
+        if state["micro"] % ga == 0:
+            finalize_model_grads([ddp])  # megatron's own step: finish_grad_sync and what follows it
+
+    def grad(name, _p):
+        if state["grads"] is None:
+            state["grads"] = reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"], world)
+        return state["grads"][name]
+
+    def step():
+        opt.step()  # (under f16 it skips a step whose gradients overflow: the reference's are inf there)
+        schedule.step(1)
+
+    return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward, step=step,
+                 clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad, forward=lambda ids: ddp(ids))
 
 
 def reduced_grads(ddp, distributed_optimizer, world):

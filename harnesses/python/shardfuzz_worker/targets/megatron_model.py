@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
-from .megatron_common import constant_schedule, cuda_on_cpu, optimizer_settings, weight_decay_overrides
+from .megatron_common import cuda_on_cpu, megatron_training, optimizer_settings, transformer_config, weight_decay_overrides
 from .torch_common import torch_dtype
 from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
@@ -186,31 +186,14 @@ def run(case, inputs, rank, tp):
         return train_megatron(case, inputs, model, tp, gathered)
 
 
-def megatron_training(case, model, tp):
-    """(DDP chunk, optimizer, scheduler) for the megatron model, as megatron's training loop sets them up."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.transformer import TransformerConfig
-
-    dt = next(model.parameters()).dtype
-    # What DDP and finalize_model_grads read (tensor parallelism, sequence parallelism, the dtype); the model's own
-    # sizes are the case's, so the sizes here are placeholders megatron's checks accept.
-    sp = bool(parallel(case)["sequence_parallel"]) and tp > 1
-    config = TransformerConfig(num_layers=1, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
-                               sequence_parallel=sp, use_cpu_initialization=True, params_dtype=dt,
-                               bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
-    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_settings(case), params_dtype=dt), [ddp],
-                                 config_overrides=weight_decay_overrides(case))
-    return ddp, opt, constant_schedule(case, opt)
-
-
 def train_megatron(case, inputs, model, tp, gathered):
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     m, t = model_defaults(case), case["train"]
-    ddp, opt, schedule = megatron_training(case, model, tp)
+    # One data-parallel rank: megatron's default DDP settings.
+    config = transformer_config(next(model.parameters()).dtype, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1)
+    ddp, opt, schedule = megatron_training(case, model, config, {}, optimizer_settings(case), weight_decay_overrides(case))
     named = list(model.named_parameters())
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)

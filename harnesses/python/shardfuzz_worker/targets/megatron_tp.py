@@ -21,11 +21,8 @@ Sharded tensors are reported in full (each rank's slices assembled in `combine`)
 row-parallel biases) per rank as replicas.
 """
 
-import os
-
 from .base import dtype_name, parallel, vocab_sharded_loss
-from .megatron_common import patch_cuda
-from .torch_common import TorchTarget
+from .megatron_common import MegatronTarget, patch_cuda
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
 
@@ -43,26 +40,8 @@ def _patch_cuda():
     random._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
-class MegatronTp(TorchTarget):
+class MegatronTp(MegatronTarget):
     name = "megatron-tp"
-
-    def __init__(self):
-        super().__init__()
-        # Imported once here, before ranks are forked (a missing megatron-core makes the target unavailable).
-        import megatron.core
-        import megatron.core.distributed.finalize_model_grads  # noqa: F401
-        import megatron.core.parallel_state  # noqa: F401
-        import megatron.core.tensor_parallel  # noqa: F401
-
-        self.coverage_prefixes = (os.path.dirname(megatron.core.__file__) + os.sep,)
-
-    def versions(self):
-        from importlib.metadata import version
-
-        import torch
-
-        # (megatron.core.package_info appends the git hash of the current directory's repository.)
-        return {"torch": torch.__version__.split("+")[0], "megatron-core": version("megatron-core"), "backend": "gloo"}
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp",), "megatron-tp runs tensor (and sequence) parallelism only")

@@ -14,31 +14,4 @@ def run_sharded(data, rank):
         model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
         load_case_params(model, data, DTYPE)
         freeze(model, CASE)
-        ddp = DistributedDataParallel(transformer_config(DTYPE), DistributedDataParallelConfig(**DDP_SETTINGS), model)
-        opt = get_megatron_optimizer(OptimizerConfig(**OPTIMIZER_SETTINGS, params_dtype=DTYPE), [ddp],
-                                     config_overrides=WEIGHT_DECAY_OVERRIDES)
-        schedule = constant_schedule(CASE, opt)
-        named = list(model.named_parameters())
-        ga = CASE["train"].get("grad_accumulation", 1)
-        state = {"micro": 0, "grads": None}
-
-        def backward(loss):
-            if state["micro"] % ga == 0:
-                ddp.zero_grad_buffer()
-                opt.zero_grad()
-            loss.backward()
-            state["micro"] += 1
-            if state["micro"] % ga == 0:
-                finalize_model_grads([ddp])  # megatron's own step: finish_grad_sync and what follows it
-
-        def grad(name, _p):
-            if state["grads"] is None:
-                state["grads"] = reduced_grads(ddp, DDP_SETTINGS["use_distributed_optimizer"], WORLD)
-            return state["grads"][name]
-
-        def step():
-            opt.step()
-            schedule.step(1)
-
-        return train(CASE, data, ddp, [p for _, p in named], rank, WORLD, backward=backward, step=step,
-                     clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad, forward=lambda ids: ddp(ids))
+        return train_dp(CASE, data, model, rank, WORLD, DDP_SETTINGS, OPTIMIZER_SETTINGS, WEIGHT_DECAY_OVERRIDES)
