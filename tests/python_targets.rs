@@ -1231,6 +1231,34 @@ fn colossalai_pipeline_crashes_on_a_frozen_tied_embedding() {
     assert_eq!(v["kind"], "pass", "{v}");
 }
 
+/// megatron-tp over tensor- times data-parallel ranks: two tensor-parallel ranks with sequence parallelism in each of
+/// two replicas under megatron's distributed optimizer (7-element buckets, overlap, fp32 reduction under bf16,
+/// accumulation, clipping over both groups), and plain DDP over three replicas of an uneven batch (7 rows) with SGD;
+/// ZeRO-2 is no megatron layout.
+#[test]
+fn megatron_tp_times_dp_trains_like_the_reference() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-megatron-ddp");
+    for (case, feature) in [
+        (
+            "tp2-dp2-distributed-optimizer-sp-bucket7-overlap-fp32-reduce-clip-accumulation-bf16.json",
+            "megatron:tp2:dp2:distributed-optimizer:bucket-tiny:overlap-on",
+        ),
+        ("tp2-dp3-ddp-uneven-batch-sgd-clip-f32.json", "megatron:tp2:dp3:ddp"),
+    ] {
+        let v = one_verdict("megatron-tp", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    let zero2 = tempfile::tempdir().unwrap();
+    let path = zero2.path().join("zero2.json");
+    let text = std::fs::read_to_string(dir.join("tp2-dp3-ddp-uneven-batch-sgd-clip-f32.json")).unwrap();
+    std::fs::write(&path, text.replace("\"zero_stage\": 0", "\"zero_stage\": 2")).unwrap();
+    let v = one_verdict("megatron-tp", &path, "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("ZeRO-1"), "{v}");
+}
+
 /// megatron-core's DistributedDataParallel and its optimizer (megatron-ddp): the distributed optimizer over three
 /// uneven ranks with 7-element buckets (rank slices cut through parameters, the buffer padded), the reduction
 /// overlapped and in fp32 under bf16, accumulation, clipping and weight decay on every parameter; and plain DDP with

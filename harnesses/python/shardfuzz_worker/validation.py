@@ -77,6 +77,23 @@ _COLOSSALAI = [
     ("colossalai/pipeline/schedule/interleaved_pp.py", "load_batch", None),
 ]
 
+_MEGATRON_DIVISIBILITY = [
+    # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank.
+    ("megatron/core/utils.py", "ensure_divisibility", None),
+    ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
+]
+
+_MEGATRON_TRAINING = [
+    # Its configs' own checks (dataclass __post_init__) and the optimizer factory's refusals of combinations.
+    ("megatron/core/distributed/distributed_data_parallel_config.py", "__post_init__", None),
+    ("megatron/core/optimizer/optimizer_config.py", "__post_init__", None),
+    ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
+    ("megatron/core/model_parallel_config.py", "__post_init__", None),
+    # The distributed optimizer's refusal of an optimizer it cannot shard ("Only Adam, HybridDeviceOptimizer, and
+    # optimizers with an init_state_fn (e.g., Lion) are currently supported").
+    ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "are currently supported"),
+]
+
 VALIDATION = {
     "torch-dtensor": _TORCH_DTENSOR,
     "torch-tp": [
@@ -115,23 +132,8 @@ VALIDATION = {
         ("deepspeed/runtime/zero/stage_1_and_2.py", "__init__", "is not yet supported"),
         ("deepspeed/runtime/zero/stage3.py", "__init__", "is not yet supported"),
     ],
-    "megatron-tp": [
-        # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank.
-        ("megatron/core/utils.py", "ensure_divisibility", None),
-        ("megatron/core/model_parallel_config.py", "__post_init__", None),
-        ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
-        ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
-    ],
-    "megatron-ddp": [
-        # Its configs' own checks (dataclass __post_init__) and the optimizer factory's refusals of combinations.
-        ("megatron/core/distributed/distributed_data_parallel_config.py", "__post_init__", None),
-        ("megatron/core/optimizer/optimizer_config.py", "__post_init__", None),
-        ("megatron/core/transformer/transformer_config.py", "__post_init__", None),
-        ("megatron/core/model_parallel_config.py", "__post_init__", None),
-        # The distributed optimizer's refusal of an optimizer it cannot shard ("Only Adam, HybridDeviceOptimizer, and
-        # optimizers with an init_state_fn (e.g., Lion) are currently supported").
-        ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "are currently supported"),
-    ],
+    "megatron-tp": _MEGATRON_DIVISIBILITY + _MEGATRON_TRAINING,
+    "megatron-ddp": _MEGATRON_TRAINING,
     "colossalai-tp": _COLOSSALAI,
     "colossalai-zero": _COLOSSALAI,
     "colossalai-hybrid": _COLOSSALAI,

@@ -368,6 +368,17 @@ class MegatronTpReproTest(ModelReproChecks, unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class MegatronTpDpReproTest(ModelReproChecks, unittest.TestCase):
+    target = "megatron-tp"
+    fault = "megatron-ddp-grads-summed"
+    extra_imports = ("megatron",)
+    # Two tensor-parallel ranks in each of two data-parallel replicas under the distributed optimizer, two
+    # micro-batches per replica (eps 1e-3: as MegatronDdpReproTest's).
+    parallel = {"tp": 2, "dp": 2, "zero_stage": 1}
+    options = {"vocab": 14, "grad_accumulation": 2, "optimizer": {"kind": "adam", "lr": 0.01, "eps": 1e-3}}
+
+
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
 class MegatronDdpReproTest(ModelReproChecks, unittest.TestCase):
     target = "megatron-ddp"
     fault = "megatron-ddp-grads-summed"

@@ -22,7 +22,7 @@ def check(case):
 
 
 def generate(case, inputs, bounds, dropped):
-    from ..targets.megatron_ddp import ddp_settings, optimizer_settings, weight_decay_overrides
+    from ..targets.megatron_common import ddp_settings, optimizer_settings, weight_decay_overrides
 
     p = parallel(case)
     kind = "the distributed optimizer" if p["zero_stage"] == 1 else "its optimizer"
@@ -31,6 +31,6 @@ def generate(case, inputs, bounds, dropped):
                 literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
                 f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
     sources = (worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "transformer_config",
-                             "megatron_training", "constant_schedule")
-               + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp", "reduced_grads"))
+                             "megatron_training", "constant_schedule", "reduced_grads")
+               + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

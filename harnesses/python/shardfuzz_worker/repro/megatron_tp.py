@@ -17,7 +17,8 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "run", "train_megatron", "assemble_outputs")
+                   "load_local", "case_view", "run", "train_megatron", "token_loss_sum", "assemble_outputs",
+                   "assembled")
 
 
 def check(case):
@@ -36,11 +37,14 @@ def renamed(source, names):
 def sources():
     """The helpers, the plain torch model (its blocks renamed Ref*: megatron's blocks take their names), the
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "vocab_sharded_loss", "dtype_name", "micro_batches")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel",
+                             "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
+                             "reduce_dtype_name")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",
-                                          "transformer_config", "megatron_training")
+                                          "transformer_config", "megatron_training", "ddp_settings",
+                                          "reduced_grads")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(
@@ -59,9 +63,13 @@ def sources():
 def describe(case):
     p = parallel(case)
     sp = ", sequence parallel" if p["sequence_parallel"] else ""
+    data = ""
+    if p["dp"] > 1 or p["zero_stage"]:
+        data = (f" x dp={p['dp']} data-parallel replicas in megatron's DistributedDataParallel"
+                + (" with its distributed optimizer" if p["zero_stage"] else ""))
     return [
         f"megatron-core tensor parallelism (VocabParallelEmbedding, Column/RowParallelLinear,"
-        f" vocab_parallel_cross_entropy) over tp={p['tp']} ranks{sp}, dtype {dtype_name(case)}."
+        f" vocab_parallel_cross_entropy) over tp={p['tp']} ranks{sp}{data}, dtype {dtype_name(case)}."
         " Reference: the torch targets' plain model (the same math) in float64.",
         *model_about(case),
     ]
@@ -70,11 +78,11 @@ def describe(case):
 def generate(case, inputs, bounds, dropped):
     arrays = model_arrays(case, inputs, TARGET)
     p = parallel(case)
-    command = f"torchrun --nproc_per_node {p['tp']} repro.py"
+    command = f"torchrun --nproc_per_node {p['tp'] * p['dp']} repro.py"
     config = [
         rule("the case"),
         literal("CASE", case),
-        f"TP = WORLD = {p['tp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"TP = {p['tp']}\nWORLD = {p['tp'] * p['dp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         model_line(case),
         literal("BOUNDS", bounds),
     ]

@@ -1,9 +1,10 @@
 """What the megatron-core targets share: megatron's CUDA-only calls pointed at the CPU, and its optimizer (with its
 parameter scheduler) configured for a case."""
 
+import copy
 import os
 
-from .base import dtype_name, parallel
+from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name
 from .torch_common import TorchTarget
 
 
@@ -73,6 +74,96 @@ class _NoStream:
 
     def synchronize(self):
         pass
+
+
+#: The dtype megatron reduces gradients in, per compute dtype, with `grad_reduce_in_fp32` off and on.
+REDUCED_IN = {"f32": ("f32", "f32"), "bf16": ("bf16", "f32"), "f16": ("f16", "f32")}
+
+_LAYOUTS = {"pristine": None, "current": None}
+
+
+def unsupported_training(case):
+    """Why megatron's DDP and optimizers cannot run the case's training (None: they can)."""
+    p = parallel(case)
+    if p["zero_stage"] not in (0, 1):
+        return "megatron's distributed optimizer shards optimizer state (ZeRO-1); gradients and parameters stay whole"
+    dt = dtype_name(case)
+    if dt == "f64":
+        # Measured: "TypeError: Wrapped parameters must be one of torch.cuda.FloatTensor, torch.cuda.HalfTensor,
+        # or torch.cuda.BFloat16Tensor. Received torch.cuda.DoubleTensor" (the distributed optimizer).
+        return "megatron-core's optimizers take fp32, fp16 and bf16 parameters only: f64 is not expressed"
+    if reduce_dtype_name(case) not in REDUCED_IN[dt]:
+        return f"megatron reduces {dt} gradients in {' or '.join(sorted(set(REDUCED_IN[dt])))} only"
+    if p["reduce_bucket"] is not None and p["reduce_bucket"] < 1:
+        return "megatron's bucket_size must be positive"
+    return None
+
+
+def model_parallel(tp):
+    """megatron's parallel state for tensor-parallel degree `tp` over all ranks (data parallelism: the rest), as
+    `initialize_model_parallel` builds it. Every rank calls it with the same `tp` (it creates groups). Each
+    layout's groups are built once and kept: switching back restores them (megatron's own teardown destroys
+    groups, and a campaign alternates between a few layouts)."""
+    from megatron.core import parallel_state as ps
+
+    if _LAYOUTS["current"] == tp:
+        return
+    if _LAYOUTS["pristine"] is None:
+        _LAYOUTS["pristine"] = _state_of(ps)
+    if tp in _LAYOUTS:
+        _restore(ps, _LAYOUTS[tp])
+    else:
+        _restore(ps, _LAYOUTS["pristine"])
+        # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        _LAYOUTS[tp] = _state_of(ps)
+    _LAYOUTS["current"] = tp
+
+
+def _state_of(module):
+    """The module's globals (megatron's parallel state: groups, ranks, sizes), containers copied."""
+    return {k: copy.copy(v) if isinstance(v, (dict, list, set)) else v
+            for k, v in vars(module).items() if k.startswith("_") and k[1:2].isupper()}
+
+
+def _restore(module, state):
+    for k, v in state.items():
+        setattr(module, k, copy.copy(v) if isinstance(v, (dict, list, set)) else v)
+
+
+def ddp_settings(case):
+    """DistributedDataParallelConfig's arguments for the case: ZeRO 1 the distributed optimizer, `reduce_bucket`
+    the bucket size, `overlap_comm` the overlapped reduction, an f32 `reduce_dtype` under bf16 / f16 compute the
+    reduction in fp32."""
+    p = parallel(case)
+    return {"use_distributed_optimizer": p["zero_stage"] == 1,
+            "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
+            "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None)}
+
+
+def reduced_grads(ddp, distributed_optimizer):
+    """Every trainable parameter's reduced gradient by name, read from megatron's buffers after finish_grad_sync.
+    Under the distributed optimizer a rank holds the reduced values of its slice of each bucket only: the slices
+    are all-gathered over the optimizer's data-parallel group (into a copy; the buffers stay as megatron left
+    them)."""
+    import torch
+    import torch.distributed as dist
+
+    names = {p: n for n, p in ddp.module.named_parameters()}
+    out = {}
+    for group in list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups):
+        for bucket in group.buckets:
+            data = bucket.grad_data
+            owners = group.intra_distributed_optimizer_instance_group if distributed_optimizer else None
+            if owners is not None and owners.size() > 1:
+                whole = torch.empty_like(data)
+                mine = data.view(owners.size(), -1)[owners.rank()]
+                dist.all_gather_into_tensor(whole, mine.contiguous(), group=owners)
+                data = whole
+            for param in bucket.params_list:
+                start, end = bucket.param_to_index[param]
+                out[names[param]] = data[start:end].view(param.shape).clone()
+    return out
 
 
 def optimizer_settings(case):

@@ -25,15 +25,12 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
-from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature
-from .megatron_common import (MegatronTarget, cuda_on_cpu, megatron_training, optimizer_settings, patch_cuda,
-                              transformer_config, weight_decay_overrides)
+from .base import dtype_name, parallel, reduce_dtype_name, reduction_feature
+from .megatron_common import (MegatronTarget, cuda_on_cpu, ddp_settings, megatron_training, model_parallel,
+                              optimizer_settings, patch_cuda, reduced_grads, transformer_config, unsupported_training,
+                              weight_decay_overrides)
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
-
-
-#: The dtype megatron reduces gradients in, per compute dtype, with `grad_reduce_in_fp32` off and on.
-REDUCED_IN = {"f32": ("f32", "f32"), "bf16": ("bf16", "f32"), "f16": ("f16", "f32")}
 
 
 class MegatronDdp(MegatronTarget):
@@ -46,27 +43,12 @@ class MegatronDdp(MegatronTarget):
             return why
         if case["model"].get("sparse_embedding"):
             return "megatron's gradient buffers are dense: no sparse embedding gradient"
-        p = parallel(case)
-        if p["zero_stage"] not in (0, 1):
-            return "megatron's distributed optimizer shards optimizer state (ZeRO-1); gradients and parameters stay whole"
-        dt = dtype_name(case)
-        if dt == "f64":
-            # Measured: "TypeError: Wrapped parameters must be one of torch.cuda.FloatTensor, torch.cuda.HalfTensor,
-            # or torch.cuda.BFloat16Tensor. Received torch.cuda.DoubleTensor" (the distributed optimizer).
-            return "megatron-core's optimizers take fp32, fp16 and bf16 parameters only: f64 is not expressed"
-        if reduce_dtype_name(case) not in REDUCED_IN[dt]:
-            return f"megatron reduces {dt} gradients in {' or '.join(sorted(set(REDUCED_IN[dt])))} only"
-        if p["reduce_bucket"] is not None and p["reduce_bucket"] < 1:
-            return "megatron's bucket_size must be positive"
-        return None
+        return unsupported_training(case)
 
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
-        from megatron.core import parallel_state
-
         patch_cuda()
-        # (The optimizers ask for gloo copies of the data-parallel groups: on gloo ranks they are more gloo groups.)
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+        model_parallel(1)
 
     def run_rank(self, rank, world, case, inputs):
         with cuda_on_cpu():
@@ -83,14 +65,6 @@ class MegatronDdp(MegatronTarget):
         if reduce_dtype_name(case) != dtype_name(case):
             features.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         return combine_dp(case, outs, features)
-
-
-def ddp_settings(case):
-    """DistributedDataParallelConfig's arguments for the case."""
-    p = parallel(case)
-    return {"use_distributed_optimizer": p["zero_stage"] == 1,
-            "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
-            "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None)}
 
 
 def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
@@ -117,7 +91,7 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
 
     def grad(name, _p):
         if state["grads"] is None:
-            state["grads"] = reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"], world)
+            state["grads"] = reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"])
         return state["grads"][name]
 
     def step():
@@ -126,30 +100,6 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
 
     return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward, step=step,
                  clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad, forward=lambda ids: ddp(ids))
-
-
-def reduced_grads(ddp, distributed_optimizer, world):
-    """Every trainable parameter's reduced gradient by name, read from megatron's buffers after finish_grad_sync.
-    Under the distributed optimizer a rank holds the reduced values of its slice of each bucket only: the slices
-    are all-gathered (into a copy; the buffers stay as megatron left them)."""
-    import torch
-    import torch.distributed as dist
-
-    names = {p: n for n, p in ddp.module.named_parameters()}
-    out = {}
-    for group in list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups):
-        for bucket in group.buckets:
-            data = bucket.grad_data
-            if distributed_optimizer and world > 1:
-                owners = group.intra_distributed_optimizer_instance_group
-                whole = torch.empty_like(data)
-                mine = data.view(world, -1)[owners.rank()]
-                dist.all_gather_into_tensor(whole, mine.contiguous(), group=owners)
-                data = whole
-            for param in bucket.params_list:
-                start, end = bucket.param_to_index[param]
-                out[names[param]] = data[start:end].view(param.shape).clone()
-    return out
 
 
 TARGET = MegatronDdp()

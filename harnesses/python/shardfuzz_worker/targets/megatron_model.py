@@ -8,8 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
-from .megatron_common import cuda_on_cpu, megatron_training, optimizer_settings, transformer_config, weight_decay_overrides
+from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, loss_denominator, micro_batches, parallel,
+                   vocab_sharded_loss)
+from .megatron_common import (cuda_on_cpu, ddp_settings, megatron_training, optimizer_settings, reduced_grads,
+                              transformer_config, weight_decay_overrides)
 from .torch_common import torch_dtype
 from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
@@ -165,15 +167,17 @@ def case_view(name, t):
     return t.contiguous().numpy()
 
 
-def run(case, inputs, rank, tp):
-    """The case's training on this tensor-parallel rank: the megatron model in megatron's DistributedDataParallel
-    (one data-parallel rank), trained by megatron's optimizer (its gradient norm over the tensor-parallel group,
-    its clipping) under its parameter scheduler, finalize_model_grads after the micro-batches (the
-    sequence-parallel norms' partial gradients summed over tp there). Returns this rank's slices."""
-    from megatron.core import ModelParallelConfig
+def run(case, inputs):
+    """The case's training on this rank, under megatron's parallel state (megatron_common.model_parallel): the
+    megatron model's slices of this tensor-parallel rank in megatron's DistributedDataParallel over the data-parallel
+    replicas, trained by megatron's optimizer (its gradient norm, its clipping) under its parameter scheduler,
+    finalize_model_grads after the micro-batches (the sequence-parallel norms' partial gradients summed over tp
+    there). Returns this rank's slices, its tensor- and data-parallel ranks."""
+    from megatron.core import ModelParallelConfig, parallel_state
 
     m = model_defaults(case)
     sp = parallel(case)["sequence_parallel"]
+    tp, tp_rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
     dt = torch_dtype(dtype_name(case))
     cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
                               perform_initialization=False, params_dtype=dt)
@@ -181,25 +185,32 @@ def run(case, inputs, rank, tp):
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
     model = MegatronModel(m, cfg, tp, gathered).to(dt)  # (the plain norms are built in the default dtype)
-    load_local(model, inputs, rank, tp, dt)
+    load_local(model, inputs, tp_rank, tp, dt)
     with cuda_on_cpu():
-        return train_megatron(case, inputs, model, tp, gathered)
+        out = train_megatron(case, inputs, model, gathered)
+    return out | {"tp_rank": tp_rank, "dp_rank": parallel_state.get_data_parallel_rank()}
 
 
-def train_megatron(case, inputs, model, tp, gathered):
+def train_megatron(case, inputs, model, gathered):
+    """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
+    the other targets split it): each summed token loss scaled by dp / global tokens (megatron's DDP averages over
+    the replicas), no_sync on every micro-batch but the last."""
+    from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     m, t = model_defaults(case), case["train"]
-    # One data-parallel rank: megatron's default DDP settings.
+    tp, dp = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_data_parallel_world_size()
     config = transformer_config(next(model.parameters()).dtype, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1)
-    ddp, opt, schedule = megatron_training(case, model, config, {}, optimizer_settings(case), weight_decay_overrides(case))
+    settings = ddp_settings(case)
+    ddp, opt, schedule = megatron_training(case, model, config, settings, optimizer_settings(case),
+                                           weight_decay_overrides(case))
     named = list(model.named_parameters())
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
     counted = loss_denominator(inputs)
-    chunks = micro_batches(b, t.get("grad_accumulation", 1))
+    lo, hi = chunk_range(b, dp, parallel_state.get_data_parallel_rank())
+    chunks = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, t.get("grad_accumulation", 1))]
     losses, logits0, grads0 = [], None, {}
     for k in range(t["steps"]):
         ddp.zero_grad_buffer()
@@ -212,44 +223,57 @@ def train_megatron(case, inputs, model, tp, gathered):
                 if k == 0:
                     # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
                     rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
-                target = tgt[a:c].t().contiguous()
-                if gathered:
-                    l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
-                else:
-                    # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
-                    per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
-                    l = (per_token * (target != IGNORE_INDEX)).sum()
-                (l * (1.0 / counted)).backward()
+                l = token_loss_sum(logits, tgt[a:c].t().contiguous(), gathered)
+                (l * (dp / counted)).backward()
             loss_sum += l.detach().to(torch.float64)
         finalize_model_grads([ddp])
+        if dp > 1:
+            torch.distributed.all_reduce(loss_sum, group=parallel_state.get_data_parallel_group())
         losses.append(float(loss_sum) / counted)
         if k == 0:
             logits0 = torch.cat(rows).numpy()
-            for name, p in named:
-                grads0[name] = case_view(name, grad_or_fail(name, p.main_grad))
-        opt.step()  # megatron's clipping (its norm over the tensor-parallel group) and step
+            reduced = reduced_grads(ddp, settings["use_distributed_optimizer"])
+            grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, _ in named}
+        opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
         schedule.step(1)
     final = {name: case_view(name, p) for name, p in named}
-    return {"rows": (0, b * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+
+
+def token_loss_sum(logits, target, gathered):
+    """The micro-batch's summed token loss (ignored targets left out) from logits [s, b, v(/tp)], target [s, b]."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    if gathered:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
+    # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
+    per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
+    return (per_token * (target != IGNORE_INDEX)).sum()
 
 
 def assemble_outputs(case, outs):
-    """Per-rank slices -> per-rank results holding full tensors (sharded ones assembled, the same on every
-    rank; replicated ones each rank's own copy), the shape combine_dp expects."""
+    """Per-rank slices -> per-rank results holding full tensors (sharded ones assembled from the slices of the
+    rank's data-parallel replica; replicated ones each rank's own copy), the shape combine_dp expects."""
+    replicas = {}
+    for o in outs:
+        replicas.setdefault(o["dp_rank"], []).append(o)
     full = [dict(o) for o in outs]
-    # (Gathered logits are the whole vocabulary on every rank.)
-    logits = np.concatenate([o["logits"] for o in outs], axis=1) if vocab_sharded_loss(case, True) else outs[0]["logits"]
-    for kind in ("grads", "params"):
-        names = list(outs[0][kind])
-        merged = {}
-        for name in names:
-            d = shard_dim(name)
-            if d is not None:
-                merged[name] = np.concatenate([o[kind][name] for o in outs], axis=d)
-        for r, o in enumerate(outs):
-            full[r][kind] = {n: (merged[n] if n in merged else o[kind][n]) for n in names}
-    for f in full:
-        f["logits"] = logits
+    for r, o in enumerate(outs):
+        group = sorted(replicas[o["dp_rank"]], key=lambda x: x["tp_rank"])
+        full[r].update(assembled(case, group, o))
     full[0]["baseline"] = outs[0].get("baseline")
     return full
 
+
+def assembled(case, group, own):
+    """Logits, gradients and parameters of one rank: its replica's tensor-parallel slices (`group`, in tp order)
+    concatenated where sharded, its own (`own`) where replicated."""
+    # (Gathered logits are the whole vocabulary on every rank.)
+    out = {"logits": np.concatenate([o["logits"] for o in group], axis=1) if vocab_sharded_loss(case, True)
+           else own["logits"]}
+    for kind in ("grads", "params"):
+        out[kind] = {}
+        for name, v in own[kind].items():
+            d = shard_dim(name)
+            out[kind][name] = np.concatenate([o[kind][name] for o in group], axis=d) if d is not None else v
+    return out

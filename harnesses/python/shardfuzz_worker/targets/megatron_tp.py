@@ -1,4 +1,5 @@
-"""megatron-tp: the case's model built from megatron-core's tensor-parallel layers over tp = world ranks.
+"""megatron-tp: the case's model built from megatron-core's tensor-parallel layers over the case's tp ranks, times
+its dp data-parallel replicas (megatron's rank order: the tp ranks of one replica consecutive).
 
   embed        VocabParallelEmbedding (rows of the vocabulary per rank; reduce-scatter to the sequence-parallel
                region under sequence parallelism)
@@ -11,23 +12,22 @@
                they run on the rank's sequence chunk, are marked `sequence_parallel` and their gradients are
                summed over the tensor-parallel group by megatron's own finalize_model_grads helper.
 
-Activations are megatron's [s, b, h]. The model trains as megatron's training loop runs it on one data-parallel
-rank: in megatron's DistributedDataParallel, with megatron's optimizer for the case's (megatron_common; fp32 main
-parameters under bf16 / f16), its gradient norm over the tensor-parallel group (tensor-parallel parameters from
-every rank, replicated ones once) and its clipping, under its parameter scheduler, finalize_model_grads after the
-micro-batches; megatron's CUDA-only calls pointed at the CPU (megatron_common.cuda_on_cpu).
+Activations are megatron's [s, b, h]. The model trains as megatron's training loop runs it: each data-parallel
+replica on its rows of the batch, in megatron's DistributedDataParallel (ZeRO 1: its distributed optimizer; the
+case's bucket size, overlap and fp32 reduction as megatron-ddp maps them), with megatron's optimizer for the case's
+(megatron_common; fp32 main parameters under bf16 / f16), its gradient norm over the model- and data-parallel groups
+(tensor-parallel parameters from every rank, replicated ones once) and its clipping, under its parameter scheduler,
+finalize_model_grads after the micro-batches; megatron's CUDA-only calls pointed at the CPU
+(megatron_common.cuda_on_cpu).
 
-Sharded tensors are reported in full (each rank's slices assembled in `combine`); replicated tensors (norms,
-row-parallel biases) per rank as replicas.
+Sharded tensors are reported in full (each replica's tensor-parallel slices assembled in `combine`); replicated
+tensors (norms, row-parallel biases), and the assembled ones per replica, per rank as replicas.
 """
 
-from .base import dtype_name, parallel, vocab_sharded_loss
-from .megatron_common import MegatronTarget, patch_cuda
+from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
+from .megatron_common import MegatronTarget, model_parallel, patch_cuda, unsupported_training
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
-
-_STATE = {"tp": None}
-
 
 def _patch_cuda():
     """megatron-core asks torch.cuda for the device in its collectives and buffers: point it at the CPU. Its
@@ -44,12 +44,11 @@ class MegatronTp(MegatronTarget):
     name = "megatron-tp"
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("tp",), "megatron-tp runs tensor (and sequence) parallelism only")
+        why = unsupported_layout(case, ("tp", "dp"), "megatron-tp runs tensor (and sequence) and data parallelism only")
         if why:
             return why
-        p = parallel(case)
-        if p["zero_stage"] > 0:
-            return "megatron-tp has no ZeRO stage (no distributed optimizer)"
+        if case["model"].get("sparse_embedding"):
+            return "megatron's gradient buffers are dense: no sparse embedding gradient"
         if case.get("data", {}).get("class_weights"):
             return "megatron's vocab_parallel_cross_entropy takes no class weights"
         if dtype_name(case) == "f64":
@@ -57,6 +56,9 @@ class MegatronTp(MegatronTarget):
             # (measured: f64 cases diverge by ~3e-8 in loss and every gradient; with the cast patched out the
             # same cases pass at 0.04x the f64 noise, so the rest of the f64 path is exact).
             return "megatron's vocab_parallel_cross_entropy computes in fp32: f64 training is not expressed"
+        why = unsupported_training(case)
+        if why:
+            return why
         m = model_defaults(case)
         if m.get("tied_embeddings"):
             return "tied embeddings are not expressed by megatron-tp"
@@ -65,16 +67,12 @@ class MegatronTp(MegatronTarget):
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
         _patch_cuda()
-        from megatron.core import parallel_state
-
-        # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-        _STATE["tp"] = world
 
     def run_rank(self, rank, world, case, inputs):
         from .megatron_model import run
 
-        out = run(case, inputs, rank, world)
+        model_parallel(parallel(case)["tp"])
+        out = run(case, inputs)
         # The plain torch model on one device in the case dtype: the oracle's noise baseline.
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
@@ -85,7 +83,11 @@ class MegatronTp(MegatronTarget):
         p = parallel(case)
         full = assemble_outputs(case, outs)
         loss = "megatron:loss:" + ("vocab-parallel" if vocab_sharded_loss(case, True) else "gathered")
-        return combine_dp(case, full, [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}", loss])
+        features = [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}", loss]
+        if p["dp"] > 1 or p["zero_stage"]:
+            data = f"megatron:tp{p['tp']}:dp{p['dp']}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
+            features += [data, reduction_feature(data, case)]
+        return combine_dp(case, full, features)
 
 
 TARGET = MegatronTp()

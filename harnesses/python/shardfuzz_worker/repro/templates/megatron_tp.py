@@ -1,21 +1,21 @@
 # -------------------------------------------------------------- the sharded run
 
 
-def run_sharded(data, rank):
-    """megatron-core's tensor-parallel model (MegatronModel above) over the tp ranks, as the fuzzer's megatron-tp
-    ranks run it: megatron's parallel state over all ranks, torch.cuda pointed at the CPU, then the worker's megatron
-    training loop (run_megatron: megatron's DDP, optimizer and clipping) on the whole batch. Returns this rank's
-    slices."""
+def run_sharded(data):
+    """megatron-core's tensor-parallel model (MegatronModel above) over the tp ranks of each data-parallel replica,
+    as the fuzzer's megatron-tp ranks run it: megatron's parallel state over all ranks, torch.cuda pointed at the
+    CPU, then the worker's megatron training loop (run_megatron: megatron's DDP, optimizer and clipping) on the
+    replica's rows of the batch. Returns this rank's slices."""
     _patch_cuda()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD)
-    return run_megatron(CASE, data, rank, WORLD)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
+    return run_megatron(CASE, data)
 
 
 def run(rank):
-    """Rank 0 gathers the ranks' slices, assembles them as the fuzzer does (sharded tensors concatenated,
-    replicated ones from rank 0) and compares."""
+    """Rank 0 gathers the ranks' slices, assembles them as the fuzzer does (sharded tensors concatenated
+    per replica, replicated ones from rank 0) and compares."""
     data = load_blob()
-    mine = run_sharded(data, rank)
+    mine = run_sharded(data)
     outs = [None] * WORLD if rank == 0 else None
     dist.gather_object(mine, outs, dst=0)
     if rank != 0:
