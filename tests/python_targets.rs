@@ -1233,8 +1233,9 @@ fn colossalai_pipeline_crashes_on_a_frozen_tied_embedding() {
 
 /// megatron-tp over tensor- times data-parallel ranks: two tensor-parallel ranks with sequence parallelism in each of
 /// two replicas under megatron's distributed optimizer (7-element buckets, overlap, fp32 reduction under bf16,
-/// accumulation, clipping over both groups), and plain DDP over three replicas of an uneven batch (7 rows) with SGD;
-/// ZeRO-2 is no megatron layout.
+/// accumulation, clipping over both groups), plain DDP over three replicas of an uneven batch (7 rows) with SGD, and
+/// megatron's per-token loss (`calculate_per_token_loss`) over replicas with different token counts; ZeRO-2 is no
+/// megatron layout.
 #[test]
 fn megatron_tp_times_dp_trains_like_the_reference() {
     if !python_ready() {
@@ -1247,6 +1248,8 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
             "megatron:tp2:dp2:distributed-optimizer:bucket-tiny:overlap-on",
         ),
         ("tp2-dp3-ddp-uneven-batch-sgd-clip-f32.json", "megatron:tp2:dp3:ddp"),
+        // Megatron's per-token loss through its schedule: half the targets padding, so the replicas count differently.
+        ("tp2-dp2-per-token-loss-padding-accumulation-f32.json", "megatron:tp2:dp2:per-token-loss"),
     ] {
         let v = one_verdict("megatron-tp", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
@@ -1261,9 +1264,10 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
 
 /// megatron-core's DistributedDataParallel and its optimizer (megatron-ddp): the distributed optimizer over three
 /// uneven ranks with 7-element buckets (rank slices cut through parameters, the buffer padded), the reduction
-/// overlapped and in fp32 under bf16, accumulation, clipping and weight decay on every parameter; and plain DDP with
-/// tied embeddings, SGD and clipping, train as the reference does. The distributed optimizer's own refusal of SGD
-/// is `rejected`, and a halved or doubled tensor of a clean run is seen (bench sensitivity).
+/// overlapped and in fp32 under bf16, accumulation, clipping and weight decay on every parameter; plain DDP with
+/// tied embeddings, SGD and clipping; and megatron's per-token loss over ranks with different token counts, train as
+/// the reference does. The distributed optimizer's own refusal of SGD is `rejected`, and a halved or doubled tensor
+/// of a clean run is seen (bench sensitivity).
 #[test]
 fn megatron_ddp_and_its_distributed_optimizer_train_like_the_reference() {
     if !python_ready() {
@@ -1276,6 +1280,7 @@ fn megatron_ddp_and_its_distributed_optimizer_train_like_the_reference() {
             "megatron:dp3:distributed-optimizer:bf16-reduced-in-f32",
         ),
         ("dp2-ddp-tied-sgd-clip-f32.json", "megatron:dp2:ddp:bucket-default:overlap-default"),
+        ("dp3-distributed-optimizer-per-token-loss-scattered-bf16.json", "megatron:dp3:distributed-optimizer:per-token-loss"),
     ] {
         let v = one_verdict("megatron-ddp", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");

@@ -115,6 +115,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             loss_scale: None,
             resume_after: None,
             frozen: vec![],
+            per_token_loss: false,
         },
         data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },
     }

@@ -211,6 +211,9 @@ fn train_words(case: &Case) -> String {
     if t.grad_accumulation > 1 {
         s += &format!(", {} accumulation steps", t.grad_accumulation);
     }
+    if t.per_token_loss {
+        s += ", the loss normalised by the framework's per-token path (summed losses, gradients divided by the global token count)";
+    }
     if let Some(c) = &t.clip_grad_norm {
         s += &format!(", gradient clipping at {}", c.0);
     }

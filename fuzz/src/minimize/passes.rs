@@ -104,6 +104,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.resume_after.is_some(),
         !t.frozen.is_empty(),
         t.optimizer.no_decay_vectors,
+        t.per_token_loss,
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -203,6 +204,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.optimizer.no_decay_vectors {
         out.push(with(case, |c| c.train.optimizer.no_decay_vectors = false));
+    }
+    if case.train.per_token_loss {
+        out.push(with(case, |c| c.train.per_token_loss = false));
     }
     for i in 0..case.train.frozen.len() {
         out.push(with(case, |c| _ = c.train.frozen.remove(i)));

@@ -169,6 +169,13 @@ pub fn frozen(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The loss normalised by the framework's per-token path (summed losses, the gradients divided by the global
+/// token count after their reduction), or by each rank's scaled loss again.
+pub fn per_token_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    c.train.per_token_loss = !c.train.per_token_loss;
+    true
+}
+
 /// Weight decay on matrices only (biases and norm weights in a second parameter group without it), or on every
 /// parameter again; decay is switched on where the case had none.
 pub fn no_decay_vectors(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -83,7 +83,8 @@ def model_inputs(case):
     return inputs
 
 
-def model_case(name, parallel, steps=2, grad_accumulation=1, optimizer=None, dtype="f32", clip=None, **model):
+def model_case(name, parallel, steps=2, grad_accumulation=1, optimizer=None, dtype="f32", clip=None,
+               per_token_loss=False, **model):
     """A small dense model case (layernorm with bias, gelu) on `parallel` (what differs from dp = tp = pp = 1)."""
     m = {"vocab": 13, "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4, "batch": 4,
          "layers": ["attention", "mlp"], "norm": "layernorm", "activation": "gelu", "bias": True,
@@ -93,6 +94,8 @@ def model_case(name, parallel, steps=2, grad_accumulation=1, optimizer=None, dty
         train["grad_accumulation"] = grad_accumulation
     if clip is not None:
         train["clip_grad_norm"] = clip
+    if per_token_loss:
+        train["per_token_loss"] = True
     return {"schema": 1, "name": name, "parallel": {"dp": 1, "tp": 1, "pp": 1, **parallel}, "model": m,
             "train": train, "data": {"seed": 11, "distribution": "normal"}}
 
@@ -376,6 +379,26 @@ class MegatronTpDpReproTest(ModelReproChecks, unittest.TestCase):
     # micro-batches per replica (eps 1e-3: as MegatronDdpReproTest's).
     parallel = {"tp": 2, "dp": 2, "zero_stage": 1}
     options = {"vocab": 14, "grad_accumulation": 2, "optimizer": {"kind": "adam", "lr": 0.01, "eps": 1e-3}}
+
+
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class MegatronTpPerTokenReproTest(ModelReproChecks, unittest.TestCase):
+    target = "megatron-tp"
+    fault = "megatron-per-token-count-local"
+    extra_imports = ("megatron",)
+    # Megatron's per-token loss over two replicas of two tensor-parallel ranks, two micro-batches per replica.
+    parallel = {"tp": 2, "dp": 2}
+    options = {"vocab": 14, "grad_accumulation": 2, "per_token_loss": True}
+
+
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class MegatronDdpPerTokenReproTest(ModelReproChecks, unittest.TestCase):
+    target = "megatron-ddp"
+    fault = "megatron-per-token-count-local"
+    extra_imports = ("megatron",)
+    # Megatron's per-token loss under plain DDP over three uneven ranks (batch 7).
+    parallel = {"dp": 3}
+    options = {"per_token_loss": True, "batch": 7}
 
 
 @unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")

@@ -131,6 +131,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "max_live_parameters",
         "max_reuse_distance",
         "vocab_divisible_by",
+        "per_token_loss",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");
     }

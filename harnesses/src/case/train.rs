@@ -54,6 +54,13 @@ pub struct Train {
     /// leaves them unchanged (no weight decay). Where a target offers it; empty: every parameter trains.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen: Vec<String>,
+    /// The framework normalises the loss by the global token count itself, where a target offers it
+    /// (Megatron's `calculate_per_token_loss`): each rank backpropagates its summed token loss unscaled, the
+    /// gradients are summed over the data-parallel ranks, and the framework divides them by the count of
+    /// counted tokens all-reduced over those ranks. Absent (false): each rank scales its loss by dp / global
+    /// tokens before a gradient average. The same result (the global token mean) either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_token_loss: bool,
 }
 
 /// Whether the `train.frozen` entry `prefix` freezes the parameter `name` (itself or a module above it).

@@ -137,14 +137,14 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, times data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer)",
         env: Some(MAIN),
-        offers: &["vocab_loss", "reduce_bucket", "overlap_comm", "activation_checkpointing", "layer_passes"],
+        offers: &["vocab_loss", "reduce_bucket", "overlap_comm", "per_token_loss", "activation_checkpointing", "layer_passes"],
         create: |o| python("megatron-tp", MAIN, o),
     },
     TargetInfo {
         name: "megatron-ddp",
         description: "Megatron-core DistributedDataParallel + its optimizer over the data-parallel ranks: contiguous gradient buckets, the distributed optimizer (ZeRO-1), fp32 main parameters, gradient reduction in fp32",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "overlap_comm", "frozen", "activation_checkpointing", "layer_passes"],
+        offers: &["reduce_bucket", "overlap_comm", "frozen", "per_token_loss", "activation_checkpointing", "layer_passes"],
         create: |o| python("megatron-ddp", MAIN, o),
     },
     TargetInfo {

@@ -12,13 +12,13 @@ from .torch_model import producible, training_source  # noqa: F401 - producible:
 
 TARGET = "megatron-tp"
 
-IMPORTS = TORCH_IMPORTS.replace("import sys\n", "import sys\nimport types\n") + """
+IMPORTS = TORCH_IMPORTS.replace("import sys\n", "import functools\nimport sys\nimport types\n") + """
 from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "run", "train_megatron", "token_loss_sum", "assemble_outputs",
-                   "assembled")
+                   "load_local", "case_view", "run", "train_megatron", "MicroBatches", "token_loss_sum",
+                   "assemble_outputs", "assembled")
 
 
 def check(case):
@@ -44,7 +44,7 @@ def sources():
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",
                                           "transformer_config", "megatron_training", "ddp_settings",
-                                          "reduced_grads")
+                                          "reduced_grads", "per_token_loss")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(

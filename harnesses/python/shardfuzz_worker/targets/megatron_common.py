@@ -4,7 +4,7 @@ parameter scheduler) configured for a case."""
 import copy
 import os
 
-from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name
+from .base import IGNORE_INDEX, dtype_name, parallel, reduce_bucket, reduce_dtype_name
 from .torch_common import TorchTarget
 
 
@@ -96,7 +96,24 @@ def unsupported_training(case):
         return f"megatron reduces {dt} gradients in {' or '.join(sorted(set(REDUCED_IN[dt])))} only"
     if p["reduce_bucket"] is not None and p["reduce_bucket"] < 1:
         return "megatron's bucket_size must be positive"
+    if per_token_loss(case) and case.get("data", {}).get("class_weights"):
+        return "megatron's per-token loss divides by a count of tokens (num_tokens), not by class weights"
     return None
+
+
+def per_token_loss(case):
+    """Whether megatron normalises the loss itself (`calculate_per_token_loss`: summed losses, the reduced gradients
+    divided by the token count all-reduced over the data-parallel ranks in finalize_model_grads)."""
+    return bool(case["train"].get("per_token_loss"))
+
+
+def counted_tokens(case, inputs, lo, hi):
+    """The targets the loss counts (all but the ignored) in the batch rows [lo, hi): megatron's `num_tokens`."""
+    import numpy as np
+
+    m = case["model"]
+    targets = np.asarray(inputs["targets"]).reshape(m["batch"], m["seq"])[lo:hi]
+    return int((targets != IGNORE_INDEX).sum())
 
 
 def model_parallel(tp):
@@ -201,16 +218,17 @@ def constant_schedule(case, opt):
                                    wd_incr_style="constant")
 
 
-def transformer_config(dt, tp=1, sequence_parallel=False):
-    """The TransformerConfig megatron's DDP and finalize_model_grads read (tensor and sequence parallelism, the
-    mixed-precision switches); the model itself is the case's, so its sizes here are placeholders megatron's checks
-    accept."""
+def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False):
+    """The TransformerConfig megatron's DDP, schedules and finalize_model_grads read (tensor and sequence
+    parallelism, the mixed-precision switches, `calculate_per_token_loss`); the model itself is the case's, so its
+    sizes here are placeholders megatron's checks accept."""
     import torch
     from megatron.core.transformer import TransformerConfig
 
     return TransformerConfig(num_layers=1, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
                              sequence_parallel=sequence_parallel, use_cpu_initialization=True, params_dtype=dt,
-                             bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
+                             bf16=dt == torch.bfloat16, fp16=dt == torch.float16,
+                             calculate_per_token_loss=per_token_loss)
 
 
 def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides):

@@ -8,8 +8,10 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
   reduce_bucket  `bucket_size` (elements per bucket; absent: megatron's own choice)
   overlap_comm   `overlap_grad_reduce` (a bucket's collective starts as soon as its last gradient is ready)
   reduce_dtype   f32 under bf16 / f16 compute: `grad_reduce_in_fp32` (gradients accumulated and reduced in fp32)
+  per_token_loss `calculate_per_token_loss`: each rank backpropagates its summed token loss, the gradients are summed
+                 (no 1/dp) and finalize_model_grads divides them by the token count all-reduced over the ranks
 
-Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum). Micro-batches run under the
+Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum; per-token: see above). Micro-batches run under the
 DDP's `no_sync`, `finalize_model_grads` (`finish_grad_sync` and what follows it) after the last, as megatron's
 training loop does. bf16 and f16 training keep fp32 main parameters (megatron's mixed-precision optimizer; f16
 with a constant loss scale of 1, so nothing is scaled): the reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding
@@ -25,10 +27,10 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
-from .base import dtype_name, parallel, reduce_dtype_name, reduction_feature
-from .megatron_common import (MegatronTarget, cuda_on_cpu, ddp_settings, megatron_training, model_parallel,
-                              optimizer_settings, patch_cuda, reduced_grads, transformer_config, unsupported_training,
-                              weight_decay_overrides)
+from .base import chunk_range, dtype_name, parallel, reduce_dtype_name, reduction_feature
+from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, ddp_settings, megatron_training,
+                              model_parallel, optimizer_settings, patch_cuda, per_token_loss, reduced_grads,
+                              transformer_config, unsupported_training, weight_decay_overrides)
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -64,6 +66,8 @@ class MegatronDdp(MegatronTarget):
         features = [prefix, reduction_feature(prefix, case)]
         if reduce_dtype_name(case) != dtype_name(case):
             features.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
+        if per_token_loss(case):
+            features.append(f"{prefix}:per-token-loss")
         return combine_dp(case, outs, features)
 
 
@@ -72,13 +76,17 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
     optimizer from their configs' arguments (megatron_common.megatron_training), no_sync on every micro-batch but the last,
     finalize_model_grads after it, the scheduler stepped with the optimizer. Step-0 gradients from megatron's
     buffers (reduced_grads)."""
+    import torch
     from megatron.core.distributed import finalize_model_grads
 
-    config = transformer_config(next(model.parameters()).dtype)
+    per_token = per_token_loss(case)
+    config = transformer_config(next(model.parameters()).dtype, per_token_loss=per_token)
     ddp, opt, schedule = megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides)
     named = list(model.named_parameters())
     ga = case["train"].get("grad_accumulation", 1)
     state = {"micro": 0, "grads": None}
+    # Per-token: each rank's summed loss unscaled, and its count of loss tokens for megatron to all-reduce.
+    tokens = counted_tokens(case, inputs, *chunk_range(case["model"]["batch"], world, rank)) if per_token else None
 
     def backward(loss):
         if state["micro"] % ga == 0:
@@ -87,7 +95,8 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
         loss.backward()
         state["micro"] += 1
         if state["micro"] % ga == 0:
-            finalize_model_grads([ddp])  # megatron's own step: finish_grad_sync and what follows it
+            # megatron's own step: finish_grad_sync and what follows it (per-token: the division by all tokens)
+            finalize_model_grads([ddp], None if tokens is None else torch.tensor(tokens, dtype=torch.int))
 
     def grad(name, _p):
         if state["grads"] is None:
@@ -99,7 +108,8 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
         schedule.step(1)
 
     return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward, step=step,
-                 clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad, forward=lambda ids: ddp(ids))
+                 clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad, forward=lambda ids: ddp(ids),
+                 loss_seed=(lambda loss: loss) if per_token else None)
 
 
 TARGET = MegatronDdp()

@@ -1,7 +1,7 @@
 """The case's model from megatron-core tensor-parallel layers (see megatron_tp.py), its training loop on one
 tensor-parallel rank, and the assembly of the ranks' slices into full case-layout tensors."""
 
-import contextlib
+import functools
 
 import numpy as np
 import torch
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, loss_denominator, micro_batches, parallel,
                    vocab_sharded_loss)
-from .megatron_common import (cuda_on_cpu, ddp_settings, megatron_training, optimizer_settings, reduced_grads,
-                              transformer_config, weight_decay_overrides)
+from .megatron_common import (cuda_on_cpu, ddp_settings, megatron_training, optimizer_settings, per_token_loss,
+                              reduced_grads, transformer_config, weight_decay_overrides)
 from .torch_common import torch_dtype
 from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
@@ -108,8 +108,10 @@ class Block(nn.Module):
 class MegatronModel(nn.Module):
     def __init__(self, m, cfg, tp, gather=False):
         super().__init__()
+        from megatron.core.enums import ModelType
         from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 
+        self.model_type = ModelType.encoder_or_decoder  # (what megatron's schedules ask a model)
         self.sp = cfg.sequence_parallel
         self.recompute = m.get("activation_checkpointing")
         self.passes = m.get("layer_passes", 1)
@@ -132,6 +134,9 @@ class MegatronModel(nn.Module):
         for layer in block_sequence(self.layers, self.passes):
             x = self.run_block(layer, x)
         return self.lm_head(self.final_norm(x))[0]
+
+    def set_input_tensor(self, _tensor):
+        """megatron's schedules hand each stage its input here: one stage, the token ids of forward()."""
 
     def run_block(self, layer, x):
         """A block, under Megatron's own re-entrant activation checkpoint (`tensor_parallel.checkpoint`, what its
@@ -193,51 +198,80 @@ def run(case, inputs):
 
 def train_megatron(case, inputs, model, gathered):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
-    the other targets split it): each summed token loss scaled by dp / global tokens (megatron's DDP averages over
-    the replicas), no_sync on every micro-batch but the last."""
+    the other targets split it): megatron's schedule (forward_backward_no_pipelining: no_sync on every micro-batch
+    but the last, the optimizer's loss scale, finalize_model_grads) over the micro-batches, then the optimizer and
+    scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by dp / global tokens
+    (megatron's DDP averages over the replicas); with it megatron normalises (`calculate_per_token_loss`)."""
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     m, t = model_defaults(case), case["train"]
     tp, dp = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_data_parallel_world_size()
-    config = transformer_config(next(model.parameters()).dtype, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1)
+    per_token = per_token_loss(case)
+    config = transformer_config(next(model.parameters()).dtype, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1,
+                                per_token)
     settings = ddp_settings(case)
     ddp, opt, schedule = megatron_training(case, model, config, settings, optimizer_settings(case),
                                            weight_decay_overrides(case))
+    config.no_sync_func, config.finalize_model_grads_func = ddp.no_sync, finalize_model_grads
+    config.grad_scale_func = opt.scale_loss
     named = list(model.named_parameters())
     b, s = m["batch"], m["seq"]
-    ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
-    tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    counted = loss_denominator(inputs)
     lo, hi = chunk_range(b, dp, parallel_state.get_data_parallel_rank())
     chunks = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, t.get("grad_accumulation", 1))]
+    batch = MicroBatches(case, inputs, gathered, per_token, dp * len(chunks) / loss_denominator(inputs))
     losses, logits0, grads0 = [], None, {}
     for k in range(t["steps"]):
         ddp.zero_grad_buffer()
         opt.zero_grad()
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        rows = []
-        for i, (a, c) in enumerate(chunks):
-            with ddp.no_sync() if i < len(chunks) - 1 else contextlib.nullcontext():
-                logits = ddp(ids[a:c])  # [s, bc, v / tp]
-                if k == 0:
-                    # Before the loss: vocab_parallel_cross_entropy works in place on fp32 logits.
-                    rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
-                l = token_loss_sum(logits, tgt[a:c].t().contiguous(), gathered)
-                (l * (dp / counted)).backward()
-            loss_sum += l.detach().to(torch.float64)
-        finalize_model_grads([ddp])
+        batch.start(keep_logits=k == 0)
+        get_forward_backward_func()(forward_step_func=batch.forward_step, data_iterator=iter(chunks), model=ddp,
+                                    num_microbatches=len(chunks), seq_length=s, micro_batch_size=1)
+        loss_sum = torch.stack(batch.sums).sum() if batch.sums else torch.zeros((), dtype=torch.float64)
         if dp > 1:
             torch.distributed.all_reduce(loss_sum, group=parallel_state.get_data_parallel_group())
-        losses.append(float(loss_sum) / counted)
+        losses.append(float(loss_sum) / loss_denominator(inputs))
         if k == 0:
-            logits0 = torch.cat(rows).numpy()
+            logits0 = torch.cat(batch.rows).numpy()
             reduced = reduced_grads(ddp, settings["use_distributed_optimizer"])
             grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, _ in named}
         opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
         schedule.step(1)
     final = {name: case_view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+
+
+class MicroBatches:
+    """megatron's `forward_step_func` over the case's micro-batches (row ranges the schedule's data iterator
+    yields): the model's logits and a loss function as megatron's pretraining scripts write them, in fp32. Per-token:
+    (summed loss, counted tokens, {}) for megatron to normalise; otherwise (summed loss x `scale` x micro-batches,
+    {}), which megatron's schedule divides by the micro-batch count. Keeps each micro-batch's summed loss (float64)
+    and, on request, its logits (float64, before the loss: megatron's vocab-parallel loss works in place)."""
+
+    def __init__(self, case, inputs, gathered, per_token, scale):
+        m = case["model"]
+        self.ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(m["batch"], m["seq"])
+        self.targets = torch.tensor(inputs["targets"].astype(np.int64)).view(m["batch"], m["seq"])
+        self.gathered, self.per_token, self.scale = gathered, per_token, scale
+        self.sums, self.rows = [], None
+
+    def start(self, keep_logits):
+        self.sums, self.rows = [], [] if keep_logits else None
+
+    def forward_step(self, data_iterator, model):
+        a, c = next(data_iterator)
+        logits = model(self.ids[a:c])  # [s, bc, v / tp]
+        if self.rows is not None:
+            self.rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
+        return logits, functools.partial(self.loss, self.targets[a:c].t().contiguous())
+
+    def loss(self, target, logits):
+        l = token_loss_sum(logits, target, self.gathered).float()
+        self.sums.append(l.detach().to(torch.float64))
+        if self.per_token:
+            return l, torch.tensor(int((target != IGNORE_INDEX).sum()), dtype=torch.int), {}
+        return l * self.scale, {}
 
 
 def token_loss_sum(logits, target, gathered):

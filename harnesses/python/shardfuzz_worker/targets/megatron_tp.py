@@ -25,7 +25,7 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 """
 
 from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
-from .megatron_common import MegatronTarget, model_parallel, patch_cuda, unsupported_training
+from .megatron_common import MegatronTarget, model_parallel, patch_cuda, per_token_loss, unsupported_training
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
 
@@ -87,6 +87,8 @@ class MegatronTp(MegatronTarget):
         if p["dp"] > 1 or p["zero_stage"]:
             data = f"megatron:tp{p['tp']}:dp{p['dp']}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
             features += [data, reduction_feature(data, case)]
+        if per_token_loss(case):
+            features.append(f"megatron:tp{p['tp']}:dp{p['dp']}:per-token-loss")
         return combine_dp(case, full, features)
 
 

@@ -31,7 +31,7 @@ def dense(t):
 
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
-          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None):
+          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `step()` may return whether the framework's own loss scaler skipped the step.
@@ -41,7 +41,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     case's `resume_after` steps (the model, and `opt`, this loop's optimizer, or the framework's own when `step` is
     given and `opt` is None), reloads it into fresh objects (which `forward`, `backward`, `step` and `no_sync` then
     reach) and returns the new (`named` parameters, optimizer or None); a target without one runs the case
-    uninterrupted (the same result).
+    uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
+    loss (default: l x dp / global tokens; a framework that normalises the loss itself takes it unscaled).
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -75,7 +76,9 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
                 logits = (forward or model)(ids[a:c])
                 l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
                                     weight=class_weight(inputs, logits.dtype))
-                if t.get("loss_scale") is None:
+                if loss_seed is not None:
+                    scaled = loss_seed(l)
+                elif t.get("loss_scale") is None:
                     scaled = l * (dp / global_tokens)
                 else:
                     # Scaled in float32, as under autocast: a float16 loss times 65536 is inf by

@@ -23,6 +23,9 @@ Put this folder on PYTHONPATH and set SHARDFUZZ_TEST_FAULT; every Python process
                         megatron-core's DistributedDataParallel skips each gradient bucket's 1/dp scaling before its
                         all-reduce or reduce-scatter (_ParamAndGradBucketGroup.start_grad_sync): gradients summed over
                         the data-parallel ranks instead of averaged.
+  megatron-per-token-count-local
+                        megatron-core's finalize_model_grads divides the gradients by each rank's own count of loss
+                        tokens instead of the count all-reduced over the data-parallel ranks (per-token loss).
   deepspeed-reduce-half every SUM reduction DeepSpeed issues through its torch comm backend
                         (deepspeed.comm.torch.TorchBackend: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
                         reduce_scatter_tensor; ZeRO's gradient reductions) yields half the sum.
@@ -187,6 +190,20 @@ def _megatron_ddp_grads_summed(module):
     group.start_grad_sync = summed
 
 
+def _megatron_per_token_count_local(module):
+    finalize = module.finalize_model_grads
+
+    def counted_locally(model, num_tokens=None, *args, **kwargs):
+        local = None if num_tokens is None else num_tokens.clone()
+        finalize(model, num_tokens, *args, **kwargs)
+        if local is not None:
+            # (num_tokens was all-reduced in place: undo the global division, divide by the local count.)
+            for chunk in model:
+                chunk.scale_gradients(float(num_tokens) / max(float(local), 1.0))
+
+    module.finalize_model_grads = counted_locally
+
+
 #: Fault name -> (module to patch once it has been executed, patch).
 FAULTS = {
     "dtensor-partial-half": ("torch.distributed.tensor.placement_types", _halve_partial_reductions),
@@ -197,6 +214,8 @@ FAULTS = {
     "ddp-avg-off-by-one": ("torch.nn.parallel.distributed", _ddp_average_off_by_one),
     "megatron-reduce-half": ("megatron.core.tensor_parallel.mappings", _halve_megatron_reduce),
     "megatron-ddp-grads-summed": ("megatron.core.distributed.param_and_grad_buffer", _megatron_ddp_grads_summed),
+    "megatron-per-token-count-local": ("megatron.core.distributed.finalize_model_grads",
+                                       _megatron_per_token_count_local),
     "deepspeed-reduce-half": ("deepspeed.comm.torch", _halve_deepspeed_reductions),
 }
 
