@@ -1234,8 +1234,8 @@ fn colossalai_pipeline_crashes_on_a_frozen_tied_embedding() {
 /// megatron-tp over tensor- times data-parallel ranks: two tensor-parallel ranks with sequence parallelism in each of
 /// two replicas under megatron's distributed optimizer (7-element buckets, overlap, fp32 reduction under bf16,
 /// accumulation, clipping over both groups), plain DDP over three replicas of an uneven batch (7 rows) with SGD, and
-/// megatron's per-token loss (`calculate_per_token_loss`) over replicas with different token counts; ZeRO-2 is no
-/// megatron layout.
+/// megatron's per-token loss (`calculate_per_token_loss`) over replicas with different token counts, and tied
+/// embeddings under sequence parallelism; ZeRO-2 is no megatron layout.
 #[test]
 fn megatron_tp_times_dp_trains_like_the_reference() {
     if !python_ready() {
@@ -1250,6 +1250,8 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
         ("tp2-dp3-ddp-uneven-batch-sgd-clip-f32.json", "megatron:tp2:dp3:ddp"),
         // Megatron's per-token loss through its schedule: half the targets padding, so the replicas count differently.
         ("tp2-dp2-per-token-loss-padding-accumulation-f32.json", "megatron:tp2:dp2:per-token-loss"),
+        // Tied embeddings as megatron's GPTModel ties them: the LM head takes the embedding's vocabulary shard.
+        ("tp2-dp2-tied-embeddings-sp-distributed-optimizer-bf16.json", "megatron:tp2:dp2:distributed-optimizer"),
     ] {
         let v = one_verdict("megatron-tp", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");

@@ -119,8 +119,11 @@ class MegatronModel(nn.Module):
                                             reduce_scatter_embeddings=self.sp)
         self.layers = nn.ModuleList(Block(m, k, cfg, tp) for k in m["layers"])
         self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
+        # Tied embeddings as megatron's GPTModel ties them on one stage: an LM head without a weight of its own
+        # (skip_weight_param_allocation), handed the embedding's vocabulary shard at every forward.
+        self.tied = m.get("tied_embeddings", False)
         self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
-                                            gather_output=gather)
+                                            gather_output=gather, skip_weight_param_allocation=self.tied)
         if self.sp:
             # What megatron's LayerNorm wrappers do: norms see a sequence chunk; their grads are summed over tp.
             for name, p in self.named_parameters():
@@ -133,7 +136,7 @@ class MegatronModel(nn.Module):
             x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
         for layer in block_sequence(self.layers, self.passes):
             x = self.run_block(layer, x)
-        return self.lm_head(self.final_norm(x))[0]
+        return self.lm_head(self.final_norm(x), weight=self.embed.weight if self.tied else None)[0]
 
     def set_input_tensor(self, _tensor):
         """megatron's schedules hand each stage its input here: one stage, the token ids of forward()."""

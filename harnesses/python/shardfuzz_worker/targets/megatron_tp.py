@@ -7,7 +7,9 @@ its dp data-parallel replicas (megatron's rank order: the tp ranks of one replic
   o            RowParallelLinear(input_is_parallel=True)
   up, gate     ColumnParallelLinear;  down  RowParallelLinear(input_is_parallel=True)
   lm_head      ColumnParallelLinear(gather_output=False) + tensor_parallel.vocab_parallel_cross_entropy, or, where
-               the case's `vocab_loss` is `gathered`, ColumnParallelLinear(gather_output=True) + the plain loss
+               the case's `vocab_loss` is `gathered`, ColumnParallelLinear(gather_output=True) + the plain loss;
+               tied embeddings as megatron's GPTModel ties them on one stage: the LM head allocates no weight
+               (skip_weight_param_allocation) and takes the embedding's vocabulary shard at every forward
   norms        plain LayerNorm / RMSNorm (eps 1e-5) as torch_model.Norm, replicated; under sequence parallelism
                they run on the rank's sequence chunk, are marked `sequence_parallel` and their gradients are
                summed over the tensor-parallel group by megatron's own finalize_model_grads helper.
@@ -26,7 +28,7 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 
 from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
 from .megatron_common import MegatronTarget, model_parallel, patch_cuda, per_token_loss, unsupported_training
-from .torch_model import model_defaults, unsupported_layout
+from .torch_model import unsupported_layout
 from .torch_training import combine_dp, single_device
 
 def _patch_cuda():
@@ -59,9 +61,6 @@ class MegatronTp(MegatronTarget):
         why = unsupported_training(case)
         if why:
             return why
-        m = model_defaults(case)
-        if m.get("tied_embeddings"):
-            return "tied embeddings are not expressed by megatron-tp"
         return None
 
     def init_rank(self, rank, world, timeout_s):
