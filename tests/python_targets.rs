@@ -1059,6 +1059,7 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
     for (target, case, feature) in [
         ("torch-ddp", "dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json", "ddp:dp2"),
         ("megatron-ddp", "dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json", "megatron:dp2:ddp"),
+        ("megatron-tp", "tp2-dp2-frozen-embedding-and-first-layer-distributed-optimizer-sp-bf16.json", "megatron:tp2:sp1"),
         ("torch-fsdp2", "dp2-zero3-frozen-mlp-and-attention-adamw-clip-bf16.json", "fsdp2:dp2:zero3"),
         ("deepspeed-zero", "dp2-zero3-frozen-first-layer-adamw-clip-accumulation-bf16.json", "deepspeed:dp2:zero3"),
         ("colossalai-zero", "dp2-zero2-frozen-embedding-and-first-layer-adamw-clip-f32.json", "colossalai:dp2:zero2"),

@@ -137,7 +137,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, times data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer)",
         env: Some(MAIN),
-        offers: &["vocab_loss", "reduce_bucket", "overlap_comm", "per_token_loss", "activation_checkpointing", "layer_passes"],
+        offers: &["vocab_loss", "reduce_bucket", "overlap_comm", "per_token_loss", "frozen", "activation_checkpointing", "layer_passes"],
         create: |o| python("megatron-tp", MAIN, o),
     },
     TargetInfo {

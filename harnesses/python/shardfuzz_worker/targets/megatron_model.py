@@ -13,7 +13,7 @@ from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, loss_den
 from .megatron_common import (cuda_on_cpu, ddp_settings, megatron_training, optimizer_settings, per_token_loss,
                               reduced_grads, transformer_config, weight_decay_overrides)
 from .torch_common import torch_dtype
-from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
+from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, freeze, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
 COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
@@ -194,6 +194,7 @@ def run(case, inputs):
     gathered = not vocab_sharded_loss(case, True)
     model = MegatronModel(m, cfg, tp, gathered).to(dt)  # (the plain norms are built in the default dtype)
     load_local(model, inputs, tp_rank, tp, dt)
+    freeze(model, case)  # (before megatron's DDP wraps it: a frozen parameter gets no gradient buffer)
     with cuda_on_cpu():
         out = train_megatron(case, inputs, model, gathered)
     return out | {"tp_rank": tp_rank, "dp_rank": parallel_state.get_data_parallel_rank()}
@@ -238,7 +239,7 @@ def train_megatron(case, inputs, model, gathered):
         if k == 0:
             logits0 = torch.cat(batch.rows).numpy()
             reduced = reduced_grads(ddp, settings["use_distributed_optimizer"])
-            grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, _ in named}
+            grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, p in named if p.requires_grad}
         opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
         schedule.step(1)
     final = {name: case_view(name, p) for name, p in named}

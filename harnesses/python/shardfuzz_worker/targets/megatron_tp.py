@@ -44,6 +44,7 @@ def _patch_cuda():
 
 class MegatronTp(MegatronTarget):
     name = "megatron-tp"
+    freezes = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp", "dp"), "megatron-tp runs tensor (and sequence) and data parallelism only")
