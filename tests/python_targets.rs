@@ -1235,8 +1235,9 @@ fn colossalai_pipeline_crashes_on_a_frozen_tied_embedding() {
 /// megatron-tp over tensor- times data-parallel ranks: two tensor-parallel ranks with sequence parallelism in each of
 /// two replicas under megatron's distributed optimizer (7-element buckets, overlap, fp32 reduction under bf16,
 /// accumulation, clipping over both groups), plain DDP over three replicas of an uneven batch (7 rows) with SGD, and
-/// megatron's per-token loss (`calculate_per_token_loss`) over replicas with different token counts, and tied
-/// embeddings under sequence parallelism; ZeRO-2 is no megatron layout.
+/// megatron's per-token loss (`calculate_per_token_loss`) over replicas with different token counts, tied
+/// embeddings under sequence parallelism, and pipeline stages under megatron's 1F1B schedule; ZeRO-2 is no megatron
+/// layout, GPipe no megatron schedule.
 #[test]
 fn megatron_tp_times_dp_trains_like_the_reference() {
     if !python_ready() {
@@ -1253,6 +1254,10 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
         ("tp2-dp2-per-token-loss-padding-accumulation-f32.json", "megatron:tp2:dp2:per-token-loss"),
         // Tied embeddings as megatron's GPTModel ties them: the LM head takes the embedding's vocabulary shard.
         ("tp2-dp2-tied-embeddings-sp-distributed-optimizer-bf16.json", "megatron:tp2:dp2:distributed-optimizer"),
+        // Megatron's 1F1B pipeline schedule: tp2 x pp2 with accumulation and clipping; pp2 x dp2 under the distributed
+        // optimizer with three micro-batches of uneven rows (shapes sent between stages).
+        ("tp2-pp2-1f1b-accumulation-clip-f32.json", "megatron:tp2:pp2:dp1:1f1b"),
+        ("pp2-dp2-distributed-optimizer-uneven-microbatches-sp-bf16.json", "megatron:tp1:pp2:dp2:1f1b"),
     ] {
         let v = one_verdict("megatron-tp", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
@@ -1263,6 +1268,8 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
     std::fs::write(&path, text.replace("\"zero_stage\": 0", "\"zero_stage\": 2")).unwrap();
     let v = one_verdict("megatron-tp", &path, "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("ZeRO-1"), "{v}");
+    let v = one_verdict("megatron-tp", &root().join("corpus/pp2-gpipe.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("1F1B"), "{v}");
 }
 
 /// megatron-core's DistributedDataParallel and its optimizer (megatron-ddp): the distributed optimizer over three

@@ -382,6 +382,19 @@ class MegatronTpDpReproTest(ModelReproChecks, unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class MegatronTpPipelineReproTest(ModelReproChecks, unittest.TestCase):
+    target = "megatron-tp"
+    fault = "megatron-reduce-half"
+    extra_imports = ("megatron",)
+    # Two pipeline stages of two tensor-parallel ranks, megatron's 1F1B schedule over two micro-batches.
+    parallel = {"tp": 2, "pp": 2, "microbatches": 2, "pipeline_schedule": "1f1b"}
+    options = {"vocab": 14}
+
+    def test_the_command_runs_one_process_per_rank(self):
+        self.assertEqual(self.generated["model"][1], "torchrun --nproc_per_node 4 repro.py")
+
+
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
 class MegatronTpPerTokenReproTest(ModelReproChecks, unittest.TestCase):
     target = "megatron-tp"
     fault = "megatron-per-token-count-local"

@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "run", "train_megatron", "MicroBatches", "token_loss_sum",
+                   "load_local", "case_view", "run", "train_megatron", "MicroBatches", "micro_batch_count", "token_loss_sum",
                    "assemble_outputs", "assembled")
 
 
@@ -63,9 +63,9 @@ def sources():
 def describe(case):
     p = parallel(case)
     sp = ", sequence parallel" if p["sequence_parallel"] else ""
-    data = ""
+    data = f" x pp={p['pp']} pipeline stages (megatron's 1F1B schedule, {p['microbatches']} micro-batches)" if p["pp"] > 1 else ""
     if p["dp"] > 1 or p["zero_stage"]:
-        data = (f" x dp={p['dp']} data-parallel replicas in megatron's DistributedDataParallel"
+        data += (f" x dp={p['dp']} data-parallel replicas in megatron's DistributedDataParallel"
                 + (" with its distributed optimizer" if p["zero_stage"] else ""))
     return [
         f"megatron-core tensor parallelism (VocabParallelEmbedding, Column/RowParallelLinear,"
@@ -78,11 +78,11 @@ def describe(case):
 def generate(case, inputs, bounds, dropped):
     arrays = model_arrays(case, inputs, TARGET)
     p = parallel(case)
-    command = f"torchrun --nproc_per_node {p['tp'] * p['dp']} repro.py"
+    command = f"torchrun --nproc_per_node {p['tp'] * p['dp'] * p['pp']} repro.py"
     config = [
         rule("the case"),
         literal("CASE", case),
-        f"TP = {p['tp']}\nWORLD = {p['tp'] * p['dp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"TP = {p['tp']}\nPP = {p['pp']}\nWORLD = {p['tp'] * p['dp'] * p['pp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         model_line(case),
         literal("BOUNDS", bounds),
     ]

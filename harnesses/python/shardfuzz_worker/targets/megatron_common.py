@@ -61,6 +61,7 @@ def patch_cuda():
 
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # (after pipeline sends: done when they return here)
 
 
 class _NoStream:
@@ -116,25 +117,26 @@ def counted_tokens(case, inputs, lo, hi):
     return int((targets != IGNORE_INDEX).sum())
 
 
-def model_parallel(tp):
-    """megatron's parallel state for tensor-parallel degree `tp` over all ranks (data parallelism: the rest), as
-    `initialize_model_parallel` builds it. Every rank calls it with the same `tp` (it creates groups). Each
-    layout's groups are built once and kept: switching back restores them (megatron's own teardown destroys
-    groups, and a campaign alternates between a few layouts)."""
+def model_parallel(tp, pp=1):
+    """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` over all ranks (data
+    parallelism: the rest), as `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it
+    creates groups). Each layout's groups are built once and kept: switching back restores them (megatron's own
+    teardown destroys groups, and a campaign alternates between a few layouts)."""
     from megatron.core import parallel_state as ps
 
-    if _LAYOUTS["current"] == tp:
+    layout = (tp, pp)
+    if _LAYOUTS["current"] == layout:
         return
     if _LAYOUTS["pristine"] is None:
         _LAYOUTS["pristine"] = _state_of(ps)
-    if tp in _LAYOUTS:
-        _restore(ps, _LAYOUTS[tp])
+    if layout in _LAYOUTS:
+        _restore(ps, _LAYOUTS[layout])
     else:
         _restore(ps, _LAYOUTS["pristine"])
         # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-        _LAYOUTS[tp] = _state_of(ps)
-    _LAYOUTS["current"] = tp
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        _LAYOUTS[layout] = _state_of(ps)
+    _LAYOUTS["current"] = layout
 
 
 def _state_of(module):
@@ -218,14 +220,19 @@ def constant_schedule(case, opt):
                                    wd_incr_style="constant")
 
 
-def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False):
+def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, pp=1):
     """The TransformerConfig megatron's DDP, schedules and finalize_model_grads read (tensor and sequence
     parallelism, the mixed-precision switches, `calculate_per_token_loss`); the model itself is the case's, so its
     sizes here are placeholders megatron's checks accept."""
     import torch
     from megatron.core.transformer import TransformerConfig
 
-    return TransformerConfig(num_layers=1, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
+    # (Between pipeline stages megatron sends each tensor's shape first, `variable_seq_lengths`: the placeholder
+    # sizes never shape a message, and micro-batches may differ by a row. Its config accepts that only with the
+    # all-to-all MoE token dispatcher, which a model without experts never runs.)
+    return TransformerConfig(num_layers=pp, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
+                             pipeline_model_parallel_size=pp, pipeline_dtype=dt, variable_seq_lengths=pp > 1,
+                             moe_token_dispatcher_type="alltoall" if pp > 1 else "allgather",
                              sequence_parallel=sequence_parallel, use_cpu_initialization=True, params_dtype=dt,
                              bf16=dt == torch.bfloat16, fp16=dt == torch.float16,
                              calculate_per_token_loss=per_token_loss)

@@ -106,40 +106,60 @@ class Block(nn.Module):
 
 
 class MegatronModel(nn.Module):
-    def __init__(self, m, cfg, tp, gather=False):
+    """The case's model, or the blocks of one pipeline stage of it (`stage` = (rank, stages): the blocks split
+    evenly by megatron's `divide`, the embedding on the first stage, the final norm and LM head on the last; block
+    names stay the case's, `layers.{i}`)."""
+
+    def __init__(self, m, cfg, tp, gather=False, stage=(0, 1)):
         super().__init__()
         from megatron.core.enums import ModelType
         from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
+        from megatron.core.utils import divide
 
         self.model_type = ModelType.encoder_or_decoder  # (what megatron's schedules ask a model)
+        rank, stages = stage
+        self.pre_process, self.post_process = rank == 0, rank == stages - 1
+        self.share_embeddings_and_output_weights = False  # (across stages: tied embeddings run on one stage)
+        self.input_tensor = None
         self.sp = cfg.sequence_parallel
         self.recompute = m.get("activation_checkpointing")
         self.passes = m.get("layer_passes", 1)
-        self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
-                                            reduce_scatter_embeddings=self.sp)
-        self.layers = nn.ModuleList(Block(m, k, cfg, tp) for k in m["layers"])
-        self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
+        if self.pre_process:
+            self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
+                                                reduce_scatter_embeddings=self.sp)
+        per = divide(len(m["layers"]), stages)
+        self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp) for i in range(rank * per, (rank + 1) * per)})
         # Tied embeddings as megatron's GPTModel ties them on one stage: an LM head without a weight of its own
         # (skip_weight_param_allocation), handed the embedding's vocabulary shard at every forward.
         self.tied = m.get("tied_embeddings", False)
-        self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
-                                            gather_output=gather, skip_weight_param_allocation=self.tied)
+        if self.post_process:
+            self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
+            self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
+                                                gather_output=gather, skip_weight_param_allocation=self.tied)
         if self.sp:
             # What megatron's LayerNorm wrappers do: norms see a sequence chunk; their grads are summed over tp.
             for name, p in self.named_parameters():
                 if "norm" in name:
                     p.sequence_parallel = True
 
-    def forward(self, ids):  # ids [b, s] -> local logits [s, b, vocab / tp] (gathered: [s, b, vocab])
-        x = self.embed(ids)
-        if not self.sp:
-            x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
-        for layer in block_sequence(self.layers, self.passes):
+    def forward(self, ids):
+        """ids [b, s] -> local logits [s, b, vocab / tp] (gathered: [s, b, vocab]) on the last stage, hidden states
+        [s(/tp), b, h] on the others (which take theirs from the previous stage: set_input_tensor)."""
+        if self.pre_process:
+            x = self.embed(ids)
+            if not self.sp:
+                x = x.transpose(0, 1).contiguous()  # (with sp the embedding's reduce-scatter did it)
+        else:
+            x = self.input_tensor
+        for layer in block_sequence(list(self.layers.values()), self.passes):
             x = self.run_block(layer, x)
+        if not self.post_process:
+            return x
         return self.lm_head(self.final_norm(x), weight=self.embed.weight if self.tied else None)[0]
 
-    def set_input_tensor(self, _tensor):
-        """megatron's schedules hand each stage its input here: one stage, the token ids of forward()."""
+    def set_input_tensor(self, tensors):
+        """megatron's schedules hand a stage its input (a list of one tensor; None on the first stage)."""
+        self.input_tensor = tensors[0] if isinstance(tensors, list) else tensors
 
     def run_block(self, layer, x):
         """A block, under Megatron's own re-entrant activation checkpoint (`tensor_parallel.checkpoint`, what its
@@ -180,41 +200,46 @@ def run(case, inputs):
     megatron model's slices of this tensor-parallel rank in megatron's DistributedDataParallel over the data-parallel
     replicas, trained by megatron's optimizer (its gradient norm, its clipping) under its parameter scheduler,
     finalize_model_grads after the micro-batches (the sequence-parallel norms' partial gradients summed over tp
-    there). Returns this rank's slices, its tensor- and data-parallel ranks."""
-    from megatron.core import ModelParallelConfig, parallel_state
+    there); with pipeline stages, the blocks of this rank's stage. Returns this rank's slices, its tensor-, pipeline-
+    and data-parallel ranks."""
+    from megatron.core import ModelParallelConfig, parallel_state as ps
 
     m = model_defaults(case)
     sp = parallel(case)["sequence_parallel"]
-    tp, tp_rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+    tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    stage = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
     dt = torch_dtype(dtype_name(case))
     cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
                               perform_initialization=False, params_dtype=dt)
     # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
-    model = MegatronModel(m, cfg, tp, gathered).to(dt)  # (the plain norms are built in the default dtype)
+    model = MegatronModel(m, cfg, tp, gathered, stage).to(dt)  # (the plain norms are built in the default dtype)
     load_local(model, inputs, tp_rank, tp, dt)
     freeze(model, case)  # (before megatron's DDP wraps it: a frozen parameter gets no gradient buffer)
     with cuda_on_cpu():
         out = train_megatron(case, inputs, model, gathered)
-    return out | {"tp_rank": tp_rank, "dp_rank": parallel_state.get_data_parallel_rank()}
+    return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
 
 
 def train_megatron(case, inputs, model, gathered):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
     the other targets split it): megatron's schedule (forward_backward_no_pipelining: no_sync on every micro-batch
     but the last, the optimizer's loss scale, finalize_model_grads) over the micro-batches, then the optimizer and
-    scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by dp / global tokens
-    (megatron's DDP averages over the replicas); with it megatron normalises (`calculate_per_token_loss`)."""
+    scheduler steps; over pipeline stages its 1F1B schedule (forward_backward_pipelining_without_interleaving, the
+    case's micro-batches times its accumulation steps, shapes sent between stages: `variable_seq_lengths`). Without
+    the case's `per_token_loss` each summed token loss is scaled by dp / global tokens (megatron's DDP averages over
+    the replicas); with it megatron normalises (`calculate_per_token_loss`)."""
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     m, t = model_defaults(case), case["train"]
     tp, dp = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_data_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
     per_token = per_token_loss(case)
-    config = transformer_config(next(model.parameters()).dtype, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1,
-                                per_token)
+    dt = next(model.parameters()).dtype
+    config = transformer_config(dt, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1, per_token, pp)
     settings = ddp_settings(case)
     ddp, opt, schedule = megatron_training(case, model, config, settings, optimizer_settings(case),
                                            weight_decay_overrides(case))
@@ -223,8 +248,8 @@ def train_megatron(case, inputs, model, gathered):
     named = list(model.named_parameters())
     b, s = m["batch"], m["seq"]
     lo, hi = chunk_range(b, dp, parallel_state.get_data_parallel_rank())
-    chunks = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, t.get("grad_accumulation", 1))]
-    batch = MicroBatches(case, inputs, gathered, per_token, dp * len(chunks) / loss_denominator(inputs))
+    chunks = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
+    batch = MicroBatches(case, inputs, gathered, per_token, dp * len(chunks) / loss_denominator(inputs), model.post_process)
     losses, logits0, grads0 = [], None, {}
     for k in range(t["steps"]):
         ddp.zero_grad_buffer()
@@ -235,9 +260,12 @@ def train_megatron(case, inputs, model, gathered):
         loss_sum = torch.stack(batch.sums).sum() if batch.sums else torch.zeros((), dtype=torch.float64)
         if dp > 1:
             torch.distributed.all_reduce(loss_sum, group=parallel_state.get_data_parallel_group())
+        if pp > 1:  # (the loss is the last stage's)
+            torch.distributed.broadcast(loss_sum, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                        group=parallel_state.get_pipeline_model_parallel_group())
         losses.append(float(loss_sum) / loss_denominator(inputs))
         if k == 0:
-            logits0 = torch.cat(batch.rows).numpy()
+            logits0 = torch.cat(batch.rows).numpy() if model.post_process else None
             reduced = reduced_grads(ddp, settings["use_distributed_optimizer"])
             grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, p in named if p.requires_grad}
         opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
@@ -253,8 +281,9 @@ class MicroBatches:
     {}), which megatron's schedule divides by the micro-batch count. Keeps each micro-batch's summed loss (float64)
     and, on request, its logits (float64, before the loss: megatron's vocab-parallel loss works in place)."""
 
-    def __init__(self, case, inputs, gathered, per_token, scale):
+    def __init__(self, case, inputs, gathered, per_token, scale, last_stage=True):
         m = case["model"]
+        self.last_stage = last_stage
         self.ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(m["batch"], m["seq"])
         self.targets = torch.tensor(inputs["targets"].astype(np.int64)).view(m["batch"], m["seq"])
         self.gathered, self.per_token, self.scale = gathered, per_token, scale
@@ -266,7 +295,7 @@ class MicroBatches:
     def forward_step(self, data_iterator, model):
         a, c = next(data_iterator)
         logits = model(self.ids[a:c])  # [s, bc, v / tp]
-        if self.rows is not None:
+        if self.rows is not None and self.last_stage:
             self.rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
         return logits, functools.partial(self.loss, self.targets[a:c].t().contiguous())
 
@@ -276,6 +305,12 @@ class MicroBatches:
         if self.per_token:
             return l, torch.tensor(int((target != IGNORE_INDEX).sum()), dtype=torch.int), {}
         return l * self.scale, {}
+
+
+def micro_batch_count(case):
+    """Micro-batches per optimizer step: the accumulation steps, times the pipeline's micro-batches over stages."""
+    p = parallel(case)
+    return case["train"].get("grad_accumulation", 1) * (p["microbatches"] if p["pp"] > 1 else 1)
 
 
 def token_loss_sum(logits, target, gathered):
@@ -291,27 +326,36 @@ def token_loss_sum(logits, target, gathered):
 
 def assemble_outputs(case, outs):
     """Per-rank slices -> per-rank results holding full tensors (sharded ones assembled from the slices of the
-    rank's data-parallel replica; replicated ones each rank's own copy), the shape combine_dp expects."""
+    rank's data-parallel replica, every stage's; replicated ones the rank's own copy, or, for another stage's, that
+    of the same tensor-parallel rank there), the shape combine_dp expects."""
     replicas = {}
     for o in outs:
         replicas.setdefault(o["dp_rank"], []).append(o)
     full = [dict(o) for o in outs]
     for r, o in enumerate(outs):
-        group = sorted(replicas[o["dp_rank"]], key=lambda x: x["tp_rank"])
+        group = sorted(replicas[o["dp_rank"]], key=lambda x: (x.get("pp_rank", 0), x["tp_rank"]))
         full[r].update(assembled(case, group, o))
     full[0]["baseline"] = outs[0].get("baseline")
     return full
 
 
 def assembled(case, group, own):
-    """Logits, gradients and parameters of one rank: its replica's tensor-parallel slices (`group`, in tp order)
-    concatenated where sharded, its own (`own`) where replicated."""
+    """Logits, gradients and parameters of one rank from its replica's ranks (`group`, in stage and tp order):
+    sharded tensors concatenated over the tensor-parallel ranks of the stage holding them, replicated ones from
+    `own` or the same tensor-parallel rank of their stage."""
+    last = [o for o in group if o["logits"] is not None]
     # (Gathered logits are the whole vocabulary on every rank.)
-    out = {"logits": np.concatenate([o["logits"] for o in group], axis=1) if vocab_sharded_loss(case, True)
-           else own["logits"]}
+    logits = np.concatenate([o["logits"] for o in last], axis=1) if vocab_sharded_loss(case, True) else last[0]["logits"]
+    out = {"logits": logits, "rows": last[0]["rows"]}
     for kind in ("grads", "params"):
         out[kind] = {}
-        for name, v in own[kind].items():
+        names = [n for o in group for n in o[kind] if o["tp_rank"] == 0]
+        for name in names:
+            holders = [o for o in group if name in o[kind]]
             d = shard_dim(name)
-            out[kind][name] = np.concatenate([o[kind][name] for o in group], axis=d) if d is not None else v
+            if d is not None:
+                out[kind][name] = np.concatenate([o[kind][name] for o in holders], axis=d)
+            else:
+                mine = own if name in own[kind] else next(o for o in holders if o["tp_rank"] == own["tp_rank"])
+                out[kind][name] = mine[kind][name]
     return out

@@ -47,9 +47,15 @@ class MegatronTp(MegatronTarget):
     freezes = True
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("tp", "dp"), "megatron-tp runs tensor (and sequence) and data parallelism only")
+        why = unsupported_layout(case, ("tp", "dp", "pp"), "megatron-tp runs tensor (and sequence), pipeline and data "
+                                                         "parallelism only")
         if why:
             return why
+        p = parallel(case)
+        if p["pp"] > 1:
+            why = unsupported_pipeline(case)
+            if why:
+                return why
         if case["model"].get("sparse_embedding"):
             return "megatron's gradient buffers are dense: no sparse embedding gradient"
         if case.get("data", {}).get("class_weights"):
@@ -71,7 +77,7 @@ class MegatronTp(MegatronTarget):
     def run_rank(self, rank, world, case, inputs):
         from .megatron_model import run
 
-        model_parallel(parallel(case)["tp"])
+        model_parallel(parallel(case)["tp"], parallel(case)["pp"])
         out = run(case, inputs)
         # The plain torch model on one device in the case dtype: the oracle's noise baseline.
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -84,12 +90,32 @@ class MegatronTp(MegatronTarget):
         full = assemble_outputs(case, outs)
         loss = "megatron:loss:" + ("vocab-parallel" if vocab_sharded_loss(case, True) else "gathered")
         features = [f"megatron:tp{p['tp']}:sp{int(p['sequence_parallel'])}", loss]
+        if p["pp"] > 1:
+            features.append(f"megatron:tp{p['tp']}:pp{p['pp']}:dp{p['dp']}:1f1b")
         if p["dp"] > 1 or p["zero_stage"]:
             data = f"megatron:tp{p['tp']}:dp{p['dp']}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
             features += [data, reduction_feature(data, case)]
         if per_token_loss(case):
             features.append(f"megatron:tp{p['tp']}:dp{p['dp']}:per-token-loss")
         return combine_dp(case, full, features)
+
+
+def unsupported_pipeline(case):
+    """Why megatron-tp's pipeline stages cannot run the case (None: they can)."""
+    from .base import chunk_range
+
+    p, m = parallel(case), case["model"]
+    if p["pipeline_schedule"] != "1f1b":
+        return "megatron-tp runs megatron's 1F1B pipeline schedule only (megatron has no GPipe; interleaved: not yet)"
+    if m.get("tied_embeddings"):
+        return "megatron-tp ties embeddings on one stage only (not across pipeline stages)"
+    if m.get("layer_passes", 1) > 1:
+        return "shared blocks (layer_passes) run on one stage only"
+    count = case["train"].get("grad_accumulation", 1) * p["microbatches"]
+    rows = min(b - a for a, b in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"])))
+    if rows < count:
+        return "a data-parallel replica would run an empty pipeline micro-batch (fewer rows than micro-batches)"
+    return None
 
 
 TARGET = MegatronTp()

@@ -2,12 +2,13 @@
 
 
 def run_sharded(data):
-    """megatron-core's tensor-parallel model (MegatronModel above) over the tp ranks of each data-parallel replica,
+    """megatron-core's tensor-parallel model (MegatronModel above; with pipeline stages, this rank's stage of it)
+    over the tp ranks of each data-parallel replica,
     as the fuzzer's megatron-tp ranks run it: megatron's parallel state over all ranks, torch.cuda pointed at the
     CPU, then the worker's megatron training loop (run_megatron: megatron's DDP, optimizer and clipping) on the
     replica's rows of the batch. Returns this rank's slices."""
     _patch_cuda()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
     return run_megatron(CASE, data)
 
 
