@@ -1236,8 +1236,9 @@ fn colossalai_pipeline_crashes_on_a_frozen_tied_embedding() {
 /// two replicas under megatron's distributed optimizer (7-element buckets, overlap, fp32 reduction under bf16,
 /// accumulation, clipping over both groups), plain DDP over three replicas of an uneven batch (7 rows) with SGD, and
 /// megatron's per-token loss (`calculate_per_token_loss`) over replicas with different token counts, tied
-/// embeddings under sequence parallelism, and pipeline stages under megatron's 1F1B schedule; ZeRO-2 is no megatron
-/// layout, GPipe no megatron schedule.
+/// embeddings under sequence parallelism, and pipeline stages under megatron's 1F1B and interleaved schedules; ZeRO-2
+/// is no megatron layout, GPipe no megatron schedule, and megatron refuses micro-batches its interleaving cannot
+/// group.
 #[test]
 fn megatron_tp_times_dp_trains_like_the_reference() {
     if !python_ready() {
@@ -1258,6 +1259,8 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
         // optimizer with three micro-batches of uneven rows (shapes sent between stages).
         ("tp2-pp2-1f1b-accumulation-clip-f32.json", "megatron:tp2:pp2:dp1:1f1b"),
         ("pp2-dp2-distributed-optimizer-uneven-microbatches-sp-bf16.json", "megatron:tp1:pp2:dp2:1f1b"),
+        // The interleaved schedule: two virtual chunks per stage, eight ranks.
+        ("tp2-pp2-interleaved2-dp2-distributed-optimizer-sp-bf16.json", "megatron:tp2:pp2:dp2:interleaved"),
     ] {
         let v = one_verdict("megatron-tp", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
@@ -1270,6 +1273,9 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("ZeRO-1"), "{v}");
     let v = one_verdict("megatron-tp", &root().join("corpus/pp2-gpipe.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("1F1B"), "{v}");
+    // Megatron's own refusal of three micro-batches over two interleaved stages.
+    let v = one_verdict("megatron-tp", &dir.join("tp2-pp2-interleaved2-three-microbatches-rejected-f32.json"), "");
+    assert!(v["kind"] == "rejected" && reason(&v).contains("remainder of M"), "{v}");
 }
 
 /// megatron-core's DistributedDataParallel and its optimizer (megatron-ddp): the distributed optimizer over three

@@ -78,8 +78,11 @@ _COLOSSALAI = [
 ]
 
 _MEGATRON_DIVISIBILITY = [
-    # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank.
+    # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank, blocks per stage.
     ("megatron/core/utils.py", "ensure_divisibility", None),
+    # The interleaved schedule's checks of the micro-batch count against the stages ("The number of contiguous
+    # micro-batches in a virtual pipeline stage should range in [PP, M]", "The remainder of M ...").
+    ("megatron/core/pipeline_parallel/schedules.py", "forward_backward_pipelining_with_interleaving", "micro-batches"),
     ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
 ]
 

@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "run", "train_megatron", "MicroBatches", "micro_batch_count", "token_loss_sum",
+                   "load_local", "case_view", "run", "train_megatron", "megatron_setup", "MicroBatches", "micro_batch_count", "token_loss_sum",
                    "assemble_outputs", "assembled")
 
 
@@ -63,7 +63,8 @@ def sources():
 def describe(case):
     p = parallel(case)
     sp = ", sequence parallel" if p["sequence_parallel"] else ""
-    data = f" x pp={p['pp']} pipeline stages (megatron's 1F1B schedule, {p['microbatches']} micro-batches)" if p["pp"] > 1 else ""
+    schedule = "interleaved 1F1B schedule" if p["pipeline_schedule"] == "interleaved" else "1F1B schedule"
+    data = f" x pp={p['pp']} pipeline stages (megatron's {schedule}, {p['microbatches']} micro-batches)" if p["pp"] > 1 else ""
     if p["dp"] > 1 or p["zero_stage"]:
         data += (f" x dp={p['dp']} data-parallel replicas in megatron's DistributedDataParallel"
                 + (" with its distributed optimizer" if p["zero_stage"] else ""))
@@ -82,7 +83,7 @@ def generate(case, inputs, bounds, dropped):
     config = [
         rule("the case"),
         literal("CASE", case),
-        f"TP = {p['tp']}\nPP = {p['pp']}\nWORLD = {p['tp'] * p['dp'] * p['pp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"TP = {p['tp']}\nPP = {p['pp']}\nVS = {p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else 1}\nWORLD = {p['tp'] * p['dp'] * p['pp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         model_line(case),
         literal("BOUNDS", bounds),
     ]

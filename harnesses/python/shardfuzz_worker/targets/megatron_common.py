@@ -117,14 +117,14 @@ def counted_tokens(case, inputs, lo, hi):
     return int((targets != IGNORE_INDEX).sum())
 
 
-def model_parallel(tp, pp=1):
-    """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` over all ranks (data
-    parallelism: the rest), as `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it
+def model_parallel(tp, pp=1, vs=1):
+    """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` (`vs` virtual stages per
+    stage) over all ranks (data parallelism: the rest), as `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it
     creates groups). Each layout's groups are built once and kept: switching back restores them (megatron's own
     teardown destroys groups, and a campaign alternates between a few layouts)."""
     from megatron.core import parallel_state as ps
 
-    layout = (tp, pp)
+    layout = (tp, pp, vs)
     if _LAYOUTS["current"] == layout:
         return
     if _LAYOUTS["pristine"] is None:
@@ -134,7 +134,8 @@ def model_parallel(tp, pp=1):
     else:
         _restore(ps, _LAYOUTS["pristine"])
         # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     virtual_pipeline_model_parallel_size=vs if vs > 1 else None)
         _LAYOUTS[layout] = _state_of(ps)
     _LAYOUTS["current"] = layout
 
@@ -220,7 +221,7 @@ def constant_schedule(case, opt):
                                    wd_incr_style="constant")
 
 
-def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, pp=1):
+def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, pp=1, vs=1):
     """The TransformerConfig megatron's DDP, schedules and finalize_model_grads read (tensor and sequence
     parallelism, the mixed-precision switches, `calculate_per_token_loss`); the model itself is the case's, so its
     sizes here are placeholders megatron's checks accept."""
@@ -230,7 +231,8 @@ def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, 
     # (Between pipeline stages megatron sends each tensor's shape first, `variable_seq_lengths`: the placeholder
     # sizes never shape a message, and micro-batches may differ by a row. Its config accepts that only with the
     # all-to-all MoE token dispatcher, which a model without experts never runs.)
-    return TransformerConfig(num_layers=pp, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
+    return TransformerConfig(num_layers=pp * vs, hidden_size=8 * tp,
+                             virtual_pipeline_model_parallel_size=vs if vs > 1 else None, num_attention_heads=tp, tensor_model_parallel_size=tp,
                              pipeline_model_parallel_size=pp, pipeline_dtype=dt, variable_seq_lengths=pp > 1,
                              moe_token_dispatcher_type="alltoall" if pp > 1 else "allgather",
                              sequence_parallel=sequence_parallel, use_cpu_initialization=True, params_dtype=dt,
@@ -241,11 +243,14 @@ def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, 
 def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides):
     """(DDP chunk, optimizer, scheduler) for `model`, as megatron's training loop sets them up: the DDP and optimizer
     configs' arguments `ddp_kwargs` and `optimizer_kwargs` (params_dtype: the model's), `overrides` its
-    config_overrides."""
+    config_overrides. `model` a list of virtual-pipeline chunks: a list of DDP chunks, buckets for the first only
+    (megatron's get_model: `disable_bucketing` for the others), one optimizer over them all."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    dt = next(model.parameters()).dtype
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_kwargs), model)
-    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), [ddp], config_overrides=overrides)
-    return ddp, opt, constant_schedule(case, opt)
+    chunks = model if isinstance(model, list) else [model]
+    dt = next(chunks[0].parameters()).dtype
+    ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_kwargs), m, disable_bucketing=i > 0)
+            for i, m in enumerate(chunks)]
+    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, config_overrides=overrides)
+    return (ddps if isinstance(model, list) else ddps[0]), opt, constant_schedule(case, opt)

@@ -106,19 +106,20 @@ class Block(nn.Module):
 
 
 class MegatronModel(nn.Module):
-    """The case's model, or the blocks of one pipeline stage of it (`stage` = (rank, stages): the blocks split
-    evenly by megatron's `divide`, the embedding on the first stage, the final norm and LM head on the last; block
-    names stay the case's, `layers.{i}`)."""
+    """The case's model, or the blocks of one pipeline stage of it (`stage` = (rank, stages, chunk, chunks): the
+    blocks split evenly by megatron's `divide` over stages x virtual chunks in megatron's interleaved order, chunk c
+    of stage r holding the r-th share of the c-th part; the embedding on the first stage's first chunk, the final norm
+    and LM head on the last stage's last; block names stay the case's, `layers.{i}`)."""
 
-    def __init__(self, m, cfg, tp, gather=False, stage=(0, 1)):
+    def __init__(self, m, cfg, tp, gather=False, stage=(0, 1, 0, 1)):
         super().__init__()
         from megatron.core.enums import ModelType
         from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
         from megatron.core.utils import divide
 
         self.model_type = ModelType.encoder_or_decoder  # (what megatron's schedules ask a model)
-        rank, stages = stage
-        self.pre_process, self.post_process = rank == 0, rank == stages - 1
+        rank, stages, chunk, chunks = stage
+        self.pre_process, self.post_process = (rank, chunk) == (0, 0), (rank, chunk) == (stages - 1, chunks - 1)
         self.share_embeddings_and_output_weights = False  # (across stages: tied embeddings run on one stage)
         self.input_tensor = None
         self.sp = cfg.sequence_parallel
@@ -127,8 +128,9 @@ class MegatronModel(nn.Module):
         if self.pre_process:
             self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
                                                 reduce_scatter_embeddings=self.sp)
-        per = divide(len(m["layers"]), stages)
-        self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp) for i in range(rank * per, (rank + 1) * per)})
+        per = divide(len(m["layers"]), stages * chunks)
+        first = (chunk * stages + rank) * per
+        self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp) for i in range(first, first + per)})
         # Tied embeddings as megatron's GPTModel ties them on one stage: an LM head without a weight of its own
         # (skip_weight_param_allocation), handed the embedding's vocabulary shard at every forward.
         self.tied = m.get("tied_embeddings", False)
@@ -208,70 +210,90 @@ def run(case, inputs):
     sp = parallel(case)["sequence_parallel"]
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     stage = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
+    vs = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     dt = torch_dtype(dtype_name(case))
     cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
                               perform_initialization=False, params_dtype=dt)
     # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
-    model = MegatronModel(m, cfg, tp, gathered, stage).to(dt)  # (the plain norms are built in the default dtype)
-    load_local(model, inputs, tp_rank, tp, dt)
-    freeze(model, case)  # (before megatron's DDP wraps it: a frozen parameter gets no gradient buffer)
+    chunks = []
+    for c in range(vs):
+        model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs)).to(dt)  # (plain norms: built in the default dtype)
+        load_local(model, inputs, tp_rank, tp, dt)
+        chunks.append(freeze(model, case))  # (before megatron's DDP wraps it: a frozen parameter gets no gradient buffer)
     with cuda_on_cpu():
-        out = train_megatron(case, inputs, model, gathered)
+        out = train_megatron(case, inputs, chunks if vs > 1 else chunks[0], gathered)
     return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
 
 
 def train_megatron(case, inputs, model, gathered):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
-    the other targets split it): megatron's schedule (forward_backward_no_pipelining: no_sync on every micro-batch
-    but the last, the optimizer's loss scale, finalize_model_grads) over the micro-batches, then the optimizer and
-    scheduler steps; over pipeline stages its 1F1B schedule (forward_backward_pipelining_without_interleaving, the
-    case's micro-batches times its accumulation steps, shapes sent between stages: `variable_seq_lengths`). Without
-    the case's `per_token_loss` each summed token loss is scaled by dp / global tokens (megatron's DDP averages over
-    the replicas); with it megatron normalises (`calculate_per_token_loss`)."""
-    from megatron.core import parallel_state
-    from megatron.core.distributed import finalize_model_grads
+    the other targets split it): megatron's schedule for the layout (forward_backward_no_pipelining; over pipeline
+    stages 1F1B, forward_backward_pipelining_without_interleaving, or with virtual chunks (`model` a list of them)
+    the interleaved one; shapes sent between stages: `variable_seq_lengths`) over the case's micro-batches times its
+    accumulation steps (no_sync on every micro-batch but the last, the optimizer's loss scale, finalize_model_grads),
+    then the optimizer and scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by
+    dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
+    (`calculate_per_token_loss`)."""
+    from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    m, t = model_defaults(case), case["train"]
-    tp, dp = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_data_parallel_world_size()
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
-    per_token = per_token_loss(case)
-    dt = next(model.parameters()).dtype
-    config = transformer_config(dt, tp, bool(parallel(case)["sequence_parallel"]) and tp > 1, per_token, pp)
-    settings = ddp_settings(case)
-    ddp, opt, schedule = megatron_training(case, model, config, settings, optimizer_settings(case),
-                                           weight_decay_overrides(case))
-    config.no_sync_func, config.finalize_model_grads_func = ddp.no_sync, finalize_model_grads
-    config.grad_scale_func = opt.scale_loss
-    named = list(model.named_parameters())
-    b, s = m["batch"], m["seq"]
-    lo, hi = chunk_range(b, dp, parallel_state.get_data_parallel_rank())
-    chunks = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
-    batch = MicroBatches(case, inputs, gathered, per_token, dp * len(chunks) / loss_denominator(inputs), model.post_process)
+    t, s = case["train"], case["model"]["seq"]
+    dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    chunked = isinstance(model, list)
+    ddps, opt, schedule, settings = megatron_setup(case, model if chunked else [model])
+    named = [np_ for d in ddps for np_ in d.module.named_parameters()]
+    lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
+    rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
+    batch = MicroBatches(case, inputs, gathered, per_token_loss(case), dp * len(rows) / loss_denominator(inputs))
     losses, logits0, grads0 = [], None, {}
     for k in range(t["steps"]):
-        ddp.zero_grad_buffer()
+        for d in ddps:
+            d.zero_grad_buffer()
         opt.zero_grad()
         batch.start(keep_logits=k == 0)
-        get_forward_backward_func()(forward_step_func=batch.forward_step, data_iterator=iter(chunks), model=ddp,
-                                    num_microbatches=len(chunks), seq_length=s, micro_batch_size=1)
+        get_forward_backward_func()(forward_step_func=batch.forward_step, num_microbatches=len(rows), seq_length=s,
+                                    data_iterator=[iter(rows) for _ in ddps] if chunked else iter(rows),
+                                    model=ddps if chunked else ddps[0], micro_batch_size=rows[0][1] - rows[0][0])
         loss_sum = torch.stack(batch.sums).sum() if batch.sums else torch.zeros((), dtype=torch.float64)
         if dp > 1:
-            torch.distributed.all_reduce(loss_sum, group=parallel_state.get_data_parallel_group())
+            torch.distributed.all_reduce(loss_sum, group=ps.get_data_parallel_group())
         if pp > 1:  # (the loss is the last stage's)
-            torch.distributed.broadcast(loss_sum, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                                        group=parallel_state.get_pipeline_model_parallel_group())
+            torch.distributed.broadcast(loss_sum, src=ps.get_pipeline_model_parallel_last_rank(),
+                                        group=ps.get_pipeline_model_parallel_group())
         losses.append(float(loss_sum) / loss_denominator(inputs))
         if k == 0:
-            logits0 = torch.cat(batch.rows).numpy() if model.post_process else None
-            reduced = reduced_grads(ddp, settings["use_distributed_optimizer"])
+            logits0 = torch.cat(batch.rows).numpy() if batch.rows else None
+            reduced = {n: g for d in ddps for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
             grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, p in named if p.requires_grad}
         opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
         schedule.step(1)
     final = {name: case_view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+
+
+def megatron_setup(case, chunks):
+    """(DDP chunks, optimizer, scheduler, DDP settings) for the model chunks of this rank, and the config megatron's
+    schedules read set as its training loop sets it (no_sync, finalize_model_grads, the optimizer's loss scale)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import finalize_model_grads
+
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    config = transformer_config(next(chunks[0].parameters()).dtype, tp,
+                                bool(parallel(case)["sequence_parallel"]) and tp > 1, per_token_loss(case), pp,
+                                len(chunks))
+    settings = ddp_settings(case)
+    ddps, opt, schedule = megatron_training(case, chunks, config, settings, optimizer_settings(case),
+                                            weight_decay_overrides(case))
+    config.no_sync_func = [d.no_sync for d in ddps] if len(ddps) > 1 else ddps[0].no_sync
+    config.finalize_model_grads_func, config.grad_scale_func = finalize_model_grads, opt.scale_loss
+    if len(ddps) > 1:
+        # The interleaved schedule as Megatron-LM's training runs it (overlap_p2p_comm, so no batched p2p), with
+        # fixed message shapes: [seq (/ tp under sequence parallelism), micro-batch rows, hidden].
+        config.overlap_p2p_comm, config.batch_p2p_comm = True, False
+        config.variable_seq_lengths, config.hidden_size = False, case["model"]["hidden"]
+    return ddps, opt, schedule, settings
 
 
 class MicroBatches:
@@ -281,9 +303,8 @@ class MicroBatches:
     {}), which megatron's schedule divides by the micro-batch count. Keeps each micro-batch's summed loss (float64)
     and, on request, its logits (float64, before the loss: megatron's vocab-parallel loss works in place)."""
 
-    def __init__(self, case, inputs, gathered, per_token, scale, last_stage=True):
+    def __init__(self, case, inputs, gathered, per_token, scale):
         m = case["model"]
-        self.last_stage = last_stage
         self.ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(m["batch"], m["seq"])
         self.targets = torch.tensor(inputs["targets"].astype(np.int64)).view(m["batch"], m["seq"])
         self.gathered, self.per_token, self.scale = gathered, per_token, scale
@@ -295,7 +316,7 @@ class MicroBatches:
     def forward_step(self, data_iterator, model):
         a, c = next(data_iterator)
         logits = model(self.ids[a:c])  # [s, bc, v / tp]
-        if self.rows is not None and self.last_stage:
+        if self.rows is not None and model.module.post_process:  # (logits: the last stage's last chunk)
             self.rows.append(logits.detach().transpose(0, 1).reshape(-1, logits.shape[-1]).to(torch.float64, copy=True))
         return logits, functools.partial(self.loss, self.targets[a:c].t().contiguous())
 

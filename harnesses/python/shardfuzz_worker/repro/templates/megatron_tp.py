@@ -8,7 +8,8 @@ def run_sharded(data):
     CPU, then the worker's megatron training loop (run_megatron: megatron's DDP, optimizer and clipping) on the
     replica's rows of the batch. Returns this rank's slices."""
     _patch_cuda()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP,
+                                             virtual_pipeline_model_parallel_size=VS if VS > 1 else None)
     return run_megatron(CASE, data)
 
 
