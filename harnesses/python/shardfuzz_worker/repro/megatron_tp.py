@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_view", "run", "train_megatron", "megatron_setup", "MicroBatches", "micro_batch_count", "token_loss_sum",
+                   "load_local", "case_name", "case_view", "run", "train_megatron", "megatron_setup", "MicroBatches", "micro_batch_count", "token_loss_sum",
                    "assemble_outputs", "assembled")
 
 
@@ -37,7 +37,7 @@ def renamed(source, names):
 def sources():
     """The helpers, the plain torch model (its blocks renamed Ref*: megatron's blocks take their names), the
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel",
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
                              "reduce_dtype_name")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")

@@ -129,6 +129,7 @@ def model_parallel(tp, pp=1, vs=1):
         return
     if _LAYOUTS["pristine"] is None:
         _LAYOUTS["pristine"] = _state_of(ps)
+    _LAYOUTS["current"] = None  # (until the layout is in place: megatron may refuse it half-way)
     if layout in _LAYOUTS:
         _restore(ps, _LAYOUTS[layout])
     else:

@@ -8,12 +8,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, loss_denominator, micro_batches, parallel,
-                   vocab_sharded_loss)
+from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, micro_batches,
+                   parallel, vocab_sharded_loss)
 from .megatron_common import (cuda_on_cpu, ddp_settings, megatron_training, optimizer_settings, per_token_loss,
                               reduced_grads, transformer_config, weight_decay_overrides)
 from .torch_common import torch_dtype
-from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, freeze, model_defaults
+from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
 COLUMN, ROW = ("q", "k", "v", "up", "gate"), ("o", "down")
@@ -120,7 +120,12 @@ class MegatronModel(nn.Module):
         self.model_type = ModelType.encoder_or_decoder  # (what megatron's schedules ask a model)
         rank, stages, chunk, chunks = stage
         self.pre_process, self.post_process = (rank, chunk) == (0, 0), (rank, chunk) == (stages - 1, chunks - 1)
-        self.share_embeddings_and_output_weights = False  # (across stages: tied embeddings run on one stage)
+        # Tied embeddings as megatron's GPTModel ties them: on one stage an LM head without a weight of its own
+        # (skip_weight_param_allocation), handed the embedding's vocabulary shard at every forward; across stages the
+        # last holds a copy (its weight marked `shared`, left out of the gradient norm), whose gradient
+        # finalize_model_grads all-reduces with the embedding's over megatron's embedding group.
+        self.tied = m.get("tied_embeddings", False)
+        self.share_embeddings_and_output_weights = self.tied
         self.input_tensor = None
         self.sp = cfg.sequence_parallel
         self.recompute = m.get("activation_checkpointing")
@@ -128,16 +133,19 @@ class MegatronModel(nn.Module):
         if self.pre_process:
             self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
                                                 reduce_scatter_embeddings=self.sp)
+        # (The vocabulary's split is megatron's check on the stages with an embedding or LM head; made on every
+        # stage, so that all refuse the case alike instead of the others waiting on them.)
+        divide(m["vocab"], tp)
         per = divide(len(m["layers"]), stages * chunks)
         first = (chunk * stages + rank) * per
         self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp) for i in range(first, first + per)})
-        # Tied embeddings as megatron's GPTModel ties them on one stage: an LM head without a weight of its own
-        # (skip_weight_param_allocation), handed the embedding's vocabulary shard at every forward.
-        self.tied = m.get("tied_embeddings", False)
         if self.post_process:
             self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
             self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
-                                                gather_output=gather, skip_weight_param_allocation=self.tied)
+                                                gather_output=gather,
+                                                skip_weight_param_allocation=self.tied and self.pre_process)
+            if self.tied and not self.pre_process:
+                self.lm_head.weight.shared = self.lm_head.weight.shared_embedding = True
         if self.sp:
             # What megatron's LayerNorm wrappers do: norms see a sequence chunk; their grads are summed over tp.
             for name, p in self.named_parameters():
@@ -157,7 +165,11 @@ class MegatronModel(nn.Module):
             x = self.run_block(layer, x)
         if not self.post_process:
             return x
-        return self.lm_head(self.final_norm(x), weight=self.embed.weight if self.tied else None)[0]
+        return self.lm_head(self.final_norm(x), weight=self.embed.weight if self.tied and self.pre_process else None)[0]
+
+    def shared_embedding_or_output_weight(self):
+        """The tied weight this stage holds (what megatron's embedding-group reduction asks a model)."""
+        return self.embed.weight if self.pre_process else self.lm_head.weight
 
     def set_input_tensor(self, tensors):
         """megatron's schedules hand a stage its input (a list of one tensor; None on the first stage)."""
@@ -174,10 +186,11 @@ class MegatronModel(nn.Module):
 
 
 def load_local(model, inputs, rank, tp, dt):
-    """Each rank's slice of the case's parameters (megatron layouts: linear weights [out_local, in])."""
+    """Each rank's slice of the case's parameters (megatron layouts: linear weights [out_local, in]; a tied LM
+    head's copy on the last stage: the embedding's)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            src = torch.tensor(inputs[name])
+            src = torch.tensor(inputs[case_name(model, name)])
             d = shard_dim(name)
             if d is not None:
                 n = src.shape[d] // tp
@@ -187,6 +200,11 @@ def load_local(model, inputs, rank, tp, dt):
             if tuple(src.shape) != tuple(p.shape):
                 raise RuntimeError(f"harness: {name} slice {tuple(src.shape)} vs megatron {tuple(p.shape)}")
             p.copy_(src.to(dt))
+
+
+def case_name(model, name):
+    """The case's name of a parameter of `model`: a tied LM head's copy on the last stage is the embedding."""
+    return "embed.weight" if name == "lm_head.weight" and model.tied else name
 
 
 def case_view(name, t):
@@ -221,7 +239,9 @@ def run(case, inputs):
     for c in range(vs):
         model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs)).to(dt)  # (plain norms: built in the default dtype)
         load_local(model, inputs, tp_rank, tp, dt)
-        chunks.append(freeze(model, case))  # (before megatron's DDP wraps it: a frozen parameter gets no gradient buffer)
+        for name, p in model.named_parameters():  # (before megatron's DDP wraps it: no gradient buffer for these)
+            p.requires_grad_(not is_frozen(case, case_name(model, name)))
+        chunks.append(model)
     with cuda_on_cpu():
         out = train_megatron(case, inputs, chunks if vs > 1 else chunks[0], gathered)
     return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
@@ -243,7 +263,7 @@ def train_megatron(case, inputs, model, gathered):
     dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     chunked = isinstance(model, list)
     ddps, opt, schedule, settings = megatron_setup(case, model if chunked else [model])
-    named = [np_ for d in ddps for np_ in d.module.named_parameters()]
+    named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
     lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
     rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
     batch = MicroBatches(case, inputs, gathered, per_token_loss(case), dp * len(rows) / loss_denominator(inputs))
@@ -265,7 +285,8 @@ def train_megatron(case, inputs, model, gathered):
         losses.append(float(loss_sum) / loss_denominator(inputs))
         if k == 0:
             logits0 = torch.cat(batch.rows).numpy() if batch.rows else None
-            reduced = {n: g for d in ddps for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
+            reduced = {case_name(d.module, n): g for d in ddps
+                       for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
             grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, p in named if p.requires_grad}
         opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
         schedule.step(1)
@@ -370,9 +391,11 @@ def assembled(case, group, own):
     out = {"logits": logits, "rows": last[0]["rows"]}
     for kind in ("grads", "params"):
         out[kind] = {}
-        names = [n for o in group for n in o[kind] if o["tp_rank"] == 0]
+        names = dict.fromkeys(n for o in group for n in o[kind] if o["tp_rank"] == 0)
         for name in names:
-            holders = [o for o in group if name in o[kind]]
+            # (A tensor two stages hold, a tied embedding and its copy: each rank's stage's, the other's as replica.)
+            stage = own.get("pp_rank", 0) if name in own[kind] else min(o.get("pp_rank", 0) for o in group if name in o[kind])
+            holders = [o for o in group if name in o[kind] and o.get("pp_rank", 0) == stage]
             d = shard_dim(name)
             if d is not None:
                 out[kind][name] = np.concatenate([o[kind][name] for o in holders], axis=d)

@@ -78,7 +78,7 @@ class MegatronTp(MegatronTarget):
         from .megatron_model import run
 
         p = parallel(case)
-        model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pipeline_schedule"] == "interleaved" else 1)
+        model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1)
         out = run(case, inputs)
         # The plain torch model on one device in the case dtype: the oracle's noise baseline.
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -108,8 +108,6 @@ def unsupported_pipeline(case):
     p, m = parallel(case), case["model"]
     if p["pipeline_schedule"] == "gpipe":
         return "megatron's pipeline schedules are 1F1B and interleaved 1F1B (no GPipe)"
-    if m.get("tied_embeddings"):
-        return "megatron-tp ties embeddings on one stage only (not across pipeline stages)"
     if m.get("layer_passes", 1) > 1:
         return "shared blocks (layer_passes) run on one stage only"
     count = case["train"].get("grad_accumulation", 1) * p["microbatches"]
