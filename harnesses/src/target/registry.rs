@@ -135,7 +135,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "megatron-tp",
-        description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, times data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer)",
+        description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, pipeline stages under its 1F1B and interleaved schedules, data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer)",
         env: Some(MAIN),
         offers: &["vocab_loss", "reduce_bucket", "overlap_comm", "per_token_loss", "frozen", "activation_checkpointing", "layer_passes"],
         create: |o| python("megatron-tp", MAIN, o),

@@ -122,8 +122,8 @@ class MegatronModel(nn.Module):
         self.pre_process, self.post_process = (rank, chunk) == (0, 0), (rank, chunk) == (stages - 1, chunks - 1)
         # Tied embeddings as megatron's GPTModel ties them: on one stage an LM head without a weight of its own
         # (skip_weight_param_allocation), handed the embedding's vocabulary shard at every forward; across stages the
-        # last holds a copy (its weight marked `shared`, left out of the gradient norm), whose gradient
-        # finalize_model_grads all-reduces with the embedding's over megatron's embedding group.
+        # last holds a copy (marked `shared`, left out of the gradient norm), whose gradient finalize_model_grads
+        # all-reduces with the embedding's over megatron's embedding group (both marked `shared_embedding`).
         self.tied = m.get("tied_embeddings", False)
         self.share_embeddings_and_output_weights = self.tied
         self.input_tensor = None
@@ -146,6 +146,10 @@ class MegatronModel(nn.Module):
                                                 skip_weight_param_allocation=self.tied and self.pre_process)
             if self.tied and not self.pre_process:
                 self.lm_head.weight.shared = self.lm_head.weight.shared_embedding = True
+        if self.tied and self.pre_process and not self.post_process:
+            # (As megatron's LanguageModule marks both: the distributed optimizer gives each its own bucket, so the
+            # first and last stages shard it alike before the embedding group's all-reduce.)
+            self.embed.weight.shared_embedding = True
         if self.sp:
             # What megatron's LayerNorm wrappers do: norms see a sequence chunk; their grads are summed over tp.
             for name, p in self.named_parameters():
@@ -182,6 +186,10 @@ class MegatronModel(nn.Module):
             return checkpointed_block(layer, x, self.recompute)
         from megatron.core import tensor_parallel
 
+        if not x.requires_grad:
+            # (Its input needs a gradient, or the block's parameters get none: a frozen embedding's output does
+            # not; users make it require one, as torch_model.checkpointed_block does.)
+            x = x.detach().requires_grad_(True)
         return tensor_parallel.checkpoint(layer, False, x)
 
 
