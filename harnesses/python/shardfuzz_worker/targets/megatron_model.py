@@ -133,9 +133,12 @@ class MegatronModel(nn.Module):
         if self.pre_process:
             self.embed = VocabParallelEmbedding(m["vocab"], m["hidden"], init_method=_init, config=cfg,
                                                 reduce_scatter_embeddings=self.sp)
-        # (The vocabulary's split is megatron's check on the stages with an embedding or LM head; made on every
-        # stage, so that all refuse the case alike instead of the others waiting on them.)
-        divide(m["vocab"], tp)
+        # (The splits of the vocabulary, the heads and the MLP width are megatron's checks on the stages that hold an
+        # embedding, attention or MLP; made on every stage, so that all refuse a case alike instead of the others
+        # waiting on them.)
+        kinds = set(m["layers"])
+        for size in [m["vocab"]] + [m["heads"], m["kv_heads"]] * ("attention" in kinds) + [m["ffn"]] * ("mlp" in kinds):
+            divide(size, tp)
         per = divide(len(m["layers"]), stages * chunks)
         first = (chunk * stages + rank) * per
         self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp) for i in range(first, first + per)})
