@@ -119,9 +119,9 @@ def counted_tokens(case, inputs, lo, hi):
 
 def model_parallel(tp, pp=1, vs=1):
     """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` (`vs` virtual stages per
-    stage) over all ranks (data parallelism: the rest), as `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it
-    creates groups). Each layout's groups are built once and kept: switching back restores them (megatron's own
-    teardown destroys groups, and a campaign alternates between a few layouts)."""
+    stage) over all ranks (data parallelism: the rest), as `initialize_model_parallel` builds it. Every rank calls
+    it with the same degrees (it creates groups). Each layout's groups are built once and kept: switching back
+    restores them (megatron's own teardown destroys groups, and a campaign alternates between a few layouts)."""
     from megatron.core import parallel_state as ps
 
     layout = (tp, pp, vs)
@@ -232,9 +232,9 @@ def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, 
     # (Between pipeline stages megatron sends each tensor's shape first, `variable_seq_lengths`: the placeholder
     # sizes never shape a message, and micro-batches may differ by a row. Its config accepts that only with the
     # all-to-all MoE token dispatcher, which a model without experts never runs.)
-    return TransformerConfig(num_layers=pp * vs, hidden_size=8 * tp,
-                             virtual_pipeline_model_parallel_size=vs if vs > 1 else None, num_attention_heads=tp, tensor_model_parallel_size=tp,
-                             pipeline_model_parallel_size=pp, pipeline_dtype=dt, variable_seq_lengths=pp > 1,
+    return TransformerConfig(num_layers=pp * vs, hidden_size=8 * tp, num_attention_heads=tp, tensor_model_parallel_size=tp,
+                             pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vs if vs > 1 else None,
+                             pipeline_dtype=dt, variable_seq_lengths=pp > 1,
                              moe_token_dispatcher_type="alltoall" if pp > 1 else "allgather",
                              sequence_parallel=sequence_parallel, use_cpu_initialization=True, params_dtype=dt,
                              bf16=dt == torch.bfloat16, fp16=dt == torch.float16,

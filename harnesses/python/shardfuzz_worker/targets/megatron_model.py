@@ -298,7 +298,8 @@ def train_megatron(case, inputs, model, gathered):
             logits0 = torch.cat(batch.rows).numpy() if batch.rows else None
             reduced = {case_name(d.module, n): g for d in ddps
                        for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
-            grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name, p in named if p.requires_grad}
+            grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name)))
+                      for name, p in named if p.requires_grad}
         opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
         schedule.step(1)
     final = {name: case_view(name, p) for name, p in named}
@@ -405,7 +406,8 @@ def assembled(case, group, own):
         names = dict.fromkeys(n for o in group for n in o[kind] if o["tp_rank"] == 0)
         for name in names:
             # (A tensor two stages hold, a tied embedding and its copy: each rank's stage's, the other's as replica.)
-            stage = own.get("pp_rank", 0) if name in own[kind] else min(o.get("pp_rank", 0) for o in group if name in o[kind])
+            stage = (own.get("pp_rank", 0) if name in own[kind]
+                     else min(o.get("pp_rank", 0) for o in group if name in o[kind]))
             holders = [o for o in group if name in o[kind] and o.get("pp_rank", 0) == stage]
             d = shard_dim(name)
             if d is not None:

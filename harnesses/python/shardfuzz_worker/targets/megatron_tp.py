@@ -1,5 +1,6 @@
-"""megatron-tp: the case's model built from megatron-core's tensor-parallel layers over the case's tp ranks, times
-its dp data-parallel replicas (megatron's rank order: the tp ranks of one replica consecutive).
+"""megatron-tp: the case's model built from megatron-core's tensor-parallel layers over the case's tp ranks, its
+blocks split over pp pipeline stages (megatron's 1F1B or interleaved schedule), times its dp data-parallel replicas
+(megatron's rank order: tp innermost, pp outermost).
 
   embed        VocabParallelEmbedding (rows of the vocabulary per rank; reduce-scatter to the sequence-parallel
                region under sequence parallelism)
@@ -104,18 +105,18 @@ class MegatronTp(MegatronTarget):
 def unsupported_pipeline(case):
     """Why megatron-tp's pipeline stages cannot run the case (None: they can)."""
     from .base import chunk_range
+    from .megatron_model import micro_batch_count
 
     p, m = parallel(case), case["model"]
     if p["pipeline_schedule"] == "gpipe":
         return "megatron's pipeline schedules are 1F1B and interleaved 1F1B (no GPipe)"
     if m.get("layer_passes", 1) > 1:
         return "shared blocks (layer_passes) run on one stage only"
-    count = case["train"].get("grad_accumulation", 1) * p["microbatches"]
-    rows = min(b - a for a, b in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"])))
-    if rows < count:
+    count = micro_batch_count(case)
+    rows = [b - a for a, b in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"]))]
+    if min(rows) < count:
         return "a data-parallel replica would run an empty pipeline micro-batch (fewer rows than micro-batches)"
-    if p["pipeline_schedule"] == "interleaved" and any(
-            (b - a) % count for a, b in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"]))):
+    if p["pipeline_schedule"] == "interleaved" and any(r % count for r in rows):
         # (Measured: with shapes sent between stages megatron's interleaved schedule hangs at two stages, each
         # exchanging shapes where the other exchanges a tensor.)
         return "megatron-tp runs megatron's interleaved schedule with equal micro-batches only (fixed message shapes)"
