@@ -348,6 +348,40 @@ fn loss_scaler_skips_travel_and_a_disagreement_between_ranks_diverges() {
     assert_eq!(verdicts(&o)[0]["kind"], "pass", "with the fix: {}", verdicts(&o)[0]);
 }
 
+/// Megatron's f16 training under the case's dynamic loss scale: its DynamicGradScaler, its overflow check
+/// over the model- and data-parallel groups, its schedules scaling the last stage's loss. A step the
+/// reference skips is skipped alike (the skips travel); without an overflow, step-0 gradients read from
+/// megatron's buffers are unscaled (read as they are, they are off by the scale: 1e6 ε).
+#[test]
+fn megatron_dynamic_loss_scaler_skips_like_the_reference() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-loss-scale");
+    let runs = [
+        ("megatron-ddp", "dp2-f16-overflow-every-rank.json", true),
+        ("megatron-ddp", "dp2-zero1-adam-f16-overflow-every-rank.json", true),
+        ("megatron-ddp", "dp2-zero1-adam-f16-no-overflow.json", false),
+        ("megatron-tp", "tp2-f16-overflow-in-one-shard-vocab14.json", true),
+        ("megatron-tp", "tp2-pp2-dp2-1f1b-f16-overflow-then-halved.json", true),
+        ("megatron-tp", "tp2-pp2-dp2-1f1b-distributed-optimizer-adam-f16-loss-scale-no-overflow.json", false),
+    ];
+    for (target, case, overflows) in runs {
+        let path = dir.join(case).display().to_string();
+        let o = shardfuzz(&["run", "--json", "--target", target, &path], &[]);
+        let vs = verdicts(&o);
+        assert_eq!(vs.len(), 1, "{target} {case}: {}", String::from_utf8_lossy(&o.stderr));
+        let v = &vs[0];
+        assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
+        let overflow = v["features"].as_array().unwrap().iter().any(|f| f == "loss-scale:overflow");
+        assert_eq!(overflow, overflows, "{target} {case}: {v}");
+        assert!(!v["notes"].to_string().contains("loss scaler skipped"), "{target} {case}: skips differ from the reference's: {v}");
+        if !overflows {
+            assert!(v["notes"].as_array().unwrap().is_empty(), "{target} {case}: every tensor compared: {v}");
+        }
+    }
+}
+
 /// A real historical bug through the warm-up call (`library_op.warmup`): torch 2.5.1's sharding
 /// propagation cache is keyed without the op's scalar arguments, so `constant_pad_nd` of a `Partial`
 /// input, after a warm-up call padding with 2.0, pads with 2.0 again where the case asks for 1.0

@@ -121,4 +121,26 @@ MUTANTS = {
         '                    world_range = param_range_map["gbuf_local"]\n\n                    assert world_range.size',
         "distributed optimizer copies updated fp32 main-param shards into the bucket's param buffer at the shard-local offset instead of the in-bucket offset: ranks > 0 write over rank 0's slot and all-gather their own stale bf16/fp16 shard (main -> model param copy of the wrong range)",
     ),
+    # The three mg-f16-* mutants below were fixed blind on 2026-11-30 from megatron-core 0.19.2's fp16 loss-scaler path.
+    'mg-f16-hysteresis-offbyone': (
+        'megatron-ddp',
+        'megatron.core.optimizer.grad_scaler',
+        '            if self._hysteresis_tracker <= 0:',
+        '            if self._hysteresis_tracker < 0:',
+        "DynamicGradScaler backs off only once the hysteresis tracker goes negative: one overflow more than `hysteresis` is needed before the loss scale is cut (with hysteresis=1 the first overflow skips the step but keeps the scale)",
+    ),
+    'mg-f16-found-inf-mp-group': (
+        'megatron-ddp',
+        'megatron.core.optimizer.optimizer',
+        '            self.found_inf,\n            op=torch.distributed.ReduceOp.MAX,\n            group=self.get_grad_stats_parallel_group(),',
+        '            self.found_inf,\n            op=torch.distributed.ReduceOp.MAX,\n            group=parallel_state.get_model_parallel_group(),',
+        "the found-inf flag is all-reduced over the model-parallel group instead of the optimizer's grad-stats group: with the distributed optimizer an overflow in one data-parallel rank's grad shard is not seen by the others, so ranks disagree on skipping the step and on the loss scale",
+    ),
+    'mg-f16-loss-scaled-every-stage': (
+        'megatron-ddp',
+        'megatron.core.pipeline_parallel.schedules',
+        '    if output_tensor_grad[0] is None and config.grad_scale_func is not None:\n        output_tensor[0] = config.grad_scale_func(output_tensor[0])',
+        '    if config.grad_scale_func is not None:\n        output_tensor[0] = config.grad_scale_func(output_tensor[0])',
+        "backward_step applies the loss scale on every pipeline stage, not only to the loss on the last stage: the already-scaled incoming grad is scaled again, so stage k from the end gets grads scaled by S**(k+1) (a loss scaled twice)",
+    ),
 }

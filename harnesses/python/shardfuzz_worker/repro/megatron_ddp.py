@@ -30,8 +30,10 @@ def generate(case, inputs, bounds, dropped):
     settings = ["# megatron's configuration, as the worker's ddp_settings() / optimizer_settings() write it for this case.",
                 literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
                 f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
-    sources = (worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "transformer_config",
-                             "megatron_training", "constant_schedule", "reduced_grads", "per_token_loss",
-                             "counted_tokens")
+    sources = (worker_source("targets/base.py", "dtype_name")
+               + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
+                                          "transformer_config", "megatron_training", "constant_schedule",
+                                          "reduced_grads", "per_token_loss", "counted_tokens", "scales_loss",
+                                          "loss_scale_of", "megatron_step")
                + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

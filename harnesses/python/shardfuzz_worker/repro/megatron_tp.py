@@ -44,7 +44,8 @@ def sources():
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",
                                           "transformer_config", "megatron_training", "ddp_settings",
-                                          "reduced_grads", "per_token_loss")
+                                          "reduced_grads", "per_token_loss", "loss_scaling_settings",
+                                          "scales_loss", "loss_scale_of", "megatron_step")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(

@@ -93,6 +93,8 @@ def unsupported_training(case):
         # Measured: "TypeError: Wrapped parameters must be one of torch.cuda.FloatTensor, torch.cuda.HalfTensor,
         # or torch.cuda.BFloat16Tensor. Received torch.cuda.DoubleTensor" (the distributed optimizer).
         return "megatron-core's optimizers take fp32, fp16 and bf16 parameters only: f64 is not expressed"
+    if case["train"].get("loss_scale") is not None and dt == "f32":
+        return "megatron's fp32 optimizer has no loss scaler"
     if reduce_dtype_name(case) not in REDUCED_IN[dt]:
         return f"megatron reduces {dt} gradients in {' or '.join(sorted(set(REDUCED_IN[dt])))} only"
     if p["reduce_bucket"] is not None and p["reduce_bucket"] < 1:
@@ -189,8 +191,8 @@ def reduced_grads(ddp, distributed_optimizer):
 
 def optimizer_settings(case):
     """OptimizerConfig's arguments for the case's optimizer (but `params_dtype`): Adam (AdamW where the case decays
-    decoupled) or SGD without momentum, the case's clipping (0: none), fp32 main parameters under bf16 / f16 (f16: a
-    constant loss scale of 1)."""
+    decoupled) or SGD without momentum, the case's clipping (0: none), fp32 main parameters under bf16 / f16 and the
+    case's loss scaling (loss_scaling_settings)."""
     t = case["train"]
     o, dt = t["optimizer"], dtype_name(case)
     clip = t.get("clip_grad_norm")
@@ -199,8 +201,42 @@ def optimizer_settings(case):
             "adam_beta2": o.get("beta2", 0.999), "adam_eps": o.get("eps", 1e-8),
             "decoupled_weight_decay": o["kind"] == "adamw", "sgd_momentum": 0.0,
             "clip_grad": float(clip) if clip is not None else 0.0, "bf16": dt == "bf16", "fp16": dt == "f16",
-            "loss_scale": 1.0 if dt == "f16" else None,
-            "use_distributed_optimizer": parallel(case)["zero_stage"] == 1}
+            **loss_scaling_settings(case), "use_distributed_optimizer": parallel(case)["zero_stage"] == 1}
+
+
+def loss_scaling_settings(case):
+    """OptimizerConfig's loss-scaling arguments. f16 with the case's `loss_scale`: megatron's DynamicGradScaler from
+    that scale, halved at every step whose gradients are not finite (hysteresis 1; the step skipped), never grown
+    within a case (a growth window of 2^31 steps) nor bounded below (2^-100), as the reference's scaler; f16 without:
+    a constant scale of 1 (megatron still skips a step whose gradients overflow). bf16 with a `loss_scale`: megatron's
+    constant scaler at that scale (its dynamic scaler is fp16's); the reference's halving differs only after an
+    overflow, which bf16's range does not meet at these scales."""
+    dt, scale = dtype_name(case), case["train"].get("loss_scale")
+    if dt == "f16" and scale is not None:
+        return {"loss_scale": None, "initial_loss_scale": float(scale), "min_loss_scale": 2.0**-100,
+                "loss_scale_window": 2**31, "hysteresis": 1}
+    if dt == "f16":
+        return {"loss_scale": 1.0}
+    return {"loss_scale": float(scale) if scale is not None and dt == "bf16" else None}
+
+
+def scales_loss(case):
+    """Whether megatron's optimizer holds a loss scaler for the case (and skips a step whose gradients overflow)."""
+    return dtype_name(case) == "f16" or (dtype_name(case) == "bf16" and case["train"].get("loss_scale") is not None)
+
+
+def loss_scale_of(opt):
+    """The loss scale the optimizer's gradients are multiplied by now (1 without a scaler)."""
+    return float(opt.get_loss_scale())
+
+
+def megatron_step(opt, schedule, case):
+    """megatron's optimizer step, the scheduler stepped after a successful update only (as megatron's training loop
+    does); whether the step was skipped (None where megatron holds no loss scaler)."""
+    ok, _norm, _zeros = opt.step()
+    if ok:
+        schedule.step(1)
+    return (not ok) if scales_loss(case) else None
 
 
 def weight_decay_overrides(case):

@@ -13,9 +13,12 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
 
 Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum; per-token: see above). Micro-batches run under the
 DDP's `no_sync`, `finalize_model_grads` (`finish_grad_sync` and what follows it) after the last, as megatron's
-training loop does. bf16 and f16 training keep fp32 main parameters (megatron's mixed-precision optimizer; f16
-with a constant loss scale of 1, so nothing is scaled): the reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding
-per step. Clipping is the optimizer's (`clip_grad`, its own global norm); learning rate and weight decay are set
+training loop does. bf16 and f16 training keep fp32 main parameters (megatron's mixed-precision optimizer): the
+reference rounds the parameters to the case dtype after every step, which differs by the order of one rounding per
+step. f16 with the case's `loss_scale` runs megatron's DynamicGradScaler from that scale (the fp32 loss times the
+scale before backward, the gradients unscaled and checked for overflow in megatron's step over its model- and
+data-parallel groups, a step with a non-finite gradient skipped and the scale halved: the skipped steps are
+reported); f16 without one a constant scale of 1 (megatron still skips an overflowing step). Clipping is the optimizer's (`clip_grad`, its own global norm); learning rate and weight decay are set
 by megatron's parameter scheduler, constant, as its training loop runs it; weight decay follows the case: megatron's
 default leaves biases and other vectors undecayed (the case's `no_decay_vectors`), an empty override table decays
 every parameter.
@@ -27,10 +30,11 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
-from .base import chunk_range, dtype_name, parallel, reduce_dtype_name, reduction_feature
-from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, ddp_settings, megatron_training,
-                              model_parallel, optimizer_settings, patch_cuda, per_token_loss, reduced_grads,
-                              transformer_config, unsupported_training, weight_decay_overrides)
+from .base import chunk_range, dtype_name, loss_denominator, parallel, reduce_dtype_name, reduction_feature
+from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step,
+                              megatron_training, model_parallel, optimizer_settings, patch_cuda, per_token_loss,
+                              reduced_grads, scales_loss, transformer_config, unsupported_training,
+                              weight_decay_overrides)
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -40,7 +44,8 @@ class MegatronDdp(MegatronTarget):
     freezes = True
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("dp",), "megatron-ddp runs data parallelism only (no tp/pp/cp/ep)")
+        why = unsupported_layout(case, ("dp",), "megatron-ddp runs data parallelism only (no tp/pp/cp/ep)",
+                                 loss_scaling=True, fp32_optimizer_state=True)
         if why:
             return why
         if case["model"].get("sparse_embedding"):
@@ -100,16 +105,23 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
 
     def grad(name, _p):
         if state["grads"] is None:
-            state["grads"] = reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"])
+            # (megatron's buffers hold the gradients of the scaled loss: its optimizer unscales them in its step)
+            scale = loss_scale_of(opt)
+            state["grads"] = {n: g / scale for n, g in
+                              reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"]).items()}
         return state["grads"][name]
 
-    def step():
-        opt.step()  # (under f16 it skips a step whose gradients overflow: the reference's are inf there)
-        schedule.step(1)
+    def loss_seed(loss):
+        # What backward starts from, as megatron's training loop makes it: per-token the summed loss, otherwise its
+        # share (dp / global tokens); where megatron holds a loss scaler, in fp32 times the optimizer's loss scale.
+        if scales_loss(case):
+            loss = loss.float()
+        seed = loss if per_token else loss * (world / loss_denominator(inputs))
+        return opt.scale_loss(seed) if scales_loss(case) else seed
 
-    return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward, step=step,
-                 clip=lambda: None, no_sync=ddp.no_sync, named=named, grad=grad, forward=lambda ids: ddp(ids),
-                 loss_seed=(lambda loss: loss) if per_token else None)
+    return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward,
+                 step=lambda: megatron_step(opt, schedule, case), clip=lambda: None, no_sync=ddp.no_sync, named=named,
+                 grad=grad, forward=lambda ids: ddp(ids), loss_seed=loss_seed)
 
 
 TARGET = MegatronDdp()

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, micro_batches,
                    parallel, vocab_sharded_loss)
-from .megatron_common import (cuda_on_cpu, ddp_settings, megatron_training, optimizer_settings, per_token_loss,
-                              reduced_grads, transformer_config, weight_decay_overrides)
+from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
+                              optimizer_settings, per_token_loss, reduced_grads, scales_loss, transformer_config,
+                              weight_decay_overrides)
 from .torch_common import torch_dtype
 from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
@@ -278,7 +279,7 @@ def train_megatron(case, inputs, model, gathered):
     lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
     rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
     batch = MicroBatches(case, inputs, gathered, per_token_loss(case), dp * len(rows) / loss_denominator(inputs))
-    losses, logits0, grads0 = [], None, {}
+    losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         for d in ddps:
             d.zero_grad_buffer()
@@ -296,14 +297,17 @@ def train_megatron(case, inputs, model, gathered):
         losses.append(float(loss_sum) / loss_denominator(inputs))
         if k == 0:
             logits0 = torch.cat(batch.rows).numpy() if batch.rows else None
-            reduced = {case_name(d.module, n): g for d in ddps
+            scale = loss_scale_of(opt)  # (the buffers hold the scaled loss's gradients: megatron unscales in its step)
+            reduced = {case_name(d.module, n): g / scale for d in ddps
                        for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
             grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name)))
                       for name, p in named if p.requires_grad}
-        opt.step()  # megatron's clipping (its norm over the model- and data-parallel groups) and step
-        schedule.step(1)
+        # megatron's unscaling and overflow check, its clipping (its norm over the model- and data-parallel groups)
+        # and step; the scheduler after a successful update
+        skipped.append(megatron_step(opt, schedule, case))
     final = {name: case_view(name, p) for name, p in named}
-    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final}
+    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
+            "skipped": skipped if scales_loss(case) else None}
 
 
 def megatron_setup(case, chunks):

@@ -18,7 +18,8 @@ blocks split over pp pipeline stages (megatron's 1F1B or interleaved schedule), 
 Activations are megatron's [s, b, h]. The model trains as megatron's training loop runs it: each data-parallel
 replica on its rows of the batch, in megatron's DistributedDataParallel (ZeRO 1: its distributed optimizer; the
 case's bucket size, overlap and fp32 reduction as megatron-ddp maps them), with megatron's optimizer for the case's
-(megatron_common; fp32 main parameters under bf16 / f16), its gradient norm over the model- and data-parallel groups
+(megatron_common; fp32 main parameters under bf16 / f16; under f16 its loss scaler, dynamic from the case's
+`loss_scale`, applied by its schedule to the last stage's loss), its gradient norm over the model- and data-parallel groups
 (tensor-parallel parameters from every rank, replicated ones once) and its clipping, under its parameter scheduler,
 finalize_model_grads after the micro-batches; megatron's CUDA-only calls pointed at the CPU
 (megatron_common.cuda_on_cpu).
@@ -48,8 +49,9 @@ class MegatronTp(MegatronTarget):
     freezes = True
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("tp", "dp", "pp"), "megatron-tp runs tensor (and sequence), pipeline and data "
-                                                         "parallelism only")
+        why = unsupported_layout(case, ("tp", "dp", "pp"),
+                                 "megatron-tp runs tensor (and sequence), pipeline and data parallelism only",
+                                 loss_scaling=True, fp32_optimizer_state=True)
         if why:
             return why
         p = parallel(case)

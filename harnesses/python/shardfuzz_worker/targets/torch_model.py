@@ -155,10 +155,11 @@ def model_defaults(case):
     return m
 
 
-def unsupported_model(case, loss_scaling=False, master_weights=False):
+def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optimizer_state=False):
     """Why the plain torch model cannot express this case, or None. `loss_scaling`: the target runs
     the case's dynamic loss scaler (torch_training.loss_scaler); `master_weights`: it keeps parameters and
-    optimizer states in the case's `master_dtype`."""
+    optimizer states in the case's `master_dtype`; `fp32_optimizer_state`: its optimizer keeps its state in fp32
+    whatever the parameters' dtype (megatron's mixed-precision optimizers)."""
     if "model" not in case:
         return "model cases only"
     m = model_defaults(case)
@@ -176,7 +177,7 @@ def unsupported_model(case, loss_scaling=False, master_weights=False):
     from .base import master_dtype_name
 
     held = master_dtype_name(case) if master_weights else case["train"]["dtype"]
-    if held == "f16" and case["train"]["optimizer"]["kind"] != "sgd":
+    if held == "f16" and case["train"]["optimizer"]["kind"] != "sgd" and not fp32_optimizer_state:
         # torch keeps Adam's moments in the parameter dtype; in f16 the second moment underflows
         # (0.001 g^2 < 6e-8) and the step blows up, where the case's optimizer keeps them in f32.
         return "Adam moments in f16 (torch keeps optimizer state in the parameter dtype)"
@@ -186,10 +187,10 @@ def unsupported_model(case, loss_scaling=False, master_weights=False):
 
 
 def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False, loss_scaling=False,
-                       master_weights=False):
+                       master_weights=False, fp32_optimizer_state=False):
     """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), the
     sequence-parallel mode is one of `sp_modes`, and ZeRO offloading only where the target has it."""
-    why = unsupported_model(case, loss_scaling, master_weights)
+    why = unsupported_model(case, loss_scaling, master_weights, fp32_optimizer_state)
     if why:
         return why
     p = case["parallel"]
