@@ -253,12 +253,15 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
     let tokens = inputs.loss_denominator();
     let mut out = RunOutput::default();
-    let (mut skipped, mut nonfinite_steps) = (vec![], vec![]);
+    let (mut skipped, mut nonfinite_steps, mut peaks) = (vec![], vec![], vec![]);
     for step in 0..case.train.steps {
         let mut grads = ParamSet::new();
         let s = scale.unwrap_or(1.0);
+        let before = ctx.peak_activation.replace(0.0);
         let (loss, logits) = forward_backward(&ctx, &params, &g, &inputs.tokens, &inputs.targets, s / tokens, &mut grads)
             .map_err(|e| ReferenceError(e.to_string()))?;
+        peaks.push(grads.values().fold(ctx.peak_activation.get(), |m, t| m.max(t.max_abs())));
+        ctx.peak_activation.set(before.max(ctx.peak_activation.get()));
         out.tensors.push((format!("loss/step{step}"), Tensor::scalar(p.r(loss / tokens))));
         adjust_gradients(&variant, p, scale.map(|_| s), step, &order, &mut grads);
         if step == 0 {
@@ -286,6 +289,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
         out.stats.final_loss = final_loss(&ctx, &params, &g, inputs).map(|l| l / tokens);
     }
     out.stats.skipped_steps = case.train.loss_scale.is_some().then_some(skipped);
+    out.stats.scaled_peaks = case.train.loss_scale.is_some().then_some(peaks);
     out.stats.nonfinite_grad_steps = Some(nonfinite_steps);
     out.stats.near_ties = (flips.below > 0.0).then(|| ctx.near_ties.get());
     Ok(out)
