@@ -60,9 +60,10 @@ pub struct RunStats {
     /// Per step: whether the dynamic loss scaler skipped it (runs with a loss scaler only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped_steps: Option<Vec<bool>>,
-    /// Per step: the largest magnitude the loss-scaled backward reached (the residual stream's
-    /// gradient and the parameters' gradients, before the scale is divided out; the forward's
-    /// activations too), reference runs with a loss scaler only: how near the step came to overflowing.
+    /// Per step: the largest magnitude the loss-scaled backward reached (its seed, the residual
+    /// stream's gradient and the parameters' gradients, before the scale is divided out; the
+    /// forward's activations too), reference runs with a loss scaler only: how near the step came
+    /// to overflowing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaled_peaks: Option<Vec<f64>>,
     /// Per step: whether a gradient had a non-finite element, with or without a loss scaler

@@ -26,6 +26,10 @@ Put this folder on PYTHONPATH and set SHARDFUZZ_TEST_FAULT; every Python process
   megatron-per-token-count-local
                         megatron-core's finalize_model_grads divides the gradients by each rank's own count of loss
                         tokens instead of the count all-reduced over the data-parallel ranks (per-token loss).
+  megatron-overflow-every-step
+                        megatron-core's mixed-precision optimizer reports an overflow at every step
+                        (MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan): every step skipped, the loss
+                        scale halved each time, the parameters never updated.
   deepspeed-reduce-half every SUM reduction DeepSpeed issues through its torch comm backend
                         (deepspeed.comm.torch.TorchBackend: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
                         reduce_scatter_tensor; ZeRO's gradient reductions) yields half the sum.
@@ -204,6 +208,17 @@ def _megatron_per_token_count_local(module):
     module.finalize_model_grads = counted_locally
 
 
+def _megatron_overflow_every_step(module):
+    cls = module.MixedPrecisionOptimizer
+    check = cls._unscale_main_grads_and_check_for_nan
+
+    def always(self):
+        check(self)
+        return True
+
+    cls._unscale_main_grads_and_check_for_nan = always
+
+
 #: Fault name -> (module to patch once it has been executed, patch).
 FAULTS = {
     "dtensor-partial-half": ("torch.distributed.tensor.placement_types", _halve_partial_reductions),
@@ -216,6 +231,7 @@ FAULTS = {
     "megatron-ddp-grads-summed": ("megatron.core.distributed.param_and_grad_buffer", _megatron_ddp_grads_summed),
     "megatron-per-token-count-local": ("megatron.core.distributed.finalize_model_grads",
                                        _megatron_per_token_count_local),
+    "megatron-overflow-every-step": ("megatron.core.optimizer.optimizer", _megatron_overflow_every_step),
     "deepspeed-reduce-half": ("deepspeed.comm.torch", _halve_deepspeed_reductions),
 }
 
