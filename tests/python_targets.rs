@@ -1327,6 +1327,9 @@ fn megatron_tp_times_dp_trains_like_the_reference() {
     // Megatron's own refusal of three micro-batches over two interleaved stages.
     let v = one_verdict("megatron-tp", &dir.join("tp2-pp2-interleaved2-three-microbatches-rejected-f32.json"), "");
     assert!(v["kind"] == "rejected" && reason(&v).contains("remainder of M"), "{v}");
+    // No blocks over four pipeline chunks: the middle ones would hold nothing (campaign 177's harness error).
+    let v = one_verdict("megatron-tp", &dir.join("pp2-dp2-interleaved2-no-blocks-unsupported-bf16.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("nothing to hold"), "{v}");
 }
 
 /// megatron-core's DistributedDataParallel and its optimizer (megatron-ddp): the distributed optimizer over three

@@ -114,6 +114,10 @@ def unsupported_pipeline(case):
         return "megatron's pipeline schedules are 1F1B and interleaved 1F1B (no GPipe)"
     if m.get("layer_passes", 1) > 1:
         return "shared blocks (layer_passes) run on one stage only"
+    chunks = p["pp"] * (p["virtual_stages"] if p["pipeline_schedule"] == "interleaved" else 1)
+    if not m["layers"] and chunks > 2:
+        # (campaign 177: the harness asked an empty chunk for its dtype)
+        return "a model without blocks leaves the middle pipeline chunks nothing to hold (no block, embedding or head)"
     count = micro_batch_count(case)
     rows = [b - a for a, b in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"]))]
     if min(rows) < count:
