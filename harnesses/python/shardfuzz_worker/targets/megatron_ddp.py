@@ -111,13 +111,16 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
                               reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"]).items()}
         return state["grads"][name]
 
+    scaled = scales_loss(case)
+    share = world / loss_denominator(inputs)
+
     def loss_seed(loss):
         # What backward starts from, as megatron's training loop makes it: per-token the summed loss, otherwise its
         # share (dp / global tokens); where megatron holds a loss scaler, in fp32 times the optimizer's loss scale.
-        if scales_loss(case):
+        if scaled:
             loss = loss.float()
-        seed = loss if per_token else loss * (world / loss_denominator(inputs))
-        return opt.scale_loss(seed) if scales_loss(case) else seed
+        seed = loss if per_token else loss * share
+        return opt.scale_loss(seed) if scaled else seed
 
     return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward,
                  step=lambda: megatron_step(opt, schedule, case), clip=lambda: None, no_sync=ddp.no_sync, named=named,
