@@ -174,6 +174,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         resume_after: None,
         frozen: vec![],
         per_token_loss: false,
+        label_smoothing: None,
     })
 }
 
@@ -212,6 +213,12 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
             class_weights: !is_op && u.ratio(1, 8)?,
         },
     };
+    // Drawn after everything else, so the fields above are those of a case without it: one model case
+    // in sixteen without class weights smooths its labels.
+    let mut case = case;
+    if !is_op && !case.data.class_weights && u.ratio(1, 16)? {
+        case.train.label_smoothing = Some(Real(pick(u, &[0.05, 0.1, 0.2, 0.5])?));
+    }
     case.validate(&Limits::default()).map_err(|_| arbitrary::Error::IncorrectFormat)?;
     Ok(case)
 }

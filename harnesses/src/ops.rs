@@ -97,7 +97,7 @@ pub fn reference(op: &OpCase, inputs: &Inputs, p: Prec) -> Result<RunOutput, Str
         }
         OpKind::CrossEntropy => {
             let logits = r(input(inputs, "logits")?);
-            let ce = k::cross_entropy_fwd_bwd(p, &logits, &inputs.targets, 1.0);
+            let ce = k::cross_entropy_fwd_bwd(p, &logits, &inputs.targets, 1.0, k::LabelSmoothing::none());
             let out = ce.losses.clone().insert_axis(Axis(1));
             let dl = Mat::from_shape_fn(ce.dlogits.raw_dim(), |(i, j)| p.r(ce.dlogits[[i, j]] * gout[[i, 0]]));
             tensors.push(("out".into(), t(out)));

@@ -27,7 +27,9 @@ pub use dtype::DType;
 pub use elementwise::{add, add_in_place, scale, sum_into};
 pub use embedding::{embedding_bwd, embedding_fwd};
 pub use linear::{add_row, linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn, sum_rows, LinearGrads};
-pub use loss::{cross_entropy_fwd_bwd, mask_ignored, row_max, row_sum_exp, target_logit, CrossEntropy, IGNORED_TARGET};
+pub use loss::{
+    cross_entropy_fwd_bwd, mask_ignored, row_max, row_sum, row_sum_exp, target_logit, CrossEntropy, LabelSmoothing, IGNORED_TARGET,
+};
 pub use moe::{assign_capacity, capacity, router_bwd, router_fwd, topk_rows, Routing};
 pub use norm::{layernorm_bwd, layernorm_fwd, layernorm_weight_grads, rmsnorm_bwd, rmsnorm_fwd, NormCache, NormGrads};
 pub use optim::{adam_step, sgd_step, AdamConfig};

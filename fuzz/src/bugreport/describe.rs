@@ -245,6 +245,9 @@ fn train_words(case: &Case) -> String {
     if case.data.class_weights {
         s += ", a class-weighted loss";
     }
+    if let Some(e) = t.label_smoothing {
+        s += &format!(", label smoothing {} (torch's definition)", e.0);
+    }
     s
 }
 

@@ -105,6 +105,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         !t.frozen.is_empty(),
         t.optimizer.no_decay_vectors,
         t.per_token_loss,
+        t.label_smoothing.is_some(),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -207,6 +208,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.per_token_loss {
         out.push(with(case, |c| c.train.per_token_loss = false));
+    }
+    if case.train.label_smoothing.is_some() {
+        out.push(with(case, |c| c.train.label_smoothing = None));
     }
     for i in 0..case.train.frozen.len() {
         out.push(with(case, |c| _ = c.train.frozen.remove(i)));

@@ -61,6 +61,12 @@ pub struct Train {
     /// tokens before a gradient average. The same result (the global token mean) either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_token_loss: bool,
+    /// Label smoothing ε of the cross-entropy, as torch's `label_smoothing` defines it: each counted token's
+    /// target distribution is 1 − ε on its target plus ε / V on each of the V vocabulary entries, so its loss is
+    /// (1 − ε)·(−log p_target) + ε·mean_j(−log p_j) (Megatron's `label_smoothing` α is the same distribution with
+    /// α = ε·(V − 1) / V). 0 < ε < 1; absent: none. Model cases without class weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_smoothing: Option<Real>,
 }
 
 /// Whether the `train.frozen` entry `prefix` freezes the parameter `name` (itself or a module above it).
@@ -75,6 +81,11 @@ fn one() -> u32 {
 impl Train {
     pub fn reduce_dtype(&self) -> DType {
         self.reduce_dtype.unwrap_or(self.dtype)
+    }
+
+    /// The label smoothing ε (0 when absent).
+    pub fn label_smoothing(&self) -> f64 {
+        self.label_smoothing.map_or(0.0, |r| r.get())
     }
 
     /// Whether the parameter `name` is frozen (`frozen` names it or a module above it).

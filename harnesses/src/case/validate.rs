@@ -156,6 +156,13 @@ impl Case {
         if self.data.class_weights && self.model.is_none() {
             r.fail("data.class_weights", "only model cases have a loss to weight");
         }
+        if self.train.label_smoothing.is_some() {
+            if self.model.is_none() {
+                r.fail("train.label_smoothing", "only model cases have a loss to smooth");
+            } else if self.data.class_weights {
+                r.fail("train.label_smoothing", "not with data.class_weights (a weighted smoothed loss is not modelled)");
+            }
+        }
         if r.0.is_empty() {
             let bytes = self.estimated_bytes();
             if bytes > limits.memory_budget {
@@ -408,6 +415,12 @@ fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     }
     if let Some(s) = t.loss_scale {
         r.finite_at_least("train.loss_scale", s.get(), 0.0, true);
+    }
+    if let Some(e) = t.label_smoothing {
+        let e = e.get();
+        if !(e > 0.0 && e < 1.0) {
+            r.fail("train.label_smoothing", format!("must be greater than 0 and less than 1 (got {e})"));
+        }
     }
     if let Some(k) = t.resume_after {
         if k == 0 || k >= t.steps {

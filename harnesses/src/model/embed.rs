@@ -61,37 +61,58 @@ pub fn head_fwd(
             }
         }
     }
+    let smoothing = k::LabelSmoothing { eps: ctx.label_smoothing, vocab: lay.vocab_real };
     let (losses, dlogits) = match ctx.tp.filter(|t| t.size() > 1) {
         None => {
-            let ce = k::cross_entropy_fwd_bwd(ctx.p, &logits, targets, grad_scale);
+            let ce = k::cross_entropy_fwd_bwd(ctx.p, &logits, targets, grad_scale, smoothing);
             (ce.losses.to_vec(), ce.dlogits)
         }
-        Some(tp) => {
-            let mut mx = k::row_max(ctx.p, &logits).to_vec();
-            tp.all_reduce_max(&mut mx)?;
-            let mx = ndarray::Array1::from_vec(mx);
-            let mut se = k::row_sum_exp(ctx.p, &logits, &mx).to_vec();
-            let acc = ctx.p.acc();
-            tp.all_reduce_sum_in(&mut se, acc.dtype)?;
-            let mut tl = k::target_logit(&logits, targets, lay.vocab.start).to_vec();
-            tp.all_reduce_sum_in(&mut tl, acc.dtype)?;
-            let losses: Vec<f64> = (0..logits.nrows()).map(|t| ctx.p.r(acc.round(acc.round(se[t].ln()) + mx[t] - tl[t]))).collect();
-            let mut d = Mat::zeros(logits.raw_dim());
-            for t in 0..logits.nrows() {
-                for j in 0..logits.ncols() {
-                    let prob = acc.round(acc.round((logits[[t, j]] - mx[t]).exp()) / se[t]);
-                    let onehot = if lay.vocab.start + j == targets[t] { 1.0 } else { 0.0 };
-                    d[[t, j]] = ctx.p.r(acc.round(prob - onehot) * grad_scale);
-                }
-            }
-            let mut losses = losses;
-            k::mask_ignored(targets, &mut losses, &mut d);
-            (losses, d)
-        }
+        Some(tp) => vocab_parallel_cross_entropy(ctx, tp, &logits, targets, grad_scale, smoothing)?,
     };
     let (losses, dlogits) = weighted(ctx, targets, losses, dlogits);
     let shown = logits.mapv(|x| if x == f64::NEG_INFINITY { 0.0 } else { x });
     Ok((losses, shown, HeadCache { norm, z, dlogits }))
+}
+
+/// Cross-entropy over this rank's vocabulary slice of the logits (padding columns −∞): the row max, the
+/// sum of exponentials and the target's logit (with label smoothing, the sum of the real logits too)
+/// all-reduced over the tensor-parallel group.
+fn vocab_parallel_cross_entropy(
+    ctx: &Ctx,
+    tp: &dyn super::GroupOps,
+    logits: &Mat,
+    targets: &[usize],
+    grad_scale: f64,
+    smoothing: k::LabelSmoothing,
+) -> CResult<(Vec<f64>, Mat)> {
+    let lay = ctx.layout;
+    let real = |j: usize| lay.vocab.start + j < lay.vocab_real;
+    let mut mx = k::row_max(ctx.p, logits).to_vec();
+    tp.all_reduce_max(&mut mx)?;
+    let mx = ndarray::Array1::from_vec(mx);
+    let mut se = k::row_sum_exp(ctx.p, logits, &mx).to_vec();
+    let acc = ctx.p.acc();
+    tp.all_reduce_sum_in(&mut se, acc.dtype)?;
+    let mut tl = k::target_logit(logits, targets, lay.vocab.start).to_vec();
+    tp.all_reduce_sum_in(&mut tl, acc.dtype)?;
+    let mut sums = vec![0.0; logits.nrows()];
+    if smoothing.eps > 0.0 {
+        sums = k::row_sum(ctx.p, logits, real).to_vec();
+        tp.all_reduce_sum_in(&mut sums, acc.dtype)?;
+    }
+    let mut losses: Vec<f64> = (0..logits.nrows())
+        .map(|t| ctx.p.r(smoothing.loss(acc, acc.round(acc.round(se[t].ln()) + mx[t] - tl[t]), tl[t], sums[t])))
+        .collect();
+    let mut d = Mat::zeros(logits.raw_dim());
+    for t in 0..logits.nrows() {
+        for j in 0..logits.ncols() {
+            let prob = acc.round(acc.round((logits[[t, j]] - mx[t]).exp()) / se[t]);
+            let mass = smoothing.target_mass(lay.vocab.start + j == targets[t], real(j));
+            d[[t, j]] = ctx.p.r(acc.round(prob - mass) * grad_scale);
+        }
+    }
+    k::mask_ignored(targets, &mut losses, &mut d);
+    Ok((losses, d))
 }
 
 /// Each row's loss and logits' gradient times its target's class weight (as torch's weighted

@@ -64,6 +64,8 @@ pub struct Ctx<'a> {
     pub p: Prec,
     /// The loss weight of each vocabulary entry (`data.class_weights`); empty: unweighted.
     pub class_weights: &'a [f64],
+    /// The cross-entropy's label smoothing ε (`train.label_smoothing`; 0: none).
+    pub label_smoothing: f64,
     pub model: &'a Model,
     pub layout: &'a Layout,
     /// Tensor-parallel group (None: single device along this axis).

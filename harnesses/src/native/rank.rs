@@ -97,6 +97,7 @@ impl<'a> Rank<'a> {
             peak_activation: std::cell::Cell::new(0.0),
             loss_grad_scale: std::cell::Cell::new(0.0),
             class_weights: &self.plan.class_weights,
+            label_smoothing: self.plan.case.train.label_smoothing(),
         }
     }
 

@@ -124,7 +124,8 @@ fn final_loss(ctx: &Ctx, params: &ParamSet, g: &Geom, inputs: &Inputs) -> Option
 }
 
 /// The context of a single-device run: no groups, one micro-batch, no injected bug.
-fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec, class_weights: &'a [f64]) -> Ctx<'a> {
+fn single_device_ctx<'a>(case: &'a Case, layout: &'a Layout, p: Prec, class_weights: &'a [f64]) -> Ctx<'a> {
+    let m = case.model.as_ref().expect("a model case");
     Ctx {
         p,
         model: m,
@@ -143,6 +144,7 @@ fn single_device_ctx<'a>(m: &'a crate::case::Model, layout: &'a Layout, p: Prec,
         loss_grad_scale: std::cell::Cell::new(0.0),
         peak_activation: std::cell::Cell::new(0.0),
         class_weights,
+        label_smoothing: case.train.label_smoothing(),
     }
 }
 
@@ -173,7 +175,7 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
 pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>) -> Result<ParamSet, ReferenceError> {
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
     let layout = Layout::single(m);
-    let ctx = single_device_ctx(m, &layout, Prec::new(DType::F64), &inputs.class_weights);
+    let ctx = single_device_ctx(case, &layout, Prec::new(DType::F64), &inputs.class_weights);
     let params: ParamSet = inputs.tensors.iter().cloned().collect();
     let seq = m.seq as usize;
     let tokens = rows.start * seq..rows.end * seq;
@@ -234,7 +236,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
-    let mut ctx = single_device_ctx(m, &layout, p, &inputs.class_weights);
+    let mut ctx = single_device_ctx(case, &layout, p, &inputs.class_weights);
     let flips = variant.flips;
     (ctx.flip_routing_below, ctx.flip_only, ctx.gate_jitter) = (flips.below, flips.only, flips.gate_jitter);
     let mut params: ParamSet = inputs

@@ -28,7 +28,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "native",
         description: "embedded sharded implementation: TP/SP, DP/ZeRO, PP, EP on simulated ranks (threads)",
         env: None,
-        offers: &["layer_passes"],
+        offers: &["layer_passes", "label_smoothing"],
         create: |o| {
             let bugs = crate::model::Bugs::parse(&o.inject)?;
             let ms = if o.timeout_ms == 0 { 10_000 } else { o.timeout_ms };
@@ -53,14 +53,14 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-tp",
         description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
         env: Some(MAIN),
-        offers: &["vocab_loss", "activation_checkpointing", "layer_passes"],
+        offers: &["label_smoothing", "vocab_loss", "activation_checkpointing", "layer_passes"],
         create: |o| python("torch-tp", MAIN, o),
     },
     TargetInfo {
         name: "torch-fsdp2",
         description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
         env: Some(MAIN),
-        offers: &[
+        offers: &["label_smoothing", 
             "zero_offload",
             "zero_shard_group",
             "reduce_dtype_below",
@@ -78,7 +78,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-ddp",
         description: "PyTorch DistributedDataParallel over the data-parallel ranks",
         env: Some(MAIN),
-        offers: &[
+        offers: &["label_smoothing", 
             "reduce_bucket",
             "contiguous_grads",
             "sparse_embedding",
@@ -109,7 +109,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "deepspeed-zero",
         description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host",
         env: Some(MAIN),
-        offers: &[
+        offers: &["label_smoothing", 
             "zero_offload",
             "reduce_bucket",
             "overlap_comm",
@@ -137,14 +137,14 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, pipeline stages under its 1F1B and interleaved schedules, data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer)",
         env: Some(MAIN),
-        offers: &["vocab_loss", "reduce_bucket", "overlap_comm", "per_token_loss", "frozen", "activation_checkpointing", "layer_passes"],
+        offers: &["label_smoothing", "vocab_loss", "reduce_bucket", "overlap_comm", "per_token_loss", "frozen", "activation_checkpointing", "layer_passes"],
         create: |o| python("megatron-tp", MAIN, o),
     },
     TargetInfo {
         name: "megatron-ddp",
         description: "Megatron-core DistributedDataParallel + its optimizer over the data-parallel ranks: contiguous gradient buckets, the distributed optimizer (ZeRO-1), fp32 main parameters, gradient reduction in fp32",
         env: Some(MAIN),
-        offers: &["reduce_bucket", "overlap_comm", "frozen", "per_token_loss", "activation_checkpointing", "layer_passes"],
+        offers: &["label_smoothing", "reduce_bucket", "overlap_comm", "frozen", "per_token_loss", "activation_checkpointing", "layer_passes"],
         create: |o| python("megatron-ddp", MAIN, o),
     },
     TargetInfo {
@@ -158,7 +158,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-zero",
         description: "Colossal-AI Booster + LowLevelZeroPlugin: ZeRO stages 1-2 over the data-parallel ranks, fp32/bf16/fp16, optional CPU offload",
         env: Some("colossalai"),
-        offers: &[
+        offers: &["label_smoothing", 
             "zero_offload",
             "reduce_bucket",
             "overlap_comm",

@@ -39,7 +39,7 @@ def sources():
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
-                             "reduce_dtype_name")
+                             "reduce_dtype_name", "label_smoothing")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",

@@ -1,7 +1,7 @@
 """What the generators of the torch model-case targets share: refusals, tensor names, the case's model and its
 training loop taken from the worker, the header lines about the model, and the embedded inputs."""
 
-from ..targets.base import dtype_name, is_frozen, unsupported_frozen
+from ..targets.base import dtype_name, is_frozen, unsupported_frozen, unsupported_label_smoothing
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
@@ -31,7 +31,7 @@ def check_model_case(case, target, worker, fields):
     about) and its dtype has a torch dtype."""
     if "op" in case:
         raise ReproError(f"{target} runs model cases only (the case has case.op, not case.model)")
-    why = unsupported_frozen(worker, case) or worker.unsupported(case)
+    why = unsupported_frozen(worker, case) or unsupported_label_smoothing(worker, case) or worker.unsupported(case)
     if why:
         raise ReproError(f"{target} cannot run this case ({fields}): {why}")
     if dtype_name(case) not in TORCH_DTYPES:
@@ -89,7 +89,7 @@ def model_source():
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "is_frozen", "setup_features", "resume_after").replace("HarnessError", "RuntimeError")
+                         "is_frozen", "setup_features", "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
     loop = worker_source("targets/torch_training.py", "full", "dense", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")
     return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop

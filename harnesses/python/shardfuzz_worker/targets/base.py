@@ -20,6 +20,8 @@ class Target:
     op_kinds = OP_KINDS
     #: Whether it leaves the case's frozen parameters (`train.frozen`) untrained (others refuse such cases).
     freezes = False
+    #: Whether its loss smooths the labels as the case asks (`train.label_smoothing`; others refuse such cases).
+    smooths_labels = False
 
     def versions(self):
         return {}
@@ -258,6 +260,20 @@ def unsupported_frozen(target, case):
     `freezes` leave them untrained (any other would train them, a different computation)."""
     if case.get("train", {}).get("frozen") and not target.freezes:
         return f"{target.name} trains every parameter (no train.frozen)"
+    return None
+
+
+def label_smoothing(case):
+    """The case's label smoothing ε (`train.label_smoothing`, torch's definition: 1 - ε on the target plus ε / V on
+    each of the V vocabulary entries), 0.0 when absent."""
+    return float(case.get("train", {}).get("label_smoothing") or 0.0)
+
+
+def unsupported_label_smoothing(target, case):
+    """Why `target` cannot smooth the case's labels, or None: only targets that set `smooths_labels` compute the
+    smoothed loss (any other would compute the plain one, a different computation)."""
+    if label_smoothing(case) and not target.smooths_labels:
+        return f"{target.name} has no label smoothing (train.label_smoothing)"
     return None
 
 

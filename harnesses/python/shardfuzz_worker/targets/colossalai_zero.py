@@ -31,6 +31,7 @@ PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 class ColossalZero(ColossalTarget):
     name = "colossalai-zero"
     freezes = True
+    smooths_labels = True
 
     def __init__(self):
         super().__init__()

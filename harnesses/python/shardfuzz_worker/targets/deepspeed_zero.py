@@ -56,6 +56,7 @@ def micro_batches(case):
 class DeepSpeedZero(TorchTarget):
     name = "deepspeed-zero"
     freezes = True
+    smooths_labels = True
 
     def __init__(self):
         super().__init__()

@@ -42,6 +42,7 @@ from .torch_training import combine_dp, single_device, train
 class MegatronDdp(MegatronTarget):
     name = "megatron-ddp"
     freezes = True
+    smooths_labels = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "megatron-ddp runs data parallelism only (no tp/pp/cp/ep)",

@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, micro_batches,
-                   parallel, vocab_sharded_loss)
+from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, label_smoothing, loss_denominator,
+                   micro_batches, parallel, vocab_sharded_loss)
 from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
                               optimizer_settings, per_token_loss, reduced_grads, scales_loss, transformer_config,
                               weight_decay_overrides)
@@ -345,6 +345,7 @@ class MicroBatches:
         self.ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(m["batch"], m["seq"])
         self.targets = torch.tensor(inputs["targets"].astype(np.int64)).view(m["batch"], m["seq"])
         self.gathered, self.per_token, self.scale = gathered, per_token, scale
+        self.smoothing, self.vocab = label_smoothing(case), m["vocab"]
         self.sums, self.rows = [], None
 
     def start(self, keep_logits):
@@ -358,7 +359,7 @@ class MicroBatches:
         return logits, functools.partial(self.loss, self.targets[a:c].t().contiguous())
 
     def loss(self, target, logits):
-        l = token_loss_sum(logits, target, self.gathered).float()
+        l = token_loss_sum(logits, target, self.gathered, self.smoothing, self.vocab).float()
         self.sums.append(l.detach().to(torch.float64))
         if self.per_token:
             return l, torch.tensor(int((target != IGNORE_INDEX).sum()), dtype=torch.int), {}
@@ -371,14 +372,19 @@ def micro_batch_count(case):
     return case["train"].get("grad_accumulation", 1) * (p["microbatches"] if p["pp"] > 1 else 1)
 
 
-def token_loss_sum(logits, target, gathered):
-    """The micro-batch's summed token loss (ignored targets left out) from logits [s, b, v(/tp)], target [s, b]."""
+def token_loss_sum(logits, target, gathered, smoothing=0.0, vocab=1):
+    """The micro-batch's summed token loss (ignored targets left out) from logits [s, b, v(/tp)], target [s, b];
+    `smoothing`: the case's label smoothing ε over a vocabulary of `vocab` entries (torch's definition)."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     if gathered:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum",
+                               label_smoothing=smoothing)
+    # Megatron's label_smoothing α (NeMo's definition: 1 - α on the target, α / (V - 1) on each other entry) is
+    # torch's ε with α = ε (V - 1) / V.
+    alpha = smoothing * (vocab - 1) / vocab
     # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
-    per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0))  # [s, bc]
+    per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0), label_smoothing=alpha)  # [s, bc]
     return (per_token * (target != IGNORE_INDEX)).sum()
 
 

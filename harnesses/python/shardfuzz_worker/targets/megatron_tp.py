@@ -47,6 +47,7 @@ def _patch_cuda():
 class MegatronTp(MegatronTarget):
     name = "megatron-tp"
     freezes = True
+    smooths_labels = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp", "dp", "pp"),

@@ -14,6 +14,7 @@ from .torch_training import combine_dp, single_device, train
 class TorchDdp(TorchTarget):
     name = "torch-ddp"
     freezes = True
+    smooths_labels = True
 
     def unsupported(self, case):
         why = (unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True)

@@ -23,6 +23,7 @@ from .torch_training import combine_dp, single_device, train
 class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
     freezes = True
+    smooths_labels = True
 
     def __init__(self):
         super().__init__()

@@ -8,7 +8,7 @@ that a gradient that was never reduced across the tensor-parallel ranks shows up
 replicas rather than being summed away by a gather.
 """
 
-from .base import dtype_name, parallel, vocab_sharded_loss
+from .base import dtype_name, label_smoothing, parallel, vocab_sharded_loss
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import Model, load_case_params, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -16,6 +16,7 @@ from .torch_training import combine_dp, single_device, train
 
 class TorchTp(TorchTarget):
     name = "torch-tp"
+    smooths_labels = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp",), "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh",
@@ -28,6 +29,9 @@ class TorchTp(TorchTarget):
             return "torch TP shards whole attention heads: heads and kv_heads must be multiples of tp"
         if m.get("tied_embeddings"):
             return "tied embeddings are not expressed under torch TP"
+        if label_smoothing(case) and vocab_sharded_loss(case, True) and p["tp"] > 1:
+            # (torch 2.15 fails inside the dispatcher: "aten.masked_fill_.Scalar got mixed torch.Tensor and DTensor")
+            return "torch's loss_parallel does not support label_smoothing (its documentation says so)"
         return None
 
     def run_rank(self, rank, world, case, inputs):

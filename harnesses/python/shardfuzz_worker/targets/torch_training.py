@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, resume_after, setup_features
+from .base import (chunk_range, class_weight, grad_or_fail, is_frozen, label_smoothing, loss_denominator, resume_after,
+                   setup_features)
 from .torch_model import make_optimizer, to_case_layout
 
 
@@ -75,7 +76,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
                 logits = (forward or model)(ids[a:c])
                 l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
-                                    weight=class_weight(inputs, logits.dtype))
+                                    weight=class_weight(inputs, logits.dtype), label_smoothing=label_smoothing(case))
                 if loss_seed is not None:
                     scaled = loss_seed(l)
                 elif t.get("loss_scale") is None:

@@ -27,7 +27,7 @@ def train(model, data, loss_ctx, view):
                 logits = model(ids[a:c])
                 weight = None if weights is None else torch.tensor(weights, dtype=logits.dtype)
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
-                                       weight=weight)
+                                       weight=weight, label_smoothing=CASE["train"].get("label_smoothing", 0.0))
                 scaled = loss * (1 / tokens) if scaler is None else scaler.scale(loss.float()) * (1 / tokens)
                 scaled.backward()
             loss_sum += full(loss)
