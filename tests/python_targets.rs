@@ -395,6 +395,42 @@ fn megatron_dynamic_loss_scaler_skips_like_the_reference() {
     assert!(v["notes"].to_string().contains("where every noise member decides as the single-device run"), "{v}");
 }
 
+/// Label smoothing (`train.label_smoothing`, torch's definition) through every target whose loss offers it:
+/// each passes the data-parallel and gathered-loss cases, torch-tp refuses the vocabulary-sharded loss (torch's
+/// `loss_parallel` documents no label smoothing), and megatron-tp's `vocab_parallel_cross_entropy` at tp 2 is
+/// the known finding `megatron-vocab-parallel-label-smoothing` (the shard's size and mean taken for the
+/// vocabulary's): divergent as released, a pass with the fix, a pass at tp 1.
+#[test]
+fn label_smoothing_passes_where_targets_smooth_and_megatrons_vocab_parallel_smoothing_is_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-label-smoothing");
+    let colossalai = root().join(".venv-colossalai/bin/python").exists();
+    let runs: &[(&[&str], &str)] = &[
+        (&["torch-ddp", "torch-fsdp2", "deepspeed-zero", "megatron-ddp", "megatron-tp"], "dp2-vocab16-label-smoothing-f32.json"),
+        (&["torch-tp", "megatron-tp"], "tp2-vocab16-label-smoothing-gathered-f32.json"),
+        (&["colossalai-zero", "deepspeed-zero", "torch-fsdp2", "megatron-ddp"], "dp2-zero1-vocab16-label-smoothing-0.5-bf16.json"),
+    ];
+    for (targets, case) in runs {
+        for target in targets.iter().filter(|t| colossalai || !t.starts_with("colossalai")) {
+            let v = one_verdict(target, &dir.join(case), "");
+            assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
+        }
+    }
+    let sharded = dir.join("megatron-tp2-vocab16-label-smoothing-f32.json");
+    let v = one_verdict("torch-tp", &sharded, "");
+    assert_eq!(v["kind"], "unsupported", "{v}");
+    assert!(reason(&v).contains("loss_parallel does not support label_smoothing"), "{v}");
+    let v = one_verdict("megatron-tp", &sharded, "");
+    assert_eq!(v["kind"], "divergent", "{v}");
+    assert!(reason(&v).starts_with("loss/step0"), "the smoothed loss differs first: {v}");
+    let v = one_verdict("megatron-tp", &sharded, "megatron-vocab-parallel-label-smoothing");
+    assert_eq!(v["kind"], "pass", "{v}");
+    let v = one_verdict("jax-gspmd", &sharded, "");
+    assert_eq!(v["kind"], "unsupported", "a target without label smoothing refuses it: {v}");
+}
+
 /// A real historical bug through the warm-up call (`library_op.warmup`): torch 2.5.1's sharding
 /// propagation cache is keyed without the op's scalar arguments, so `constant_pad_nd` of a `Partial`
 /// input, after a warm-up call padding with 2.0, pads with 2.0 again where the case asks for 1.0

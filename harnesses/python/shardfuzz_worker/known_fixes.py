@@ -771,6 +771,49 @@ def _colossalai_padded_vocab_optimizer_save():
     io.search_tp_partition_dim = search_tp_partition_dim
 
 
+def _megatron_vocab_parallel_label_smoothing():
+    """megatron-core 0.19.2: `vocab_parallel_cross_entropy` with `label_smoothing` > 0 takes the rank's vocabulary
+    shard for the whole vocabulary (cross_entropy.py:158-176, :191-200): the smoothing coefficient from the shard's
+    size and the mean log-probability over the shard only, never all-reduced, so under tensor parallelism every
+    rank's loss differs and each non-target logit's gradient is off by α / (V_shard - 1) - α / (V - 1)
+    (docs/findings/megatron-core-0.19.2-vocab-parallel-label-smoothing-local-vocab.py; upstream NVIDIA/Megatron-LM
+    #737, #7464, open). Fix: the global vocabulary's size, and its log-probabilities' sum all-reduced over the
+    tensor-parallel group; the backward as released, given that size."""
+    import torch
+    from megatron.core.tensor_parallel import cross_entropy as ce
+
+    released = ce._VocabParallelCrossEntropy
+    Vpce = ce.VocabParallelCrossEntropy
+
+    class Fixed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, vocab_parallel_logits, target, label_smoothing=0.0, tp_group=None):
+            if tp_group is None:
+                tp_group = ce.get_tensor_model_parallel_group()
+            logits, logits_max = Vpce.calculate_logits_max(vocab_parallel_logits)
+            torch.distributed.all_reduce(logits_max, op=torch.distributed.ReduceOp.MAX, group=tp_group)
+            partition, rank, world = logits.size()[-1], ce.get_pg_rank(tp_group), ce.get_pg_size(tp_group)
+            start, end = ce.VocabUtility.vocab_range_from_per_partition_vocab_size(partition, rank, world)
+            target_mask, masked_target_1d, predicted, sum_exp, exp_logits = Vpce.calculate_predicted_logits(
+                logits, target, logits_max, start, end)
+            torch.distributed.all_reduce(predicted, op=torch.distributed.ReduceOp.SUM, group=tp_group)
+            torch.distributed.all_reduce(sum_exp, op=torch.distributed.ReduceOp.SUM, group=tp_group)
+            exp_logits, loss = Vpce.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
+            vocab_size = partition * world
+            if label_smoothing > 0:
+                smoothing = label_smoothing * vocab_size / (vocab_size - 1)
+                log_prob_sum = torch.log(exp_logits).sum(dim=-1)
+                torch.distributed.all_reduce(log_prob_sum, op=torch.distributed.ReduceOp.SUM, group=tp_group)
+                loss = (1.0 - smoothing) * loss - smoothing * log_prob_sum / vocab_size
+            ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
+            ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+            return loss
+
+        backward = released.backward
+
+    ce._VocabParallelCrossEntropy = Fixed
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -807,6 +850,7 @@ FIXES = {
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
+    "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
 }
 
 
