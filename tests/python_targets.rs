@@ -399,7 +399,8 @@ fn megatron_dynamic_loss_scaler_skips_like_the_reference() {
 /// each passes the data-parallel and gathered-loss cases, torch-tp refuses the vocabulary-sharded loss (torch's
 /// `loss_parallel` documents no label smoothing), and megatron-tp's `vocab_parallel_cross_entropy` at tp 2 is
 /// the known finding `megatron-vocab-parallel-label-smoothing` (the shard's size and mean taken for the
-/// vocabulary's): divergent as released, a pass with the fix, a pass at tp 1.
+/// vocabulary's): divergent as released, a pass with the fix, a pass at tp 1; and its smoothed loss from the log of
+/// an underflowed probability, `megatron-label-smoothing-log-underflow`.
 #[test]
 fn label_smoothing_passes_where_targets_smooth_and_megatrons_vocab_parallel_smoothing_is_a_known_finding() {
     if !python_ready() {
@@ -426,6 +427,13 @@ fn label_smoothing_passes_where_targets_smooth_and_megatrons_vocab_parallel_smoo
     assert_eq!(v["kind"], "divergent", "{v}");
     assert!(reason(&v).starts_with("loss/step0"), "the smoothed loss differs first: {v}");
     let v = one_verdict("megatron-tp", &sharded, "megatron-vocab-parallel-label-smoothing");
+    assert_eq!(v["kind"], "pass", "{v}");
+    // Its smoothing takes the log of softmax probabilities: one that underflows makes the loss infinite, at tp 1 too
+    // (campaign 178's case: outliers data, a logit more than ~104 below its row's largest).
+    let underflow = dir.join("megatron-tp1-outliers-label-smoothing-log-underflow-bf16.json");
+    let v = one_verdict("megatron-tp", &underflow, "");
+    assert_eq!(v["kind"], "divergent", "{v}");
+    let v = one_verdict("megatron-tp", &underflow, "megatron-label-smoothing-log-underflow");
     assert_eq!(v["kind"], "pass", "{v}");
     let v = one_verdict("jax-gspmd", &sharded, "");
     assert_eq!(v["kind"], "unsupported", "a target without label smoothing refuses it: {v}");

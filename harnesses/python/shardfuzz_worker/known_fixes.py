@@ -771,39 +771,48 @@ def _colossalai_padded_vocab_optimizer_save():
     io.search_tp_partition_dim = search_tp_partition_dim
 
 
-def _megatron_vocab_parallel_label_smoothing():
-    """megatron-core 0.19.2: `vocab_parallel_cross_entropy` with `label_smoothing` > 0 takes the rank's vocabulary
-    shard for the whole vocabulary (cross_entropy.py:158-176, :191-200): the smoothing coefficient from the shard's
-    size and the mean log-probability over the shard only, never all-reduced, so under tensor parallelism every
-    rank's loss differs and each non-target logit's gradient is off by α / (V_shard - 1) - α / (V - 1)
-    (docs/findings/megatron-core-0.19.2-vocab-parallel-label-smoothing-local-vocab.py; upstream NVIDIA/Megatron-LM
-    #737, #7464, open). Fix: the global vocabulary's size, and its log-probabilities' sum all-reduced over the
-    tensor-parallel group; the backward as released, given that size."""
+#: Which of the two megatron label-smoothing fixes are on: they patch the same forward, so either alone or both.
+_MEGATRON_SMOOTHING = {"global_vocab": False, "log_softmax": False}
+
+
+def _megatron_smoothing_forward():
+    """Installs megatron-core 0.19.2's `_VocabParallelCrossEntropy` with its label-smoothing path as released but
+    for the fixes `_MEGATRON_SMOOTHING` turns on; the backward as released, given the vocabulary size used."""
     import torch
     from megatron.core.tensor_parallel import cross_entropy as ce
 
-    released = ce._VocabParallelCrossEntropy
-    Vpce = ce.VocabParallelCrossEntropy
+    if getattr(ce._VocabParallelCrossEntropy, "shardfuzz_fixed", False):
+        return
+    released, vp, fix = ce._VocabParallelCrossEntropy, ce.VocabParallelCrossEntropy, _MEGATRON_SMOOTHING
+    SUM, MAX = torch.distributed.ReduceOp.SUM, torch.distributed.ReduceOp.MAX
 
     class Fixed(torch.autograd.Function):
+        shardfuzz_fixed = True
+
         @staticmethod
         def forward(ctx, vocab_parallel_logits, target, label_smoothing=0.0, tp_group=None):
             if tp_group is None:
                 tp_group = ce.get_tensor_model_parallel_group()
-            logits, logits_max = Vpce.calculate_logits_max(vocab_parallel_logits)
-            torch.distributed.all_reduce(logits_max, op=torch.distributed.ReduceOp.MAX, group=tp_group)
+            logits, logits_max = vp.calculate_logits_max(vocab_parallel_logits)
+            torch.distributed.all_reduce(logits_max, op=MAX, group=tp_group)
+            smooth_from_logits = label_smoothing > 0 and fix["log_softmax"]
+            logit_sum = logits.sum(dim=-1) if smooth_from_logits else None  # (before the in-place exp)
             partition, rank, world = logits.size()[-1], ce.get_pg_rank(tp_group), ce.get_pg_size(tp_group)
             start, end = ce.VocabUtility.vocab_range_from_per_partition_vocab_size(partition, rank, world)
-            target_mask, masked_target_1d, predicted, sum_exp, exp_logits = Vpce.calculate_predicted_logits(
+            target_mask, masked_target_1d, predicted, sum_exp, exp_logits = vp.calculate_predicted_logits(
                 logits, target, logits_max, start, end)
-            torch.distributed.all_reduce(predicted, op=torch.distributed.ReduceOp.SUM, group=tp_group)
-            torch.distributed.all_reduce(sum_exp, op=torch.distributed.ReduceOp.SUM, group=tp_group)
-            exp_logits, loss = Vpce.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
-            vocab_size = partition * world
+            torch.distributed.all_reduce(predicted, op=SUM, group=tp_group)
+            torch.distributed.all_reduce(sum_exp, op=SUM, group=tp_group)
+            exp_logits, loss = vp.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
+            vocab_size = partition * world if fix["global_vocab"] else partition
             if label_smoothing > 0:
                 smoothing = label_smoothing * vocab_size / (vocab_size - 1)
-                log_prob_sum = torch.log(exp_logits).sum(dim=-1)
-                torch.distributed.all_reduce(log_prob_sum, op=torch.distributed.ReduceOp.SUM, group=tp_group)
+                if smooth_from_logits:  # log p = x - max - log(sum exp): no log of an underflowed probability
+                    log_prob_sum = logit_sum - partition * (logits_max + torch.log(sum_exp))
+                else:
+                    log_prob_sum = torch.log(exp_logits).sum(dim=-1)
+                if fix["global_vocab"]:
+                    torch.distributed.all_reduce(log_prob_sum, op=SUM, group=tp_group)
                 loss = (1.0 - smoothing) * loss - smoothing * log_prob_sum / vocab_size
             ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
             ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
@@ -812,6 +821,29 @@ def _megatron_vocab_parallel_label_smoothing():
         backward = released.backward
 
     ce._VocabParallelCrossEntropy = Fixed
+
+
+def _megatron_vocab_parallel_label_smoothing():
+    """megatron-core 0.19.2: `vocab_parallel_cross_entropy` with `label_smoothing` > 0 takes the rank's vocabulary
+    shard for the whole vocabulary (cross_entropy.py:158-176, :191-200): the smoothing coefficient from the shard's
+    size and the mean log-probability over the shard only, never all-reduced, so under tensor parallelism every
+    rank's loss differs and each non-target logit's gradient is off by α / (V_shard - 1) - α / (V - 1)
+    (docs/findings/megatron-core-0.19.2-vocab-parallel-label-smoothing-local-vocab.py; upstream NVIDIA/Megatron-LM
+    #737, #7464, open). Fix: the global vocabulary's size, and its log-probabilities' sum all-reduced over the
+    tensor-parallel group."""
+    _MEGATRON_SMOOTHING["global_vocab"] = True
+    _megatron_smoothing_forward()
+
+
+def _megatron_label_smoothing_log_underflow():
+    """megatron-core 0.19.2: `vocab_parallel_cross_entropy`'s label smoothing takes `torch.log` of the softmax
+    probabilities (cross_entropy.py:174), so a probability that underflows to 0 in fp32 (a logit more than about 104
+    below the row's largest) makes the smoothed loss infinite and the step NaN, at any tensor-parallel size, where
+    torch's log-softmax stays finite (docs/findings/megatron-core-0.19.2-label-smoothing-log-of-underflowed-softmax.py;
+    upstream: named in the unmerged PRs NVIDIA/Megatron-LM#5522 and #7466). Fix: the log-probabilities' sum from the
+    logits, Σ x - V (max + log Σ exp)."""
+    _MEGATRON_SMOOTHING["log_softmax"] = True
+    _megatron_smoothing_forward()
 
 
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
@@ -851,6 +883,7 @@ FIXES = {
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
+    "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
 }
 
 
