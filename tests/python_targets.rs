@@ -565,7 +565,8 @@ fn colossalai_hybrids_model_loss_is_a_mean_per_microbatch_and_misaligned_under_a
 /// right; the model's own vocabulary-parallel loss crashes on a rank whose LM-head shard is all padding, GPT-2's
 /// forward installed for parallel_output crashes without labels, and the all_to_all loss is still a mean per
 /// data-parallel rank; torch-tp runs `gathered` as a replicated LM-head output without loss_parallel, megatron-tp
-/// as ColumnParallelLinear(gather_output=True) and the plain loss, colossalai-tp as
+/// as ColumnParallelLinear(gather_output=True) and Megatron's own language-model loss (wrong by log(tp): the known
+/// finding `megatron-gathered-logits-language-model-loss`), colossalai-tp as
 /// VocabParallelLMHead1D(gather_output=True) and the plain loss (with the fix of its known row-parallel bias bug
 /// under sequence parallelism).
 #[test]
@@ -593,7 +594,11 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
     assert_eq!(run(hybrid, a2a, "colossalai-dist-ce-batch-mean")["kind"], "pass", "labels are split, not misaligned");
     let v = run("torch-tp", "tp2-even-f32-vocab-gathered.json", "");
     assert!(v["kind"] == "pass" && has_feature(&v, "tp:loss:gathered"), "{v}");
+    // Megatron's own language-model loss on gathered logits (GPTModel's `parallel_output=False` given labels) takes
+    // them for a vocabulary shard: the loss is off by log(tp) (finding 2 of NVIDIA/Megatron-LM#7452).
     let v = run("megatron-tp", "tp2-sp-f32-padding-vocab-gathered.json", "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
+    let v = run("megatron-tp", "tp2-sp-f32-padding-vocab-gathered.json", "megatron-gathered-logits-language-model-loss");
     assert!(v["kind"] == "pass" && has_feature(&v, "megatron:loss:gathered"), "{v}");
     let v = run("colossalai-tp", "tp2-sp-f32-padding-vocab-gathered.json", "colossalai-row-bias-sp");
     assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-tp:loss:gathered"), "{v}");

@@ -846,6 +846,29 @@ def _megatron_label_smoothing_log_underflow():
     _megatron_smoothing_forward()
 
 
+def _megatron_gathered_logits_language_model_loss():
+    """megatron-core 0.19.2: GPTModel builds its output layer with `gather_output=not parallel_output`
+    (gpt_model.py:280), and given labels its forward returns `compute_language_model_loss` (:794), which always
+    calls the vocabulary-parallel cross-entropy (language_module.py:194): with `parallel_output=False` under tensor
+    parallelism every rank's whole-vocabulary logits are taken for its shard, so the all-reduced sum of exponentials
+    counts the vocabulary tp times and only the first rank finds the target: the loss is the right one plus log(tp)
+    and the target's gradient is lost (docs/findings/megatron-core-0.19.2-gpt-gathered-logits-loss-plus-log-tp.py;
+    upstream: finding 2 of NVIDIA/Megatron-LM#7452, open). Fix: gathered logits take the whole-vocabulary loss."""
+    import torch.nn.functional as F
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    released = LanguageModule.compute_language_model_loss
+
+    def compute_language_model_loss(self, labels, logits):
+        if getattr(self, "parallel_output", True):
+            return released(self, labels, logits)
+        s, b, v = logits.shape
+        loss = F.cross_entropy(logits.float().reshape(-1, v), labels.t().reshape(-1), reduction="none")
+        return loss.view(s, b).t().contiguous()
+
+    LanguageModule.compute_language_model_loss = compute_language_model_loss
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -884,6 +907,7 @@ FIXES = {
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
+    "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),
 }
 
 

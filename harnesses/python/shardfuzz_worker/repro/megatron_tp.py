@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 """
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
-                   "load_local", "case_name", "case_view", "run", "train_megatron", "megatron_setup", "MicroBatches", "micro_batch_count", "token_loss_sum",
+                   "load_local", "case_name", "case_view", "run", "train_megatron", "megatron_setup", "MicroBatches", "micro_batch_count", "GptLoss", "token_loss_sum",
                    "assemble_outputs", "assembled")
 
 

@@ -372,19 +372,40 @@ def micro_batch_count(case):
     return case["train"].get("grad_accumulation", 1) * (p["microbatches"] if p["pp"] > 1 else 1)
 
 
+class GptLoss:
+    """What `LanguageModule.compute_language_model_loss` (GPTModel's loss from labels) reads of its model: the
+    unfused cross-entropy, the tensor-parallel group, and whether the output layer keeps the vocabulary shards
+    (GPTModel's `parallel_output`; False: `gather_output=True`, the logits gathered)."""
+
+    def __init__(self, parallel_output):
+        import types
+
+        from megatron.core import parallel_state as ps
+
+        self.config = types.SimpleNamespace(cross_entropy_loss_fusion=False)
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.parallel_output = parallel_output
+
+
 def token_loss_sum(logits, target, gathered, smoothing=0.0, vocab=1):
-    """The micro-batch's summed token loss (ignored targets left out) from logits [s, b, v(/tp)], target [s, b];
-    `smoothing`: the case's label smoothing ε over a vocabulary of `vocab` entries (torch's definition)."""
+    """The micro-batch's summed token loss (ignored targets left out) from logits [s, b, v(/tp)], target [s, b]:
+    Megatron's own language-model loss (`LanguageModule.compute_language_model_loss`, what GPTModel's forward returns
+    given labels; with gathered logits, GPTModel's under `parallel_output=False`). It takes no label smoothing: with
+    the case's `smoothing` ε (torch's definition over `vocab` entries), `vocab_parallel_cross_entropy` on the shards,
+    or torch's loss on gathered logits."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    if gathered:
+    if smoothing and gathered:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum",
                                label_smoothing=smoothing)
-    # Megatron's label_smoothing α (NeMo's definition: 1 - α on the target, α / (V - 1) on each other entry) is
-    # torch's ε with α = ε (V - 1) / V.
-    alpha = smoothing * (vocab - 1) / vocab
-    # vocab_parallel_cross_entropy has no ignore_index: Megatron's loss mask zeroes ignored targets.
-    per_token = vocab_parallel_cross_entropy(logits, target.clamp(min=0), label_smoothing=alpha)  # [s, bc]
+    safe = target.clamp(min=0)  # (Megatron's losses have no ignore_index: its loss mask zeroes ignored targets)
+    if smoothing:
+        # Megatron's label_smoothing α (NeMo's definition: 1 - α on the target, α / (V - 1) on each other entry) is
+        # torch's ε with α = ε (V - 1) / V.
+        per_token = vocab_parallel_cross_entropy(logits, safe, label_smoothing=smoothing * (vocab - 1) / vocab)
+    else:
+        per_token = LanguageModule.compute_language_model_loss(GptLoss(not gathered), safe.t(), logits).t()  # [s, bc]
     return (per_token * (target != IGNORE_INDEX)).sum()
 
 
