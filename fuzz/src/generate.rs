@@ -184,7 +184,7 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
     let parallel = parallel(u, is_op)?;
     let train = train(u)?;
     let (model, op) = if is_op { (None, Some(op(u)?)) } else { (Some(model(u, &parallel, train.grad_accumulation)?), None) };
-    let case = Case {
+    let mut case = Case {
         schema: 1,
         name: None,
         parallel,
@@ -215,7 +215,6 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
     };
     // Drawn after everything else, so the fields above are those of a case without it: one model case
     // in sixteen without class weights smooths its labels.
-    let mut case = case;
     if !is_op && !case.data.class_weights && u.ratio(1, 16)? {
         case.train.label_smoothing = Some(Real(pick(u, &[0.05, 0.1, 0.2, 0.5])?));
     }
