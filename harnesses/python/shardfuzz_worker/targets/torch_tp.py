@@ -29,7 +29,7 @@ class TorchTp(TorchTarget):
             return "torch TP shards whole attention heads: heads and kv_heads must be multiples of tp"
         if m.get("tied_embeddings"):
             return "tied embeddings are not expressed under torch TP"
-        if label_smoothing(case) and vocab_sharded_loss(case, True) and p["tp"] > 1:
+        if label_smoothing(case) and vocab_sharded_loss(case, True):  # (loss_parallel runs on a one-rank mesh too)
             # (torch 2.15 fails inside the dispatcher: "aten.masked_fill_.Scalar got mixed torch.Tensor and DTensor")
             return "torch's loss_parallel does not support label_smoothing (its documentation says so)"
         return None
