@@ -178,6 +178,9 @@ fn train(u: &mut Unstructured) -> Result<Train> {
     })
 }
 
+/// The label smoothings ε generation and the `label-smoothing` mutator draw.
+pub const LABEL_SMOOTHINGS: [f64; 4] = [0.05, 0.1, 0.2, 0.5];
+
 /// A random valid case.
 pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
     let is_op = u.ratio(15, 100)?;
@@ -216,7 +219,7 @@ pub fn arbitrary_case(u: &mut Unstructured) -> Result<Case> {
     // Drawn after everything else, so the fields above are those of a case without it: one model case
     // in sixteen without class weights smooths its labels.
     if !is_op && !case.data.class_weights && u.ratio(1, 16)? {
-        case.train.label_smoothing = Some(Real(pick(u, &[0.05, 0.1, 0.2, 0.5])?));
+        case.train.label_smoothing = Some(Real(pick(u, &LABEL_SMOOTHINGS)?));
     }
     case.validate(&Limits::default()).map_err(|_| arbitrary::Error::IncorrectFormat)?;
     Ok(case)

@@ -37,7 +37,7 @@ pub struct LabelSmoothing {
 impl LabelSmoothing {
     /// The target distribution's mass on column `j` (`onehot`: it is the row's target; `real`: not padding).
     pub fn target_mass(self, onehot: bool, real: bool) -> f64 {
-        let spread = if real && self.eps > 0.0 { self.eps / self.vocab as f64 } else { 0.0 };
+        let spread = if real { self.eps / self.vocab as f64 } else { 0.0 };
         if onehot {
             1.0 - self.eps + spread
         } else {

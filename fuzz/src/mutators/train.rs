@@ -176,7 +176,7 @@ pub fn per_token_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// Label smoothing switched on (ε drawn from 0.05, 0.1, 0.2, 0.5), moved to another ε, or off; class weights go,
+/// Label smoothing switched on (ε drawn from `generate::LABEL_SMOOTHINGS`), moved to another ε, or off; class weights go,
 /// since a weighted smoothed loss is not modelled (model cases).
 pub fn label_smoothing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.model.is_none() {
@@ -185,7 +185,7 @@ pub fn label_smoothing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let next = if c.train.label_smoothing.is_some() && rng.gen_ratio(1, 2) {
         None
     } else {
-        Some(Real(*[0.05, 0.1, 0.2, 0.5].choose(rng).unwrap_or(&0.1)))
+        Some(Real(*crate::generate::LABEL_SMOOTHINGS.choose(rng).unwrap_or(&0.1)))
     };
     if next.is_some() {
         c.data.class_weights = false;
