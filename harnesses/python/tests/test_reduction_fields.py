@@ -244,3 +244,28 @@ class SparseEmbeddingTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class MegatronDistributedOptimizerTest(unittest.TestCase):
+    def test_zero1_takes_the_shard_group_as_optimizer_instances_and_the_overlapped_param_gather(self):
+        from shardfuzz_worker.targets.megatron_common import data_parallel_features, ddp_settings, optimizer_settings
+
+        plain = ddp_settings(case("zero1-dp2.json", dp=4))
+        self.assertEqual((plain["num_distributed_optimizer_instances"], plain["overlap_param_gather"]), (1, False))
+        s = ddp_settings(case("zero1-dp2.json", dp=4, zero_shard_group=2, overlap_param_gather=True))
+        self.assertEqual((s["num_distributed_optimizer_instances"], s["overlap_param_gather"]), (2, True))
+        self.assertTrue(optimizer_settings(case("zero1-dp2.json", overlap_param_gather=True))["overlap_param_gather"],
+                        "megatron's optimizer config carries the same switch as its DDP config")
+        self.assertEqual(ddp_settings(case("zero1-dp2.json", dp=4, zero_shard_group=1))["num_distributed_optimizer_instances"], 4)
+        self.assertEqual(data_parallel_features("p", case("zero1-dp2.json", dp=4, zero_shard_group=2, overlap_param_gather=False)),
+                         ["p:instances-2", "p:param-gather-in-step"])
+
+    def test_without_the_distributed_optimizer_neither_applies(self):
+        from shardfuzz_worker.targets.megatron_common import data_parallel_features, ddp_settings
+
+        # (megatron reads overlap_param_gather without the distributed optimizer as its layer-wise optimizer's switch)
+        c = case("zero1-dp2.json", dp=4, zero_stage=0, zero_shard_group=2, overlap_param_gather=True)
+        s = ddp_settings(c)
+        self.assertEqual((s["num_distributed_optimizer_instances"], s["overlap_param_gather"]), (1, False))
+        self.assertEqual(data_parallel_features("p", c), [])

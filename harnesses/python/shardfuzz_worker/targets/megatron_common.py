@@ -1,10 +1,12 @@
 """What the megatron-core targets share: megatron's CUDA-only calls pointed at the CPU, and its optimizer (with its
 parameter scheduler) configured for a case."""
 
+import contextlib
 import copy
 import os
 
-from .base import IGNORE_INDEX, dtype_name, parallel, reduce_bucket, reduce_dtype_name
+from .base import (IGNORE_INDEX, dtype_name, overlap_param_gather, param_gather_feature, parallel, reduce_bucket,
+                   reduce_dtype_name)
 from .torch_common import TorchTarget
 
 
@@ -61,6 +63,9 @@ def patch_cuda():
 
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
+    # (the partial distributed optimizer's side stream for its reductions across instances: the same)
+    torch.cuda.Stream = lambda *args, **kwargs: _NoStream()
+    torch.cuda.stream = lambda _stream: contextlib.nullcontext()
     torch.cuda.synchronize = lambda *args, **kwargs: None  # (after pipeline sends: done when they return here)
 
 
@@ -119,14 +124,15 @@ def counted_tokens(case, inputs, lo, hi):
     return int((targets != IGNORE_INDEX).sum())
 
 
-def model_parallel(tp, pp=1, vs=1):
+def model_parallel(tp, pp=1, vs=1, instances=1):
     """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` (`vs` virtual stages per
-    stage) over all ranks (data parallelism: the rest), as `initialize_model_parallel` builds it. Every rank calls
-    it with the same degrees (it creates groups). Each layout's groups are built once and kept: switching back
-    restores them (megatron's own teardown destroys groups, and a campaign alternates between a few layouts)."""
+    stage) over all ranks (data parallelism: the rest, its distributed optimizer split into `instances`), as
+    `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it creates groups). Each
+    layout's groups are built once and kept: switching back restores them (megatron's own teardown destroys groups,
+    and a campaign alternates between a few layouts)."""
     from megatron.core import parallel_state as ps
 
-    layout = (tp, pp, vs)
+    layout = (tp, pp, vs, instances)
     if _LAYOUTS["current"] == layout:
         return
     if _LAYOUTS["pristine"] is None:
@@ -138,7 +144,8 @@ def model_parallel(tp, pp=1, vs=1):
         _restore(ps, _LAYOUTS["pristine"])
         # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=vs if vs > 1 else None)
+                                     virtual_pipeline_model_parallel_size=vs if vs > 1 else None,
+                                     num_distributed_optimizer_instances=instances)
         _LAYOUTS[layout] = _state_of(ps)
     _LAYOUTS["current"] = layout
 
@@ -157,11 +164,46 @@ def _restore(module, state):
 def ddp_settings(case):
     """DistributedDataParallelConfig's arguments for the case: ZeRO 1 the distributed optimizer, `reduce_bucket`
     the bucket size, `overlap_comm` the overlapped reduction, an f32 `reduce_dtype` under bf16 / f16 compute the
-    reduction in fp32."""
+    reduction in fp32; under ZeRO 1 `zero_shard_group` the partial distributed optimizer (optimizer_instances) and
+    `overlap_param_gather` the parameters' all-gather overlapped with the next forward (param_gather_overlapped)."""
     p = parallel(case)
     return {"use_distributed_optimizer": p["zero_stage"] == 1,
             "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
-            "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None)}
+            "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None),
+            "num_distributed_optimizer_instances": optimizer_instances(case),
+            "overlap_param_gather": param_gather_overlapped(case)}
+
+
+def optimizer_instances(case):
+    """megatron's `num_distributed_optimizer_instances` for the case: under ZeRO 1 with `zero_shard_group` g, dp / g
+    instances, each sharding its optimizer state over g consecutive data-parallel ranks (its gradients reduce-scattered
+    within the instance, then all-reduced across instances); otherwise 1."""
+    p = parallel(case)
+    g = p["zero_shard_group"]
+    return p["dp"] // g if p["zero_stage"] == 1 and g else 1
+
+
+def param_gather_overlapped(case):
+    """Whether megatron's distributed optimizer leaves the updated parameters' all-gather to the next forward's
+    pre-hooks (`overlap_param_gather`, ZeRO 1 only: without the distributed optimizer megatron reads it as the
+    layer-wise optimizer's switch)."""
+    p = parallel(case)
+    return p["zero_stage"] == 1 and overlap_param_gather(case, False)
+
+
+def sync_parameters(ddps, settings):
+    """What megatron's training loop does before it reads or saves parameters (end of training, evaluation,
+    checkpoint): with `overlap_param_gather` the forward pre-hooks disabled and the pending all-gathers forced."""
+    if settings["overlap_param_gather"]:
+        for d in ddps:
+            d.disable_forward_pre_hook(param_sync=True)
+
+
+def data_parallel_features(prefix, case):
+    """Coverage features of the case's distributed-optimizer options: `prefix:instances-N`, the param-gather mode."""
+    n = optimizer_instances(case)
+    return ([f"{prefix}:instances-{n}"] if n > 1 else []) + (
+        param_gather_feature(prefix, case) if parallel(case)["zero_stage"] == 1 else [])
 
 
 def reduced_grads(ddp, distributed_optimizer):
@@ -201,7 +243,8 @@ def optimizer_settings(case):
             "adam_beta2": o.get("beta2", 0.999), "adam_eps": o.get("eps", 1e-8),
             "decoupled_weight_decay": o["kind"] == "adamw", "sgd_momentum": 0.0,
             "clip_grad": float(clip) if clip is not None else 0.0, "bf16": dt == "bf16", "fp16": dt == "f16",
-            **loss_scaling_settings(case), "use_distributed_optimizer": parallel(case)["zero_stage"] == 1}
+            **loss_scaling_settings(case), "use_distributed_optimizer": parallel(case)["zero_stage"] == 1,
+            "overlap_param_gather": param_gather_overlapped(case)}
 
 
 def loss_scaling_settings(case):

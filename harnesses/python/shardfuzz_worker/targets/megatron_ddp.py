@@ -10,6 +10,12 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
   reduce_dtype   f32 under bf16 / f16 compute: `grad_reduce_in_fp32` (gradients accumulated and reduced in fp32)
   per_token_loss `calculate_per_token_loss`: each rank backpropagates its summed token loss, the gradients are summed
                  (no 1/dp) and finalize_model_grads divides them by the token count all-reduced over the ranks
+  zero_shard_group  under ZeRO 1, g: the partial distributed optimizer (`num_distributed_optimizer_instances` dp / g:
+                 optimizer state sharded over g consecutive ranks, gradients reduce-scattered within an instance and
+                 all-reduced across instances)
+  overlap_param_gather  under ZeRO 1: the updated parameters' all-gather left to the next forward's pre-hooks; the
+                 final parameters read after megatron's forced sync (`disable_forward_pre_hook`), as its training loop
+                 does before it saves or evaluates
 
 Gradients are averaged in megatron's way (each bucket scaled by 1/dp before a sum; per-token: see above). Micro-batches run under the
 DDP's `no_sync`, `finalize_model_grads` (`finish_grad_sync` and what follows it) after the last, as megatron's
@@ -31,10 +37,10 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 """
 
 from .base import chunk_range, dtype_name, loss_denominator, parallel, reduce_dtype_name, reduction_feature
-from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step,
-                              megatron_training, model_parallel, optimizer_settings, patch_cuda, per_token_loss,
-                              reduced_grads, scales_loss, transformer_config, unsupported_training,
-                              weight_decay_overrides)
+from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, data_parallel_features, ddp_settings,
+                              loss_scale_of, megatron_step, megatron_training, model_parallel, optimizer_instances,
+                              optimizer_settings, patch_cuda, per_token_loss, reduced_grads, scales_loss,
+                              sync_parameters, transformer_config, unsupported_training, weight_decay_overrides)
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -56,9 +62,9 @@ class MegatronDdp(MegatronTarget):
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
         patch_cuda()
-        model_parallel(1)
 
     def run_rank(self, rank, world, case, inputs):
+        model_parallel(1, instances=optimizer_instances(case))
         with cuda_on_cpu():
             model, _ = build(case, inputs)
             out = train_dp(case, inputs, model, rank, world, ddp_settings(case), optimizer_settings(case),
@@ -74,14 +80,15 @@ class MegatronDdp(MegatronTarget):
             features.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         if per_token_loss(case):
             features.append(f"{prefix}:per-token-loss")
-        return combine_dp(case, outs, features)
+        return combine_dp(case, outs, features + data_parallel_features(prefix, case))
 
 
 def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
     """The case's training of `model` on this data-parallel rank, as megatron's loop runs it: megatron's DDP and
     optimizer from their configs' arguments (megatron_common.megatron_training), no_sync on every micro-batch but the last,
-    finalize_model_grads after it, the scheduler stepped with the optimizer. Step-0 gradients from megatron's
-    buffers (reduced_grads)."""
+    finalize_model_grads after it, the scheduler stepped with the optimizer; with `overlap_param_gather` megatron's
+    forced parameter sync before the final parameters are read. Step-0 gradients from megatron's buffers
+    (reduced_grads)."""
     import torch
     from megatron.core.distributed import finalize_model_grads
 
@@ -125,7 +132,8 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
 
     return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward,
                  step=lambda: megatron_step(opt, schedule, case), clip=lambda: None, no_sync=ddp.no_sync, named=named,
-                 grad=grad, forward=lambda ids: ddp(ids), loss_seed=loss_seed)
+                 grad=grad, forward=lambda ids: ddp(ids), loss_seed=loss_seed,
+                 finish=lambda: sync_parameters([ddp], ddp_kwargs))
 
 
 TARGET = MegatronDdp()

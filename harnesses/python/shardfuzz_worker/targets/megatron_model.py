@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, label_smoothing, loss_denominator,
                    micro_batches, parallel, vocab_sharded_loss)
 from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
-                              optimizer_settings, per_token_loss, reduced_grads, scales_loss, transformer_config,
-                              weight_decay_overrides)
+                              optimizer_settings, per_token_loss, reduced_grads, scales_loss, sync_parameters,
+                              transformer_config, weight_decay_overrides)
 from .torch_common import torch_dtype
 from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
@@ -305,6 +305,7 @@ def train_megatron(case, inputs, model, gathered):
         # megatron's unscaling and overflow check, its clipping (its norm over the model- and data-parallel groups)
         # and step; the scheduler after a successful update
         skipped.append(megatron_step(opt, schedule, case))
+    sync_parameters(ddps, settings)
     final = {name: case_view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
             "skipped": skipped if scales_loss(case) else None}

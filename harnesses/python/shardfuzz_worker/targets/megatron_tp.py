@@ -17,7 +17,8 @@ blocks split over pp pipeline stages (megatron's 1F1B or interleaved schedule), 
 
 Activations are megatron's [s, b, h]. The model trains as megatron's training loop runs it: each data-parallel
 replica on its rows of the batch, in megatron's DistributedDataParallel (ZeRO 1: its distributed optimizer; the
-case's bucket size, overlap and fp32 reduction as megatron-ddp maps them), with megatron's optimizer for the case's
+case's bucket size, overlap, fp32 reduction, partial distributed optimizer and overlapped parameter gather as
+megatron-ddp maps them), with megatron's optimizer for the case's
 (megatron_common; fp32 main parameters under bf16 / f16; under f16 its loss scaler, dynamic from the case's
 `loss_scale`, applied by its schedule to the last stage's loss), its gradient norm over the model- and data-parallel groups
 (tensor-parallel parameters from every rank, replicated ones once) and its clipping, under its parameter scheduler,
@@ -29,7 +30,8 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 """
 
 from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
-from .megatron_common import MegatronTarget, model_parallel, patch_cuda, per_token_loss, unsupported_training
+from .megatron_common import (MegatronTarget, data_parallel_features, model_parallel, optimizer_instances, patch_cuda,
+                              per_token_loss, unsupported_training)
 from .torch_model import unsupported_layout
 from .torch_training import combine_dp, single_device
 
@@ -82,7 +84,8 @@ class MegatronTp(MegatronTarget):
         from .megatron_model import run
 
         p = parallel(case)
-        model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1)
+        model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1,
+                       optimizer_instances(case))
         out = run(case, inputs)
         # The plain torch model on one device in the case dtype: the oracle's noise baseline.
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -99,7 +102,7 @@ class MegatronTp(MegatronTarget):
             features.append(f"megatron:tp{p['tp']}:pp{p['pp']}:dp{p['dp']}:{p['pipeline_schedule']}")
         if p["dp"] > 1 or p["zero_stage"]:
             data = f"megatron:tp{p['tp']}:dp{p['dp']}:{'distributed-optimizer' if p['zero_stage'] else 'ddp'}"
-            features += [data, reduction_feature(data, case)]
+            features += [data, reduction_feature(data, case), *data_parallel_features(data, case)]
         if per_token_loss(case):
             features.append(f"megatron:tp{p['tp']}:dp{p['dp']}:per-token-loss")
         return combine_dp(case, full, features)

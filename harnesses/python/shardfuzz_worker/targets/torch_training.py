@@ -32,7 +32,7 @@ def dense(t):
 
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
-          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None):
+          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None, finish=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `step()` may return whether the framework's own loss scaler skipped the step.
@@ -44,6 +44,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     reach) and returns the new (`named` parameters, optimizer or None); a target without one runs the case
     uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
     loss (default: l x dp / global tokens; a framework that normalises the loss itself takes it unscaled).
+    `finish()` runs after the last step, before the final parameters are read (a framework that gathers them lazily).
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -117,6 +118,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             skipped.append(scaled_step(scaler, opt))
         else:
             opt.step()
+    if finish is not None:
+        finish()
     final = {name: view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
             "skipped": skipped if t.get("loss_scale") is not None or skipped else None}
