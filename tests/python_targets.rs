@@ -1423,11 +1423,12 @@ fn megatron_ddp_and_its_distributed_optimizer_train_like_the_reference() {
 /// Megatron's partial distributed optimizer (`zero_shard_group` g: dp / g instances, gradients reduce-scattered
 /// within an instance and all-reduced across instances) and its overlapped parameter all-gather (the next forward's
 /// pre-hooks wait for it; the final parameters after megatron's forced sync) train as the reference does, on
-/// megatron-ddp and on megatron-tp (two single-rank instances under tp 2). Without that forced sync the
+/// megatron-ddp and on megatron-tp (two single-rank instances under tp 2); so does its reduce-scatter with fp32
+/// accumulation (`grad_accum_dtype` the compute dtype, `reduce_dtype` f32). Without that forced sync the
 /// overlapped run's final parameters are stale on the ranks that do not own them, which the replica checks flag
 /// (measured 2026-11-30 with the sync patched out: 19.6 ε on `final_norm.bias`).
 #[test]
-fn megatron_partial_distributed_optimizer_and_overlapped_param_gather_train_like_the_reference() {
+fn megatron_partial_distributed_optimizer_overlapped_param_gather_and_fp32_accumulating_reduce_scatter_train_like_the_reference() {
     if !python_ready() {
         return;
     }
@@ -1444,4 +1445,9 @@ fn megatron_partial_distributed_optimizer_and_overlapped_param_gather_train_like
             assert!(has_feature(&v, &format!("{prefix}:{feature}")), "{target} {case}: {feature}: {v}");
         }
     }
+    // bf16 gradients accumulated in bf16 and reduced in f32: megatron's all-to-all reduce-scatter with fp32 sums.
+    let case = "dp3-distributed-optimizer-bf16-accumulation-reduce-scatter-fp32-accumulation-bucket7-overlap-clip-bf16.json";
+    let v = one_verdict("megatron-ddp", &dir.join(case), "");
+    assert_eq!(v["kind"], "pass", "{case}: {v}");
+    assert!(has_feature(&v, "megatron:dp3:distributed-optimizer:reduce-scatter-fp32-accumulation"), "{v}");
 }

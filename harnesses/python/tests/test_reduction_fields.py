@@ -269,3 +269,20 @@ class MegatronDistributedOptimizerTest(unittest.TestCase):
         s = ddp_settings(c)
         self.assertEqual((s["num_distributed_optimizer_instances"], s["overlap_param_gather"]), (1, False))
         self.assertEqual(data_parallel_features("p", c), [])
+
+    def test_bf16_accumulation_reduced_in_f32_is_the_all_to_all_reduce_scatter_under_zero1(self):
+        from shardfuzz_worker.targets.megatron_common import ddp_settings, unsupported_training
+
+        c = case("zero1-bf16-adamw.json", dp=2)
+        c["train"] |= {"reduce_dtype": "f32", "grad_accum_dtype": "bf16"}
+        s = ddp_settings(c)
+        self.assertEqual((s["reduce_scatter_with_fp32_accumulation"], s["grad_reduce_in_fp32"]), (True, False))
+        c["train"]["grad_accum_dtype"] = "f32"
+        s = ddp_settings(c)
+        self.assertEqual((s["reduce_scatter_with_fp32_accumulation"], s["grad_reduce_in_fp32"]), (False, True))
+        c["train"]["grad_accum_dtype"] = "bf16"
+        c["parallel"] |= {"dp": 4, "zero_shard_group": 2}
+        self.assertIn("several distributed-optimizer instances", unsupported_training(c))
+        c["parallel"]["zero_stage"] = 0  # (DDP all-reduces: the fp32 buffers)
+        s = ddp_settings(c)
+        self.assertEqual((s["reduce_scatter_with_fp32_accumulation"], s["grad_reduce_in_fp32"]), (False, True))

@@ -104,6 +104,8 @@ def unsupported_training(case):
         return f"megatron reduces {dt} gradients in {' or '.join(sorted(set(REDUCED_IN[dt])))} only"
     if p["reduce_bucket"] is not None and p["reduce_bucket"] < 1:
         return "megatron's bucket_size must be positive"
+    if fp32_accumulating_reduce_scatter(case) and optimizer_instances(case) > 1:
+        return "megatron's reduce-scatter with fp32 accumulation does not run with several distributed-optimizer instances"
     if per_token_loss(case) and case.get("data", {}).get("class_weights"):
         return "megatron's per-token loss divides by a count of tokens (num_tokens), not by class weights"
     return None
@@ -165,13 +167,27 @@ def ddp_settings(case):
     """DistributedDataParallelConfig's arguments for the case: ZeRO 1 the distributed optimizer, `reduce_bucket`
     the bucket size, `overlap_comm` the overlapped reduction, an f32 `reduce_dtype` under bf16 / f16 compute the
     reduction in fp32; under ZeRO 1 `zero_shard_group` the partial distributed optimizer (optimizer_instances) and
-    `overlap_param_gather` the parameters' all-gather overlapped with the next forward (param_gather_overlapped)."""
+    `overlap_param_gather` the parameters' all-gather overlapped with the next forward (param_gather_overlapped), and
+    gradients accumulated in the compute dtype but reduced in f32 its all-to-all reduce-scatter
+    (fp32_accumulating_reduce_scatter)."""
     p = parallel(case)
+    all_to_all = fp32_accumulating_reduce_scatter(case)
     return {"use_distributed_optimizer": p["zero_stage"] == 1,
-            "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case),
+            "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case) and not all_to_all,
+            "reduce_scatter_with_fp32_accumulation": all_to_all,
             "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None),
             "num_distributed_optimizer_instances": optimizer_instances(case),
             "overlap_param_gather": param_gather_overlapped(case)}
+
+
+def fp32_accumulating_reduce_scatter(case):
+    """Whether megatron reduces the case's gradients with `reduce_scatter_with_fp32_accumulation`: under ZeRO 1, a
+    bf16 / f16 case whose gradients accumulate in the compute dtype (`grad_accum_dtype` set to it) and reduce in f32
+    (`reduce_dtype`): the buffers stay in the compute dtype, an all-to-all sends each rank the others' pieces of its
+    slice, and it sums them in fp32 (`grad_reduce_in_fp32` would accumulate in fp32 too)."""
+    dt = dtype_name(case)
+    return (parallel(case)["zero_stage"] == 1 and dt != "f32" and reduce_dtype_name(case) == "f32"
+            and case["train"].get("grad_accum_dtype") == dt)
 
 
 def optimizer_instances(case):
@@ -200,9 +216,11 @@ def sync_parameters(ddps, settings):
 
 
 def data_parallel_features(prefix, case):
-    """Coverage features of the case's distributed-optimizer options: `prefix:instances-N`, the param-gather mode."""
+    """Coverage features of the case's distributed-optimizer options: `prefix:instances-N`, the all-to-all
+    reduce-scatter, the param-gather mode."""
     n = optimizer_instances(case)
-    return ([f"{prefix}:instances-{n}"] if n > 1 else []) + (
+    all_to_all = [f"{prefix}:reduce-scatter-fp32-accumulation"] if fp32_accumulating_reduce_scatter(case) else []
+    return ([f"{prefix}:instances-{n}"] if n > 1 else []) + all_to_all + (
         param_gather_feature(prefix, case) if parallel(case)["zero_stage"] == 1 else [])
 
 

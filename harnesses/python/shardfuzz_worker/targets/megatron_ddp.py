@@ -7,7 +7,9 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
                  parameters all-gathered after the step
   reduce_bucket  `bucket_size` (elements per bucket; absent: megatron's own choice)
   overlap_comm   `overlap_grad_reduce` (a bucket's collective starts as soon as its last gradient is ready)
-  reduce_dtype   f32 under bf16 / f16 compute: `grad_reduce_in_fp32` (gradients accumulated and reduced in fp32)
+  reduce_dtype   f32 under bf16 / f16 compute: `grad_reduce_in_fp32` (gradients accumulated and reduced in fp32); under
+                 ZeRO 1 with `grad_accum_dtype` the compute dtype, `reduce_scatter_with_fp32_accumulation` (gradients
+                 kept in the compute dtype, sent by an all-to-all, each rank's slice summed in fp32)
   per_token_loss `calculate_per_token_loss`: each rank backpropagates its summed token loss, the gradients are summed
                  (no 1/dp) and finalize_model_grads divides them by the token count all-reduced over the ranks
   zero_shard_group  under ZeRO 1, g: the partial distributed optimizer (`num_distributed_optimizer_instances` dp / g:
