@@ -1435,10 +1435,9 @@ fn megatron_partial_distributed_optimizer_overlapped_param_gather_and_fp32_accum
     let dir = root().join("tests/python-megatron-ddp");
     let dp4 = "dp4-two-optimizer-instances-overlapped-param-gather-bucket7-overlap-fp32-reduce-clip-accumulation-bf16.json";
     let tp2 = "tp2-dp2-two-single-rank-optimizer-instances-overlapped-param-gather-sp-bucket7-clip-accumulation-bf16.json";
-    for (target, case, prefix) in [
-        ("megatron-ddp", dp4, "megatron:dp4:distributed-optimizer"),
-        ("megatron-tp", tp2, "megatron:tp2:dp2:distributed-optimizer"),
-    ] {
+    for (target, case, prefix) in
+        [("megatron-ddp", dp4, "megatron:dp4:distributed-optimizer"), ("megatron-tp", tp2, "megatron:tp2:dp2:distributed-optimizer")]
+    {
         let v = one_verdict(target, &dir.join(case), "");
         assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
         for feature in ["instances-2", "param-gather-overlapped"] {

@@ -80,7 +80,8 @@ pub struct Parallel {
     /// Hybrid sharding: the sharded states split within groups of this many consecutive data-parallel ranks
     /// and replicated across the groups, where a framework offers it (FSDP2's HSDP on a (dp / g, g) mesh;
     /// Colossal-AI's LowLevelZeroPlugin `extra_dp_size = dp / g`, whose optimizer takes the (dp / g, g) mesh's two
-    /// groups and runs every collective across the groups and then within one, its partitions spanning both);
+    /// groups and runs every collective across the groups and then within one, its partitions spanning both;
+    /// Megatron's partial distributed optimizer under ZeRO 1, `num_distributed_optimizer_instances = dp / g`);
     /// the same result either way. Absent: sharded over every data-parallel rank. Divides dp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_shard_group: Option<u32>,
@@ -92,8 +93,8 @@ pub struct Parallel {
     pub reduce_to_owner: Option<bool>,
     /// After the optimizer step, the updated parameter partitions all-gathered asynchronously, each waited for
     /// when the next forward first uses the parameter (true), or gathered before the step returns (false), where
-    /// a framework offers the choice (Colossal-AI's `overlap_allgather`); the same result either way. Absent:
-    /// the target's own choice. Read only with a ZeRO stage.
+    /// a framework offers the choice (Colossal-AI's `overlap_allgather`, Megatron's `overlap_param_gather`); the
+    /// same result either way. Absent: the target's own choice. Read only with a ZeRO stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap_param_gather: Option<bool>,
     /// With gradient accumulation, the data-parallel gradients reduced after every micro-batch (true) or accumulated

@@ -27,8 +27,9 @@ pub struct Train {
     #[schemars(with = "Option<String>")]
     pub reduce_dtype: Option<DType>,
     /// Dtype gradients are accumulated in across micro-batches and handed to the optimizer, where a
-    /// framework offers the choice (DeepSpeed's `data_types.grad_accum_dtype`); absent: the target's own
-    /// (the compute dtype). The same result up to rounding.
+    /// framework offers the choice (DeepSpeed's `data_types.grad_accum_dtype`; Megatron's distributed optimizer,
+    /// given the compute dtype with an f32 `reduce_dtype`, its `reduce_scatter_with_fp32_accumulation`); absent:
+    /// the target's own (the compute dtype). The same result up to rounding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub grad_accum_dtype: Option<DType>,
