@@ -338,6 +338,22 @@ def transformer_config(dt, tp=1, sequence_parallel=False, per_token_loss=False, 
                              calculate_per_token_loss=per_token_loss)
 
 
+_REDUCE_SCATTER = {}
+
+
+def fresh_reduce_scatter():
+    """megatron's reduce-scatter function as a fresh process has it. A DistributedDataParallel built with
+    `reduce_scatter_with_fp32_accumulation` replaces the module-level `dist_reduce_scatter_func` of
+    param_and_grad_buffer for good, and every later DDP in the process (with the option off) then reduces through it
+    too; with `overlap_grad_reduce` their handle never runs its fp32 sum, so their gradients stay unreduced (measured:
+    campaign 181's pool, a case after an all-to-all one, gradients 10^6 x their noise off; alone it passes). A real
+    run builds its DDP once per process; cases of a rank pool must not inherit one another's choice."""
+    from megatron.core.distributed import param_and_grad_buffer as buffers
+
+    pristine = _REDUCE_SCATTER.setdefault("func", buffers.dist_reduce_scatter_func)
+    buffers.dist_reduce_scatter_func = pristine
+
+
 def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides):
     """(DDP chunk, optimizer, scheduler) for `model`, as megatron's training loop sets them up: the DDP and optimizer
     configs' arguments `ddp_kwargs` and `optimizer_kwargs` (params_dtype: the model's), `overrides` its
@@ -348,6 +364,7 @@ def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrid
 
     chunks = model if isinstance(model, list) else [model]
     dt = next(chunks[0].parameters()).dtype
+    fresh_reduce_scatter()
     ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_kwargs), m, disable_bucketing=i > 0)
             for i, m in enumerate(chunks)]
     opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, config_overrides=overrides)
