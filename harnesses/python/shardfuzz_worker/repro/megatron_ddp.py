@@ -32,8 +32,9 @@ def generate(case, inputs, bounds, dropped):
                 f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
     sources = (worker_source("targets/base.py", "dtype_name")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
-                                          "transformer_config", "megatron_training", "constant_schedule",
-                                          "reduced_grads", "per_token_loss", "counted_tokens", "scales_loss",
-                                          "loss_scale_of", "megatron_step")
+                                          "transformer_config", "_REDUCE_SCATTER", "fresh_reduce_scatter",
+                                          "megatron_training", "constant_schedule", "reduced_grads", "per_token_loss",
+                                          "counted_tokens", "scales_loss", "loss_scale_of", "megatron_step",
+                                          "sync_parameters")
                + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

@@ -5,6 +5,7 @@ float64 on one device."""
 import re
 
 from ..targets.base import dtype_name, parallel
+from ..targets.megatron_common import optimizer_instances
 from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
@@ -39,11 +40,13 @@ def sources():
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
-                             "reduce_dtype_name", "label_smoothing")
+                             "reduce_dtype_name", "label_smoothing", "overlap_param_gather")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",
-                                          "transformer_config", "megatron_training", "ddp_settings",
+                                          "transformer_config", "_REDUCE_SCATTER", "fresh_reduce_scatter",
+                                          "megatron_training", "ddp_settings", "fp32_accumulating_reduce_scatter",
+                                          "optimizer_instances", "param_gather_overlapped", "sync_parameters",
                                           "reduced_grads", "per_token_loss", "loss_scaling_settings",
                                           "scales_loss", "loss_scale_of", "megatron_step")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
@@ -85,6 +88,7 @@ def generate(case, inputs, bounds, dropped):
         rule("the case"),
         literal("CASE", case),
         f"TP = {p['tp']}\nPP = {p['pp']}\nVS = {p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else 1}\nWORLD = {p['tp'] * p['dp'] * p['pp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"INSTANCES = {optimizer_instances(case)}  # megatron's num_distributed_optimizer_instances",
         model_line(case),
         literal("BOUNDS", bounds),
     ]

@@ -177,7 +177,8 @@ def ddp_settings(case):
             "reduce_scatter_with_fp32_accumulation": all_to_all,
             "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None),
             "num_distributed_optimizer_instances": optimizer_instances(case),
-            "overlap_param_gather": param_gather_overlapped(case)}
+            # (align_param_gather: Megatron-LM's default, `--no-align-param-gather` unset)
+            "overlap_param_gather": param_gather_overlapped(case), "align_param_gather": param_gather_overlapped(case)}
 
 
 def fp32_accumulating_reduce_scatter(case):

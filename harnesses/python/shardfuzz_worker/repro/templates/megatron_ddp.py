@@ -9,7 +9,9 @@ def run_sharded(data, rank):
     buffers (under the distributed optimizer each rank's reduced slice, all-gathered); megatron's CUDA-only calls run
     on the CPU (cuda_on_cpu)."""
     patch_cuda()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1,
+        num_distributed_optimizer_instances=DDP_SETTINGS["num_distributed_optimizer_instances"])
     with cuda_on_cpu():
         model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
         load_case_params(model, data, DTYPE)

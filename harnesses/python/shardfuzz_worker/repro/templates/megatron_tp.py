@@ -9,7 +9,8 @@ def run_sharded(data):
     replica's rows of the batch. Returns this rank's slices."""
     _patch_cuda()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP,
-                                             virtual_pipeline_model_parallel_size=VS if VS > 1 else None)
+                                             virtual_pipeline_model_parallel_size=VS if VS > 1 else None,
+                                             num_distributed_optimizer_instances=INSTANCES)
     return run_megatron(CASE, data)
 
 
