@@ -1,31 +1,31 @@
-"""megatron-core 0.19.2: with several distributed-optimizer instances and `overlap_grad_reduce`, the first
-iteration's gradients are reduced twice on every pipeline stage whose schedule starts the reduction itself.
+"""megatron-core 0.19.2: with several distributed-optimizer instances and `overlap_grad_reduce`, gradients are
+reduced twice, in every iteration, on every pipeline stage whose schedule starts the reduction itself.
 
 With `num_distributed_optimizer_instances` > 1 and `overlap_grad_reduce`, `_ParamAndGradBucketGroup.start_grad_sync`
 runs synchronously (param_and_grad_buffer.py:676-679: `async_op` only with one instance) and leaves
-`grad_reduce_handle` None (:779). In the first iteration `finish_grad_sync` calls `start_grad_sync` again
-(:806-810, "If first batch, start asynchronous communication here"), relying on the guard at :603-606 ("a no-op if in
-first batch and collective has already been dispatched"), which tests `grad_reduce_handle is not None`: after a
-synchronous start it is None, so the bucket is scaled by 1/dp again and reduce-scattered within the instance and
-all-reduced across instances a second time, over a buffer whose own slice is already the average and whose other
-slices still hold this rank's unreduced gradients. Who starts it first: Megatron's pipeline schedules call
-`config.grad_sync_func` (each DDP chunk's `start_grad_sync`) on every stage but the first at the end of the
-backward passes (schedules.py:2445-2446), and Megatron-LM's training loop sets it whenever `--overlap-grad-reduce` is on
-with its default `align_grad_reduce` (`--no-align-grad-reduce` unset). So pipeline parallelism + the partial
-distributed optimizer + overlapped reduction, with Megatron-LM's defaults, trains its first step on wrong gradients
-on those stages. From the second iteration on the guard is not needed (the reduction starts from the backward
-hooks) and gradients are right.
+`grad_reduce_handle` None (:779). Megatron's pipeline schedules keep `no_sync` through the backward passes of every
+stage but the first and then call `config.grad_sync_func`, each DDP chunk's `start_grad_sync` (schedules.py:2399,
+2445-2446); Megatron-LM's training loop sets it whenever `--overlap-grad-reduce` is on with its default
+`align_grad_reduce` (`--no-align-grad-reduce` unset). On those stages the backward hooks never count a gradient
+ready, so the bucket group's `is_first_batch` is never cleared (`reset`, :292-296, clears it only once counts were
+recorded), and `finish_grad_sync` (finalize_model_grads) starts the reduction again (:809-810, "If first batch, start
+asynchronous communication here"), relying on the guard at :603-606 ("a no-op if in first batch and collective has
+already been dispatched"), which tests `grad_reduce_handle is not None`: after a synchronous start it is None. So the
+bucket is scaled by 1/dp again and reduce-scattered within the instance and all-reduced across instances a second
+time, over a buffer whose own slice is already the average and whose other slices still hold this rank's unreduced
+gradients: every step of every stage but the first trains on wrong gradients, silently. With one instance the
+reduction is asynchronous, the handle is set and the guard works.
 
 Found by shardfuzz's megatron-tp target (2026-11-30, campaign 184, the day the target learned Megatron's partial
 distributed optimizer and set `grad_sync_func` as Megatron-LM does): dp 4 x pp 2, `zero_shard_group` 2 (two
 instances), `overlap_comm`, bf16: the last stage's step-0 `lm_head` gradient 46 times its noise off; it passes with
 one instance, without the overlap, without `grad_sync_func`, or at pp 1.
 
-This script does what a non-first pipeline stage does, without a pipeline: one backward, the schedule's
-`start_grad_sync`, then `finish_grad_sync` (finalize_model_grads), on 4 ranks as 2 instances of 2. `--instances 1`
-is the control (the guard works: the handle is set). `--fixed` makes a second start in the same iteration a no-op.
+This script does what a stage that is not the first does, without a pipeline, for three iterations: backward under
+`no_sync`, the schedule's `start_grad_sync`, then `finish_grad_sync`, on 4 ranks as 2 instances of 2. `--instances 1`
+is the control (the guard works). `--fixed` makes a second start in the same iteration a no-op.
 
-Run: torchrun --nproc_per_node 4 megatron-core-0.19.2-partial-distopt-first-iteration-grads-reduced-twice.py
+Run: torchrun --nproc_per_node 4 megatron-core-0.19.2-partial-distopt-overlapped-grads-reduced-twice-on-later-pipeline-stages.py
 [--fixed | --instances 1] (CPU, gloo). Prints MISMATCH (exit 1) or OK.
 """
 
@@ -105,27 +105,29 @@ with CudaOnCpu():
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,
                                                num_distributed_optimizer_instances=instances)
     model = DistributedDataParallel(config, ddp_config, torch.nn.Linear(8, 64, bias=False))
-    model.zero_grad_buffer()
-    x = torch.randn(4, 8) * (rank + 1)  # (each rank's batch differs)
-    model(x).sum().backward()
-    model.start_grad_sync()  # the schedule's config.grad_sync_func on a stage that is not the first
-    model.finish_grad_sync()  # finalize_model_grads
+    ok = True
+    for iteration in range(3):
+        model.zero_grad_buffer()
+        x = torch.randn(4, 8) * (rank + 1)  # (each rank's batch differs)
+        with model.no_sync():  # the schedule's backward passes on a stage that is not the first
+            model(x).sum().backward()
+        model.start_grad_sync()  # then its config.grad_sync_func
+        model.finish_grad_sync()  # finalize_model_grads
 
-    # What the distributed optimizer will read: this rank's slice (within its instance) of the averaged gradients.
-    xs = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(xs, x)
-    expected_grad = sum(torch.ones(64, 1) * xr.sum(0, keepdim=True) for xr in xs) / world
-    bucket = model.bucket_groups[0].buckets[0]
-    expected = torch.zeros_like(bucket.grad_data)
-    begin, end = bucket.param_to_index[model.module.weight]
-    expected[begin:end] = expected_grad.flatten()
-    size = world // instances
-    mine = bucket.grad_data.view(size, -1)[rank % size]
-    want = expected.view(size, -1)[rank % size]
+        # What the distributed optimizer will read: this rank's slice (within its instance) of the averaged gradients.
+        xs = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(xs, x)
+        expected_grad = sum(torch.ones(64, 1) * xr.sum(0, keepdim=True) for xr in xs) / world
+        bucket = model.bucket_groups[0].buckets[0]
+        expected = torch.zeros_like(bucket.grad_data)
+        begin, end = bucket.param_to_index[model.module.weight]
+        expected[begin:end] = expected_grad.flatten()
+        size = world // instances
+        want = expected.view(size, -1)[rank % size]
+        error = (bucket.grad_data.view(size, -1)[rank % size] - want).abs().max().item()
+        ok = ok and error < 1e-5
+        print(f"rank {rank} iteration {iteration}: reduced gradient slice off by {error:.4g} (largest entry "
+              f"{want.abs().max().item():.4g}): {'OK' if error < 1e-5 else 'MISMATCH'}", flush=True)
 
-error = (mine - want).abs().max().item()
-ok = error < 1e-5
-print(f"rank {rank}: reduced gradient slice off by {error:.4g} (largest entry {want.abs().max().item():.4g}): "
-      f"{'OK' if ok else 'MISMATCH'}", flush=True)
 dist.destroy_process_group()
 sys.exit(0 if ok else 1)
