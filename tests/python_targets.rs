@@ -1424,7 +1424,8 @@ fn megatron_ddp_and_its_distributed_optimizer_train_like_the_reference() {
 /// within an instance and all-reduced across instances) and its overlapped parameter all-gather (the next forward's
 /// pre-hooks wait for it; the final parameters after megatron's forced sync) train as the reference does, on
 /// megatron-ddp and on megatron-tp (two single-rank instances under tp 2); so does its reduce-scatter with fp32
-/// accumulation (`grad_accum_dtype` the compute dtype, `reduce_dtype` f32). Without that forced sync the
+/// accumulation (`grad_accum_dtype` the compute dtype, `reduce_dtype` f32); Megatron's double reduction with two
+/// instances under pipeline stages is a known finding with its fix. Without that forced sync the
 /// overlapped run's final parameters are stale on the ranks that do not own them, which the replica checks flag
 /// (measured 2026-11-30 with the sync patched out: 19.6 ε on `final_norm.bias`).
 #[test]
@@ -1459,4 +1460,12 @@ fn megatron_partial_distributed_optimizer_overlapped_param_gather_and_fp32_accum
     for v in vs {
         assert_eq!(v["kind"], "pass", "{v}");
     }
+    // Two instances, the reduction overlapped, pipeline stages whose schedule starts it (grad_sync_func, as
+    // Megatron-LM sets it): the last stage's gradients are reduced twice (campaign 184), a known finding.
+    let twice = dir.join("pp2-1f1b-dp4-two-optimizer-instances-overlap-grad-sync-func-bf16.json");
+    let v = one_verdict("megatron-tp", &twice, "");
+    assert_eq!(v["kind"], "divergent", "{v}");
+    assert!(reason(&v).starts_with("grad/lm_head.weight"), "{v}");
+    let v = one_verdict("megatron-tp", &twice, "megatron-partial-distopt-grad-sync-twice");
+    assert_eq!(v["kind"], "pass", "{v}");
 }

@@ -869,6 +869,32 @@ def _megatron_gathered_logits_language_model_loss():
     LanguageModule.compute_language_model_loss = compute_language_model_loss
 
 
+def _megatron_partial_distopt_grad_sync_twice():
+    """megatron-core 0.19.2: with several distributed-optimizer instances `start_grad_sync` runs synchronously and
+    leaves `grad_reduce_handle` None (param_and_grad_buffer.py:676-679, :779); on a pipeline stage whose schedule
+    starts the reduction itself (`config.grad_sync_func`, every stage but the first under Megatron-LM's default
+    `align_grad_reduce`) `is_first_batch` is never cleared, so `finish_grad_sync` starts it again every iteration and
+    the guard (:603-606, "no-op if ... already dispatched") tests the handle: the gradients are scaled and reduced
+    twice (docs/findings/megatron-core-0.19.2-partial-distopt-overlapped-grads-reduced-twice-on-later-pipeline-stages.py).
+    Fix: with several instances, a second start of the same iteration (until the bucket group's reset) is a no-op."""
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
+
+    start, reset = _ParamAndGradBucketGroup.start_grad_sync, _ParamAndGradBucketGroup.reset
+
+    def start_grad_sync(self, *args, **kwargs):
+        if self.ddp_config.num_distributed_optimizer_instances > 1:
+            if getattr(self, "_shardfuzz_started", False):
+                return None
+            self._shardfuzz_started = True
+        return start(self, *args, **kwargs)
+
+    def reset_(self):
+        self._shardfuzz_started = False
+        return reset(self)
+
+    _ParamAndGradBucketGroup.start_grad_sync, _ParamAndGradBucketGroup.reset = start_grad_sync, reset_
+
+
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
@@ -908,6 +934,7 @@ FIXES = {
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),
+    "megatron-partial-distopt-grad-sync-twice": (("megatron-tp",), _megatron_partial_distopt_grad_sync_twice),
 }
 
 
