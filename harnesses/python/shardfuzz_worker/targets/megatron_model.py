@@ -329,11 +329,10 @@ def megatron_setup(case, chunks):
     # As Megatron-LM's training loop sets them with its defaults (`--no-align-grad-reduce` and
     # `--no-align-param-gather` unset): the schedules start each chunk's overlapped gradient reduction and parameter
     # all-gather themselves, on every pipeline stage at once.
-    per_chunk = (lambda fs: fs if len(fs) > 1 else fs[0])
     if settings["overlap_grad_reduce"]:
-        config.grad_sync_func = per_chunk([d.start_grad_sync for d in ddps])
+        config.grad_sync_func = [d.start_grad_sync for d in ddps] if len(ddps) > 1 else ddps[0].start_grad_sync
     if settings["overlap_param_gather"]:
-        config.param_sync_func = per_chunk([d.start_param_sync for d in ddps])
+        config.param_sync_func = [d.start_param_sync for d in ddps] if len(ddps) > 1 else ddps[0].start_param_sync
     if len(ddps) > 1:
         # The interleaved schedule as Megatron-LM's training runs it (overlap_p2p_comm, so no batched p2p), with
         # fixed message shapes: [seq (/ tp under sequence parallelism), micro-batch rows, hidden].
