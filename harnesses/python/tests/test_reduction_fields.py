@@ -242,9 +242,6 @@ class SparseEmbeddingTest(unittest.TestCase):
         self.assertIn("tied", unsupported_sparse_embedding(tied))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class MegatronDistributedOptimizerTest(unittest.TestCase):
@@ -286,3 +283,7 @@ class MegatronDistributedOptimizerTest(unittest.TestCase):
         c["parallel"]["zero_stage"] = 0  # (DDP all-reduces: the fp32 buffers)
         s = ddp_settings(c)
         self.assertEqual((s["reduce_scatter_with_fp32_accumulation"], s["grad_reduce_in_fp32"]), (False, True))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -171,14 +171,14 @@ def ddp_settings(case):
     gradients accumulated in the compute dtype but reduced in f32 its all-to-all reduce-scatter
     (fp32_accumulating_reduce_scatter)."""
     p = parallel(case)
-    all_to_all = fp32_accumulating_reduce_scatter(case)
+    all_to_all, overlapped_gather = fp32_accumulating_reduce_scatter(case), param_gather_overlapped(case)
     return {"use_distributed_optimizer": p["zero_stage"] == 1,
             "grad_reduce_in_fp32": reduce_dtype_name(case) != dtype_name(case) and not all_to_all,
             "reduce_scatter_with_fp32_accumulation": all_to_all,
             "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None),
             "num_distributed_optimizer_instances": optimizer_instances(case),
             # (align_param_gather: Megatron-LM's default, `--no-align-param-gather` unset)
-            "overlap_param_gather": param_gather_overlapped(case), "align_param_gather": param_gather_overlapped(case)}
+            "overlap_param_gather": overlapped_gather, "align_param_gather": overlapped_gather}
 
 
 def fp32_accumulating_reduce_scatter(case):
