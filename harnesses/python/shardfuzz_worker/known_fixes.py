@@ -898,6 +898,26 @@ def _megatron_partial_distopt_grad_sync_twice():
 COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
 
 #: name -> (the targets it concerns, the fix)
+def _megatron_moe_expert_bias_sequence_parallel():
+    """megatron-core 0.19.2: RowParallelLinear marks its bias `sequence_parallel` under sequence parallelism, experts'
+    too (MoE with `add_bias_linear`, which megatron allows at expert-tensor-parallel size 1 only). An expert's fc2
+    bias is added to the tokens dispatched to it, not to a sequence chunk, and its gradient is reduced over the
+    expert-data-parallel group by DDP; finalize_model_grads (`_allreduce_non_tensor_model_parallel_grads`) sums every
+    `sequence_parallel` gradient over the tensor-parallel group as well, adding another rank's expert bias gradient to
+    it (docs/findings/megatron-core-0.19.2-moe-expert-bias-grad-summed-over-tp.py). Fix: an expert's bias is not
+    marked."""
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    original = RowParallelLinear.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.is_expert and self.bias is not None:
+            self.bias.sequence_parallel = False
+
+    RowParallelLinear.__init__ = init
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -935,6 +955,7 @@ FIXES = {
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),
     "megatron-partial-distopt-grad-sync-twice": (("megatron-tp",), _megatron_partial_distopt_grad_sync_twice),
+    "megatron-moe-expert-bias-sequence-parallel": (("megatron-tp",), _megatron_moe_expert_bias_sequence_parallel),
 }
 
 

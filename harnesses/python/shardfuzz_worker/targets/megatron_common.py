@@ -56,17 +56,66 @@ def cuda_on_cpu():
     return CudaOnCpu()
 
 
+def _uneven_collectives():
+    """torch.distributed's all_gather and reduce_scatter taking pieces of different sizes, as NCCL does (megatron's
+    MoE token dispatcher counts on it between tensor-parallel ranks) and gloo does not: the pieces padded to the
+    largest along dim 0 for the all-gather; for the reduce-scatter all pieces all-reduced, this rank's kept. Equal
+    pieces go to gloo's own collectives."""
+    import torch
+    import torch.distributed as dist
+
+    all_gather, reduce_scatter = dist.all_gather, dist.reduce_scatter
+
+    def uneven(pieces):
+        return len({tuple(t.shape) for t in pieces}) > 1
+
+    def gather(outputs, tensor, group=None, async_op=False):
+        if not uneven(outputs):
+            return all_gather(outputs, tensor, group=group, async_op=async_op)
+        pad = torch.zeros((max(t.shape[0] for t in outputs), *tensor.shape[1:]), dtype=tensor.dtype)
+        pad[: tensor.shape[0]] = tensor
+        padded = [torch.empty_like(pad) for _ in outputs]
+        all_gather(padded, pad, group=group)
+        for out, p in zip(outputs, padded):
+            out.copy_(p[: out.shape[0]])
+        return _Done() if async_op else None
+
+    def scatter(output, inputs, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if not uneven(inputs):
+            return reduce_scatter(output, inputs, op=op, group=group, async_op=async_op)
+        whole = torch.cat([t.reshape(t.shape[0], -1) for t in inputs])
+        dist.all_reduce(whole, op=op, group=group)
+        start = sum(t.shape[0] for t in inputs[: dist.get_rank(group)])
+        output.copy_(whole[start: start + output.shape[0]].view(output.shape))
+        return _Done() if async_op else None
+
+    return gather, scatter
+
+
+class _Done:
+    """The handle of a collective that has completed."""
+
+    def wait(self, *_args):
+        return True
+
+
 def patch_cuda():
     """megatron asks torch.cuda for the current device (its buffers) and stream (before a reduction): the CPU, and
     a stream with nothing to wait for."""
     import torch
 
+    import torch.distributed as dist
+
+    if not getattr(dist.all_gather, "uneven", False):
+        dist.all_gather, dist.reduce_scatter = _uneven_collectives()
+        dist.all_gather.uneven = True
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
     # (the partial distributed optimizer's side stream for its reductions across instances: the same)
     torch.cuda.Stream = lambda *args, **kwargs: _NoStream()
     torch.cuda.stream = lambda _stream: contextlib.nullcontext()
     torch.cuda.synchronize = lambda *args, **kwargs: None  # (after pipeline sends: done when they return here)
+    torch.cuda.Event = lambda *args, **kwargs: _NoEvent()  # (the MoE dispatcher's device-to-host copies' event)
 
 
 class _NoStream:
@@ -80,6 +129,25 @@ class _NoStream:
 
     def synchronize(self):
         pass
+
+    def record_event(self, _event=None):
+        return _NoEvent()
+
+
+class _NoEvent:
+    """An event recorded on a _NoStream: already complete."""
+
+    def wait(self, _stream=None):
+        pass
+
+    def record(self, _stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
 
 
 #: The dtype megatron reduces gradients in, per compute dtype, with `grad_reduce_in_fp32` off and on.
@@ -126,15 +194,16 @@ def counted_tokens(case, inputs, lo, hi):
     return int((targets != IGNORE_INDEX).sum())
 
 
-def model_parallel(tp, pp=1, vs=1, instances=1):
+def model_parallel(tp, pp=1, vs=1, instances=1, ep=1, etp=None):
     """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` (`vs` virtual stages per
-    stage) over all ranks (data parallelism: the rest, its distributed optimizer split into `instances`), as
+    stage) over all ranks (data parallelism: the rest, its distributed optimizer split into `instances`; `ep`
+    expert-parallel ranks among the data-parallel ones, experts split over `etp` ranks (None: tp)), as
     `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it creates groups). Each
     layout's groups are built once and kept: switching back restores them (megatron's own teardown destroys groups,
     and a campaign alternates between a few layouts)."""
     from megatron.core import parallel_state as ps
 
-    layout = (tp, pp, vs, instances)
+    layout = (tp, pp, vs, instances, ep, etp)
     if _LAYOUTS["current"] == layout:
         return
     if _LAYOUTS["pristine"] is None:
@@ -147,7 +216,8 @@ def model_parallel(tp, pp=1, vs=1, instances=1):
         # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      virtual_pipeline_model_parallel_size=vs if vs > 1 else None,
-                                     num_distributed_optimizer_instances=instances)
+                                     num_distributed_optimizer_instances=instances,
+                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
         _LAYOUTS[layout] = _state_of(ps)
     _LAYOUTS["current"] = layout
 

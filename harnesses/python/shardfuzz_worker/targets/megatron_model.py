@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, label_smoothing, loss_denominator,
                    micro_batches, parallel, vocab_sharded_loss)
+from .megatron_moe import Moe, frozen_moe_param, is_moe_param, load_moe, moe_config, moe_of, to_case_layout
 from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
                               optimizer_settings, per_token_loss, reduced_grads, scales_loss, sync_parameters,
                               transformer_config, weight_decay_overrides)
@@ -93,16 +94,18 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, m, kind, cfg, tp):
+    def __init__(self, m, kind, cfg, tp, moe_cfg=None, number=1):
         super().__init__()
         self.norm = Norm(m["hidden"], m["norm"], m["bias"])
         if kind == "attention":
             self.attn = Attention(m, cfg, tp)
+        elif kind == "moe":
+            self.moe = Moe(moe_cfg, number)
         else:
             self.mlp = Mlp(m, cfg)
 
     def forward(self, x):
-        inner = self.attn if hasattr(self, "attn") else self.mlp
+        inner = self.attn if hasattr(self, "attn") else self.moe if hasattr(self, "moe") else self.mlp
         return x + inner(self.norm(x))
 
 
@@ -112,7 +115,7 @@ class MegatronModel(nn.Module):
     of stage r holding the r-th share of the c-th part; the embedding on the first stage's first chunk, the final norm
     and LM head on the last stage's last; block names stay the case's, `layers.{i}`)."""
 
-    def __init__(self, m, cfg, tp, gather=False, stage=(0, 1, 0, 1)):
+    def __init__(self, m, cfg, tp, gather=False, stage=(0, 1, 0, 1), moe_cfg=None):
         super().__init__()
         from megatron.core.enums import ModelType
         from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
@@ -142,7 +145,8 @@ class MegatronModel(nn.Module):
             divide(size, tp)
         per = divide(len(m["layers"]), stages * chunks)
         first = (chunk * stages + rank) * per
-        self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp) for i in range(first, first + per)})
+        self.layers = nn.ModuleDict({str(i): Block(m, m["layers"][i], cfg, tp, moe_cfg, i + 1)
+                                     for i in range(first, first + per)})
         if self.post_process:
             self.final_norm = Norm(m["hidden"], m["norm"], m["bias"])
             self.lm_head = ColumnParallelLinear(m["hidden"], m["vocab"], config=cfg, init_method=_init, bias=False,
@@ -197,11 +201,16 @@ class MegatronModel(nn.Module):
         return tensor_parallel.checkpoint(layer, False, x)
 
 
-def load_local(model, inputs, rank, tp, dt):
+def load_local(model, inputs, rank, tp, dt, swiglu=False):
     """Each rank's slice of the case's parameters (megatron layouts: linear weights [out_local, in]; a tied LM
-    head's copy on the last stage: the embedding's)."""
+    head's copy on the last stage: the embedding's; MoE blocks: megatron_moe.load_moe)."""
+    for i, block in model.layers.items():
+        if hasattr(block, "moe"):
+            load_moe(f"layers.{i}", block.moe, inputs, dt, swiglu)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if is_moe_param(name):
+                continue
             src = torch.tensor(inputs[case_name(model, name)])
             d = shard_dim(name)
             if d is not None:
@@ -247,12 +256,14 @@ def run(case, inputs):
     # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
+    moe_cfg = moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case) else None
     chunks = []
     for c in range(vs):
-        model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs)).to(dt)  # (plain norms: built in the default dtype)
-        load_local(model, inputs, tp_rank, tp, dt)
+        model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs), moe_cfg).to(dt)  # (plain norms: default dtype)
+        load_local(model, inputs, tp_rank, tp, dt, m["activation"] == "swiglu")
         for name, p in model.named_parameters():  # (before megatron's DDP wraps it: no gradient buffer for these)
-            p.requires_grad_(not is_frozen(case, case_name(model, name)))
+            p.requires_grad_(not (frozen_moe_param(case, name) if is_moe_param(name)
+                                  else is_frozen(case, case_name(model, name))))
         chunks.append(model)
     with cuda_on_cpu():
         out = train_megatron(case, inputs, chunks if vs > 1 else chunks[0], gathered)
@@ -307,6 +318,9 @@ def train_megatron(case, inputs, model, gathered):
         skipped.append(megatron_step(opt, schedule, case))
     sync_parameters(ddps, settings)
     final = {name: case_view(name, p) for name, p in named}
+    if moe_of(case):  # (megatron's expert slices -> the case's full [experts, in, out] tensors)
+        swiglu = case["model"].get("activation") == "swiglu"
+        grads0, final = to_case_layout(grads0, swiglu), to_case_layout(final, swiglu)
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
             "skipped": skipped if scales_loss(case) else None}
 
@@ -318,9 +332,10 @@ def megatron_setup(case, chunks):
     from megatron.core.distributed import finalize_model_grads
 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    config = transformer_config(next(chunks[0].parameters()).dtype, tp,
-                                bool(parallel(case)["sequence_parallel"]) and tp > 1, per_token_loss(case), pp,
-                                len(chunks))
+    dt, sp = next(chunks[0].parameters()).dtype, bool(parallel(case)["sequence_parallel"]) and tp > 1
+    # (With MoE blocks, their config: `num_moe_experts` makes the schedules scale the auxiliary loss's gradient.)
+    config = (moe_config(case, dt, tp, sp, pp, len(chunks), per_token_loss(case)) if moe_of(case)
+              else transformer_config(dt, tp, sp, per_token_loss(case), pp, len(chunks)))
     settings = ddp_settings(case)
     ddps, opt, schedule = megatron_training(case, chunks, config, settings, optimizer_settings(case),
                                             weight_decay_overrides(case))

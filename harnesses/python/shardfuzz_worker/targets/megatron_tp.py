@@ -32,6 +32,7 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
 from .megatron_common import (MegatronTarget, data_parallel_features, model_parallel, optimizer_instances, patch_cuda,
                               per_token_loss, unsupported_training)
+from .megatron_moe import expert_tensor_parallel, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
 from .torch_model import unsupported_layout
 from .torch_training import combine_dp, single_device
 
@@ -42,6 +43,7 @@ def _patch_cuda():
     from megatron.core.tensor_parallel import random
 
     patch_cuda()
+    patch_moe_host_copies()
     random._get_cuda_rng_state = lambda *args, **kwargs: None
     random._set_cuda_rng_state = lambda *args, **kwargs: None
 
@@ -52,9 +54,9 @@ class MegatronTp(MegatronTarget):
     smooths_labels = True
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("tp", "dp", "pp"),
-                                 "megatron-tp runs tensor (and sequence), pipeline and data parallelism only",
-                                 loss_scaling=True, fp32_optimizer_state=True)
+        why = unsupported_layout(case, ("tp", "dp", "pp", "ep"),
+                                 "megatron-tp runs tensor (and sequence), pipeline, data and expert parallelism only",
+                                 loss_scaling=True, fp32_optimizer_state=True, moe=True) or unsupported_moe(case)
         if why:
             return why
         p = parallel(case)
@@ -85,10 +87,11 @@ class MegatronTp(MegatronTarget):
 
         p = parallel(case)
         model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1,
-                       optimizer_instances(case))
+                       optimizer_instances(case), p["ep"], expert_tensor_parallel(case, p["tp"]) if moe_of(case) else None)
         out = run(case, inputs)
-        # The plain torch model on one device in the case dtype: the oracle's noise baseline.
-        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        # The plain torch model on one device in the case dtype: the oracle's noise baseline (it has no MoE block:
+        # there the oracle's own ensemble alone).
+        out["baseline"] = single_device(case, inputs) if rank == 0 and not moe_of(case) else None
         return out
 
     def combine(self, case, outs):
@@ -105,6 +108,7 @@ class MegatronTp(MegatronTarget):
             features += [data, reduction_feature(data, case), *data_parallel_features(data, case)]
         if per_token_loss(case):
             features.append(f"megatron:tp{p['tp']}:dp{p['dp']}:per-token-loss")
+        features += moe_features(case)
         return combine_dp(case, full, features)
 
 

@@ -155,15 +155,16 @@ def model_defaults(case):
     return m
 
 
-def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optimizer_state=False):
+def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optimizer_state=False, moe=False):
     """Why the plain torch model cannot express this case, or None. `loss_scaling`: the target runs
     the case's dynamic loss scaler (torch_training.loss_scaler); `master_weights`: it keeps parameters and
     optimizer states in the case's `master_dtype`; `fp32_optimizer_state`: its optimizer keeps its state in fp32
-    whatever the parameters' dtype (megatron's mixed-precision optimizers)."""
+    whatever the parameters' dtype (megatron's mixed-precision optimizers); `moe`: the target builds the MoE blocks
+    itself."""
     if "model" not in case:
         return "model cases only"
     m = model_defaults(case)
-    if "moe" in m["layers"]:
+    if "moe" in m["layers"] and not moe:
         return "MoE layers are not expressed by the torch model"
     if m["heads"] < 1 or m["hidden"] % m["heads"] or m["heads"] % m["kv_heads"]:
         return "heads must divide hidden and kv_heads must divide heads"
@@ -187,10 +188,10 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
 
 
 def unsupported_layout(case, axes, what, sp_modes=("split_gather",), offload=False, loss_scaling=False,
-                       master_weights=False, fp32_optimizer_state=False):
+                       master_weights=False, fp32_optimizer_state=False, moe=False):
     """unsupported_model(), then: only the mesh axes in `axes` may exceed 1 (`what` says why), the
     sequence-parallel mode is one of `sp_modes`, and ZeRO offloading only where the target has it."""
-    why = unsupported_model(case, loss_scaling, master_weights, fp32_optimizer_state)
+    why = unsupported_model(case, loss_scaling, master_weights, fp32_optimizer_state, moe)
     if why:
         return why
     p = case["parallel"]
