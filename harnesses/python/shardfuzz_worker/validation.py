@@ -84,6 +84,10 @@ _MEGATRON_DIVISIBILITY = [
     # micro-batches in a virtual pipeline stage should range in [PP, M]", "The remainder of M ...").
     ("megatron/core/pipeline_parallel/schedules.py", "forward_backward_pipelining_with_interleaving", "micro-batches"),
     ("megatron/core/parallel_state.py", "initialize_model_parallel", None),
+    # MoELayer's refusal, at its first forward, of tensor parallelism without sequence parallelism in training
+    # ("During training, performance may degrade if MoE and tensor parallelism are enabled without also enabling
+    # sequence parallelism").
+    ("megatron/core/transformer/moe/moe_layer.py", "forward", "without also enabling sequence parallelism"),
 ]
 
 _MEGATRON_TRAINING = [
@@ -179,7 +183,10 @@ RECOMPUTE = (
 #: derived from that object alone (a view of an op's output DTensor: `reshape(-1)`, `transpose(0, n - 1)`).
 #: Native code leaves no Python frame, so an exception it raises directly under one of them (the frame is
 #: the traceback's innermost) is the framework's: its object was inconsistent, not our call.
-NATIVE_CALLERS = (("shardfuzz_worker/targets/torch_opinfo.py", "viewed"),)
+#: megatron_common.cuda_on_cpu's mode re-dispatches every torch call megatron makes (a CUDA device turned into the
+#: CPU), so an error native code raises under it is the framework's call's.
+NATIVE_CALLERS = (("shardfuzz_worker/targets/torch_opinfo.py", "viewed"),
+                  ("shardfuzz_worker/targets/megatron_common.py", "__torch_function__"))
 
 _OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _ROOTS = {}
