@@ -1471,11 +1471,12 @@ fn megatron_partial_distributed_optimizer_overlapped_param_gather_and_fp32_accum
 /// the sequence-level auxiliary loss, the all-to-all and all-gather dispatchers, SequentialMLP experts) over
 /// expert-parallel ranks, with ZeRO 1, pipeline stages, tensor + sequence parallelism and the per-token loss: all
 /// train like the reference (one rank pool per world size). Tensor parallelism without sequence parallelism is
-/// megatron's refusal (MoELayer's forward). Two megatron bugs are known findings: with biases (which megatron
+/// megatron's refusal (MoELayer's forward). Megatron bugs are known findings: with biases (which megatron
 /// takes at expert-tensor-parallel size 1 only) under tp 2 + sequence parallelism, the experts' fc2 bias is marked
 /// `sequence_parallel`, so finalize_model_grads sums its gradient over the tensor-parallel ranks (divergent; passes
-/// with the fix), and at ep 1 its reduce-scatter over a group of one returns its input, which megatron's MLP then
-/// adds the bias to in place: autograd's view+inplace error (a crash).
+/// with the fix), and at ep 1 the fc2's reduction over a group of one returns its input, which megatron's MLP then
+/// adds the bias to in place: autograd's view+inplace error (a crash at every step; passes with the fix). A third:
+/// under the per-token loss with ignored targets megatron weighs the auxiliary loss by tokens / counted targets.
 #[test]
 fn megatron_moe_layers_over_expert_parallel_ranks_train_like_the_reference() {
     if !python_ready() {
@@ -1487,26 +1488,45 @@ fn megatron_moe_layers_over_expert_parallel_ranks_train_like_the_reference() {
         ("moe-dp4-ep2-zero1-aux-swiglu-bf16.json", "megatron:moe:tp1:ep2:alltoall:glu"),
         ("tp2-sp-moe-dp2-ep2-aux-bf16.json", "megatron:moe:tp2:ep2:alltoall:aux-loss"),
         ("moe-pp2-dp2-ep2-aux-mb2-f32.json", "megatron:moe:tp1:ep2:alltoall:pp2"),
-        ("moe-dp2-ep2-ptl-aux-ignored-f32.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
+        ("moe-dp2-ep2-per-token-aux-accumulation2-bf16.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
+        // (campaign 186: the reference had weighted the auxiliary loss by batch tokens / counted ones)
+        ("moe-dp2-ep2-aux-padding-ignored-bias-f32.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
     ];
     let mut args: Vec<String> = ["run", "--json", "--target", "megatron-tp"].iter().map(|s| s.to_string()).collect();
     args.extend(passing.iter().map(|(c, _)| dir.join(c).display().to_string()));
     let rejected = dir.join("tp2-moe-without-sp-rejected-f32.json");
-    let crash = dir.join("tp2-sp-moe-bias-etp1-ep1-crash-f32.json");
-    args.extend([rejected.display().to_string(), crash.display().to_string()]);
+    let crashes = ["moe-bias-dp1-inplace-crash-f32.json", "tp2-sp-moe-bias-etp1-ep1-crash-f32.json"].map(|c| dir.join(c));
+    args.push(rejected.display().to_string());
+    args.extend(crashes.iter().map(|c| c.display().to_string()));
     let o = shardfuzz(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
     let vs = verdicts(&o);
-    assert_eq!(vs.len(), passing.len() + 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs.len(), passing.len() + 3, "{}", String::from_utf8_lossy(&o.stderr));
     for ((case, feature), v) in passing.iter().zip(&vs) {
         assert_eq!(v["kind"], "pass", "{case}: {v}");
         assert!(has_feature(v, feature), "{case}: {feature}: {v}");
     }
     assert_eq!(vs[passing.len()]["kind"], "rejected", "{}", vs[passing.len()]);
-    assert_eq!(vs[passing.len() + 1]["kind"], "crash", "{}", vs[passing.len() + 1]);
+    for v in &vs[passing.len() + 1..] {
+        assert_eq!(v["kind"], "crash", "{v}");
+        assert!(reason(v).contains("is a view and is being modified inplace"), "{v}");
+    }
+    // With both fixes the crashing cases train like the reference (the tp 2 one needs the sum fix too).
+    let both = "megatron-moe-expert-bias-inplace-view,megatron-moe-expert-bias-sequence-parallel";
+    for case in &crashes {
+        let v = one_verdict("megatron-tp", case, both);
+        assert_eq!(v["kind"], "pass", "{}: {v}", case.display());
+    }
     let bias = dir.join("tp2-sp-dp2-ep2-moe-bias-grad-summed-over-tp-f32.json");
     let v = one_verdict("megatron-tp", &bias, "");
     assert_eq!(v["kind"], "divergent", "{v}");
     assert!(reason(&v).starts_with("grad/layers.1.moe.down.bias"), "{v}");
     let v = one_verdict("megatron-tp", &bias, "megatron-moe-expert-bias-sequence-parallel");
+    assert_eq!(v["kind"], "pass", "{v}");
+    // Per-token loss with ignored targets: megatron weighs the auxiliary loss's gradient by tokens / counted ones.
+    let masked = dir.join("moe-dp2-ep2-per-token-aux-ignored-targets-f32.json");
+    let v = one_verdict("megatron-tp", &masked, "");
+    assert_eq!(v["kind"], "divergent", "{v}");
+    assert!(reason(&v).starts_with("grad/layers.1.moe.router.weight"), "{v}");
+    let v = one_verdict("megatron-tp", &masked, "megatron-moe-aux-loss-per-token-counted");
     assert_eq!(v["kind"], "pass", "{v}");
 }

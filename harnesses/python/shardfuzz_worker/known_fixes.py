@@ -918,6 +918,47 @@ def _megatron_moe_expert_bias_sequence_parallel():
     RowParallelLinear.__init__ = init
 
 
+def _megatron_moe_expert_bias_inplace_view():
+    """megatron-core 0.19.2: an expert MLP with a bias adds it in place, `output += output_bias * per_token_scale`
+    (transformer/mlp.py:354), to its fc2's output. Without expert parallelism (ep 1; biases need expert-tensor-parallel
+    size 1) the fc2, a RowParallelLinear, does not take the experts' explicit communication path
+    (`explicit_expert_comm` needs a group larger than one or ep > 1) and returns the output of its reduction over a
+    group of one, which megatron's autograd function hands back as its input: autograd refuses the in-place add to
+    that view, so every training step with MoE biases at ep 1 crashes
+    (docs/findings/megatron-core-0.19.2-moe-expert-bias-grad-summed-over-tp.py, `--ep 1`). Fix: experts' fc2 always
+    takes the explicit path (what it does at ep > 1; the reduction over one rank is the identity)."""
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    original = RowParallelLinear.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.is_expert:
+            self.explicit_expert_comm = True
+
+    RowParallelLinear.__init__ = init
+
+
+def _megatron_moe_aux_loss_per_token_counted():
+    """megatron-core 0.19.2: under `calculate_per_token_loss` the router pre-multiplies the MoE auxiliary loss by its
+    own token count x the tensor/context-parallel size (`attach_and_log_load_balancing_loss`), to cancel
+    finalize_model_grads's division by the global count the loss functions return; tokens the loss mask leaves out but
+    the router routes are in the first and not in the second, so the auxiliary gradient grows by tokens / counted
+    tokens (docs/findings/megatron-core-0.19.2-moe-aux-loss-per-token-loss-masked-tokens.py). Fix: pre-multiply by
+    the counted tokens finalize divides by over the factor the schedule and DDP divide by (micro-batches x dp), as
+    the router's comment states its target (`batch_tokens`, from the target: the model's forward cannot know them)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    original = TopKRouter.attach_and_log_load_balancing_loss
+
+    def attach(self, *args, **kwargs):
+        if self.calculate_per_token_loss:
+            kwargs["valid_token_count"] = _BATCH["count"] / _BATCH["divided_by"] / self.tp_cp_group.size()
+        return original(self, *args, **kwargs)
+
+    TopKRouter.attach_and_log_load_balancing_loss = attach
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -956,6 +997,8 @@ FIXES = {
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),
     "megatron-partial-distopt-grad-sync-twice": (("megatron-tp",), _megatron_partial_distopt_grad_sync_twice),
     "megatron-moe-expert-bias-sequence-parallel": (("megatron-tp",), _megatron_moe_expert_bias_sequence_parallel),
+    "megatron-moe-expert-bias-inplace-view": (("megatron-tp",), _megatron_moe_expert_bias_inplace_view),
+    "megatron-moe-aux-loss-per-token-counted": (("megatron-tp",), _megatron_moe_aux_loss_per_token_counted),
 }
 
 

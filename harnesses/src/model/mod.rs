@@ -103,6 +103,10 @@ pub struct Ctx<'a> {
     /// What the loss gradient of each token is multiplied by in the micro-batch being run (1 /
     /// global tokens, times the loss scale): auxiliary losses take their gradients in these units.
     pub loss_grad_scale: std::cell::Cell<f64>,
+    /// The token loss's denominator (counted targets, class-weighted) over the batch's tokens: an
+    /// auxiliary loss averaged over sequences takes `loss_grad_scale` times this per token, so that
+    /// ignored targets, which shrink the token loss's denominator, do not weigh it.
+    pub counted_share: f64,
 }
 
 impl Ctx<'_> {

@@ -90,7 +90,7 @@ fn aux_loss_dprobs(ctx: &Ctx, g: &Geom, routing: &k::Routing, experts: usize) ->
     // The injected fault's region: sequence parallelism, where a rank holds a chunk of each
     // sequence outside the tensor-parallel region.
     let seq_tokens = if ctx.bug(Bug::AuxLossLocalTokens) && ctx.sp() { g.seq_range(ctx, ctx.tp_index()).len() } else { g.seq };
-    let scale = coef * experts as f64 * ctx.loss_grad_scale.get() / (seq_tokens * top_k) as f64;
+    let scale = coef * experts as f64 * ctx.loss_grad_scale.get() * ctx.counted_share / (seq_tokens * top_k) as f64;
     let mut d = Mat::zeros(routing.probs.raw_dim());
     for b in 0..g.batch {
         let toks = b * g.seq..(b + 1) * g.seq;

@@ -96,6 +96,7 @@ impl<'a> Rank<'a> {
             tokens_dropped: std::cell::Cell::new(false),
             peak_activation: std::cell::Cell::new(0.0),
             loss_grad_scale: std::cell::Cell::new(0.0),
+            counted_share: self.plan.loss_denominator / self.plan.model.tokens() as f64,
             class_weights: &self.plan.class_weights,
             label_smoothing: self.plan.case.train.label_smoothing(),
         }

@@ -124,8 +124,9 @@ fn final_loss(ctx: &Ctx, params: &ParamSet, g: &Geom, inputs: &Inputs) -> Option
 }
 
 /// The context of a single-device run: no groups, one micro-batch, no injected bug.
-fn single_device_ctx<'a>(case: &'a Case, layout: &'a Layout, p: Prec, class_weights: &'a [f64]) -> Ctx<'a> {
+fn single_device_ctx<'a>(case: &'a Case, layout: &'a Layout, p: Prec, inputs: &'a Inputs) -> Ctx<'a> {
     let m = case.model.as_ref().expect("a model case");
+    let (class_weights, counted_share) = (&inputs.class_weights[..], inputs.loss_denominator() / m.tokens() as f64);
     Ctx {
         p,
         model: m,
@@ -142,6 +143,7 @@ fn single_device_ctx<'a>(case: &'a Case, layout: &'a Layout, p: Prec, class_weig
         attention_scores: std::cell::RefCell::new(Some(vec![])),
         tokens_dropped: std::cell::Cell::new(false),
         loss_grad_scale: std::cell::Cell::new(0.0),
+        counted_share,
         peak_activation: std::cell::Cell::new(0.0),
         class_weights,
         label_smoothing: case.train.label_smoothing(),
@@ -175,7 +177,7 @@ pub fn row_gradient_root_sum_squares(case: &Case, inputs: &Inputs) -> Result<Par
 pub fn rows_gradient(case: &Case, inputs: &Inputs, rows: std::ops::Range<usize>) -> Result<ParamSet, ReferenceError> {
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("only model cases have gradients".into()))?;
     let layout = Layout::single(m);
-    let ctx = single_device_ctx(case, &layout, Prec::new(DType::F64), &inputs.class_weights);
+    let ctx = single_device_ctx(case, &layout, Prec::new(DType::F64), inputs);
     let params: ParamSet = inputs.tensors.iter().cloned().collect();
     let seq = m.seq as usize;
     let tokens = rows.start * seq..rows.end * seq;
@@ -236,7 +238,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
     }
     let m = case.model.as_ref().ok_or_else(|| ReferenceError("case has neither model nor op".into()))?;
     let layout = Layout::single(m);
-    let mut ctx = single_device_ctx(case, &layout, p, &inputs.class_weights);
+    let mut ctx = single_device_ctx(case, &layout, p, inputs);
     let flips = variant.flips;
     (ctx.flip_routing_below, ctx.flip_only, ctx.gate_jitter) = (flips.below, flips.only, flips.gate_jitter);
     let mut params: ParamSet = inputs
@@ -365,6 +367,39 @@ mod tests {
                 let expected = w0 - 0.1 * (c * g + 0.5 * w0);
                 assert!((w1 - expected).abs() <= 1e-12 * (1.0 + expected.abs()), "{n}: {w1} vs {expected}");
             }
+        }
+    }
+
+    /// The MoE auxiliary loss is averaged over the batch's sequences whatever targets the token loss ignores: its
+    /// share of the router's gradient (the run with it less the run without) is the same with and without ignored
+    /// targets (campaign 186: it had been weighted by the token loss's denominator, batch tokens / counted ones).
+    #[test]
+    fn the_auxiliary_loss_is_averaged_over_sequences_whatever_targets_are_ignored() {
+        let case_with = |aux: &str, ignored: &str| {
+            let text = format!(
+                r#"{{"schema": 1, "name": "aux", "parallel": {{"dp": 1, "tp": 1, "pp": 1}}, "model": {{"vocab": 13, "hidden": 8, "ffn": 12, "heads": 2,
+                "kv_heads": 2, "seq": 4, "batch": 4, "layers": ["moe"], "moe": {{"experts": 2, "top_k": 1,
+                "capacity_factor": 2.0{aux}}}}}, "train": {{"steps": 1, "optimizer": {{"kind": "sgd", "lr": 0.1}},
+                "dtype": "f64"}}, "data": {{"seed": 7{ignored}}}}}"#
+            );
+            Case::from_json(&text).unwrap()
+        };
+        let aux_share = |ignored: &str| {
+            let router = |aux: &str| {
+                let case = case_with(aux, ignored);
+                let out = run(&case, &Inputs::generate(&case), DType::F64).unwrap();
+                out.tensor("grad/layers.0.moe.router.weight").unwrap().data.clone()
+            };
+            let (with, without) = (router(r#", "aux_loss": 0.5"#), router(""));
+            with.iter().zip(&without).map(|(a, b)| a - b).collect::<Vec<f64>>()
+        };
+        let ignored = r#", "ignored": {"fraction": 0.4, "pattern": "padding"}"#;
+        let inputs = Inputs::generate(&case_with("", ignored));
+        assert!(inputs.loss_denominator() < 16.0, "the case ignores targets: {}", inputs.loss_denominator());
+        let (all, some) = (aux_share(""), aux_share(ignored));
+        assert!(all.iter().any(|g| g.abs() > 1e-6), "the auxiliary loss moves the router: {all:?}");
+        for (a, s) in all.iter().zip(&some) {
+            assert!((a - s).abs() <= 1e-12 * (1.0 + a.abs()), "{a} vs {s}");
         }
     }
 
