@@ -6,7 +6,7 @@ import re
 
 from ..targets.base import dtype_name, parallel
 from ..targets.megatron_common import optimizer_instances
-from .common import assemble, embed, header, literal, rule, template, worker_source
+from .common import ReproError, assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
 from .torch_model import producible, training_source  # noqa: F401 - producible: the generator's interface
@@ -26,6 +26,10 @@ def check(case):
     from ..targets.megatron_tp import TARGET as WORKER
 
     check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+    if "moe" in case["model"].get("layers", ()):
+        # (The script's reference is the plain torch model in float64, which has no MoE block.)
+        raise ReproError(f"{TARGET}: no standalone script for a case with MoE blocks (its float64 reference, the plain "
+                         "torch model, has none)")
 
 
 def renamed(source, names):
