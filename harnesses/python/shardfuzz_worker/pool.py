@@ -130,11 +130,22 @@ def where_in(frames):
     """`FRAME[, entered from OURS via CALL]` of a stack as faulthandler prints it, innermost frame first:
     the innermost frame and, when that lies in a framework, the last frame of ours and the framework call
     it made."""
+    while len(frames) > 1 and _passes_through(frames[0]):
+        frames = frames[1:]  # (the framework's own call, re-dispatched by our mode: where it waits is that call)
     ours = next((i for i, f in enumerate(frames) if "shardfuzz_worker" in f), None)
     where = _short(frames[0])
     if ours is None or ours == 0:
         return where
     return f"{where}, entered from {_short(frames[ours])} via {_short(frames[ours - 1])}"
+
+
+def _passes_through(frame):
+    """Whether a faulthandler frame is one of our functions that only hand the framework's own call on to native
+    code (validation.NATIVE_CALLERS: megatron_common's CUDA-on-CPU mode re-dispatching every torch call)."""
+    from .validation import NATIVE_CALLERS
+
+    short = _short(frame)
+    return any(short.startswith(f"{path}:") and short.endswith(f" in {func}") for path, func in NATIVE_CALLERS)
 
 
 def test_raise(hook):

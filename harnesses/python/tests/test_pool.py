@@ -54,5 +54,28 @@ class RankPoolStart(unittest.TestCase):
         self.assertFalse(port_taken("rank 1 exited with status 1: RuntimeError: gloo connect timed out"))
 
 
+
+class WhereARankWaits(unittest.TestCase):
+    """A stuck rank's place: megatron_common's CUDA-on-CPU mode only re-dispatches the framework's own torch call,
+    so a rank waiting under it waits in that call (a collective megatron issued), not in our code."""
+
+    MODE = 'File "/w/harnesses/python/shardfuzz_worker/targets/megatron_common.py", line 54 in __torch_function__'
+    CALL = 'File "/v/site-packages/megatron/core/distributed/param_and_grad_buffer.py", line 300 in start_param_sync'
+    OURS = 'File "/w/harnesses/python/shardfuzz_worker/targets/megatron_model.py", line 302 in train_megatron'
+
+    def test_the_mode_is_transparent(self):
+        from shardfuzz_worker.pool import where_in
+
+        self.assertEqual(where_in([self.MODE, self.CALL, self.OURS]),
+                         "megatron/core/distributed/param_and_grad_buffer.py:300 in start_param_sync, entered from "
+                         "shardfuzz_worker/targets/megatron_model.py:302 in train_megatron via "
+                         "megatron/core/distributed/param_and_grad_buffer.py:300 in start_param_sync")
+
+    def test_our_own_waits_stay_ours(self):
+        from shardfuzz_worker.pool import where_in
+
+        self.assertEqual(where_in([self.OURS]), "shardfuzz_worker/targets/megatron_model.py:302 in train_megatron")
+
+
 if __name__ == "__main__":
     unittest.main()
