@@ -285,5 +285,69 @@ class MegatronDistributedOptimizerTest(unittest.TestCase):
         self.assertEqual((s["reduce_scatter_with_fp32_accumulation"], s["grad_reduce_in_fp32"]), (False, True))
 
 
+
+MOE_CASES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "python-megatron-moe")
+
+
+def moe_case(name, **model):
+    with open(os.path.join(MOE_CASES, name)) as f:
+        c = json.load(f)
+    c["model"].update(model)
+    return c
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class MegatronMoeTest(unittest.TestCase):
+    """What megatron-tp's MoELayer expresses of the case's MoE blocks, and the settings it hands megatron."""
+
+    def test_only_a_capacity_that_drops_nothing_is_expressed(self):
+        from shardfuzz_worker.targets.megatron_moe import unsupported_moe
+
+        c = moe_case("moe-allgather-dp1-f32.json")  # seq 4, 4 experts, top 2: capacity 2.0 gives 4 slots
+        self.assertIsNone(unsupported_moe(c))
+        c["model"]["moe"]["capacity_factor"] = 1.25  # 3 slots < seq 4
+        self.assertIn("dropless", unsupported_moe(c))
+
+    def test_an_auxiliary_loss_needs_equal_micro_batches(self):
+        from shardfuzz_worker.targets.megatron_moe import unsupported_moe
+
+        c = moe_case("tp2-sp-moe-dp2-ep2-aux-bf16.json")
+        self.assertIsNone(unsupported_moe(c))
+        c["model"]["batch"] = 5  # 3 and 2 rows on the two replicas
+        self.assertIn("micro-batch", unsupported_moe(c))
+        del c["model"]["moe"]["aux_loss"]
+        self.assertIsNone(unsupported_moe(c))
+
+    def test_gated_experts_freeze_gate_and_up_together(self):
+        from shardfuzz_worker.targets.megatron_moe import unsupported_moe
+
+        c = moe_case("moe-dp4-ep2-zero1-aux-swiglu-bf16.json")
+        c["train"]["frozen"] = ["layers.1.moe.up"]
+        self.assertIn("freeze together", unsupported_moe(c))
+        c["train"]["frozen"] = ["layers.1.moe"]
+        self.assertIsNone(unsupported_moe(c))
+
+    def test_experts_split_over_tp_without_biases_and_not_with_them(self):
+        from shardfuzz_worker.targets.megatron_moe import dispatcher, expert_tensor_parallel
+
+        c = moe_case("tp2-sp-moe-dp2-ep2-aux-bf16.json")
+        self.assertEqual((expert_tensor_parallel(c, 2), dispatcher(c)), (2, "alltoall"))
+        self.assertEqual(expert_tensor_parallel(moe_case("tp2-sp-moe-bias-etp1-ep1-crash-f32.json"), 2), 1)
+        self.assertEqual(dispatcher(moe_case("moe-allgather-dp1-f32.json")), "allgather")
+
+    def test_megatron_parameter_names_map_to_the_case_s(self):
+        from shardfuzz_worker.targets.megatron_moe import case_pieces, frozen_moe_param
+
+        pre = "layers.1.moe.layer."
+        self.assertEqual(case_pieces(pre + "experts.local_experts.3.linear_fc1.weight", swiglu=True),
+                         [("layers.1.moe.gate.weight", "gate"), ("layers.1.moe.up.weight", "up")])
+        self.assertEqual(case_pieces(pre + "experts.local_experts.0.linear_fc2.bias", swiglu=False),
+                         [("layers.1.moe.down.bias", "down")])
+        self.assertEqual(case_pieces(pre + "router.bias", swiglu=False), [])
+        c = moe_case("moe-allgather-dp1-f32.json")
+        self.assertTrue(frozen_moe_param(c, pre + "router.bias"), "megatron's router bias is held at zero")
+        self.assertFalse(frozen_moe_param(c, pre + "router.weight"))
+
+
 if __name__ == "__main__":
     unittest.main()

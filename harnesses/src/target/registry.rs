@@ -135,7 +135,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "megatron-tp",
-        description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, pipeline stages under its 1F1B and interleaved schedules, data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer)",
+        description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, pipeline stages under its 1F1B and interleaved schedules, data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer), MoE blocks as its MoELayer over expert-parallel ranks",
         env: Some(MAIN),
         offers: &[
             "label_smoothing",
