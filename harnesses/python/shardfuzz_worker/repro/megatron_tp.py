@@ -46,13 +46,15 @@ def sources():
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
                              "reduce_dtype_name", "label_smoothing", "overlap_param_gather")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
-               + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream",
+               + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
+                                          "_uneven_collectives", "_Done",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",
                                           "transformer_config", "_REDUCE_SCATTER", "fresh_reduce_scatter",
                                           "megatron_training", "ddp_settings", "fp32_accumulating_reduce_scatter",
                                           "optimizer_instances", "param_gather_overlapped", "sync_parameters",
                                           "reduced_grads", "per_token_loss", "loss_scaling_settings",
                                           "scales_loss", "loss_scale_of", "megatron_step")
+               + "\n\n" + worker_source("targets/megatron_moe.py", "moe_of", "is_moe_param", "patch_moe_host_copies")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(

@@ -291,8 +291,8 @@ def train_megatron(case, inputs, model, gathered):
     lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
     rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
     batch = MicroBatches(case, inputs, gathered, per_token_loss(case), dp * len(rows) / loss_denominator(inputs))
-    # (What the known fix megatron-moe-aux-loss-per-token-counted needs and megatron's router cannot know.)
-    known_fixes.batch_tokens(loss_denominator(inputs), dp * len(rows))
+    if moe_of(case):  # (what the known fix megatron-moe-aux-loss-per-token-counted needs and the router cannot know)
+        known_fixes.batch_tokens(loss_denominator(inputs), dp * len(rows))
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         for d in ddps:
