@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .base import chunk_range, is_frozen, micro_batches, parallel
 
+
 def moe_of(case):
     """The case's MoE settings (None without a `moe` block)."""
     m = case.get("model") or {}
@@ -176,8 +177,7 @@ def case_pieces(name, swiglu):
         return []
     leaf = rest.rsplit(".", 1)[-1]
     if ".linear_fc1." in rest:
-        ups = [(pre + f"gate.{leaf}", "gate"), (pre + f"up.{leaf}", "up")] if swiglu else [(pre + f"up.{leaf}", "up")]
-        return ups
+        return [(pre + f"gate.{leaf}", "gate"), (pre + f"up.{leaf}", "up")] if swiglu else [(pre + f"up.{leaf}", "up")]
     return [(pre + f"down.{leaf}", "down")]
 
 
@@ -230,7 +230,8 @@ def to_case_layout(tensors, swiglu):
 
     out = {n: t for n, t in tensors.items() if not is_moe_param(n)}
     pieces = {}
-    for name in sorted((n for n in tensors if is_moe_param(n)), key=lambda n: (n.split(".local_experts.")[0], _expert_index(n), n)):
+    names = sorted((n for n in tensors if is_moe_param(n)), key=lambda n: (n.split(".local_experts.")[0], _expert_index(n), n))
+    for name in names:  # (local experts in index order: expert 10 after expert 9)
         t = torch.from_numpy(np.ascontiguousarray(tensors[name]))
         for (case_name, role), piece in zip(case_pieces(name, swiglu), _split_fc1(name, t, swiglu)):
             if role == "router":
