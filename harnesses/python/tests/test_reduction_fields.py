@@ -15,9 +15,13 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_DEEPSPEED = HAVE_TORCH and importlib.util.find_spec("deepspeed") is not None
 
 
+def load(folder, name):
+    with open(os.path.join(folder, name)) as f:
+        return json.load(f)
+
+
 def case(name, **parallel):
-    with open(os.path.join(CORPUS, name)) as f:
-        c = json.load(f)
+    c = load(CORPUS, name)
     c["parallel"].update(parallel)
     return c
 
@@ -289,11 +293,8 @@ class MegatronDistributedOptimizerTest(unittest.TestCase):
 MOE_CASES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "python-megatron-moe")
 
 
-def moe_case(name, **model):
-    with open(os.path.join(MOE_CASES, name)) as f:
-        c = json.load(f)
-    c["model"].update(model)
-    return c
+def moe_case(name):
+    return load(MOE_CASES, name)
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
