@@ -129,6 +129,17 @@ def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
         bf16=dt == torch.bfloat16, fp16=dt == torch.float16, calculate_per_token_loss=per_token)
 
 
+def expert_layout(case):
+    """(ep, etp) of megatron's parallel state for the case: its expert-parallel and expert-tensor-parallel degrees
+    with MoE blocks; (1, None) without, whatever `parallel.ep` says, so that a case without experts builds no
+    layout of its own (each layout's groups stay alive in the rank pool: gloo threads that measurably slow every
+    case once there are hundreds)."""
+    if moe_of(case) is None:
+        return 1, None
+    p = parallel(case)
+    return p["ep"], expert_tensor_parallel(case, p["tp"])
+
+
 def expert_tensor_parallel(case, tp):
     """megatron's expert-tensor-parallel degree: its default, the tensor-parallel one; 1 with biases (megatron
     asserts "Bias in Moe is only supported when ETP==1")."""

@@ -32,7 +32,7 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
 from .megatron_common import (MegatronTarget, data_parallel_features, model_parallel, optimizer_instances, patch_cuda,
                               per_token_loss, unsupported_training)
-from .megatron_moe import expert_tensor_parallel, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
+from .megatron_moe import expert_layout, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
 from .torch_model import unsupported_layout
 from .torch_training import combine_dp, single_device
 
@@ -87,7 +87,7 @@ class MegatronTp(MegatronTarget):
 
         p = parallel(case)
         model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1,
-                       optimizer_instances(case), p["ep"], expert_tensor_parallel(case, p["tp"]) if moe_of(case) else None)
+                       optimizer_instances(case), *expert_layout(case))
         out = run(case, inputs)
         # The plain torch model on one device in the case dtype: the oracle's noise baseline (it has no MoE block:
         # there the oracle's own ensemble alone).
