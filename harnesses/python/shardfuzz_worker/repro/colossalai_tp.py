@@ -12,7 +12,7 @@ from .torch_model import producible, training_source  # noqa: F401 - producible:
 
 TARGET = "colossalai-tp"
 
-SHIMS = ("_Done", "_CpuStream", "_cpu_accelerator", "_reduce_scatter_list", "_all_to_all_list", "install_shims",
+SHIMS = ("_CpuStream", "_cpu_accelerator", "_all_to_all_list", "install_shims",
          "_shim_zero_sanity_checks")
 SHIMS_ABOUT = ("The worker's start-up shims stand in for what a CPU and gloo lack (device management, list-form"
                " reduce_scatter / all_to_all, ZeRO's CUDA check); they do not change what Colossal-AI computes.")
@@ -29,8 +29,9 @@ def check(case):
 def shims_source():
     """The worker's CPU start-up shims (install_shims and what it calls): the script installs them after
     init_process_group, as the worker's ranks do."""
-    return rule("Colossal-AI on CPU with gloo (the worker's start-up shims)") + "\n" + worker_source(
-        "targets/colossalai_common.py", *SHIMS)
+    return (rule("Colossal-AI on CPU with gloo (the worker's start-up shims)") + "\n"
+            + worker_source("targets/torch_common.py", "_Done", "_reduce_scatter_list") + "\n\n"
+            + worker_source("targets/colossalai_common.py", *SHIMS))
 
 
 def sources():

@@ -31,8 +31,9 @@ def generate(case, inputs, bounds, dropped):
                 literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
                 f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
     sources = (worker_source("targets/base.py", "dtype_name")
+               + "\n\n" + worker_source("targets/torch_common.py", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
-                                          "_uneven_collectives", "_Done",
+                                          "_uneven_collectives",
                                           "transformer_config", "_REDUCE_SCATTER", "fresh_reduce_scatter",
                                           "megatron_training", "constant_schedule", "reduced_grads", "per_token_loss",
                                           "counted_tokens", "scales_loss", "loss_scale_of", "megatron_step",

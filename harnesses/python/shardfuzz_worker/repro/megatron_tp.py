@@ -45,9 +45,9 @@ def sources():
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
                              "reduce_dtype_name", "label_smoothing", "overlap_param_gather")
-               + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
+               + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
-                                          "_uneven_collectives", "_Done",
+                                          "_uneven_collectives",
                                           "optimizer_settings", "weight_decay_overrides", "constant_schedule",
                                           "transformer_config", "_REDUCE_SCATTER", "fresh_reduce_scatter",
                                           "megatron_training", "ddp_settings", "fp32_accumulating_reduce_scatter",

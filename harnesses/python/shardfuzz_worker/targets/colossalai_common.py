@@ -21,17 +21,7 @@ import contextlib
 import datetime
 import os
 
-from .torch_common import TorchTarget, shared_tempdir
-
-
-class _Done:
-    """The handle of a collective that already completed (the shims run synchronously)."""
-
-    def wait(self, *_args, **_kwargs):
-        return True
-
-    def is_completed(self):
-        return True
+from .torch_common import TorchTarget, _Done, _reduce_scatter_list, shared_tempdir
 
 
 class _CpuStream:
@@ -108,19 +98,6 @@ def _cpu_accelerator():
             return contextlib.nullcontext()
 
     return ShardfuzzCpuAccelerator()
-
-
-def _reduce_scatter_list(output, input_list, op=None, group=None, async_op=False):
-    """List-form reduce_scatter over an all_reduce of the concatenated chunks (gloo has no reduce_scatter)."""
-    import torch
-    import torch.distributed as dist
-
-    flat = torch.cat([t.reshape(-1) for t in input_list])
-    dist.all_reduce(flat, op=op if op is not None else dist.ReduceOp.SUM, group=group)
-    rank = dist.get_rank(group)
-    start = sum(t.numel() for t in input_list[:rank])
-    output.copy_(flat[start:start + input_list[rank].numel()].view_as(output))
-    return _Done() if async_op else None
 
 
 def _all_to_all_list(output_list, input_list, group=None, async_op=False):

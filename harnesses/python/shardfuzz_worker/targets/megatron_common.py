@@ -7,7 +7,7 @@ import os
 
 from .base import (IGNORE_INDEX, dtype_name, overlap_param_gather, param_gather_feature, parallel, reduce_bucket,
                    reduce_dtype_name)
-from .torch_common import TorchTarget
+from .torch_common import TorchTarget, _Done, _reduce_scatter_list
 
 
 class MegatronTarget(TorchTarget):
@@ -59,8 +59,8 @@ def cuda_on_cpu():
 def _uneven_collectives():
     """torch.distributed's all_gather and reduce_scatter taking pieces of different sizes, as NCCL does (megatron's
     MoE token dispatcher counts on it between tensor-parallel ranks) and gloo does not: the pieces padded to the
-    largest along dim 0 for the all-gather; for the reduce-scatter all pieces all-reduced, this rank's kept. Equal
-    pieces go to gloo's own collectives."""
+    largest along dim 0 for the all-gather; the reduce-scatter torch_common's (all pieces all-reduced, this rank's
+    kept). Equal pieces go to gloo's own collectives."""
     import torch
     import torch.distributed as dist
 
@@ -83,27 +83,15 @@ def _uneven_collectives():
     def scatter(output, inputs, op=dist.ReduceOp.SUM, group=None, async_op=False):
         if not uneven(inputs):
             return reduce_scatter(output, inputs, op=op, group=group, async_op=async_op)
-        whole = torch.cat([t.reshape(t.shape[0], -1) for t in inputs])
-        dist.all_reduce(whole, op=op, group=group)
-        start = sum(t.shape[0] for t in inputs[: dist.get_rank(group)])
-        output.copy_(whole[start: start + output.shape[0]].view(output.shape))
-        return _Done() if async_op else None
+        return _reduce_scatter_list(output, inputs, op, group, async_op)
 
     return gather, scatter
-
-
-class _Done:
-    """The handle of a collective that has completed."""
-
-    def wait(self, *_args):
-        return True
 
 
 def patch_cuda():
     """megatron asks torch.cuda for the current device (its buffers) and stream (before a reduction): the CPU, and
     a stream with nothing to wait for."""
     import torch
-
     import torch.distributed as dist
 
     if not getattr(dist.all_gather, "uneven", False):

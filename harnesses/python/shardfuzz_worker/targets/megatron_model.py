@@ -267,11 +267,11 @@ def run(case, inputs):
                                   else is_frozen(case, case_name(model, name))))
         chunks.append(model)
     with cuda_on_cpu():
-        out = train_megatron(case, inputs, chunks if vs > 1 else chunks[0], gathered)
+        out = train_megatron(case, inputs, chunks if vs > 1 else chunks[0], gathered, moe_cfg)
     return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
 
 
-def train_megatron(case, inputs, model, gathered):
+def train_megatron(case, inputs, model, gathered, moe_cfg=None):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
     the other targets split it): megatron's schedule for the layout (forward_backward_no_pipelining; over pipeline
     stages 1F1B, forward_backward_pipelining_without_interleaving, or with virtual chunks (`model` a list of them)
@@ -286,7 +286,7 @@ def train_megatron(case, inputs, model, gathered):
     t, s = case["train"], case["model"]["seq"]
     dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     chunked = isinstance(model, list)
-    ddps, opt, schedule, settings = megatron_setup(case, model if chunked else [model])
+    ddps, opt, schedule, settings = megatron_setup(case, model if chunked else [model], moe_cfg)
     named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
     lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
     rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
@@ -328,17 +328,18 @@ def train_megatron(case, inputs, model, gathered):
             "skipped": skipped if scales_loss(case) else None}
 
 
-def megatron_setup(case, chunks):
+def megatron_setup(case, chunks, moe_cfg=None):
     """(DDP chunks, optimizer, scheduler, DDP settings) for the model chunks of this rank, and the config megatron's
     schedules read set as its training loop sets it (no_sync, finalize_model_grads, the optimizer's loss scale)."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    dt, sp = next(chunks[0].parameters()).dtype, bool(parallel(case)["sequence_parallel"]) and tp > 1
-    # (With MoE blocks, their config: `num_moe_experts` makes the schedules scale the auxiliary loss's gradient.)
-    config = (moe_config(case, dt, tp, sp, pp, len(chunks), per_token_loss(case)) if moe_of(case)
-              else transformer_config(dt, tp, sp, per_token_loss(case), pp, len(chunks)))
+    # (With MoE blocks, their config, as megatron shares one: `num_moe_experts` makes the schedules scale the
+    # auxiliary loss's gradient.)
+    config = moe_cfg or transformer_config(next(chunks[0].parameters()).dtype, tp,
+                                           bool(parallel(case)["sequence_parallel"]) and tp > 1, per_token_loss(case),
+                                           pp, len(chunks))
     settings = ddp_settings(case)
     ddps, opt, schedule = megatron_training(case, chunks, config, settings, optimizer_settings(case),
                                             weight_decay_overrides(case))

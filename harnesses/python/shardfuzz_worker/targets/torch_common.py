@@ -100,3 +100,26 @@ def shared_tempdir():
     dist.barrier()
     if rank0:
         shutil.rmtree(path[0], ignore_errors=True)
+
+
+class _Done:
+    """The handle of a collective that already completed (the shims run synchronously)."""
+
+    def wait(self, *_args, **_kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def _reduce_scatter_list(output, input_list, op=None, group=None, async_op=False):
+    """List-form reduce_scatter over an all_reduce of the concatenated chunks (gloo has none; NCCL, which Colossal-AI and megatron count on, takes pieces of any size)."""
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1) for t in input_list])
+    dist.all_reduce(flat, op=op if op is not None else dist.ReduceOp.SUM, group=group)
+    rank = dist.get_rank(group)
+    start = sum(t.numel() for t in input_list[:rank])
+    output.copy_(flat[start:start + input_list[rank].numel()].view_as(output))
+    return _Done() if async_op else None
