@@ -959,6 +959,29 @@ def _megatron_moe_aux_loss_per_token_counted():
     TopKRouter.attach_and_log_load_balancing_loss = attach
 
 
+def _megatron_moe_position_drop_topk_ties():
+    """megatron-core 0.19.2: the `position` token-drop policy ("tokens at the end of each batch will be dropped")
+    picks each expert's kept tokens with `torch.topk(routing_map.int(), k=capacity, dim=0, sorted=False)`: every
+    routed token ties at 1, and which of the ties topk returns is unspecified (on the CPU not the earliest), so it
+    keeps arbitrary tokens, not the first (docs/findings/megatron-core-0.19.2-moe-position-drop-policy-topk-ties.py).
+    Fix: keep a routed token while the expert's running count of routed tokens is within its capacity."""
+    import torch
+    from megatron.core.transformer.moe import moe_utils, router
+
+    original = moe_utils.apply_router_token_dropping
+
+    def dropping(routing_probs, routing_map, router_topk, capacity_factor, drop_policy="probs",
+                 pad_to_capacity=False):
+        if drop_policy != "position" or pad_to_capacity:
+            return original(routing_probs, routing_map, router_topk, capacity_factor, drop_policy, pad_to_capacity)
+        tokens, experts = routing_map.shape
+        capacity = moe_utils.get_capacity(tokens * router_topk, experts, capacity_factor)
+        kept = torch.logical_and(routing_map, routing_map.int().cumsum(dim=0) <= capacity)
+        return routing_probs * kept, kept
+
+    moe_utils.apply_router_token_dropping = router.apply_router_token_dropping = dropping
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -999,6 +1022,7 @@ FIXES = {
     "megatron-moe-expert-bias-sequence-parallel": (("megatron-tp",), _megatron_moe_expert_bias_sequence_parallel),
     "megatron-moe-expert-bias-inplace-view": (("megatron-tp",), _megatron_moe_expert_bias_inplace_view),
     "megatron-moe-aux-loss-per-token-counted": (("megatron-tp",), _megatron_moe_aux_loss_per_token_counted),
+    "megatron-moe-position-drop-topk-ties": (("megatron-tp",), _megatron_moe_position_drop_topk_ties),
 }
 
 

@@ -301,13 +301,27 @@ def moe_case(name):
 class MegatronMoeTest(unittest.TestCase):
     """What megatron-tp's MoELayer expresses of the case's MoE blocks, and the settings it hands megatron."""
 
-    def test_only_a_capacity_that_drops_nothing_is_expressed(self):
-        from shardfuzz_worker.targets.megatron_moe import unsupported_moe
+    def test_a_capacity_that_drops_tokens_is_expressed_where_megatron_counts_a_sequence(self):
+        import torch
+
+        from shardfuzz_worker.targets.megatron_moe import drops_tokens, moe_config, unsupported_moe
 
         c = moe_case("moe-allgather-dp1-f32.json")  # seq 4, 4 experts, top 2: capacity 2.0 gives 4 slots
         self.assertIsNone(unsupported_moe(c))
-        c["model"]["moe"]["capacity_factor"] = 1.25  # 3 slots < seq 4
-        self.assertIn("dropless", unsupported_moe(c))
+        self.assertIsNone(moe_config(c, torch.float32, 1, False).moe_expert_capacity_factor)  # (dropless)
+        c["model"]["moe"]["capacity_factor"] = 1.25  # 3 slots < seq 4, batch 4 in one micro-batch
+        self.assertTrue(drops_tokens(c))
+        self.assertIn("micro-batches of [4] sequences", unsupported_moe(c))
+        c["train"]["grad_accumulation"] = 4  # one sequence per micro-batch: megatron counts a sequence
+        self.assertIsNone(unsupported_moe(c))
+        config = moe_config(c, torch.float32, 1, False)
+        self.assertEqual((config.moe_expert_capacity_factor, config.moe_token_drop_policy), (1.25, "position"))
+        c["parallel"]["tp"] = 2  # megatron routes seq / tp tokens of a sequence-parallel shard
+        self.assertIn("sequence-parallel shard", unsupported_moe(c))
+        c["parallel"]["tp"] = 1
+        c["model"]["seq"] = 10  # 20 choices over 3 experts, capacity 1.05
+        c["model"]["moe"].update(experts=3, capacity_factor=1.05)
+        self.assertIn("megatron's rounding gives 8 slots, the case's 7", unsupported_moe(c))
 
     def test_an_auxiliary_loss_needs_equal_micro_batches(self):
         from shardfuzz_worker.targets.megatron_moe import unsupported_moe

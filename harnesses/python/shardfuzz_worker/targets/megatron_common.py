@@ -1,8 +1,10 @@
 """What the megatron-core targets share: megatron's CUDA-only calls pointed at the CPU, and its optimizer (with its
 parameter scheduler) configured for a case."""
 
+import collections
 import contextlib
 import copy
+import gc
 import os
 
 from .base import (IGNORE_INDEX, dtype_name, overlap_param_gather, param_gather_feature, parallel, reduce_bucket,
@@ -141,7 +143,13 @@ class _NoEvent:
 #: The dtype megatron reduces gradients in, per compute dtype, with `grad_reduce_in_fp32` off and on.
 REDUCED_IN = {"f32": ("f32", "f32"), "bf16": ("bf16", "f32"), "f16": ("f16", "f32")}
 
-_LAYOUTS = {"pristine": None, "current": None}
+#: How many megatron layouts a rank keeps built. Every group a layout creates holds three gloo threads per member
+#: rank for as long as anything refers to it; a campaign kept every layout it met (~260 groups, 780 threads per rank
+#: process after 8 minutes, campaign 188) and starved the machine. The least recently used layout beyond these is
+#: torn down (its groups destroyed) and built again when a case asks for it.
+KEPT_LAYOUTS = 4
+
+_LAYOUTS = {"pristine": None, "current": None, "kept": collections.OrderedDict()}
 
 
 def unsupported_training(case):
@@ -186,28 +194,59 @@ def model_parallel(tp, pp=1, vs=1, instances=1, ep=1, etp=None):
     """megatron's parallel state for tensor- and pipeline-parallel degrees `tp`, `pp` (`vs` virtual stages per
     stage) over all ranks (data parallelism: the rest, its distributed optimizer split into `instances`; `ep`
     expert-parallel ranks among the data-parallel ones, experts split over `etp` ranks (None: tp)), as
-    `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it creates groups). Each
-    layout's groups are built once and kept: switching back restores them (megatron's own teardown destroys groups,
-    and a campaign alternates between a few layouts)."""
+    `initialize_model_parallel` builds it. Every rank calls it with the same degrees (it creates groups), so every
+    rank keeps and evicts the same layouts. The last KEPT_LAYOUTS layouts' groups are kept: switching back restores
+    them (megatron's own teardown forgets groups without destroying them, and a campaign alternates between a few
+    layouts)."""
     from megatron.core import parallel_state as ps
 
-    layout = (tp, pp, vs, instances, ep, etp)
+    layout, kept = (tp, pp, vs, instances, ep, etp), _LAYOUTS["kept"]
     if _LAYOUTS["current"] == layout:
         return
     if _LAYOUTS["pristine"] is None:
         _LAYOUTS["pristine"] = _state_of(ps)
     _LAYOUTS["current"] = None  # (until the layout is in place: megatron may refuse it half-way)
-    if layout in _LAYOUTS:
-        _restore(ps, _LAYOUTS[layout])
+    if layout in kept:
+        kept.move_to_end(layout)
+        _restore(ps, kept[layout]["state"])
     else:
         _restore(ps, _LAYOUTS["pristine"])
-        # (megatron's optimizer asks for gloo copies of the groups: on gloo ranks they are more gloo groups.)
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=vs if vs > 1 else None,
-                                     num_distributed_optimizer_instances=instances,
-                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
-        _LAYOUTS[layout] = _state_of(ps)
+        while len(kept) >= KEPT_LAYOUTS:
+            _destroy_groups(ps, kept.popitem(last=False)[1]["groups"])
+        kept[layout] = {"groups": _groups_created(ps, lambda: ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vs if vs > 1 else None,
+            num_distributed_optimizer_instances=instances, expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+            # (gloo copies of the groups serve the distributed optimizer's checkpoints only; here they would double
+            # the gloo groups, and the optimizer is told not to ask for them.)
+            create_gloo_process_groups=False)), "state": _state_of(ps)}
     _LAYOUTS["current"] = layout
+
+
+def _groups_created(ps, build):
+    """The process groups `build` creates that this rank is a member of (megatron lists them in
+    `_global_process_group_list`); if it raises, those groups are destroyed and megatron's state is pristine again."""
+    before = len(ps._global_process_group_list or [None])
+    try:
+        build()
+    except BaseException:
+        _destroy_groups(ps, (ps._global_process_group_list or [None])[before:])
+        _restore(ps, _LAYOUTS["pristine"])
+        raise
+    return (ps._global_process_group_list or [None])[before:]
+
+
+def _destroy_groups(ps, groups):
+    """Destroys `groups` and drops megatron's reference to them: a gloo group's threads end once no one holds it."""
+    import torch.distributed as dist
+
+    doomed = {id(g) for g in groups}
+    if ps._global_process_group_list:
+        ps._global_process_group_list[:] = [g for g in ps._global_process_group_list if id(g) not in doomed]
+    for g in groups:
+        dist.destroy_process_group(g)
+    gc.collect()
 
 
 def _state_of(module):
@@ -426,5 +465,6 @@ def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrid
     fresh_reduce_scatter()
     ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_kwargs), m, disable_bucketing=i > 0)
             for i, m in enumerate(chunks)]
-    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, config_overrides=overrides)
+    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, config_overrides=overrides,
+                                 use_gloo_process_groups=False)  # (model_parallel builds none: checkpoints only)
     return (ddps if isinstance(model, list) else ddps[0]), opt, constant_schedule(case, opt)

@@ -11,13 +11,17 @@ SequentialMLP experts (megatron's local spec, no grouped GEMM), over megatron's 
                ColumnParallelLinear fc1 (swiglu: [gate; up] in one matrix, as megatron's gated linear unit splits
                it) and RowParallelLinear fc2, split over megatron's expert-tensor-parallel ranks (its default: the
                tensor-parallel degree; with biases 1, the only degree megatron takes them at)
-  capacity     none (dropless): megatron's expert capacity counts a micro-batch's tokens, the case's a
-               sequence's, so only cases whose capacity can drop no token (slots >= seq) are expressed
+  capacity     megatron's token dropping with the `position` policy (the case's: each expert keeps its earliest
+               tokens), where megatron's capacity counts what the case's does: megatron's counts the tokens of
+               one router call (a micro-batch's, a sequence-parallel shard's), the case's a sequence's, so a
+               capacity that can drop tokens is expressed when tp is 1 and every micro-batch holds one sequence
+               (and megatron's capacity rounds to the case's slots); one that drops none is megatron's dropless MoE
 
 Expert parameters and gradients are reported in the case's layout ([experts, in, out]) on every rank of the stage:
 the local experts' slices all-gathered over the expert-tensor- and expert-parallel groups."""
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -43,10 +47,9 @@ def unsupported_moe(case):
     if moe is None:
         return None
     m, p = case["model"], parallel(case)
-    slots = -(-moe["capacity_factor"] * m["seq"] * moe["top_k"] // moe["experts"])
-    if slots < m["seq"]:
-        return ("megatron's expert capacity counts a micro-batch's tokens, the case's a sequence's: only a capacity "
-                f"that drops no token (slots {int(slots)} >= seq {m['seq']}) is expressed, as megatron's dropless MoE")
+    why = unexpressed_capacity(case)
+    if why:
+        return why
     if moe.get("aux_loss"):
         why = unequal_micro_batches(case)
         if why:
@@ -66,6 +69,43 @@ def unsupported_moe(case):
     return None
 
 
+def case_slots(case):
+    """Slots per expert in one sequence, as the case model counts them: ceil(capacity_factor * seq * top_k /
+    experts), in the same floating-point order."""
+    m, moe = case["model"], moe_of(case)
+    return math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
+
+
+def drops_tokens(case):
+    """Whether the case's capacity can drop a token (fewer slots per expert than a sequence's tokens)."""
+    return case_slots(case) < case["model"]["seq"]
+
+
+def unexpressed_capacity(case):
+    """Why megatron's capacity would not count what the case's does (None: it would, or nothing can drop)."""
+    if not drops_tokens(case):
+        return None
+    from megatron.core.transformer.moe.moe_utils import get_capacity
+
+    from .megatron_model import micro_batch_count
+
+    m, moe, p = case["model"], moe_of(case), parallel(case)
+    lead = (f"megatron's expert capacity counts the tokens of one router call, the case's a sequence's "
+            f"({case_slots(case)} slots < seq {m['seq']}: tokens can drop): ")
+    if p["tp"] > 1:
+        return lead + "with tp > 1 megatron routes a sequence-parallel shard (seq / tp tokens)"
+    rows = set()
+    for i in range(p["dp"]):
+        lo, hi = chunk_range(m["batch"], p["dp"], i)
+        rows.update(b - a for a, b in micro_batches(hi - lo, micro_batch_count(case)))
+    if rows != {1}:
+        return lead + f"micro-batches of {sorted(rows)} sequences are routed together"
+    theirs = get_capacity(m["seq"] * moe["top_k"], moe["experts"], moe["capacity_factor"])
+    if theirs != case_slots(case):
+        return lead + f"megatron's rounding gives {theirs} slots, the case's {case_slots(case)}"
+    return None
+
+
 def moe_features(case):
     """Coverage features of the case's MoE blocks: the dispatcher over the expert-parallel and tensor-parallel
     degrees, the top-k, the auxiliary loss, gated experts."""
@@ -77,7 +117,8 @@ def moe_features(case):
     return [base, f"megatron:moe:top{moe['top_k']}-of-{moe['experts']}"] + (
         [f"{base}:aux-loss"] if moe.get("aux_loss") else []) + (
         [f"{base}:glu"] if m.get("activation") == "swiglu" else []) + (
-        [f"{base}:pp{p['pp']}"] if p["pp"] > 1 else [])
+        [f"{base}:pp{p['pp']}"] if p["pp"] > 1 else []) + (
+        [f"{base}:capacity-drop"] if drops_tokens(case) else [])
 
 
 def patch_moe_host_copies():
@@ -128,7 +169,9 @@ def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
         expert_tensor_parallel_size=expert_tensor_parallel(case, tp), sequence_parallel=sp,
         num_moe_experts=moe["experts"], moe_router_topk=moe["top_k"], moe_router_pre_softmax=True,
         moe_router_load_balancing_type="seq_aux_loss" if aux else "none", moe_aux_loss_coeff=aux,
-        moe_token_dispatcher_type=dispatcher(case), moe_grouped_gemm=False, add_bias_linear=m.get("bias", True),
+        moe_token_dispatcher_type=dispatcher(case), moe_grouped_gemm=False,
+        moe_expert_capacity_factor=moe["capacity_factor"] if drops_tokens(case) else None,
+        moe_token_drop_policy="position", add_bias_linear=m.get("bias", True),
         gated_linear_unit=swiglu, activation_func=F.silu if swiglu else functools.partial(F.gelu, approximate="tanh"),
         bias_activation_fusion=False, use_cpu_initialization=True, perform_initialization=False, params_dtype=dt,
         bf16=dt == torch.bfloat16, fp16=dt == torch.float16, calculate_per_token_loss=per_token)
