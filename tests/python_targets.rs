@@ -1491,6 +1491,8 @@ fn megatron_moe_layers_over_expert_parallel_ranks_train_like_the_reference() {
         ("moe-dp2-ep2-per-token-aux-accumulation2-bf16.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
         // (campaign 186: the reference had weighted the auxiliary loss by batch tokens / counted ones)
         ("moe-dp2-ep2-aux-padding-ignored-bias-f32.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
+        // (campaign 189: the case model had decayed its stacked expert biases under no_decay_vectors)
+        ("moe-dp2-ep2-bias-no-decay-vectors-adamw-f32.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
     ];
     let mut args: Vec<String> = ["run", "--json", "--target", "megatron-tp"].iter().map(|s| s.to_string()).collect();
     args.extend(passing.iter().map(|(c, _)| dir.join(c).display().to_string()));

@@ -342,15 +342,6 @@ class MegatronMoeTest(unittest.TestCase):
         c["train"]["frozen"] = ["layers.1.moe"]
         self.assertIsNone(unsupported_moe(c))
 
-    def test_stacked_expert_biases_decayed_by_the_case_are_not_expressed(self):
-        from shardfuzz_worker.targets.megatron_moe import unsupported_moe
-
-        c = moe_case("moe-bias-dp1-inplace-crash-f32.json")
-        c["train"]["optimizer"].update(weight_decay=0.1, no_decay_vectors=True)
-        self.assertIn("stacked expert biases", unsupported_moe(c))
-        c["train"]["optimizer"]["no_decay_vectors"] = False
-        self.assertIsNone(unsupported_moe(c))
-
     def test_experts_split_over_tp_without_biases_and_not_with_them(self):
         from shardfuzz_worker.targets.megatron_moe import dispatcher, expert_tensor_parallel
 

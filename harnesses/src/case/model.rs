@@ -145,6 +145,14 @@ pub enum ParamRole {
     ExpertBias,
 }
 
+impl ParamRole {
+    /// A vector of the model (a bias or a norm's weight), which `no_decay_vectors` leaves undecayed; an expert's bias
+    /// is one too, though the experts' biases are stacked into a matrix (frameworks hold one vector per expert).
+    pub fn is_vector(self) -> bool {
+        matches!(self, ParamRole::Bias | ParamRole::NormWeight | ParamRole::NormBias | ParamRole::ExpertBias)
+    }
+}
+
 /// A parameter of the model: its canonical name, full shape and role.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamSpec {

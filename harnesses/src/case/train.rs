@@ -116,8 +116,8 @@ pub struct Optimizer {
     pub eps: Real,
     #[serde(default)]
     pub weight_decay: Real,
-    /// Weight decay on matrices only: the parameters of fewer than two dimensions (biases, norm weights) in a second
-    /// parameter group without it, as nanoGPT's `configure_optimizers` and most fine-tuning scripts do.
+    /// Weight decay on matrices only: the vectors (biases, norm weights; each expert's bias too, though stacked) in a
+    /// second parameter group without it, as nanoGPT's `configure_optimizers` and most fine-tuning scripts do.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_decay_vectors: bool,
 }

@@ -304,7 +304,7 @@ impl<'a> Rank<'a> {
         let train = &plan.case.train;
         let mut params = self.local_params(inputs);
         let names: Vec<String> = plan.specs.iter().map(|s| s.name.clone()).filter(|n| params.contains_key(n)).collect();
-        let mut opt = OptState::new(train, &params);
+        let mut opt = OptState::new(train, &plan.specs, &params);
         let mut scale = train.loss_scale.map(|s| s.get());
         let mut record = StepRecord::default();
         let flat = Flat::new(&names, &params, plan.dp);

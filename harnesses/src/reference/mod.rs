@@ -252,7 +252,7 @@ fn run_variant(case: &Case, inputs: &Inputs, p: Prec, variant: Variant) -> Resul
         .collect();
     // The parameters that train: a frozen one's gradient is neither reported, clipped nor applied.
     let order: Vec<String> = inputs.tensors.iter().map(|(n, _)| n.clone()).filter(|n| !case.train.is_frozen(n)).collect();
-    let mut opt = OptState::new(&case.train, &params);
+    let mut opt = OptState::new(&case.train, &m.params(), &params);
     let mut scale = case.train.loss_scale.map(|s| s.get());
     let g = Geom { batch: m.batch as usize, seq: m.seq as usize };
     let tokens = inputs.loss_denominator();
@@ -410,12 +410,33 @@ mod tests {
             r#""optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32""#,
             r#""optimizer": {"kind": "sgd", "lr": 0.1, "weight_decay": 0.5, "no_decay_vectors": true}, "dtype": "f64""#,
         );
-        let case = Case::from_json(&text).unwrap();
-        let inputs = Inputs::generate(&case);
-        let out = run(&case, &inputs, DType::F64).unwrap();
-        for (name, decayed) in
-            [("layers.0.norm.weight", false), ("final_norm.weight", false), ("layers.1.mlp.up.weight", true), ("embed.weight", true)]
-        {
+        let decayed =
+            [("layers.0.norm.weight", false), ("final_norm.weight", false), ("layers.1.mlp.up.weight", true), ("embed.weight", true)];
+        assert_sgd_decay(&Case::from_json(&text).unwrap(), &decayed);
+    }
+
+    /// An expert's bias is a vector, though the experts' biases are stacked into `[experts, n]` (campaign 189: Megatron
+    /// holds one bias vector per expert and leaves it undecayed); expert and router matrices decay.
+    #[test]
+    fn stacked_expert_biases_are_vectors_and_step_without_weight_decay() {
+        let text = r#"{"schema": 1, "name": "moe-decay", "parallel": {"dp": 1, "tp": 1, "pp": 1}, "model": {"vocab": 13,
+            "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4, "batch": 4, "layers": ["moe"], "bias": true,
+            "moe": {"experts": 2, "top_k": 1, "capacity_factor": 2.0}}, "train": {"steps": 1, "optimizer": {"kind": "sgd",
+            "lr": 0.1, "weight_decay": 0.5, "no_decay_vectors": true}, "dtype": "f64"}, "data": {"seed": 7}}"#;
+        let decayed = [
+            ("layers.0.moe.up.bias", false),
+            ("layers.0.moe.down.bias", false),
+            ("layers.0.moe.up.weight", true),
+            ("layers.0.moe.router.weight", true),
+        ];
+        assert_sgd_decay(&Case::from_json(text).unwrap(), &decayed);
+    }
+
+    /// Each named parameter took one SGD step of lr 0.1 with weight decay 0.5 (`true`) or none.
+    fn assert_sgd_decay(case: &Case, decayed: &[(&str, bool)]) {
+        let inputs = Inputs::generate(case);
+        let out = run(case, &inputs, DType::F64).unwrap();
+        for &(name, decayed) in decayed {
             let (w0, g, w1) =
                 (inputs.tensor(name).unwrap(), out.tensor(&format!("grad/{name}")).unwrap(), out.tensor(&format!("param/{name}")).unwrap());
             let decay = if decayed { 0.5 } else { 0.0 };

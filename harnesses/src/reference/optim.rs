@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use shardfuzz_kernels::{self as k, Prec};
 
-use crate::case::{OptimizerKind, Train};
+use crate::case::{OptimizerKind, ParamSpec, Train};
 use crate::model::ParamSet;
 
 /// Adam moments per parameter name; SGD keeps none.
@@ -13,12 +13,13 @@ pub struct OptState {
     cfg: k::AdamConfig,
     weight_decay: f64,
     moments: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
-    /// Parameters in the group without weight decay (`no_decay_vectors`: those of fewer than two dimensions).
+    /// Parameters in the group without weight decay (`no_decay_vectors`: the vectors, `ParamRole::is_vector`).
     undecayed: BTreeSet<String>,
 }
 
 impl OptState {
-    pub fn new(train: &Train, params: &ParamSet) -> OptState {
+    /// State for `params`, the model's `specs` (which say what is a vector) among them.
+    pub fn new(train: &Train, specs: &[ParamSpec], params: &ParamSet) -> OptState {
         let o = &train.optimizer;
         let cfg = k::AdamConfig {
             lr: o.lr.get(),
@@ -33,7 +34,11 @@ impl OptState {
         } else {
             params.iter().map(|(n, t)| (n.clone(), (vec![0.0; t.numel()], vec![0.0; t.numel()]))).collect()
         };
-        let undecayed = params.iter().filter(|(_, t)| o.no_decay_vectors && t.shape.len() < 2).map(|(n, _)| n.clone()).collect();
+        let undecayed = specs
+            .iter()
+            .filter(|s| o.no_decay_vectors && s.role.is_vector() && params.contains_key(&s.name))
+            .map(|s| s.name.clone())
+            .collect();
         OptState { kind: o.kind, cfg, weight_decay: o.weight_decay.get(), moments, undecayed }
     }
 

@@ -59,11 +59,6 @@ def unsupported_moe(case):
             pre = f"layers.{i}.moe."
             if kind == "moe" and is_frozen(case, pre + "up.weight") != is_frozen(case, pre + "gate.weight"):
                 return "megatron's gated expert MLP holds gate and up in one matrix: they freeze together"
-    o = case["train"]["optimizer"]
-    if m.get("bias", True) and o.get("no_decay_vectors") and o.get("weight_decay", 0.0):
-        # (campaign 189: the expert biases' parameters 262 and 6,671 x their noise apart, gradients alike)
-        return ("the case's `no_decay_vectors` decays its stacked expert biases ([experts, n]: two dimensions); "
-                "megatron's are per-expert vectors, which its default groups leave undecayed")
     if p["ep"] > 1 and p["dp"] % p["ep"]:
         return "megatron's expert-parallel ranks come from the data-parallel ones: ep must divide dp"
     return None
