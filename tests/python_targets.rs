@@ -1551,4 +1551,17 @@ fn megatron_moe_capacity_drops_tokens_by_position_and_megatrons_topk_ties_are_a_
     let v = one_verdict("megatron-tp", &dir.join("moe-capacity-micro-batch-of-two-unsupported-f32.json"), "");
     assert_eq!(v["kind"], "unsupported", "{v}");
     assert!(reason(&v).contains("micro-batches of [2] sequences are routed together"), "{v}");
+    // `pad_to_capacity`: megatron's drop-and-pad dispatch, the same ties where tokens drop, none where none do.
+    let padded = dir.join("moe-capacity-position-pad-dp2-ep2-aux-f32.json");
+    let v = one_verdict("megatron-tp", &padded, "");
+    assert_eq!(v["kind"], "divergent", "{v}");
+    for (case, feature) in [
+        ("moe-capacity-position-pad-dp2-ep2-aux-f32.json", "megatron:moe:tp1:ep2:alltoall:pad-to-capacity"),
+        ("moe-capacity-pad-allgather-dp1-f32.json", "megatron:moe:tp1:ep1:allgather:pad-to-capacity"),
+        ("tp2-sp-moe-dp2-ep2-pad-dropless-bf16.json", "megatron:moe:tp2:ep2:alltoall:pad-to-capacity"),
+    ] {
+        let v = one_verdict("megatron-tp", &dir.join(case), "megatron-moe-position-drop-topk-ties");
+        assert_eq!(v["kind"], "pass", "{case}: {v}");
+        assert!(has_feature(&v, feature), "{case}: {feature}: {v}");
+    }
 }

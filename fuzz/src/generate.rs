@@ -101,6 +101,7 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         top_k: u.int_in_range(1..=experts)?,
         capacity_factor: Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?),
         aux_loss: None,
+        pad_to_capacity: false,
     });
     Ok(Model {
         vocab: u.int_in_range(2..=32)?,

@@ -106,6 +106,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.optimizer.no_decay_vectors,
         t.per_token_loss,
         t.label_smoothing.is_some(),
+        case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.pad_to_capacity),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -325,6 +326,9 @@ fn smaller_dims(case: &Case) -> Vec<Case> {
     if let Some(moe) = &m.moe {
         for e in smaller(moe.experts) {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().experts = e));
+        }
+        if moe.pad_to_capacity {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().pad_to_capacity = false));
         }
         for k in smaller(moe.top_k) {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().top_k = k));

@@ -79,6 +79,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("framework-checkpoint", model::framework_checkpoint),
     ("moe-routing", model::moe_routing),
     ("moe-capacity-drops", model::moe_capacity_drops),
+    ("moe-pad-to-capacity", model::moe_pad_to_capacity),
     ("dtype", train::dtype),
     ("distribution", train::distribution),
     ("ignored-targets", train::ignored_targets),
@@ -163,6 +164,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("activation-checkpointing", "activation_checkpointing"),
     ("layer-passes", "layer_passes"),
     ("framework-checkpoint", "framework_checkpoint"),
+    ("moe-pad-to-capacity", "moe_pad_to_capacity"),
 ];
 
 /// The mutations a campaign whose targets offer `offered` uses.

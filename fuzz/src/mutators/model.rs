@@ -89,6 +89,7 @@ pub fn add_layer(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
             top_k: rng.gen_range(1..=experts),
             capacity_factor: Real(*[0.5, 1.0, 1.25].choose(rng).unwrap_or(&1.0)),
             aux_loss: None,
+            pad_to_capacity: false,
         });
     }
     true
@@ -132,10 +133,19 @@ pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         top_k: rng.gen_range(1..=experts),
         capacity_factor: Real(*[0.25, 0.5, 1.0, 2.0].choose(rng).unwrap_or(&1.0)),
         aux_loss: *AUX_LOSS_COEFFICIENTS.choose(rng).unwrap_or(&None),
+        pad_to_capacity: m.moe.as_ref().is_some_and(|c| c.pad_to_capacity),
     });
     if !m.layers.contains(&LayerKind::Moe) {
         m.layers.push(LayerKind::Moe);
     }
+    true
+}
+
+/// The experts' inputs padded to their capacity or not (another dispatch path, the same math): a case with MoE
+/// blocks only.
+pub fn moe_pad_to_capacity(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    let Some(moe) = c.model.as_mut().and_then(|m| m.moe.as_mut()) else { return false };
+    moe.pad_to_capacity = !moe.pad_to_capacity;
     true
 }
 
@@ -151,12 +161,13 @@ pub fn moe_capacity_drops(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     p.ep = *degrees.choose(rng).unwrap_or(&p.dp);
     p.zero_stage = 0;
     let experts = p.ep * rng.gen_range(1..=2);
-    let aux_loss = m.moe.as_ref().and_then(|c| c.aux_loss);
+    let (aux_loss, pad_to_capacity) = m.moe.as_ref().map_or((None, false), |c| (c.aux_loss, c.pad_to_capacity));
     m.moe = Some(MoeConfig {
         experts,
         top_k: rng.gen_range(2..=experts),
         capacity_factor: Real(*[0.25, 0.5, 0.75].choose(rng).unwrap_or(&0.5)),
         aux_loss,
+        pad_to_capacity,
     });
     if !m.layers.contains(&LayerKind::Moe) {
         let at = rng.gen_range(0..=m.layers.len());

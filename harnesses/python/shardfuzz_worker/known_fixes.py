@@ -964,7 +964,8 @@ def _megatron_moe_position_drop_topk_ties():
     picks each expert's kept tokens with `torch.topk(routing_map.int(), k=capacity, dim=0, sorted=False)`: every
     routed token ties at 1, and which of the ties topk returns is unspecified (on the CPU not the earliest), so it
     keeps arbitrary tokens, not the first (docs/findings/megatron-core-0.19.2-moe-position-drop-policy-topk-ties.py).
-    Fix: keep a routed token while the expert's running count of routed tokens is within its capacity."""
+    Fix: the first `capacity` tokens of an order without ties, routed tokens before the others, each by position
+    (with `pad_to_capacity` the others pad the expert's slots, as megatron's own mask does)."""
     import torch
     from megatron.core.transformer.moe import moe_utils, router
 
@@ -972,12 +973,15 @@ def _megatron_moe_position_drop_topk_ties():
 
     def dropping(routing_probs, routing_map, router_topk, capacity_factor, drop_policy="probs",
                  pad_to_capacity=False):
-        if drop_policy != "position" or pad_to_capacity:
-            return original(routing_probs, routing_map, router_topk, capacity_factor, drop_policy, pad_to_capacity)
         tokens, experts = routing_map.shape
         capacity = moe_utils.get_capacity(tokens * router_topk, experts, capacity_factor)
-        kept = torch.logical_and(routing_map, routing_map.int().cumsum(dim=0) <= capacity)
-        return routing_probs * kept, kept
+        if drop_policy != "position" or capacity > tokens:
+            return original(routing_probs, routing_map, router_topk, capacity_factor, drop_policy, pad_to_capacity)
+        # Routed tokens before the others, each in position order: the first `capacity` of this order.
+        order = routing_map.long() * (tokens + 1) + (tokens - torch.arange(tokens)).unsqueeze(1)
+        kept = torch.zeros_like(routing_map).scatter(0, torch.topk(order, k=capacity, dim=0).indices, True)
+        final = kept if pad_to_capacity else torch.logical_and(routing_map, kept)
+        return routing_probs * final, final
 
     moe_utils.apply_router_token_dropping = router.apply_router_token_dropping = dropping
 

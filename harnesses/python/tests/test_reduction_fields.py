@@ -316,6 +316,8 @@ class MegatronMoeTest(unittest.TestCase):
         self.assertIsNone(unsupported_moe(c))
         config = moe_config(c, torch.float32, 1, False)
         self.assertEqual((config.moe_expert_capacity_factor, config.moe_token_drop_policy), (1.25, "position"))
+        c["model"]["moe"]["pad_to_capacity"] = True  # megatron's drop-and-pad dispatch
+        self.assertTrue(moe_config(c, torch.float32, 1, False).moe_pad_expert_input_to_capacity)
         c["parallel"]["tp"] = 2  # megatron routes seq / tp tokens of a sequence-parallel shard
         self.assertIn("sequence-parallel shard", unsupported_moe(c))
         c["parallel"]["tp"] = 1

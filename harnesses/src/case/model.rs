@@ -128,6 +128,11 @@ pub struct MoeConfig {
     /// Megatron logs the auxiliary loss apart). Absent: no auxiliary loss.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aux_loss: Option<Real>,
+    /// Every expert's input padded to its capacity with tokens of gate 0 (frameworks' drop-and-pad dispatch,
+    /// Megatron's `moe_pad_expert_input_to_capacity`): the same math, another dispatch path. The reference and the
+    /// native target compute the unpadded sum.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pad_to_capacity: bool,
 }
 
 /// What a parameter is, which decides how it is initialised and sharded.

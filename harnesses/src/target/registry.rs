@@ -146,6 +146,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "overlap_param_gather",
             "grad_accum_dtype",
             "per_token_loss",
+            "moe_pad_to_capacity",
             "frozen",
             "activation_checkpointing",
             "layer_passes",

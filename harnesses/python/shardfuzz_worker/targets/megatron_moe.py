@@ -15,7 +15,8 @@ SequentialMLP experts (megatron's local spec, no grouped GEMM), over megatron's 
                tokens), where megatron's capacity counts what the case's does: megatron's counts the tokens of
                one router call (a micro-batch's, a sequence-parallel shard's), the case's a sequence's, so a
                capacity that can drop tokens is expressed when tp is 1 and every micro-batch holds one sequence
-               (and megatron's capacity rounds to the case's slots); one that drops none is megatron's dropless MoE
+               (and megatron's capacity rounds to the case's slots); one that drops none is megatron's dropless MoE;
+               `pad_to_capacity` megatron's drop-and-pad dispatch (`moe_pad_expert_input_to_capacity`)
 
 Expert parameters and gradients are reported in the case's layout ([experts, in, out]) on every rank of the stage:
 the local experts' slices all-gathered over the expert-tensor- and expert-parallel groups."""
@@ -71,6 +72,13 @@ def case_slots(case):
     return math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
 
 
+def padded(case):
+    """Whether the case pads every expert's input to its capacity (`pad_to_capacity`: megatron's drop-and-pad
+    dispatch, `moe_pad_expert_input_to_capacity`; with a capacity that drops nothing, megatron drops nothing
+    either, its capacity being as many tokens' worth of its router call as the case's of a sequence)."""
+    return bool(moe_of(case).get("pad_to_capacity"))
+
+
 def drops_tokens(case):
     """Whether the case's capacity can drop a token (fewer slots per expert than a sequence's tokens)."""
     return case_slots(case) < case["model"]["seq"]
@@ -113,7 +121,8 @@ def moe_features(case):
         [f"{base}:aux-loss"] if moe.get("aux_loss") else []) + (
         [f"{base}:glu"] if m.get("activation") == "swiglu" else []) + (
         [f"{base}:pp{p['pp']}"] if p["pp"] > 1 else []) + (
-        [f"{base}:capacity-drop"] if drops_tokens(case) else [])
+        [f"{base}:capacity-drop"] if drops_tokens(case) else []) + (
+        [f"{base}:pad-to-capacity"] if padded(case) else [])
 
 
 def patch_moe_host_copies():
@@ -165,8 +174,8 @@ def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
         num_moe_experts=moe["experts"], moe_router_topk=moe["top_k"], moe_router_pre_softmax=True,
         moe_router_load_balancing_type="seq_aux_loss" if aux else "none", moe_aux_loss_coeff=aux,
         moe_token_dispatcher_type=dispatcher(case), moe_grouped_gemm=False,
-        moe_expert_capacity_factor=moe["capacity_factor"] if drops_tokens(case) else None,
-        moe_token_drop_policy="position", add_bias_linear=m.get("bias", True),
+        moe_expert_capacity_factor=moe["capacity_factor"] if drops_tokens(case) or padded(case) else None,
+        moe_token_drop_policy="position", moe_pad_expert_input_to_capacity=padded(case), add_bias_linear=m.get("bias", True),
         gated_linear_unit=swiglu, activation_func=F.silu if swiglu else functools.partial(F.gelu, approximate="tanh"),
         bias_activation_fusion=False, use_cpu_initialization=True, perform_initialization=False, params_dtype=dt,
         bf16=dt == torch.bfloat16, fp16=dt == torch.float16, calculate_per_token_loss=per_token)
