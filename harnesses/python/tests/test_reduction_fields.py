@@ -318,6 +318,13 @@ class MegatronMoeTest(unittest.TestCase):
         self.assertEqual((config.moe_expert_capacity_factor, config.moe_token_drop_policy), (1.25, "position"))
         c["model"]["moe"]["pad_to_capacity"] = True  # megatron's drop-and-pad dispatch
         self.assertTrue(moe_config(c, torch.float32, 1, False).moe_pad_expert_input_to_capacity)
+        padded = moe_case("moe-allgather-dp1-f32.json")
+        padded["model"]["moe"].update(capacity_factor=1.6, pad_to_capacity=True)  # 4 slots >= seq 4: none dropped
+        # One micro-batch of 4 sequences: megatron's capacity over 16 tokens is ceil(8 x 1.6) = 13: it drops.
+        self.assertFalse(drops_tokens(padded))
+        self.assertIn("router call of 16 tokens drops tokens", unsupported_moe(padded))
+        padded["train"]["grad_accumulation"] = 4  # one sequence per router call: ceil(2 x 1.6) = 4 slots
+        self.assertIsNone(unsupported_moe(padded))
         c["parallel"]["tp"] = 2  # megatron routes seq / tp tokens of a sequence-parallel shard
         self.assertIn("sequence-parallel shard", unsupported_moe(c))
         c["parallel"]["tp"] = 1

@@ -74,8 +74,8 @@ def case_slots(case):
 
 def padded(case):
     """Whether the case pads every expert's input to its capacity (`pad_to_capacity`: megatron's drop-and-pad
-    dispatch, `moe_pad_expert_input_to_capacity`; with a capacity that drops nothing, megatron drops nothing
-    either, its capacity being as many tokens' worth of its router call as the case's of a sequence)."""
+    dispatch, `moe_pad_expert_input_to_capacity`, which needs a capacity factor: megatron then applies it to its
+    router calls even where the case's drops nothing)."""
     return bool(moe_of(case).get("pad_to_capacity"))
 
 
@@ -85,28 +85,40 @@ def drops_tokens(case):
 
 
 def unexpressed_capacity(case):
-    """Why megatron's capacity would not count what the case's does (None: it would, or nothing can drop)."""
-    if not drops_tokens(case):
-        return None
+    """Why megatron's capacity would not count what the case's does (None: it would, or neither drops a token)."""
     from megatron.core.transformer.moe.moe_utils import get_capacity
 
-    from .megatron_model import micro_batch_count
-
     m, moe, p = case["model"], moe_of(case), parallel(case)
+    rows = micro_batch_rows(case)
+    if not drops_tokens(case):
+        if not padded(case):
+            return None  # (megatron's dropless MoE)
+        # Padding sets megatron's capacity factor: its router calls of n tokens must keep them all too.
+        calls = sorted({r * m["seq"] // p["tp"] for r in rows})
+        short = [n for n in calls if get_capacity(n * moe["top_k"], moe["experts"], moe["capacity_factor"]) < n]
+        return (f"megatron's capacity over a router call of {short[0]} tokens drops tokens, the case's over a "
+                f"sequence ({case_slots(case)} slots >= seq {m['seq']}) none") if short else None
     lead = (f"megatron's expert capacity counts the tokens of one router call, the case's a sequence's "
             f"({case_slots(case)} slots < seq {m['seq']}: tokens can drop): ")
     if p["tp"] > 1:
         return lead + "with tp > 1 megatron routes a sequence-parallel shard (seq / tp tokens)"
-    rows = set()
-    for i in range(p["dp"]):
-        lo, hi = chunk_range(m["batch"], p["dp"], i)
-        rows.update(b - a for a, b in micro_batches(hi - lo, micro_batch_count(case)))
     if rows != {1}:
         return lead + f"micro-batches of {sorted(rows)} sequences are routed together"
     theirs = get_capacity(m["seq"] * moe["top_k"], moe["experts"], moe["capacity_factor"])
     if theirs != case_slots(case):
         return lead + f"megatron's rounding gives {theirs} slots, the case's {case_slots(case)}"
     return None
+
+
+def micro_batch_rows(case):
+    """The sizes (in sequences) of the micro-batches the data-parallel ranks route."""
+    from .megatron_model import micro_batch_count
+
+    m, p, rows = case["model"], parallel(case), set()
+    for i in range(p["dp"]):
+        lo, hi = chunk_range(m["batch"], p["dp"], i)
+        rows.update(b - a for a, b in micro_batches(hi - lo, micro_batch_count(case)))
+    return rows
 
 
 def moe_features(case):
