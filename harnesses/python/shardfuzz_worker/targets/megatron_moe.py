@@ -123,7 +123,8 @@ def micro_batch_rows(case):
 
 def moe_features(case):
     """Coverage features of the case's MoE blocks: the dispatcher over the expert-parallel and tensor-parallel
-    degrees, the top-k, the auxiliary loss, gated experts."""
+    degrees, the top-k, the auxiliary loss, gated experts, pipeline stages, a capacity that drops tokens, padding to
+    capacity."""
     moe = moe_of(case)
     if moe is None:
         return []
