@@ -86,13 +86,13 @@ def drops_tokens(case):
 
 def unexpressed_capacity(case):
     """Why megatron's capacity would not count what the case's does (None: it would, or neither drops a token)."""
+    if not drops_tokens(case) and not padded(case):
+        return None  # (megatron's dropless MoE)
     from megatron.core.transformer.moe.moe_utils import get_capacity
 
     m, moe, p = case["model"], moe_of(case), parallel(case)
     rows = micro_batch_rows(case)
     if not drops_tokens(case):
-        if not padded(case):
-            return None  # (megatron's dropless MoE)
         # Padding sets megatron's capacity factor: its router calls of n tokens must keep them all too.
         calls = sorted({r * m["seq"] // p["tp"] for r in rows})
         short = [n for n in calls if get_capacity(n * moe["top_k"], moe["experts"], moe["capacity_factor"]) < n]
@@ -158,13 +158,7 @@ def unequal_micro_batches(case):
     """Why megatron's per-micro-batch auxiliary loss differs from the case's per-sequence mean (None: it does not):
     megatron averages it over each micro-batch's sequences, then over micro-batches and data-parallel replicas, which
     weighs every sequence alike only when every micro-batch holds as many rows."""
-    from .megatron_model import micro_batch_count
-
-    m, p = case["model"], parallel(case)
-    sizes = set()
-    for i in range(p["dp"]):
-        lo, hi = chunk_range(m["batch"], p["dp"], i)
-        sizes.update(b - a for a, b in micro_batches(hi - lo, micro_batch_count(case)))
+    sizes = micro_batch_rows(case)
     if len(sizes) > 1:
         return ("megatron averages the MoE auxiliary loss per micro-batch: micro-batches of unequal rows "
                 f"({sorted(sizes)}) weigh their sequences unequally")
@@ -197,8 +191,7 @@ def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
 def expert_layout(case):
     """(ep, etp) of megatron's parallel state for the case: its expert-parallel and expert-tensor-parallel degrees
     with MoE blocks; (1, None) without, whatever `parallel.ep` says, so that a case without experts builds no
-    layout of its own (each layout's groups stay alive in the rank pool: gloo threads that measurably slow every
-    case once there are hundreds)."""
+    layout of its own (each layout a rank pool keeps holds its groups' gloo threads)."""
     if moe_of(case) is None:
         return 1, None
     p = parallel(case)

@@ -113,7 +113,8 @@ class _Done:
 
 
 def _reduce_scatter_list(output, input_list, op=None, group=None, async_op=False):
-    """List-form reduce_scatter over an all_reduce of the concatenated chunks (gloo has none; NCCL, which Colossal-AI and megatron count on, takes pieces of any size)."""
+    """List-form reduce_scatter over an all_reduce of the concatenated chunks (gloo has none; NCCL, which
+    Colossal-AI and megatron count on, takes pieces of any size)."""
     import torch
     import torch.distributed as dist
 
