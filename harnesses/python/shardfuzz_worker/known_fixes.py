@@ -986,6 +986,42 @@ def _megatron_moe_position_drop_topk_ties():
     moe_utils.apply_router_token_dropping = router.apply_router_token_dropping = dropping
 
 
+def _deepspeed_moe_top1_no_rts_topk_ties():
+    """deepspeed 0.19.8: top-1 gating without random token selection (`use_rts=False`) picks each expert's kept tokens
+    with `torch.topk(mask1, k=capacity, dim=0)` on the 0/1 routing mask: every routed token ties at 1, and which ties
+    topk returns is unspecified (on the CPU not the earliest), so an expert keeps arbitrary tokens where GShard's policy,
+    which the locations DeepSpeed counts by position follow, keeps the first
+    (docs/findings/deepspeed-0.19.8-moe-top1-no-rts-topk-ties.py). Fix: random token selection's scores replaced by
+    ones that fall with the token's position, so topk takes the earliest routed tokens."""
+    import torch
+    from deepspeed.moe import sharded_moe
+
+    original = sharded_moe.top1gating
+
+    def gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gate_policy=None, drop_tokens=True,
+               use_rts=True, *rest, **kwargs):
+        if use_rts or not drop_tokens:
+            return original(logits, capacity_factor, min_capacity, used_token, noisy_gate_policy, drop_tokens, use_rts,
+                            *rest, **kwargs)
+        tokens, device = logits.shape[0], logits.device
+
+        def by_position(shape):
+            return ((tokens - torch.arange(tokens, device=device)).float() / tokens).unsqueeze(1).expand(shape)
+
+        saved = sharded_moe.exp_selection_uniform_map.get(device)
+        sharded_moe.exp_selection_uniform_map[device] = by_position
+        try:
+            return original(logits, capacity_factor, min_capacity, used_token, noisy_gate_policy, drop_tokens, True,
+                            *rest, **kwargs)
+        finally:
+            if saved is None:
+                sharded_moe.exp_selection_uniform_map.pop(device, None)
+            else:
+                sharded_moe.exp_selection_uniform_map[device] = saved
+
+    sharded_moe.top1gating = gating
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -1019,6 +1055,7 @@ FIXES = {
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
+    "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),

@@ -140,6 +140,11 @@ VALIDATION = {
         # supported with ZeRO-2 with reduce scatter enabled").
         ("deepspeed/runtime/zero/stage_1_and_2.py", "__init__", "is not yet supported"),
         ("deepspeed/runtime/zero/stage3.py", "__init__", "is not yet supported"),
+        # With MoE layers: ZeRO 1-2's refusal of options "not tested with MoE" (reduce scatter and, at stage 2,
+        # contiguous gradients off), and the engine's of ZeRO-3 ("Native DeepSpeed MoE is not supported with ZeRO
+        # Stage 3").
+        ("deepspeed/runtime/zero/stage_1_and_2.py", "_configure_moe_settings", "must be set to True for MoE"),
+        ("deepspeed/runtime/engine.py", "_validate_zero3_moe_compatibility", None),
     ],
     "megatron-tp": _MEGATRON_DIVISIBILITY + _MEGATRON_TRAINING,
     "megatron-ddp": _MEGATRON_TRAINING,

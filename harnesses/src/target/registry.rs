@@ -107,7 +107,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "deepspeed-zero",
-        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host",
+        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host, MoE blocks as its MoE layer (top-1) over expert-parallel ranks",
         env: Some(MAIN),
         offers: &["label_smoothing", 
             "zero_offload",
@@ -130,6 +130,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "resume_after",
             "frozen",
             "activation_checkpointing", "layer_passes", "framework_checkpoint",
+            "moe_pad_to_capacity",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

@@ -1,5 +1,7 @@
 """What every target shares: case helpers, op shapes, shard ranges, assembling full tensors from rank pieces."""
 
+import math
+
 import numpy as np
 
 #: Op kinds as the Rust `OpKind` names them; a target implements all of them unless it says otherwise.
@@ -248,11 +250,23 @@ def is_frozen(case, name):
 
 
 def setup_features(prefix, case):
-    """Features of how the model is trained: frozen parameters, activation checkpointing, blocks used several times."""
+    """Features of how the model is trained: frozen parameters, activation checkpointing, blocks used several times,
+    MoE blocks (their top-k, an auxiliary loss, a capacity that can drop tokens)."""
     m = case.get("model") or {}
     recompute = m.get("activation_checkpointing")
     return ([f"{prefix}:frozen"] if case["train"].get("frozen") else []) + ([f"{prefix}:recompute-{recompute}"] if recompute else []) \
-        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else [])
+        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else []) + moe_setup_features(prefix, m)
+
+
+def moe_setup_features(prefix, m):
+    """Features of the model's MoE blocks (none without): the top-k, an auxiliary loss, a capacity that can drop
+    tokens (fewer slots per expert than a sequence's tokens)."""
+    moe = m.get("moe") if "moe" in m.get("layers", ()) else None
+    if moe is None:
+        return []
+    slots = math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
+    return [f"{prefix}:moe-top{moe['top_k']}"] + ([f"{prefix}:moe-aux-loss"] if moe.get("aux_loss") else []) \
+        + ([f"{prefix}:moe-capacity-drop"] if slots < m["seq"] else [])
 
 
 def unsupported_frozen(target, case):

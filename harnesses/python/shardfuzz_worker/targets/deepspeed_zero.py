@@ -12,6 +12,9 @@ the case asks for it (`framework_checkpoint`: `deepspeed.checkpointing.checkpoin
 configured with `partition_activations`, `cpu_checkpointing`, `contiguous_memory_optimization` as the case says,
 without a model-parallel unit, as a data-parallel-only user calls it).
 
+The case's MoE blocks run as DeepSpeed's MoE layer over its expert-parallel groups (the case's ep), top-1 only
+(deepspeed_moe); its l_aux, times the case's coefficient, joins each micro-batch's loss.
+
 The engine owns backward, gradient reduction, clipping and the optimizer step (a torch optimizer from
 `make_optimizer`, which DeepSpeed wraps). Gradient accumulation is the engine's: `gradient_accumulation_steps`
 is the number of micro-batches a rank runs, `engine.backward(..., scale_wrt_gas=False)` since the shared loop
@@ -32,6 +35,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
                    resume_feature, zero_offloaded)
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
+from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
+from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
 from .torch_training import combine_dp, single_device, train  # noqa: E402
@@ -74,9 +79,9 @@ class DeepSpeedZero(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
 
     def unsupported(self, case):
-        why = (unsupported_layout(case, ("dp",), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)",
-                                  offload=True)
-               or unsupported_sparse_embedding(case))
+        why = (unsupported_layout(case, ("dp", "ep"), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp)",
+                                  offload=True, moe=True)
+               or unsupported_sparse_embedding(case) or unsupported_moe(case) or unsupported_frozen_moe(case))
         if why:
             return why
         p = parallel(case)
@@ -195,12 +200,17 @@ class DeepSpeedZero(TorchTarget):
 
         block_checkpoint = deepspeed_block_checkpoint(case)
 
+        aux = []  # the l_aux of each MoE block in the micro-batch's forward (DeepSpeed's MoE layer returns it)
+        moe = moe_of(case)
+
         def fresh_engine():
             model, _ = build(case, inputs, sparse_embedding(case))
+            if moe is not None:
+                install_moe(model, case, inputs, dt, aux)
             if block_checkpoint is not None:
                 model.block_checkpoint = block_checkpoint
-            return deepspeed.initialize(model=model, optimizer=make_optimizer(case, list(model.parameters())),
-                                        config=cfg)[0]
+            opt = make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None)
+            return deepspeed.initialize(model=model, optimizer=opt, config=cfg)[0]
 
         # What the hooks below reach: the engine and its parameters, replaced when the run resumes.
         now = {"engine": fresh_engine()}
@@ -224,6 +234,10 @@ class DeepSpeedZero(TorchTarget):
         state = {"micro": 0, "stepped": False}
 
         def backward(loss):
+            if moe is not None and moe.get("aux_loss"):
+                # The case's loss is the batch's sequences' mean aux loss times its coefficient, in this loop's units
+                # (dp / global batch: the engine averages gradients over the data-parallel ranks).
+                loss = loss + sum(aux) * (moe["aux_loss"] * world / case["model"]["batch"])
             now["engine"].backward(loss, scale_wrt_gas=False)
             state["micro"] += 1
             if state["micro"] % ga:
@@ -247,8 +261,11 @@ class DeepSpeedZero(TorchTarget):
 
         out = train(case, inputs, now["engine"], [p for _, p in named], rank, world, backward=backward, step=step,
                     clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p),
-                    forward=lambda ids: now["engine"](ids), resume=resume)
+                    forward=lambda ids: (aux.clear(), now["engine"](ids))[1], resume=resume)
         now["engine"].destroy()
+        if moe is not None:
+            for kind in ("grads", "params"):
+                out[kind] = moe_to_case_layout(out[kind], parallel(case)["ep"])
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -268,10 +285,31 @@ class DeepSpeedZero(TorchTarget):
         if case["train"].get("grad_accum_dtype") is not None:
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
+        layout.extend(moe_features(stage, case))
         if p["framework_checkpoint"] is not None:
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
                                        *resume_feature(stage, case)])
+
+
+def moe_groups(groups):
+    """The optimizer's parameter groups with DeepSpeed's expert parameters in groups of their own, as DeepSpeed's MoE
+    tutorial builds them (ZeRO requires it)."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    named = [{**g, "name": g.get("name", f"group{i}")} for i, g in enumerate(groups)]  # (the function reads names)
+    return split_params_into_different_moe_groups_for_optimizer(named)
+
+
+def unsupported_frozen_moe(case):
+    """Why the case's frozen parameters cannot be expressed with DeepSpeed's MoE layer (None: they can)."""
+    m = case.get("model") or {}
+    frozen = case["train"].get("frozen") or ()
+    for i, kind in enumerate(m.get("layers", ())):
+        pre = f"layers.{i}.moe"
+        if kind == "moe" and any(f == pre or f.startswith(pre + ".") or pre.startswith(f + ".") for f in frozen):
+            return "frozen parameters of a MoE block are not expressed with DeepSpeed's MoE layer"
+    return None
 
 
 def deepspeed_block_checkpoint(case):

@@ -17,7 +17,8 @@ class TorchDdp(TorchTarget):
     smooths_labels = True
 
     def unsupported(self, case):
-        why = (unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True)
+        why = (unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True,
+                                  moe=True)
                or unsupported_sparse_embedding(case))
         if why:
             return why

@@ -89,11 +89,15 @@ class Block(nn.Module):
         self.norm = Norm(m["hidden"], m.get("norm", "layernorm"), m["bias"])
         if kind == "attention":
             self.attn = Attention(m)
+        elif kind == "moe":
+            from .torch_moe import Moe
+
+            self.moe = Moe(m)
         else:
             self.mlp = Mlp(m)
 
     def forward(self, x):
-        inner = self.attn if hasattr(self, "attn") else self.mlp
+        inner = self.attn if hasattr(self, "attn") else self.moe if hasattr(self, "moe") else self.mlp
         return x + inner(self.norm(x))
 
 
@@ -159,13 +163,15 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
     """Why the plain torch model cannot express this case, or None. `loss_scaling`: the target runs
     the case's dynamic loss scaler (torch_training.loss_scaler); `master_weights`: it keeps parameters and
     optimizer states in the case's `master_dtype`; `fp32_optimizer_state`: its optimizer keeps its state in fp32
-    whatever the parameters' dtype (megatron's mixed-precision optimizers); `moe`: the target builds the MoE blocks
-    itself."""
+    whatever the parameters' dtype (megatron's mixed-precision optimizers); `moe`: the target runs the MoE blocks
+    (the torch model's own, torch_moe, or its framework's)."""
     if "model" not in case:
         return "model cases only"
     m = model_defaults(case)
     if "moe" in m["layers"] and not moe:
-        return "MoE layers are not expressed by the torch model"
+        return "MoE layers are not expressed by this target"
+    if "moe" in m["layers"] and (m.get("moe") or {}).get("aux_loss") and case["train"].get("loss_scale") is not None:
+        return "the torch model's MoE auxiliary loss takes no loss scale"
     if m["heads"] < 1 or m["hidden"] % m["heads"] or m["heads"] % m["kv_heads"]:
         return "heads must divide hidden and kv_heads must divide heads"
     from .base import chunk_range
@@ -241,7 +247,8 @@ def unsupported_sparse_embedding(case):
 
 
 def is_linear_weight(name):
-    return name.endswith(".weight") and (".attn." in name or ".mlp." in name)
+    """Whether `name` is an `nn.Linear` weight ([out, in]; the case holds it [in, out])."""
+    return name.endswith(".weight") and (".attn." in name or ".mlp." in name or name.endswith(".moe.router.weight"))
 
 
 def load_case_params(model, inputs, dtype):
@@ -277,9 +284,10 @@ def token_slices(case, dp_index, dp):
     return lo, hi, m["batch"] * m["seq"]
 
 
-def make_optimizer(case, params):
+def make_optimizer(case, params, split_groups=None):
     """The case's optimizer over the trainable ones of `params` (a frozen parameter is left out, as fine-tuning
-    scripts do)."""
+    scripts do); `split_groups` maps its parameter groups (dicts) to the ones the optimizer gets (a framework's own
+    grouping)."""
     params = [p for p in params if p.requires_grad]
     o = case["train"]["optimizer"]
     lr, wd = o["lr"], o.get("weight_decay", 0.0)
@@ -295,6 +303,8 @@ def make_optimizer(case, params):
         groups = [{"params": [p for p in params if p.dim() >= 2]},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
+    if split_groups is not None:
+        groups = split_groups(groups if isinstance(groups[0], dict) else [{"params": groups}])
     if o["kind"] == "sgd":
         # SGD's update is one rounding of w - lr * g either way.
         return torch.optim.SGD(groups, lr=lr, weight_decay=wd, foreach=False)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from .base import (chunk_range, class_weight, grad_or_fail, is_frozen, label_smoothing, loss_denominator, resume_after,
                    setup_features)
 from .torch_model import make_optimizer, to_case_layout
+from .torch_moe import set_aux_unit
 
 
 def full(t):
@@ -59,6 +60,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.
     bounds = np.linspace(lo, hi, ga + 1).round().astype(int) if hi > lo else np.full(ga + 1, lo)
     chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga)]
+    # The MoE auxiliary loss (averaged over the batch's sequences) in the units of this loop's loss seed.
+    set_aux_unit(dp / (b * s))
     opt = None if step is not None else make_optimizer(case, params)
     scaler = loss_scaler(t) if step is None else None
     named = named or []

@@ -1,0 +1,219 @@
+"""The case's `moe` blocks as DeepSpeed's MoE layer (deepspeed-zero): `deepspeed.moe.layer.MoE`, its TopKGate and its
+experts over DeepSpeed's expert-parallel groups (the case's ep; DeepSpeed builds them from the data-parallel ranks).
+
+  gate       top-1 gating (`top1gating`: softmax in fp32, the chosen expert's probability as the gate, not
+             renormalised, as the case's); top-2 and top-k renormalise the chosen gates, which the case does not
+  capacity   DeepSpeed counts the tokens of one forward (a rank's micro-batch), the case a sequence's: a capacity that
+             can drop tokens is expressed where every micro-batch holds one sequence and DeepSpeed's rounding
+             ceil(tokens / experts x capacity_factor) (in float32) gives the case's slots, with `drop_tokens` and
+             without random token selection (`use_rts`: the case keeps each expert's earliest tokens); one that drops
+             none as DeepSpeed's dropless MoE (`drop_tokens=False`), or with `pad_to_capacity` its capacity buffers
+  aux loss   the `l_aux` the layer returns (experts x sum_e f_e P_e over the forward's tokens, the case's per-sequence
+             loss where a micro-batch is one sequence), added to the loss times the case's coefficient, as users add it
+  experts    one MLP module per expert (DeepSpeed deep-copies the module it is given), expert e on expert-parallel rank
+             e // (experts / ep); their gradients reduced over DeepSpeed's expert-data-parallel groups, their
+             parameters in the optimizer's MoE groups (`split_params_into_different_moe_groups_for_optimizer`)
+
+ZeRO-3 with these layers, and ZeRO 1-2 without reduce scatter (or, at stage 2, contiguous gradients), DeepSpeed itself
+refuses (`rejected`). Frozen parameters of a MoE block are not expressed (DeepSpeed holds one module per expert).
+
+Expert parameters and gradients are reported in the case's layout ([experts, in, out]): each rank's local experts
+stacked and all-gathered over its expert-parallel group."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import HarnessError, chunk_range, parallel
+
+#: The name DeepSpeed's MoE layer sits under in a block: `layers.{i}.moe.layer.deepspeed_moe.…`.
+PREFIX = ".moe.layer."
+
+
+def moe_of(case):
+    m = case.get("model") or {}
+    return m.get("moe") if "moe" in m.get("layers", ()) else None
+
+
+def case_slots(case):
+    m, moe = case["model"], moe_of(case)
+    return math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
+
+
+def drops_tokens(case):
+    return case_slots(case) < case["model"]["seq"]
+
+
+def deepspeed_capacity(tokens, experts, capacity_factor):
+    """DeepSpeed's top-1 capacity for a forward of `tokens` tokens (`sharded_moe._capacity`, min_capacity 0)."""
+    return int(torch.ceil((tokens / experts) * torch.tensor(capacity_factor)).to(torch.int64))
+
+
+def micro_batch_rows(case):
+    """The sizes (in sequences) of the micro-batches the data-parallel ranks run (torch_training.train's split)."""
+    import numpy as np
+
+    m, p, ga = case["model"], parallel(case), case["train"].get("grad_accumulation", 1)
+    rows = set()
+    for i in range(p["dp"]):
+        lo, hi = chunk_range(m["batch"], p["dp"], i)
+        bounds = np.linspace(lo, hi, ga + 1).round().astype(int)
+        rows.update(int(b - a) for a, b in zip(bounds[:-1], bounds[1:]))
+    return rows
+
+
+def unsupported_moe(case):
+    """Why DeepSpeed's MoE layer cannot express the case's MoE blocks (None: it can, or there are none)."""
+    moe = moe_of(case)
+    if moe is None:
+        return None
+    m, p = case["model"], parallel(case)
+    if moe["top_k"] != 1:
+        return "DeepSpeed's top-2 and top-k gating renormalise the chosen experts' gates (the case's are not)"
+    if p["dp"] % p["ep"]:
+        return "DeepSpeed's expert-parallel groups come from the data-parallel ranks: ep must divide dp"
+    one_sequence = micro_batch_rows(case) == {1}
+    if moe.get("aux_loss") and not one_sequence:
+        return ("DeepSpeed's l_aux covers a forward's tokens, the case's a sequence's: micro-batches of "
+                f"{sorted(micro_batch_rows(case))} sequences")
+    if moe.get("aux_loss") and m.get("activation_checkpointing") == "reentrant":
+        return "a re-entrant checkpoint runs the forward without grad: the l_aux it returns takes no gradient"
+    if drops_tokens(case):
+        lead = f"the case's capacity drops tokens ({case_slots(case)} slots < seq {m['seq']}): "
+        if not one_sequence:
+            return lead + f"DeepSpeed's capacity counts micro-batches of {sorted(micro_batch_rows(case))} sequences"
+        theirs = deepspeed_capacity(m["seq"], moe["experts"], moe["capacity_factor"])
+        if theirs != case_slots(case):
+            return lead + f"DeepSpeed's rounding gives {theirs} slots"
+    return None
+
+
+def moe_features(stage, case):
+    """Coverage features of the case's MoE blocks under DeepSpeed: expert parallelism and the capacity mode (the top-k
+    and the aux loss are setup features, base.moe_setup_features)."""
+    moe = moe_of(case)
+    if moe is None:
+        return []
+    base = f"{stage}:moe:ep{parallel(case)['ep']}"
+    mode = "capacity-drop" if drops_tokens(case) else "padded" if moe.get("pad_to_capacity") else "dropless"
+    return [base, f"{base}:{mode}"]
+
+
+class ExpertMlp(nn.Module):
+    """One expert: the case's dense MLP (tanh-GELU or SwiGLU)."""
+
+    def __init__(self, m):
+        super().__init__()
+        h, f = m["hidden"], m["ffn"]
+        self.swiglu = m.get("activation", "gelu") == "swiglu"
+        self.up = nn.Linear(h, f, bias=m["bias"])
+        if self.swiglu:
+            self.gate = nn.Linear(h, f, bias=m["bias"])
+        self.down = nn.Linear(f, h, bias=m["bias"])
+
+    def forward(self, x):
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class DeepSpeedMoe(nn.Module):
+    """DeepSpeed's MoE layer on [b, s, h]; the l_aux of each forward appended to `sink`."""
+
+    def __init__(self, case, m, sink):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        moe, ep = m["moe"], parallel(case)["ep"]
+        dropless = not drops_tokens(case) and not moe.get("pad_to_capacity")
+        self.layer = MoE(hidden_size=m["hidden"], expert=ExpertMlp(m), num_experts=moe["experts"], ep_size=ep, k=1,
+                         capacity_factor=moe["capacity_factor"], eval_capacity_factor=moe["capacity_factor"],
+                         min_capacity=0, drop_tokens=not dropless, use_rts=False)
+        self.sink = sink
+
+    def forward(self, x):
+        out, l_aux, _ = self.layer(x)
+        self.sink.append(l_aux)
+        return out
+
+
+def expert_groups(ep):
+    """DeepSpeed's expert-parallel group of this rank for `ep` (created where missing, as its engine would) and this
+    rank's index in it."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    name = f"ep_size_{ep}"
+    if name not in groups._get_expert_parallel_group_dict():
+        groups._create_expert_and_data_parallel(ep)
+    group = groups._get_expert_parallel_group(name)
+    return group, dist.get_rank(group=group)
+
+
+def install(model, case, inputs, dt, sink):
+    """Replaces the torch model's MoE blocks in `model` by DeepSpeed's, loaded with the case's router and this rank's
+    experts (before the engine copies the parameters)."""
+    m, ep = case["model"], parallel(case)["ep"]
+    _, ep_rank = expert_groups(ep)
+    local = m["moe"]["experts"] // ep
+    for i, block in enumerate(model.layers):
+        if not hasattr(block, "moe"):
+            continue
+        block.moe = DeepSpeedMoe(case, {**m, "bias": m.get("bias", True)}, sink).to(dt)
+        pre = f"layers.{i}.moe."
+        ds = block.moe.layer.deepspeed_moe
+        with torch.no_grad():
+            _copy(ds.gate.wg.weight, torch.tensor(inputs[pre + "router.weight"]).t())
+            for j, expert in enumerate(ds.experts.deepspeed_experts):
+                e = ep_rank * local + j
+                for kind, lin in expert.named_children():
+                    _copy(lin.weight, torch.tensor(inputs[pre + f"{kind}.weight"][e]).t())
+                    if lin.bias is not None:
+                        _copy(lin.bias, torch.tensor(inputs[pre + f"{kind}.bias"][e]))
+    return model
+
+
+def _copy(param, src):
+    if tuple(src.shape) != tuple(param.shape):
+        raise HarnessError(f"MoE tensor {tuple(src.shape)} vs DeepSpeed's {tuple(param.shape)}")
+    param.copy_(src.to(param.dtype))
+
+
+def is_moe_param(name):
+    return PREFIX in name
+
+
+def to_case_layout(tensors, ep):
+    """`tensors` (names -> this rank's float64 arrays) with DeepSpeed's MoE entries replaced by the case's: the gate's
+    weight transposed into the router's; each expert linear's weight transposed, the local experts stacked and
+    all-gathered over the expert-parallel group. Every rank calls it for the same names (collectives)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    out = {n: t for n, t in tensors.items() if not is_moe_param(n)}
+    pieces = {}
+    for name in sorted((n for n in tensors if is_moe_param(n)), key=_expert_order):
+        block, rest = name.split(PREFIX, 1)
+        t = torch.from_numpy(np.ascontiguousarray(tensors[name]))
+        if rest == "deepspeed_moe.gate.wg.weight":
+            out[f"{block}.moe.router.weight"] = t.t().contiguous().numpy()
+            continue
+        kind, leaf = rest.rsplit(".", 2)[-2:]
+        pieces.setdefault(f"{block}.moe.{kind}.{leaf}", []).append(t.t() if t.dim() == 2 else t)
+    group, _ = expert_groups(ep)
+    for case_name, local in pieces.items():
+        stacked = torch.stack(local).contiguous()
+        if ep > 1:
+            parts = [torch.empty_like(stacked) for _ in range(ep)]
+            dist.all_gather(parts, stacked, group=group)
+            stacked = torch.cat(parts)
+        out[case_name] = stacked.numpy()
+    return out
+
+
+def _expert_order(name):
+    """Sort key: local experts by index (expert 10 after expert 9), then the name."""
+    parts = name.split(".deepspeed_experts.", 1)
+    return (parts[0], int(parts[1].split(".", 1)[0]) if len(parts) == 2 else -1, name)
