@@ -354,3 +354,28 @@ fn case_file(json: impl AsRef<str>) -> (tempfile::TempDir, std::path::PathBuf) {
     std::fs::write(&case, json.as_ref()).unwrap();
     (tmp, case)
 }
+
+/// A MoE case's standalone script carries the worker's MoE block (top-k routing, the capacity, the auxiliary loss)
+/// and its float64 reference: on a case torch-ddp passes, the script run alone agrees (OK, exit 0). DeepSpeed's MoE
+/// layer is not carried: deepspeed-zero says so instead of writing a script that trains another model.
+#[test]
+fn a_moe_case_reports_a_standalone_script_that_runs_and_deepspeeds_moe_layer_is_refused() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-moe/dp2-top2-capacity-aux-f32.json");
+    let (_report, clean, command) = report_to_script(&case, "torch-ddp", &[], "pass");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("OK: all tensors within"), "{}", text(&run));
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = root().join("tests/python-moe/ds-dp2-ep2-dropless-aux-f32.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_shardfuzz"))
+        .args(["report", &ds.display().to_string(), "--target", "deepspeed-zero", "--format", "json", "--out"])
+        .arg(tmp.path().join("report"))
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["repro"]["standalone"], false, "{:#?}", report["repro"]);
+    assert!(report.to_string().contains("DeepSpeed's MoE layer is not carried"), "{report:#}");
+}

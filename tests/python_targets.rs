@@ -1604,6 +1604,7 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
         ("ds-dp2-ep2-zero2-dropless-swiglu-bias-bf16.json", "deepspeed:dp2:zero2:moe:ep2:dropless"),
         ("ds-dp4-ep4-zero2-dropless-aux-clip-f32.json", "deepspeed:dp4:zero2:moe:ep4:dropless"),
         ("ds-dp4-ep2-zero2-accumulation2-adamw-no-decay-vectors-f32.json", "deepspeed:dp4:zero2:moe:ep2:dropless"),
+        ("ds-dp2-ep2-zero1-padded-micro-batch-of-two-f32.json", "deepspeed:dp2:zero1:moe:ep2:padded"),
     ] {
         let v = one_verdict("deepspeed-zero", &dir.join(case), fix);
         assert_eq!(v["kind"], "pass", "{case}: {v}");
@@ -1612,6 +1613,7 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
     for (case, why) in [
         ("dp2-top2-capacity-aux-f32.json", "top-2 and top-k gating renormalise"),
         ("ds-dp2-ep2-capacity-micro-batch-of-two-unsupported-f32.json", "counts micro-batches of [2] sequences"),
+        ("ds-dp2-ep2-padded-capacity-drops-in-a-forward-unsupported-f32.json", "over a forward of 2 sequence(s) can drop"),
     ] {
         let v = one_verdict("deepspeed-zero", &dir.join(case), fix);
         assert_eq!(v["kind"], "unsupported", "{case}: {v}");

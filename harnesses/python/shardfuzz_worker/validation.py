@@ -145,6 +145,9 @@ VALIDATION = {
         # Stage 3").
         ("deepspeed/runtime/zero/stage_1_and_2.py", "_configure_moe_settings", "must be set to True for MoE"),
         ("deepspeed/runtime/engine.py", "_validate_zero3_moe_compatibility", None),
+        # The MoE layer's check of its arguments ("Number of experts (1) should be divisible by expert parallel size
+        # (2)").
+        ("deepspeed/moe/layer.py", "__init__", "should be divisible by"),
     ],
     "megatron-tp": _MEGATRON_DIVISIBILITY + _MEGATRON_TRAINING,
     "megatron-ddp": _MEGATRON_TRAINING,

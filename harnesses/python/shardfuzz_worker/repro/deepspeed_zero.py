@@ -3,7 +3,7 @@ over the data-parallel ranks on DeepSpeed's CPU accelerator with gloo, each rank
 batch, under torchrun."""
 
 from ..targets.base import parallel
-from .common import literal, worker_source
+from .common import ReproError, literal, worker_source
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -22,6 +22,10 @@ def check(case):
     from ..targets.deepspeed_zero import TARGET as WORKER
 
     check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+    if "moe" in case["model"].get("layers", ()):
+        # (The script trains the plain torch model; DeepSpeed's MoE layer and its expert groups are not carried.)
+        raise ReproError(f"{TARGET}: no standalone script for a case with MoE blocks (DeepSpeed's MoE layer is not "
+                         "carried into the script)")
 
 
 def generate(case, inputs, bounds, dropped):

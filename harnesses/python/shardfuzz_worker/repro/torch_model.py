@@ -82,17 +82,24 @@ def model_line(case):
     return f'M = {{**CASE["model"], **{defaults!r}}}  # with model_defaults()' if defaults else 'M = CASE["model"]'
 
 
+#: The worker's MoE block (targets/torch_moe.py), which the model's Block builds for a `moe` layer (the units of its
+#: auxiliary loss, `_AUX_UNIT` / `set_aux_unit`, come with the training loop, which sets them).
+MOE_SOURCE = ("slots", "ExpertLinear", "_AuxLossGradient", "Moe")
+
+
 def model_source():
-    return rule("the model (as the worker's)") + "\n" + worker_source("targets/torch_model.py", *MODEL_SOURCE)
+    moe = worker_source("targets/torch_moe.py", *MOE_SOURCE).replace("HarnessError", "RuntimeError")
+    return rule("the model (as the worker's)") + "\n" + moe + "\n\n" + worker_source("targets/torch_model.py", *MODEL_SOURCE)
 
 
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "is_frozen", "setup_features", "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
+                         "is_frozen", "setup_features", "moe_setup_features", "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
+    aux = worker_source("targets/torch_moe.py", "_AUX_UNIT", "set_aux_unit")
     loop = worker_source("targets/torch_training.py", "full", "dense", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")
-    return rule("training (the worker's loop)") + "\n" + base + "\n\n" + loop
+    return rule("training (the worker's loop)") + "\n" + base + "\n\n" + aux + "\n\n" + loop
 
 
 def model_arrays(case, inputs, target):

@@ -87,6 +87,13 @@ def unsupported_moe(case):
         theirs = deepspeed_capacity(m["seq"], moe["experts"], moe["capacity_factor"])
         if theirs != case_slots(case):
             return lead + f"DeepSpeed's rounding gives {theirs} slots"
+    elif moe.get("pad_to_capacity"):
+        # Padded, DeepSpeed applies the capacity factor to every forward, which must then keep all its tokens too.
+        short = [r for r in sorted(micro_batch_rows(case))
+                 if deepspeed_capacity(r * m["seq"], moe["experts"], moe["capacity_factor"]) < r * m["seq"]]
+        if short:
+            return (f"DeepSpeed's capacity over a forward of {short[0]} sequence(s) can drop tokens, the case's over a "
+                    f"sequence ({case_slots(case)} slots >= seq {m['seq']}) none")
     return None
 
 

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import is_frozen
+from .torch_moe import Moe
 
 NORM_EPS = 1e-5
 
@@ -90,8 +91,6 @@ class Block(nn.Module):
         if kind == "attention":
             self.attn = Attention(m)
         elif kind == "moe":
-            from .torch_moe import Moe
-
             self.moe = Moe(m)
         else:
             self.mlp = Mlp(m)

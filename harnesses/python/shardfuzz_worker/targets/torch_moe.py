@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .base import HarnessError
+
 #: What the auxiliary loss's gradient on one (sequence-averaged) unit of loss is multiplied by in the run now going:
 #: set by the training loop before each forward (dp / global tokens, times a loss scale), read in the backward too
 #: (a checkpointed block recomputes its forward there). A rank process runs one training loop at a time.
@@ -105,8 +107,6 @@ class Moe(nn.Module):
         the units set_aux_unit gave (the sequences averaged over the global batch there)."""
         unit = _AUX_UNIT["unit"]
         if unit is None:
-            from .base import HarnessError
-
             raise HarnessError("the MoE auxiliary loss's units were never set")
         counts = F.one_hot(chosen.view(b, s * self.top_k), self.experts).sum(1, dtype=torch.float64)  # [b, experts]
         scale = self.aux_loss * self.experts * unit / (s * self.top_k)
