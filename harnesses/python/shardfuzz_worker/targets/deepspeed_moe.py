@@ -10,7 +10,7 @@ experts over DeepSpeed's expert-parallel groups (the case's ep; DeepSpeed builds
              none as DeepSpeed's dropless MoE (`drop_tokens=False`), or with `pad_to_capacity` its capacity buffers
   aux loss   the `l_aux` the layer returns (experts x sum_e f_e P_e over the forward's tokens, the case's per-sequence
              loss where a micro-batch is one sequence), added to the loss times the case's coefficient, as users add it
-  experts    one MLP module per expert (DeepSpeed deep-copies the module it is given), expert e on expert-parallel rank
+  experts    the dense MLP module per expert (DeepSpeed deep-copies the module it is given), expert e on expert-parallel rank
              e // (experts / ep); their gradients reduced over DeepSpeed's expert-data-parallel groups, their
              parameters in the optimizer's MoE groups (`split_params_into_different_moe_groups_for_optimizer`)
 
@@ -24,9 +24,9 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .base import HarnessError, chunk_range, parallel
+from .torch_model import Mlp
 
 #: The name DeepSpeed's MoE layer sits under in a block: `layers.{i}.moe.layer.deepspeed_moe.…`.
 PREFIX = ".moe.layer."
@@ -108,24 +108,6 @@ def moe_features(stage, case):
     return [base, f"{base}:{mode}"]
 
 
-class ExpertMlp(nn.Module):
-    """One expert: the case's dense MLP (tanh-GELU or SwiGLU)."""
-
-    def __init__(self, m):
-        super().__init__()
-        h, f = m["hidden"], m["ffn"]
-        self.swiglu = m.get("activation", "gelu") == "swiglu"
-        self.up = nn.Linear(h, f, bias=m["bias"])
-        if self.swiglu:
-            self.gate = nn.Linear(h, f, bias=m["bias"])
-        self.down = nn.Linear(f, h, bias=m["bias"])
-
-    def forward(self, x):
-        if self.swiglu:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
-
-
 class DeepSpeedMoe(nn.Module):
     """DeepSpeed's MoE layer on [b, s, h]; the l_aux of each forward appended to `sink`."""
 
@@ -135,7 +117,8 @@ class DeepSpeedMoe(nn.Module):
 
         moe, ep = m["moe"], parallel(case)["ep"]
         dropless = not drops_tokens(case) and not moe.get("pad_to_capacity")
-        self.layer = MoE(hidden_size=m["hidden"], expert=ExpertMlp(m), num_experts=moe["experts"], ep_size=ep, k=1,
+        # One expert: the case's dense MLP (the same parameter names, up / gate / down).
+        self.layer = MoE(hidden_size=m["hidden"], expert=Mlp(m), num_experts=moe["experts"], ep_size=ep, k=1,
                          capacity_factor=moe["capacity_factor"], eval_capacity_factor=moe["capacity_factor"],
                          min_capacity=0, drop_tokens=not dropless, use_rts=False)
         self.sink = sink
