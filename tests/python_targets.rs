@@ -1567,16 +1567,23 @@ fn megatron_moe_capacity_drops_tokens_by_position_and_megatrons_topk_ties_are_a_
 }
 
 /// The case's MoE blocks in the plain torch model (`torch_moe`: top-k routing, a capacity per sequence, the auxiliary
-/// loss) under DDP and FSDP2 train like the reference; the oracle sees the model itself, not only the framework (the
-/// worker's own single-device run no longer widens ε without limit: a capacity one slot too large failed in f32).
+/// loss) under DDP, FSDP2 and Colossal-AI's ZeRO-2 train like the reference; the oracle sees the model itself, not only
+/// the framework (the worker's own single-device run no longer widens ε without limit: a capacity one slot too large
+/// failed in f32).
 #[test]
-fn torch_moe_blocks_under_ddp_and_fsdp2_train_like_the_reference() {
+fn torch_moe_blocks_under_ddp_fsdp2_and_colossalai_zero_train_like_the_reference() {
     if !python_ready() {
         return;
     }
     let dir = root().join("tests/python-moe");
-    for case in ["dp2-top2-capacity-aux-f32.json", "dp2-top2-capacity-aux-swiglu-bias-bf16.json"] {
-        for target in ["torch-ddp", "torch-fsdp2"] {
+    for case in [
+        "dp2-top2-capacity-aux-f32.json",
+        "dp2-top2-capacity-aux-swiglu-bias-bf16.json",
+        "dp2-top2-capacity-aux-f32-zero2.json",
+        "dp2-top2-capacity-aux-swiglu-bias-bf16-zero2.json",
+    ] {
+        let targets: &[&str] = if case.ends_with("-zero2.json") { &["colossalai-zero"] } else { &["torch-ddp", "torch-fsdp2"] };
+        for &target in targets {
             let v = one_verdict(target, &dir.join(case), "");
             assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
             assert!(v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().ends_with(":moe-capacity-drop")), "{v}");
