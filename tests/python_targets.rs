@@ -1589,6 +1589,10 @@ fn torch_moe_blocks_under_ddp_fsdp2_and_colossalai_zero_train_like_the_reference
             assert!(v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().ends_with(":moe-capacity-drop")), "{v}");
         }
     }
+    // The torch model's optimizer tells vectors by their dimensions: its stacked expert biases would decay.
+    let v = one_verdict("torch-ddp", &dir.join("dp2-top2-bias-no-decay-vectors-adamw-unsupported-f32.json"), "");
+    assert_eq!(v["kind"], "unsupported", "{v}");
+    assert!(reason(&v).contains("stacked expert biases would decay"), "{v}");
 }
 
 /// DeepSpeed's MoE layer (top-1, expert parallelism, its aux loss, ZeRO 0-2) trains like the reference; a capacity

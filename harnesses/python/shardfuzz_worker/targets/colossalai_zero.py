@@ -39,7 +39,7 @@ class ColossalZero(ColossalTarget):
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "colossalai-zero runs ZeRO data parallelism only (no tp/pp/cp/ep)",
-                                 offload=True, loss_scaling=True, moe=True)
+                                 offload=True, loss_scaling=True, moe="torch")
         if why:
             return why
         p, dt = parallel(case), dtype_name(case)

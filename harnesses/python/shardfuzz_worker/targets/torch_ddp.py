@@ -18,7 +18,7 @@ class TorchDdp(TorchTarget):
 
     def unsupported(self, case):
         why = (unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True,
-                                  moe=True)
+                                  moe="torch")
                or unsupported_sparse_embedding(case))
         if why:
             return why

@@ -40,7 +40,7 @@ class TorchFsdp2(TorchTarget):
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
-                                 offload=True, loss_scaling=True, master_weights=True, moe=True)
+                                 offload=True, loss_scaling=True, master_weights=True, moe="torch")
         p = parallel(case)
         if why is None and p["zero_stage"] == 3 and p["reshard_group"] is not None:
             shard = p["zero_shard_group"] or p["dp"]

@@ -162,15 +162,17 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
     """Why the plain torch model cannot express this case, or None. `loss_scaling`: the target runs
     the case's dynamic loss scaler (torch_training.loss_scaler); `master_weights`: it keeps parameters and
     optimizer states in the case's `master_dtype`; `fp32_optimizer_state`: its optimizer keeps its state in fp32
-    whatever the parameters' dtype (megatron's mixed-precision optimizers); `moe`: the target runs the MoE blocks
-    (the torch model's own, torch_moe, or its framework's)."""
+    whatever the parameters' dtype (megatron's mixed-precision optimizers); `moe`: the target runs the MoE blocks,
+    its framework's (True) or the torch model's own ("torch": torch_moe)."""
     if "model" not in case:
         return "model cases only"
     m = model_defaults(case)
     if "moe" in m["layers"] and not moe:
         return "MoE layers are not expressed by this target"
-    if "moe" in m["layers"] and (m.get("moe") or {}).get("aux_loss") and case["train"].get("loss_scale") is not None:
-        return "the torch model's MoE auxiliary loss takes no loss scale"
+    if "moe" in m["layers"] and moe == "torch":
+        why = unsupported_torch_moe(case, m)
+        if why:
+            return why
     if m["heads"] < 1 or m["hidden"] % m["heads"] or m["heads"] % m["kv_heads"]:
         return "heads must divide hidden and kv_heads must divide heads"
     from .base import chunk_range
@@ -189,6 +191,17 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
         return "Adam moments in f16 (torch keeps optimizer state in the parameter dtype)"
     if case["train"].get("loss_scale") is not None and not loss_scaling:
         return "dynamic loss scaling is not expressed by this target"
+    return None
+
+
+def unsupported_torch_moe(case, m):
+    """Why the torch model's own MoE blocks (torch_moe) cannot run the case, or None."""
+    o = case["train"]["optimizer"]
+    if m["moe"].get("aux_loss") and case["train"].get("loss_scale") is not None:
+        return "the torch model's MoE auxiliary loss takes no loss scale"
+    if m["bias"] and o.get("no_decay_vectors") and o.get("weight_decay", 0.0):
+        # make_optimizer tells vectors by their dimensions; the experts' biases are stacked [experts, n] matrices.
+        return "the torch model's stacked expert biases would decay under no_decay_vectors (they are vectors)"
     return None
 
 
