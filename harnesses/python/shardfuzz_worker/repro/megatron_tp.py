@@ -54,7 +54,7 @@ def sources():
                                           "optimizer_instances", "param_gather_overlapped", "sync_parameters",
                                           "reduced_grads", "per_token_loss", "loss_scaling_settings",
                                           "scales_loss", "loss_scale_of", "megatron_step")
-               + "\n\n" + worker_source("targets/megatron_moe.py", "moe_of", "is_moe_param", "patch_moe_host_copies")
+               + "\n\n" + worker_source("targets/megatron_moe.py", "is_moe_param", "patch_moe_host_copies")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(

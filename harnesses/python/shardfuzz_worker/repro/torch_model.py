@@ -95,7 +95,8 @@ def model_source():
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "is_frozen", "setup_features", "moe_setup_features", "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
+                         "is_frozen", "setup_features", "moe_setup_features", "moe_of", "case_slots", "drops_tokens",
+                         "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
     aux = worker_source("targets/torch_moe.py", "_AUX_UNIT", "set_aux_unit")
     loop = worker_source("targets/torch_training.py", "full", "dense", "train", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                          "skipped_steps_stats", "combine_dp")

@@ -261,12 +261,30 @@ def setup_features(prefix, case):
 def moe_setup_features(prefix, m):
     """Features of the model's MoE blocks (none without): the top-k, an auxiliary loss, a capacity that can drop
     tokens (fewer slots per expert than a sequence's tokens)."""
-    moe = m.get("moe") if "moe" in m.get("layers", ()) else None
+    case = {"model": m}
+    moe = moe_of(case)
     if moe is None:
         return []
-    slots = math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
     return [f"{prefix}:moe-top{moe['top_k']}"] + ([f"{prefix}:moe-aux-loss"] if moe.get("aux_loss") else []) \
-        + ([f"{prefix}:moe-capacity-drop"] if slots < m["seq"] else [])
+        + ([f"{prefix}:moe-capacity-drop"] if drops_tokens(case) else [])
+
+
+def moe_of(case):
+    """The case's MoE settings (None without a `moe` block)."""
+    m = case.get("model") or {}
+    return m.get("moe") if "moe" in m.get("layers", ()) else None
+
+
+def case_slots(case):
+    """Slots per expert in one sequence, as the case model counts them: ceil(capacity_factor * seq * top_k /
+    experts), in the same floating-point order."""
+    m, moe = case["model"], moe_of(case)
+    return math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
+
+
+def drops_tokens(case):
+    """Whether the case's capacity can drop a token (fewer slots per expert than a sequence's tokens)."""
+    return case_slots(case) < case["model"]["seq"]
 
 
 def unsupported_frozen(target, case):

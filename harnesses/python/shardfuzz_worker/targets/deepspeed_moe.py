@@ -20,30 +20,14 @@ refuses (`rejected`). Frozen parameters of a MoE block are not expressed (DeepSp
 Expert parameters and gradients are reported in the case's layout ([experts, in, out]): each rank's local experts
 stacked and all-gathered over its expert-parallel group."""
 
-import math
-
 import torch
 import torch.nn as nn
 
-from .base import HarnessError, chunk_range, parallel
+from .base import HarnessError, case_slots, chunk_range, drops_tokens, moe_of, parallel
 from .torch_model import Mlp
 
 #: The name DeepSpeed's MoE layer sits under in a block: `layers.{i}.moe.layer.deepspeed_moe.…`.
 PREFIX = ".moe.layer."
-
-
-def moe_of(case):
-    m = case.get("model") or {}
-    return m.get("moe") if "moe" in m.get("layers", ()) else None
-
-
-def case_slots(case):
-    m, moe = case["model"], moe_of(case)
-    return math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
-
-
-def drops_tokens(case):
-    return case_slots(case) < case["model"]["seq"]
 
 
 def deepspeed_capacity(tokens, experts, capacity_factor):

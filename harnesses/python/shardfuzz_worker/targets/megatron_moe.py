@@ -22,18 +22,11 @@ Expert parameters and gradients are reported in the case's layout ([experts, in,
 the local experts' slices all-gathered over the expert-tensor- and expert-parallel groups."""
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
 
-from .base import chunk_range, is_frozen, micro_batches, parallel
-
-
-def moe_of(case):
-    """The case's MoE settings (None without a `moe` block)."""
-    m = case.get("model") or {}
-    return m.get("moe") if "moe" in m.get("layers", ()) else None
+from .base import case_slots, chunk_range, drops_tokens, is_frozen, micro_batches, moe_of, parallel
 
 
 def dispatcher(case):
@@ -65,23 +58,11 @@ def unsupported_moe(case):
     return None
 
 
-def case_slots(case):
-    """Slots per expert in one sequence, as the case model counts them: ceil(capacity_factor * seq * top_k /
-    experts), in the same floating-point order."""
-    m, moe = case["model"], moe_of(case)
-    return math.ceil(moe["capacity_factor"] * float(m["seq"] * moe["top_k"]) / moe["experts"])
-
-
 def padded(case):
     """Whether the case pads every expert's input to its capacity (`pad_to_capacity`: megatron's drop-and-pad
     dispatch, `moe_pad_expert_input_to_capacity`, which needs a capacity factor: megatron then applies it to its
     router calls even where the case's drops nothing)."""
     return bool(moe_of(case).get("pad_to_capacity"))
-
-
-def drops_tokens(case):
-    """Whether the case's capacity can drop a token (fewer slots per expert than a sequence's tokens)."""
-    return case_slots(case) < case["model"]["seq"]
 
 
 def unexpressed_capacity(case):
