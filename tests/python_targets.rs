@@ -1493,22 +1493,29 @@ fn megatron_moe_layers_over_expert_parallel_ranks_train_like_the_reference() {
         ("moe-dp2-ep2-aux-padding-ignored-bias-f32.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
         // (campaign 189: the case model had decayed its stacked expert biases under no_decay_vectors)
         ("moe-dp2-ep2-bias-no-decay-vectors-adamw-f32.json", "megatron:moe:tp1:ep2:alltoall:aux-loss"),
+        // Renormalised gates: megatron's default softmax after the top-k.
+        ("tp2-sp-moe-dp2-ep2-renorm-aux-bf16.json", "megatron:moe:tp2:ep2:alltoall:aux-loss"),
+        ("moe-allgather-dp1-top3-renorm-f32.json", "megatron:moe:tp1:ep1:allgather"),
     ];
     let mut args: Vec<String> = ["run", "--json", "--target", "megatron-tp"].iter().map(|s| s.to_string()).collect();
     args.extend(passing.iter().map(|(c, _)| dir.join(c).display().to_string()));
-    let rejected = dir.join("tp2-moe-without-sp-rejected-f32.json");
+    // Megatron refuses renormalising one choice (softmax over it is 1, its gradient 0).
+    let rejected = ["tp2-moe-without-sp-rejected-f32.json", "moe-top1-renorm-rejected-f32.json"].map(|c| dir.join(c));
     let crashes = ["moe-bias-dp1-inplace-crash-f32.json", "tp2-sp-moe-bias-etp1-ep1-crash-f32.json"].map(|c| dir.join(c));
-    args.push(rejected.display().to_string());
+    args.extend(rejected.iter().map(|c| c.display().to_string()));
     args.extend(crashes.iter().map(|c| c.display().to_string()));
     let o = shardfuzz(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
     let vs = verdicts(&o);
-    assert_eq!(vs.len(), passing.len() + 3, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs.len(), passing.len() + 4, "{}", String::from_utf8_lossy(&o.stderr));
     for ((case, feature), v) in passing.iter().zip(&vs) {
         assert_eq!(v["kind"], "pass", "{case}: {v}");
         assert!(has_feature(v, feature), "{case}: {feature}: {v}");
     }
-    assert_eq!(vs[passing.len()]["kind"], "rejected", "{}", vs[passing.len()]);
-    for v in &vs[passing.len() + 1..] {
+    for v in &vs[passing.len()..passing.len() + 2] {
+        assert_eq!(v["kind"], "rejected", "{v}");
+    }
+    assert!(reason(&vs[passing.len() + 1]).contains("pre-softmax when topk is 1"), "{}", vs[passing.len() + 1]);
+    for v in &vs[passing.len() + 2..] {
         assert_eq!(v["kind"], "crash", "{v}");
         assert!(reason(v).contains("is a view and is being modified inplace"), "{v}");
     }
@@ -1556,6 +1563,7 @@ fn megatron_moe_capacity_drops_tokens_by_position_and_megatrons_topk_ties_are_a_
     let v = one_verdict("megatron-tp", &padded, "");
     assert_eq!(v["kind"], "divergent", "{v}");
     for (case, feature) in [
+        ("moe-capacity-position-dp2-ep2-renorm-aux-f32.json", "megatron:moe:tp1:ep2:alltoall:capacity-drop"),
         ("moe-capacity-position-pad-dp2-ep2-aux-f32.json", "megatron:moe:tp1:ep2:alltoall:pad-to-capacity"),
         ("moe-capacity-pad-allgather-dp1-f32.json", "megatron:moe:tp1:ep1:allgather:pad-to-capacity"),
         ("tp2-sp-moe-dp2-ep2-pad-dropless-bf16.json", "megatron:moe:tp2:ep2:alltoall:pad-to-capacity"),
@@ -1581,12 +1589,16 @@ fn torch_moe_blocks_under_ddp_fsdp2_and_colossalai_zero_train_like_the_reference
         "dp2-top2-capacity-aux-swiglu-bias-bf16.json",
         "dp2-top2-capacity-aux-f32-zero2.json",
         "dp2-top2-capacity-aux-swiglu-bias-bf16-zero2.json",
+        "renorm-dp2-top2-capacity-aux-f32.json",
+        "renorm-dp2-top3-capacity-aux-swiglu-bias-bf16.json",
     ] {
         let targets: &[&str] = if case.ends_with("-zero2.json") { &["colossalai-zero"] } else { &["torch-ddp", "torch-fsdp2"] };
         for &target in targets {
             let v = one_verdict(target, &dir.join(case), "");
             assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
-            assert!(v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().ends_with(":moe-capacity-drop")), "{v}");
+            let has = |suffix: &str| v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().ends_with(suffix));
+            assert!(has(":moe-capacity-drop"), "{v}");
+            assert_eq!(has(":moe-renormalized"), case.starts_with("renorm-"), "{v}");
         }
     }
     // The torch model's optimizer tells vectors by their dimensions: its stacked expert biases would decay.
@@ -1595,10 +1607,11 @@ fn torch_moe_blocks_under_ddp_fsdp2_and_colossalai_zero_train_like_the_reference
     assert!(reason(&v).contains("stacked expert biases would decay"), "{v}");
 }
 
-/// DeepSpeed's MoE layer (top-1, expert parallelism, its aux loss, ZeRO 0-2) trains like the reference; a capacity
-/// that drops tokens keeps the tokens `torch.topk` returns among ties (a known finding, passing with its fix); top-2
-/// and micro-batches of two sequences under a dropping capacity are refused with the reason; DeepSpeed's own refusals
-/// (ZeRO-3, ZeRO-2 without reduce scatter) are rejections.
+/// DeepSpeed's MoE layer (top-1, and top-2 / top-3 with renormalised gates; expert parallelism, its aux loss, ZeRO
+/// 0-2) trains like the reference; a capacity that drops tokens keeps the tokens `torch.topk` returns among ties (a
+/// known finding, passing with its fix); top-2 without renormalised gates (top-1 with), top-2's aux loss, top-2
+/// dropping tokens and micro-batches of two sequences under a dropping capacity are refused with the reason;
+/// DeepSpeed's own refusals (ZeRO-3, ZeRO-2 without reduce scatter) are rejections.
 #[test]
 fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_known_finding() {
     if !python_ready() {
@@ -1616,6 +1629,10 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
         ("ds-dp4-ep4-zero2-dropless-aux-clip-f32.json", "deepspeed:dp4:zero2:moe:ep4:dropless"),
         ("ds-dp4-ep2-zero2-accumulation2-adamw-no-decay-vectors-f32.json", "deepspeed:dp4:zero2:moe:ep2:dropless"),
         ("ds-dp2-ep2-zero1-padded-micro-batch-of-two-f32.json", "deepspeed:dp2:zero1:moe:ep2:padded"),
+        // Renormalised gates: DeepSpeed's top-2 (without its sampled second expert) and top-k gating.
+        ("ds-dp2-ep2-top2-renorm-dropless-f32.json", "deepspeed:dp2:zero0:moe:ep2:dropless"),
+        ("ds-dp2-ep2-zero1-top2-renorm-padded-f32.json", "deepspeed:dp2:zero1:moe:ep2:padded"),
+        ("ds-dp4-ep4-zero2-top3-renorm-dropless-aux-clip-bf16.json", "deepspeed:dp4:zero2:moe:ep4:dropless"),
     ] {
         let v = one_verdict("deepspeed-zero", &dir.join(case), fix);
         assert_eq!(v["kind"], "pass", "{case}: {v}");
@@ -1623,6 +1640,9 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
     }
     for (case, why) in [
         ("dp2-top2-capacity-aux-f32.json", "top-2 and top-k gating renormalise"),
+        ("ds-dp2-ep2-top1-renorm-unsupported-f32.json", "its top-1 does not"),
+        ("ds-dp2-ep2-top2-renorm-aux-unsupported-f32.json", "top-2 l_aux counts each token's first choice only"),
+        ("ds-dp2-ep2-top2-renorm-capacity-drops-unsupported-f32.json", "over the choices it keeps"),
         ("ds-dp2-ep2-capacity-micro-batch-of-two-unsupported-f32.json", "counts micro-batches of [2] sequences"),
         ("ds-dp2-ep2-padded-capacity-drops-in-a-forward-unsupported-f32.json", "over a forward of 2 sequence(s) can drop"),
     ] {

@@ -102,6 +102,9 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         capacity_factor: Real(pick(u, &[0.5, 1.0, 1.25, 2.0])?),
         aux_loss: None,
         pad_to_capacity: false,
+        // (Renormalised gates come from the `moe-routing` and `moe-renormalize` mutators, for the reason given in
+        // `parallel`.)
+        renormalize: false,
     });
     Ok(Model {
         vocab: u.int_in_range(2..=32)?,

@@ -30,7 +30,7 @@ pub use linear::{add_row, linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn, 
 pub use loss::{
     cross_entropy_fwd_bwd, mask_ignored, row_max, row_sum, row_sum_exp, target_logit, CrossEntropy, LabelSmoothing, IGNORED_TARGET,
 };
-pub use moe::{assign_capacity, capacity, router_bwd, router_fwd, topk_rows, Routing};
+pub use moe::{assign_capacity, capacity, chosen_gates, router_bwd, router_fwd, topk_rows, Routing};
 pub use norm::{layernorm_bwd, layernorm_fwd, layernorm_weight_grads, rmsnorm_bwd, rmsnorm_fwd, NormCache, NormGrads};
 pub use optim::{adam_step, sgd_step, AdamConfig};
 pub use prec::{Prec, Rounding};

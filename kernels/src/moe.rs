@@ -23,20 +23,52 @@ pub struct Routing {
     pub probs: Array2<f64>,
     /// Chosen experts per token.
     pub experts: Vec<Vec<usize>>,
-    /// Router probabilities at the chosen experts (not renormalised), `[tokens, k]`.
+    /// Gates of the chosen experts, `[tokens, k]`: their router probabilities, or with `renormalized` those
+    /// divided by their sum over the token's chosen experts.
     pub gates: Array2<f64>,
+    pub renormalized: bool,
 }
 
-pub fn router_fwd(p: Prec, logits: &Array2<f64>, k: usize) -> Routing {
-    let probs = softmax_rows(p, logits);
-    let experts = topk_rows(&probs, k);
-    let mut gates = Array2::zeros((logits.nrows(), k));
+impl Routing {
+    /// Recomputes the gates from the probabilities and the chosen experts (after a choice changed).
+    pub fn refresh_gates(&mut self, p: Prec) {
+        self.gates = chosen_gates(p, &self.probs, &self.experts, self.renormalized);
+    }
+}
+
+/// The chosen experts' probabilities, divided by their sum per token when `renormalize` (the sum taken in
+/// the case dtype's accumulator, the quotient rounded to it).
+pub fn chosen_gates(p: Prec, probs: &Array2<f64>, experts: &[Vec<usize>], renormalize: bool) -> Array2<f64> {
+    let k = experts.first().map_or(0, Vec::len);
+    let mut gates = Array2::zeros((probs.nrows(), k));
     for (t, ex) in experts.iter().enumerate() {
+        let sum = ex.iter().fold(0.0, |s, &e| p.acc().round(s + probs[[t, e]]));
         for (c, &e) in ex.iter().enumerate() {
-            gates[[t, c]] = probs[[t, e]];
+            gates[[t, c]] = if renormalize { p.r(probs[[t, e]] / sum) } else { probs[[t, e]] };
         }
     }
-    Routing { probs, experts, gates }
+    gates
+}
+
+pub fn router_fwd(p: Prec, logits: &Array2<f64>, k: usize, renormalize: bool) -> Routing {
+    let probs = softmax_rows(p, logits);
+    let experts = topk_rows(&probs, k);
+    let gates = chosen_gates(p, &probs, &experts, renormalize);
+    Routing { probs, experts, gates, renormalized: renormalize }
+}
+
+/// Gradient of the chosen experts' probabilities given their gates' gradient: the gates themselves when
+/// not renormalised; renormalised, g_c = p_c / s with s their sum, so dp_c = (dg_c − Σ_j dg_j g_j) / s.
+fn dchosen(p: Prec, routing: &Routing, dgates: &Array2<f64>, t: usize) -> Vec<f64> {
+    let ex = &routing.experts[t];
+    if !routing.renormalized {
+        return (0..ex.len()).map(|c| dgates[[t, c]]).collect();
+    }
+    let acc = p.acc();
+    let sum = ex.iter().fold(0.0, |s, &e| acc.round(s + routing.probs[[t, e]]));
+    let gate = |e: usize| acc.round(routing.probs[[t, e]] / sum);
+    let dot = ex.iter().enumerate().fold(0.0, |s, (c, &e)| acc.round(s + acc.round(dgates[[t, c]] * gate(e))));
+    (0..ex.len()).map(|c| p.r(acc.round(dgates[[t, c]] - dot) / sum)).collect()
 }
 
 /// Gradient of the router logits given the gradient of the gates and, when some loss (an
@@ -44,8 +76,7 @@ pub fn router_fwd(p: Prec, logits: &Array2<f64>, k: usize) -> Routing {
 pub fn router_bwd(p: Prec, routing: &Routing, dgates: &Array2<f64>, dprobs_extra: Option<&Array2<f64>>) -> Array2<f64> {
     let mut dprobs = dprobs_extra.cloned().unwrap_or_else(|| Array2::zeros(routing.probs.raw_dim()));
     for (t, ex) in routing.experts.iter().enumerate() {
-        for (c, &e) in ex.iter().enumerate() {
-            let dg = dgates[[t, c]];
+        for (&e, dg) in ex.iter().zip(dchosen(p, routing, dgates, t)) {
             dprobs[[t, e]] = if dprobs_extra.is_some() { p.r(dprobs[[t, e]] + dg) } else { dg };
         }
     }
@@ -92,7 +123,7 @@ mod tests {
     #[test]
     fn router_backward_matches_finite_differences() {
         let x = rand_mat(3, 4, 1);
-        let r = router_fwd(Prec::F64, &x, 2);
+        let r = router_fwd(Prec::F64, &x, 2, false);
         let dg = rand_mat(3, 2, 2);
         let d = router_bwd(Prec::F64, &r, &dg, None);
         // The choice is locally constant, so the gates are smooth in the logits.
@@ -106,7 +137,7 @@ mod tests {
     #[test]
     fn router_backward_adds_the_probabilities_own_gradient() {
         let x = rand_mat(3, 4, 3);
-        let r = router_fwd(Prec::F64, &x, 2);
+        let r = router_fwd(Prec::F64, &x, 2, false);
         let dg = rand_mat(3, 2, 4);
         let dp = rand_mat(3, 4, 5);
         let d = router_bwd(Prec::F64, &r, &dg, Some(&dp));
@@ -117,6 +148,33 @@ mod tests {
                 ex.iter().enumerate().map(|(t, e)| e.iter().enumerate().map(|(c, &e)| probs[[t, e]] * dg[[t, c]]).sum::<f64>()).sum();
             gates + (&probs * &dp).sum()
         });
+    }
+
+    #[test]
+    fn renormalized_gates_sum_to_one_and_their_backward_matches_finite_differences() {
+        let x = rand_mat(3, 4, 6);
+        let r = router_fwd(Prec::F64, &x, 2, true);
+        for row in r.gates.rows() {
+            assert!((row.sum() - 1.0).abs() < 1e-12, "{row}");
+        }
+        let dg = rand_mat(3, 2, 7);
+        let dp = rand_mat(3, 4, 8);
+        let d = router_bwd(Prec::F64, &r, &dg, Some(&dp));
+        let ex = r.experts.clone();
+        check_grad("renormalized router", &d, &x, |xx| {
+            let probs = softmax_rows(Prec::F64, xx);
+            let gates = chosen_gates(Prec::F64, &probs, &ex, true);
+            (&gates * &dg).sum() + (&probs * &dp).sum()
+        });
+    }
+
+    #[test]
+    fn one_renormalized_choice_has_gate_one_and_no_gate_gradient() {
+        let x = rand_mat(3, 4, 9);
+        let r = router_fwd(Prec::F64, &x, 1, true);
+        assert!(r.gates.iter().all(|&g| g == 1.0));
+        let d = router_bwd(Prec::F64, &r, &rand_mat(3, 1, 10), None);
+        assert!(d.iter().all(|v| v.abs() < 1e-15), "{d}");
     }
 
     #[test]

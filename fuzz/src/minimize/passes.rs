@@ -107,6 +107,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.per_token_loss,
         t.label_smoothing.is_some(),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.pad_to_capacity),
+        case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.renormalize),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -329,6 +330,9 @@ fn smaller_dims(case: &Case) -> Vec<Case> {
         }
         if moe.pad_to_capacity {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().pad_to_capacity = false));
+        }
+        if moe.renormalize {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().renormalize = false));
         }
         for k in smaller(moe.top_k) {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().top_k = k));

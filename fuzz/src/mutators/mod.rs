@@ -80,6 +80,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("moe-routing", model::moe_routing),
     ("moe-capacity-drops", model::moe_capacity_drops),
     ("moe-pad-to-capacity", model::moe_pad_to_capacity),
+    ("moe-renormalize", model::moe_renormalize),
     ("dtype", train::dtype),
     ("distribution", train::distribution),
     ("ignored-targets", train::ignored_targets),

@@ -90,6 +90,7 @@ pub fn add_layer(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
             capacity_factor: Real(*[0.5, 1.0, 1.25].choose(rng).unwrap_or(&1.0)),
             aux_loss: None,
             pad_to_capacity: false,
+            renormalize: rng.gen_bool(0.5),
         });
     }
     true
@@ -134,6 +135,7 @@ pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         capacity_factor: Real(*[0.25, 0.5, 1.0, 2.0].choose(rng).unwrap_or(&1.0)),
         aux_loss: *AUX_LOSS_COEFFICIENTS.choose(rng).unwrap_or(&None),
         pad_to_capacity: m.moe.as_ref().is_some_and(|c| c.pad_to_capacity),
+        renormalize: rng.gen_bool(0.5),
     });
     if !m.layers.contains(&LayerKind::Moe) {
         m.layers.push(LayerKind::Moe);
@@ -149,6 +151,13 @@ pub fn moe_pad_to_capacity(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Each token's gates renormalised over its chosen experts or not (a case with MoE blocks only).
+pub fn moe_renormalize(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    let Some(moe) = c.model.as_mut().and_then(|m| m.moe.as_mut()) else { return false };
+    moe.renormalize = !moe.renormalize;
+    true
+}
+
 /// Experts spread over expert-parallel ranks, top-k > 1 routing and a capacity below the tokens
 /// routed, so experts drop tokens: the all-to-all's split sizes must then follow the kept tokens,
 /// not the routing (an MoE bug site that otherwise takes four unrelated steps: a MoE layer, ep > 1,
@@ -161,13 +170,15 @@ pub fn moe_capacity_drops(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     p.ep = *degrees.choose(rng).unwrap_or(&p.dp);
     p.zero_stage = 0;
     let experts = p.ep * rng.gen_range(1..=2);
-    let (aux_loss, pad_to_capacity) = m.moe.as_ref().map_or((None, false), |c| (c.aux_loss, c.pad_to_capacity));
+    let (aux_loss, pad_to_capacity, renormalize) =
+        m.moe.as_ref().map_or((None, false, false), |c| (c.aux_loss, c.pad_to_capacity, c.renormalize));
     m.moe = Some(MoeConfig {
         experts,
         top_k: rng.gen_range(2..=experts),
         capacity_factor: Real(*[0.25, 0.5, 0.75].choose(rng).unwrap_or(&0.5)),
         aux_loss,
         pad_to_capacity,
+        renormalize,
     });
     if !m.layers.contains(&LayerKind::Moe) {
         let at = rng.gen_range(0..=m.layers.len());

@@ -133,6 +133,11 @@ pub struct MoeConfig {
     /// native target compute the unpadded sum.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pad_to_capacity: bool,
+    /// Each token's gates divided by their sum over its chosen experts (taken before any is dropped at capacity):
+    /// Megatron's softmax after the top-k (`moe_router_pre_softmax` off, its default), DeepSpeed's top-2 gating,
+    /// Mixtral's `norm_topk_prob`. With top_k = 1 every gate is 1 and the router learns from the aux loss alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renormalize: bool,
 }
 
 /// What a parameter is, which decides how it is initialised and sharded.

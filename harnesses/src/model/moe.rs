@@ -109,7 +109,7 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let cfg = ctx.model.moe.as_ref().expect("validated: moe config present");
     let e_total = cfg.experts as usize;
     let h = y.ncols();
-    let routing = route(ctx, pre, params, &y, cfg.top_k as usize);
+    let routing = route(ctx, pre, params, &y, cfg.top_k as usize, cfg.renormalize);
     let aux = aux_loss_dprobs(ctx, g, &routing, e_total);
     let cap = k::capacity(g.seq, e_total, cfg.top_k as usize, cfg.capacity_factor.get());
     // The injected fault's region: an all-to-all over several expert-parallel ranks.
@@ -126,14 +126,15 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
 }
 
 /// Top-k routing of every token; the noise members' near-tie flips and gate jitter applied.
-fn route(ctx: &Ctx, pre: &str, params: &ParamSet, y: &Mat, top_k: usize) -> k::Routing {
+fn route(ctx: &Ctx, pre: &str, params: &ParamSet, y: &Mat, top_k: usize, renormalize: bool) -> k::Routing {
     let wr = mat(params, &format!("{pre}.moe.router.weight"));
     let logits = k::matmul(ctx.p, y, &wr);
-    let mut routing = k::router_fwd(ctx.p, &logits, top_k);
+    let mut routing = k::router_fwd(ctx.p, &logits, top_k, renormalize);
     if let Some(probs) = ctx.router_probs.borrow_mut().as_mut() {
         probs.extend(routing.probs.iter());
     }
     let e_total = routing.probs.ncols();
+    let mut flipped = false;
     if top_k < e_total {
         for t in 0..routing.experts.len() {
             let ex = &routing.experts[t];
@@ -148,10 +149,13 @@ fn route(ctx: &Ctx, pre: &str, params: &ParamSet, y: &Mat, top_k: usize) -> k::R
                 ctx.near_ties.set(i + 1);
                 if ctx.flip_only.is_none_or(|set| set >> i.min(63) & 1 == 1) {
                     routing.experts[t][top_k - 1] = other;
-                    routing.gates[[t, top_k - 1]] = best_other;
+                    flipped = true;
                 }
             }
         }
+    }
+    if flipped {
+        routing.refresh_gates(ctx.p);
     }
     if let Some(jitter) = ctx.gate_jitter {
         for ((t, c), gate) in routing.gates.indexed_iter_mut() {

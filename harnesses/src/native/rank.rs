@@ -679,6 +679,7 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
         (plan.tp > 1 && layout.ffn.is_empty(), "tp:ffn:empty-shard"),
         (plan.tp > 1 && m.vocab as usize % plan.tp != 0, "tp:vocab:padded"),
         (m.moe.as_ref().is_some_and(|moe| moe.top_k > 1), "moe:top-k:multi"),
+        (m.moe.as_ref().is_some_and(|moe| moe.renormalize), "moe:renormalized"),
         (plan.accumulation > 1, "accumulation:multi"),
         (plan.microbatches > 1, "microbatches:multi"),
         (plan.uneven_microbatches(d), "microbatches:uneven"),

@@ -260,13 +260,14 @@ def setup_features(prefix, case):
 
 def moe_setup_features(prefix, m):
     """Features of the model's MoE blocks (none without): the top-k, an auxiliary loss, a capacity that can drop
-    tokens (fewer slots per expert than a sequence's tokens)."""
+    tokens (fewer slots per expert than a sequence's tokens), renormalised gates."""
     case = {"model": m}
     moe = moe_of(case)
     if moe is None:
         return []
     return [f"{prefix}:moe-top{moe['top_k']}"] + ([f"{prefix}:moe-aux-loss"] if moe.get("aux_loss") else []) \
-        + ([f"{prefix}:moe-capacity-drop"] if drops_tokens(case) else [])
+        + ([f"{prefix}:moe-capacity-drop"] if drops_tokens(case) else []) \
+        + ([f"{prefix}:moe-renormalized"] if moe.get("renormalize") else [])
 
 
 def moe_of(case):

@@ -1,15 +1,19 @@
 """The case's `moe` blocks as DeepSpeed's MoE layer (deepspeed-zero): `deepspeed.moe.layer.MoE`, its TopKGate and its
 experts over DeepSpeed's expert-parallel groups (the case's ep; DeepSpeed builds them from the data-parallel ranks).
 
-  gate       top-1 gating (`top1gating`: softmax in fp32, the chosen expert's probability as the gate, not
-             renormalised, as the case's); top-2 and top-k renormalise the chosen gates, which the case does not
-  capacity   DeepSpeed counts the tokens of one forward (a rank's micro-batch), the case a sequence's: a capacity that
-             can drop tokens is expressed where every micro-batch holds one sequence and DeepSpeed's rounding
-             ceil(tokens / experts x capacity_factor) (in float32) gives the case's slots, with `drop_tokens` and
-             without random token selection (`use_rts`: the case keeps each expert's earliest tokens); one that drops
-             none as DeepSpeed's dropless MoE (`drop_tokens=False`), or with `pad_to_capacity` its capacity buffers
-  aux loss   the `l_aux` the layer returns (experts x sum_e f_e P_e over the forward's tokens, the case's per-sequence
-             loss where a micro-batch is one sequence), added to the loss times the case's coefficient, as users add it
+  gate       softmax in fp32; top-1 gating (`top1gating`) takes the chosen expert's probability as the gate (the
+             case's without `renormalize`); top-2 (`top2gating`, without its sampled second expert) and top-k
+             (`topkgating`) divide the chosen gates by their sum (the case's with `renormalize`), over the choices
+             kept after dropping, where the case divides before: so these express no capacity that drops tokens
+  capacity   DeepSpeed counts the tokens of one forward (a rank's micro-batch), the case a sequence's: a top-1
+             capacity that can drop tokens is expressed where every micro-batch holds one sequence and DeepSpeed's
+             rounding ceil(tokens / experts x capacity_factor) (in float32) gives the case's slots, with
+             `drop_tokens` and without random token selection (`use_rts`: the case keeps each expert's earliest
+             tokens); one that drops none as DeepSpeed's dropless MoE (`drop_tokens=False`), or with
+             `pad_to_capacity` its capacity buffers (capacity_factor x top_k in DeepSpeed's rounding)
+  aux loss   the `l_aux` the layer returns (experts x sum_e f_e P_e over the forward's tokens, f_e over every choice:
+             the case's per-sequence loss where a micro-batch is one sequence), added to the loss times the case's
+             coefficient, as users add it; top-2's counts first choices only (not expressed)
   experts    the dense MLP module per expert (DeepSpeed deep-copies the module it is given), expert e on expert-parallel rank
              e // (experts / ep); their gradients reduced over DeepSpeed's expert-data-parallel groups, their
              parameters in the optimizer's MoE groups (`split_params_into_different_moe_groups_for_optimizer`)
@@ -30,9 +34,11 @@ from .torch_model import Mlp
 PREFIX = ".moe.layer."
 
 
-def deepspeed_capacity(tokens, experts, capacity_factor):
-    """DeepSpeed's top-1 capacity for a forward of `tokens` tokens (`sharded_moe._capacity`, min_capacity 0)."""
-    return int(torch.ceil((tokens / experts) * torch.tensor(capacity_factor)).to(torch.int64))
+def deepspeed_capacity(tokens, experts, capacity_factor, k=1):
+    """DeepSpeed's top-k capacity for a forward of `tokens` tokens (`sharded_moe._capacity` of capacity_factor x k,
+    min_capacity 0)."""
+    factor = capacity_factor if k == 1 else capacity_factor * k
+    return int(torch.ceil((tokens / experts) * torch.tensor(factor)).to(torch.int64))
 
 
 def micro_batch_rows(case):
@@ -53,9 +59,16 @@ def unsupported_moe(case):
     moe = moe_of(case)
     if moe is None:
         return None
-    m, p = case["model"], parallel(case)
-    if moe["top_k"] != 1:
-        return "DeepSpeed's top-2 and top-k gating renormalise the chosen experts' gates (the case's are not)"
+    m, p, k = case["model"], parallel(case), moe["top_k"]
+    if (k > 1) != bool(moe.get("renormalize")):
+        return ("DeepSpeed's top-2 and top-k gating renormalise the chosen experts' gates, its top-1 does not (the case: "
+                f"top-{k}, {'renormalised' if moe.get('renormalize') else 'not renormalised'})")
+    if k == 2 and moe.get("aux_loss"):
+        return "DeepSpeed's top-2 l_aux counts each token's first choice only (the case's, every choice)"
+    if k > 1 and drops_tokens(case):
+        return (f"the case's capacity drops tokens (capacity {case_slots(case)}): DeepSpeed's top-{k} renormalises the "
+                "gates over the choices it keeps (the case's over every choice)"
+                + (" and queues second choices after every first one" if k == 2 else ", and keeps the most probable"))
     if p["dp"] % p["ep"]:
         return "DeepSpeed's expert-parallel groups come from the data-parallel ranks: ep must divide dp"
     one_sequence = micro_batch_rows(case) == {1}
@@ -74,7 +87,7 @@ def unsupported_moe(case):
     elif moe.get("pad_to_capacity"):
         # Padded, DeepSpeed applies the capacity factor to every forward, which must then keep all its tokens too.
         short = [r for r in sorted(micro_batch_rows(case))
-                 if deepspeed_capacity(r * m["seq"], moe["experts"], moe["capacity_factor"]) < r * m["seq"]]
+                 if deepspeed_capacity(r * m["seq"], moe["experts"], moe["capacity_factor"], k) < r * m["seq"]]
         if short:
             return (f"DeepSpeed's capacity over a forward of {short[0]} sequence(s) can drop tokens, the case's over a "
                     f"sequence ({case_slots(case)} slots >= seq {m['seq']}) none")
@@ -102,9 +115,10 @@ class DeepSpeedMoe(nn.Module):
         moe, ep = m["moe"], parallel(case)["ep"]
         dropless = not drops_tokens(case) and not moe.get("pad_to_capacity")
         # One expert: the case's dense MLP (the same parameter names, up / gate / down).
-        self.layer = MoE(hidden_size=m["hidden"], expert=Mlp(m), num_experts=moe["experts"], ep_size=ep, k=1,
-                         capacity_factor=moe["capacity_factor"], eval_capacity_factor=moe["capacity_factor"],
-                         min_capacity=0, drop_tokens=not dropless, use_rts=False)
+        self.layer = MoE(hidden_size=m["hidden"], expert=Mlp(m), num_experts=moe["experts"], ep_size=ep,
+                         k=moe["top_k"], capacity_factor=moe["capacity_factor"],
+                         eval_capacity_factor=moe["capacity_factor"], min_capacity=0, drop_tokens=not dropless,
+                         use_rts=False, top2_2nd_expert_sampling=False)
         self.sink = sink
 
     def forward(self, x):

@@ -2,7 +2,9 @@
 SequentialMLP experts (megatron's local spec, no grouped GEMM), over megatron's expert-parallel ranks.
 
   router       TopKRouter, softmax before the top-k (`moe_router_pre_softmax`: the gates are the chosen experts'
-               router probabilities, not renormalised, as the case's); the case's `aux_loss` as megatron's
+               router probabilities, as the case's); with the case's `renormalize`, megatron's default softmax
+               over the chosen experts' logits after the top-k (which megatron refuses for top-1); the case's
+               `aux_loss` as megatron's
                sequence-level load-balancing loss (`seq_aux_loss`: experts x sum_e f_e P_e per sequence, averaged
                over the micro-batch's sequences), scaled into the backward by megatron's schedules
   dispatcher   all-to-all over expert-parallel ranks (and over pipeline stages, whose variable message shapes
@@ -159,7 +161,8 @@ def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
         virtual_pipeline_model_parallel_size=vs if vs > 1 else None, pipeline_dtype=dt,
         variable_seq_lengths=pp > 1, expert_model_parallel_size=parallel(case)["ep"],
         expert_tensor_parallel_size=expert_tensor_parallel(case, tp), sequence_parallel=sp,
-        num_moe_experts=moe["experts"], moe_router_topk=moe["top_k"], moe_router_pre_softmax=True,
+        num_moe_experts=moe["experts"], moe_router_topk=moe["top_k"],
+        moe_router_pre_softmax=not moe.get("renormalize"),
         moe_router_load_balancing_type="seq_aux_loss" if aux else "none", moe_aux_loss_coeff=aux,
         moe_token_dispatcher_type=dispatcher(case), moe_grouped_gemm=False,
         moe_expert_capacity_factor=moe["capacity_factor"] if drops_tokens(case) or padded(case) else None,

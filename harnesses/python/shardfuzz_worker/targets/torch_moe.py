@@ -1,6 +1,7 @@
 """The case's `moe` blocks in plain PyTorch, numerically the Rust reference's (harnesses/src/model/moe.rs): a router
 (no bias) and a softmax over every expert, each token's top-k experts (ties to the lower index), the gates the chosen
-experts' probabilities (not renormalised), a capacity per sequence of ceil(capacity_factor x seq x top_k / experts)
+experts' probabilities (with `renormalize`, divided by their sum over the token's choices, before any is dropped), a
+capacity per sequence of ceil(capacity_factor x seq x top_k / experts)
 slots per expert filled in token order, then choice order (later choices dropped), each expert an MLP like the dense
 one, the outputs summed weighted by their gates. The auxiliary load-balancing loss (experts x sum_e f_e P_e per
 sequence, averaged over the batch's sequences; the counts f_e not differentiated) enters as its gradient on the router
@@ -67,6 +68,7 @@ class Moe(nn.Module):
         h, f, e, bias = m["hidden"], m["ffn"], cfg["experts"], m["bias"]
         self.experts, self.top_k, self.capacity_factor = e, cfg["top_k"], cfg["capacity_factor"]
         self.aux_loss = cfg.get("aux_loss") or 0.0
+        self.renormalize = bool(cfg.get("renormalize"))
         self.swiglu = m.get("activation", "gelu") == "swiglu"
         self.router = nn.Linear(h, e, bias=False)
         self.up = ExpertLinear(e, h, f, bias)
@@ -87,6 +89,8 @@ class Moe(nn.Module):
         if self.aux_loss:
             probs = _AuxLossGradient.apply(probs, self.aux_gradient(chosen, b, s))
         gates = probs.gather(1, chosen)
+        if self.renormalize:
+            gates = gates / gates.sum(-1, keepdim=True)
         kept = self.kept(chosen, b, s)
         out = torch.zeros(b * s, self.top_k, h, dtype=y.dtype)
         for e in range(self.experts):
