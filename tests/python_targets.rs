@@ -1496,26 +1496,41 @@ fn megatron_moe_layers_over_expert_parallel_ranks_train_like_the_reference() {
         // Renormalised gates: megatron's default softmax after the top-k.
         ("tp2-sp-moe-dp2-ep2-renorm-aux-bf16.json", "megatron:moe:tp2:ep2:alltoall:aux-loss"),
         ("moe-allgather-dp1-top3-renorm-f32.json", "megatron:moe:tp1:ep1:allgather"),
+        // Shared experts (megatron's SharedExpertMLP), gated: the gate's gradient summed over the tp ranks under
+        // sequence parallelism (without that sum both of the tp 2 cases are divergent, checked by hand).
+        ("tp2-sp-moe-dp2-ep2-shared-gate-f32.json", "megatron:moe:tp2:ep2:alltoall:shared-expert:gate"),
+        ("tp2-sp-moe-dp2-ep2-shared-gate-swiglu-bf16.json", "megatron:moe:tp2:ep2:alltoall:shared-expert:gate"),
+        ("moe-allgather-dp1-shared-f32.json", "megatron:moe:tp1:ep1:allgather:shared-expert"),
     ];
     let mut args: Vec<String> = ["run", "--json", "--target", "megatron-tp"].iter().map(|s| s.to_string()).collect();
     args.extend(passing.iter().map(|(c, _)| dir.join(c).display().to_string()));
-    // Megatron refuses renormalising one choice (softmax over it is 1, its gradient 0).
-    let rejected = ["tp2-moe-without-sp-rejected-f32.json", "moe-top1-renorm-rejected-f32.json"].map(|c| dir.join(c));
+    // Megatron refuses renormalising one choice (softmax over it is 1, its gradient 0), shared experts with biases,
+    // and a shared expert's width not divisible by tp.
+    let rejected = [
+        "tp2-moe-without-sp-rejected-f32.json",
+        "moe-top1-renorm-rejected-f32.json",
+        "moe-shared-bias-rejected-f32.json",
+        "tp2-sp-moe-shared-ffn-not-divisible-rejected-f32.json",
+    ]
+    .map(|c| dir.join(c));
     let crashes = ["moe-bias-dp1-inplace-crash-f32.json", "tp2-sp-moe-bias-etp1-ep1-crash-f32.json"].map(|c| dir.join(c));
     args.extend(rejected.iter().map(|c| c.display().to_string()));
     args.extend(crashes.iter().map(|c| c.display().to_string()));
     let o = shardfuzz(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
     let vs = verdicts(&o);
-    assert_eq!(vs.len(), passing.len() + 4, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs.len(), passing.len() + rejected.len() + crashes.len(), "{}", String::from_utf8_lossy(&o.stderr));
     for ((case, feature), v) in passing.iter().zip(&vs) {
         assert_eq!(v["kind"], "pass", "{case}: {v}");
         assert!(has_feature(v, feature), "{case}: {feature}: {v}");
     }
-    for v in &vs[passing.len()..passing.len() + 2] {
+    let after = passing.len() + rejected.len();
+    for (v, why) in
+        vs[passing.len()..after].iter().zip(["", "pre-softmax when topk is 1", "bias is not supported in the shared", "not divisible by 2"])
+    {
         assert_eq!(v["kind"], "rejected", "{v}");
+        assert!(reason(v).contains(why), "{v}");
     }
-    assert!(reason(&vs[passing.len() + 1]).contains("pre-softmax when topk is 1"), "{}", vs[passing.len() + 1]);
-    for v in &vs[passing.len() + 2..] {
+    for v in &vs[after..] {
         assert_eq!(v["kind"], "crash", "{v}");
         assert!(reason(v).contains("is a view and is being modified inplace"), "{v}");
     }
@@ -1591,6 +1606,8 @@ fn torch_moe_blocks_under_ddp_fsdp2_and_colossalai_zero_train_like_the_reference
         "dp2-top2-capacity-aux-swiglu-bias-bf16-zero2.json",
         "renorm-dp2-top2-capacity-aux-f32.json",
         "renorm-dp2-top3-capacity-aux-swiglu-bias-bf16.json",
+        "shared-gate-dp2-top2-capacity-aux-f32.json",
+        "renorm-shared-gate-dp2-top2-capacity-aux-swiglu-bias-bf16-zero2.json",
     ] {
         let targets: &[&str] = if case.ends_with("-zero2.json") { &["colossalai-zero"] } else { &["torch-ddp", "torch-fsdp2"] };
         for &target in targets {
@@ -1599,6 +1616,7 @@ fn torch_moe_blocks_under_ddp_fsdp2_and_colossalai_zero_train_like_the_reference
             let has = |suffix: &str| v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().ends_with(suffix));
             assert!(has(":moe-capacity-drop"), "{v}");
             assert_eq!(has(":moe-renormalized"), case.starts_with("renorm-"), "{v}");
+            assert_eq!(has(":moe-shared-expert"), case.contains("shared-"), "{v}");
         }
     }
     // The torch model's optimizer tells vectors by their dimensions: its stacked expert biases would decay.
@@ -1643,6 +1661,7 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
         ("ds-dp2-ep2-top1-renorm-unsupported-f32.json", "its top-1 does not"),
         ("ds-dp2-ep2-top2-renorm-aux-unsupported-f32.json", "top-2 l_aux counts each token's first choice only"),
         ("ds-dp2-ep2-top2-renorm-capacity-drops-unsupported-f32.json", "over the choices it keeps"),
+        ("ds-dp2-ep2-shared-expert-unsupported-f32.json", "has no shared expert"),
         ("ds-dp2-ep2-capacity-micro-batch-of-two-unsupported-f32.json", "counts micro-batches of [2] sequences"),
         ("ds-dp2-ep2-padded-capacity-drops-in-a-forward-unsupported-f32.json", "over a forward of 2 sequence(s) can drop"),
     ] {

@@ -105,6 +105,9 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         // (Renormalised gates come from the `moe-routing` and `moe-renormalize` mutators, for the reason given in
         // `parallel`.)
         renormalize: false,
+        // (So do shared experts, from `moe-shared-expert`.)
+        shared_ffn: None,
+        shared_gate: false,
     });
     Ok(Model {
         vocab: u.int_in_range(2..=32)?,

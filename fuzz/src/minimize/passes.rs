@@ -108,6 +108,8 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.label_smoothing.is_some(),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.pad_to_capacity),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.renormalize),
+        case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.shared_ffn.is_some()),
+        case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.shared_gate),
     ];
     set.iter().filter(|&&x| x).count() as u64
 }
@@ -333,6 +335,18 @@ fn smaller_dims(case: &Case) -> Vec<Case> {
         }
         if moe.renormalize {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().renormalize = false));
+        }
+        if moe.shared_ffn.is_some() {
+            out.push(with(case, |c| {
+                let moe = c.model.as_mut().unwrap().moe.as_mut().unwrap();
+                (moe.shared_ffn, moe.shared_gate) = (None, false);
+            }));
+        }
+        if moe.shared_gate {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().shared_gate = false));
+        }
+        for fs in smaller(moe.shared_ffn.unwrap_or(1)) {
+            out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().shared_ffn = Some(fs)));
         }
         for k in smaller(moe.top_k) {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().top_k = k));

@@ -81,6 +81,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("moe-capacity-drops", model::moe_capacity_drops),
     ("moe-pad-to-capacity", model::moe_pad_to_capacity),
     ("moe-renormalize", model::moe_renormalize),
+    ("moe-shared-expert", model::moe_shared_expert),
     ("dtype", train::dtype),
     ("distribution", train::distribution),
     ("ignored-targets", train::ignored_targets),

@@ -91,6 +91,8 @@ pub fn add_layer(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
             aux_loss: None,
             pad_to_capacity: false,
             renormalize: rng.gen_bool(0.5),
+            shared_ffn: None,
+            shared_gate: false,
         });
     }
     true
@@ -136,6 +138,8 @@ pub fn moe_routing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         aux_loss: *AUX_LOSS_COEFFICIENTS.choose(rng).unwrap_or(&None),
         pad_to_capacity: m.moe.as_ref().is_some_and(|c| c.pad_to_capacity),
         renormalize: rng.gen_bool(0.5),
+        shared_ffn: m.moe.as_ref().and_then(|c| c.shared_ffn),
+        shared_gate: m.moe.as_ref().is_some_and(|c| c.shared_gate),
     });
     if !m.layers.contains(&LayerKind::Moe) {
         m.layers.push(LayerKind::Moe);
@@ -155,6 +159,22 @@ pub fn moe_pad_to_capacity(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
 pub fn moe_renormalize(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     let Some(moe) = c.model.as_mut().and_then(|m| m.moe.as_mut()) else { return false };
     moe.renormalize = !moe.renormalize;
+    true
+}
+
+/// A shared expert added (of a width from 1 to 8, gated or not), its gate switched, or the shared expert removed (a
+/// case with MoE blocks only).
+pub fn moe_shared_expert(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(moe) = c.model.as_mut().and_then(|m| m.moe.as_mut()) else { return false };
+    match (moe.shared_ffn, rng.gen_range(0..3)) {
+        (None, _) => {
+            moe.shared_ffn = Some(rng.gen_range(1..=8));
+            moe.shared_gate = rng.gen_bool(0.5);
+        }
+        (Some(_), 0) => moe.shared_gate = !moe.shared_gate,
+        (Some(_), 1) => moe.shared_ffn = Some(rng.gen_range(1..=8)),
+        (Some(_), _) => (moe.shared_ffn, moe.shared_gate) = (None, false),
+    }
     true
 }
 
@@ -179,6 +199,8 @@ pub fn moe_capacity_drops(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         aux_loss,
         pad_to_capacity,
         renormalize,
+        shared_ffn: m.moe.as_ref().and_then(|c| c.shared_ffn),
+        shared_gate: m.moe.as_ref().is_some_and(|c| c.shared_gate),
     });
     if !m.layers.contains(&LayerKind::Moe) {
         let at = rng.gen_range(0..=m.layers.len());

@@ -138,6 +138,15 @@ pub struct MoeConfig {
     /// Mixtral's `norm_topk_prob`. With top_k = 1 every gate is 1 and the router learns from the aux loss alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub renormalize: bool,
+    /// Width of a shared expert every token passes through, its output added to the routed experts' (Megatron's
+    /// `moe_shared_expert_intermediate_size`; DeepSeek's and Qwen's MoE): an MLP with the block's activation and no
+    /// biases, `moe.shared.{up,gate,down}.weight`. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_ffn: Option<u32>,
+    /// The shared expert's output scaled per token by sigmoid(x · w), w the `[hidden, 1]` parameter
+    /// `moe.shared_gate.weight` (Megatron's `moe_shared_expert_gate`). Needs `shared_ffn`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_gate: bool,
 }
 
 /// What a parameter is, which decides how it is initialised and sharded.
@@ -255,6 +264,17 @@ impl Model {
                     push(format!("{pre}.moe.down.weight"), vec![e, f, h], ParamRole::ExpertWeight, f);
                     if self.bias {
                         push(format!("{pre}.moe.down.bias"), vec![e, h], ParamRole::ExpertBias, f);
+                    }
+                    if let Some(moe) = self.moe.as_ref().filter(|m| m.shared_ffn.is_some()) {
+                        let fs = moe.shared_ffn.unwrap_or(0) as usize;
+                        push(format!("{pre}.moe.shared.up.weight"), vec![h, fs], ParamRole::Weight, h);
+                        if swiglu {
+                            push(format!("{pre}.moe.shared.gate.weight"), vec![h, fs], ParamRole::Weight, h);
+                        }
+                        push(format!("{pre}.moe.shared.down.weight"), vec![fs, h], ParamRole::Weight, fs);
+                        if moe.shared_gate {
+                            push(format!("{pre}.moe.shared_gate.weight"), vec![h, 1], ParamRole::Router, h);
+                        }
                     }
                 }
             }

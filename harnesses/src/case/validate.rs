@@ -190,7 +190,8 @@ impl Case {
             let t = m.tokens() as u64;
             let (h, f, v) = (m.hidden as u64, m.ffn as u64, m.vocab as u64);
             let experts = m.moe.as_ref().map_or(1, |c| c.experts as u64);
-            let per_layer = t * (12 * h + 4 * f * experts.min(4)) + t * m.seq as u64 * m.heads as u64 * 2;
+            let shared = m.moe.as_ref().and_then(|c| c.shared_ffn).unwrap_or(0) as u64;
+            let per_layer = t * (12 * h + 4 * f * experts.min(4) + 4 * shared) + t * m.seq as u64 * m.heads as u64 * 2;
             let acts = per_layer * m.block_sequence().len() as u64 + t * (4 * h + 3 * v);
             // param, grad, two optimizer states, initial copy; activations kept for backward.
             params * 5 + acts * 2
@@ -249,6 +250,11 @@ fn validate_model(m: &Model, r: &mut Report) {
             r.finite_at_least("model.moe.capacity_factor", c.capacity_factor.get(), 0.0, true);
             if let Some(a) = c.aux_loss {
                 r.finite_at_least("model.moe.aux_loss", a.get(), 0.0, false);
+            }
+            match c.shared_ffn {
+                Some(fs) => r.at_least_one("model.moe.shared_ffn", fs as u64),
+                None if c.shared_gate => r.fail("model.moe.shared_gate", "needs model.moe.shared_ffn (a shared expert to gate)"),
+                None => {}
             }
         }
         (None, false) => {}

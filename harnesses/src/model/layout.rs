@@ -29,6 +29,8 @@ pub struct Layout {
     pub kv_replicated: bool,
     /// FFN columns held (uneven allowed, possibly empty).
     pub ffn: Range<usize>,
+    /// Columns of a MoE block's shared expert held (the same split, of its own width).
+    pub shared_ffn: Range<usize>,
     /// Rows of the (padded) vocabulary held.
     pub vocab: Range<usize>,
     pub vocab_padded: usize,
@@ -79,6 +81,7 @@ impl Layout {
             kv_heads,
             kv_replicated,
             ffn: chunk_range(m.ffn as usize, tp, rank),
+            shared_ffn: chunk_range(m.moe.as_ref().and_then(|c| c.shared_ffn).unwrap_or(0) as usize, tp, rank),
             vocab: rank * per..(rank + 1) * per,
             vocab_padded,
             vocab_real: v,

@@ -12,6 +12,7 @@ mod embed;
 mod layout;
 mod moe;
 mod region;
+mod shared_expert;
 
 pub use blocks::{block_bwd, block_fwd, BlockCache};
 pub use bugs::{Bug, Bugs};

@@ -6,6 +6,7 @@ use shardfuzz_kernels as k;
 
 use super::blocks::{activation_bwd, activation_fwd, NormState};
 use super::region::{exit_bwd, exit_fwd, Geom};
+use super::shared_expert::{shared_bwd, shared_fwd, SharedState};
 use super::{accumulate, mat, Bug, CResult, Ctx, Mat, ParamSet};
 use crate::tensor::Tensor;
 
@@ -42,6 +43,7 @@ pub struct MoeCache {
     runs: Vec<(usize, ExpertRun)>,
     /// Row counts received from each member.
     received: Vec<usize>,
+    shared: Option<Box<SharedState>>,
 }
 
 fn ep_size(ctx: &Ctx) -> usize {
@@ -120,9 +122,13 @@ pub fn moe_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: 
     let (out_msgs, runs) = run_experts(ctx, pre, params, &recv, h);
     let back = exchange(ctx, out_msgs)?;
     let combine = if drop_bug { kept_only } else { sent.clone() };
-    let (partial, results) = combine_outputs(ctx, back, &combine, &routing, y.nrows(), h);
+    let (mut partial, results) = combine_outputs(ctx, back, &combine, &routing, y.nrows(), h);
+    let shared = shared_fwd(ctx, pre, params, &y).map(|(out, st)| {
+        partial = k::add(ctx.p, &partial, &out);
+        Box::new(st)
+    });
     let out = exit_fwd(ctx, g, partial)?;
-    Ok((out, MoeCache { norm, y, routing, aux, sent, combine, results, runs, received }))
+    Ok((out, MoeCache { norm, y, routing, aux, sent, combine, results, runs, received, shared }))
 }
 
 /// Top-k routing of every token; the noise members' near-tie flips and gate jitter applied.
@@ -308,6 +314,9 @@ pub fn moe_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MoeCache,
     if ctx.tp_index() == 0 {
         let dy_router = k::matmul_nt(ctx.p, &dlogits, &wr);
         dy = k::add(ctx.p, &dy, &dy_router);
+    }
+    if let Some(shared) = &st.shared {
+        dy = k::add(ctx.p, &dy, &shared_bwd(ctx, pre, params, shared, &st.y, &dout, grads)?);
     }
     Ok(dy)
 }

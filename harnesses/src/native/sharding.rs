@@ -16,6 +16,8 @@ pub enum Split {
     /// Key/value heads × head_dim (one replicated head when kv_heads < tp).
     KvHeads,
     Ffn,
+    /// Columns of a MoE block's shared expert.
+    SharedFfn,
     /// Rows of the padded vocabulary.
     Vocab,
 }
@@ -51,6 +53,8 @@ pub fn placement(spec: &ParamSpec) -> ParamPlacement {
         // Row-parallel biases are added once after the reduction: replicated.
         _ if n.ends_with("o.bias") || n.ends_with("down.bias") => Replicate,
         _ if n.ends_with("mlp.down.weight") => shard(0, Ffn),
+        _ if n.ends_with("moe.shared.down.weight") => shard(0, SharedFfn),
+        _ if n.contains(".moe.shared.") => shard(1, SharedFfn),
         _ if n.ends_with("moe.down.weight") => shard(1, Ffn),
         _ if n.starts_with("layers.") && n.contains(".mlp.") => shard(if spec.shape.len() == 1 { 0 } else { 1 }, Ffn),
         _ if n.contains(".moe.") => shard(spec.shape.len() - 1, Ffn),
@@ -64,6 +68,7 @@ fn split_range(layout: &Layout, split: Split, head_dim: usize) -> Range<usize> {
         Split::Heads => layout.heads.start * head_dim..layout.heads.end * head_dim,
         Split::KvHeads => layout.kv_heads.start * head_dim..layout.kv_heads.end * head_dim,
         Split::Ffn => layout.ffn.clone(),
+        Split::SharedFfn => layout.shared_ffn.clone(),
         Split::Vocab => layout.vocab.clone(),
     }
 }

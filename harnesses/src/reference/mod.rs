@@ -403,6 +403,37 @@ mod tests {
         }
     }
 
+    /// A gated shared expert's gradients (its MLP and its gate) are the loss's derivatives: each checked against a
+    /// central difference of the f64 loss along a random direction.
+    #[test]
+    fn shared_expert_gradients_match_finite_differences() {
+        let text = r#"{"schema": 1, "name": "shared", "parallel": {"dp": 1, "tp": 1, "pp": 1}, "model": {"vocab": 13,
+            "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4, "batch": 2, "layers": ["moe"], "activation": "swiglu",
+            "bias": false, "moe": {"experts": 4, "top_k": 2, "capacity_factor": 2.0, "renormalize": true, "shared_ffn": 5,
+            "shared_gate": true}}, "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.0}, "dtype": "f64"},
+            "data": {"seed": 11}}"#;
+        let case = Case::from_json(text).unwrap();
+        let inputs = Inputs::generate(&case);
+        let out = run(&case, &inputs, DType::F64).unwrap();
+        let loss = |inputs: &Inputs| run(&case, inputs, DType::F64).unwrap().tensor("loss/step0").unwrap().data[0];
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for name in ["shared.up", "shared.gate", "shared.down", "shared_gate", "router"].map(|n| format!("layers.0.moe.{n}.weight")) {
+            let dir: Vec<f64> = (0..inputs.tensor(&name).unwrap().data.len()).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let moved = |h: f64| {
+                let mut moved = inputs.clone();
+                let t = &mut moved.tensors.iter_mut().find(|(n, _)| *n == name).unwrap().1;
+                t.data.iter_mut().zip(&dir).for_each(|(w, d)| *w += h * d);
+                loss(&moved)
+            };
+            let h = 1e-5;
+            let numeric = (moved(h) - moved(-h)) / (2.0 * h);
+            let grad = out.tensor(&format!("grad/{name}")).unwrap();
+            let analytic: f64 = grad.data.iter().zip(&dir).map(|(g, d)| g * d).sum();
+            assert!((numeric - analytic).abs() <= 1e-6 * (1.0 + analytic.abs()), "{name}: {numeric} vs {analytic}");
+        }
+    }
+
     /// `no_decay_vectors`: biases and norm weights step without weight decay, matrices with it.
     #[test]
     fn vectors_step_without_weight_decay_in_their_own_group() {

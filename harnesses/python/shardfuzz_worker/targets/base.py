@@ -260,14 +260,15 @@ def setup_features(prefix, case):
 
 def moe_setup_features(prefix, m):
     """Features of the model's MoE blocks (none without): the top-k, an auxiliary loss, a capacity that can drop
-    tokens (fewer slots per expert than a sequence's tokens), renormalised gates."""
+    tokens (fewer slots per expert than a sequence's tokens), renormalised gates, a shared expert."""
     case = {"model": m}
     moe = moe_of(case)
     if moe is None:
         return []
     return [f"{prefix}:moe-top{moe['top_k']}"] + ([f"{prefix}:moe-aux-loss"] if moe.get("aux_loss") else []) \
         + ([f"{prefix}:moe-capacity-drop"] if drops_tokens(case) else []) \
-        + ([f"{prefix}:moe-renormalized"] if moe.get("renormalize") else [])
+        + ([f"{prefix}:moe-renormalized"] if moe.get("renormalize") else []) \
+        + ([f"{prefix}:moe-shared-expert"] if moe.get("shared_ffn") else [])
 
 
 def moe_of(case):

@@ -69,6 +69,8 @@ def unsupported_moe(case):
         return (f"the case's capacity drops tokens (capacity {case_slots(case)}): DeepSpeed's top-{k} renormalises the "
                 "gates over the choices it keeps (the case's over every choice)"
                 + (" and queues second choices after every first one" if k == 2 else ", and keeps the most probable"))
+    if moe.get("shared_ffn"):
+        return "DeepSpeed's MoE layer has no shared expert (its use_residual is PR-MoE's learned mix of two outputs)"
     if p["dp"] % p["ep"]:
         return "DeepSpeed's expert-parallel groups come from the data-parallel ranks: ep must divide dp"
     one_sequence = micro_batch_rows(case) == {1}

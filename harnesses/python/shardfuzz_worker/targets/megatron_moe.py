@@ -19,6 +19,10 @@ SequentialMLP experts (megatron's local spec, no grouped GEMM), over megatron's 
                capacity that can drop tokens is expressed when tp is 1 and every micro-batch holds one sequence
                (and megatron's capacity rounds to the case's slots); one that drops none is megatron's dropless MoE;
                `pad_to_capacity` megatron's drop-and-pad dispatch (`moe_pad_expert_input_to_capacity`)
+  shared       the case's `shared_ffn` as megatron's SharedExpertMLP (`moe_shared_expert_intermediate_size`, split
+               over the tensor-parallel ranks like the dense MLP; megatron takes it without biases only), its
+               `shared_gate` as `moe_shared_expert_gate` (a replicated [1, hidden] weight applied to each rank's
+               sequence-parallel shard, its gradient summed over the tensor-parallel ranks as megatron marks it)
 
 Expert parameters and gradients are reported in the case's layout ([experts, in, out]) on every rank of the stage:
 the local experts' slices all-gathered over the expert-tensor- and expert-parallel groups."""
@@ -52,9 +56,9 @@ def unsupported_moe(case):
             return why
     if m.get("activation") == "swiglu":
         for i, kind in enumerate(m["layers"]):
-            pre = f"layers.{i}.moe."
-            if kind == "moe" and is_frozen(case, pre + "up.weight") != is_frozen(case, pre + "gate.weight"):
-                return "megatron's gated expert MLP holds gate and up in one matrix: they freeze together"
+            for pre in (f"layers.{i}.moe.", f"layers.{i}.moe.shared."):
+                if kind == "moe" and is_frozen(case, pre + "up.weight") != is_frozen(case, pre + "gate.weight"):
+                    return "megatron's gated expert MLP holds gate and up in one matrix: they freeze together"
     if p["ep"] > 1 and p["dp"] % p["ep"]:
         return "megatron's expert-parallel ranks come from the data-parallel ones: ep must divide dp"
     return None
@@ -118,7 +122,8 @@ def moe_features(case):
         [f"{base}:glu"] if m.get("activation") == "swiglu" else []) + (
         [f"{base}:pp{p['pp']}"] if p["pp"] > 1 else []) + (
         [f"{base}:capacity-drop"] if drops_tokens(case) else []) + (
-        [f"{base}:pad-to-capacity"] if padded(case) else [])
+        [f"{base}:pad-to-capacity"] if padded(case) else []) + (
+        [f"{base}:shared-expert" + (":gate" if moe.get("shared_gate") else "")] if moe.get("shared_ffn") else [])
 
 
 def patch_moe_host_copies():
@@ -167,6 +172,7 @@ def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
         moe_token_dispatcher_type=dispatcher(case), moe_grouped_gemm=False,
         moe_expert_capacity_factor=moe["capacity_factor"] if drops_tokens(case) or padded(case) else None,
         moe_token_drop_policy="position", moe_pad_expert_input_to_capacity=padded(case), add_bias_linear=m.get("bias", True),
+        moe_shared_expert_intermediate_size=moe.get("shared_ffn"), moe_shared_expert_gate=bool(moe.get("shared_gate")),
         gated_linear_unit=swiglu, activation_func=F.silu if swiglu else functools.partial(F.gelu, approximate="tanh"),
         bias_activation_fusion=False, use_cpu_initialization=True, perform_initialization=False, params_dtype=dt,
         bf16=dt == torch.bfloat16, fp16=dt == torch.float16, calculate_per_token_loss=per_token)
@@ -228,6 +234,10 @@ def case_pieces(name, swiglu):
         return [(pre + "router.weight", "router")]
     if rest == "router.bias":
         return []
+    if rest == "shared_experts.gate_weight":
+        return [(pre + "shared_gate.weight", "shared_gate")]
+    if rest.startswith("shared_experts."):
+        pre += "shared."
     leaf = rest.rsplit(".", 1)[-1]
     if ".linear_fc1." in rest:
         return [(pre + f"gate.{leaf}", "gate"), (pre + f"up.{leaf}", "up")] if swiglu else [(pre + f"up.{leaf}", "up")]
@@ -266,6 +276,25 @@ def load_moe(block_name, moe, inputs, dt, swiglu):
             if expert.linear_fc1.bias is not None:
                 _copy(expert.linear_fc1.bias, torch.cat([case(k, "bias")[lo:hi] for k in fc1]), dt)
                 _copy(expert.linear_fc2.bias, case("down", "bias"), dt)
+        if moe.layer.shared_experts is not None:
+            _load_shared(moe.layer.shared_experts, pre, inputs, dt, swiglu)
+
+
+def _load_shared(shared, pre, inputs, dt, swiglu):
+    """The case's shared expert (`{pre}shared.…`, `{pre}shared_gate.weight`) into megatron's SharedExpertMLP: this
+    tensor-parallel rank's ffn slice."""
+    from megatron.core import parallel_state as ps
+
+    def case(kind):
+        return torch.tensor(inputs[pre + f"shared.{kind}.weight"])
+
+    lo, hi = chunk_range(case("up").shape[-1], ps.get_tensor_model_parallel_world_size(),
+                         ps.get_tensor_model_parallel_rank())
+    fc1 = ("gate", "up") if swiglu else ("up",)
+    _copy(shared.linear_fc1.weight, torch.cat([case(k)[:, lo:hi].t() for k in fc1]), dt)
+    _copy(shared.linear_fc2.weight, case("down")[lo:hi].t(), dt)
+    if shared.gate_weight is not None:
+        _copy(shared.gate_weight, torch.tensor(inputs[pre + "shared_gate.weight"]).t(), dt)
 
 
 def _copy(param, src, dt):
@@ -287,7 +316,9 @@ def to_case_layout(tensors, swiglu):
     for name in names:  # (local experts in index order: expert 10 after expert 9)
         t = torch.from_numpy(np.ascontiguousarray(tensors[name]))
         for (case_name, role), piece in zip(case_pieces(name, swiglu), _split_fc1(name, t, swiglu)):
-            if role == "router":
+            if ".shared_experts." in name:
+                out[case_name] = _gather_shared(role, piece)
+            elif role == "router":
                 out[case_name] = piece.t().contiguous().numpy()
             else:
                 pieces.setdefault(case_name, []).append(piece)
@@ -300,10 +331,26 @@ def _split_fc1(name, t, swiglu):
     """megatron's local tensor `t` of parameter `name` as the case-layout pieces case_pieces names."""
     if name.endswith("router.weight"):
         return [t]
+    if name.endswith("shared_experts.gate_weight"):
+        return [t.t()]
     if ".linear_fc1." in name:
         parts = t.chunk(2) if swiglu else [t]
         return [p.t() if p.dim() == 2 else p for p in parts]
     return [t.t() if t.dim() == 2 else t]
+
+
+def _gather_shared(role, local):
+    """A shared-expert piece in the case's layout, its ffn slices gathered over the tensor-parallel ranks (the gate's
+    weight is whole on each)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    if role == "shared_gate" or tp == 1:
+        return local.contiguous().numpy()
+    parts = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=0 if role == "down" else 1).numpy()
 
 
 def _gather_experts(case_name, local):

@@ -91,7 +91,7 @@ class Block(nn.Module):
         if kind == "attention":
             self.attn = Attention(m)
         elif kind == "moe":
-            self.moe = Moe(m)
+            self.moe = Moe(m, Mlp)
         else:
             self.mlp = Mlp(m)
 
@@ -260,7 +260,8 @@ def unsupported_sparse_embedding(case):
 
 def is_linear_weight(name):
     """Whether `name` is an `nn.Linear` weight ([out, in]; the case holds it [in, out])."""
-    return name.endswith(".weight") and (".attn." in name or ".mlp." in name or name.endswith(".moe.router.weight"))
+    return name.endswith(".weight") and (".attn." in name or ".mlp." in name or name.endswith(".moe.router.weight")
+                                         or ".moe.shared." in name or name.endswith(".moe.shared_gate.weight"))
 
 
 def load_case_params(model, inputs, dtype):

@@ -5,7 +5,9 @@ capacity per sequence of ceil(capacity_factor x seq x top_k / experts)
 slots per expert filled in token order, then choice order (later choices dropped), each expert an MLP like the dense
 one, the outputs summed weighted by their gates. The auxiliary load-balancing loss (experts x sum_e f_e P_e per
 sequence, averaged over the batch's sequences; the counts f_e not differentiated) enters as its gradient on the router
-probabilities, as the reference adds it, in the units `set_aux_unit` gives.
+probabilities, as the reference adds it, in the units `set_aux_unit` gives. A shared expert (`shared_ffn`) is an MLP
+without biases every token passes through, added to the routed output, scaled per token by sigmoid(x . w) with
+`shared_gate`.
 
 Parameters hold every expert stacked as the case does: `up.weight` [experts, hidden, ffn], `up.bias` [experts, ffn],
 `down.weight` [experts, ffn, hidden]; the router is an nn.Linear ([experts, hidden])."""
@@ -62,7 +64,9 @@ class _AuxLossGradient(torch.autograd.Function):
 
 
 class Moe(nn.Module):
-    def __init__(self, m):
+    """`mlp` builds the shared expert from a model dict (torch_model.Mlp; passed in, as torch_model imports this)."""
+
+    def __init__(self, m, mlp=None):
         super().__init__()
         cfg = m["moe"]
         h, f, e, bias = m["hidden"], m["ffn"], cfg["experts"], m["bias"]
@@ -75,6 +79,9 @@ class Moe(nn.Module):
         if self.swiglu:
             self.gate = ExpertLinear(e, h, f, bias)
         self.down = ExpertLinear(e, f, h, bias)
+        if cfg.get("shared_ffn"):
+            self.shared = mlp({**m, "ffn": cfg["shared_ffn"], "bias": False})
+            self.shared_gate = nn.Linear(h, 1, bias=False) if cfg.get("shared_gate") else None
 
     def expert(self, x, e):
         if self.swiglu:
@@ -97,7 +104,13 @@ class Moe(nn.Module):
             tok, choice = ((chosen == e) & kept).nonzero(as_tuple=True)
             if len(tok):
                 out = out.index_put((tok, choice), self.expert(y[tok], e))
-        return (out * gates.unsqueeze(-1)).sum(1).view(b, s, h)
+        routed = (out * gates.unsqueeze(-1)).sum(1)
+        if hasattr(self, "shared"):
+            shared = self.shared(y)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(self.shared_gate(y))
+            routed = routed + shared
+        return routed.view(b, s, h)
 
     def kept(self, chosen, b, s):
         """[tokens, top_k]: whether each choice got a slot of its expert's capacity in its sequence."""
