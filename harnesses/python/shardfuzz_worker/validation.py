@@ -90,8 +90,6 @@ _MEGATRON_DIVISIBILITY = [
     ("megatron/core/transformer/moe/moe_layer.py", "forward", "without also enabling sequence parallelism"),
     # Its checks of the experts against the expert-parallel ranks (`num_moe_experts % ep_size == 0`).
     ("megatron/core/transformer/moe/moe_layer.py", "__init__", None),
-    # Its shared experts' refusal of biases ("bias is not supported in the shared experts").
-    ("megatron/core/transformer/moe/shared_experts.py", "__init__", "bias is not supported in the shared experts"),
 ]
 
 _MEGATRON_TRAINING = [

@@ -20,7 +20,8 @@ SequentialMLP experts (megatron's local spec, no grouped GEMM), over megatron's 
                (and megatron's capacity rounds to the case's slots); one that drops none is megatron's dropless MoE;
                `pad_to_capacity` megatron's drop-and-pad dispatch (`moe_pad_expert_input_to_capacity`)
   shared       the case's `shared_ffn` as megatron's SharedExpertMLP (`moe_shared_expert_intermediate_size`, split
-               over the tensor-parallel ranks like the dense MLP; megatron takes it without biases only), its
+               over the tensor-parallel ranks like the dense MLP; megatron takes it without biases only: a model
+               with biases is refused, as megatron asserts on the stages holding a MoE block only), its
                `shared_gate` as `moe_shared_expert_gate` (a replicated [1, hidden] weight applied to each rank's
                sequence-parallel shard, its gradient summed over the tensor-parallel ranks as megatron marks it)
 
@@ -61,6 +62,9 @@ def unsupported_moe(case):
                     return "megatron's gated expert MLP holds gate and up in one matrix: they freeze together"
     if p["ep"] > 1 and p["dp"] % p["ep"]:
         return "megatron's expert-parallel ranks come from the data-parallel ones: ep must divide dp"
+    if moe.get("shared_ffn") and m.get("bias", True):
+        # (megatron asserts it in SharedExpertMLP.__init__, on the pipeline stages that hold a MoE block only)
+        return "megatron's shared experts take no biases, its other linear layers take them with the model's"
     return None
 
 
