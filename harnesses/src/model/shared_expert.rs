@@ -56,7 +56,7 @@ pub fn shared_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &SharedState, y: 
     let dt = ctx.dtype();
     let (draw, dy_gate) = match &st.score {
         None => (dout.clone(), None),
-        Some(s) => (scale_rows(ctx, dout, s), gate_bwd(ctx, pre, params, st, s, y, dout, grads)?),
+        Some(s) => (scale_rows(ctx, dout, s), Some(gate_bwd(ctx, pre, params, st, y, dout, grads)?)),
     };
     let wd_name = weight_name(pre, "down");
     let wd = mat(params, &wd_name);
@@ -77,19 +77,9 @@ pub fn shared_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &SharedState, y: 
 }
 
 /// The gate's backward: d score per token is the row dot of the output gradient with the MLP's output, a sum over
-/// the group (each rank holds a partial output); the gate weight's gradient, and its input gradient on rank 0
-/// (every rank computes the replicated gate alike).
-#[allow(clippy::too_many_arguments)]
-fn gate_bwd(
-    ctx: &Ctx,
-    pre: &str,
-    params: &ParamSet,
-    st: &SharedState,
-    s: &Mat,
-    y: &Mat,
-    dout: &Mat,
-    grads: &mut ParamSet,
-) -> CResult<Option<Mat>> {
+/// the group (each rank holds a partial output); the gate weight's gradient accumulated, its input gradient returned.
+fn gate_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, st: &SharedState, y: &Mat, dout: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
+    let s = st.score.as_ref().expect("a gated shared expert");
     let acc = ctx.p.acc();
     let mut dscore: Vec<f64> = dout
         .rows()
@@ -108,5 +98,7 @@ fn gate_bwd(
     let w = mat(params, &name);
     let dw = k::matmul_tn(ctx.p, y, &dlogit);
     accumulate(grads, &name, &[w.nrows(), w.ncols()], dw.as_slice().expect("std"), ctx.dtype());
-    Ok((ctx.tp_index() == 0).then(|| k::matmul_nt(ctx.p, &dlogit, &w)))
+    // Every rank computes the replicated gate alike: its input gradient is added once (rank 0).
+    let dy = k::matmul_nt(ctx.p, &dlogit, &w);
+    Ok(if ctx.tp_index() == 0 { dy } else { Mat::zeros(dy.raw_dim()) })
 }
