@@ -31,7 +31,7 @@ pub fn gelu_bwd(p: Prec, x: &Array2<f64>, dy: &Array2<f64>) -> Array2<f64> {
     })
 }
 
-fn sigmoid(v: f64) -> f64 {
+pub fn sigmoid(v: f64) -> f64 {
     1.0 / (1.0 + (-v).exp())
 }
 

@@ -20,7 +20,7 @@ mod softmax;
 #[cfg(test)]
 mod testutil;
 
-pub use activation::{gelu_bwd, gelu_fwd, relu_bwd, relu_fwd, silu_bwd, silu_fwd, swiglu_bwd, swiglu_fwd};
+pub use activation::{gelu_bwd, gelu_fwd, relu_bwd, relu_fwd, sigmoid, silu_bwd, silu_fwd, swiglu_bwd, swiglu_fwd};
 pub use attention::{attention_bwd, attention_fwd, AttnCache, AttnShape};
 pub use clip::{clip_coefficient, scale_in_place, sum_squares};
 pub use dtype::DType;

@@ -36,13 +36,18 @@ impl Routing {
     }
 }
 
-/// The chosen experts' probabilities, divided by their sum per token when `renormalize` (the sum taken in
-/// the case dtype's accumulator, the quotient rounded to it).
+/// Token `t`'s probabilities summed over its chosen experts `ex`, in the case dtype's accumulator.
+fn chosen_sum(p: Prec, probs: &Array2<f64>, ex: &[usize], t: usize) -> f64 {
+    ex.iter().fold(0.0, |s, &e| p.acc().round(s + probs[[t, e]]))
+}
+
+/// The chosen experts' probabilities, divided by their sum per token when `renormalize` (the quotient rounded to
+/// the case dtype).
 pub fn chosen_gates(p: Prec, probs: &Array2<f64>, experts: &[Vec<usize>], renormalize: bool) -> Array2<f64> {
     let k = experts.first().map_or(0, Vec::len);
     let mut gates = Array2::zeros((probs.nrows(), k));
     for (t, ex) in experts.iter().enumerate() {
-        let sum = ex.iter().fold(0.0, |s, &e| p.acc().round(s + probs[[t, e]]));
+        let sum = chosen_sum(p, probs, ex, t);
         for (c, &e) in ex.iter().enumerate() {
             gates[[t, c]] = if renormalize { p.r(probs[[t, e]] / sum) } else { probs[[t, e]] };
         }
@@ -65,7 +70,7 @@ fn dchosen(p: Prec, routing: &Routing, dgates: &Array2<f64>, t: usize) -> Vec<f6
         return (0..ex.len()).map(|c| dgates[[t, c]]).collect();
     }
     let acc = p.acc();
-    let sum = ex.iter().fold(0.0, |s, &e| acc.round(s + routing.probs[[t, e]]));
+    let sum = chosen_sum(p, &routing.probs, ex, t);
     let gate = |e: usize| acc.round(routing.probs[[t, e]] / sum);
     let dot = ex.iter().enumerate().fold(0.0, |s, (c, &e)| acc.round(s + acc.round(dgates[[t, c]] * gate(e))));
     (0..ex.len()).map(|c| p.r(acc.round(dgates[[t, c]] - dot) / sum)).collect()

@@ -345,7 +345,7 @@ fn smaller_dims(case: &Case) -> Vec<Case> {
         if moe.shared_gate {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().shared_gate = false));
         }
-        for fs in smaller(moe.shared_ffn.unwrap_or(1)) {
+        for fs in moe.shared_ffn.map(smaller).unwrap_or_default() {
             out.push(with(case, |c| c.model.as_mut().unwrap().moe.as_mut().unwrap().shared_ffn = Some(fs)));
         }
         for k in smaller(moe.top_k) {

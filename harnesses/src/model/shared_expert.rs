@@ -44,7 +44,7 @@ pub fn shared_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, y: &Mat) -> Option<(M
     let raw = k::matmul(ctx.p, &act, &mat(params, &weight_name(pre, "down")));
     let score = params.get(&gate_name(pre)).map(|_| {
         let logits = k::matmul(ctx.p, y, &mat(params, &gate_name(pre)));
-        logits.mapv(|v| ctx.p.r(1.0 / (1.0 + (-v).exp())))
+        logits.mapv(|v| ctx.p.r(k::sigmoid(v)))
     });
     let out = score.as_ref().map_or_else(|| raw.clone(), |s| scale_rows(ctx, &raw, s));
     Some((out, SharedState { up, gate, act, raw, score }))
