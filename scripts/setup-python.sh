@@ -67,7 +67,7 @@ case ${1:-} in
     shift 2
     [[ $# -gt 0 ]] || { echo "setup-python: --env $name: name the framework releases (e.g. torch==2.9.1)" >&2; exit 2; }
     env_dir=.venv-$name
-    req_line="$* numpy safetensors ml_dtypes expecttest"
+    req_line="$* numpy safetensors ml_dtypes expecttest einops"
     if [[ -f $env_dir/.shardfuzz-requirements ]] && [[ $(cat "$env_dir/.shardfuzz-requirements") == "$req_line" ]]; then
       echo "setup-python: $env_dir up to date"
       exit 0

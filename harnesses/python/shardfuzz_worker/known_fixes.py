@@ -959,6 +959,17 @@ def _megatron_moe_aux_loss_per_token_counted():
     TopKRouter.attach_and_log_load_balancing_loss = attach
 
 
+def _megatron_moe_router_gemm_without_te():
+    """megatron-core 0.15.3 without Transformer Engine: moe_utils imports `te_general_gemm` inside a `try` that sets
+    only HAVE_TE = False when Transformer Engine is missing, and RouterGatingLinearFunction then tests
+    `te_general_gemm is not None`: every MoE router forward raises "NameError: name 'te_general_gemm' is not defined"
+    (fixed by 0.19.2, whose import fallback defines it). Fix: the name defined as None where it is missing."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def _megatron_moe_position_drop_topk_ties():
     """megatron-core 0.19.2: the `position` token-drop policy ("tokens at the end of each batch will be dropped")
     picks each expert's kept tokens with `torch.topk(routing_map.int(), k=capacity, dim=0, sorted=False)`: every
@@ -1064,6 +1075,7 @@ FIXES = {
     "megatron-moe-expert-bias-inplace-view": (("megatron-tp",), _megatron_moe_expert_bias_inplace_view),
     "megatron-moe-aux-loss-per-token-counted": (("megatron-tp",), _megatron_moe_aux_loss_per_token_counted),
     "megatron-moe-position-drop-topk-ties": (("megatron-tp",), _megatron_moe_position_drop_topk_ties),
+    "megatron-moe-router-gemm-without-te": (("megatron-tp",), _megatron_moe_router_gemm_without_te),
 }
 
 

@@ -100,7 +100,7 @@ _MEGATRON_TRAINING = [
     ("megatron/core/model_parallel_config.py", "__post_init__", None),
     # The distributed optimizer's refusal of an optimizer it cannot shard ("Only Adam, HybridDeviceOptimizer, and
     # optimizers with an init_state_fn (e.g., Lion) are currently supported").
-    ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "are currently supported"),
+    ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "currently supported"),
 ]
 
 VALIDATION = {

@@ -7,6 +7,7 @@ import copy
 import gc
 import os
 
+from . import megatron_release
 from .base import (IGNORE_INDEX, dtype_name, overlap_param_gather, param_gather_feature, parallel, reduce_bucket,
                    reduce_dtype_name)
 from .torch_common import TorchTarget, _Done, _reduce_scatter_list
@@ -101,6 +102,7 @@ def patch_cuda():
         dist.all_gather.uneven = True
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.current_stream = lambda *args, **kwargs: _NoStream()
+    torch.cuda.default_stream = lambda *args, **kwargs: _NoStream()  # (0.15.3's overlapped reduction waits on it)
     # (the partial distributed optimizer's side stream for its reductions across instances: the same)
     torch.cuda.Stream = lambda *args, **kwargs: _NoStream()
     torch.cuda.stream = lambda _stream: contextlib.nullcontext()
@@ -172,7 +174,7 @@ def unsupported_training(case):
         return "megatron's reduce-scatter with fp32 accumulation does not run with several distributed-optimizer instances"
     if per_token_loss(case) and case.get("data", {}).get("class_weights"):
         return "megatron's per-token loss divides by a count of tokens (num_tokens), not by class weights"
-    return None
+    return megatron_release.unsupported_options("DistributedDataParallelConfig", ddp_settings(case))
 
 
 def per_token_loss(case):
@@ -457,14 +459,14 @@ def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrid
     configs' arguments `ddp_kwargs` and `optimizer_kwargs` (params_dtype: the model's), `overrides` its
     config_overrides. `model` a list of virtual-pipeline chunks: a list of DDP chunks, buckets for the first only
     (megatron's get_model: `disable_bucketing` for the others), one optimizer over them all."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import OptimizerConfig
 
     chunks = model if isinstance(model, list) else [model]
     dt = next(chunks[0].parameters()).dtype
     fresh_reduce_scatter()
-    ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(**ddp_kwargs), m, disable_bucketing=i > 0)
+    ddps = [DistributedDataParallel(config, megatron_release.build("DistributedDataParallelConfig", **ddp_kwargs), m,
+                                    disable_bucketing=i > 0)
             for i, m in enumerate(chunks)]
-    opt = get_megatron_optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, config_overrides=overrides,
-                                 use_gloo_process_groups=False)  # (model_parallel builds none: checkpoints only)
+    opt = megatron_release.optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, overrides)
     return (ddps if isinstance(model, list) else ddps[0]), opt, constant_schedule(case, opt)

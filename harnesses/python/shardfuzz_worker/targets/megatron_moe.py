@@ -33,6 +33,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from . import megatron_release
 from .base import case_slots, chunk_range, drops_tokens, is_frozen, micro_batches, moe_of, parallel
 
 
@@ -62,6 +63,10 @@ def unsupported_moe(case):
                     return "megatron's gated expert MLP holds gate and up in one matrix: they freeze together"
     if p["ep"] > 1 and p["dp"] % p["ep"]:
         return "megatron's expert-parallel ranks come from the data-parallel ones: ep must divide dp"
+    why = megatron_release.unsupported_options("TransformerConfig", moe_options(
+        case, torch.float32, p["tp"], p["sequence_parallel"] and p["tp"] > 1, p["pp"]))
+    if why:
+        return why
     if moe.get("shared_ffn") and m.get("bias", True):
         # (megatron asserts it in SharedExpertMLP.__init__, on the pipeline stages that hold a MoE block only)
         return "megatron's shared experts take no biases, its other linear layers take them with the model's"
@@ -160,11 +165,14 @@ def unequal_micro_batches(case):
 def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
     """The TransformerConfig of the case's MoE blocks (also the one megatron's schedules read: `num_moe_experts`
     makes them scale the auxiliary loss's gradient by the loss scale over the micro-batches)."""
-    from megatron.core.transformer import TransformerConfig
+    return megatron_release.build("TransformerConfig", **moe_options(case, dt, tp, sp, pp, vs, per_token))
 
+
+def moe_options(case, dt, tp, sp, pp=1, vs=1, per_token=False):
+    """moe_config's TransformerConfig arguments."""
     m, moe = case["model"], moe_of(case)
     swiglu, aux = m.get("activation", "gelu") == "swiglu", moe.get("aux_loss") or 0.0
-    return TransformerConfig(
+    return dict(
         num_layers=pp * vs, hidden_size=m["hidden"], ffn_hidden_size=m["ffn"], moe_ffn_hidden_size=m["ffn"],
         num_attention_heads=tp, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vs if vs > 1 else None, pipeline_dtype=dt,
@@ -203,10 +211,7 @@ class Moe(torch.nn.Module):
 
     def __init__(self, config, layer_number):
         super().__init__()
-        from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
-
-        self.layer = get_moe_module_spec(use_te=False, num_experts=config.num_moe_experts,
-                                         moe_grouped_gemm=False)(config=config, layer_number=layer_number)
+        self.layer = megatron_release.moe_layer(config, layer_number)
 
     def forward(self, x):
         return self.layer(x)[0]

@@ -1,0 +1,89 @@
+"""What differs between megatron-core releases, in one place, so that the megatron targets run unchanged against an
+older release (`--python` pointing at another environment): the config options a release may not have yet.
+
+An option the installed release lacks is left out where the case asks for what the release did before the option
+existed (its `OFF` value); a case that needs the option is `unsupported`, naming the release and the option.
+Measured: megatron-core 0.15.3 has neither option below (both came later; 0.19.2 has both)."""
+
+import dataclasses
+import inspect
+
+#: Options newer than some supported release: {config class name: {option: the value that means "off"}}.
+OFF = {
+    "TransformerConfig": {"moe_shared_expert_gate": False},
+    "DistributedDataParallelConfig": {"reduce_scatter_with_fp32_accumulation": False},
+}
+
+
+def version():
+    """The installed megatron-core release."""
+    from importlib.metadata import version as installed
+
+    return installed("megatron-core")
+
+
+def config_class(name):
+    """The installed release's config class `name`."""
+    if name == "TransformerConfig":
+        from megatron.core.transformer import TransformerConfig
+
+        return TransformerConfig
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    assert name == "DistributedDataParallelConfig", name
+    return DistributedDataParallelConfig
+
+
+def missing_options(name, kwargs):
+    """The options of `kwargs` the installed release's config `name` lacks and the case needs ({option: value})."""
+    fields = {f.name for f in dataclasses.fields(config_class(name))}
+    off = OFF.get(name, {})
+    return {k: v for k, v in kwargs.items() if k not in fields and not (k in off and off[k] == v)}
+
+
+def build(name, **kwargs):
+    """The installed release's config `name` from `kwargs`, options it lacks left out where they are off. An option
+    it lacks and the case needs reaching here is our error: `unsupported_options` refuses such cases beforehand."""
+    from .base import HarnessError
+
+    needed = missing_options(name, kwargs)
+    if needed:
+        raise HarnessError(f"megatron-core {version()} has no {name}.{next(iter(needed))}; the case was not refused")
+    fields = {f.name for f in dataclasses.fields(config_class(name))}
+    return config_class(name)(**{k: v for k, v in kwargs.items() if k in fields})
+
+
+def unsupported_options(name, kwargs):
+    """Why the installed release cannot run a case whose config `name` takes `kwargs` (None: it can)."""
+    needed = missing_options(name, kwargs)
+    if not needed:
+        return None
+    option, value = next(iter(needed.items()))
+    return f"megatron-core {version()} has no {name}.{option} (the case needs {value!r})"
+
+
+def optimizer(config, chunks, overrides):
+    """get_megatron_optimizer over the DDP `chunks`, its parameter groups as `overrides` says (None: megatron's
+    default groups, no decay on biases and other vectors; {}: every parameter decayed). Releases before
+    `config_overrides` (0.15.3) take a `no_weight_decay_cond` instead. No gloo groups (checkpoints only)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    kwargs = {"use_gloo_process_groups": False}
+    if "config_overrides" in inspect.signature(get_megatron_optimizer).parameters:
+        kwargs["config_overrides"] = overrides
+    elif overrides is not None:
+        assert overrides == {}, overrides
+        kwargs["no_weight_decay_cond"] = lambda name, param: False
+    return get_megatron_optimizer(config, chunks, **kwargs)
+
+
+def moe_layer(config, layer_number):
+    """megatron's MoELayer without Transformer Engine, from its module spec: 0.19.2's spec builds the layer when
+    called, 0.15.3's is a plain ModuleSpec that build_module instantiates."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    spec = get_moe_module_spec(use_te=False, num_experts=config.num_moe_experts, moe_grouped_gemm=False)
+    if callable(spec):
+        return spec(config=config, layer_number=layer_number)
+    return build_module(spec, config=config, layer_number=layer_number)
