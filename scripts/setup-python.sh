@@ -4,6 +4,8 @@
 #   main        .venv             Python 3.12: torch, jax, deepspeed, megatron-core   (~3-5 min, ~6 GB)
 #   colossalai  .venv-colossalai  Python 3.10: torch 2.5.1, colossalai 0.5.0, transformers 4.51.3
 #                                 (~5 min, ~5.7 GB)
+#   megatron015 .venv-megatron015 Python 3.12: torch 2.15.0, megatron-core 0.15.3 (an older release, for the
+#                                 test suite's historical Megatron bugs; ~2 min, ~5.4 GB)
 # and installs the worker package (harnesses/python, editable) into each. Idempotent: an environment that
 # already holds exactly its requirements is left alone.
 #
@@ -11,7 +13,7 @@
 #   scripts/setup-python.sh --named NAME      one of them
 #   scripts/setup-python.sh --env NAME PACKAGE==VERSION...
 # builds another environment, .venv-NAME (Python 3.12), with the given framework releases (and what the
-# worker needs: numpy, safetensors, ml_dtypes, expecttest), for fuzzing older releases:
+# worker needs: numpy, safetensors, ml_dtypes, expecttest, einops), for fuzzing older releases:
 #   scripts/setup-python.sh --env torch29 torch==2.9.1
 #   shardfuzz fuzz --target torch-dtensor --python .venv-torch29/bin/python
 set -euo pipefail

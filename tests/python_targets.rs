@@ -1596,6 +1596,41 @@ fn megatron_moe_capacity_drops_tokens_by_position_and_megatrons_topk_ties_are_a_
     }
 }
 
+/// The megatron targets against an older release, megatron-core 0.15.3 (`.venv-megatron015`, `--python`), finding its
+/// historical bugs: clipping under tp 2 uses a gradient norm without tensor-parallel rank 1's shards (its layers mark
+/// their weights `tensor_model_parallel` only when they initialise them; Megatron-Bridge#992), and every MoE router
+/// forward crashes without Transformer Engine (`te_general_gemm` undefined); each case passes with its fix, and
+/// passes on 0.19.2 without one. ZeRO 1 gradients are read where the buffer holds them (0.15.3's bucket offsets
+/// ignore the distributed optimizer's padding), and an option 0.15.3 lacks refuses the case naming it.
+#[test]
+fn megatron_core_0_15_3s_historical_bugs_are_found_and_pass_with_their_fixes() {
+    let old = root().join(".venv-megatron015/bin/python");
+    if !python_ready() || !old.exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-megatron015: run scripts/setup-python.sh");
+        return;
+    }
+    let python = format!("--python=megatron-tp={}", old.display());
+    let ddp = root().join("tests/python-megatron-ddp");
+    let moe = root().join("tests/python-megatron-moe");
+    let on_old = |case: &Path, fixes: &str| one_verdict_with("megatron-tp", case, fixes, &[&python]);
+    let clipped = ddp.join("tp2-dp3-ddp-uneven-batch-sgd-clip-f32.json");
+    let v = on_old(&clipped, "");
+    assert_eq!(v["versions"]["megatron-core"], "0.15.3", "{v}");
+    assert_eq!(v["kind"], "divergent", "{v}");
+    assert_eq!(on_old(&clipped, "megatron-tp-attributes-without-initialization")["kind"], "pass");
+    assert_eq!(one_verdict("megatron-tp", &clipped, "")["kind"], "pass", "0.19.2");
+    let routed = moe.join("moe-allgather-dp1-top3-renorm-f32.json");
+    let v = on_old(&routed, "");
+    assert_eq!(v["kind"], "crash", "{v}");
+    assert!(reason(&v).contains("name 'te_general_gemm' is not defined"), "{v}");
+    assert_eq!(on_old(&routed, "megatron-moe-router-gemm-without-te")["kind"], "pass");
+    let v = on_old(&ddp.join("tp2-dp2-tied-embeddings-sp-distributed-optimizer-bf16.json"), "");
+    assert_eq!(v["kind"], "pass", "ZeRO 1 gradients: {v}");
+    let v = on_old(&moe.join("tp2-sp-moe-dp2-ep2-shared-gate-f32.json"), "megatron-moe-router-gemm-without-te");
+    assert_eq!(v["kind"], "unsupported", "{v}");
+    assert!(reason(&v).contains("megatron-core 0.15.3 has no TransformerConfig.moe_shared_expert_gate"), "{v}");
+}
+
 /// The case's MoE blocks in the plain torch model (`torch_moe`: top-k routing, a capacity per sequence, the auxiliary
 /// loss) under DDP, FSDP2 and Colossal-AI's ZeRO-2 train like the reference; the oracle sees the model itself, not only
 /// the framework (the worker's own single-device run no longer widens ε without limit: a capacity one slot too large

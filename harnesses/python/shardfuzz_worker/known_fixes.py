@@ -970,6 +970,27 @@ def _megatron_moe_router_gemm_without_te():
         moe_utils.te_general_gemm = None
 
 
+def _megatron_tp_attributes_without_initialization():
+    """megatron-core 0.15.3: ColumnParallelLinear, RowParallelLinear and VocabParallelEmbedding mark their weight
+    `tensor_model_parallel` (with its partition dim) only inside the initialisation they skip under
+    `perform_initialization=False` (a model loaded from a checkpoint or built to receive weights), so the
+    optimizer's gradient norm counts those weights' shards on tensor-parallel rank 0 only
+    (`param_is_not_tensor_parallel_duplicate`): under tp > 1 the norm is too small and clipping scales every
+    gradient wrong. Known upstream (NVIDIA-NeMo/Megatron-Bridge#992 keeps initialisation on as a workaround);
+    0.19.2 sets the attributes either way. Fix: the attributes set where the layer left them unset."""
+    from megatron.core.tensor_parallel import layers
+
+    for cls, dim in ((layers.ColumnParallelLinear, 0), (layers.RowParallelLinear, 1),
+                     (layers.VocabParallelEmbedding, 0)):
+        def init(self, *args, _original=cls.__init__, _dim=dim, **kwargs):
+            _original(self, *args, **kwargs)
+            weight = getattr(self, "weight", None)
+            if weight is not None and not hasattr(weight, "tensor_model_parallel"):
+                layers.set_tensor_model_parallel_attributes(weight, True, _dim, 1)
+
+        cls.__init__ = init
+
+
 def _megatron_moe_position_drop_topk_ties():
     """megatron-core 0.19.2: the `position` token-drop policy ("tokens at the end of each batch will be dropped")
     picks each expert's kept tokens with `torch.topk(routing_map.int(), k=capacity, dim=0, sorted=False)`: every
@@ -1076,6 +1097,7 @@ FIXES = {
     "megatron-moe-aux-loss-per-token-counted": (("megatron-tp",), _megatron_moe_aux_loss_per_token_counted),
     "megatron-moe-position-drop-topk-ties": (("megatron-tp",), _megatron_moe_position_drop_topk_ties),
     "megatron-moe-router-gemm-without-te": (("megatron-tp",), _megatron_moe_router_gemm_without_te),
+    "megatron-tp-attributes-without-initialization": (("megatron-tp",), _megatron_tp_attributes_without_initialization),
 }
 
 

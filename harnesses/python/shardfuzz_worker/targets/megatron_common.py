@@ -344,8 +344,8 @@ def reduced_grads(ddp, distributed_optimizer):
                 dist.all_gather_into_tensor(whole, mine.contiguous(), group=owners)
                 data = whole
             for param in bucket.params_list:
-                start, end = bucket.param_to_index[param]
-                out[names[param]] = data[start:end].view(param.shape).clone()
+                start = megatron_release.grad_offset(bucket, param)
+                out[names[param]] = data[start:start + param.numel()].view(param.shape).clone()
     return out
 
 

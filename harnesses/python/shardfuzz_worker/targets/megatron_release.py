@@ -87,3 +87,15 @@ def moe_layer(config, layer_number):
     if callable(spec):
         return spec(config=config, layer_number=layer_number)
     return build_module(spec, config=config, layer_number=layer_number)
+
+
+def grad_offset(bucket, param):
+    """Where `param`'s gradient starts in `bucket.grad_data` (elements): where its `main_grad` view of the buffer
+    starts. Not `bucket.param_to_index`: 0.15.3 counts those offsets as if the bucket's parameters were packed end to
+    end, while under the distributed optimizer the buffer pads each parameter's start (0.19.2 derives them from the
+    buffer's index map). Measured: read through 0.15.3's offsets, every gradient but a bucket's first came back
+    wrong under ZeRO 1 while the trained parameters and later losses matched the reference."""
+    size = bucket.grad_data.element_size()
+    start = (param.main_grad.data_ptr() - bucket.grad_data.data_ptr()) // size
+    assert 0 <= start and start + param.numel() <= bucket.grad_data.numel(), (start, param.numel())
+    return start
