@@ -13,7 +13,7 @@
 #   scripts/setup-python.sh --named NAME      one of them
 #   scripts/setup-python.sh --env NAME PACKAGE==VERSION...
 # builds another environment, .venv-NAME (Python 3.12), with the given framework releases (and what the
-# worker needs: numpy, safetensors, ml_dtypes, expecttest, einops), for fuzzing older releases:
+# worker needs: numpy, safetensors, ml_dtypes, expecttest, einops, packaging), for fuzzing older releases:
 #   scripts/setup-python.sh --env torch29 torch==2.9.1
 #   shardfuzz fuzz --target torch-dtensor --python .venv-torch29/bin/python
 set -euo pipefail
@@ -69,7 +69,7 @@ case ${1:-} in
     shift 2
     [[ $# -gt 0 ]] || { echo "setup-python: --env $name: name the framework releases (e.g. torch==2.9.1)" >&2; exit 2; }
     env_dir=.venv-$name
-    req_line="$* numpy safetensors ml_dtypes expecttest einops"
+    req_line="$* numpy safetensors ml_dtypes expecttest einops packaging"
     if [[ -f $env_dir/.shardfuzz-requirements ]] && [[ $(cat "$env_dir/.shardfuzz-requirements") == "$req_line" ]]; then
       echo "setup-python: $env_dir up to date"
       exit 0

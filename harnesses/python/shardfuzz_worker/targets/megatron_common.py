@@ -174,7 +174,8 @@ def unsupported_training(case):
         return "megatron's reduce-scatter with fp32 accumulation does not run with several distributed-optimizer instances"
     if per_token_loss(case) and case.get("data", {}).get("class_weights"):
         return "megatron's per-token loss divides by a count of tokens (num_tokens), not by class weights"
-    return megatron_release.unsupported_options("DistributedDataParallelConfig", ddp_settings(case))
+    return (megatron_release.unsupported_options("DistributedDataParallelConfig", ddp_settings(case))
+            or megatron_release.unsupported_options("OptimizerConfig", optimizer_settings(case)))
 
 
 def per_token_loss(case):
@@ -227,16 +228,16 @@ def model_parallel(tp, pp=1, vs=1, instances=1, ep=1, etp=None):
 
 
 def _groups_created(ps, build):
-    """The process groups `build` creates that this rank is a member of (megatron lists them in
-    `_global_process_group_list`); if it raises, those groups are destroyed and megatron's state is pristine again."""
-    before = len(ps._global_process_group_list or [None])
-    try:
-        build()
-    except BaseException:
-        _destroy_groups(ps, (ps._global_process_group_list or [None])[before:])
-        _restore(ps, _LAYOUTS["pristine"])
-        raise
-    return (ps._global_process_group_list or [None])[before:]
+    """The process groups `build` creates that this rank is a member of (megatron_release.new_groups); if it
+    raises, those groups are destroyed and megatron's state is pristine again."""
+    with megatron_release.new_groups() as created:
+        try:
+            build()
+        except BaseException:
+            _destroy_groups(ps, created)
+            _restore(ps, _LAYOUTS["pristine"])
+            raise
+    return created
 
 
 def _destroy_groups(ps, groups):
@@ -244,8 +245,9 @@ def _destroy_groups(ps, groups):
     import torch.distributed as dist
 
     doomed = {id(g) for g in groups}
-    if ps._global_process_group_list:
-        ps._global_process_group_list[:] = [g for g in ps._global_process_group_list if id(g) not in doomed]
+    listed = getattr(ps, "_global_process_group_list", None)  # (0.19.2's list of them; 0.13.1 keeps none)
+    if listed:
+        listed[:] = [g for g in listed if id(g) not in doomed]
     for g in groups:
         dist.destroy_process_group(g)
     gc.collect()
@@ -349,6 +351,13 @@ def reduced_grads(ddp, distributed_optimizer):
     return out
 
 
+def decoupled_weight_decay(o):
+    """megatron's `decoupled_weight_decay` for the case's optimizer `o`: off only where it decides something, Adam
+    with weight decay (coupled, L2); on (AdamW: the same update without decay) otherwise, which is also what
+    releases before the option did (0.13.1's Adam is torch's AdamW)."""
+    return not (o["kind"] == "adam" and o.get("weight_decay", 0.0) > 0)
+
+
 def optimizer_settings(case):
     """OptimizerConfig's arguments for the case's optimizer (but `params_dtype`): Adam (AdamW where the case decays
     decoupled) or SGD without momentum, the case's clipping (0: none), fp32 main parameters under bf16 / f16 and the
@@ -359,7 +368,7 @@ def optimizer_settings(case):
     return {"optimizer": "sgd" if o["kind"] == "sgd" else "adam", "lr": o["lr"],
             "weight_decay": o.get("weight_decay", 0.0), "adam_beta1": o.get("beta1", 0.9),
             "adam_beta2": o.get("beta2", 0.999), "adam_eps": o.get("eps", 1e-8),
-            "decoupled_weight_decay": o["kind"] == "adamw", "sgd_momentum": 0.0,
+            "decoupled_weight_decay": decoupled_weight_decay(o), "sgd_momentum": 0.0,
             "clip_grad": float(clip) if clip is not None else 0.0, "bf16": dt == "bf16", "fp16": dt == "f16",
             **loss_scaling_settings(case), "use_distributed_optimizer": parallel(case)["zero_stage"] == 1,
             "overlap_param_gather": param_gather_overlapped(case)}
@@ -460,7 +469,6 @@ def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrid
     config_overrides. `model` a list of virtual-pipeline chunks: a list of DDP chunks, buckets for the first only
     (megatron's get_model: `disable_bucketing` for the others), one optimizer over them all."""
     from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.optimizer import OptimizerConfig
 
     chunks = model if isinstance(model, list) else [model]
     dt = next(chunks[0].parameters()).dtype
@@ -468,5 +476,6 @@ def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrid
     ddps = [DistributedDataParallel(config, megatron_release.build("DistributedDataParallelConfig", **ddp_kwargs), m,
                                     disable_bucketing=i > 0)
             for i, m in enumerate(chunks)]
-    opt = megatron_release.optimizer(OptimizerConfig(**optimizer_kwargs, params_dtype=dt), ddps, overrides)
+    opt = megatron_release.optimizer(megatron_release.build("OptimizerConfig", **optimizer_kwargs, params_dtype=dt),
+                                     ddps, overrides)
     return (ddps if isinstance(model, list) else ddps[0]), opt, constant_schedule(case, opt)

@@ -270,7 +270,7 @@ def load_moe(block_name, moe, inputs, dt, swiglu):
     experts = moe.layer.experts.local_experts
     with torch.no_grad():
         _copy(moe.layer.router.weight, torch.tensor(inputs[pre + "router.weight"]).t(), dt)
-        if moe.layer.router.bias is not None:
+        if getattr(moe.layer.router, "bias", None) is not None:  # (0.13.1's router has no bias)
             moe.layer.router.bias.zero_()
         for j, expert in enumerate(experts):
             e = ep_rank * len(experts) + j

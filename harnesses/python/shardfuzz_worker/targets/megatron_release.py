@@ -3,8 +3,9 @@ older release (`--python` pointing at another environment): the config options a
 
 An option the installed release lacks is left out where the case asks for what the release did before the option
 existed (its `OFF` value); a case that needs the option is `unsupported`, naming the release and the option.
-Measured: megatron-core 0.15.3 has neither option below (both came later; 0.19.2 has both)."""
+Measured: megatron-core 0.15.3 lacks the first two options below, 0.13.1 all four; 0.19.2 has them all."""
 
+import contextlib
 import dataclasses
 import inspect
 
@@ -12,6 +13,8 @@ import inspect
 OFF = {
     "TransformerConfig": {"moe_shared_expert_gate": False},
     "DistributedDataParallelConfig": {"reduce_scatter_with_fp32_accumulation": False},
+    # (0.13.1: Adam is always AdamW; the distributed optimizer's overlapped gather is the DDP config's only)
+    "OptimizerConfig": {"decoupled_weight_decay": True, "overlap_param_gather": False},
 }
 
 
@@ -28,6 +31,10 @@ def config_class(name):
         from megatron.core.transformer import TransformerConfig
 
         return TransformerConfig
+    if name == "OptimizerConfig":
+        from megatron.core.optimizer import OptimizerConfig
+
+        return OptimizerConfig
     from megatron.core.distributed import DistributedDataParallelConfig
 
     assert name == "DistributedDataParallelConfig", name
@@ -99,3 +106,25 @@ def grad_offset(bucket, param):
     start = (param.main_grad.data_ptr() - bucket.grad_data.data_ptr()) // size
     assert 0 <= start and start + param.numel() <= bucket.grad_data.numel(), (start, param.numel())
     return start
+
+
+@contextlib.contextmanager
+def new_groups():
+    """The process groups created inside the block that this rank is a member of (a list, filled as
+    torch.distributed.new_group returns them): what 0.19.2 also lists in `parallel_state._global_process_group_list`,
+    which 0.13.1 does not have."""
+    import torch.distributed as dist
+
+    created, original = [], dist.new_group
+
+    def new_group(*args, **kwargs):
+        group = original(*args, **kwargs)
+        if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER:
+            created.append(group)
+        return group
+
+    dist.new_group = new_group
+    try:
+        yield created
+    finally:
+        dist.new_group = original
