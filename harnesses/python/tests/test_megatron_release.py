@@ -12,7 +12,6 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardfuzz_worker.targets import megatron_release  # noqa: E402
-from shardfuzz_worker.targets.base import HarnessError  # noqa: E402
 
 HAVE_MEGATRON = importlib.util.find_spec("megatron") is not None
 
@@ -26,7 +25,7 @@ class OldConfig:
 
 
 def old_release():
-    return mock.patch.multiple(megatron_release, config_class=lambda _name: OldConfig, version=lambda: "0.0.1")
+    return mock.patch.multiple(megatron_release, config_class=lambda _name: OldConfig, installed_version=lambda: "0.0.1")
 
 
 class OlderReleaseOptions(unittest.TestCase):
@@ -34,7 +33,7 @@ class OlderReleaseOptions(unittest.TestCase):
         with old_release():
             kwargs = {"use_distributed_optimizer": True, "reduce_scatter_with_fp32_accumulation": False}
             self.assertIsNone(megatron_release.unsupported_options("DistributedDataParallelConfig", kwargs))
-            config = megatron_release.build("DistributedDataParallelConfig", **kwargs)
+            config = megatron_release.new_config("DistributedDataParallelConfig", **kwargs)
         self.assertEqual(config, OldConfig(use_distributed_optimizer=True))
 
     def test_an_option_the_case_needs_refuses_it_naming_release_and_option(self):
@@ -43,8 +42,9 @@ class OlderReleaseOptions(unittest.TestCase):
             why = megatron_release.unsupported_options("DistributedDataParallelConfig", kwargs)
             self.assertEqual(why, "megatron-core 0.0.1 has no DistributedDataParallelConfig."
                                   "reduce_scatter_with_fp32_accumulation (the case needs True)")
-            with self.assertRaises(HarnessError):  # (reaching the ranks unrefused is our error, never a pass)
-                megatron_release.build("DistributedDataParallelConfig", **kwargs)
+            # (reaching the ranks unrefused is our error, raised in the worker's own code: a harness error)
+            with self.assertRaisesRegex(TypeError, "the case was not refused"):
+                megatron_release.new_config("DistributedDataParallelConfig", **kwargs)
 
     def test_an_option_outside_the_table_is_never_dropped(self):
         with old_release():
@@ -55,7 +55,7 @@ class OlderReleaseOptions(unittest.TestCase):
 @unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
 class InstalledRelease(unittest.TestCase):
     def test_the_installed_release_has_every_option_of_the_table(self):
-        for name, options in megatron_release.OFF.items():
+        for name, options in megatron_release.OPTIONS_OFF.items():
             for option, off in options.items():
                 self.assertIsNone(megatron_release.unsupported_options(name, {option: not off}), (name, option))
 

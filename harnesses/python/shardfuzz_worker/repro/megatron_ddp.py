@@ -3,7 +3,7 @@ megatron-core's optimizer (plain or distributed) under its parameter scheduler o
 CPU with gloo, each rank training on its rows of the batch, under torchrun."""
 
 from ..targets.base import parallel
-from .common import literal, worker_source
+from .common import megatron_release_source, literal, worker_source
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -38,5 +38,6 @@ def generate(case, inputs, bounds, dropped):
                                           "megatron_training", "constant_schedule", "reduced_grads", "per_token_loss",
                                           "counted_tokens", "scales_loss", "loss_scale_of", "megatron_step",
                                           "sync_parameters")
-               + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp"))
+               + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp")
+               + "\n\n" + megatron_release_source())
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

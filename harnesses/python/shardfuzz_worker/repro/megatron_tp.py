@@ -6,7 +6,7 @@ import re
 
 from ..targets.base import dtype_name, parallel
 from ..targets.megatron_common import optimizer_instances
-from .common import ReproError, assemble, embed, header, literal, rule, template, worker_source
+from .common import megatron_release_source, ReproError, assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
 from .torch_model import producible, training_source  # noqa: F401 - producible: the generator's interface
@@ -55,7 +55,8 @@ def sources():
                                           "reduced_grads", "per_token_loss", "loss_scaling_settings",
                                           "scales_loss", "loss_scale_of", "megatron_step")
                + "\n\n" + worker_source("targets/megatron_moe.py", "is_moe_param", "patch_moe_host_copies")
-               + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda"))
+               + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda")
+               + "\n\n" + megatron_release_source())
     plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(
         "torch_model.py\n", "torch_model.py (Attention, Mlp, Block renamed Ref*)\n", 1)

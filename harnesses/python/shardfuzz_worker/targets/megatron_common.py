@@ -473,9 +473,9 @@ def megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrid
     chunks = model if isinstance(model, list) else [model]
     dt = next(chunks[0].parameters()).dtype
     fresh_reduce_scatter()
-    ddps = [DistributedDataParallel(config, megatron_release.build("DistributedDataParallelConfig", **ddp_kwargs), m,
+    ddps = [DistributedDataParallel(config, megatron_release.new_config("DistributedDataParallelConfig", **ddp_kwargs), m,
                                     disable_bucketing=i > 0)
             for i, m in enumerate(chunks)]
-    opt = megatron_release.optimizer(megatron_release.build("OptimizerConfig", **optimizer_kwargs, params_dtype=dt),
+    opt = megatron_release.new_optimizer(megatron_release.new_config("OptimizerConfig", **optimizer_kwargs, params_dtype=dt),
                                      ddps, overrides)
     return (ddps if isinstance(model, list) else ddps[0]), opt, constant_schedule(case, opt)

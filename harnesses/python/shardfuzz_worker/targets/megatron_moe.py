@@ -165,7 +165,7 @@ def unequal_micro_batches(case):
 def moe_config(case, dt, tp, sp, pp=1, vs=1, per_token=False):
     """The TransformerConfig of the case's MoE blocks (also the one megatron's schedules read: `num_moe_experts`
     makes them scale the auxiliary loss's gradient by the loss scale over the micro-batches)."""
-    return megatron_release.build("TransformerConfig", **moe_options(case, dt, tp, sp, pp, vs, per_token))
+    return megatron_release.new_config("TransformerConfig", **moe_options(case, dt, tp, sp, pp, vs, per_token))
 
 
 def moe_options(case, dt, tp, sp, pp=1, vs=1, per_token=False):
@@ -211,7 +211,7 @@ class Moe(torch.nn.Module):
 
     def __init__(self, config, layer_number):
         super().__init__()
-        self.layer = megatron_release.moe_layer(config, layer_number)
+        self.layer = megatron_release.new_moe_layer(config, layer_number)
 
     def forward(self, x):
         return self.layer(x)[0]

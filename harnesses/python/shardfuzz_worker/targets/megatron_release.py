@@ -1,16 +1,17 @@
 """What differs between megatron-core releases, in one place, so that the megatron targets run unchanged against an
-older release (`--python` pointing at another environment): the config options a release may not have yet.
+older release (`--python` pointing at another environment): config options a release may not have yet, the optimizer's parameter
+groups, the MoE layer's spec, where a gradient sits in its bucket, the process groups a layout creates. (The
+generated repro scripts embed these functions and name the script itself `megatron_release`: their names must not
+clash with the other worker functions a script embeds.)
 
 An option the installed release lacks is left out where the case asks for what the release did before the option
-existed (its `OFF` value); a case that needs the option is `unsupported`, naming the release and the option.
+existed (its `OPTIONS_OFF` value); a case that needs the option is `unsupported`, naming the release and the option.
 Measured: megatron-core 0.15.3 lacks the first two options below, 0.13.1 all four; 0.19.2 has them all."""
 
 import contextlib
-import dataclasses
-import inspect
 
 #: Options newer than some supported release: {config class name: {option: the value that means "off"}}.
-OFF = {
+OPTIONS_OFF = {
     "TransformerConfig": {"moe_shared_expert_gate": False},
     "DistributedDataParallelConfig": {"reduce_scatter_with_fp32_accumulation": False},
     # (0.13.1: Adam is always AdamW; the distributed optimizer's overlapped gather is the DDP config's only)
@@ -18,7 +19,7 @@ OFF = {
 }
 
 
-def version():
+def installed_version():
     """The installed megatron-core release."""
     from importlib.metadata import version as installed
 
@@ -43,19 +44,23 @@ def config_class(name):
 
 def missing_options(name, kwargs):
     """The options of `kwargs` the installed release's config `name` lacks and the case needs ({option: value})."""
+    import dataclasses
+
     fields = {f.name for f in dataclasses.fields(config_class(name))}
-    off = OFF.get(name, {})
+    off = OPTIONS_OFF.get(name, {})
     return {k: v for k, v in kwargs.items() if k not in fields and not (k in off and off[k] == v)}
 
 
-def build(name, **kwargs):
+def new_config(name, **kwargs):
     """The installed release's config `name` from `kwargs`, options it lacks left out where they are off. An option
-    it lacks and the case needs reaching here is our error: `unsupported_options` refuses such cases beforehand."""
-    from .base import HarnessError
+    it lacks and the case needs reaching here is our error (raised here, in the worker's code: a harness error):
+    `unsupported_options` refuses such cases beforehand."""
+    import dataclasses
 
     needed = missing_options(name, kwargs)
     if needed:
-        raise HarnessError(f"megatron-core {version()} has no {name}.{next(iter(needed))}; the case was not refused")
+        raise TypeError(f"megatron-core {installed_version()} has no {name}.{next(iter(needed))}; "
+                        "the case was not refused")
     fields = {f.name for f in dataclasses.fields(config_class(name))}
     return config_class(name)(**{k: v for k, v in kwargs.items() if k in fields})
 
@@ -66,13 +71,15 @@ def unsupported_options(name, kwargs):
     if not needed:
         return None
     option, value = next(iter(needed.items()))
-    return f"megatron-core {version()} has no {name}.{option} (the case needs {value!r})"
+    return f"megatron-core {installed_version()} has no {name}.{option} (the case needs {value!r})"
 
 
-def optimizer(config, chunks, overrides):
+def new_optimizer(config, chunks, overrides):
     """get_megatron_optimizer over the DDP `chunks`, its parameter groups as `overrides` says (None: megatron's
     default groups, no decay on biases and other vectors; {}: every parameter decayed). Releases before
     `config_overrides` (0.15.3) take a `no_weight_decay_cond` instead. No gloo groups (checkpoints only)."""
+    import inspect
+
     from megatron.core.optimizer import get_megatron_optimizer
 
     kwargs = {"use_gloo_process_groups": False}
@@ -84,7 +91,7 @@ def optimizer(config, chunks, overrides):
     return get_megatron_optimizer(config, chunks, **kwargs)
 
 
-def moe_layer(config, layer_number):
+def new_moe_layer(config, layer_number):
     """megatron's MoELayer without Transformer Engine, from its module spec: 0.19.2's spec builds the layer when
     called, 0.15.3's is a plain ModuleSpec that build_module instantiates."""
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
