@@ -48,7 +48,7 @@ def sources():
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
                                           "_uneven_collectives",
-                                          "optimizer_settings", "weight_decay_overrides", "constant_schedule",
+                                          "optimizer_settings", "decoupled_weight_decay", "weight_decay_overrides", "constant_schedule",
                                           "transformer_config", "_REDUCE_SCATTER", "fresh_reduce_scatter",
                                           "megatron_training", "ddp_settings", "fp32_accumulating_reduce_scatter",
                                           "optimizer_instances", "param_gather_overlapped", "sync_parameters",
