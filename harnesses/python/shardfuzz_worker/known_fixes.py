@@ -963,7 +963,8 @@ def _megatron_moe_router_gemm_without_te():
     """megatron-core 0.15.3 without Transformer Engine: moe_utils imports `te_general_gemm` inside a `try` that sets
     only HAVE_TE = False when Transformer Engine is missing, and RouterGatingLinearFunction then tests
     `te_general_gemm is not None`: every MoE router forward raises "NameError: name 'te_general_gemm' is not defined"
-    (fixed by 0.19.2, whose import fallback defines it). Fix: the name defined as None where it is missing."""
+    (fixed by 0.19.2, whose import fallback defines it; docs/findings/megatron-core-0.15.3-moe-router-te-general-gemm-
+    undefined-without-te.py). Fix: the name defined as None where it is missing."""
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
@@ -977,7 +978,8 @@ def _megatron_tp_attributes_without_initialization():
     optimizer's gradient norm counts those weights' shards on tensor-parallel rank 0 only
     (`param_is_not_tensor_parallel_duplicate`): under tp > 1 the norm is too small and clipping scales every
     gradient wrong. Known upstream (NVIDIA-NeMo/Megatron-Bridge#992 keeps initialisation on as a workaround);
-    0.19.2 sets the attributes either way. Fix: the attributes set where the layer left them unset."""
+    0.19.2 sets the attributes either way (docs/findings/megatron-core-0.15.3-tp-attributes-unset-without-
+    initialization-clip-norm.py). Fix: the attributes set where the layer left them unset."""
     from megatron.core.tensor_parallel import layers
 
     for cls, dim in ((layers.ColumnParallelLinear, 0), (layers.RowParallelLinear, 1),
