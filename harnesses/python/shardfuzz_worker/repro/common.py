@@ -117,7 +117,7 @@ def megatron_release_source():
     """The worker's megatron-core release differences (targets/megatron_release.py) the megatron helpers call as
     `megatron_release.…`: the functions, and the script itself bound to that name."""
     return (worker_source("targets/megatron_release.py", "OPTIONS_OFF", "installed_version", "config_class",
-                          "missing_options", "new_config", "new_optimizer", "grad_offset")
+                          "fields_of", "missing_options", "new_config", "new_optimizer", "grad_offset")
             + '\n\nmegatron_release = __import__("sys").modules[__name__]  # (the functions above, as the worker\'s module)\n')
 
 

@@ -42,11 +42,16 @@ def config_class(name):
     return DistributedDataParallelConfig
 
 
-def missing_options(name, kwargs):
-    """The options of `kwargs` the installed release's config `name` lacks and the case needs ({option: value})."""
+def fields_of(name):
+    """The option names the installed release's config `name` has."""
     import dataclasses
 
-    fields = {f.name for f in dataclasses.fields(config_class(name))}
+    return {f.name for f in dataclasses.fields(config_class(name))}
+
+
+def missing_options(name, kwargs):
+    """The options of `kwargs` the installed release's config `name` lacks and the case needs ({option: value})."""
+    fields = fields_of(name)
     off = OPTIONS_OFF.get(name, {})
     return {k: v for k, v in kwargs.items() if k not in fields and not (k in off and off[k] == v)}
 
@@ -55,13 +60,11 @@ def new_config(name, **kwargs):
     """The installed release's config `name` from `kwargs`, options it lacks left out where they are off. An option
     it lacks and the case needs reaching here is our error (raised here, in the worker's code: a harness error):
     `unsupported_options` refuses such cases beforehand."""
-    import dataclasses
-
     needed = missing_options(name, kwargs)
     if needed:
         raise TypeError(f"megatron-core {installed_version()} has no {name}.{next(iter(needed))}; "
                         "the case was not refused")
-    fields = {f.name for f in dataclasses.fields(config_class(name))}
+    fields = fields_of(name)
     return config_class(name)(**{k: v for k, v in kwargs.items() if k in fields})
 
 
