@@ -181,6 +181,10 @@ REFUSAL_TYPES = {
 
 #: Framework functions that only raise what their caller asks for: the caller is the site.
 THROW_HELPERS = ("_log_and_throw",)
+#: Attribute lookups (`torch.nn.Module.__getattr__` and the like) raising AttributeError: the attribute the caller
+#: asked for is missing, so the caller is the site (our code reading a name a release lacks is a harness error, a
+#: framework reading one is a crash).
+ATTRIBUTE_LOOKUPS = ("__getattr__", "__getattribute__")
 
 #: Where activation checkpoints recompute a checkpointed function in the backward: (path fragment, functions).
 RECOMPUTE = (
@@ -248,14 +252,15 @@ def owner(filename, roots):
     return None
 
 
-def site(frames, roots):
-    """The innermost frame that is ours or the framework's (throw helpers skipped), with its owner; a
-    NATIVE_CALLERS frame at the very bottom counts as the framework's."""
+def site(frames, roots, error_type=None):
+    """The innermost frame that is ours or the framework's (throw helpers, and attribute lookups raising
+    AttributeError, skipped), with its owner; a NATIVE_CALLERS frame at the very bottom counts as the framework's."""
     if frames and is_native_caller(frames[-1]):
         return "framework", frames[-1]
+    skip = THROW_HELPERS + (ATTRIBUTE_LOOKUPS if error_type == "AttributeError" else ())
     for frame in reversed(frames):
         who = owner(frame[0], roots)
-        if who == "framework" and frame[2] in THROW_HELPERS:
+        if who == "framework" and frame[2] in skip:
             continue
         if who:
             return who, frame
@@ -298,10 +303,10 @@ def classify(target, failure):
     if chain[0]["type"] == "HarnessError":
         return "harness_error", site(chain[0]["frames"], roots)[1]
     for link in chain:
-        who, frame = site(link["frames"], roots)
+        who, frame = site(link["frames"], roots, link["type"])
         if who == "framework" and (is_validation(target, frame, link["message"]) or link["type"] in REFUSAL_TYPES.get(target, ())):
             return "rejected", frame
-    who, frame = site(chain[-1]["frames"], roots)
+    who, frame = site(chain[-1]["frames"], roots, chain[-1]["type"])
     if who == "ours" and is_model_code(frame) and (recompute := recomputing(chain[-1]["frames"])) is not None:
         return "crash", recompute
     if who != "framework":

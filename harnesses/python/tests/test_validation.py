@@ -95,6 +95,18 @@ class TorchFramesTest(unittest.TestCase):
         f["chain"][0]["frames"][-2] = fw("torch", "nn/parallel/distributed.py", "forward")
         self.assertEqual(classify("torch-ddp", f)[0], "crash")
 
+    def test_a_missing_module_attribute_counts_for_the_caller(self):
+        # nn.Module.__getattr__ raises for the name its caller asked for: our code asking for a name an older
+        # release lacks is our error; the framework asking is its crash.
+        lookup = fw("torch", "nn/modules/module.py", "__getattr__")
+        f = failure(("AttributeError", "'Linear' object has no attribute 'bias_ready'", [lookup]))
+        self.assertEqual(classify("torch-tp", f)[0], "harness_error")
+        f["chain"][0]["frames"][-1:] = [fw("torch", "distributed/tensor/parallel/style.py", "_partition_linear_fn"), lookup]
+        self.assertEqual(classify("torch-tp", f)[0], "crash")
+        # Any other error type raised there stays where it was raised.
+        f = failure(("RuntimeError", "x", [lookup]))
+        self.assertEqual(classify("torch-tp", f)[0], "crash")
+
     def test_native_code_raising_under_a_native_caller_is_the_frameworks(self):
         # A DTensor whose metadata disagrees with its local shard fails in C++ inside `t.reshape(-1)`:
         # no Python frame below ours (torch 2.15, conv_transpose3d's output on real gloo ranks).
