@@ -168,6 +168,9 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world),
+        # DeepSpeed's launcher's name for it: its CPU accelerator counts devices from it (without it, releases
+        # before 0.16 run `numactl --hardware`).
+        LOCAL_SIZE=str(world),
         GLOO_SOCKET_IFNAME="lo",
     )
     target.init_rank(rank, world, init_timeout_s)

@@ -145,9 +145,14 @@ VALIDATION = {
         # Stage 3").
         ("deepspeed/runtime/zero/stage_1_and_2.py", "_configure_moe_settings", "must be set to True for MoE"),
         ("deepspeed/runtime/engine.py", "_validate_zero3_moe_compatibility", None),
+        # (releases up to 0.19.0: the same refusal as an assertion where the engine builds the ZeRO-3 optimizer)
+        ("deepspeed/runtime/engine.py", "_configure_zero_optimizer", "MoE not supported with Stage 3"),
         # The MoE layer's check of its arguments ("Number of experts (1) should be divisible by expert parallel size
         # (2)").
         ("deepspeed/moe/layer.py", "__init__", "should be divisible by"),
+        # Its gate's refusal of a k it does not implement (0.14: "Only top-1 and top-2 gatings are
+        # supported").
+        ("deepspeed/moe/sharded_moe.py", "__init__", "gatings are supported"),
     ],
     "megatron-tp": _MEGATRON_DIVISIBILITY + _MEGATRON_TRAINING,
     "megatron-ddp": _MEGATRON_TRAINING,

@@ -327,6 +327,11 @@ def deepspeed_block_checkpoint(case):
                  contiguous_checkpointing=mode == "contiguous", checkpoint_in_cpu=mode in ("cpu", "partition_cpu"),
                  num_checkpoints=len(m["layers"]) * m.get("layer_passes", 1), synchronize=False, profile=False)
     ck.reset()
+    for first_forward_state in ("cuda_device", "transport_stream"):
+        # Older releases (0.14-0.18) set these at the first checkpointed forward: one that failed there (the CPU
+        # accelerator has no Stream) left a device and no stream for the next case.
+        if hasattr(ck, first_forward_state):
+            setattr(ck, first_forward_state, None)
 
     def run(layer, x, recompute):
         if recompute is None or not torch.is_grad_enabled():
