@@ -6,6 +6,8 @@
 #                                 (~5 min, ~5.7 GB)
 #   megatron015 .venv-megatron015 Python 3.12: torch 2.15.0, megatron-core 0.15.3 (an older release, for the
 #                                 test suite's historical Megatron bugs; ~2 min, ~5.4 GB)
+#   deepspeed017 .venv-deepspeed017 Python 3.12: deepspeed 0.17.6 over main's packages (an older release, for the
+#                                 test suite's historical DeepSpeed bugs; ~15 s, ~60 MB)
 # and installs the worker package (harnesses/python, editable) into each. Idempotent: an environment that
 # already holds exactly its requirements is left alone.
 #
@@ -41,6 +43,16 @@ install_worker() {
   "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e harnesses/python
 }
 
+# Makes environment $1 see environment $2's packages after its own (a `# overlay NAME` line in a requirement file):
+# an older release of one framework beside everything else of the other environment, in seconds and megabytes.
+overlay_on() {
+  local base_dir own base
+  base_dir=$([[ $2 == main ]] && echo .venv || echo ".venv-$2")
+  own=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  base=$(cd "$("$base_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && pwd -P)
+  echo "import site; site.addsitedir('$base')" > "$own/shardfuzz-overlay-$2.pth"
+}
+
 build_named() {
   local name=$1 req="$reqs/$1.txt" dir
   [[ -f $req ]] || { echo "setup-python: no environment $name ($req missing)" >&2; exit 2; }
@@ -50,14 +62,21 @@ build_named() {
     echo "setup-python: $dir up to date ($("$dir/bin/python" --version))"
     return
   fi
-  local version py start
+  local version py start overlay
+  overlay=$(sed -n 's/^# overlay \([a-z0-9]*\)$/\1/p' "$req" | head -1)
+  [[ -z $overlay ]] || build_named "$overlay"
   version=$(sed -n 's/^# python \([0-9.]*\)$/\1/p' "$req" | head -1)
   py=$(find_python "${version:?$req has no '# python X.Y' line}")
-  echo "setup-python: building $dir with $py ($("$py" --version))"
+  echo "setup-python: building $dir with $py ($("$py" --version))${overlay:+ over $overlay}"
   start=$(date +%s)
   [[ -x $dir/bin/python ]] || "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip setuptools
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+  if [[ -n $overlay ]]; then
+    overlay_on "$dir" "$overlay"
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$req"
+  else
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+  fi
   install_worker "$dir"
   cp "$req" "$dir/.shardfuzz-requirements"
   echo "setup-python: $dir done in $(( $(date +%s) - start )) s, $(du -sh "$dir" | cut -f1) on disk"
