@@ -464,6 +464,58 @@ def _deepspeed_round_robin_hp_link():
     DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params
 
 
+def _replace_in_method(cls, name, old, new, fix):
+    """Recompiles method `name` of `cls` with one line of its released source replaced (in its module's globals):
+    the upstream fix of a released function too long to copy. Raises if the released code is not what the fix
+    was written against."""
+    import inspect
+    import sys
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(getattr(cls, name)))
+    if source.count(old) != 1:
+        raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
+    module = sys.modules[cls.__module__]
+    namespace = {}
+    exec(compile(source.replace(old, new), inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
+    setattr(cls, name, namespace[name])
+
+
+def _deepspeed_zero2_accumulation_last_micro_batch():
+    """DeepSpeed 0.17.6 to 0.18.2 (introduced by deepspeedai/DeepSpeed#7509, fixed by #7665 in 0.18.3; reported as
+    #7718): ZeRO-1/2 without offload keep only the last micro-batch's gradient under gradient accumulation.
+    `independent_gradient_partition_epilogue` starts a fresh accumulation whenever `averaged_gradients[i]` is unset,
+    which since #7509 is so at every micro-batch but the boundary, so each micro-batch overwrites `all_grad_tensors`
+    (docs/findings/deepspeed-0.17.6-zero2-accumulation-keeps-last-micro-batch.py). Fix (#7665's line): test the
+    accumulator itself."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    _replace_in_method(DeepSpeedZeroOptimizer, "independent_gradient_partition_epilogue",
+                       "if not i in self.averaged_gradients or self.averaged_gradients[i] is None:",
+                       "if i not in self.all_grad_tensors or self.all_grad_tensors[i] is None:",
+                       "deepspeed-zero2-accumulation-last-micro-batch")
+
+
+def _deepspeed_cpu_bucket_type_strings():
+    """DeepSpeed before 0.19.8 (since #2677, 2023; fixed by deepspeedai/DeepSpeed#8382): on the CPU accelerator,
+    ZeRO-1/2 without contiguous gradients never all-reduce them. `split_half_float_double` buckets gradients by
+    legacy type strings built from the device name ("torch.cpu.FloatTensor"), which no CPU tensor reports
+    ("torch.FloatTensor"), so every bucket is empty and each rank steps its partition on its own local gradient
+    (docs/findings/deepspeed-0.17.6-cpu-non-contiguous-gradients-never-reduced.py). Fix (#8382's): bucket by dtype."""
+    import torch
+    from deepspeed.runtime.zero import stage_1_and_2
+
+    def split_half_float_double(tensors):
+        buckets = []
+        for dtype in (torch.half, torch.float, torch.double, torch.bfloat16):
+            bucket = [t for t in tensors if t.dtype == dtype and t.layout == torch.strided]
+            if bucket:
+                buckets.append(bucket)
+        return buckets
+
+    stage_1_and_2.split_half_float_double = split_half_float_double
+
+
 def _torch_fsdp2_reentrant_reused_module():
     """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
     re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
@@ -1090,6 +1142,8 @@ FIXES = {
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
     "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),
+    "deepspeed-zero2-accumulation-last-micro-batch": (("deepspeed-zero",), _deepspeed_zero2_accumulation_last_micro_batch),
+    "deepspeed-cpu-bucket-type-strings": (("deepspeed-zero",), _deepspeed_cpu_bucket_type_strings),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),
