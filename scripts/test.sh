@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests, and every seed case.
 # Sets up what it needs: the Rust toolchain builds the native target; scripts/setup-python.sh
-# creates .venv, .venv-colossalai and .venv-megatron015 with the pinned frameworks for the Python targets (first run:
-# ~12 min, ~18 GB).
+# creates .venv, .venv-colossalai, .venv-megatron015 and .venv-deepspeed017 (an overlay on .venv) with the pinned
+# frameworks for the Python targets (first run: ~12 min, ~18 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never

@@ -1631,6 +1631,39 @@ fn megatron_core_0_15_3s_historical_bugs_are_found_and_pass_with_their_fixes() {
     assert!(reason(&v).contains("megatron-core 0.15.3 has no TransformerConfig.moe_shared_expert_gate"), "{v}");
 }
 
+/// deepspeed-zero against an older release, DeepSpeed 0.17.6 (`.venv-deepspeed017`, an overlay on `.venv`), finding two
+/// historical bugs: ZeRO-1/2 keep only the last micro-batch's gradient under accumulation (#7718, fixed by #7665 in
+/// 0.18.3), and on the CPU accelerator ZeRO-1/2 without contiguous gradients never all-reduce them (fixed by #8382 in
+/// 0.19.8); each case passes with its fix, and on 0.19.8 without one. ZeRO-3 runs (the CPU accelerator counts its
+/// devices from LOCAL_SIZE, not `numactl`), and the release's refusal of MoE under ZeRO-3 (an assertion) is a rejection.
+#[test]
+fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
+    let old = root().join(".venv-deepspeed017/bin/python");
+    if !python_ready() || !old.exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-deepspeed017: run scripts/setup-python.sh");
+        return;
+    }
+    let python = format!("--python=deepspeed-zero={}", old.display());
+    let on_old = |case: &Path, fixes: &str| one_verdict_with("deepspeed-zero", &root().join("tests").join(case), fixes, &[&python]);
+    let on_new = |case: &Path| one_verdict("deepspeed-zero", &root().join("tests").join(case), "");
+    for (case, fix) in [
+        ("python-ignored/dp2-zero2-f32-scattered-accumulation.json", "deepspeed-zero2-accumulation-last-micro-batch"),
+        ("python-zero-layout/dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed-cpu-bucket-type-strings"),
+    ] {
+        let case = Path::new(case);
+        let v = on_old(case, "");
+        assert_eq!(v["versions"]["deepspeed"], "0.17.6", "{v}");
+        assert_eq!(v["kind"], "divergent", "{}: {v}", case.display());
+        assert_eq!(on_old(case, fix)["kind"], "pass", "{}", case.display());
+        assert_eq!(on_new(case)["kind"], "pass", "{} on 0.19.8", case.display());
+    }
+    let v = on_old(Path::new("python-zero-layout/dp2-zero3-offload-clip-bf16.json"), "");
+    assert_eq!(v["kind"], "pass", "ZeRO-3: {v}");
+    let v = on_old(Path::new("python-moe/ds-dp2-ep2-zero3-rejected-f32.json"), "");
+    assert_eq!(v["kind"], "rejected", "{v}");
+    assert!(reason(&v).contains("MoE not supported with Stage 3"), "{v}");
+}
+
 /// The case's MoE blocks in the plain torch model (`torch_moe`: top-k routing, a capacity per sequence, the auxiliary
 /// loss) under DDP, FSDP2 and Colossal-AI's ZeRO-2 train like the reference; the oracle sees the model itself, not only
 /// the framework (the worker's own single-device run no longer widens ε without limit: a capacity one slot too large
