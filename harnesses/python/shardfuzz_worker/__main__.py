@@ -7,7 +7,7 @@ import traceback
 
 from . import lifetime, protocol, tensors_io
 from .interrupt import CaseTimedOut, forget_last_learned, hang_reason, run_with_alarm
-from .pool import RankDied, RankPool, RanksHung, test_raise
+from .pool import RankDied, RankPool, RanksFailedToStart, RanksHung, test_raise
 from .targets import REGISTRY, load
 from .targets.base import HarnessError, expected_outputs, unsupported_frozen, unsupported_label_smoothing
 from .validation import describe, short
@@ -87,6 +87,9 @@ class Coordinator:
         except RankDied as e:
             self.drop(world)
             return {"status": "crash", "rank": e.rank, "reason": str(e)}
+        except RanksFailedToStart as e:
+            # Judged as a job's failures are: our start-up code (a known fix that does not apply) is a harness error.
+            return {**classify_failures(self.target, e.failed, world), "coverage": []}
         coverage = set()
         for r in results:
             coverage |= r.get("coverage", set())

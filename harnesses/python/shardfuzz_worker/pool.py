@@ -39,6 +39,15 @@ class RankDied(Exception):
         self.rank = rank
 
 
+class RanksFailedToStart(Exception):
+    """Ranks whose start-up (`init_rank`: the process group, the requested known fixes) raised: `failed` holds
+    (rank, failure) pairs as a job's failures are reported, to be judged by where they were raised."""
+
+    def __init__(self, failed):
+        super().__init__("; ".join(f"rank {r}: {f['type']}: {f['message']}" for r, f in failed))
+        self.failed = failed
+
+
 class RanksHung(Exception):
     def __init__(self, stuck, waited, where=()):
         detail = "".join(f"; rank {r} waits at {w}" for r, w in where)
@@ -173,7 +182,11 @@ def _rank_main(rank, world, port, target, conn, init_timeout_s, stderr_path):
         LOCAL_SIZE=str(world),
         GLOO_SOCKET_IFNAME="lo",
     )
-    target.init_rank(rank, world, init_timeout_s)
+    try:
+        target.init_rank(rank, world, init_timeout_s)
+    except BaseException as e:  # noqa: BLE001 - reported as a job's failure is, then the rank exits
+        conn.send({"ok": False, **describe(e)})
+        os._exit(1)
     cov = Coverage(target.coverage_prefixes)
     conn.send({"ready": rank})
     while True:
@@ -216,7 +229,7 @@ class RankPool:
             try:
                 self._start(ctx, target, free_loopback_port(), init_timeout_s)
                 return
-            except RankDied as e:
+            except (RankDied, RanksFailedToStart) as e:
                 if attempt == START_ATTEMPTS or not port_taken(str(e)):
                     raise
 
@@ -233,7 +246,10 @@ class RankPool:
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
-        self._gather(init_timeout_s)
+        failed = [(r, f) for r, f in enumerate(self._gather(init_timeout_s)) if not f.get("ok", True)]
+        if failed:
+            self.kill()
+            raise RanksFailedToStart(failed)
 
     def alive(self):
         return bool(self.procs) and all(p.is_alive() for p in self.procs)
@@ -285,6 +301,10 @@ class RankPool:
                 elif obj in sentinels:
                     r = sentinels[obj]
                     p = self.procs[r]
+                    if r in pending.values() and self._report_before_exit(r, results):
+                        del pending[self.conns[r]]  # it reported, then exited (a start-up failure)
+                        deadline = min(deadline, time.monotonic() + grace_s)
+                        continue
                     if r in pending.values():
                         p.join(0.1)
                         code = p.exitcode
@@ -294,6 +314,16 @@ class RankPool:
                         raise RankDied(r, f"rank {r} {why}" + (f": {said}" if said else ""))
                     del sentinels[obj]
         return results
+
+    def _report_before_exit(self, r, results):
+        """Whether rank r, found exited, had sent its report first (read into results[r])."""
+        try:
+            if self.conns[r].poll():
+                results[r] = self.conns[r].recv()
+                return True
+        except (EOFError, OSError):
+            pass
+        return False
 
     def dump_stacks(self, ranks, wait_s=1.0):
         """Asks each rank for its Python stack (SIGUSR1); returns what each has printed this job,

@@ -34,9 +34,39 @@ p.kill()
 print("started on another port")
 """
 
+#: A rank whose start-up fails in our code (as a requested known fix that does not apply to the installed release).
+START_FAILS = """
+from shardfuzz_worker import pool
+from shardfuzz_worker.targets.torch_ddp import TARGET
+from shardfuzz_worker.verdicts import classify_failures
+
+real = type(TARGET).init_rank
+
+def init_rank(self, rank, world, timeout_s):
+    real(self, rank, world, timeout_s)
+    if rank == 1:
+        raise AttributeError("the fix's target is missing")
+
+type(TARGET).init_rank = init_rank
+try:
+    pool.RankPool(TARGET, 2, init_timeout_s=60.0)
+    raise SystemExit("the pool started")
+except pool.RanksFailedToStart as e:
+    assert [r for r, _ in e.failed] == [1], e.failed
+    print(classify_failures(TARGET, e.failed, 2))
+"""
+
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class RankPoolStart(unittest.TestCase):
+    def test_a_start_up_failure_is_reported_with_its_frames(self):
+        # Before: the rank exited and the case read "crash: rank 1 exited with status 1".
+        done = subprocess.run([sys.executable, "-c", START_FAILS], capture_output=True, text=True, timeout=240,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn("'status': 'harness_error'", done.stdout)
+        self.assertIn("the fix's target is missing", done.stdout)
+
     def test_a_port_taken_before_rank_0_binds_it_starts_the_pool_on_another(self):
         # In a fresh interpreter: rank processes fork from it, and this one may hold a process group
         # already (the in-process DTensor tests).
