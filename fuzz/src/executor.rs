@@ -72,7 +72,7 @@ impl<OT> CaseExecutor<OT> {
             coverage: 0,
             framework_lines: Default::default(),
             new_findings: vec![],
-            confirmations: Confirmations::default(),
+            confirmations: Confirmations::for_campaign(),
             precision_notes: Default::default(),
         }
     }

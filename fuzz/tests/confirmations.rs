@@ -1,6 +1,8 @@
 //! Findings of an in-process rank simulation are confirmed on real ranks, and a confirmation speaks
 //! for later cases of the same signature only when it can: when the real ranks agreed, or when they
 //! ran cleanly (the simulation's own failure). A different finding on real ranks is that case's alone.
+//! In a campaign, a model case's finding is run again in fresh processes: one that an earlier case's
+//! leftovers caused does not reproduce there, and the case's verdict is the fresh run's.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -9,12 +11,15 @@ use shardfuzz_harnesses::case::Case;
 use shardfuzz_harnesses::inputs::Inputs;
 use shardfuzz_harnesses::target::{Outcome, Target};
 
-/// Replays scripted outcomes: `runs` for the simulated runs, `real` for confirmations.
+/// Replays scripted outcomes: `runs` for the simulated runs, `real` for confirmations and reruns in
+/// fresh processes.
+#[derive(Default)]
 struct Scripted {
     runs: VecDeque<Outcome>,
     real: VecDeque<Outcome>,
     confirmations: usize,
     patience: Vec<u32>,
+    fresh_reruns: usize,
 }
 
 impl Target for Scripted {
@@ -31,6 +36,10 @@ impl Target for Scripted {
         self.confirmations += 1;
         self.patience.push(patience);
         Some(self.real.pop_front().expect("a scripted confirmation"))
+    }
+    fn rerun_fresh(&mut self, _case: &Case, _inputs: &Inputs) -> Option<Outcome> {
+        self.fresh_reruns += 1;
+        Some(self.real.pop_front().expect("a scripted fresh rerun"))
     }
 }
 
@@ -55,8 +64,7 @@ fn a_different_finding_on_real_ranks_is_not_reused_for_the_signature() {
     let mut target = Scripted {
         runs: VecDeque::from([crash(SIM_ONLY), crash(SIM_ONLY)]),
         real: VecDeque::from([hang(), crash("ok")]),
-        confirmations: 0,
-        patience: vec![],
+        ..Default::default()
     };
     let mut known = Confirmations::default();
     let first = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
@@ -75,8 +83,7 @@ fn an_agreeing_or_clean_confirmation_speaks_for_later_cases() {
     let mut target = Scripted {
         runs: VecDeque::from([crash(boom), crash(boom), crash(SIM_ONLY), crash(SIM_ONLY)]),
         real: VecDeque::from([crash(boom), Outcome::Unsupported { reason: "clean".into() }]),
-        confirmations: 0,
-        patience: vec![],
+        ..Default::default()
     };
     let mut known = Confirmations::default();
     let oracle = Oracle::default();
@@ -94,8 +101,7 @@ fn a_simulated_hang_gets_more_time_on_real_ranks_and_a_case_that_then_finishes_i
     let mut target = Scripted {
         runs: VecDeque::from([hang(), crash(SIM_ONLY)]),
         real: VecDeque::from([Outcome::Rejected { reason: "no sharding strategy".into(), features: vec![] }, crash("ok")]),
-        confirmations: 0,
-        patience: vec![],
+        ..Default::default()
     };
     let mut known = Confirmations::default();
     let v = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
@@ -103,4 +109,35 @@ fn a_simulated_hang_gets_more_time_on_real_ranks_and_a_case_that_then_finishes_i
     assert!(v.notes.iter().any(|n| n.starts_with("slow, not a hang")), "{:?}", v.notes);
     let _ = evaluate_confirming(&mut target, &prep, &Oracle::default(), &mut known);
     assert_eq!(target.patience, vec![shardfuzz_fuzz::oracle::HANG_PATIENCE, 1], "a hang waits longer, a crash does not");
+}
+
+fn model_case() -> Prepared {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../corpus/dp2-even-f32.json")).unwrap();
+    Prepared::new(&Case::from_json(&text).unwrap())
+}
+
+const LEFTOVER: &str =
+    "AttributeError: 'NoneType' object has no attribute 'group' (at File \"/x/deepspeed/utils/groups.py\", line 9, in _get_group)";
+
+#[test]
+fn a_campaign_finding_that_does_not_reproduce_in_fresh_processes_is_not_the_cases() {
+    let prep = model_case();
+    let mut target = Scripted {
+        runs: VecDeque::from([crash(LEFTOVER), crash(LEFTOVER), crash(LEFTOVER)]),
+        real: VecDeque::from([Outcome::Unsupported { reason: "fresh".into() }, crash(LEFTOVER)]),
+        ..Default::default()
+    };
+    let mut known = Confirmations::for_campaign();
+    let oracle = Oracle::default();
+    let v = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
+    assert_eq!(v.kind, VerdictKind::Unsupported, "{v:?}");
+    assert!(v.notes.iter().any(|n| n.contains("in processes that had run earlier cases it gave crash")), "{:?}", v.notes);
+    // Not reproduced: the next case of the signature is rerun too; this one reproduces, and speaks for later ones.
+    assert_eq!(evaluate_confirming(&mut target, &prep, &oracle, &mut known).kind, VerdictKind::Crash);
+    assert_eq!(evaluate_confirming(&mut target, &prep, &oracle, &mut known).kind, VerdictKind::Crash);
+    assert_eq!(target.fresh_reruns, 2);
+    // Outside campaigns (`shardfuzz run`: one worker per invocation) nothing is rerun.
+    let mut target = Scripted { runs: VecDeque::from([crash(LEFTOVER)]), ..Default::default() };
+    let v = evaluate_confirming(&mut target, &prep, &oracle, &mut Confirmations::default());
+    assert_eq!((v.kind, target.fresh_reruns), (VerdictKind::Crash, 0));
 }

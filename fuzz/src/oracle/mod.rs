@@ -248,19 +248,34 @@ pub const REAL_RANKS_NOTE: &str = "ran on real process-group ranks";
 
 /// Real-rank verdicts of simulated findings, by signature. A confirmation starts a process group
 /// (seconds): a campaign confirms the first case of each signature and judges the later ones by
-/// it.
+/// it. A campaign's (`for_campaign`) also reruns the first finding of each signature in processes
+/// started for it (`Target::rerun_fresh`): its targets' processes run case after case, and a
+/// finding that an earlier case's leftovers caused is not reproducible from the case.
 #[derive(Default)]
-pub struct Confirmations(std::collections::HashMap<String, Verdict>);
+pub struct Confirmations {
+    simulated: std::collections::HashMap<String, Verdict>,
+    /// Signatures whose finding reproduced in fresh processes; `None` outside campaigns.
+    fresh: Option<std::collections::HashSet<String>>,
+}
+
+impl Confirmations {
+    pub fn for_campaign() -> Confirmations {
+        Confirmations { fresh: Some(Default::default()), ..Default::default() }
+    }
+}
 
 /// `evaluate_prepared`, reusing the confirmations already made for a finding's signature.
 pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle, known: &mut Confirmations) -> Verdict {
     let outcome = target.run(&prep.case, &prep.inputs);
     let v = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
     if !needs_confirmation(&v, prep) {
-        return v;
+        return match known.fresh.as_mut() {
+            Some(reproduced) => reproduced_fresh(target, prep, oracle, reproduced, v),
+            None => v,
+        };
     }
     let sig = v.signature(&prep.case);
-    if let Some(real) = known.0.get(&sig) {
+    if let Some(real) = known.simulated.get(&sig) {
         return judged_by_earlier(v, real);
     }
     match target.confirm(&prep.case, &prep.inputs, patience(&v)) {
@@ -269,12 +284,43 @@ pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Or
             // Only an agreement, or a clean real run (the simulation's own failure), speaks for later
             // cases of the signature: a different finding on real ranks belongs to this case alone.
             if agrees(&v, &real) || !(real.kind.is_finding() || real.kind == VerdictKind::HarnessError) {
-                known.0.insert(sig, real.clone());
+                known.simulated.insert(sig, real.clone());
             }
             confirmed(v, real)
         }
         None => v,
     }
+}
+
+/// A divergence or crash of a model case, the first of its signature, run again in fresh processes:
+/// kept when it reproduces there; else the fresh run's verdict is the case's (the same case gives the
+/// same verdict whatever ran before it), with what the reused processes gave in its notes.
+fn reproduced_fresh(
+    target: &mut dyn Target,
+    prep: &Prepared,
+    oracle: &Oracle,
+    reproduced: &mut std::collections::HashSet<String>,
+    v: Verdict,
+) -> Verdict {
+    if !matches!(v.kind, VerdictKind::Divergent | VerdictKind::Crash) || prep.case.library_op.is_some() {
+        return v;
+    }
+    let sig = v.signature(&prep.case);
+    if reproduced.contains(&sig) {
+        return v;
+    }
+    let Some(outcome) = target.rerun_fresh(&prep.case, &prep.inputs) else { return v };
+    let fresh = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
+    if agrees(&v, &fresh) {
+        reproduced.insert(sig);
+        return v;
+    }
+    let mut fresh = fresh;
+    fresh.notes.push(format!(
+        "in processes that had run earlier cases it gave {} — {}; in processes started for it, not (state an earlier case left behind)",
+        v.kind, v.reason
+    ));
+    fresh
 }
 
 /// Whether real ranks found what the simulation found: the same kind, and a crash at the same site.

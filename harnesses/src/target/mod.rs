@@ -194,4 +194,11 @@ pub trait Target: Send {
     fn confirm(&mut self, _case: &Case, _inputs: &Inputs, _patience: u32) -> Option<Outcome> {
         None
     }
+    /// Runs a case again in processes started for it (a new worker and new ranks), where `run` may
+    /// have reused processes that ran earlier cases: a finding that state left by an earlier case
+    /// caused (a framework's module globals, a process group) does not reproduce here, and is not
+    /// this case's. `None` when the target keeps no state between cases.
+    fn rerun_fresh(&mut self, _case: &Case, _inputs: &Inputs) -> Option<Outcome> {
+        None
+    }
 }

@@ -354,6 +354,17 @@ impl Target for PythonTarget {
         std::mem::take(&mut self.coverage)
     }
 
+    fn rerun_fresh(&mut self, case: &Case, inputs: &Inputs) -> Option<Outcome> {
+        if case.library_op.is_some() {
+            return None; // (confirmed on real ranks instead, see `confirm`)
+        }
+        let coverage = std::mem::take(&mut self.coverage);
+        self.drop_worker(); // its rank pools die with it
+        let outcome = self.run_in_worker(case, inputs, false);
+        self.coverage = coverage;
+        Some(outcome)
+    }
+
     fn confirm(&mut self, case: &Case, inputs: &Inputs, patience: u32) -> Option<Outcome> {
         case.library_op.as_ref()?;
         // Only a worker that simulated its ranks in one process has real ones to confirm on (JAX's
