@@ -74,6 +74,9 @@ fn print_record(m: &Minimized, out: &std::path::Path) {
         m.elements_after,
         100.0 * ratio
     );
+    if m.stale_candidates > 0 {
+        println!("not kept: {} candidate(s) that failed only in processes that had run earlier candidates", m.stale_candidates);
+    }
     println!("minimized: {} — {}", out.display(), m.case.summary());
     if let Some(n) = &m.needs {
         println!("needs ({} more executions, dropping what the divergence survives without): {}", m.needs_execs, n.join(", "));

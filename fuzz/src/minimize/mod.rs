@@ -2,7 +2,9 @@
 //! (Hypothesis style). A candidate is kept only when it is valid, strictly simpler than the current
 //! case (no measure of [`Complexity`] grows and one shrinks) and still fails the same way: same
 //! target, verdict kind, and first divergent tensor's family (layer indices generalised, `.weight` /
-//! `.bias` dropped) or crash site.
+//! `.bias` dropped) or crash site. A framework target runs the candidates one after another in the same
+//! processes, so a candidate may fail only because of what an earlier one left there: a candidate is
+//! kept only when it also fails in fresh processes (`Target::rerun_fresh`).
 
 pub mod background;
 pub mod bench;
@@ -19,7 +21,7 @@ use shardfuzz_harnesses::case::{Case, Distribution, Limits, OptimizerKind, Place
 use shardfuzz_harnesses::inputs::Inputs;
 use shardfuzz_harnesses::target::Target;
 
-use crate::oracle::{crash_site, evaluate, generalise, hang_site, tensor_family, Oracle, Verdict, VerdictKind};
+use crate::oracle::{crash_site, evaluate, generalise, hang_site, judge_prepared, tensor_family, Oracle, Prepared, Verdict, VerdictKind};
 
 /// How a finding fails: what a smaller case must reproduce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +172,14 @@ pub struct Minimized {
     pub needs: Option<Vec<String>>,
     #[serde(default)]
     pub needs_execs: u64,
+    /// Candidates not kept because they failed only in processes that had run earlier candidates (each kept
+    /// candidate is run again in fresh processes where the target keeps state between cases).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stale_candidates: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Shrinks `case`, which must fail on `target`, to a fixpoint of [`PASSES`] within `budget`.
@@ -190,6 +200,7 @@ pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: B
         budget_exhausted: false,
         needs: None,
         needs_execs: 0,
+        stale_candidates: 0,
     };
     let mut tried: HashSet<Case> = HashSet::from([case.clone()]);
     let out_of_budget = |m: &Minimized| m.execs >= budget.max_execs || start.elapsed() >= budget.max_time;
@@ -223,6 +234,15 @@ pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: B
     Ok(m)
 }
 
+/// Runs `case` again in fresh processes (`Target::rerun_fresh`): None where the target keeps no state
+/// between cases, else its verdict there if it fails the way `key` says.
+fn fails_fresh(target: &mut dyn Target, oracle: &Oracle, case: &Case, key: &FailureKey) -> Option<Option<Verdict>> {
+    let prep = Prepared::new(case);
+    let outcome = target.rerun_fresh(&prep.case, &prep.inputs)?;
+    let v = judge_prepared(target.name(), target.versions(), &prep, outcome, oracle);
+    Some((FailureKey::of(&v).as_ref() == Some(key)).then_some(v))
+}
+
 /// Runs one pass's candidates until one is kept (true) or none is.
 fn try_pass(
     target: &mut dyn Target,
@@ -248,6 +268,16 @@ fn try_pass(
         m.passes[index].calls += 1;
         let v = evaluate(target, &cand, oracle);
         if v.kind.is_finding() && FailureKey::of(&v).as_ref() == Some(&m.key) {
+            let fresh = fails_fresh(target, oracle, &cand, &m.key);
+            m.execs += u64::from(fresh.is_some());
+            let v = match fresh {
+                None => v,
+                Some(Some(fresh)) => fresh,
+                Some(None) => {
+                    m.stale_candidates += 1;
+                    continue;
+                }
+            };
             m.passes[index].successes += 1;
             m.case = cand;
             m.verdict = v;
