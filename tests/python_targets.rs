@@ -1631,11 +1631,13 @@ fn megatron_core_0_15_3s_historical_bugs_are_found_and_pass_with_their_fixes() {
     assert!(reason(&v).contains("megatron-core 0.15.3 has no TransformerConfig.moe_shared_expert_gate"), "{v}");
 }
 
-/// deepspeed-zero against an older release, DeepSpeed 0.17.6 (`.venv-deepspeed017`, an overlay on `.venv`), finding two
+/// deepspeed-zero against an older release, DeepSpeed 0.17.6 (`.venv-deepspeed017`, an overlay on `.venv`), finding three
 /// historical bugs: ZeRO-1/2 keep only the last micro-batch's gradient under accumulation (#7718, fixed by #7665 in
-/// 0.18.3), and on the CPU accelerator ZeRO-1/2 without contiguous gradients never all-reduce them (fixed by #8382 in
-/// 0.19.8); each case passes with its fix, and on 0.19.8 without one. ZeRO-3 runs (the CPU accelerator counts its
-/// devices from LOCAL_SIZE, not `numactl`), and the release's refusal of MoE under ZeRO-3 (an assertion) is a rejection.
+/// 0.18.3), on the CPU accelerator ZeRO-1/2 without contiguous gradients never all-reduce them (fixed by #8382 in
+/// 0.19.8), and ZeRO-3 with ZeRO++ hpZ runs the first step after `load_checkpoint` on stale secondary partitions
+/// (#7606, fixed by #7707 in 0.18.3); each case passes with its fix, and on 0.19.8 without one. ZeRO-3 runs (the CPU
+/// accelerator counts its devices from LOCAL_SIZE, not `numactl`), the release's refusal of MoE under ZeRO-3 (an
+/// assertion) is a rejection, and a case after an hpZ case in the same ranks no longer inherits its hpZ group.
 #[test]
 fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
     let old = root().join(".venv-deepspeed017/bin/python");
@@ -1649,6 +1651,7 @@ fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
     for (case, fix) in [
         ("python-ignored/dp2-zero2-f32-scattered-accumulation.json", "deepspeed-zero2-accumulation-last-micro-batch"),
         ("python-zero-layout/dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed-cpu-bucket-type-strings"),
+        ("python-resume/dp4-zero3-hpz4-sgd-resume-after-1-f32.json", "deepspeed-zero3-hpz-secondary-after-load"),
     ] {
         let case = Path::new(case);
         let v = on_old(case, "");
@@ -1662,6 +1665,14 @@ fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
     let v = on_old(Path::new("python-moe/ds-dp2-ep2-zero3-rejected-f32.json"), "");
     assert_eq!(v["kind"], "rejected", "{v}");
     assert!(reason(&v).contains("MoE not supported with Stage 3"), "{v}");
+    // DeepSpeed keeps the hpZ group in a module global no engine clears: the resumed case after the hpZ case diverged.
+    let resume = root().join("tests/python-resume");
+    let (hpz, after) =
+        (resume.join("dp2-zero3-hpz2-bf16-f32-accumulated.json"), resume.join("dp2-zero3-adam-resume-after-1-padding-f32.json"));
+    let o =
+        shardfuzz(&["run", "--json", "--target", "deepspeed-zero", &python, &hpz.display().to_string(), &after.display().to_string()], &[]);
+    let vs = verdicts(&o);
+    assert!(vs.len() == 2 && vs.iter().all(|v| v["kind"] == "pass"), "{vs:?}");
 }
 
 /// The case's MoE blocks in the plain torch model (`torch_moe`: top-k routing, a capacity per sequence, the auxiliary

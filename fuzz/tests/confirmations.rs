@@ -141,3 +141,37 @@ fn a_campaign_finding_that_does_not_reproduce_in_fresh_processes_is_not_the_case
     let v = evaluate_confirming(&mut target, &prep, &oracle, &mut Confirmations::default());
     assert_eq!((v.kind, target.fresh_reruns), (VerdictKind::Crash, 0));
 }
+
+/// Crashes at one site on every case in its reused processes; in fresh ones only with two or more data-parallel
+/// ranks (a fewer-ranks candidate fails only after what the earlier cases left behind).
+struct Leaky {
+    fresh_reruns: usize,
+}
+
+impl Target for Leaky {
+    fn name(&self) -> &str {
+        "leaky"
+    }
+    fn versions(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+    fn run(&mut self, _case: &Case, _inputs: &Inputs) -> Outcome {
+        crash(LEFTOVER)
+    }
+    fn rerun_fresh(&mut self, case: &Case, _inputs: &Inputs) -> Option<Outcome> {
+        self.fresh_reruns += 1;
+        Some(if case.parallel.dp >= 2 { crash(LEFTOVER) } else { Outcome::Unsupported { reason: "fresh".into() } })
+    }
+}
+
+#[test]
+fn the_minimizer_keeps_only_candidates_that_fail_in_fresh_processes() {
+    use shardfuzz_fuzz::minimize::{minimize, Budget};
+
+    let case = model_case().case;
+    assert_eq!(case.parallel.dp, 2);
+    let mut target = Leaky { fresh_reruns: 0 };
+    let m = minimize(&mut target, &case, &Oracle::default(), Budget::default()).unwrap();
+    assert_eq!(m.case.parallel.dp, 2, "one rank fails only in reused processes: {:?}", m.case.parallel);
+    assert!(m.stale_candidates >= 1 && target.fresh_reruns > m.stale_candidates, "{} {}", m.stale_candidates, target.fresh_reruns);
+}

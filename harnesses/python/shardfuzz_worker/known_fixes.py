@@ -516,6 +516,23 @@ def _deepspeed_cpu_bucket_type_strings():
     stage_1_and_2.split_half_float_double = split_half_float_double
 
 
+def _deepspeed_zero3_hpz_secondary_after_load():
+    """DeepSpeed before 0.18.3 (reported as deepspeedai/DeepSpeed#7606 on 0.16.9, fixed by #7707): ZeRO-3 with ZeRO++
+    hierarchical partitioning (`zero_hpz_partition_size` > 1) gathers parameters from their secondary partition,
+    which `load_checkpoint` never refreshes: the first step after loading runs on the weights the engine was built
+    with (docs/findings/deepspeed-0.17.6-zero3-hpz-stale-secondary-partition-after-load.py). Fix (#7707's):
+    `checkpoint_event_epilogue` drops the secondary partitions."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    original = DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue
+
+    def checkpoint_event_epilogue(self):
+        self.invalidate_secondary_tensor()
+        original(self)
+
+    DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = checkpoint_event_epilogue
+
+
 def _torch_fsdp2_reentrant_reused_module():
     """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
     re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
@@ -1144,6 +1161,7 @@ FIXES = {
     "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),
     "deepspeed-zero2-accumulation-last-micro-batch": (("deepspeed-zero",), _deepspeed_zero2_accumulation_last_micro_batch),
     "deepspeed-cpu-bucket-type-strings": (("deepspeed-zero",), _deepspeed_cpu_bucket_type_strings),
+    "deepspeed-zero3-hpz-secondary-after-load": (("deepspeed-zero",), _deepspeed_zero3_hpz_secondary_after_load),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),

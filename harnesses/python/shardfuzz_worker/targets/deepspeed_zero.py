@@ -204,6 +204,7 @@ class DeepSpeedZero(TorchTarget):
         moe = moe_of(case)
 
         def fresh_engine():
+            forget_earlier_engines()
             model, _ = build(case, inputs, sparse_embedding(case))
             if moe is not None:
                 install_moe(model, case, inputs, dt, aux)
@@ -290,6 +291,16 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
                                        *resume_feature(stage, case)])
+
+
+def forget_earlier_engines():
+    """What a fresh process has: DeepSpeed keeps the ZeRO++ (hpZ) parameter group in a module global that no engine's
+    teardown clears, and every later ZeRO-3 engine of the process partitions through it (a case without hpZ after
+    one with it ran with hpZ; one with another hpZ size, with the first one's)."""
+    from deepspeed.utils import groups
+
+    if getattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP", None) is not None:
+        groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
 
 
 def moe_groups(groups):
