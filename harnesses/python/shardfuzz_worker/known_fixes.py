@@ -533,6 +533,26 @@ def _deepspeed_zero3_hpz_secondary_after_load():
     DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = checkpoint_event_epilogue
 
 
+def _torch_rms_norm_half_overflow():
+    """torch 2.5.1 (and other releases before the fused CPU kernel that accumulates in float32; reported as
+    pytorch/pytorch#133085 / #134106, 2024-08): `F.rms_norm` on a float16 input squares it in float16, so any element
+    above 256 in magnitude makes the mean square inf and the whole row 0 (a single-device bug, which every f16 case of
+    our torch model with large activations meets on such a torch: colossalai-zero at dp 1 alike)
+    (docs/findings/torch-2.5.1-rms-norm-float16-overflow.py). Fix: the norm of a float16 input computed in float32."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.rms_norm
+
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        if input.dtype != torch.float16:
+            return original(input, normalized_shape, weight, eps)
+        w = None if weight is None else weight.float()
+        return original(input.float(), normalized_shape, w, eps).to(torch.float16)
+
+    F.rms_norm = rms_norm
+
+
 def _torch_fsdp2_reentrant_reused_module():
     """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
     re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
@@ -1162,6 +1182,8 @@ FIXES = {
     "deepspeed-zero2-accumulation-last-micro-batch": (("deepspeed-zero",), _deepspeed_zero2_accumulation_last_micro_batch),
     "deepspeed-cpu-bucket-type-strings": (("deepspeed-zero",), _deepspeed_cpu_bucket_type_strings),
     "deepspeed-zero3-hpz-secondary-after-load": (("deepspeed-zero",), _deepspeed_zero3_hpz_secondary_after_load),
+    "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-ddp", "colossalai-tp", "colossalai-zero"),
+                                     _torch_rms_norm_half_overflow),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),
     "megatron-gathered-logits-language-model-loss": (("megatron-tp",), _megatron_gathered_logits_language_model_loss),
