@@ -21,7 +21,7 @@ use shardfuzz_harnesses::case::{Case, Distribution, Limits, OptimizerKind, Place
 use shardfuzz_harnesses::inputs::Inputs;
 use shardfuzz_harnesses::target::Target;
 
-use crate::oracle::{crash_site, evaluate, generalise, hang_site, judge_prepared, tensor_family, Oracle, Prepared, Verdict, VerdictKind};
+use crate::oracle::{crash_site, evaluate, generalise, hang_site, judge_fresh, tensor_family, Oracle, Prepared, Verdict, VerdictKind};
 
 /// How a finding fails: what a smaller case must reproduce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -237,9 +237,7 @@ pub fn minimize(target: &mut dyn Target, case: &Case, oracle: &Oracle, budget: B
 /// Runs `case` again in fresh processes (`Target::rerun_fresh`): None where the target keeps no state
 /// between cases, else its verdict there if it fails the way `key` says.
 fn fails_fresh(target: &mut dyn Target, oracle: &Oracle, case: &Case, key: &FailureKey) -> Option<Option<Verdict>> {
-    let prep = Prepared::new(case);
-    let outcome = target.rerun_fresh(&prep.case, &prep.inputs)?;
-    let v = judge_prepared(target.name(), target.versions(), &prep, outcome, oracle);
+    let v = judge_fresh(target, &Prepared::new(case), oracle)?;
     Some((FailureKey::of(&v).as_ref() == Some(key)).then_some(v))
 }
 

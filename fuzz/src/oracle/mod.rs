@@ -309,8 +309,7 @@ fn reproduced_fresh(
     if reproduced.contains(&sig) {
         return v;
     }
-    let Some(outcome) = target.rerun_fresh(&prep.case, &prep.inputs) else { return v };
-    let fresh = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
+    let Some(fresh) = judge_fresh(target, prep, oracle) else { return v };
     if agrees(&v, &fresh) {
         reproduced.insert(sig);
         return v;
@@ -321,6 +320,13 @@ fn reproduced_fresh(
         v.kind, v.reason
     ));
     fresh
+}
+
+/// The verdict of `prep` run again in processes started for it (`Target::rerun_fresh`); `None` where
+/// the target keeps no state between cases.
+pub fn judge_fresh(target: &mut dyn Target, prep: &Prepared, oracle: &Oracle) -> Option<Verdict> {
+    let outcome = target.rerun_fresh(&prep.case, &prep.inputs)?;
+    Some(judge_prepared(target.name(), target.versions(), prep, outcome, oracle))
 }
 
 /// Whether real ranks found what the simulation found: the same kind, and a crash at the same site.

@@ -306,6 +306,26 @@ def _colossalai_gpt2_lm_head_gather():
     GPT2LMHeadModelPolicy.module_policy = module_policy
 
 
+def _replace_in_method(cls, name, old, new, fix):
+    """Recompiles method `name` of `cls` (a static method stays one) with one passage of its released source replaced,
+    in its module's globals: the upstream fix of a released function too long to copy. Raises if the released code is
+    not what the fix was written against."""
+    import inspect
+    import sys
+    import textwrap
+
+    static = isinstance(inspect.getattr_static(cls, name), staticmethod)
+    source = textwrap.dedent(inspect.getsource(getattr(cls, name)))
+    if source.count(old) != 1:
+        raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
+    if static:
+        source = source.replace("@staticmethod\n", "", 1)
+    module = sys.modules[cls.__module__]
+    namespace = {}
+    exec(compile(source.replace(old, new), inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
+    setattr(cls, name, staticmethod(namespace[name]) if static else namespace[name])
+
+
 def _colossalai_gpt2_pipeline_loss_unbound():
     """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
     (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
@@ -313,19 +333,11 @@ def _colossalai_gpt2_pipeline_loss_unbound():
     (docs/findings/colossalai-0.5.0-gpt2-pipeline-forward-without-labels-crash.py). The policy installs the same
     forward under tensor parallelism with parallel_output=True (the plugin's default, policies/gpt2.py:414), where it
     fails the same way without a pipeline. Fix: `loss = None` first."""
-    import inspect
-    import textwrap
-
     from colossalai.shardformer.modeling import gpt2
 
-    source = textwrap.dedent(inspect.getsource(gpt2.GPT2PipelineForwards.gpt2_lmhead_model_forward))
     anchor = "\n    lm_logits = self.lm_head(hidden_states)\n"  # (in the dedented method)
-    if anchor not in source:
-        raise RuntimeError("known fix colossalai-gpt2-pipeline-loss-unbound: the released code it patches has changed")
-    source = source.replace("@staticmethod\n", "", 1).replace(anchor, anchor + "    loss = None\n", 1)
-    namespace = {}
-    exec(compile(source, inspect.getsourcefile(gpt2), "exec"), gpt2.__dict__, namespace)
-    gpt2.GPT2PipelineForwards.gpt2_lmhead_model_forward = staticmethod(namespace["gpt2_lmhead_model_forward"])
+    _replace_in_method(gpt2.GPT2PipelineForwards, "gpt2_lmhead_model_forward", anchor, anchor + "    loss = None\n",
+                       "colossalai-gpt2-pipeline-loss-unbound")
 
 
 def _colossalai_clip_norm_customized_tensors():
@@ -462,23 +474,6 @@ def _deepspeed_round_robin_hp_link():
                            dp_group=group, param_offsets=param_offsets)
 
     DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params
-
-
-def _replace_in_method(cls, name, old, new, fix):
-    """Recompiles method `name` of `cls` with one line of its released source replaced (in its module's globals):
-    the upstream fix of a released function too long to copy. Raises if the released code is not what the fix
-    was written against."""
-    import inspect
-    import sys
-    import textwrap
-
-    source = textwrap.dedent(inspect.getsource(getattr(cls, name)))
-    if source.count(old) != 1:
-        raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
-    module = sys.modules[cls.__module__]
-    namespace = {}
-    exec(compile(source.replace(old, new), inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
-    setattr(cls, name, namespace[name])
 
 
 def _deepspeed_zero2_accumulation_last_micro_batch():

@@ -265,6 +265,15 @@ class RankPool:
         start = time.monotonic()
         deadline = start + timeout_s
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+
+        def received(r, result):
+            nonlocal deadline
+            results[r] = result
+            del pending[self.conns[r]]
+            if not result.get("ok", True):
+                now = time.monotonic()
+                deadline = min(deadline, now + min(STRANDED_GRACE_S, max(grace_s, 2 * (now - start))))
+
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -288,22 +297,15 @@ class RankPool:
             ready = wait(list(pending) + list(sentinels), timeout=min(left, 1.0))
             for obj in ready:
                 if obj in pending:
-                    r = pending[obj]
                     try:
-                        results[r] = obj.recv()
+                        received(pending[obj], obj.recv())
                     except (EOFError, OSError):
                         continue
-                    del pending[obj]
-                    if not results[r].get("ok", True):
-                        now = time.monotonic()
-                        grace = min(STRANDED_GRACE_S, max(grace_s, 2 * (now - start)))
-                        deadline = min(deadline, now + grace)
                 elif obj in sentinels:
                     r = sentinels[obj]
                     p = self.procs[r]
-                    if r in pending.values() and self._report_before_exit(r, results):
-                        del pending[self.conns[r]]  # it reported, then exited (a start-up failure)
-                        deadline = min(deadline, time.monotonic() + grace_s)
+                    if r in pending.values() and (report := self._report_before_exit(r)) is not None:
+                        received(r, report)  # it reported, then exited (a start-up failure)
                         continue
                     if r in pending.values():
                         p.join(0.1)
@@ -315,15 +317,12 @@ class RankPool:
                     del sentinels[obj]
         return results
 
-    def _report_before_exit(self, r, results):
-        """Whether rank r, found exited, had sent its report first (read into results[r])."""
+    def _report_before_exit(self, r):
+        """What rank r, found exited, had sent first (None if nothing)."""
         try:
-            if self.conns[r].poll():
-                results[r] = self.conns[r].recv()
-                return True
+            return self.conns[r].recv() if self.conns[r].poll() else None
         except (EOFError, OSError):
-            pass
-        return False
+            return None
 
     def dump_stacks(self, ranks, wait_s=1.0):
         """Asks each rank for its Python stack (SIGUSR1); returns what each has printed this job,

@@ -299,7 +299,7 @@ def forget_earlier_engines():
     one with it ran with hpZ; one with another hpZ size, with the first one's)."""
     from deepspeed.utils import groups
 
-    if getattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP", None) is not None:
+    if hasattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
         groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
 
 
