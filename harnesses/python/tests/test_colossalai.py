@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -189,12 +190,12 @@ class ColossalAiTest(unittest.TestCase):
 
     def test_the_case_llama_loads_every_case_parameter_in_place(self):
         import torch
-        from transformers import LlamaForCausalLM
 
         from shardfuzz_worker.targets.colossalai_llama import build, case_name, config, to_case
+        from shardfuzz_worker.targets.colossalai_release import llama_model
 
         m = dict(case("llama-pp2-tp2-1f1b-f32.json")["model"])
-        shapes = LlamaForCausalLM(config(m, torch.float64)).named_parameters()
+        shapes = llama_model(**config(m, torch.float64)).named_parameters()
         # Distinct values per parameter and element, in the case's layout.
         inputs = {case_name(n): to_case(case_name(n), torch.arange(p.numel(), dtype=torch.float64).view(p.shape) + k).numpy()
                   for k, (n, p) in enumerate(shapes)}
@@ -205,10 +206,48 @@ class ColossalAiTest(unittest.TestCase):
         for n, p in model.named_parameters():
             self.assertTrue(torch.equal(to_case(case_name(n), p.detach()), torch.tensor(inputs[case_name(n)])), n)
         ids = torch.tensor([[1, 2, 3]])
-        cos, sin = model.model.rotary_emb(torch.zeros(1, 3, m["hidden"]), torch.arange(3)[None])
-        self.assertTrue(bool((cos == 1).all() and (sin == 0).all()), "no positional encoding")
+        rotations = [mod for name, mod in model.named_modules() if name.endswith("rotary_emb")]
+        self.assertTrue(rotations, "the release's rotary embedding found")
+        for rotation in rotations:
+            cos, sin = rotation(torch.zeros(1, 3, m["hidden"]), torch.arange(3)[None])
+            self.assertTrue(bool((cos == 1).all() and (sin == 0).all()), "no positional encoding")
         self.assertEqual(model(input_ids=ids).logits.shape, (1, 3, m["vocab"]))
 
+    def test_an_older_transformers_llama_is_the_same_model(self):
+        """transformers 4.39.3 (Colossal-AI 0.4.9's pin) has no LlamaConfig.mlp_bias and no head_dim, and keeps the
+        rotary embedding in each attention layer: the case's Llama, biases included, is built there all the same."""
+        import torch
+        from transformers import LlamaConfig
+
+        from shardfuzz_worker.targets import colossalai_llama, colossalai_release
+
+        class OldConfig(LlamaConfig):
+            def __init__(self, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=None, rms_norm_eps=1e-6,
+                         attention_bias=False, **kwargs):
+                assert "mlp_bias" not in kwargs and "head_dim" not in kwargs, kwargs
+                super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                                 num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                                 num_key_value_heads=num_key_value_heads, rms_norm_eps=rms_norm_eps,
+                                 attention_bias=attention_bias, **kwargs)
+
+        m = dict(case("llama-pp2-tp2-1f1b-f32.json")["model"])
+        self.assertTrue(m["bias"])
+        current = colossalai_release.llama_model(**colossalai_llama.config(m, torch.float32))
+        with mock.patch("transformers.LlamaConfig", OldConfig):
+            old = colossalai_release.llama_model(**colossalai_llama.config(m, torch.float32))
+        self.assertIsInstance(old.config, OldConfig)
+        self.assertEqual({n: p.shape for n, p in old.named_parameters()},
+                         {n: p.shape for n, p in current.named_parameters()})
+        self.assertIn("model.layers.1.mlp.down_proj.bias", dict(old.named_parameters()))
+
+        class Attention(torch.nn.Module):
+            rotary_emb = None
+
+        layers = [mock.Mock(self_attn=Attention()) for _ in range(2)]
+        model = mock.Mock(model=mock.Mock(spec=["layers"], layers=layers))
+        colossalai_release.replace_llama_rotary_embedding(model, lambda: "none")
+        self.assertEqual([layer.self_attn.rotary_emb for layer in layers], ["none", "none"])
 
 if __name__ == "__main__":
     unittest.main()

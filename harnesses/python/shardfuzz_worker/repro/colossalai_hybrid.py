@@ -8,7 +8,7 @@ from unittest import mock
 
 from ..targets.base import dtype_name, parallel
 from .colossalai_tp import SHIMS_ABOUT, shims_source
-from .common import assemble, embed, header, literal, rule, template, worker_source
+from .common import assemble, embed, header, literal, module_source, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import TORCH_DTYPES, check_model_case, model_about, model_arrays
 from .torch_model import producible  # noqa: F401 - the generator's interface
@@ -16,6 +16,7 @@ from .torch_model import producible  # noqa: F401 - the generator's interface
 TARGET = "colossalai-hybrid"
 
 IMPORTS = TORCH_IMPORTS + """import contextlib
+import inspect
 import re
 
 from colossalai.booster.plugin import HybridParallelPlugin
@@ -68,7 +69,10 @@ def sources(case):
         shims_source(),
         rule(f"the case's model as a transformers {kind} (as the worker's)") + "\n"
         + worker_source(f"targets/{module}.py", *FAMILIES[module])
-        + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"),
+        + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim")
+        + ("\n\n" + module_source("targets/colossalai_release.py", "LLAMA_NEWER_OPTIONS", "llama_options",
+                                  "llama_model", "replace_llama_rotary_embedding")
+           if module == "colossalai_llama" else ""),
         rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
         + re.sub(r"(?m)^def run\(", "def run_hybrid(", worker_source("targets/colossalai_hybrid_run.py", *RUN)),
     ]

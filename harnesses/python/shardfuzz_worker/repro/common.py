@@ -113,12 +113,18 @@ def worker_source(relpath, *names):
     return f"# from shardfuzz_worker/{relpath}\n" + "\n\n\n".join(parts) + "\n"
 
 
+def module_source(relpath, *names):
+    """Functions `names` of a worker module that other embedded helpers call as `module.…`: the functions, and the
+    script itself bound to the module's name."""
+    module = relpath.rsplit("/", 1)[-1].removesuffix(".py")
+    return (worker_source(relpath, *names)
+            + f'\n\n{module} = __import__("sys").modules[__name__]  # (the functions above, as the worker\'s module)\n')
+
+
 def megatron_release_source():
-    """The worker's megatron-core release differences (targets/megatron_release.py) the megatron helpers call as
-    `megatron_release.…`: the functions, and the script itself bound to that name."""
-    return (worker_source("targets/megatron_release.py", "OPTIONS_OFF", "installed_version", "config_class",
-                          "fields_of", "missing_options", "new_config", "new_optimizer", "grad_offset")
-            + '\n\nmegatron_release = __import__("sys").modules[__name__]  # (the functions above, as the worker\'s module)\n')
+    """The worker's megatron-core release differences (targets/megatron_release.py)."""
+    return module_source("targets/megatron_release.py", "OPTIONS_OFF", "installed_version", "config_class",
+                         "fields_of", "missing_options", "new_config", "new_optimizer", "grad_offset")
 
 
 def worker_op_source(relpath, name, kind):

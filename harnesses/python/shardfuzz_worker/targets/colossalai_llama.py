@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from . import colossalai_release
+
 NORM_EPS = 1e-5
 
 
@@ -28,9 +30,8 @@ def expressible(m):
 
 
 def config(m, dtype):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
+    """The LlamaConfig options of the case (colossalai_release.llama_model builds the installed release's model)."""
+    return dict(
         vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn"],
         num_hidden_layers=len(m["layers"]) // 2, num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
         head_dim=m["hidden"] // m["heads"], rms_norm_eps=NORM_EPS, attention_bias=m["bias"], mlp_bias=m["bias"],
@@ -43,6 +44,10 @@ def config(m, dtype):
 class NoRotation(torch.nn.Module):
     """In place of LlamaRotaryEmbedding: cos 1 and sin 0 at every position (no positional encoding)."""
 
+    def __init__(self, head_dim):
+        super().__init__()
+        self.head_dim = head_dim
+
     def forward(self, x, position_ids):
         shape = (position_ids.shape[0], position_ids.shape[1], self.head_dim)
         return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
@@ -50,12 +55,8 @@ class NoRotation(torch.nn.Module):
 
 def build(m, inputs, dtype):
     """The Llama of the case with its initial parameters, in `dtype`."""
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM(config(m, dtype)).to(dtype)
-    rot = NoRotation()
-    rot.head_dim = m["hidden"] // m["heads"]
-    model.model.rotary_emb = rot
+    model = colossalai_release.llama_model(**config(m, dtype)).to(dtype)
+    colossalai_release.replace_llama_rotary_embedding(model, lambda: NoRotation(m["hidden"] // m["heads"]))
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(to_llama(case_name(name), torch.tensor(inputs[case_name(name)])).to(dtype))
