@@ -248,6 +248,46 @@ class ColossalAiTest(unittest.TestCase):
         model = mock.Mock(model=mock.Mock(spec=["layers"], layers=layers))
         colossalai_release.replace_llama_rotary_embedding(model, lambda: "none")
         self.assertEqual([layer.self_attn.rotary_emb for layer in layers], ["none", "none"])
+    def test_the_options_read_from_colossalais_source_are_its_signatures(self):
+        import inspect
+
+        from colossalai.booster.plugin import HybridParallelPlugin, LowLevelZeroPlugin
+        from colossalai.shardformer.layer import loss
+
+        from shardfuzz_worker.targets import colossalai_release
+
+        for name, real in (("HybridParallelPlugin", HybridParallelPlugin), ("LowLevelZeroPlugin", LowLevelZeroPlugin),
+                           ("cross_entropy_1d", loss.cross_entropy_1d)):
+            self.assertEqual(colossalai_release.parameters(name) - {"self"}, set(inspect.signature(real).parameters))
+            self.assertLessEqual(set(colossalai_release.OPTIONS_OFF[name]), colossalai_release.parameters(name))
+
+    def test_an_older_colossalai_runs_a_case_without_its_newer_options_and_refuses_one_that_needs_them(self):
+        """Colossal-AI 0.4.0 has no overlap_allgather, extra_dp_size or cross_entropy_1d mode."""
+        from shardfuzz_worker.targets import colossalai_release, colossalai_tp, colossalai_zero
+
+        older = {"LowLevelZeroPlugin": frozenset({"self", "stage", "precision", "max_norm", "cpu_offload",
+                                                  "communication_dtype", "overlap_communication",
+                                                  "reduce_bucket_size_in_m", "master_weights", "initial_scale",
+                                                  "min_scale", "growth_factor", "backoff_factor", "growth_interval",
+                                                  "hysteresis", "max_scale"}),
+                 "cross_entropy_1d": frozenset({"vocab_logits", "labels", "ignore_index", "process_group",
+                                                "vocab_size", "dtype"})}
+        with mock.patch.object(colossalai_release, "parameters", older.__getitem__), \
+                mock.patch.object(colossalai_release, "installed_version", lambda: "0.4.0"):
+            plain = case("zero2-bf16.json")
+            kwargs = colossalai_zero.TARGET.plugin_options(plain)
+            self.assertIsNone(colossalai_zero.TARGET.unsupported(plain))
+            self.assertNotIn("extra_dp_size", colossalai_release.options("LowLevelZeroPlugin", kwargs))
+            extra = case("zero2-bf16.json", dp=4, zero_shard_group=2)
+            self.assertIn("0.4.0 has no LowLevelZeroPlugin(extra_dp_size=...)", colossalai_zero.TARGET.unsupported(extra))
+            with self.assertRaisesRegex(TypeError, "the case was not refused"):
+                colossalai_release.options("LowLevelZeroPlugin", colossalai_zero.TARGET.plugin_options(extra))
+            tp = case("tp2-sp-bf16-swiglu.json")
+            self.assertIsNone(colossalai_tp.TARGET.unsupported(tp))
+            accumulated = dict(tp, train=dict(tp["train"], grad_accumulation=2))
+            self.assertIn("no cross_entropy_1d(mode=...) (the case needs 'sum')",
+                          colossalai_tp.TARGET.unsupported(accumulated))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,16 +7,15 @@ import re
 from unittest import mock
 
 from ..targets.base import dtype_name, parallel
-from .colossalai_tp import SHIMS_ABOUT, shims_source
-from .common import assemble, embed, header, literal, module_source, rule, template, worker_source
+from .colossalai_tp import RELEASE_IMPORTS, SHIMS_ABOUT, release_source, shims_source
+from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import TORCH_DTYPES, check_model_case, model_about, model_arrays
 from .torch_model import producible  # noqa: F401 - the generator's interface
 
 TARGET = "colossalai-hybrid"
 
-IMPORTS = TORCH_IMPORTS + """import contextlib
-import inspect
+IMPORTS = TORCH_IMPORTS + RELEASE_IMPORTS + """import contextlib
 import re
 
 from colossalai.booster.plugin import HybridParallelPlugin

@@ -5,7 +5,7 @@ the torch targets' plain model in float64 on one device."""
 import re
 
 from ..targets.base import dtype_name, parallel, vocab_sharded_loss
-from .common import assemble, embed, header, literal, rule, template, worker_source
+from .common import assemble, embed, header, literal, module_source, rule, template, worker_source
 from .megatron_tp import renamed
 from .torch_model import IMPORTS, MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
 from .torch_model import producible, training_source  # noqa: F401 - producible: the generator's interface
@@ -17,7 +17,9 @@ SHIMS = ("_CpuStream", "_cpu_accelerator", "_all_to_all_list", "install_shims",
 SHIMS_ABOUT = ("The worker's start-up shims stand in for what a CPU and gloo lack (device management, list-form"
                " reduce_scatter / all_to_all, ZeRO's CUDA check); they do not change what Colossal-AI computes.")
 COLOSSAL_SOURCE = ("_col", "_row", "Attention", "Mlp", "Block", "ColossalModel", "VOCAB_PARALLEL", "case_view",
-                   "build", "run", "is_distributed_tensor", "clip_global", "assemble_outputs")
+                   "build", "loss_mode", "run", "is_distributed_tensor", "clip_global", "assemble_outputs")
+RELEASE_IMPORTS = "import ast\nimport functools\nimport importlib.util\nimport inspect\n"
+RELEASE_OPTIONS = ("OPTIONS_OFF", "DEFINED_IN", "installed_version", "parameters", "missing_options", "options")
 
 
 def check(case):
@@ -32,6 +34,13 @@ def shims_source():
     return (rule("Colossal-AI on CPU with gloo (the worker's start-up shims)") + "\n"
             + worker_source("targets/torch_common.py", "_Done", "_reduce_scatter_list") + "\n\n"
             + worker_source("targets/colossalai_common.py", *SHIMS))
+
+
+def release_source(*names):
+    """The worker's Colossal-AI release differences (targets/colossalai_release.py), called as
+    `colossalai_release.…` by the embedded helpers: its options and the other functions `names`."""
+    return (rule("Colossal-AI release differences (as the worker's)") + "\n"
+            + module_source("targets/colossalai_release.py", *RELEASE_OPTIONS, *names))
 
 
 def sources():
@@ -51,6 +60,7 @@ def sources():
     return [
         rule("helpers (as the worker's)") + "\n" + helpers,
         shims_source(),
+        release_source(),
         rule("the plain torch model (the reference's)") + "\n" + plain,
         training_source(),
         rule("the shardformer model and its training (as the worker's)") + "\n" + colossal,
@@ -90,4 +100,4 @@ def generate(case, inputs, bounds, dropped):
         template("torch_main"),
     ]
     head = header(f"{TARGET}, model", describe(case), command, dropped, case.get("name", ""))
-    return assemble(head, IMPORTS, sections, embed(arrays)), command
+    return assemble(head, IMPORTS + RELEASE_IMPORTS, sections, embed(arrays)), command

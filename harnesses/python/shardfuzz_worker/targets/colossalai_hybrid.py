@@ -32,6 +32,7 @@ data-parallel copy as a replica.
 
 from .base import (dtype_name, loss_denominator, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
                    reduce_dtype_name, reduction_feature, resume_feature, vocab_padding_feature, vocab_sharded_loss)
+from . import colossalai_release
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
 from .torch_model import unsupported_layout
@@ -76,10 +77,15 @@ class ColossalHybrid(ColossalTarget):
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by HybridParallelPlugin"
-        return None
+        return colossalai_release.unsupported_options("HybridParallelPlugin", self.plugin_options(case))
 
     def plugin(self, case):
         from colossalai.booster.plugin import HybridParallelPlugin
+
+        return HybridParallelPlugin(**colossalai_release.options("HybridParallelPlugin", self.plugin_options(case)))
+
+    def plugin_options(self, case):
+        """HybridParallelPlugin's keyword arguments for the case (options of newer releases included)."""
         import torch
 
         p, t, dt = parallel(case), case["train"], dtype_name(case)
@@ -108,7 +114,7 @@ class ColossalHybrid(ColossalTarget):
                 # interleaved schedule always hangs (known_fixes: colossalai-interleaved-metadata), and
                 # 1F1B covers the uncached path.
                 kw.update(pp_style="interleaved", num_model_chunks=p["virtual_stages"], enable_metadata_cache=True)
-        return HybridParallelPlugin(**kw)
+        return kw
 
     def run_rank(self, rank, world, case, inputs):
         from colossalai.shardformer.layer.utils import Randomizer

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import colossalai_release
 from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
@@ -143,6 +144,15 @@ def build(case, inputs, group):
                          vocab_divisor=p["vocab_divisible_by"] or 1), dt
 
 
+def loss_mode(case):
+    """How the case's loss is reduced: one micro-batch, Colossal-AI's own mean (cross_entropy_1d's default mode)
+    over the batch's counted targets; several, sums divided by the global count here (a mean per micro-batch would be
+    our mistake, not theirs). The plain loss on gathered logits (the case's vocab_loss `gathered`) is our own code:
+    always summed."""
+    chunks = micro_batches(model_defaults(case)["batch"], case["train"].get("grad_accumulation", 1))
+    return "mean" if len(chunks) == 1 and vocab_sharded_loss(case, True) else "sum"
+
+
 def run(case, inputs, rank, tp):
     from colossalai.shardformer.layer import cross_entropy_1d
     from colossalai.shardformer.layer.utils import SeqParallelUtils
@@ -159,10 +169,7 @@ def run(case, inputs, rank, tp):
     denominator = loss_denominator(inputs)
     ga = t.get("grad_accumulation", 1)
     chunks = micro_batches(b, ga)
-    # One micro-batch: Colossal-AI's own mean (the mode's default) over the batch's counted targets; several:
-    # sums, divided by the global count here (a mean per micro-batch would be our mistake, not theirs).
-    # The plain loss on gathered logits (the case's vocab_loss `gathered`) is our own code: always summed.
-    mode = "mean" if len(chunks) == 1 and not model.lm_head.gather_output else "sum"
+    mode = loss_mode(case)
     vocab_padded = model.lm_head.out_features  # what shardformer's Llama passes as vocab_size
 
     losses, logits0, grads0 = [], None, {}
@@ -179,8 +186,8 @@ def run(case, inputs, rank, tp):
                 # The case's vocab_loss `gathered`: the whole vocabulary on every rank, the plain loss.
                 l = F.cross_entropy(flat, tgt[a:c].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
             else:
-                l = cross_entropy_1d(flat, tgt[a:c].reshape(-1), process_group=group,
-                                     vocab_size=vocab_padded, dtype=dt, mode=mode)
+                l = cross_entropy_1d(flat, tgt[a:c].reshape(-1), process_group=group, vocab_size=vocab_padded,
+                                     dtype=dt, **colossalai_release.options("cross_entropy_1d", {"mode": mode}))
             if mode == "mean":
                 l.backward()
                 loss_sum += l.detach().to(torch.float64) * denominator

@@ -17,6 +17,7 @@ Sharded tensors are reported in full; replicated ones (norms, row-parallel biase
 """
 
 from .base import dtype_name, parallel, vocab_padding_feature, vocab_sharded_loss
+from . import colossalai_release
 from .colossalai_common import ColossalTarget
 from .torch_model import model_defaults, unsupported_layout
 from .torch_training import combine_dp, single_device
@@ -45,6 +46,10 @@ class ColossalTp(ColossalTarget):
         if m["heads"] % tp or m["kv_heads"] % tp:
             # What shardformer's policies assert before sharding attention (policies/llama.py:97-103).
             return "shardformer needs attention heads and kv heads divisible by tp"
+        if vocab_sharded_loss(case, True):
+            from .colossalai_model import loss_mode
+
+            return colossalai_release.unsupported_options("cross_entropy_1d", {"mode": loss_mode(case)})
         return None
 
     def run_rank(self, rank, world, case, inputs):

@@ -21,6 +21,7 @@ plugin keeps fp32 masters: a difference of the order of one rounding per step.
 
 from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
                    reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
+from . import colossalai_release
 from .colossalai_common import ColossalTarget, booster_resume, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_model import build, make_optimizer, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -57,10 +58,15 @@ class ColossalZero(ColossalTarget):
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by LowLevelZeroPlugin"
-        return None
+        return colossalai_release.unsupported_options("LowLevelZeroPlugin", self.plugin_options(case))
 
     def plugin(self, case):
         from colossalai.booster.plugin import LowLevelZeroPlugin
+
+        return LowLevelZeroPlugin(**colossalai_release.options("LowLevelZeroPlugin", self.plugin_options(case)))
+
+    def plugin_options(self, case):
+        """LowLevelZeroPlugin's keyword arguments for the case (options of newer releases included)."""
         import torch
 
         p, t, dt = parallel(case), case["train"], dtype_name(case)
@@ -68,12 +74,12 @@ class ColossalZero(ColossalTarget):
         communication = torch.float32 if (reduce_dtype_name(case) == "f32" and dt != "f32") else None
         # Buckets of 2^20 elements (a whole case model) and no overlap unless the case asks for others: the
         # plugin multiplies its bucket size by 2^20 without rounding, so any element count can be given.
-        return LowLevelZeroPlugin(stage=p["zero_stage"], precision=PRECISION[dt], **loss_scaling(case),
-                                  max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
-                                  communication_dtype=communication, overlap_communication=overlap_comm(case, False),
-                                  reduce_bucket_size_in_m=reduce_bucket(case, 2**20) / 2**20,
-                                  master_weights=master_weights(case), extra_dp_size=extra_dp_size(case),
-                                  overlap_allgather=overlap_param_gather(case, False))
+        return dict(stage=p["zero_stage"], precision=PRECISION[dt], **loss_scaling(case),
+                    max_norm=float(clip) if clip is not None else 0.0, cpu_offload=p["zero_offload"],
+                    communication_dtype=communication, overlap_communication=overlap_comm(case, False),
+                    reduce_bucket_size_in_m=reduce_bucket(case, 2**20) / 2**20,
+                    master_weights=master_weights(case), extra_dp_size=extra_dp_size(case),
+                    overlap_allgather=overlap_param_gather(case, False))
 
     def run_rank(self, rank, world, case, inputs):
         import torch
