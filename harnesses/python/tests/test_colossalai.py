@@ -32,7 +32,13 @@ def _collectives(rank, world, port, out):
     received = [torch.empty(rank + 1) for _ in range(world)]
     _all_to_all_list(received, sent)
     ok_a2a = all(torch.equal(received[r], torch.full((rank + 1,), float(100 * r + rank))) for r in range(world))
-    out[rank] = (bool(torch.equal(got, want)), ok_a2a)
+    from shardfuzz_worker.targets.colossalai_common import install_shims
+
+    install_shims()
+    gathered = torch.empty(world, 2)  # NCCL's form: world x the input's elements, any shape
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)))
+    ok_gather = torch.equal(gathered, torch.arange(world, dtype=torch.float32)[:, None].expand(world, 2))
+    out[rank] = (bool(torch.equal(got, want)), ok_a2a, bool(ok_gather))
     dist.destroy_process_group()
 
 
@@ -50,7 +56,7 @@ class ColossalAiTest(unittest.TestCase):
 
         out = mp.Manager().dict()
         mp.spawn(_collectives, args=(3, 29581, out), nprocs=3)
-        self.assertEqual(dict(out), {r: (True, True) for r in range(3)})
+        self.assertEqual(dict(out), {r: (True, True, True) for r in range(3)})
 
     def test_every_refusal_location_exists_in_the_installed_colossalai(self):
         from shardfuzz_worker.validation import FRAMEWORKS, VALIDATION

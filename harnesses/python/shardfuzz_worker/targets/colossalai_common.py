@@ -12,6 +12,10 @@ group, versions. Measured on Colossal-AI 0.5.0 / torch 2.5.1 (../shared/referenc
   G  pipeline/p2p.py reads dist.Backend.HCCL, absent from torch's CPU build: defined.
   H  Tensor.cuda() (the GPT-2 fused qkv checkpoint gather moves its shard to the GPU): on a machine without CUDA,
      the tensor itself.
+  I  gloo's all_gather_into_tensor wants the output shaped as the inputs concatenated along dim 0; NCCL takes any
+     output of world x the input's elements, which Colossal-AI before 0.4.9 passes (ZeRO's get_param_grad gathers
+     a flat partition into [world, n]: "invalid tensor size ... expected (52), got (1, 52)" on 0.4.6): contiguous
+     tensors are gathered flat, as NCCL does (the same bytes).
 
 None of them changes what Colossal-AI computes: they stand in for device management and for collectives
 gloo lacks.
@@ -117,7 +121,7 @@ def _all_to_all_list(output_list, input_list, group=None, async_op=False):
 
 
 def install_shims():
-    """Shims A-E, G and H (idempotent; in every rank after the process group exists)."""
+    """Shims A-E and G-I (idempotent; in every rank after the process group exists)."""
     import torch
     import torch.distributed as dist
     from colossalai.accelerator import api
@@ -135,8 +139,16 @@ def install_shims():
                 return _all_to_all_list(output_list, input_list, group, async_op)
             return real_a2a(output_list, input_list, group=group, async_op=async_op)
 
+        real_gather = dist.all_gather_into_tensor
+
+        def all_gather_into_tensor(output, input, group=None, async_op=False):
+            if dist.get_backend(group) == "gloo" and output.is_contiguous() and input.is_contiguous():
+                return real_gather(output.view(-1), input.view(-1), group=group, async_op=async_op)
+            return real_gather(output, input, group=group, async_op=async_op)
+
         reduce_scatter.shardfuzz_shim = all_to_all.shardfuzz_shim = True
         dist.reduce_scatter, dist.all_to_all = reduce_scatter, all_to_all
+        dist.all_gather_into_tensor = all_gather_into_tensor
     torch.Tensor.record_stream = lambda self, stream=None: None
     if not hasattr(dist.Backend, "HCCL"):
         dist.Backend.HCCL = "hccl"
