@@ -3,8 +3,8 @@ colossalai targets run unchanged against an older Colossal-AI (`--python` pointi
 
 Colossal-AI options: one a release lacks is left out where the case asks for what the release did before the option
 existed (its `OPTIONS_OFF` value); a case that needs it is `unsupported`, naming the release and the option. The
-options a release has are read from its source, not by importing it (10 s; the worker's main process decides what
-is unsupported). Measured against 0.5.0: 0.4.9 has them all; 0.4.6 lacks `LowLevelZeroPlugin.extra_dp_size`; 0.4.0
+options a release has are read from its source, not from the imported callables: a known fix may have wrapped one
+in a function taking `*args, **kwargs` (known_fixes.py does so for cross_entropy_1d). Measured against 0.5.0: 0.4.9 has them all; 0.4.6 lacks `LowLevelZeroPlugin.extra_dp_size`; 0.4.0
 also lacks both plugins' `overlap_allgather` and `cross_entropy_1d`'s `mode` (always a mean).
 
 transformers: 4.51.3 (0.5.0's pin) has everything below; 4.39.3 (the pin of 0.4.0 to 0.4.9) has no
