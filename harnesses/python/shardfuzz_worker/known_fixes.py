@@ -306,17 +306,18 @@ def _colossalai_gpt2_lm_head_gather():
     GPT2LMHeadModelPolicy.module_policy = module_policy
 
 
-def _replace_in_method(cls, name, old, new, fix):
+def _replace_in_method(cls, name, old, new, fix, requires=()):
     """Recompiles method `name` of `cls` (a static method stays one) with one passage of its released source replaced,
     in its module's globals: the upstream fix of a released function too long to copy. Raises if the released code is
-    not what the fix was written against."""
+    not what the fix was written against: `old` not there once, or a passage of `requires` (what the release with the
+    bug has and earlier ones lack) not there."""
     import inspect
     import sys
     import textwrap
 
     static = isinstance(inspect.getattr_static(cls, name), staticmethod)
     source = textwrap.dedent(inspect.getsource(getattr(cls, name)))
-    if source.count(old) != 1:
+    if source.count(old) != 1 or not all(passage in source for passage in requires):
         raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
     if static:
         source = source.replace("@staticmethod\n", "", 1)
@@ -488,7 +489,8 @@ def _deepspeed_zero2_accumulation_last_micro_batch():
     _replace_in_method(DeepSpeedZeroOptimizer, "independent_gradient_partition_epilogue",
                        "if not i in self.averaged_gradients or self.averaged_gradients[i] is None:",
                        "if i not in self.all_grad_tensors or self.all_grad_tensors[i] is None:",
-                       "deepspeed-zero2-accumulation-last-micro-batch")
+                       "deepspeed-zero2-accumulation-last-micro-batch",
+                       requires=("self.all_grad_tensors[i] = ",))  # #7509's accumulator (0.16.9 has the line, not it)
 
 
 def _deepspeed_cpu_bucket_type_strings():

@@ -24,5 +24,42 @@ class KnownFixesTest(unittest.TestCase):
                 known_fixes.apply("colossalai-hybrid")
 
 
+class Released:
+    def epilogue(self, i):
+        self.seen[i] = True
+        if i not in self.done:
+            return "fresh"
+        return "again"
+
+    @staticmethod
+    def twice(x):
+        return x + x
+
+
+class ReplaceInMethodTest(unittest.TestCase):
+    """known_fixes._replace_in_method: the upstream fix of a released method, refused where the release differs."""
+
+    def setUp(self):
+        self.originals = dict(vars(Released))
+        self.addCleanup(lambda: [setattr(Released, k, self.originals[k]) for k in ("epilogue", "twice")])
+
+    def test_one_passage_is_replaced_and_a_static_method_stays_one(self):
+        known_fixes._replace_in_method(Released, "epilogue", 'return "fresh"', 'return "fixed"', "f")
+        known_fixes._replace_in_method(Released, "twice", "x + x", "2 * x", "g")
+        r = Released()
+        r.seen, r.done = {}, {}
+        self.assertEqual(r.epilogue(0), "fixed")
+        self.assertIsInstance(vars(Released)["twice"], staticmethod)
+        self.assertEqual(Released.twice(3), 6)
+
+    def test_a_release_without_the_passage_or_what_the_fix_requires_is_refused(self):
+        with self.assertRaisesRegex(RuntimeError, "known fix f: the released code it patches has changed"):
+            known_fixes._replace_in_method(Released, "epilogue", "no such line", "x", "f")
+        with self.assertRaisesRegex(RuntimeError, "known fix f: the released code it patches has changed"):
+            known_fixes._replace_in_method(Released, "epilogue", 'return "fresh"', 'return "fixed"', "f",
+                                           requires=("self.accumulated[i] = ",))
+        self.assertIs(vars(Released)["epilogue"], self.originals["epilogue"])
+
+
 if __name__ == "__main__":
     unittest.main()
