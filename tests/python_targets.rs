@@ -1631,11 +1631,13 @@ fn megatron_core_0_15_3s_historical_bugs_are_found_and_pass_with_their_fixes() {
     assert!(reason(&v).contains("megatron-core 0.15.3 has no TransformerConfig.moe_shared_expert_gate"), "{v}");
 }
 
-/// deepspeed-zero against an older release, DeepSpeed 0.17.6 (`.venv-deepspeed017`, an overlay on `.venv`), finding three
+/// deepspeed-zero against an older release, DeepSpeed 0.17.6 (`.venv-deepspeed017`, an overlay on `.venv`), finding four
 /// historical bugs: ZeRO-1/2 keep only the last micro-batch's gradient under accumulation (#7718, fixed by #7665 in
 /// 0.18.3), on the CPU accelerator ZeRO-1/2 without contiguous gradients never all-reduce them (fixed by #8382 in
 /// 0.19.8), and ZeRO-3 with ZeRO++ hpZ runs the first step after `load_checkpoint` on stale secondary partitions
-/// (#7606, fixed by #7707 in 0.18.3); each case passes with its fix, and on 0.19.8 without one. ZeRO-3 runs (the CPU
+/// (#7606, fixed by #7707 in 0.18.3), and ZeRO-1/2 with the optimizer offloaded drop the middle micro-batches of an
+/// accumulation of three (since #6550, fixed by #7967 in 0.19.0; found on 0.16.9 by a campaign); each case passes
+/// with its fix, and on 0.19.8 without one. ZeRO-3 runs (the CPU
 /// accelerator counts its devices from LOCAL_SIZE, not `numactl`), the release's refusal of MoE under ZeRO-3 (an
 /// assertion) is a rejection, and a case after an hpZ case in the same ranks no longer inherits its hpZ group.
 #[test]
@@ -1652,6 +1654,7 @@ fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
         ("python-ignored/dp2-zero2-f32-scattered-accumulation.json", "deepspeed-zero2-accumulation-last-micro-batch"),
         ("python-zero-layout/dp2-zero1-non-contiguous-accumulation-f32.json", "deepspeed-cpu-bucket-type-strings"),
         ("python-resume/dp4-zero3-hpz4-sgd-resume-after-1-f32.json", "deepspeed-zero3-hpz-secondary-after-load"),
+        ("python-zero-layout/dp2-zero2-offload-accumulation3-sgd-f32.json", "deepspeed-offload-accumulation-middle-micro-batches"),
     ] {
         let case = Path::new(case);
         let v = on_old(case, "");

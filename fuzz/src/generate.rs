@@ -6,7 +6,7 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
     Activation, Case, Data, Distribution, IgnorePattern, Ignored, LayerKind, Limits, Model, MoeConfig, NormKind, OpCase, OpKind, Optimizer,
-    OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train, VocabLoss,
+    OptimizerKind, Parallel, PipelineSchedule, Placement, RankOrder, Real, SequenceParallelMode, Train, VocabLoss, MIN_HIDDEN,
 };
 use shardfuzz_kernels::DType;
 
@@ -83,9 +83,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
 fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model> {
     let fits = u.ratio(9, 10)?;
     let heads = if fits { p.tp * u.int_in_range(1..=2)? } else { u.int_in_range(1..=4)? };
-    // hidden < 4 makes norms degenerate (LayerNorm over two values has an identically zero input
-    // gradient): pure round-off, nothing to compare.
-    let head_dim = u.int_in_range(4u32.div_ceil(heads)..=4)?;
+    let head_dim = u.int_in_range(MIN_HIDDEN.div_ceil(heads)..=MIN_HIDDEN)?;
     let divisors: Vec<u32> = (1..=heads).filter(|d| heads % d == 0).collect();
     let kv_heads = pick(u, &divisors)?;
     let need = p.dp * p.microbatches * accumulation;

@@ -8,6 +8,7 @@ use shardfuzz_fuzz::minimize::bench::bench;
 use shardfuzz_fuzz::minimize::needs::MAX_PROBE_EXECS;
 use shardfuzz_fuzz::minimize::{Budget, FailureKey};
 use shardfuzz_fuzz::oracle::{evaluate, Oracle, VerdictKind};
+use shardfuzz_harnesses::case::MIN_HIDDEN;
 use shardfuzz_harnesses::target::registry::{create, TargetOptions};
 
 #[test]
@@ -19,6 +20,8 @@ fn every_trigger_case_shrinks_to_a_quarter_within_200_executions_and_fails_the_s
         let m = r.result.unwrap_or_else(|| panic!("{}: {}", r.bug, r.note));
         assert!(!m.budget_exhausted, "{}: no fixpoint within 200 executions / 10 s ({} executions)", r.bug, m.execs);
         assert!(m.elements_after * 4 <= m.elements_before, "{}: {} → {} elements", r.bug, m.elements_before, m.elements_after);
+        let hidden = m.case.model.as_ref().map_or(MIN_HIDDEN, |mm| mm.hidden);
+        assert!(hidden >= MIN_HIDDEN, "{}: minimized into degenerate norms (hidden {hidden})", r.bug);
         // Replaying the minimized case on the buggy target fails the same way; the clean one passes it.
         let mut buggy = create("native", &TargetOptions { inject: vec![r.bug.clone()], timeout_ms: 10_000 }).unwrap();
         let v = evaluate(buggy.as_mut(), &m.case, &Oracle::default());

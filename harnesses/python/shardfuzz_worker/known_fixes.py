@@ -493,6 +493,21 @@ def _deepspeed_zero2_accumulation_last_micro_batch():
                        requires=("self.all_grad_tensors[i] = ",))  # #7509's accumulator (0.16.9 has the line, not it)
 
 
+def _deepspeed_offload_accumulation_middle_micro_batches():
+    """DeepSpeed 0.15.x to 0.18.x (introduced by deepspeedai/DeepSpeed#6550, fixed by #7967, in 0.19.0): ZeRO-1/2 with
+    the optimizer offloaded to the CPU drop every micro-batch but the first and the last under gradient accumulation
+    of 3 or more. `async_accumulate_grad_in_cpu_via_gpu` adds the CPU accumulator into a later micro-batch's gradient
+    but copies the sum back only at micro-batch 0, so micro-batch 2 starts again from micro-batch 0's gradient
+    (docs/findings/deepspeed-0.17.6-zero2-offload-accumulation-drops-middle-micro-batches.py). Fix (#7967's): copy
+    back at every micro-batch."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    _replace_in_method(DeepSpeedZeroOptimizer, "async_accumulate_grad_in_cpu_via_gpu",
+                       "if self.micro_step_id > 0:\n        accumulate_gradients()\n    else:\n        copy_gradients_to_cpu()",
+                       "if self.micro_step_id > 0:\n        accumulate_gradients()\n    copy_gradients_to_cpu()",
+                       "deepspeed-offload-accumulation-middle-micro-batches")
+
+
 def _deepspeed_cpu_bucket_type_strings():
     """DeepSpeed before 0.19.8 (since #2677, 2023; fixed by deepspeedai/DeepSpeed#8382): on the CPU accelerator,
     ZeRO-1/2 without contiguous gradients never all-reduce them. `split_half_float_double` buckets gradients by
@@ -1178,6 +1193,8 @@ FIXES = {
     "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),
     "deepspeed-zero2-accumulation-last-micro-batch": (("deepspeed-zero",), _deepspeed_zero2_accumulation_last_micro_batch),
     "deepspeed-cpu-bucket-type-strings": (("deepspeed-zero",), _deepspeed_cpu_bucket_type_strings),
+    "deepspeed-offload-accumulation-middle-micro-batches": (("deepspeed-zero",),
+                                                            _deepspeed_offload_accumulation_middle_micro_batches),
     "deepspeed-zero3-hpz-secondary-after-load": (("deepspeed-zero",), _deepspeed_zero3_hpz_secondary_after_load),
     "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-ddp", "colossalai-tp", "colossalai-zero"),
                                      _torch_rms_norm_half_overflow),

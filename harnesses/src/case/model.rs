@@ -5,6 +5,13 @@ use serde::{Deserialize, Serialize};
 
 use super::Real;
 
+/// The narrowest hidden size generated or minimized to: below it the norms are degenerate (LayerNorm over one value
+/// outputs its bias and has an identically zero weight gradient; over two, an identically zero input gradient), so
+/// what a framework computes there is pure round-off with nothing to compare (torch's f32 LayerNorm over one value
+/// gives a weight gradient of ~1e-4 of the tensor's scale where the f64 reference's is ~1e-13). Cases written by hand
+/// may be narrower.
+pub const MIN_HIDDEN: u32 = 4;
+
 /// A transformer-style stack: embedding → blocks (pre-norm residual) → final norm → LM head → cross-entropy.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
