@@ -68,10 +68,8 @@ def sources(case):
         shims_source(),
         rule(f"the case's model as a transformers {kind} (as the worker's)") + "\n"
         + worker_source(f"targets/{module}.py", *FAMILIES[module])
-        + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim")
-        + ("\n\n" + module_source("targets/colossalai_release.py", "LLAMA_NEWER_OPTIONS", "llama_options",
-                                  "llama_model", "replace_llama_rotary_embedding")
-           if module == "colossalai_llama" else ""),
+        + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"),
+        release_source("LLAMA_NEWER_OPTIONS", "llama_options", "llama_model", "replace_llama_rotary_embedding"),
         rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
         + re.sub(r"(?m)^def run\(", "def run_hybrid(", worker_source("targets/colossalai_hybrid_run.py", *RUN)),
     ]
