@@ -34,10 +34,10 @@ DEFINED_IN = {
 }
 
 
-def installed_version(package="colossalai"):
+def installed_version():
     from importlib.metadata import version as installed
 
-    return installed(package)
+    return installed("colossalai")
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,6 +79,7 @@ def options(name, kwargs):
     have = parameters(name)
     return {k: v for k, v in kwargs.items() if k in have}
 
+
 #: LlamaConfig options some supported transformers release lacks; the model is built without them and completed.
 LLAMA_NEWER_OPTIONS = ("head_dim", "mlp_bias")
 
@@ -96,11 +97,11 @@ def llama_model(**kwargs):
     releases build them (`nn.Linear(..., bias=config.mlp_bias)`) when the case asks for them."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    options = llama_options()
-    assert "head_dim" in options or kwargs["hidden_size"] % kwargs["num_attention_heads"] == 0, kwargs
+    accepted = llama_options()
+    assert "head_dim" in accepted or kwargs["hidden_size"] % kwargs["num_attention_heads"] == 0, kwargs
     model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in kwargs.items()
-                                            if k in options or k not in LLAMA_NEWER_OPTIONS}))
-    if kwargs.get("mlp_bias") and "mlp_bias" not in options:
+                                            if k in accepted or k not in LLAMA_NEWER_OPTIONS}))
+    if kwargs.get("mlp_bias") and "mlp_bias" not in accepted:
         for layer in model.model.layers:
             for name in ("gate_proj", "up_proj", "down_proj"):
                 old = getattr(layer.mlp, name)
