@@ -45,8 +45,9 @@ _TORCH_DTENSOR = [
 ]
 
 _JAX = [
-    # shard_map's in_specs check of the argument shapes.
+    # shard_map's in_specs check of the argument shapes (jax.experimental.shard_map before jax 0.7).
     ("jax/_src/shard_map.py", "_check_specs_vs_args", "evenly divisible"),
+    ("jax/experimental/shard_map.py", "_check_specs_vs_args", "evenly divisible"),
     # jit / device_put refusing an uneven NamedSharding.
     ("jax/_src/pjit.py", "pjit_check_aval_sharding", "evenly divide"),
     ("jax/_src/sharding.py", "_common_shard_shape", "evenly divide"),

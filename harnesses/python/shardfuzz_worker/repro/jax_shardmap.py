@@ -3,7 +3,7 @@
 
 from ..targets.base import dtype_name, input_shapes, output_shape, parallel
 from .common import assemble, embed, header, literal, mesh_words, rule, template
-from .common import worker_op_source, worker_source
+from .common import module_source, worker_op_source, worker_source
 from .jax_gspmd import IMPORTS, arrays, check_jax_op_case, op_preamble
 
 TARGET = "jax-shardmap"
@@ -37,8 +37,11 @@ def sources(kind):
     """The worker's op math: placements, the sharded program of op `kind` and the plain forward (the reference)."""
     common = worker_source("targets/jax_common.py", "AXES", "LN_EPS", "_MESHES", "mesh", "Layout", "up")
     program = worker_source("targets/jax_shardmap.py", "_ax", "_entry", "_Ctx", "_probe_spec")
+    release = "import inspect  # noqa: E402\n\n" + module_source("targets/jax_release.py", "_takes", "shard_map",
+                                                                  "all_gather_invarying")
     return [
         rule("the op (as the worker runs it)") + "\n" + worker_source("targets/base.py", "op_dim"),
+        rule("what differs between JAX releases (as the worker's jax_release)") + "\n" + release,
         common,
         program,
         worker_op_source("targets/jax_shardmap.py", "_program", kind).replace("HarnessError", "ValueError"),

@@ -31,7 +31,7 @@ import math
 import numpy as np
 
 from ..partial import partial_parts, round_to
-from . import jax_ops
+from . import jax_ops, jax_release
 from .base import normalise_placements
 from .jax_common import N_DEVICES, device_copies, hlo_features, jax, jnp
 
@@ -390,11 +390,11 @@ def _shardmap_call(prep, lays, m):
                 v = jax.lax.psum(v.reshape(v.shape[k:]), tuple(lay.partial))
             for d, axes in enumerate(lay.dims):
                 if axes:
-                    v = jax.lax.all_gather(v, tuple(axes), axis=d, tiled=True, to="invarying")
+                    v = jax_release.all_gather_invarying(v, tuple(axes), d)
             fulls.append(v)
         return tuple(_op_call(prep)(fulls))
 
-    smap = jax.shard_map(body, mesh=m, in_specs=tuple(lay.spec() for lay in lays),
+    smap = jax_release.shard_map(body, mesh=m, in_specs=tuple(lay.spec() for lay in lays),
                          out_specs=tuple(PartitionSpec() for _ in prep.outs))
     return lambda vals: list(smap(*vals))
 

@@ -20,6 +20,7 @@ shard_map (ValueError "... evenly divisible ...") - a clean rejection.
 """
 
 
+from . import jax_release
 from .base import HarnessError, dtype_name
 from .jax_common import AXES, JaxTarget, LN_EPS, hlo_features, jax, jnp, mesh, op_dim, summands, up
 
@@ -63,7 +64,7 @@ class _Ctx:
         if not axes:
             return x
         self.features.add("sm:all_gather")
-        return jax.lax.all_gather(x, _ax(axes), axis=d, tiled=True, to="invarying")
+        return jax_release.all_gather_invarying(x, _ax(axes), d)
 
     def unpartial(self, name, x):
         return self.psum(x, self.layouts[name].partial)
@@ -266,7 +267,7 @@ class JaxShardMap(JaxTarget):
                 return _program(kind, op, _Ctx(mesh_shape, layouts, shapes), loc, idv)[1]
 
             spec = _probe_spec(probe, parts, ids, layouts, mesh_shape, dt)
-            smap = jax.shard_map(body, mesh=m, in_specs=in_specs, out_specs=spec)
+            smap = jax_release.shard_map(body, mesh=m, in_specs=in_specs, out_specs=spec)
 
             def step(arrs, idv, g):
                 out, vjp = jax.vjp(lambda a: smap(a, idv), arrs)
@@ -322,7 +323,7 @@ def _probe_spec(probe, parts, ids, layouts, mesh_shape, dt):
     in_specs = ({n: layouts[n].parts_spec() for n in names}, {n: PartitionSpec() for n in ids})
     shp = {n: jax.ShapeDtypeStruct(parts[n].shape, dt) for n in names}
     ishp = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in ids.items()}
-    f = jax.shard_map(body, mesh=mesh(*mesh_shape), in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False)
+    f = jax_release.shard_map(body, mesh(*mesh_shape), in_specs, PartitionSpec(), check=False)
     jax.eval_shape(f, shp, ishp)
     return spec_box[0]
 

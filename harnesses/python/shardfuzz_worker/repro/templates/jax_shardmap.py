@@ -26,7 +26,7 @@ def run_sharded(arrs, ids, gout):
     ctx = _Ctx(mesh_shape, layouts, shapes)
     spec = _probe_spec(probe, arrs, ids, layouts, mesh_shape, DTYPE)
     in_specs = ({n: layouts[n].parts_spec() for n in SHAPES}, {n: PartitionSpec() for n in ids})
-    smap = jax.shard_map(lambda a, idv: _program(OP["kind"], OP, ctx, local(a), idv)[0], mesh=m,
+    smap = jax_release.shard_map(lambda a, idv: _program(OP["kind"], OP, ctx, local(a), idv)[0], mesh=m,
                          in_specs=in_specs, out_specs=spec)
 
     def step(a, idv, g):
