@@ -8,6 +8,8 @@
 #                                 test suite's historical Megatron bugs; ~2 min, ~5.4 GB)
 #   deepspeed017 .venv-deepspeed017 Python 3.12: deepspeed 0.17.6 over main's packages (an older release, for the
 #                                 test suite's historical DeepSpeed bugs; ~15 s, ~60 MB)
+#   jax04       .venv-jax04       Python 3.12: jax 0.4.38 over main's packages (an older release, for the test
+#                                 suite's historical JAX bugs; ~20 s, ~410 MB)
 # and installs the worker package (harnesses/python, editable) into each. Idempotent: an environment that
 # already holds exactly its requirements is left alone.
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests, and every seed case.
 # Sets up what it needs: the Rust toolchain builds the native target; scripts/setup-python.sh
-# creates .venv, .venv-colossalai, .venv-megatron015 and .venv-deepspeed017 (an overlay on .venv) with the pinned
+# creates .venv, .venv-colossalai, .venv-megatron015, .venv-deepspeed017 and .venv-jax04 (the last two overlays on .venv) with the pinned
 # frameworks for the Python targets (first run: ~12 min, ~18 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1678,6 +1678,50 @@ fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
     assert!(vs.len() == 2 && vs.iter().all(|v| v["kind"] == "pass"), "{vs:?}");
 }
 
+/// jax-gspmd and jax-shardmap against an older release, jax 0.4.38 (`.venv-jax04`, an overlay on `.venv`), finding its
+/// historical bugs, each case passing on jax 0.12: a concatenation of arguments split over one axis of a 2×2 mesh (and
+/// replicated over the other) comes out doubled (jax#24576, 0.4.30-0.4.38, right in 0.5.3); the gradient of `glu` (a
+/// split in halves, whose transpose is that concatenation since 0.4.36) doubled the same way; and two HLO-verifier
+/// crashes of XLA's SPMD partitioner with 64-bit indices (a gather's s64/s32 broadcast, as Reactant.jl#1010 met it; a
+/// dynamic slice's s64/s32 compare; 0.4.38-0.5.3). shard_map lives in `jax.experimental` there (a refused shape is
+/// still `rejected`, a program its weaker replication check cannot follow still runs), and the ops the release lacks
+/// are left out of the vocabulary.
+#[test]
+fn jax_0_4_38s_historical_bugs_are_found_and_pass_on_the_current_release() {
+    let old = root().join(".venv-jax04/bin/python");
+    if !python_ready() || !old.exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-jax04: run scripts/setup-python.sh");
+        return;
+    }
+    let dir = root().join("tests/python-jax-releases");
+    let cases = ["concatenate-2x2-first-axis-f32", "glu-2x2-first-axis-f64", "embedding-vocab-sharded-tp3-f64", "dynamic-index-in-dim-2-f64"];
+    let files: Vec<String> = cases.iter().map(|c| dir.join(format!("{c}.json")).display().to_string()).collect();
+    let run = |options: &[&str], target: &str, files: &[String]| {
+        let mut args = vec!["run", "--json", "--target", target];
+        args.extend(options.iter().copied().chain(files.iter().map(String::as_str)));
+        verdicts(&shardfuzz(&args, &[]))
+    };
+    let python = format!("--python={}", old.display());
+    let on_old = run(&[&python], "jax-gspmd", &files);
+    let on_new = run(&[], "jax-gspmd", &files);
+    let want = [("divergent", "out/0"), ("divergent", "grad/0"), ("crash", "SameElementType"), ("crash", "compare with different element types")];
+    assert_eq!((on_old.len(), on_new.len()), (4, 4));
+    for ((v, new), (kind, what)) in on_old.iter().zip(&on_new).zip(want) {
+        assert_eq!(v["versions"]["jax"], "0.4.38", "{v}");
+        assert_eq!(v["kind"], kind, "{v}");
+        assert!(reason(v).contains(what), "{v}");
+        assert_eq!(new["kind"], "pass", "on the current release: {new}");
+    }
+    let corpus = |name: &str| root().join("corpus").join(name).display().to_string();
+    let vs = run(&[&python], "jax-shardmap", &[corpus("op-max-partial.json"), corpus("lib-jax-dot-general-2x2.json")]);
+    assert_eq!(vs.iter().map(|v| v["kind"].as_str().unwrap()).collect::<Vec<_>>(), ["pass", "rejected"], "{vs:?}");
+    let o = shardfuzz(&["targets", "--json", &python], &[]);
+    let listed: Vec<Value> = String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let gspmd = listed.iter().find(|t| t["name"] == "jax-gspmd").expect("jax-gspmd listed");
+    assert_eq!(gspmd["available"], true, "{gspmd}");
+    assert!(gspmd["ops"].as_u64().unwrap() >= 250, "{gspmd}");
+}
+
 /// The case's MoE blocks in the plain torch model (`torch_moe`: top-k routing, a capacity per sequence, the auxiliary
 /// loss) under DDP, FSDP2 and Colossal-AI's ZeRO-2 train like the reference; the oracle sees the model itself, not only
 /// the framework (the worker's own single-device run no longer widens ε without limit: a capacity one slot too large
