@@ -1681,11 +1681,12 @@ fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
 /// jax-gspmd and jax-shardmap against an older release, jax 0.4.38 (`.venv-jax04`, an overlay on `.venv`), finding its
 /// historical bugs, each case passing on jax 0.12: a concatenation of arguments split over one axis of a 2×2 mesh (and
 /// replicated over the other) comes out doubled (jax#24576, 0.4.30-0.4.38, right in 0.5.3); the gradient of `glu` (a
-/// split in halves, whose transpose is that concatenation since 0.4.36) doubled the same way; and two HLO-verifier
-/// crashes of XLA's SPMD partitioner with 64-bit indices (a gather's s64/s32 broadcast, as Reactant.jl#1010 met it; a
-/// dynamic slice's s64/s32 compare; 0.4.38-0.5.3). shard_map lives in `jax.experimental` there (a refused shape is
-/// still `rejected`, a program its weaker replication check cannot follow still runs), and the ops the release lacks
-/// are left out of the vocabulary.
+/// split in halves, whose transpose is that concatenation since 0.4.36) doubled the same way; two HLO-verifier crashes
+/// of XLA's SPMD partitioner with 64-bit indices (a gather's s64/s32 broadcast, as Reactant.jl#1010 met it, 0.4.38-0.5.3;
+/// a dynamic slice's s64/s32 compare, 0.4.30-0.5.3); and a dynamic slice with an out-of-range start whose result is
+/// split along the sliced dim, clamped per shard (openxla/xla#49122; found on 0.5.3, wrong through 0.11.2, right in
+/// 0.12.0). shard_map lives in `jax.experimental` there (a refused shape is still `rejected`, a program its weaker
+/// replication check cannot follow still runs), and the ops the release lacks are left out of the vocabulary.
 #[test]
 fn jax_0_4_38s_historical_bugs_are_found_and_pass_on_the_current_release() {
     let old = root().join(".venv-jax04/bin/python");
@@ -1694,7 +1695,13 @@ fn jax_0_4_38s_historical_bugs_are_found_and_pass_on_the_current_release() {
         return;
     }
     let dir = root().join("tests/python-jax-releases");
-    let cases = ["concatenate-2x2-first-axis-f32", "glu-2x2-first-axis-f64", "embedding-vocab-sharded-tp3-f64", "dynamic-index-in-dim-2-f64"];
+    let cases = [
+        "concatenate-2x2-first-axis-f32",
+        "glu-2x2-first-axis-f64",
+        "embedding-vocab-sharded-tp3-f64",
+        "dynamic-index-in-dim-2-f64",
+        "dynamic-slice-clamped-start-sharded-result-f64",
+    ];
     let files: Vec<String> = cases.iter().map(|c| dir.join(format!("{c}.json")).display().to_string()).collect();
     let run = |options: &[&str], target: &str, files: &[String]| {
         let mut args = vec!["run", "--json", "--target", target];
@@ -1704,8 +1711,14 @@ fn jax_0_4_38s_historical_bugs_are_found_and_pass_on_the_current_release() {
     let python = format!("--python={}", old.display());
     let on_old = run(&[&python], "jax-gspmd", &files);
     let on_new = run(&[], "jax-gspmd", &files);
-    let want = [("divergent", "out/0"), ("divergent", "grad/0"), ("crash", "SameElementType"), ("crash", "compare with different element types")];
-    assert_eq!((on_old.len(), on_new.len()), (4, 4));
+    let want = [
+        ("divergent", "out/0"),
+        ("divergent", "grad/0"),
+        ("crash", "SameElementType"),
+        ("crash", "compare with different element types"),
+        ("divergent", "out/0"),
+    ];
+    assert_eq!((on_old.len(), on_new.len()), (want.len(), want.len()));
     for ((v, new), (kind, what)) in on_old.iter().zip(&on_new).zip(want) {
         assert_eq!(v["versions"]["jax"], "0.4.38", "{v}");
         assert_eq!(v["kind"], kind, "{v}");

@@ -42,6 +42,12 @@ _TORCH_DTENSOR = [
     ("torch/", None, "got mixed torch.Tensor and DTensor"),
     # The tensor-parallel convolution's own check of what it supports (dilation 1, stride 1 with padding, ...).
     ("torch/distributed/tensor/_tp_conv.py", "_is_supported", None),
+    # Before torch 2.5 the same checks, where DTensor then lived (torch_release.py).
+    ("torch/distributed/_tensor/_sharding_prop.py", "propagate_op_sharding_non_cached",
+     "does not have a sharding strategy registered"),
+    ("torch/distributed/_tensor/ops/", None, "Please redistribute"),
+    ("torch/distributed/_tensor/_dispatch.py", "default_tensor", "is not supported"),
+    ("torch/distributed/_tensor/_tp_conv.py", "_is_supported", None),
 ]
 
 _JAX = [
@@ -205,7 +211,10 @@ RECOMPUTE = (
 #: the traceback's innermost) is the framework's: its object was inconsistent, not our call.
 #: megatron_common.cuda_on_cpu's mode re-dispatches every torch call megatron makes (a CUDA device turned into the
 #: CPU), so an error native code raises under it is the framework's call's.
+#: torch_dtensor.seed_backward reshapes the case's cotangent to the framework's gathered output: a size that cannot
+#: hold it is that output's size being wrong.
 NATIVE_CALLERS = (("shardfuzz_worker/targets/torch_opinfo.py", "viewed"),
+                  ("shardfuzz_worker/targets/torch_dtensor.py", "seed_backward"),
                   ("shardfuzz_worker/targets/megatron_common.py", "__torch_function__"))
 
 _OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep

@@ -5,6 +5,7 @@ import datetime
 import os
 
 from ..lifetime import orphan_dir_prefix, remove_orphan_dirs
+from . import torch_release
 from .base import Target
 
 _MESHES = {}
@@ -39,6 +40,8 @@ class TorchTarget(Target):
         import torch.distributed.fsdp  # noqa: F401
         import torch.distributed.tensor  # noqa: F401
         import torch.distributed.tensor.parallel  # noqa: F401
+
+        torch_release.public_dtensor()
         import torch.nn.parallel  # noqa: F401
 
         skip_absent_device_seeding()

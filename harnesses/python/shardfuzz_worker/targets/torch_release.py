@@ -1,0 +1,28 @@
+"""What differs between torch releases, in one place, so that the torch targets run unchanged against an older
+release (`--python` pointing at another environment). Before torch 2.5, DTensor lived in the private
+`torch.distributed._tensor` and `torch.distributed.tensor` held only `parallel`: `public_dtensor()` makes the
+public names (`DTensor`, `Shard`, `Replicate`, `Partial`, `distribute_tensor`, `distribute_module`, ...) importable
+from `torch.distributed.tensor` there, as later releases have them. (The generated repro scripts embed it.)
+
+Measured: torch 2.4.1 has them only under `torch.distributed._tensor`; 2.5.1 and later have both."""
+
+import sys
+
+#: The public DTensor names the targets import from torch.distributed.tensor.
+DTENSOR_NAMES = ("DTensor", "DeviceMesh", "Placement", "Shard", "Replicate", "Partial", "distribute_tensor",
+                 "distribute_module", "init_device_mesh")
+
+
+def public_dtensor():
+    """torch.distributed.tensor with the public DTensor names, on any release (True where they were aliased)."""
+    import torch.distributed.tensor as public
+
+    if hasattr(public, "DTensor"):
+        return False
+    import torch.distributed._tensor as private
+
+    for name in DTENSOR_NAMES:
+        if hasattr(private, name):
+            setattr(public, name, getattr(private, name))
+    sys.modules.setdefault("torch.distributed.tensor.placement_types", private.placement_types)
+    return True
