@@ -121,6 +121,13 @@ def module_source(relpath, *names):
             + f'\n\n{module} = __import__("sys").modules[__name__]  # (the functions above, as the worker\'s module)\n')
 
 
+def public_dtensor_source():
+    """The worker's torch release difference (targets/torch_release.py) run at import, so that the script's
+    `from torch.distributed.tensor import DTensor, ...` works on torch 2.4 too."""
+    return ("\n# torch < 2.5 kept DTensor in torch.distributed._tensor: the worker's torch_release.public_dtensor.\n"
+            + worker_source("targets/torch_release.py", "DTENSOR_NAMES", "public_dtensor") + "\n\npublic_dtensor()\n")
+
+
 def megatron_release_source():
     """The worker's megatron-core release differences (targets/megatron_release.py)."""
     return module_source("targets/megatron_release.py", "OPTIONS_OFF", "installed_version", "config_class",

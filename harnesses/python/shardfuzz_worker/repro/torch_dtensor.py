@@ -3,7 +3,7 @@
 from ..partial import partial_parts
 from ..targets.base import dtype_name, input_shapes, output_shape, parallel
 from .common import ReproError, assemble, embed, header, literal, mesh_words, require_inputs, rule, template
-from .common import refuse_op_case, valid_placement, worker_op_source, worker_source
+from .common import public_dtensor_source, refuse_op_case, valid_placement, worker_op_source, worker_source
 
 TARGET = "torch-dtensor"
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+""" + public_dtensor_source() + """from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 """
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}

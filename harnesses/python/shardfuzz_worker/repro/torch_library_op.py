@@ -3,7 +3,7 @@ embedded, DTensor.from_local on a real gloo mesh under torchrun, against the sam
 
 import numpy as np
 
-from .common import ReproError, embed, header, literal, rule, template, worker_source
+from .common import ReproError, embed, header, literal, public_dtensor_source, rule, template, worker_source
 
 IMPORTS = """
 import base64
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+""" + public_dtensor_source() + """from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 """
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}

@@ -2,7 +2,7 @@
 steps under loss_parallel (or, with the case's `vocab_loss` gathered, on a replicated LM-head output), on a 1-D tensor-parallel mesh under torchrun."""
 
 from ..targets.base import dtype_name, parallel, vocab_sharded_loss
-from .common import assemble, embed, header, literal, rule, template, worker_source
+from .common import assemble, embed, header, literal, public_dtensor_source, rule, template, worker_source
 from .torch_model import IMPORTS, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line, model_source
 from .torch_model import producible  # noqa: F401 - the generator's interface
 
@@ -49,7 +49,7 @@ def plan_source(case):
 
 def imports(sp):
     extra = "PrepareModuleInput, RowwiseParallel, SequenceParallel" if sp else "RowwiseParallel"
-    return IMPORTS + f"""from torch.distributed.device_mesh import init_device_mesh
+    return IMPORTS + public_dtensor_source() + f"""from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, {extra}, loss_parallel, parallelize_module
 """

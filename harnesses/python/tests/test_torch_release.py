@@ -1,0 +1,59 @@
+"""Release differences of torch in one place (targets/torch_release.py): before torch 2.5, DTensor's public names live
+in the private `torch.distributed._tensor`; `public_dtensor` makes them importable from `torch.distributed.tensor`
+there, and leaves a release that has them alone. A mocked torch 2.4 layout stands in for the release (run for real by
+hand: README "Older torch releases").
+
+    cd harnesses/python && ../../.venv/bin/python -m unittest tests.test_torch_release
+"""
+
+import importlib.util
+import os
+import sys
+import types
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from shardfuzz_worker.targets import torch_release  # noqa: E402
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def torch_2_4_modules():
+    """torch.distributed.tensor holding only `parallel`, DTensor under torch.distributed._tensor (as torch 2.4)."""
+    public = types.ModuleType("torch.distributed.tensor")
+    private = types.ModuleType("torch.distributed._tensor")
+    private.placement_types = types.ModuleType("torch.distributed._tensor.placement_types")
+    for name in torch_release.DTENSOR_NAMES:
+        setattr(private, name, type(name, (), {}))
+    distributed = types.ModuleType("torch.distributed")
+    distributed.tensor, distributed._tensor = public, private
+    torch = types.ModuleType("torch")
+    torch.distributed = distributed
+    return {"torch": torch, "torch.distributed": distributed, "torch.distributed.tensor": public,
+            "torch.distributed._tensor": private}
+
+
+class OlderTorch(unittest.TestCase):
+    def test_dtensor_names_become_public_on_torch_2_4(self):
+        modules = torch_2_4_modules()
+        with mock.patch.dict(sys.modules, modules):
+            sys.modules.pop("torch.distributed.tensor.placement_types", None)  # (restored on leaving)
+            self.assertTrue(torch_release.public_dtensor())
+            from torch.distributed.tensor import DTensor, Partial, Shard  # noqa: F401 - the targets' import
+
+            private = modules["torch.distributed._tensor"]
+            self.assertIs(DTensor, private.DTensor)
+            self.assertIs(sys.modules["torch.distributed.tensor.placement_types"], private.placement_types)
+            self.assertFalse(torch_release.public_dtensor(), "a second call changes nothing")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class InstalledTorch(unittest.TestCase):
+    def test_a_release_with_public_dtensor_is_left_alone(self):
+        import torch.distributed.tensor as public
+
+        before = public.DTensor
+        self.assertFalse(torch_release.public_dtensor())
+        self.assertIs(public.DTensor, before)
