@@ -168,6 +168,11 @@ VALIDATION = {
     "colossalai-hybrid": _COLOSSALAI,
 }
 
+#: Path fragments of locations that only older releases have (DTensor under torch/distributed/_tensor/ before torch
+#: 2.5, shard_map's checks in jax/experimental/shard_map.py before jax 0.7): the table test checks them only where the
+#: installed release still has them (checked by hand on torch 2.4.1 and jax 0.4.38).
+FORMER_LOCATIONS = ("torch/distributed/_tensor/", "jax/experimental/shard_map.py")
+
 #: Top-level packages whose frames count as the framework's, per target.
 FRAMEWORKS = {
     "torch-dtensor": ("torch",),
