@@ -599,7 +599,8 @@ op("jax.lax.concatenate", "pad_concat", lambda *xs, dimension: lax.concatenate(x
 op("jax.numpy.stack", "pad_concat", lambda *xs, axis=0: jnp.stack(xs, axis=axis), [
     S(N(3), N(3)), S(N(2, 3), N(2, 3), N(2, 3), axis=1), S(N(4, 2), N(4, 2), axis=-1), S(N(), N())])
 for _name in ("hstack", "vstack", "dstack", "column_stack"):
-    op(f"jax.numpy.{_name}", "pad_concat", (lambda f: lambda *xs: f(xs))(api(f"jax.numpy.{_name}")), [
+    _fn = api(f"jax.numpy.{_name}")
+    op(f"jax.numpy.{_name}", "pad_concat", _fn and (lambda f: lambda *xs: f(xs))(_fn), [
         S(N(3), N(3)), S(N(2, 3), N(2, 3)), S(N(3, 2), N(3, 2), N(3, 2))])
 op("jax.numpy.append", "pad_concat", api("jax.numpy.append"), [S(N(3), N(2)), S(N(2, 3), N(2, 2), axis=1), S(N(2, 3), N(4, 3), axis=0)])
 op("jax.numpy.split", "pad_concat", api("jax.numpy.split"), [
