@@ -6,8 +6,9 @@ status 139, or -11 for a child). Without the first split, it runs.
 
 Found by shardfuzz: a 300-s jax-gspmd campaign against jax 0.4.30 (seed 216) as a `jnp.matmul` library-op case with
 output views `flatten`, `unsqueeze` and an output constraint; the finding killed the worker under 0.5.3 and 0.12.0.1
-too; minimized under 0.12.0.1 (45 executions, 13 s); reduced by hand to the program below (no matmul needed). Not
-looked up upstream: a crash of the current release, possibly new. CRASH (SIGSEGV) under 0.4.30, 0.5.3 and 0.12.0.1.
+too; minimized under 0.12.0.1 (45 executions, 13 s); reduced by hand to the program below (no matmul needed). A
+search of JAX and XLA issue threads found no match: a crash of the current release, possibly new. CRASH (SIGSEGV)
+under 0.4.30, 0.5.3 and 0.12.0.1.
 
 Run: python jax-0.12-gspmd-uneven-split-flatten-size1-split-segfault.py   (runs the program in a child process)
 """
