@@ -46,8 +46,10 @@ class ShardMapOfOlderReleases(unittest.TestCase):
         self.release = jax_release
         self.calls = []
 
-    def patched(self, refuse_checked):
-        fake_jax = types.SimpleNamespace(lax=types.SimpleNamespace())  # no jax.shard_map: a release before 0.7
+    def patched(self, refuse_checked, gather_takes_to=False):
+        # No jax.shard_map: a release before 0.7 (its all_gather without `to=` unless asked).
+        gather = (lambda x, axes, axis=0, tiled=False, to=None: x) if gather_takes_to else (lambda x, axes, axis=0, tiled=False: x)
+        fake_jax = types.SimpleNamespace(lax=types.SimpleNamespace(all_gather=gather))
         module = types.ModuleType("jax.experimental.shard_map")
         module.shard_map = old_shard_map(self.calls, refuse_checked)
         return mock.patch.multiple(self.release, jax=fake_jax), mock.patch.dict(sys.modules, {"jax.experimental.shard_map": module})
@@ -69,6 +71,14 @@ class ShardMapOfOlderReleases(unittest.TestCase):
     def test_check_off_is_check_rep_off(self):
         self.assertEqual(self.build_and_call(refuse_checked=True, check=False), 2)
         self.assertEqual([c for c in self.calls if c[0] == "call"], [("call", False)])
+
+    def test_a_release_whose_collectives_take_to_keeps_the_check_strict(self):
+        a, b = self.patched(refuse_checked=True, gather_takes_to=True)
+        with a, b:
+            f = self.release.shard_map(lambda x: x + 1, mesh=None, in_specs=None, out_specs=None)
+            with self.assertRaisesRegex(ValueError, "can't be statically inferred"):
+                f(1)
+        self.assertEqual([c for c in self.calls if c[0] == "call"], [("call", True)])
 
     def test_another_refusal_is_not_retried(self):
         a, b = self.patched(refuse_checked=False)

@@ -227,8 +227,12 @@ class TableTest(unittest.TestCase):
                     continue
                 self.assertIn(pkg, FRAMEWORKS[target], f"{target}: {fragment} is not in its frameworks")
                 path = os.path.join(root, rel)
-                source = open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
-                if fragment.startswith(FORMER_LOCATIONS) and not (os.path.exists(path) and f"def {function}(" in source):
+                source = ""
+                if os.path.isfile(path):
+                    with open(path, encoding="utf-8") as f:
+                        source = f.read()
+                present = os.path.exists(path) and (function is None or f"def {function}(" in source)
+                if fragment.startswith(FORMER_LOCATIONS) and not present:
                     continue
                 self.assertTrue(os.path.exists(path), f"{target}: {fragment} does not exist")
                 if function:

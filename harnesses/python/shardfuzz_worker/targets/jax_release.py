@@ -24,17 +24,19 @@ def shard_map(f, mesh, in_specs, out_specs, check=True):
 
     Releases whose collectives cannot say a result is the same on every device (no `to="invarying"`, before
     jax 0.7; and the older `check_rep` inference) refuse some correct programs, a value picked by `axis_index`
-    from an all_gather among them: where the check refuses the program ("can't be statically inferred"), the
-    call is retried without it, which JAX transposes the other correct way (cotangents divided and psummed).
-    The newest release checks the same programs and accepts them."""
+    from an all_gather among them: there, where the check refuses the program ("can't be statically inferred"),
+    the call is retried without it, which JAX transposes the other correct way (cotangents divided and psummed).
+    Releases with `to=` keep the check strict: they accept these programs, and a refusal there is our error."""
     smap = getattr(jax, "shard_map", None)
     if smap is None:
         from jax.experimental.shard_map import shard_map as smap
     off = {"check_vma" if _takes(smap, "check_vma") else "check_rep": False}
-    unchecked = smap(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **off)
     if not check:
-        return unchecked
+        return smap(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **off)
     checked = smap(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    if _takes(jax.lax.all_gather, "to"):
+        return checked
+    unchecked = smap(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **off)
 
     def call(*args):
         try:

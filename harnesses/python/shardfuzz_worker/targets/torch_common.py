@@ -40,10 +40,9 @@ class TorchTarget(Target):
         import torch.distributed.fsdp  # noqa: F401
         import torch.distributed.tensor  # noqa: F401
         import torch.distributed.tensor.parallel  # noqa: F401
-
-        torch_release.public_dtensor()
         import torch.nn.parallel  # noqa: F401
 
+        torch_release.public_dtensor()
         skip_absent_device_seeding()
         root = os.path.dirname(torch.__file__)
         self.coverage_prefixes = (os.path.join(root, "distributed") + os.sep, os.path.join(root, "nn", "parallel") + os.sep)
