@@ -21,6 +21,7 @@ def main():
     args = ap.parse_args()
     protocol.claim_stdout()
     lifetime.watch_parent()
+    lifetime.cap_memory()
     try:
         target = load(args.target)
         versions = target.versions()
@@ -108,6 +109,20 @@ class Coordinator:
         combined = self.target.combine(case, [r["out"] for r in results])
         return self.completed(msg, combined, coverage, inputs)
 
+    def single_device(self, msg):
+        """Whether a library-op case's op finishes on one device (float64) within the case's time: a case whose
+        sharded run hung is no finding when the op alone is as slow (an edit that made a call exponential,
+        `combinations` of r = 34). `timeout`, `ok` (with the seconds), `failed` (the op raised: the hang stands)
+        or `unknown` (the target cannot tell)."""
+        timeout = float(msg.get("timeout_s", 60))
+        try:
+            seconds = run_with_alarm(lambda: self.target.single_device_seconds(msg["case"]), timeout, cut_known=False)
+        except CaseTimedOut:
+            return {"status": "timeout"}
+        except Exception as e:  # noqa: BLE001 - the op refuses the call on one device: the hang stands
+            return {"status": "failed", "reason": f"{type(e).__name__}: {str(e)[:200]}"}
+        return {"status": "unknown"} if seconds is None else {"status": "ok", "seconds": seconds}
+
     def run_local(self, job, msg):
         from .coverage import Coverage
 
@@ -193,6 +208,9 @@ def serve(target):
                 protocol.send({"id": msg.get("id"), "status": "ok", "ops": target.vocabulary()})
             except Exception as e:  # noqa: BLE001 - a failure of our code reading it: a harness error
                 protocol.send({"id": msg.get("id"), **worker_failed(e)})
+            continue
+        if msg.get("cmd") == "single_device":
+            protocol.send({"id": msg.get("id"), **coord.single_device(msg)})
             continue
         if msg.get("cmd") != "run":
             protocol.send({"id": msg.get("id"), "status": "crash", "reason": f"unknown command {msg.get('cmd')!r}"})

@@ -48,6 +48,13 @@ _TORCH_DTENSOR = [
     ("torch/distributed/_tensor/ops/", None, "Please redistribute"),
     ("torch/distributed/_tensor/_dispatch.py", "default_tensor", "is not supported"),
     ("torch/distributed/_tensor/_tp_conv.py", "_is_supported", None),
+    # torch 2.4's split rule refusing a Partial input ("splitting distributed tensor with Partial placement is not
+    # implemented!"; 2.5 and later split it).
+    ("torch/distributed/_tensor/ops/tensor_ops.py", "split_rule", "is not implemented"),
+    # The gloo backend's refusal of a reduction it does not implement (a Partial(avg) reduced through it: gloo
+    # raises before any communication on torch 2.4.1 and 2.5.1; 2.15's gloo averages). Raised from C++: the
+    # innermost Python frame is wherever the collective was called.
+    ("torch/", None, "Cannot use ReduceOp.AVG with Gloo"),
 ]
 
 _JAX = [

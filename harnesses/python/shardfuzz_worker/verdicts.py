@@ -4,7 +4,8 @@
 A harness error on any rank wins: our worker failed, and what the framework did after that says nothing.
 Every rank must have refused for a rejection, since a refusal on some ranks only leaves the others stranded
 in a collective (a crash of the framework, not a clean rejection). A crash is reported on the first rank whose
-error is its own, not a peer's closed or reset connection (what the ranks that outlived the failing one see).
+error is its own crash: not a peer's closed or reset connection (what the ranks that outlived the failing one
+see), nor a refusal where another rank crashed.
 """
 
 #: What gloo raises on a rank whose peer died: never the cause of a crash.
@@ -19,7 +20,10 @@ def classify_failures(target, failed, world):
     for rank, f, kind, frame in verdicts:
         if kind == "harness_error":
             return harness_error(f, frame)
-    first_rank, first = next(((r, f) for r, f in real if not peer_gone(f)), real[0])
+    # Where ranks disagree, the crash is told on the first rank whose own failure is one (not a refusal, which
+    # would name the case after a check the framework passed on another rank).
+    crashed = [(r, f) for r, f, kind, _ in verdicts if kind == "crash" and not peer_gone(f)]
+    first_rank, first = crashed[0] if crashed else next(((r, f) for r, f in real if not peer_gone(f)), real[0])
     message = f"{first['type']}: {first['message']}".strip()
     if len(failed) == world and len(real) == len(failed) and all(v[2] == "rejected" for v in verdicts):
         return {"status": "rejected", "reason": message}

@@ -1,6 +1,7 @@
 """Release differences of torch in one place (targets/torch_release.py): before torch 2.5, DTensor's public names live
 in the private `torch.distributed._tensor`; `public_dtensor` makes them importable from `torch.distributed.tensor`
-there, and leaves a release that has them alone. A mocked torch 2.4 layout stands in for the release (run for real by
+there, and leaves a release that has them alone; `refuses_kept_partials` tells a release whose `DTensor.redistribute`
+refuses a Partial the tensor already has. A mocked torch 2.4 layout stands in for the release (run for real by
 hand: README "Older torch releases").
 
     cd harnesses/python && ../../.venv/bin/python -m unittest tests.test_torch_release
@@ -57,3 +58,13 @@ class InstalledTorch(unittest.TestCase):
         before = public.DTensor
         self.assertFalse(torch_release.public_dtensor())
         self.assertIs(public.DTensor, before)
+
+    def test_the_installed_release_takes_a_partial_kept_in_place(self):
+        # torch 2.15 (.venv) refuses only a change to a Partial; 2.4.1 and 2.5.1 any Partial (checked by hand).
+        import torch
+
+        torch_release.public_dtensor()
+        if torch.__version__.startswith(("2.4.", "2.5.")):
+            self.assertTrue(torch_release.refuses_kept_partials())
+        else:
+            self.assertFalse(torch_release.refuses_kept_partials())

@@ -172,6 +172,27 @@ class TorchFramesTest(unittest.TestCase):
         self.assertIn("IndexError", reply["reason"])
         self.assertEqual(classify_failures(t, [(0, gone), (1, gone)], 2)["rank"], 0)
 
+    def test_a_crash_beside_a_refusal_is_told_by_the_crashing_rank(self):
+        # torch 2.4.1, linalg.svd on uneven shards: rank 0 refuses `diagonal` in the backward, rank 1 crashes
+        # padding its empty shard first. The case is a crash, named after rank 1's error, not rank 0's refusal.
+        t = Target("torch-dtensor")
+        refusal = failure(("NotImplementedError", "Operator aten.diagonal.default does not have a sharding strategy registered.",
+                           [fw("torch", "distributed/tensor/_sharding_prop.py", "propagate_op_sharding_non_cached")]))
+        cause = failure(("RuntimeError", "The input size 0, plus negative padding 0 and 0 resulted in a negative output size",
+                         [fw("torch", "nn/functional.py", "pad")]))
+        reply = classify_failures(t, [(0, refusal), (1, cause)], 2)
+        self.assertEqual((reply["status"], reply["rank"]), ("crash", 1))
+        self.assertIn("negative output size", reply["reason"])
+
+    def test_gloos_refusal_of_an_average_is_rejected(self):
+        # torch 2.4.1 / 2.5.1: a Partial(avg) reduced on gloo raises in C++ under the functional collective.
+        f = failure(("RuntimeError", "Cannot use ReduceOp.AVG with Gloo",
+                     [fw("torch", "distributed/_functional_collectives.py", "all_reduce")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "rejected")
+        f = failure(("RuntimeError", "Cannot use ReduceOp.PREMUL_SUM with Gloo",
+                     [fw("torch", "distributed/_functional_collectives.py", "all_reduce")]))
+        self.assertEqual(classify("torch-dtensor", f)[0], "crash")
+
 
 class RealExceptionsTest(unittest.TestCase):
     def test_an_exception_raised_by_our_code_is_a_harness_error(self):

@@ -138,6 +138,72 @@ class MissingOutputTest(unittest.TestCase):
         self.assertIn("returned no grad/b", reply["reason"])
 
 
+class SingleDeviceCheckTest(unittest.TestCase):
+    """The check a hung library-op case gets (`single_device` command): does the op alone finish in time?"""
+
+    def check(self, seconds):
+        from shardfuzz_worker.__main__ import Coordinator
+        from shardfuzz_worker.targets.base import Target
+
+        class Op(Target):
+            def single_device_seconds(self, case):
+                return seconds()
+
+        return Coordinator(Op()).single_device({"case": {"library_op": {}}, "timeout_s": 0.5})
+
+    def test_an_op_slow_on_one_device_times_out(self):
+        import time
+
+        def slow():
+            while True:  # (interruptible: the alarm fires between bytecodes)
+                time.sleep(0.01)
+
+        self.assertEqual(self.check(slow)["status"], "timeout")
+
+    def test_a_quick_op_a_refusal_and_a_target_that_cannot_tell(self):
+        self.assertEqual(self.check(lambda: 0.01), {"status": "ok", "seconds": 0.01})
+
+        def refuses():
+            raise ValueError("r out of range")
+
+        self.assertEqual(self.check(refuses), {"status": "failed", "reason": "ValueError: r out of range"})
+        self.assertEqual(self.check(lambda: None)["status"], "unknown")
+
+    @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
+    def test_a_torch_library_op_is_timed_alone(self):
+        from shardfuzz_worker.targets.torch_library_op import single_device_seconds
+
+        case = {"library_op": {"name": "add", "sample": 0, "mesh": [2], "placements": []},
+                "data": {"seed": 1}, "train": {"dtype": "f32"}}
+        self.assertLess(single_device_seconds(case), 30)
+
+
+class MemoryCapTest(unittest.TestCase):
+    def test_the_cap_is_half_the_machine_at_least_16_gib_or_what_the_variable_says(self):
+        from unittest import mock
+
+        from shardfuzz_worker import lifetime
+
+        with mock.patch.dict(os.environ, {lifetime.MEMORY_ENV: "123"}):
+            self.assertEqual(lifetime.memory_cap(), 123)
+        with mock.patch.dict(os.environ):
+            os.environ.pop(lifetime.MEMORY_ENV, None)
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            self.assertEqual(lifetime.memory_cap(), max(16 << 30, physical // 2))
+
+    def test_an_allocation_past_the_cap_fails_where_it_is_made(self):
+        import subprocess
+
+        code = ("import sys; sys.path.insert(0, %r)\n"
+                "from shardfuzz_worker import lifetime\n"
+                "lifetime.cap_memory()\n"
+                "try:\n    bytearray(2 << 30)\nexcept MemoryError:\n    print('refused')\nelse:\n    print('granted')\n"
+                % os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "SHARDFUZZ_WORKER_MEMORY": str(1 << 30)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.stdout.strip(), "refused", out.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
 

@@ -343,7 +343,12 @@ impl Target for PythonTarget {
     }
 
     fn run(&mut self, case: &Case, inputs: &Inputs) -> Outcome {
-        let outcome = self.run_in_worker(case, inputs, false);
+        let mut outcome = self.run_in_worker(case, inputs, false);
+        if matches!(outcome, Outcome::Hang { .. }) && case.library_op.is_some() {
+            if let Some(reason) = self.single_device_too_slow(case) {
+                outcome = Outcome::Unsupported { reason };
+            }
+        }
         if self.respawn_every_case {
             self.drop_worker();
         }
@@ -417,6 +422,37 @@ impl Target for PythonTarget {
 }
 
 impl PythonTarget {
+    /// Why a library-op case whose sharded run hung is no finding: its op alone, on one device in
+    /// float64, does not finish within the case's time either (an edit that made a call exponential).
+    /// None when it finishes, raises, or the worker cannot tell.
+    fn single_device_too_slow(&mut self, case: &Case) -> Option<String> {
+        self.ensure_worker().ok()?;
+        self.next_id += 1;
+        let id = self.next_id;
+        let limit = self.op_timeout;
+        let msg = json!({"cmd": "single_device", "id": id, "case": case, "timeout_s": limit.as_secs_f64()});
+        let w = self.worker.as_mut()?;
+        writeln!(w.stdin, "{msg}").and_then(|_| w.stdin.flush()).ok()?;
+        let slow = match w.reply(id, reply_deadline(limit, true)) {
+            Ok(v) => v["status"] == "timeout",
+            // Stuck in native code, where the worker's alarm cannot interrupt it.
+            Err(RecvTimeoutError::Timeout) => {
+                self.drop_worker();
+                true
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                self.drop_worker();
+                false
+            }
+        };
+        slow.then(|| {
+            format!(
+                "the op alone does not finish on one device within {:.0} s on this call either (float64): a slow call, not a sharding hang",
+                limit.as_secs_f64()
+            )
+        })
+    }
+
     fn run_in_worker(&mut self, case: &Case, inputs: &Inputs, processes: bool) -> Outcome {
         let v = match self.request(case, inputs, processes) {
             Ok(v) => v,

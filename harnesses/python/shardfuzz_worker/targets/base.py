@@ -61,6 +61,11 @@ class Target:
     def run_local(self, case, inputs):
         raise NotImplementedError
 
+    def single_device_seconds(self, case):
+        """Seconds the case's op takes on one device in float64 (library-op cases), or None where the target
+        cannot run it alone: a hang is no finding when the op alone does not finish in the case's time."""
+        return None
+
     def single_device_refusal(self, case):
         """Why the single-device float64 run refuses this case (an edit made a call invalid), or None: ranks
         that all fail on such a case were asked something the op refuses anyway (a rejection, not a crash)."""

@@ -199,6 +199,13 @@ class JaxTarget(Target):
 
         return vocabulary()
 
+    def single_device_seconds(self, case):
+        if "library_op" not in case:
+            return None
+        from .jax_library_op import single_device_seconds
+
+        return single_device_seconds(case)
+
     def unsupported(self, case):
         if "library_op" in case:
             from .jax_library_op import unsupported

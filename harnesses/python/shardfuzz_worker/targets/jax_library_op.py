@@ -248,6 +248,17 @@ def single_run(prep, run_dtype, inputs, cots=None):
     return result
 
 
+def single_device_seconds(case):
+    """Seconds the case's op (its sample, edits and views) takes on one device in float64, forward and backward,
+    compilation included."""
+    import time
+
+    start = time.perf_counter()
+    prep = Prepared(case["library_op"], int(case["data"]["seed"]), case["train"]["dtype"])
+    single_run(prep, jnp.float64, prep.inputs)
+    return time.perf_counter() - start
+
+
 def single_device(prep, notes):
     """{prefix: tensors} of the reference, baseline and members; Unsupported when the op fails on one device
     in float64 or in the case dtype (the sharded run would fail alike: no finding)."""

@@ -81,6 +81,13 @@ class TorchDTensor(TorchTarget):
 
         return run(case)
 
+    def single_device_seconds(self, case):
+        if "library_op" not in case:
+            return None
+        from .torch_library_op import single_device_seconds
+
+        return single_device_seconds(case)
+
     def single_device_refusal(self, case):
         if "library_op" not in case:
             return None

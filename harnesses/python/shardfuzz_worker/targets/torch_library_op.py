@@ -15,9 +15,10 @@ import math
 
 import numpy as np
 
-from .base import assemble, shard_ranges
+from .base import assemble, normalise_placements, shard_ranges
 from .torch_local_dtensor import run_on_rank, run_sharded, starting_placements
 from .torch_opinfo import Prepared, UnsupportedSample, dtype_supported, find, torch_dtype, unit_roundoff
+from .torch_release import refuses_kept_partials
 
 class Unsupported(Exception):
     pass
@@ -37,10 +38,24 @@ def unsupported(case):
         return f"{op.name} has no {case['train']['dtype']} CPU kernel (or backward) in this torch"
     try:
         # Decided here, before any rank runs: the sample itself (drawn once, cached).
-        Prepared(op, lib, int(case["data"]["seed"]), case["train"]["dtype"])
+        prep = Prepared(op, lib, int(case["data"]["seed"]), case["train"]["dtype"])
     except UnsupportedSample as e:
         return str(e)
+    if partial_redistributed(prep, lib) and refuses_kept_partials():
+        return ("this torch's DTensor.redistribute refuses placements holding a Partial (torch 2.4.1 and 2.5.1: \"for internal "
+                "use only\"): an argument that starts at its sources and holds a Partial cannot be set up")
     return None
+
+
+def partial_redistributed(prep, lib):
+    """Whether an argument is redistributed from its sources to placements holding a Partial."""
+    given, mesh_ndim = lib.get("placements") or [], len(lib["mesh"])
+    for j, i in enumerate(prep.positions):
+        full = prep.leaves[i]
+        places = normalise_placements(given[j] if j < len(given) else [], full.ndim, mesh_ndim, full.is_floating_point())
+        if any(p.startswith("P") for p in places) and starting_placements(lib, j, places, full, mesh_ndim) != places:
+            return True
+    return False
 
 
 def single_device(prep, dtype_name, notes):
@@ -125,6 +140,19 @@ def single_device_refusal(case):
     except Exception as e:  # noqa: BLE001 - the op itself refuses this sample on one device
         return f"the single-device op fails on this sample in float64: {type(e).__name__}: {str(e)[:200]}"
     return None
+
+
+def single_device_seconds(case):
+    """Seconds the case's op (its sample, edits and views) takes on one device in float64, forward and backward."""
+    import time
+
+    import torch
+
+    lib = case["library_op"]
+    prep = Prepared(find(lib), lib, int(case["data"]["seed"]), case["train"]["dtype"])
+    start = time.perf_counter()
+    prep.run(torch.float64, None)
+    return time.perf_counter() - start
 
 
 def run_rank(rank, case):

@@ -4,7 +4,8 @@ release (`--python` pointing at another environment). Before torch 2.5, DTensor 
 public names (`DTensor`, `Shard`, `Replicate`, `Partial`, `distribute_tensor`, `distribute_module`, ...) importable
 from `torch.distributed.tensor` there, as later releases have them. (The generated repro scripts embed it.)
 
-Measured: torch 2.4.1 has them only under `torch.distributed._tensor`; 2.5.1 and later have both."""
+Measured: torch 2.4.1 has them only under `torch.distributed._tensor`; 2.5.1 and later have both. torch 2.4's
+and 2.5's `DTensor.redistribute` refused every Partial among the placements asked for (`refuses_kept_partials`)."""
 
 import sys
 
@@ -26,3 +27,16 @@ def public_dtensor():
             setattr(public, name, getattr(private, name))
     sys.modules.setdefault("torch.distributed.tensor.placement_types", private.placement_types)
     return True
+
+
+
+def refuses_kept_partials():
+    """Whether `DTensor.redistribute` refuses every Partial among the placements asked for, one the tensor already has
+    included ("redistributing to Partial is for internal use only": torch 2.4.1 and 2.5.1; 2.15 refuses only a change
+    to one). A library-op case whose sources start an argument elsewhere than its placements, a Partial among them,
+    cannot be set up there."""
+    import inspect
+
+    from torch.distributed.tensor import DTensor
+
+    return "redistributing to Partial is for internal use only" in inspect.getsource(DTensor.redistribute)
