@@ -8,6 +8,7 @@ the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_co
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, sync_every_microbatch, sync_feature
 from .torch_common import TorchTarget
 from .torch_model import build, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
+from .torch_release import clips_sparse_gradients
 from .torch_training import combine_dp, single_device, train
 
 
@@ -32,6 +33,9 @@ class TorchDdp(TorchTarget):
             # Measured (campaign 114): the fp16 hook's sparse gradients come back through `"cadd_sparse" not
             # implemented for 'Half'` (torch has no CPU kernel adding f16 sparse tensors; bf16 has one).
             return "torch has no CPU kernel adding the f16 sparse gradients DDP's fp16 hook reduces"
+        if sparse_embedding(case) and case["train"].get("clip_grad_norm") is not None and not clips_sparse_gradients():
+            # Measured (campaign 219, torch 2.4.1): the sharded run crashes in clip_grad_norm_, as one device does.
+            return "this torch's clip_grad_norm_ takes no sparse gradient (on one device either)"
         if case["model"].get("activation_checkpointing") == "reentrant" and p["find_unused"]:
             # DDP's documentation: with use_reentrant=True it works "when there are no unused parameters ... (make
             # sure you are not passing `find_unused_parameters=True` to DDP)"; its reducer then raises "Expected to

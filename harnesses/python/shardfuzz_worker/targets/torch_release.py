@@ -5,7 +5,8 @@ public names (`DTensor`, `Shard`, `Replicate`, `Partial`, `distribute_tensor`, `
 from `torch.distributed.tensor` there, as later releases have them. (The generated repro scripts embed it.)
 
 Measured: torch 2.4.1 has them only under `torch.distributed._tensor`; 2.5.1 and later have both. torch 2.4's
-and 2.5's `DTensor.redistribute` refused every Partial among the placements asked for (`refuses_kept_partials`)."""
+and 2.5's `DTensor.redistribute` refused every Partial among the placements asked for (`refuses_kept_partials`), and
+their `clip_grad_norm_` any sparse gradient (`clips_sparse_gradients`)."""
 
 import functools
 import sys
@@ -46,3 +47,19 @@ def refuses_kept_partials():
         return "redistributing to Partial is for internal use only" in inspect.getsource(DTensor.redistribute)
     except (OSError, TypeError):
         return torch.__version__.startswith(("2.4.", "2.5."))
+
+
+@functools.lru_cache(maxsize=None)
+def clips_sparse_gradients():
+    """Whether `torch.nn.utils.clip_grad_norm_` takes a sparse gradient on one device (an embedding's with
+    sparse=True). Measured: torch 2.4.1 and 2.5.1 raise NotImplementedError ("Could not run 'aten::linalg_vector_norm'
+    with arguments from the 'SparseCPU' backend"), 2.15 clips. Tried on a 3x2 parameter, once per process."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(3, 2))
+    p.grad = torch.sparse_coo_tensor([[0]], torch.ones(1, 2), (3, 2))
+    try:
+        torch.nn.utils.clip_grad_norm_([p], 1.0, foreach=False)
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
