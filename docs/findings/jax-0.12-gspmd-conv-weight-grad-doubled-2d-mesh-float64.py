@@ -2,9 +2,12 @@
 """jax 0.12.0.1, XLA CPU, jit + NamedSharding: the weight gradient of `jax.lax.conv` whose input is split along a
 spatial dim over ONE axis of a 2x2 mesh (the other axis unused, the weight replicated) comes back doubled, in
 float64, with an even split (8 rows over 2) as with an uneven one (7), for a `.sum()` loss as for a float64
-cotangent passed in. The forward is right; on a 1-D mesh of 2 devices the gradient is right. jax 0.6.2 is right
-everywhere here: a regression after 0.6.2 (not bisected). Silent: a data-parallel-over-height conv trained this way
-takes twice the step.
+cotangent passed in. The forward is right; on a 1-D mesh of 2 devices the gradient is right. Silent: a conv trained
+this way takes twice the step.
+
+It is the Shardy partitioner's: with `jax_use_shardy_partitioner` on (the default since jax 0.7.0) jax 0.6.2 doubles
+it too, and with it off (GSPMD, `--gspmd` below) 0.12 is right. By release, defaults: 0.6.2 OK; 0.7.0, 0.7.1, 0.8.0,
+0.10.0 and 0.12.0.1 MISMATCH. Workaround: jax.config.update("jax_use_shardy_partitioner", False).
 
 It widens jax-0.12-gspmd-conv-weight-grad-doubled-converted-cotangent.py, whose float64 program (an uneven height
 over the second mesh axis, a dilated padded conv) was right: the convert is not needed, the mesh shape is.
@@ -13,8 +16,9 @@ Found by shardfuzz: campaign 220 (`fuzz --target jax-gspmd` under jax 0.6.2, see
 doubled under 0.6.2 and 0.12 (input split on a spatial dim over one mesh axis, weight split on its input features
 over the other); reduced by hand to this program, which doubles under 0.12 only.
 
-Run: python3 jax-0.12-gspmd-conv-weight-grad-doubled-2d-mesh-float64.py   (one process, 4 host CPU devices)
-Prints one line per case; exit status 1 when a case MISMATCHes (jax 0.12.0.1: the 2x2 mesh cases), else 0 (0.6.2).
+Run: python3 jax-0.12-gspmd-conv-weight-grad-doubled-2d-mesh-float64.py [--gspmd]   (one process, 4 CPU devices)
+Prints one line per case; exit status 1 when a case MISMATCHes (jax 0.12.0.1: the 2x2 mesh cases), else 0 (0.6.2,
+or any of them with --gspmd).
 """
 import os
 
@@ -26,6 +30,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 jax.config.update("jax_enable_x64", True)
+if "--gspmd" in sys.argv:
+    jax.config.update("jax_use_shardy_partitioner", False)
 rng = np.random.default_rng(0)
 w = rng.standard_normal((2, 2, 3, 3))  # OIHW, replicated
 bad = False
@@ -49,5 +55,5 @@ for mesh_shape in ((2,), (2, 2)):
             bad |= not ok
             print(f"{'OK' if ok else 'MISMATCH'}: mesh {mesh_shape}, height {rows} split over 'a', {how}: "
                   f"|sharded w grad| / |unsharded| = {np.linalg.norm(got) / np.linalg.norm(want):.4f}")
-print("jax", jax.__version__)
+print("jax", jax.__version__, "shardy partitioner:", jax.config.jax_use_shardy_partitioner)
 sys.exit(1 if bad else 0)
