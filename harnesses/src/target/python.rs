@@ -286,8 +286,8 @@ impl PythonTarget {
         if let (Ok(hook), 1) = (std::env::var(TEST_HOOK_ENV), id) {
             msg["test_hook"] = json!(hook);
         }
+        let sent = self.send(&msg);
         let w = self.worker.as_mut().expect("started above");
-        let sent = writeln!(w.stdin, "{msg}").and_then(|_| w.stdin.flush());
         // A worker whose library-op cases start a rank pool says so (`library-op-ranks`); JAX's
         // host devices and torch's simulated ranks live in the worker itself.
         let pool = self.versions.get("library-op-ranks").is_some_and(|v| !v.starts_with("LocalTensorMode"));
@@ -404,10 +404,8 @@ impl Target for PythonTarget {
         self.ensure_worker()?;
         self.next_id += 1;
         let id = self.next_id;
+        self.send(&json!({"cmd": "vocabulary", "id": id})).map_err(|e| format!("{}: {e}", self.name))?;
         let w = self.worker.as_mut().expect("started above");
-        writeln!(w.stdin, "{}", json!({"cmd": "vocabulary", "id": id}))
-            .and_then(|_| w.stdin.flush())
-            .map_err(|e| format!("{}: {e}", self.name))?;
         let reply = w
             .reply(id, STARTUP)
             .map_err(|_| format!("{}: no vocabulary within {} s: {}", self.name, STARTUP.as_secs(), w.stderr_tail()))?;
@@ -422,6 +420,13 @@ impl Target for PythonTarget {
 }
 
 impl PythonTarget {
+    /// Writes one request line to the started worker.
+    fn send(&mut self, msg: &Value) -> std::io::Result<()> {
+        let w = self.worker.as_mut().ok_or_else(|| std::io::Error::other("no worker"))?;
+        writeln!(w.stdin, "{msg}")?;
+        w.stdin.flush()
+    }
+
     /// Why a library-op case whose sharded run hung is no finding: its op alone, on one device in
     /// float64, does not finish within the case's time either (an edit that made a call exponential).
     /// None when it finishes, raises, or the worker cannot tell.
@@ -431,8 +436,8 @@ impl PythonTarget {
         let id = self.next_id;
         let limit = self.op_timeout;
         let msg = json!({"cmd": "single_device", "id": id, "case": case, "timeout_s": limit.as_secs_f64()});
+        self.send(&msg).ok()?;
         let w = self.worker.as_mut()?;
-        writeln!(w.stdin, "{msg}").and_then(|_| w.stdin.flush()).ok()?;
         let slow = match w.reply(id, reply_deadline(limit, true)) {
             Ok(v) => v["status"] == "timeout",
             // Stuck in native code, where the worker's alarm cannot interrupt it.
