@@ -13,7 +13,7 @@ export SHARDFUZZ_REQUIRE_PYTHON=1
 echo "== Python worker unit tests"
 (cd harnesses/python && ../../.venv/bin/python -m unittest discover -s tests)
 echo "== Python worker unit tests in the colossalai environment"
-(cd harnesses/python && ../../.venv-colossalai/bin/python -m unittest tests.test_colossalai)
+(cd harnesses/python && ../../.venv-colossalai/bin/python -m unittest tests.test_colossalai tests.test_mutants)
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -12,16 +12,16 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MUTANTS_DIR = os.path.join(ROOT, "scripts", "bench", "mutants")
 HOOK_DIR = os.path.join(ROOT, "harnesses", "python", "tests", "faults")
-REQUIREMENTS = os.path.join(ROOT, "harnesses", "python", "requirements", "main.txt")
+REQUIREMENTS = os.path.join(ROOT, "harnesses", "python", "requirements")
 sys.path.insert(0, MUTANTS_DIR)
 
 from mutant_table import MUTANTS  # noqa: E402
 
 
-def pinned():
-    """{distribution: version} of the main environment's requirement file."""
+def pinned(environment="main"):
+    """{distribution: version} of an environment's requirement file."""
     pins = {}
-    with open(REQUIREMENTS) as f:
+    with open(os.path.join(REQUIREMENTS, f"{environment}.txt")) as f:
         for line in f:
             name, sep, version = line.split("#", 1)[0].strip().partition("==")
             if sep:
@@ -29,22 +29,25 @@ def pinned():
     return pins
 
 
-def installed_as_pinned(*distributions):
-    pins = pinned()
+def installed_as_pinned(*distributions, environment="main"):
+    pins = pinned(environment)
     try:
         return all(importlib.metadata.version(d).split("+")[0] == pins.get(d) for d in distributions)
     except importlib.metadata.PackageNotFoundError:
         return False
 
 
-DISTRIBUTION = {"torch": "torch", "megatron": "megatron-core", "deepspeed": "deepspeed"}
+# A mutated module's top-level package: (its distribution, the environment that pins it).
+DISTRIBUTION = {"torch": ("torch", "main"), "megatron": ("megatron-core", "main"), "deepspeed": ("deepspeed", "main"),
+                "jax": ("jax", "main"), "colossalai": ("colossalai", "colossalai")}
 
 
 class MutantTableTest(unittest.TestCase):
     def test_every_old_text_occurs_once_in_the_pinned_framework(self):
         checked = 0
         for name, (_target, module, old, new, _what) in MUTANTS.items():
-            if not installed_as_pinned(DISTRIBUTION[module.split(".")[0]]):
+            distribution, environment = DISTRIBUTION[module.split(".")[0]]
+            if not installed_as_pinned(distribution, environment=environment):
                 continue
             spec = importlib.util.find_spec(module)
             with open(spec.origin, encoding="utf-8") as f:

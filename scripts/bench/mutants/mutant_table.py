@@ -143,4 +143,74 @@ MUTANTS = {
         '    if config.grad_scale_func is not None:\n        output_tensor[0] = config.grad_scale_func(output_tensor[0])',
         "backward_step applies the loss scale on every pipeline stage, not only to the loss on the last stage: the already-scaled incoming grad is scaled again, so stage k from the end gets grads scaled by S**(k+1) (a loss scaled twice)",
     ),
+    # The six ca-* mutants below were fixed blind on 2026-12-02, before any measurement, by a helper that read only
+    # Colossal-AI 0.5.0's installed sources and the CPU notes (not the fuzzer's colossalai harnesses); each was shown
+    # live by a small torchrun program of its own (2 ranks, gloo) against a single-device reference.
+
+    # Liveness: program t_tp.py (VocabParallelLMHead1D, make_vocab_size_divisible_by=1, + cross_entropy_1d, tp=2, fp32)
+    # vs torch F.cross_entropy on the full head: unmutated loss diff 0, dW 3e-8, dh 4e-9; mutated loss diff 0 but
+    # dW max diff 2.6e-1 / 6.5e-1 (rank0/rank1), dh 3.9e-2. Reached by every cross_entropy_1d backward with tp>1
+    # (layer level, and dist_cross_entropy in models when tp>1 and parallel_output=True).
+    'ca-ce1d-grad-target-unmasked': (
+        'colossalai-tp',
+        'colossalai.shardformer.layer.loss',
+        '        grad_logits_2d[torch.arange(0, grad_logits_2d.shape[0]), masked_target_1d] -= update\n',
+        '        grad_logits_2d[torch.arange(0, grad_logits_2d.shape[0]), masked_target_1d] -= 1.0\n',
+        "cross_entropy_1d backward subtracts the one-hot target on every vocab shard, not only on the shard that owns the label: a rank whose shard lacks a token's label takes 1 off the grad of its local column 0 (shard mask missing in backward; the loss value is unchanged)",
+    ),
+    # Liveness: program t_tp.py (Linear1D_Col 6->8, gather_output=True, tp=2, input requires grad) vs nn.Linear:
+    # unmutated input-grad diff 1.2e-7; mutated 1.33 / 0.92 (rank0/rank1); the VocabParallelLMHead1D input grad (it
+    # inherits Linear1D_Col.forward) also goes wrong (dh 3.9e-2 / 4.8e-2). Reached by Linear1D_Col / VocabParallelLMHead1D
+    # without sequence parallelism or with all_to_all (split_gather / ring take linear_gather_forward_reducescatter_backward).
+    'ca-col-dgrad-no-allreduce': (
+        'colossalai-tp',
+        'colossalai.shardformer.layer.linear',
+        '            output_parallel = linear_with_async_comm(\n                input_parallel,\n                self.weight,\n                bias,\n                self.process_group,\n                True,\n',
+        '            output_parallel = linear_with_async_comm(\n                input_parallel,\n                self.weight,\n                bias,\n                self.process_group,\n                False,\n',
+        "Linear1D_Col (and VocabParallelLMHead1D) passes async_grad_allreduce=False, which in LinearWithAsyncCommunication means no all-reduce at all (unlike MatmulWithAsyncCommunication, where False means a synchronous one): the input gradient stays each rank's partial sum over its own output-column shard (a missing all-reduce of the input grad)",
+    ),
+    # Liveness: program t_zero.py (LowLevelZeroPlugin fp32, dp=2, SGD, max_norm=0.1, 2 steps; stage 1, stage 2,
+    # stage 1 + cpu_offload) vs torch clip_grad_norm_ + SGD on the full batch: unmutated param diff 1.5e-8 and equal
+    # grad norm everywhere; mutated get_grad_norm() 0.814 / 0.707 on rank0 / rank1 vs 0.955..1.086 reference, params off
+    # by 9.3e-3..9.6e-3, in all three configurations. Reached whenever max_norm > 0 (the norm is also what
+    # get_grad_norm() reports) with a single dp group (extra_dp_size=1; HybridParallelZeroOptimizer overrides this method).
+    'ca-zero-gradnorm-local-shard': (
+        'colossalai-zero',
+        'colossalai.zero.low_level.low_level_optim',
+        '            else:\n                torch.distributed.all_reduce(\n                    total_norm_exponentiated_cuda,\n                    op=torch.distributed.ReduceOp.SUM,\n                    group=dp_pg,\n                )\n            total_norm = total_norm_exponentiated_cuda.item() ** (1.0 / norm_type)',
+        '            total_norm = total_norm_exponentiated_cuda.item() ** (1.0 / norm_type)',
+        "LowLevelZeroOptimizer's L2 grad norm is all-reduced over the dp group only in the nd (tuple-group) branch: with a single dp group each rank clips its grad shard by the norm of its own shard (clipping on a local shard instead of the global norm)",
+    ),
+    # Liveness: program t_zero.py: with a model whose params all have odd numel (Linear(5,7)+Linear(7,3), dp=2) the
+    # params differ from the reference by 5.8e-2 (and grad norm 0.987 vs 0.955) in stage 1, stage 2 and stage 1 +
+    # cpu_offload; with all-even numels (Linear(6,8)+Linear(8,4)) it is equivalent (diff 1.5e-8). So it is live only
+    # when some param's numel is not a multiple of the dp size (any precision, stage 1 or 2, either bucket path).
+    'ca-zero-grad-pad-wrong-side': (
+        'colossalai-zero',
+        'colossalai.zero.low_level.bookkeeping.bucket_store',
+        '                    grad = torch.nn.functional.pad(grad.view(-1), [0, padding_size])',
+        '                    grad = torch.nn.functional.pad(grad.view(-1), [padding_size, 0])',
+        "the grad bucket pads a gradient whose numel is not a multiple of the dp size at the front while the flat master-param shards are padded at the end: every grad shard is misaligned by the pad size against its param shard (off-by-one in an uneven partition)",
+    ),
+    # Liveness: program t_hybrid.py (HybridParallelPlugin tp=1 pp=2 1f1b, num_microbatches=2, fp32, tiny Llama from a
+    # LlamaConfig, SGD, max_norm=0.05, 2 steps) vs single-device reference: unmutated loss and grad norm equal to 6
+    # digits; mutated loss 8.2999 vs 4.1500 and grad norm 2.383 vs 1.192 (x num_microbatches). Reached on every 1F1B
+    # training step (num_microbatches >= pp_size >= 2, so never the trivial /1).
+    'ca-pp-loss-not-averaged-microbatches': (
+        'colossalai-hybrid',
+        'colossalai.pipeline.schedule.one_f_one_b',
+        '            loss = criterion(output_obj, micro_batch) / self.num_microbatches\n',
+        '            loss = criterion(output_obj, micro_batch)\n',
+        "the 1F1B last stage no longer divides each micro-batch loss by the number of micro-batches: the returned loss and every grad are summed, not averaged, over micro-batches (loss scaled by num_microbatches)",
+    ),
+    # Liveness: program t_hybrid.py (same configuration): unmutated grad norm 1.191635 on both stages = reference;
+    # mutated 0.9159 (stage 0) / 0.7623 (stage 1), and the step-2 loss 4.0684 vs 4.0914. Reached by
+    # HybridParallelNaiveOptimizer (precision fp32, zero_stage 0) with pp_size > 1 and max_norm > 0.
+    'ca-hp-gradnorm-pp-uses-tp-group': (
+        'colossalai-hybrid',
+        'colossalai.booster.plugin.hybrid_parallel_plugin',
+        '                dist.all_reduce(tensor=total_norm_exponentiated_cuda, op=dist.ReduceOp.SUM, group=self.pp_pg)\n\n            # compute the total_norm\n            total_norm = total_norm_exponentiated_cuda.item() ** (1.0 / norm_type)\n\n        return total_norm\n\n    def _clip_grad_norm(',
+        '                dist.all_reduce(tensor=total_norm_exponentiated_cuda, op=dist.ReduceOp.SUM, group=self.tp_pg)\n\n            # compute the total_norm\n            total_norm = total_norm_exponentiated_cuda.item() ** (1.0 / norm_type)\n\n        return total_norm\n\n    def _clip_grad_norm(',
+        "HybridParallelNaiveOptimizer (fp32, zero_stage=0) sums the squared grad norm over the tp group a second time instead of over the pp group: each pipeline stage clips by its own stage's norm (with tp>1 that norm is also counted tp times) (wrong process group)",
+    ),
 }
