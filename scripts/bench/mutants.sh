@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Framework mutants (scripts/bench/mutants/): realistic one-edit bugs planted in the sharding code of torch
-# DTensor, torch tensor parallel, megatron-core and deepspeed; a campaign per mutant, each finding checked
+# DTensor, torch tensor parallel, megatron-core, deepspeed, JAX and Colossal-AI; a campaign per mutant, each finding checked
 # against the unmutated build. Writes bench-mutants/mutants.csv and .json.
 # TIME (per campaign, default 120s), SEED (default 1), MUTANTS (space-separated names, default: all).
 set -euo pipefail

@@ -213,4 +213,65 @@ MUTANTS = {
         '                dist.all_reduce(tensor=total_norm_exponentiated_cuda, op=dist.ReduceOp.SUM, group=self.tp_pg)\n\n            # compute the total_norm\n            total_norm = total_norm_exponentiated_cuda.item() ** (1.0 / norm_type)\n\n        return total_norm\n\n    def _clip_grad_norm(',
         "HybridParallelNaiveOptimizer (fp32, zero_stage=0) sums the squared grad norm over the tp group a second time instead of over the pp group: each pipeline stage clips by its own stage's norm (with tp>1 that norm is also counted tp times) (wrong process group)",
     ),
+    # The six jx-* mutants below were fixed blind on 2026-12-02, before any measurement, by a helper that read only
+    # jax 0.12.0.1's installed sources (not the fuzzer's JAX harnesses); each was shown live by a small program of its
+    # own (a sharded computation against the unsharded one, mutated and not).
+
+    # live_psum_scatter.py: psum_scatter forward differs from the unsharded sum (max|diff|=4.1), and so does
+    # jax.grad through all_gather, whose transpose is psum_scatter (max|diff|=7.3); unmutated agrees (0).
+    'jx-psum-scatter-max': (
+        'jax-shardmap',
+        'jax._src.lax.parallel',
+        'mlir.register_lowering(reduce_scatter_p,\n                       partial(_reduce_scatter_lowering, lax.add_p))',
+        'mlir.register_lowering(reduce_scatter_p,\n                       partial(_reduce_scatter_lowering, lax.max_p))',
+        'reduce_scatter_p (psum_scatter, and the transpose of all_gather) lowers with a max reducer instead of add (wrong reduce op)',
+    ),
+    # live_ppermute_grad.py: the forward ppermute still agrees (0); jax.grad through a ring-shift ppermute differs
+    # from the unsharded gradient (max|diff|=2.69); unmutated agrees (0).
+    'jx-ppermute-transpose-fwd-perm': (
+        'jax-shardmap',
+        'jax._src.lax.parallel',
+        '  inverse_perm = list(zip(dsts, srcs))',
+        '  inverse_perm = list(zip(srcs, dsts))',
+        'ppermute transpose sends cotangents along the forward permutation rather than its inverse (wrong backward rule)',
+    ),
+    # live_axis_index.py: axis_index on a 4x2 mesh gives wrong indices (max|diff|=3.0 vs the unsharded formula),
+    # the 1-D mesh case still agrees; unmutated agrees on both (0).
+    'jx-axis-index-stride': (
+        'jax-shardmap',
+        'jax._src.lax.parallel',
+        'nreplicas * math.prod(axis_sizes[axis_pos + 1 :])',
+        'nreplicas * math.prod(axis_sizes[:axis_pos])',
+        "axis_index's device-id stride is taken from the leading mesh axes, not the trailing ones (wrong axis index on multi-axis meshes)",
+    ),
+    # live_indices_iota.py: on a 4x2 mesh, device_put(X, P('j','i')) / P('j',None) reads back different from X
+    # (max|diff|=2.6-2.8), and jit with those in_shardings differs from the unsharded result (max|diff|=1.9-2.0);
+    # P('i','j') (iota tile order) still agrees; unmutated agrees everywhere (<=2.2e-16).
+    'jx-indices-iota-devices': (
+        'jax-gspmd',
+        'jax._src.op_shardings',
+        '  device_it = iter(hlo_sharding.tile_assignment_devices())',
+        '  device_it = iter(range(num_devices))',
+        "op_sharding_to_numpy_indices ignores the tile-assignment device permutation, so host data goes to the wrong devices when a spec's order differs from the mesh order (wrong shard placement)",
+    ),
+    # live_out_sharding.py: jit(lambda x: x.T) on an array sharded P('x') records P('x') (should be P(None,'x'));
+    # np.asarray of it still agrees, but a second jit on it differs (max|diff|=1.99) and so does an eager op
+    # (max|diff|=6.3); unmutated records P(None,'x') and agrees (<=3.3e-16).
+    'jx-out-sharding-from-input': (
+        'jax-gspmd',
+        'jax._src.interpreters.pxla',
+        '          and out_aval.sharding.mesh == orig_in_s.mesh.abstract_mesh\n          and o.is_equivalent_to(orig_in_s, orig_aval.ndim)):',
+        '          and out_aval.sharding.mesh == orig_in_s.mesh.abstract_mesh):',
+        "jit without out_shardings records the first input's sharding for every same-rank output, without checking XLA's output sharding (wrong output sharding recorded)",
+    ),
+    # live_replica_concat.py: device_put of a single-device jax.Array to P('i') or P(None,'i') on a 4x2 mesh reads
+    # back different from X (max|diff|=2.3-2.8), and jit with those in_shardings on a jnp argument differs from
+    # the unsharded result (max|diff|=1.96-1.98); P('i','j') still agrees; unmutated agrees (<=2.2e-16).
+    'jx-dput-replica-concat': (
+        'jax-gspmd',
+        'jax._src.array',
+        '    shards = merge_lists(is_duplicate, unique_shards, duplicate_shards)',
+        '    shards = [*unique_shards, *duplicate_shards]',
+        'shard_device_array appends the replica (duplicate) shards after the unique ones instead of merging them back into device order (wrong placement under partial replication)',
+    ),
 }
