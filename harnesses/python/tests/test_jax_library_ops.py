@@ -162,6 +162,46 @@ class JaxLibraryOps(unittest.TestCase):
         for f in ("lib:from:P>S", "lib:from:S>S", "lib:from:R>S", "lib:from:S>R"):
             self.assertIn(f, reply["features"])
 
+    def test_shard_map_redistributes_with_explicit_collectives(self):
+        # jax.numpy.add sample 5: two (6, 2) arguments. Chains end split (out_specs), pass through an all_to_all
+        # (one axis moving between dims) and ring all-gathers (ppermute; rings of 3 differ from their transpose).
+        chains = {(2, 2): [["S(0)", "S(1)"], ["S(1)", "S(0)"], ["R", "R"]], (2,): [["S(0)"], ["S(1)"], ["R"]],
+                  (3,): [["S(0)"], ["R"], ["S(0)"]]}
+        for mesh, chain in chains.items():
+            with self.subTest(mesh=mesh):
+                case = lib_case("jax.numpy.add", 5, mesh, [["S(0)"] + ["R"] * (len(mesh) - 1), ["R"] * len(mesh)])
+                case["library_op"]["redistribute"] = chain
+                reply = self.run_case(case, "shardmap")
+                self.assert_matches_reference(reply, f"add through {chain} on {mesh}")
+                self.assertIn("hlo:collective-permute", reply["features"])
+        # Sources: partial summands reduce-scattered into a split, a split moved by all_to_all.
+        case = lib_case("jax.numpy.add", 5, (2, 2), [["S(0)", "S(1)"], ["S(1)", "R"]])
+        case["library_op"]["sources"] = [["P", "P"], ["S(0)", "R"]]
+        reply = self.run_case(case, "shardmap")
+        self.assert_matches_reference(reply, "add from P/P and S(0)/R")
+        for f in ("hlo:reduce-scatter", "hlo:all-to-all"):
+            self.assertIn(f, reply["features"])
+        # A source or a step that would split unevenly is left out, said so.
+        case = lib_case("jax.numpy.add", 5, (4,), [["R"], ["R"]])
+        case["library_op"]["redistribute"] = [["S(1)"]]
+        reply = self.run_case(case, "shardmap")
+        self.assert_matches_reference(reply, "add, an uneven step left out")
+        self.assertTrue(any("does not divide" in n for n in reply["notes"]), reply["notes"])
+
+    def test_a_wrong_collective_under_shard_map_is_seen(self):
+        # psum_scatter returning half the sum (a wrong reduction) must show in the partial argument's output.
+        case = lib_case("jax.numpy.add", 5, (2, 2), [["P", "R"], ["R", "R"]])
+        real = self.lib.jax.lax.psum_scatter
+        self.lib._COMPILED.clear()
+        self.lib.jax.lax.psum_scatter = lambda *a, **k: real(*a, **k) * 0.5
+        try:
+            reply = self.run_case(case, "shardmap")
+        finally:
+            self.lib.jax.lax.psum_scatter = real
+            self.lib._COMPILED.clear()
+        t = reply["tensors"]
+        self.assertGreater(float(np.max(np.abs(t["out/0"] - t["reference/out/0"]))), 0.1)
+
     def test_outputs_go_through_the_views(self):
         case = lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]])
         case["library_op"]["views"] = ["transpose", "narrow", "flatten"]

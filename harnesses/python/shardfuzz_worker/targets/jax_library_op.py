@@ -16,9 +16,13 @@ Sharded runs, over a mesh of the case's shape on the first prod(mesh) of the 8 h
             NamedSharding its placements name (S(d) over mesh dim m: axis m in the spec entry of tensor
             dim d, several axes on one dim allowed; uneven shards padded by XLA), a Partial input entering
             as its summands (one leading dim per partial mesh axis, summed inside), the op and its vjp.
-  shardmap  the op inside `jax.shard_map` on the value rebuilt per device (psum of the summands,
-            tiled all_gather of every sharded dim), its outputs replicated (out_specs P()); a dim the
-            mesh does not divide is refused by shard_map (a clean rejection, validation.py).
+  shardmap  the op inside `jax.shard_map` on the value rebuilt per device: each argument brought from its
+            source to its placements with explicit collectives (jax_smap_redistribute: reduce-scatter
+            of partial summands, ring all-gathers of ppermutes, all_to_all, axis_index slices), then
+            tiled all_gathers of every sharded dim; its outputs taken through the case's redistribution
+            chain the same way and returned split as the chain's last layout (out_specs). A dim the mesh
+            does not divide is refused by shard_map (a clean rejection, validation.py); a source or chain
+            step that would split a dim unevenly is not applied (noted).
 Only Partial sums exist in JAX's programs: P(avg|max|min) placements run as replicated (noted).
 The gradient of a summand is the gradient of the whole value: the first summand's is sent, the others as
 replicas (as jax_gspmd does). Compiled programs are cached by op, sample, shapes, dtype, mesh and
@@ -32,6 +36,7 @@ import numpy as np
 
 from ..partial import partial_parts, round_to
 from . import jax_ops, jax_release
+from . import jax_smap_redistribute as smap_redistribute
 from .base import normalise_placements
 from .jax_common import N_DEVICES, device_copies, hlo_features, jax, jnp
 
@@ -390,23 +395,76 @@ def chain_specs(shapes, chain, mesh_shape):
     return steps, replicate
 
 
-def _shardmap_call(prep, lays, m):
+def shardmap_chain(prep, chain, mesh_shape, notes):
+    """Per output, the layouts the output chain takes it through under shard_map, from replicated: a step
+    whose splits an output's shape does not divide is left out for that output (shard_map splits evenly)."""
+    out = []
+    for k, (shape, _) in enumerate(prep.outs):
+        steps = [Layout(["R"] * len(mesh_shape), len(shape))]
+        for i, places in enumerate(chain):
+            lay = Layout(normalise_placements(places, len(shape), len(mesh_shape), False), len(shape))
+            if lay.divides(shape, mesh_shape):
+                steps.append(lay)
+            else:
+                notes.append(f"redistribute step {i}: out/{k} {list(shape)} does not divide over the mesh: not applied to it")
+        out.append(steps)
+    return out
+
+
+def even_start(x, start, lay, mesh_shape, j, notes):
+    """shard_map splits its arguments evenly only: a source where it or the placement cannot be split evenly
+    enters at the placement instead (which shard_map then refuses when it is the uneven one)."""
+    if start.places == lay.places or (start.divides(np.shape(x), mesh_shape) and lay.divides(np.shape(x), mesh_shape)):
+        return start
+    notes.append(f"source of arg {j}: {'/'.join(start.places)} does not divide {list(np.shape(x))}: enters at its placement")
+    return lay
+
+
+def _entered(v, start, lay, sizes):
+    """Argument block `v` entering at `start` (partial summands as leading dims) brought to `lay` with
+    explicit collectives: a partial axis that `lay` splits a dim with (innermost) is reduce-scattered into
+    it, other partial axes reduced (jax_smap_redistribute.reduce_partial), then shards moved."""
+    k = len(start.partial)
+    v = v.reshape(v.shape[k:])
+    dims = [list(a) for a in start.dims]
+    rest = []
+    for a in start.partial:
+        d = next((d for d, axes in enumerate(lay.dims) if axes == dims[d] + [a] and v.shape[d] % sizes[a] == 0), None)
+        if d is None:
+            rest.append(a)
+        else:
+            v = jax.lax.psum_scatter(v, a, scatter_dimension=d, tiled=True)
+            dims[d].append(a)
+    if rest:
+        v = smap_redistribute.reduce_partial(v, rest, dims, v.shape, sizes)
+    return smap_redistribute.redistribute(v, dims, lay.dims, sizes)
+
+
+def _shardmap_call(prep, starts, lays, m, chains):
+    """The op inside shard_map: each argument brought from its start to its layout and gathered to its full
+    value on every device, the op, then each output's chain; outputs leave split as their last layout."""
     from jax.sharding import PartitionSpec
+
+    sizes = dict(zip(AXES, m.devices.shape))
 
     def body(*vals):
         fulls = []
-        for v, lay in zip(vals, lays):
-            k = len(lay.partial)
-            if k:
-                v = jax.lax.psum(v.reshape(v.shape[k:]), tuple(lay.partial))
+        for v, start, lay in zip(vals, starts, lays):
+            v = _entered(v, start, lay, sizes)
             for d, axes in enumerate(lay.dims):
                 if axes:
                     v = jax_release.all_gather_invarying(v, tuple(axes), d)
             fulls.append(v)
-        return tuple(_op_call(prep)(fulls))
+        outs = _op_call(prep)(fulls)
+        for k, steps in enumerate(chains):
+            for cur, tgt in zip(steps, steps[1:]):
+                outs[k] = smap_redistribute.redistribute(outs[k], cur.dims, tgt.dims, sizes)
+        return tuple(outs)
 
-    smap = jax_release.shard_map(body, mesh=m, in_specs=tuple(lay.spec() for lay in lays),
-                         out_specs=tuple(PartitionSpec() for _ in prep.outs))
+    ring = any(smap_redistribute.uses_ring([s.dims for s in steps]) for steps in chains) or any(
+        smap_redistribute.uses_ring([s.dims, lay.dims]) for s, lay in zip(starts, lays))
+    smap = jax_release.shard_map(body, mesh=m, in_specs=tuple(s.spec() for s in starts),
+                                 out_specs=tuple(PartitionSpec(*steps[-1].entries()) for steps in chains), check=not ring)
     return lambda vals: list(smap(*vals))
 
 
@@ -468,23 +526,21 @@ def run_sharded(prep, lib, target_kind, notes):
     mesh_shape = tuple(int(d) for d in lib["mesh"])
     m = mesh_of(mesh_shape)
     lays = layouts(prep, lib, notes)
-    starts = start_layouts(prep, lib, lays, notes) if target_kind == "gspmd" else lays
-    if lib.get("sources") and target_kind != "gspmd":
-        notes.append("sources: shard_map's arguments enter at their placements; not applied")
+    starts = start_layouts(prep, lib, lays, notes)
+    if target_kind == "shardmap":
+        starts = [even_start(prep.inputs[j], s, lay, mesh_shape, j, notes) for j, (s, lay) in enumerate(zip(starts, lays))]
     parts = entering(prep, starts, mesh_shape)
     cot_lays = cotangent_layouts(prep, lib, notes)
     in_dtype = bool(lib.get("cotangent_in_dtype")) and prep.grad
     args, cots = sharded_args(prep, parts, starts, m, mesh_shape, cot_lays, in_dtype)
-    # Output redistributions: sharding constraints on each output under gspmd; shard_map's outputs are
-    # replicated by its out_specs, so a chain has nothing to act on there.
-    chain = tuple(tuple(p) for p in lib.get("redistribute") or []) if target_kind == "gspmd" else ()
-    if lib.get("redistribute") and not chain:
-        notes.append("redistribute: shard_map returns replicated outputs; the chain is not applied")
+    # Output redistributions: sharding constraints on each output under gspmd, explicit collectives under shard_map.
+    chain = tuple(tuple(p) for p in lib.get("redistribute") or [])
+    chains = shardmap_chain(prep, chain, mesh_shape, notes) if target_kind == "shardmap" else None
     key = (target_kind, prep.dtype_name, prep.grad, mesh_shape, tuple(tuple(lay.places) for lay in lays),
            tuple(tuple(s.places) for s in starts), chain, tuple(tuple(c.places) for c in cot_lays or []), in_dtype) + prep.key
 
     def build():
-        call = _gspmd_call(prep, starts, lays, m, chain) if target_kind == "gspmd" else _shardmap_call(prep, lays, m)
+        call = _gspmd_call(prep, starts, lays, m, chain) if target_kind == "gspmd" else _shardmap_call(prep, starts, lays, m, chains)
         compiled = jax.jit(make_step(call, prep.float_args, prep.grad, cotangent_in(cot_lays, m))).lower(args, cots).compile()
         try:
             feats = hlo_features(compiled.as_text())

@@ -1,0 +1,106 @@
+"""Redistributions written with explicit collectives inside a jax-shardmap program, as hand-written SPMD code
+does them (the library-op path of jax_library_op uses them for its Partial arguments and output chains):
+
+  Partial -> Replicate     reduce-scatter along a dim the partial axes divide (`psum_scatter`, tiled), then a
+                           tiled all_gather back (all-reduce = reduce-scatter + all-gather); a `psum` where no
+                           dim divides
+  Shard(d) -> Replicate    a ring all-gather: n - 1 `ppermute` steps, each block written at its owner's offset
+                           (as collective matmuls and ring attention pass blocks); the innermost axis first
+  Shard(d) -> Shard(e)     `all_to_all` (split e, concat d) where one mesh axis alone moves from d to e
+  Replicate -> Shard(d)    the device's block, picked by `axis_index` (outer axes first)
+
+A layout is per tensor dim the mesh axes that split it (outer first) and the partial axes (jax_library_op.Layout).
+Values a ring leaves varying are typed so by JAX even where they are equal on every device, so a program that
+uses a ring runs with shard_map's replication check off (`uses_ring`)."""
+
+import math
+
+from . import jax_release
+from .jax_common import jax, jnp
+
+
+def reduce_partial(v, partial, dims, shape, sizes):
+    """The full value of a local block `v` whose `partial` axes hold summands: reduce-scattered along the first
+    dim no axis splits yet whose size the partial axes divide, and gathered back; `psum` where none does.
+    `sizes[a]` is mesh axis a's size."""
+    n = math.prod(sizes[a] for a in partial)
+    axes = tuple(partial)
+    for d, size in enumerate(shape):
+        if not dims[d] and size % n == 0 and size:
+            v = jax.lax.psum_scatter(v, axes, scatter_dimension=d, tiled=True)
+            return jax_release.all_gather_invarying(v, axes, d)
+    return jax.lax.psum(v, axes)
+
+
+def ring_gather(x, a, n, d):
+    """The tiled all-gather of `x` along dim `d` over mesh axis `a` (size n) as a ring of ppermutes."""
+    if n == 1:
+        return x
+    block = x.shape[d]
+    idx = jax.lax.axis_index(a)
+    shape = x.shape[:d] + (n * block,) + x.shape[d + 1:]
+    out = jax.lax.dynamic_update_slice_in_dim(jnp.zeros(shape, x.dtype), x, idx * block, d)
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    cur = x
+    for step in range(1, n):
+        cur = jax.lax.ppermute(cur, a, ring)
+        out = jax.lax.dynamic_update_slice_in_dim(out, cur, ((idx - step) % n) * block, d)
+    return out
+
+
+def local_block(x, a, n, d):
+    """This device's block of `x` along dim `d` for mesh axis `a` (size n): 1/n of the dim."""
+    if n == 1:
+        return x
+    block = x.shape[d] // n
+    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(a) * block, block, d)
+
+
+def _swaps(cur, tgt):
+    """(axis, from dim, to dim) for each mesh axis that alone moves a whole split from one dim to another."""
+    out = []
+    for d, axes in enumerate(cur):
+        if len(axes) == 1 and not tgt[d]:
+            e = next((e for e in range(len(tgt)) if tgt[e] == axes and not cur[e] and e != d), None)
+            if e is not None:
+                out.append((axes[0], d, e))
+    return out
+
+
+def _common(a, b):
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def redistribute(x, cur, tgt, sizes):
+    """The local block of `x` (split per dim as `cur`) re-split as `tgt` (both: lists of mesh axes per dim,
+    no partials). Gathers first, then slices: an axis moving between dims must leave one before it splits
+    another."""
+    cur, tgt = [list(a) for a in cur], [list(a) for a in tgt]
+    for a, d, e in _swaps(cur, tgt):
+        x = jax.lax.all_to_all(x, a, split_axis=e, concat_axis=d, tiled=True)
+        cur[d], cur[e] = [], [a]
+    for d in range(len(cur)):
+        k = _common(cur[d], tgt[d])
+        for a in reversed(cur[d][k:]):
+            x = ring_gather(x, a, sizes[a], d)
+        cur[d] = cur[d][:k]
+    for d in range(len(cur)):
+        for a in tgt[d][len(cur[d]):]:
+            x = local_block(x, a, sizes[a], d)
+    return x
+
+
+def uses_ring(steps):
+    """Whether a chain of layouts (each: per dim the mesh axes, from the replicated start) gathers anywhere."""
+    cur = None
+    for tgt in steps:
+        if cur is not None:
+            gone = [cur[d][_common(cur[d], tgt[d]):] for d in range(len(cur))]
+            swapped = {a for a, _, _ in _swaps(cur, tgt)}
+            if any(a not in swapped for axes in gone for a in axes):
+                return True
+        cur = tgt
+    return False
