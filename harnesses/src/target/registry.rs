@@ -93,7 +93,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "jax-shardmap",
-        description: "JAX shard_map with explicit collectives (psum, all_gather, psum_scatter) on host devices",
+        description: "JAX shard_map with explicit collectives (psum, pmax, all_gather, psum_scatter, ppermute rings, all_to_all) on host devices",
         env: Some(MAIN),
         offers: &[],
         create: |o| python("jax-shardmap", MAIN, o),

@@ -423,7 +423,7 @@ def even_start(x, start, lay, mesh_shape, j, notes):
 def _entered(v, start, lay, sizes):
     """Argument block `v` entering at `start` (partial summands as leading dims) brought to `lay` with
     explicit collectives: a partial axis that `lay` splits a dim with (innermost) is reduce-scattered into
-    it, other partial axes reduced (jax_smap_redistribute.reduce_partial), then shards moved."""
+    it, other partial axes reduced as flat buffers (jax_smap_redistribute.reduce_partial), then shards moved."""
     k = len(start.partial)
     v = v.reshape(v.shape[k:])
     dims = [list(a) for a in start.dims]
@@ -436,7 +436,7 @@ def _entered(v, start, lay, sizes):
             v = jax.lax.psum_scatter(v, a, scatter_dimension=d, tiled=True)
             dims[d].append(a)
     if rest:
-        v = smap_redistribute.reduce_partial(v, rest, dims, v.shape, sizes)
+        v = smap_redistribute.reduce_partial(v, rest, sizes)
     return smap_redistribute.redistribute(v, dims, lay.dims, sizes)
 
 

@@ -1,9 +1,10 @@
 """Redistributions written with explicit collectives inside a jax-shardmap program, as hand-written SPMD code
 does them (the library-op path of jax_library_op uses them for its Partial arguments and output chains):
 
-  Partial -> Replicate     reduce-scatter along a dim the partial axes divide (`psum_scatter`, tiled), then a
-                           tiled all_gather back (all-reduce = reduce-scatter + all-gather); a `psum` where no
-                           dim divides
+  Partial -> Shard(d)      `psum_scatter` into dim d, where the partial axis is the split's innermost and divides it
+  Partial -> Replicate     as ZeRO / FSDP reduce flat buffers: flattened, padded to a multiple of the axes' size,
+                           reduce-scattered (`psum_scatter`), all-gathered back, unpadded
+                           (all-reduce = reduce-scatter + all-gather)
   Shard(d) -> Replicate    a ring all-gather: n - 1 `ppermute` steps, each block written at its owner's offset
                            (as collective matmuls and ring attention pass blocks); the innermost axis first
   Shard(d) -> Shard(e)     `all_to_all` (split e, concat d) where one mesh axis alone moves from d to e
@@ -19,17 +20,20 @@ from . import jax_release
 from .jax_common import jax, jnp
 
 
-def reduce_partial(v, partial, dims, shape, sizes):
-    """The full value of a local block `v` whose `partial` axes hold summands: reduce-scattered along the first
-    dim no axis splits yet whose size the partial axes divide, and gathered back; `psum` where none does.
-    `sizes[a]` is mesh axis a's size."""
+def reduce_partial(v, partial, sizes):
+    """The full value of a local block `v` whose `partial` axes hold summands, reduced as ZeRO and FSDP reduce
+    flat buffers: flattened, zero-padded to a multiple of the partial axes' size, reduce-scattered, gathered
+    back and unpadded (`psum` for an empty block). `sizes[a]` is mesh axis a's size."""
     n = math.prod(sizes[a] for a in partial)
     axes = tuple(partial)
-    for d, size in enumerate(shape):
-        if not dims[d] and size % n == 0 and size:
-            v = jax.lax.psum_scatter(v, axes, scatter_dimension=d, tiled=True)
-            return jax_release.all_gather_invarying(v, axes, d)
-    return jax.lax.psum(v, axes)
+    if v.size == 0:
+        return jax.lax.psum(v, axes)
+    flat = v.reshape(-1)
+    pad = (-flat.shape[0]) % n
+    if pad:
+        flat = jnp.pad(flat, (0, pad))
+    part = jax.lax.psum_scatter(flat, axes, scatter_dimension=0, tiled=True)
+    return jax_release.all_gather_invarying(part, axes, 0)[:v.size].reshape(v.shape)
 
 
 def ring_gather(x, a, n, d):
