@@ -202,6 +202,31 @@ class JaxLibraryOps(unittest.TestCase):
         t = reply["tensors"]
         self.assertGreater(float(np.max(np.abs(t["out/0"] - t["reference/out/0"]))), 0.1)
 
+    def test_shards_that_disagree_with_their_sharding_are_the_frameworks_failure(self):
+        # A JAX that labels an array with the wrong sharding (its shards hold other slices than the sharding names)
+        # fails in JAX's own check, a framework crash, not in our assembly of the copies (a harness error).
+        import types
+
+        from shardfuzz_worker.targets import jax_common
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        jax = jax_common.jax
+        mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+        arr = jax.device_put(np.arange(4.0), NamedSharding(mesh, PartitionSpec()))
+        self.assertEqual(len(jax_common.device_copies(arr)), 2)
+        halves = jax.device_put(np.arange(4.0), NamedSharding(mesh, PartitionSpec("x"))).addressable_shards
+        wrong = [types.SimpleNamespace(data=h.data, index=s.index, device=s.device, replica_id=s.replica_id)
+                 for h, s in zip(halves, arr.addressable_shards)]
+        from shardfuzz_worker import validation
+
+        try:
+            jax_common.check_shards(arr, wrong)
+        except Exception as e:  # noqa: BLE001
+            kind, _frame = validation.classify("jax-gspmd", validation.describe(e))
+        else:
+            self.fail("shards of the wrong shape were accepted")
+        self.assertEqual(kind, "crash")
+
     def test_outputs_go_through_the_views(self):
         case = lib_case("jax.numpy.matmul", 0, (3, 2), [["S(1)", "S(1)"], ["S(0)", "R"]])
         case["library_op"]["views"] = ["transpose", "narrow", "flatten"]

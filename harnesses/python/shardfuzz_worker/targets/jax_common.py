@@ -286,6 +286,7 @@ def device_copies(arr):
     shards = getattr(arr, "addressable_shards", None)
     if not shards:
         return []
+    check_shards(arr, shards)
     groups = {}
     for sh in shards:
         groups.setdefault(sh.replica_id, []).append(sh)
@@ -296,3 +297,18 @@ def device_copies(arr):
             full[sh.index] = np.asarray(sh.data, dtype=np.float64)
         copies.append((min(sh.device.id for sh in groups[rid]), full))
     return copies
+
+
+def check_shards(arr, shards):
+    """An array whose shards hold other shapes than the slices its sharding names for them is the framework's
+    inconsistency: JAX's own constructor of an array from its shards is asked to check it, so that the failure is
+    raised (and classified) in JAX."""
+    def named(sh):
+        return tuple(len(range(*s.indices(n))) for s, n in zip(sh.index, arr.shape))
+
+    bad = [sh for sh in shards if tuple(sh.data.shape) != named(sh)]
+    if not bad:
+        return
+    jax.make_array_from_single_device_arrays(arr.shape, arr.sharding, [sh.data for sh in shards])
+    raise HarnessError(f"device {bad[0].device.id} holds a {tuple(bad[0].data.shape)} shard where the array's sharding "
+                       f"names a {named(bad[0])} slice, and JAX accepted it")
