@@ -7,5 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -q
 scripts/setup-python.sh --named main >/dev/null
+# The ca-* mutants run in the colossalai environment.
+if [[ -z ${MUTANTS:-} || ${MUTANTS:-} == *ca-* ]]; then scripts/setup-python.sh --named colossalai >/dev/null; fi
 # shellcheck disable=SC2086
 .venv/bin/python scripts/bench/mutants/run.py --time "${TIME:-120s}" --seed "${SEED:-1}" --out bench-mutants ${MUTANTS:-}
