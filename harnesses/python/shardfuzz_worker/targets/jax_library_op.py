@@ -384,12 +384,17 @@ def _gspmd_call(prep, starts, lays, m, chain):
     return call
 
 
+def chain_layout(places, shape, mesh_shape):
+    """The layout of an output of `shape` at one step of the output chain (Shard and Replicate only)."""
+    return Layout(normalise_placements(places, len(shape), len(mesh_shape), False), len(shape))
+
+
 def chain_specs(shapes, chain, mesh_shape):
     """The output chain for outputs of `shapes`: per step, per output, its PartitionSpec entries; and per
     output whether it is replicated after the last step. An output whose last constraint splits a dim
     unevenly leaves jit with a sharding JAX cannot name (IndivisibleError in parse_flatten_op_sharding), so
     one more constraint replicates it."""
-    layouts = [[Layout(normalise_placements(places, len(s), len(mesh_shape), False), len(s)) for s in shapes] for places in chain]
+    layouts = [[chain_layout(places, s, mesh_shape) for s in shapes] for places in chain]
     steps = [[list(lay.spec()) for lay in step] for step in layouts]
     replicate = [not lay.divides(s, mesh_shape) for lay, s in zip(layouts[-1], shapes)] if chain else [False] * len(shapes)
     return steps, replicate
@@ -402,7 +407,7 @@ def shardmap_chain(prep, chain, mesh_shape, notes):
     for k, (shape, _) in enumerate(prep.outs):
         steps = [Layout(["R"] * len(mesh_shape), len(shape))]
         for i, places in enumerate(chain):
-            lay = Layout(normalise_placements(places, len(shape), len(mesh_shape), False), len(shape))
+            lay = chain_layout(places, shape, mesh_shape)
             if lay.divides(shape, mesh_shape):
                 steps.append(lay)
             else:
@@ -420,26 +425,6 @@ def even_start(x, start, lay, mesh_shape, j, notes):
     return lay
 
 
-def _entered(v, start, lay, sizes):
-    """Argument block `v` entering at `start` (partial summands as leading dims) brought to `lay` with
-    explicit collectives: a partial axis that `lay` splits a dim with (innermost) is reduce-scattered into
-    it, other partial axes reduced as flat buffers (jax_smap_redistribute.reduce_partial), then shards moved."""
-    k = len(start.partial)
-    v = v.reshape(v.shape[k:])
-    dims = [list(a) for a in start.dims]
-    rest = []
-    for a in start.partial:
-        d = next((d for d, axes in enumerate(lay.dims) if axes == dims[d] + [a] and v.shape[d] % sizes[a] == 0), None)
-        if d is None:
-            rest.append(a)
-        else:
-            v = jax.lax.psum_scatter(v, a, scatter_dimension=d, tiled=True)
-            dims[d].append(a)
-    if rest:
-        v = smap_redistribute.reduce_partial(v, rest, sizes)
-    return smap_redistribute.redistribute(v, dims, lay.dims, sizes)
-
-
 def _shardmap_call(prep, starts, lays, m, chains):
     """The op inside shard_map: each argument brought from its start to its layout and gathered to its full
     value on every device, the op, then each output's chain; outputs leave split as their last layout."""
@@ -450,7 +435,7 @@ def _shardmap_call(prep, starts, lays, m, chains):
     def body(*vals):
         fulls = []
         for v, start, lay in zip(vals, starts, lays):
-            v = _entered(v, start, lay, sizes)
+            v = smap_redistribute.entered(v, start, lay, sizes)
             for d, axes in enumerate(lay.dims):
                 if axes:
                     v = jax_release.all_gather_invarying(v, tuple(axes), d)
@@ -461,6 +446,7 @@ def _shardmap_call(prep, starts, lays, m, chains):
                 outs[k] = smap_redistribute.redistribute(outs[k], cur.dims, tgt.dims, sizes)
         return tuple(outs)
 
+    # (A partial axis scattered into a split only adds what a slice would: the gathers are those from the start.)
     ring = any(smap_redistribute.uses_ring([s.dims for s in steps]) for steps in chains) or any(
         smap_redistribute.uses_ring([s.dims, lay.dims]) for s, lay in zip(starts, lays))
     smap = jax_release.shard_map(body, mesh=m, in_specs=tuple(s.spec() for s in starts),

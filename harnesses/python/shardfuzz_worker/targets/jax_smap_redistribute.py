@@ -2,6 +2,7 @@
 does them (the library-op path of jax_library_op uses them for its Partial arguments and output chains):
 
   Partial -> Shard(d)      `psum_scatter` into dim d, where the partial axis is the split's innermost and divides it
+                           (an argument entering at its source: `entered`)
   Partial -> Replicate     as ZeRO / FSDP reduce flat buffers: flattened, padded to a multiple of the axes' size,
                            reduce-scattered (`psum_scatter`), all-gathered back, unpadded
                            (all-reduce = reduce-scatter + all-gather)
@@ -78,33 +79,64 @@ def _common(a, b):
     return k
 
 
-def redistribute(x, cur, tgt, sizes):
-    """The local block of `x` (split per dim as `cur`) re-split as `tgt` (both: lists of mesh axes per dim,
-    no partials). Gathers first, then slices: an axis moving between dims must leave one before it splits
-    another."""
-    cur, tgt = [list(a) for a in cur], [list(a) for a in tgt]
-    for a, d, e in _swaps(cur, tgt):
-        x = jax.lax.all_to_all(x, a, split_axis=e, concat_axis=d, tiled=True)
+def _plan(cur, tgt):
+    """How a block split per dim as `cur` is re-split as `tgt` (lists of mesh axes per dim, no partials):
+    (all_to_all moves (axis, from dim, to dim), ring gathers (dim, axis), slices (dim, axis)), in that order.
+    Gathers come before slices: an axis moving between dims must leave one before it splits another."""
+    cur = [list(a) for a in cur]
+    swaps = _swaps(cur, tgt)
+    for a, d, e in swaps:
         cur[d], cur[e] = [], [a]
+    gathers, slices = [], []
     for d in range(len(cur)):
         k = _common(cur[d], tgt[d])
-        for a in reversed(cur[d][k:]):
-            x = ring_gather(x, a, sizes[a], d)
-        cur[d] = cur[d][:k]
-    for d in range(len(cur)):
-        for a in tgt[d][len(cur[d]):]:
-            x = local_block(x, a, sizes[a], d)
+        gathers += [(d, a) for a in reversed(cur[d][k:])]
+        slices += [(d, a) for a in tgt[d][k:]]
+    return swaps, gathers, slices
+
+
+def redistribute(x, cur, tgt, sizes):
+    """The local block of `x` (split per dim as `cur`) re-split as `tgt` with explicit collectives (`_plan`)."""
+    swaps, gathers, slices = _plan(cur, tgt)
+    for a, d, e in swaps:
+        x = jax.lax.all_to_all(x, a, split_axis=e, concat_axis=d, tiled=True)
+    for d, a in gathers:
+        x = ring_gather(x, a, sizes[a], d)
+    for d, a in slices:
+        x = local_block(x, a, sizes[a], d)
     return x
 
 
 def uses_ring(steps):
-    """Whether a chain of layouts (each: per dim the mesh axes, from the replicated start) gathers anywhere."""
-    cur = None
-    for tgt in steps:
-        if cur is not None:
-            gone = [cur[d][_common(cur[d], tgt[d]):] for d in range(len(cur))]
-            swapped = {a for a, _, _ in _swaps(cur, tgt)}
-            if any(a not in swapped for axes in gone for a in axes):
-                return True
-        cur = tgt
-    return False
+    """Whether a chain of layouts (each: per dim the mesh axes) gathers with a ring anywhere."""
+    return any(_plan(cur, tgt)[1] for cur, tgt in zip(steps, steps[1:]))
+
+
+def scattered_partials(start, lay, local_shape, sizes):
+    """Where an argument entering at `start` reduce-scatters its partial axes straight into `lay`'s splits:
+    (per dim the mesh axes after those scatters, [(axis, dim)] scattered, the partial axes left to reduce).
+    A partial axis is scattered into dim d when `lay` splits d with it innermost after start's own and it
+    divides d's local size."""
+    dims = [list(a) for a in start.dims]
+    scattered, rest = [], []
+    for a in start.partial:
+        d = next((d for d, axes in enumerate(lay.dims) if axes == dims[d] + [a] and local_shape[d] % sizes[a] == 0), None)
+        if d is None:
+            rest.append(a)
+        else:
+            scattered.append((a, d))
+            dims[d].append(a)
+    return dims, scattered, rest
+
+
+def entered(v, start, lay, sizes):
+    """Argument block `v` entering at `start` (partial summands as leading dims) brought to `lay`: partial axes
+    reduce-scattered into `lay`'s splits where they can be (`scattered_partials`), the others reduced as flat
+    buffers (`reduce_partial`), then shards moved (`redistribute`)."""
+    v = v.reshape(v.shape[len(start.partial):])
+    dims, scattered, rest = scattered_partials(start, lay, v.shape, sizes)
+    for a, d in scattered:
+        v = jax.lax.psum_scatter(v, a, scatter_dimension=d, tiled=True)
+    if rest:
+        v = reduce_partial(v, rest, sizes)
+    return redistribute(v, dims, lay.dims, sizes)
