@@ -274,4 +274,140 @@ MUTANTS = {
         '    shards = [*unique_shards, *duplicate_shards]',
         'shard_device_array appends the replica (duplicate) shards after the unique ones instead of merging them back into device order (wrong placement under partial replication)',
     ),
+    # torch FSDP2 / DDP / DTensor / tensor-parallel mutants, fixed blind on 2026-12-02 (fifth session)
+    # (read only torch 2.15.0's installed sources and the CPU notes; each was shown live by a small program of its own
+    # under /tmp/torchmut (mp.spawn, gloo, 127.0.0.1) against the same computation on one process in float64/float32)
+
+    # Liveness: fsdp_t.py (fully_shard, Linear(5,7)-ReLU-Linear(7,3), dp=2, fp32, SGD lr 0.1, 3 steps, batch split
+    # over ranks) vs one process on the full batch: unmutated param diff 2.8e-8 in every mode; mutated, fully_shard
+    # on the root only (defaults) or reshard_after_forward=False: param diff 9.4e-3, final forward diff 0.144.
+    # Per-Linear fully_shard with a param-less root and reshard_after_forward=True: unaffected (2.8e-8). Reached
+    # whenever a group is not resharded after forward (the root by default) and there is more than one step.
+    'fsdp2-no-reshard-after-backward': (
+        'torch-fsdp2',
+        'torch.distributed.fsdp._fully_shard._fsdp_param_group',
+        '        if self._training_state == TrainingState.FORWARD:\n            if not self._reshard_after_forward:\n                return',
+        '        if self._training_state != TrainingState.IDLE:\n            if not self._reshard_after_forward:\n                return',
+        "FSDPParamGroup.reshard() applies reshard_after_forward=False's early return in every non-idle state, not only in forward: a group kept unsharded after forward (the root by default, or reshard_after_forward=False) is not resharded after backward either, so after optimizer.step() the next forward's unshard() is a no-op and computes with the stale all-gathered parameters (a skipped reshard / re-gather)",
+    ),
+    # Liveness: fsdp_t.py (per-Linear + root fully_shard, Linear(5,7)-ReLU-Linear(7,3): the 7-row weights and 7/3
+    # biases shard unevenly): unmutated param diff 2.8e-8 (dp=2 and 4); mutated param diff 6.1e-2 (dp=2, fp32 and
+    # bf16 param_dtype), 7.2e-3 (dp=4), 5.4e-3 with clip_grad_norm_ (grad norm 1.017 vs 1.047). With all dims even
+    # (Linear(5,8)-Linear(8,4), dp=2) it is equivalent (2.9e-8). Live when a group holds a param whose dim 0 does not
+    # divide by the dp size followed by another param (e.g. weight then bias of one Linear).
+    'fsdp2-grad-view-unpadded-offset': (
+        'torch-fsdp2',
+        'torch.distributed.fsdp._fully_shard._fsdp_collectives',
+        '            group_offset += padded_unsharded_size.numel() // world_size',
+        '            group_offset += fsdp_param.sharded_size.numel()',
+        "_cast_and_view_sharded_grads advances through the reduce-scatter output by each parameter's unpadded sharded numel instead of its padded one: on a rank whose shard of an uneven parameter is short (or empty), every later parameter of the group takes its gradient from the wrong offset (uneven-shard padding counted wrongly)",
+    ),
+    # Liveness: fsdp_t.py, 2 micro-batches per step with gradient sync on every backward (no
+    # set_requires_gradient_sync(False)): unmutated param diff 2.8e-8; mutated 4.4e-2 (final forward 0.111). With
+    # set_requires_gradient_sync(False) on the first micro-batch (grads accumulate unsharded) and with a single
+    # backward per step it is unaffected. Reached whenever a reduce-scatter finds an existing sharded grad.
+    'fsdp2-accum-grad-overwritten': (
+        'torch-fsdp2',
+        'torch.distributed.fsdp._fully_shard._fsdp_collectives',
+        '                fsdp_param.sharded_param.grad._local_tensor += new_sharded_grad',
+        '                fsdp_param.sharded_param.grad._local_tensor.copy_(new_sharded_grad)',
+        "foreach_reduce overwrites an existing sharded gradient with the newly reduced one instead of adding to it: gradient accumulation with sync on every micro-batch keeps only the last micro-batch (accumulation drops micro-batches)",
+    ),
+    # Liveness: fsdp_t.py with torch.nn.utils.clip_grad_norm_(max_norm=0.05) on the DTensor grads: unmutated norm
+    # 1.047285 / 0.851138 / 0.471779 = reference, param diff 3.5e-8; mutated rank-0 norm 0.936 / 0.478 / 0.242,
+    # param diff 1.8e-3 (also with accumulation). Without clipping unaffected. Reached by every clip_grad_norm_ /
+    # _get_total_norm over sharded DTensor grads (any p-norm but inf), and by vector_norm of a sharded DTensor.
+    'fsdp2-clip-norm-local-shard': (
+        'torch-fsdp2',
+        'torch.distributed.tensor._ops._math_ops',
+        '        reduced_tensor = super()._reduce_value(tensor, mesh, mesh_dim)',
+        '        reduced_tensor = tensor',
+        "_NormPartial (the partial p-norm of a sharded DTensor, which clip_grad_norm_ builds over FSDP2's DTensor gradients) skips the all-reduce of x**p when made Replicate: every rank takes the norm of its own shard as the total norm (clipping on a local norm)",
+    ),
+    # Liveness: ddp_t.py (DDP, Linear(5,7)-Tanh-Linear(7,3), fp32, SGD, 2 steps) vs one process on the full batch:
+    # unmutated diff 1.6e-5 (fp16 hook) / 2.1e-4 (bf16 hook) / 2.5e-8 (no hook); mutated 2.6e-2 with either hook and
+    # any of gradient_as_bucket_view, static_graph, find_unused_parameters, no_sync accumulation (dp=2), 6.5e-2 (dp=4).
+    # Without a hook (C++ reducer) unaffected. Shown with SGD; Adam would largely normalise the factor away.
+    'ddp-compress-hook-no-div': (
+        'torch-ddp',
+        'torch.distributed.algorithms.ddp_comm_hooks.default_hooks',
+        '    compressed_tensor = buffer.to(dtype).div_(world_size)',
+        '    compressed_tensor = buffer.to(dtype)',
+        "fp16_compress_hook / bf16_compress_hook no longer divide the compressed bucket by the world size before the all-reduce: gradients are summed, not averaged, over DDP ranks (missing 1/world divide)",
+    ),
+    # Liveness: ddp_t.py: unmutated as above; mutated diff 4.8e-2 (max over ranks) with the fp16 or bf16 hook in every
+    # configuration (view, static_graph, find_unused_parameters, no_sync), 9.6e-2 at dp=4; ranks end with different
+    # parameters. Without a hook unaffected.
+    'ddp-compress-hook-no-writeback': (
+        'torch-ddp',
+        'torch.distributed.algorithms.ddp_comm_hooks.default_hooks',
+        '        decompressed_tensor.copy_(value)\n',
+        '',
+        "_compress_hook's decompress callback returns the bucket buffer without copying the all-reduced compressed tensor into it: every rank steps with its own un-reduced local gradient (a reduction whose result is never written back; replicas drift apart)",
+    ),
+    # Liveness: dt_t.py (x of shape (5,6,7), float64, 1-D mesh of 2 and 4): unmutated diff 0 everywhere; mutated with
+    # x Shard(2): softmax(x,-1) 0.686, log_softmax 1.89, cumsum(-1) 3.9, softmax backward 0.779 (dp=2; 0.996 / 5.49 /
+    # 5.16 / 0.92 at 4). softmax(x, 2) (positive dim) and x sharded on another dim are unaffected.
+    'dt-softmax-negdim-shard': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._math_ops',
+        '    active_dim = normalize_dim(active_dim, ndim)\n',
+        '',
+        "_shard_except_dim_strategy (softmax, log_softmax and their backward, cumsum/cumprod, sort, topk, cummax...) no longer normalizes a negative dim: with dim=-1 no tensor dim is excluded, so a DTensor sharded on the softmax/scan dim is computed shard-locally instead of being replicated first (strategy lets the reduction dim stay sharded)",
+    ),
+    # Liveness: dt_t.py (F.layer_norm over the last dim of a (4,6,8) float64 DTensor sharded on dim 0 or 1, weight
+    # and bias Replicate parameters): unmutated weight grad Partial, diff 1.4e-14, SGD step 3.6e-15; mutated weight
+    # grad Replicate with diff 62 / 58 (dp=2), 87 / 110 (dp=4), the SGD-updated weight differs by 6.2 and across
+    # ranks; bias grad and input grad unaffected. Also live under tensor parallelism: tp_t.py with SequenceParallel
+    # LayerNorms, norm.weight grad diff 0.126.
+    'dt-layernorm-bwd-weight-replicate': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._math_ops',
+        '            Partial("sum") if compute_d_weight else None,\n            Partial("sum") if compute_d_bias else None,',
+        '            Replicate() if compute_d_weight else None,\n            Partial("sum") if compute_d_bias else None,',
+        "native_layer_norm_backward's strategy labels the weight gradient Replicate instead of Partial(sum) when the input is sharded on a batch/sequence dim: each rank keeps only its own rows' contribution (the missing all-reduce of a replicated LayerNorm weight's gradient, as under sequence parallelism)",
+    ),
+    # Liveness: dt_t.py: (A Shard(1)) @ (B Shard(0)) gives Partial(sum); adding / subtracting a Replicate bias:
+    # unmutated diff 4.4e-16 / 8.9e-16; mutated 0.768 (dp=2), 2.3 (dp=4). A Replicate + Replicate add and
+    # RowwiseParallel's bias (addmm) are unaffected. Reached by any add/sub/add_ of a Partial(sum) and a Replicate DTensor.
+    'dt-add-partial-replicate-sum': (
+        'torch-dtensor',
+        'torch.distributed.tensor._ops._pointwise_ops',
+        '    [Partial("sum"), Partial("sum"), Partial("sum")],\n    [Partial("avg"), Partial("avg"), Partial("avg")],\n',
+        '    [Partial("sum"), Partial("sum"), Partial("sum")],\n    [Partial("avg"), Partial("avg"), Partial("avg")],\n    [Partial("sum"), Partial("sum"), Replicate()],\n',
+        "add/sub (add.Tensor, add_, sub...) gain a P(sum), P(sum), R rule: a Replicate operand is added to a Partial(sum) one on every rank without being partitioned, so after the reduction it counts n times (the rule the comment beside it excludes)",
+    ),
+    # Liveness: dt_t.py, distribute_tensor(x, [Shard(a)]).redistribute([Shard(b)]) vs x (float64): unmutated full_tensor
+    # diff 0 and local shapes equal to distribute_tensor(x, [Shard(b)]) for (5,7), (8,6), (6,5), (7,9) at dp=2 and 4;
+    # mutated dp=2: (5,7) S0->S1 diff 1.0 / S1->S0 1.27, (6,5) S0->S1 0.76, (7,9) 1.42 / 1.41, local shapes wrong;
+    # (8,6) (even) unaffected; dp=4: RuntimeError (narrow(): length must be non-negative). Live when the new shard
+    # dim does not divide by the mesh size (gloo runs the all-gather + chunk fallback; the unpad is shared).
+    'dt-alltoall-unpad-global': (
+        'torch-dtensor',
+        'torch.distributed.tensor.placement_types',
+        '            new_dim_unpad_size = new_dim_full_chunk_size - local_shard_size_on_new_dim',
+        '            new_dim_unpad_size = new_dim_full_chunk_size * num_chunks - new_dim_logical_size',
+        "Shard(i) -> Shard(j) (all-to-all) unpads the new shard dim on every rank by the global padding (full_chunk * n - size), as if all the padding sat on the last rank, instead of by the rank's own pad: with an uneven new dim the local shards have the wrong sizes and full_tensor() / later ops read wrong data (or narrow() fails)",
+    ),
+    # Liveness: tp_t.py (Block: LayerNorm, MLP with ColwiseParallel w1 / RowwiseParallel w2, LayerNorm, head
+    # ColwiseParallel(use_local_output=False) + loss_parallel F.cross_entropy, tp=2, float64; plain TP and the
+    # SequenceParallel plan) vs one process: unmutated loss diff 0, grads <= 4.4e-16; mutated, reduction="mean":
+    # loss diff 0 but grads off (head.weight 3.77, mlp.w1.weight 1.66; x8 = number of targets) in both plans;
+    # reduction="sum" unaffected. Shown with grads/SGD; Adam would largely hide the scale.
+    'tp-loss-bwd-mean-undivided': (
+        'torch-tp',
+        'torch.distributed.tensor.parallel.loss',
+        '        grad_output = grad_output / total_weight',
+        '        grad_output = grad_output',
+        "loss_parallel's fused nll_loss + log_softmax backward no longer divides grad_output by total_weight for reduction='mean': the loss value is right but every gradient is N (non-ignored targets) times too large (wrong divide factor in backward)",
+    ),
+    # Liveness: tp_t.py (same models): unmutated as above; mutated loss diff 0.108 (mean) / 0.864 (sum), grads off
+    # (head.weight 0.663 with sum; norm.weight 0.014 with mean), in the plain-TP and SequenceParallel plans.
+    'tp-loss-max-not-allreduced': (
+        'torch-tp',
+        'torch.distributed.tensor.parallel.loss',
+        '        x_max = funcol.all_reduce(\n            x_max, reduceOp=c10d.ReduceOp.MAX.name, group=(mesh, mesh_dim)\n        )\n',
+        '',
+        "loss_parallel's log_softmax shifts each vocab shard by its own local max (the MAX all-reduce of x_max is gone) but still sums the shifted exponentials over the shards: the log-sum-exp mixes different shifts, so the loss and its gradients are wrong (a global quantity computed locally)",
+    ),
 }
