@@ -1820,3 +1820,34 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
         assert_eq!(v["kind"], "rejected", "{case}: {v}");
     }
 }
+
+/// Each micro-batch's loss as its own mean (`train.local_mean_loss`, torch's default `reduction="mean"`), weighted
+/// by its share of the global token count: the same result, so torch-tp (through `loss_parallel`), torch-fsdp2 and
+/// torch-ddp pass with ignored tokens, class weights and accumulation; and the mean runs the framework's own
+/// division: under the framework mutant `tp-loss-bwd-mean-undivided` (`loss_parallel`'s backward skipping it) the
+/// mean case diverges while its summed twin passes.
+#[test]
+fn a_local_mean_loss_passes_and_runs_the_frameworks_own_division() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-local-mean-loss");
+    let tp = dir.join("tp2-f32-local-mean-ignored-accumulation.json");
+    let dp = dir.join("dp2-bf16-local-mean-class-weighted-accumulation.json");
+    for (target, file) in [("torch-tp", &tp), ("torch-fsdp2", &dp), ("torch-ddp", &dp)] {
+        let v = one_verdict(target, file, "");
+        assert_eq!(v["kind"], "pass", "{target} {}: {v}", file.display());
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut twin: Value = serde_json::from_str(&std::fs::read_to_string(&tp).expect("case")).expect("json");
+    twin["train"].as_object_mut().expect("train").remove("local_mean_loss");
+    let summed = tmp.path().join("summed.json");
+    std::fs::write(&summed, twin.to_string()).expect("write twin");
+    let faults = root().join("harnesses/python/tests/faults").display().to_string();
+    let env = [("PYTHONPATH", faults.as_str()), ("SHARDFUZZ_MUTANT", "tp-loss-bwd-mean-undivided")];
+    let (tp, summed) = (tp.display().to_string(), summed.display().to_string());
+    let vs = verdicts(&shardfuzz(&["run", "--json", "--target", "torch-tp", &tp, &summed], &env));
+    assert_eq!(vs.len(), 2, "{vs:?}");
+    assert_eq!(vs[0]["kind"], "divergent", "the mean under the mutant: {}", vs[0]);
+    assert_eq!(vs[1]["kind"], "pass", "the summed twin under the mutant: {}", vs[1]);
+}

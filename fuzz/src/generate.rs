@@ -179,6 +179,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         resume_after: None,
         frozen: vec![],
         per_token_loss: false,
+        local_mean_loss: false,
         label_smoothing: None,
     })
 }

@@ -214,6 +214,9 @@ fn train_words(case: &Case) -> String {
     if t.per_token_loss {
         s += ", the loss normalised by the framework's per-token path (summed losses, gradients divided by the global token count)";
     }
+    if t.local_mean_loss {
+        s += ", each micro-batch's loss the mean over its own tokens (reduction=\"mean\"), weighted by their share of the global count";
+    }
     if let Some(c) = &t.clip_grad_norm {
         s += &format!(", gradient clipping at {}", c.0);
     }

@@ -176,6 +176,12 @@ pub fn per_token_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Each micro-batch's loss as the mean over its own tokens (the frameworks' default reduction), or as their sum again.
+pub fn local_mean_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    c.train.local_mean_loss = !c.train.local_mean_loss;
+    true
+}
+
 /// Label smoothing switched on (ε drawn from `generate::LABEL_SMOOTHINGS`), moved to another ε, or off; class weights go,
 /// since a weighted smoothed loss is not modelled (model cases).
 pub fn label_smoothing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -132,6 +132,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "max_reuse_distance",
         "vocab_divisible_by",
         "per_token_loss",
+        "local_mean_loss",
         "label_smoothing",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");

@@ -62,6 +62,13 @@ pub struct Train {
     /// tokens before a gradient average. The same result (the global token mean) either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_token_loss: bool,
+    /// Each micro-batch's loss is the mean over its own counted tokens (the frameworks' default
+    /// `reduction="mean"`, as most training scripts write it), which the training loop then weights by that
+    /// count over the global one, where a target offers it. Absent (false): the micro-batch's summed token loss
+    /// scaled by dp / global tokens. The same result (the global token mean) either way; what differs is the
+    /// framework code the loss runs through (a mean's own division, e.g. in a vocab-parallel loss's backward).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub local_mean_loss: bool,
     /// Label smoothing ε of the cross-entropy, as torch's `label_smoothing` defines it: each counted token's
     /// target distribution is 1 − ε on its target plus ε / V on each of the V vocabulary entries, so its loss is
     /// (1 − ε)·(−log p_target) + ε·mean_j(−log p_j) (Megatron's `label_smoothing` α is the same distribution with

@@ -1,7 +1,8 @@
 """A training run of the case's model on one rank: the loop the torch-based targets share.
 
 Each data-parallel rank takes its rows of the batch (torch.chunk split, uneven allowed) and scales
-its summed token loss by dp / global tokens, so that averaging gradients over the data-parallel ranks
+its summed token loss (with the case's `local_mean_loss`, each micro-batch's mean times its own count) by dp /
+global tokens, so that averaging gradients over the data-parallel ranks
 (what DDP, FSDP2 and ZeRO do) yields the gradient of the global token mean, as the reference computes.
 """
 
@@ -30,6 +31,19 @@ def full(t):
 def dense(t):
     """A sparse gradient (an embedding's with `sparse=True`) as the dense tensor it stands for."""
     return t.to_dense() if t.is_sparse else t
+
+
+def micro_batch_loss(case, inputs, logits, targets):
+    """(loss, count): the micro-batch's token loss and what it stands for in units of the summed token loss.
+    F.cross_entropy's sum (count 1), or with the case's `train.local_mean_loss` its mean (`reduction="mean"`, the
+    frameworks' default, through their own division: a vocab-parallel loss divides in its backward) and the
+    micro-batch's own denominator; a micro-batch with no counted token stays a sum (its mean would be 0 / 0)."""
+    kw = dict(weight=class_weight(inputs, logits.dtype), label_smoothing=label_smoothing(case))
+    flat, tgt = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    count = loss_denominator({"targets": tgt.numpy(), "class_weights": inputs.get("class_weights")})
+    if case["train"].get("local_mean_loss") and count > 0:
+        return F.cross_entropy(flat, tgt, reduction="mean", **kw), count
+    return F.cross_entropy(flat, tgt, reduction="sum", **kw), 1.0
 
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
@@ -79,23 +93,22 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
             with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
                 logits = (forward or model)(ids[a:c])
-                l = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1), reduction="sum",
-                                    weight=class_weight(inputs, logits.dtype), label_smoothing=label_smoothing(case))
+                l, count = micro_batch_loss(case, inputs, logits, tgt[a:c])
                 if loss_seed is not None:
-                    scaled = loss_seed(l)
+                    scaled = loss_seed(l * count if count != 1.0 else l)
                 elif t.get("loss_scale") is None:
-                    scaled = l * (dp / global_tokens)
+                    scaled = l * (count * dp / global_tokens)
                 else:
                     # Scaled in float32, as under autocast: a float16 loss times 65536 is inf by
                     # itself, where the gradient seed (scale x dp / tokens) is representable.
                     # (A framework that owns backward scales this loss itself.)
                     scaled = l.float()
-                    scaled = (scaler.scale(scaled) if scaler is not None else scaled) * (dp / global_tokens)
+                    scaled = (scaler.scale(scaled) if scaler is not None else scaled) * (count * dp / global_tokens)
                 if backward is not None:
                     backward(scaled)
                 else:
                     scaled.backward()
-            loss_sum += full(l)
+            loss_sum += full(l) * count
             if k == 0:
                 rows.append(full(logits).reshape(-1, logits.shape[-1]))
         if dp > 1:
