@@ -40,9 +40,10 @@ def micro_batch_loss(case, inputs, logits, targets):
     micro-batch's own denominator; a micro-batch with no counted token stays a sum (its mean would be 0 / 0)."""
     kw = dict(weight=class_weight(inputs, logits.dtype), label_smoothing=label_smoothing(case))
     flat, tgt = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    count = loss_denominator({"targets": tgt.numpy(), "class_weights": inputs.get("class_weights")})
-    if case["train"].get("local_mean_loss") and count > 0:
-        return F.cross_entropy(flat, tgt, reduction="mean", **kw), count
+    if case["train"].get("local_mean_loss"):
+        count = loss_denominator({"targets": tgt.numpy(), "class_weights": inputs.get("class_weights")})
+        if count > 0:
+            return F.cross_entropy(flat, tgt, reduction="mean", **kw), count
     return F.cross_entropy(flat, tgt, reduction="sum", **kw), 1.0
 
 
@@ -95,7 +96,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
                 logits = (forward or model)(ids[a:c])
                 l, count = micro_batch_loss(case, inputs, logits, tgt[a:c])
                 if loss_seed is not None:
-                    scaled = loss_seed(l * count if count != 1.0 else l)
+                    scaled = loss_seed(l * count)
                 elif t.get("loss_scale") is None:
                     scaled = l * (count * dp / global_tokens)
                 else:

@@ -3,7 +3,8 @@
 
 def train(model, data, loss_ctx, view):
     """The case's training steps on the whole batch in GRAD_ACCUMULATION micro-batches: summed token
-    cross-entropy (or each micro-batch's mean times its count) scaled by 1 / counted tokens, backward, optional gradient clipping, the optimizer step.
+    cross-entropy (or each micro-batch's mean times its count) scaled by 1 / counted tokens, backward, optional
+    gradient clipping, the optimizer step.
     Returns (logits of step 0, every step's loss, step-0 gradients and final parameters (case layout); the
     steps the loss scaler skipped)."""
     b, s = M["batch"], M["seq"]
@@ -26,15 +27,14 @@ def train(model, data, loss_ctx, view):
             with loss_ctx():
                 logits = model(ids[a:c])
                 weight = None if weights is None else torch.tensor(weights, dtype=logits.dtype)
-                here = data["targets"].reshape(b, s)[a:c].reshape(-1)
-                here = here[here != -100]
-                count = float(len(here) if weights is None else weights[here].sum())  # this micro-batch's denominator
-                # With the case's local_mean_loss: the micro-batch's mean (reduction="mean"), weighted by its count.
-                mean = bool(CASE["train"].get("local_mean_loss")) and count > 0
+                count = 1.0  # what the loss stands for in units of the summed token loss
+                if CASE["train"].get("local_mean_loss"):  # the micro-batch's mean (reduction="mean") times its count
+                    here = data["targets"].reshape(b, s)[a:c].reshape(-1)
+                    here = here[here != -100]
+                    count = float(len(here) if weights is None else weights[here].sum()) or 1.0  # none counted: a sum
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[a:c].reshape(-1),
-                                       reduction="mean" if mean else "sum", weight=weight,
+                                       reduction="sum" if count == 1.0 else "mean", weight=weight,
                                        label_smoothing=CASE["train"].get("label_smoothing", 0.0))
-                count = count if mean else 1.0
                 scaled = loss * (count / tokens) if scaler is None else scaler.scale(loss.float()) * (count / tokens)
                 scaled.backward()
             loss_sum += full(loss) * count
