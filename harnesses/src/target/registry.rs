@@ -93,16 +93,16 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "jax-shardmap",
-        description: "JAX shard_map with explicit collectives (psum, pmax, all_gather, psum_scatter, ppermute rings, all_to_all) on host devices",
+        description: "JAX shard_map with explicit collectives (psum, pmax, all_gather, psum_scatter, ppermute rings, all_to_all) on host devices; model cases trained over [dp, tp] (pmean over dp, ZeRO-3 all_gather, Megatron-style tp), gradients from JAX's transposes",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["label_smoothing", "frozen", "activation_checkpointing", "layer_passes"],
         create: |o| python("jax-shardmap", MAIN, o),
     },
     TargetInfo {
         name: "jax-gspmd",
-        description: "JAX jit with NamedSharding and with_sharding_constraint: XLA GSPMD partitions (and pads)",
+        description: "JAX jit with NamedSharding and with_sharding_constraint: XLA GSPMD partitions (and pads); model cases trained over [dp, tp] (ZeRO stages and sequence parallelism as shardings)",
         env: Some(MAIN),
-        offers: &[],
+        offers: &["label_smoothing", "frozen", "activation_checkpointing", "layer_passes"],
         create: |o| python("jax-gspmd", MAIN, o),
     },
     TargetInfo {

@@ -182,6 +182,11 @@ def hlo_features(text):
 
 
 class JaxTarget(Target):
+    #: How model cases are sharded (jax_train.py): "gspmd" or "shardmap".
+    mode = ""
+    freezes = True
+    smooths_labels = True
+
     def __init__(self):
         self.coverage_prefixes = (os.path.join(os.path.dirname(jax.__file__), "_src") + os.sep,)
         self.cache = {}
@@ -211,8 +216,12 @@ class JaxTarget(Target):
             from .jax_library_op import unsupported
 
             return unsupported(case)
+        if "model" in case:
+            from .jax_train import unsupported
+
+            return unsupported(case, self.mode)
         if "op" not in case:
-            return f"{self.name} runs op-level cases only (model cases are not implemented for JAX)"
+            return f"{self.name} runs op, library-op and model cases only"
         p = parallel(case)
         if p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
             return "op cases shard over the [dp, tp] mesh only"

@@ -28,8 +28,13 @@ def _divisible(shape, layout, mesh_shape):
 
 class JaxGspmd(JaxTarget):
     name = "jax-gspmd"
+    mode = "gspmd"
 
     def run_local(self, case, inputs):
+        if "model" in case:
+            from .jax_train import run
+
+            return run(case, inputs, self.mode)
         if "library_op" in case:
             from .jax_library_op import run
 

@@ -224,8 +224,13 @@ def _program(kind, op, ctx, loc, ids):
 
 class JaxShardMap(JaxTarget):
     name = "jax-shardmap"
+    mode = "shardmap"
 
     def run_local(self, case, inputs):
+        if "model" in case:
+            from .jax_train import run
+
+            return run(case, inputs, self.mode)
         if "library_op" in case:
             from .jax_library_op import run
 

@@ -1,0 +1,130 @@
+"""The model's loss under `shard_map` with explicit collectives, as JAX's shard_map documentation writes data,
+tensor and fully-sharded data parallelism: each dp rank's rows, its loss scaled by dp / global tokens and
+averaged with `pmean`; ZeRO-3 parameters `all_gather`ed over dp before use; with tp, Megatron's pieces
+(column-parallel local matmuls, row-parallel ones `psum`med, a vocabulary-parallel embedding and cross-entropy
+with `axis_index` offsets, `pmax` and `psum`). The loss is differentiated from outside the shard_map, so every
+gradient reduction (the `psum`s over dp and tp, the `psum_scatter` of a gathered parameter) is JAX's transpose
+of a forward collective.
+"""
+
+from jax.sharding import PartitionSpec as P
+
+from . import jax_model as jm
+from . import jax_release
+from .base import IGNORE_INDEX, parallel
+from .jax_common import jax, jnp, up
+
+
+class ShardMapParallel(jm.Parallel):
+    def __init__(self, tp):
+        self.tp = tp
+
+    def row(self, x, w, b):
+        y = x @ w
+        if self.tp > 1:
+            y = jax.lax.psum(y, "tp")
+        return y if b is None else y + b
+
+    def embed(self, table, ids):
+        if self.tp == 1:
+            return jnp.take(table, ids, axis=0)
+        rows = table.shape[0]
+        lo = jax.lax.axis_index("tp") * rows
+        inside = (ids >= lo) & (ids < lo + rows)
+        local = jnp.take(table, jnp.where(inside, ids - lo, 0), axis=0)
+        return jax.lax.psum(jnp.where(inside[..., None], local, jnp.zeros((), table.dtype)), "tp")
+
+    def token_losses(self, logits, tgt, weights, smoothing):
+        if self.tp == 1:
+            return jm.token_losses(logits, tgt, weights, smoothing)
+        return vocab_parallel_losses(logits, tgt, weights, smoothing, self.tp)
+
+
+def vocab_parallel_losses(logits, tgt, weights, smoothing, tp):
+    """Per-token loss from this rank's vocabulary columns: Megatron's vocab_parallel_cross_entropy."""
+    z = up(logits)
+    cols = z.shape[-1]
+    lo = jax.lax.axis_index("tp") * cols
+    zs = z - jax.lax.pmax(jax.lax.stop_gradient(jnp.max(z, axis=-1)), "tp")[:, None]
+    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(zs), axis=-1), "tp"))
+    counted = tgt != IGNORE_INDEX
+    safe = jnp.where(counted, tgt, 0)
+    inside = (safe >= lo) & (safe < lo + cols)
+    picked = jnp.take_along_axis(zs, jnp.where(inside, safe - lo, 0)[:, None], axis=-1)[:, 0]
+    nll = lse - jax.lax.psum(jnp.where(inside, picked, jnp.zeros((), z.dtype)), "tp")
+    w = jnp.ones_like(nll) if weights is None else jnp.take(weights.astype(z.dtype), safe)
+    loss = (1.0 - smoothing) * nll * w
+    if smoothing:
+        loss = loss + smoothing * (lse - jax.lax.psum(jnp.sum(zs, axis=-1), "tp") / (cols * tp))
+    return jnp.where(counted, loss, jnp.zeros((), z.dtype))
+
+
+def unsupported(case):
+    """Why shard_map cannot run the model case (its blocks must split evenly), or None."""
+    p = parallel(case)
+    m = case["model"]
+    dp, tp = p["dp"], p["tp"]
+    rows = m["batch"] // case["train"].get("grad_accumulation", 1)
+    if rows % dp:
+        return "shard_map splits each micro-batch's rows evenly over dp (batch / grad_accumulation divisible by dp)"
+    if p.get("sequence_parallel") and tp > 1:
+        return "sequence parallelism under shard_map is not expressed (jax-gspmd splits the sequence)"
+    if tp > 1:
+        for field in ("heads", "kv_heads", "ffn", "vocab"):
+            if m[field] % tp:
+                return f"shard_map splits model.{field} ({m[field]}) evenly over tp ({tp})"
+    return None
+
+
+def local_entries(entries, shape, mesh_shape):
+    """A parameter's shard_map in_spec: its plan's spec, without dp on a dimension dp does not divide."""
+    sizes = {"dp": mesh_shape[0], "tp": mesh_shape[1]}
+    out = []
+    for n, e in zip(shape, entries):
+        axes = e if isinstance(e, tuple) else (e,) if e else ()
+        k = 1
+        for a in axes:
+            k *= sizes[a]
+        if "dp" in axes and n % k:
+            axes = tuple(a for a in axes if a != "dp")
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return out
+
+
+def gather_dp(x, entries):
+    """A ZeRO-3 parameter whole again over dp (the tp split stays): all_gather along its dp dimension."""
+    for d, e in enumerate(entries):
+        axes = e if isinstance(e, tuple) else (e,) if e else ()
+        if "dp" in axes:
+            return jax.lax.all_gather(x, "dp", axis=d, tiled=True)
+    return x
+
+
+def sharded_loss(case, plan, m_, trained_names, frozen):
+    """loss_fn(pt, pf, ids, tgt, weights, inv_tokens) -> (loss, logits) for jax.value_and_grad."""
+    m = case["model"]
+    p = parallel(case)
+    dp, tp = p["dp"], p["tp"]
+    eps = jm.smoothing(case)
+    par = ShardMapParallel(tp)
+    mesh_shape = (dp, tp)
+
+    def body(pt, pf, ids, tgt, weights, inv_tokens):
+        params = {n: gather_dp(v, specs[n]) for n, v in {**pf, **pt}.items()}
+        logits = jm.logits_of(par, params, ids, m)
+        losses = par.token_losses(logits, tgt.reshape(-1), weights, eps)
+        local = jnp.sum(losses) * (inv_tokens * dp)
+        return jax.lax.pmean(local, "dp"), logits
+
+    specs = {}
+
+    def loss_fn(pt, pf, ids, tgt, weights, inv_tokens):
+        for n, v in {**pf, **pt}.items():
+            specs[n] = local_entries(plan.param[n], v.shape, mesh_shape)
+        w = jnp.ones((m["vocab"],), jnp.float64) if weights is None else weights
+        in_specs = ({n: P(*specs[n]) for n in pt}, {n: P(*specs[n]) for n in pf}, P("dp", None), P("dp", None), P(), P())
+        out_specs = (P(), P("dp", "tp" if tp > 1 else None))
+        f = jax_release.shard_map(body, m_, in_specs, out_specs)
+        return f(pt, pf, ids, tgt, w, inv_tokens)
+
+    return loss_fn
