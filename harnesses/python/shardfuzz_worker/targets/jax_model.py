@@ -36,8 +36,8 @@ class Parallel:
         return jnp.take(table, ids, axis=0)
 
     def token_losses(self, logits, tgt, weights, smoothing):
-        """Per-token loss [n] (0 where the target is ignored), class-weighted and label-smoothed as torch's
-        cross_entropy with reduction="sum" computes each token's term."""
+        """Per-token loss [n] (0 where the target is ignored), class-weighted and label-smoothed (`smoothing`: ε, or
+        None without smoothing) as torch's cross_entropy with reduction="sum" computes each token's term."""
         return token_losses(logits, tgt, weights, smoothing)
 
     def residual(self, x):
@@ -52,9 +52,10 @@ def token_losses(logits, tgt, weights, smoothing):
     safe = jnp.where(counted, tgt, 0)
     nll = -jnp.take_along_axis(logp, safe[:, None], axis=-1)[:, 0]
     w = jnp.ones_like(nll) if weights is None else jnp.take(weights.astype(z.dtype), safe)
-    loss = (1.0 - smoothing) * nll * w
-    if smoothing:
-        loss = loss + smoothing / z.shape[-1] * -jnp.sum(logp, axis=-1)
+    if smoothing is None:
+        return jnp.where(counted, nll * w, jnp.zeros((), z.dtype))
+    eps = smoothing.astype(z.dtype)
+    loss = (1.0 - eps) * nll * w + eps / z.shape[-1] * -jnp.sum(logp, axis=-1)
     return jnp.where(counted, loss, jnp.zeros((), z.dtype))
 
 
@@ -183,41 +184,61 @@ def state_dtype(p):
     return jnp.float64 if p.dtype == jnp.float64 else jnp.float32
 
 
-def clip(case, grads):
+def clip(case, grads, hyper):
     """torch's clip_grad_norm_: every gradient times min(1, max_norm / (‖g‖ + 1e-6)) over the global norm."""
-    c = case["train"].get("clip_grad_norm")
-    if c is None or not grads:
+    if case["train"].get("clip_grad_norm") is None or not grads:
         return grads
     sq = sum(jnp.sum(jnp.square(g.astype(state_dtype(g)))) for g in grads.values())
-    coef = jnp.minimum(c / (jnp.sqrt(sq) + 1e-6), 1.0)
-    return {n: (g.astype(state_dtype(g)) * coef).astype(g.dtype) for n, g in grads.items()}
+    coef = jnp.minimum(hyper["clip"] / (jnp.sqrt(sq) + 1e-6), 1.0)
+    return {n: (g.astype(state_dtype(g)) * coef.astype(state_dtype(g))).astype(g.dtype) for n, g in grads.items()}
 
 
-def update(case, params, grads, state, step):
+def hyper(case):
+    """The case's values a compiled step takes as arguments (so that a step compiled once serves every case that
+    differs only in them): learning rate, weight decay, Adam's betas and eps, the clipping norm, label smoothing."""
+    t, o = case["train"], case["train"]["optimizer"]
+    values = {"lr": o["lr"], "wd": o.get("weight_decay", 0.0), "b1": o.get("beta1", 0.9), "b2": o.get("beta2", 0.999),
+              "eps": o.get("eps", 1e-8), "clip": t.get("clip_grad_norm") or 0.0, "smoothing": label_smoothing(case)}
+    return {k: jnp.asarray(float(v), jnp.float64) for k, v in values.items()}
+
+
+def compiled_shape(case):
+    """What a compiled step depends on besides its arguments (hyper()): the model, the parallel layout, and the
+    training choices that change the program (optimizer kind, which parameters decay, whether the step clips or
+    smooths, accumulation, frozen parameters, class weights)."""
+    t, o = case["train"], case["train"]["optimizer"]
+    return {"model": case["model"], "parallel": case["parallel"], "dtype": t["dtype"], "kind": o["kind"],
+            "no_decay_vectors": bool(o.get("no_decay_vectors")), "decays": bool(o.get("weight_decay", 0.0)),
+            "clips": t.get("clip_grad_norm") is not None, "smooths": bool(label_smoothing(case)),
+            "accumulation": t.get("grad_accumulation", 1), "frozen": t.get("frozen") or [],
+            "weighted": inputs_weighted(case)}
+
+
+def update(case, params, grads, state, step, hyper):
     """One optimizer step on the trained parameters (torch's SGD / Adam / AdamW arithmetic in float32, or float64,
     rounded once to the parameter dtype); returns (params, state)."""
     o = case["train"]["optimizer"]
-    lr, wd = o["lr"], o.get("weight_decay", 0.0)
     new_p, new_s = dict(params), dict(state)
     for n, g in grads.items():
         p = params[n]
         sd = state_dtype(p)
         pw, gw = p.astype(sd), g.astype(sd)
-        decay = 0.0 if (o.get("no_decay_vectors") and p.ndim < 2) else wd
+        lr, wd = hyper["lr"].astype(sd), hyper["wd"].astype(sd)
+        decays = o.get("weight_decay", 0.0) and not (o.get("no_decay_vectors") and p.ndim < 2)
         if o["kind"] == "sgd":
-            new_p[n] = (pw - lr * (gw + decay * pw)).astype(p.dtype)
+            new_p[n] = (pw - lr * (gw + wd * pw if decays else gw)).astype(p.dtype)
             continue
-        b1, b2, eps = o.get("beta1", 0.9), o.get("beta2", 0.999), o.get("eps", 1e-8)
-        if o["kind"] == "adamw":
-            pw = pw * (1.0 - lr * decay)
-        else:
-            gw = gw + decay * pw
+        b1, b2, eps = (hyper[k].astype(sd) for k in ("b1", "b2", "eps"))
+        if decays and o["kind"] == "adamw":
+            pw = pw * (1.0 - lr * wd)
+        elif decays:
+            gw = gw + wd * pw
         m, v = state[n]
         m = b1 * m + (1.0 - b1) * gw
         v = b2 * v + (1.0 - b2) * gw * gw
-        t = step + 1
-        denom = jnp.sqrt(v) / jnp.sqrt(1.0 - b2**t).astype(sd) + eps
-        new_p[n] = (pw - (lr / (1.0 - b1**t)).astype(sd) * m / denom).astype(p.dtype)
+        t = (step + 1).astype(sd)
+        denom = jnp.sqrt(v) / jnp.sqrt(1.0 - b2**t) + eps
+        new_p[n] = (pw - (lr / (1.0 - b1**t)) * m / denom).astype(p.dtype)
         new_s[n] = (m, v)
     return new_p, new_s
 
@@ -231,5 +252,3 @@ def loss_scale(inputs):
     return 1.0 / loss_denominator(inputs)
 
 
-def smoothing(case):
-    return label_smoothing(case)

@@ -53,9 +53,10 @@ def vocab_parallel_losses(logits, tgt, weights, smoothing, tp):
     picked = jnp.take_along_axis(zs, jnp.where(inside, safe - lo, 0)[:, None], axis=-1)[:, 0]
     nll = lse - jax.lax.psum(jnp.where(inside, picked, jnp.zeros((), z.dtype)), "tp")
     w = jnp.ones_like(nll) if weights is None else jnp.take(weights.astype(z.dtype), safe)
-    loss = (1.0 - smoothing) * nll * w
-    if smoothing:
-        loss = loss + smoothing * (lse - jax.lax.psum(jnp.sum(zs, axis=-1), "tp") / (cols * tp))
+    if smoothing is None:
+        return jnp.where(counted, nll * w, jnp.zeros((), z.dtype))
+    eps = smoothing.astype(z.dtype)
+    loss = (1.0 - eps) * nll * w + eps * (lse - jax.lax.psum(jnp.sum(zs, axis=-1), "tp") / (cols * tp))
     return jnp.where(counted, loss, jnp.zeros((), z.dtype))
 
 
@@ -101,30 +102,35 @@ def gather_dp(x, entries):
 
 
 def sharded_loss(case, plan, m_, trained_names, frozen):
-    """loss_fn(pt, pf, ids, tgt, weights, inv_tokens) -> (loss, logits) for jax.value_and_grad."""
+    """loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing) -> (loss, logits) for jax.value_and_grad."""
     m = case["model"]
     p = parallel(case)
     dp, tp = p["dp"], p["tp"]
-    eps = jm.smoothing(case)
     par = ShardMapParallel(tp)
     mesh_shape = (dp, tp)
 
-    def body(pt, pf, ids, tgt, weights, inv_tokens):
+    def body(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
         params = {n: gather_dp(v, specs[n]) for n, v in {**pf, **pt}.items()}
         logits = jm.logits_of(par, params, ids, m)
-        losses = par.token_losses(logits, tgt.reshape(-1), weights, eps)
+        losses = par.token_losses(logits, tgt.reshape(-1), weights, smoothing)
         local = jnp.sum(losses) * (inv_tokens * dp)
         return jax.lax.pmean(local, "dp"), logits
 
     specs = {}
 
-    def loss_fn(pt, pf, ids, tgt, weights, inv_tokens):
+    def loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
         for n, v in {**pf, **pt}.items():
             specs[n] = local_entries(plan.param[n], v.shape, mesh_shape)
         w = jnp.ones((m["vocab"],), jnp.float64) if weights is None else weights
-        in_specs = ({n: P(*specs[n]) for n in pt}, {n: P(*specs[n]) for n in pf}, P("dp", None), P("dp", None), P(), P())
+        in_specs = ({n: P(*specs[n]) for n in pt}, {n: P(*specs[n]) for n in pf}, P("dp", None), P("dp", None), P(), P(), P())
         out_specs = (P(), P("dp", "tp" if tp > 1 else None))
-        f = jax_release.shard_map(body, m_, in_specs, out_specs)
-        return f(pt, pf, ids, tgt, w, inv_tokens)
+        smooths = smoothing is not None
+
+        def inner(pt, pf, ids, tgt, weights, inv_tokens, eps):
+            return body(pt, pf, ids, tgt, weights, inv_tokens, eps if smooths else None)
+
+        f = jax_release.shard_map(inner, m_, in_specs, out_specs)
+        eps = smoothing if smooths else jnp.zeros((), jnp.float64)  # (a None argument has no leaf for its in_spec)
+        return f(pt, pf, ids, tgt, w, inv_tokens, eps)
 
     return loss_fn

@@ -15,6 +15,8 @@ Reported: step-0 logits and gradients, every step's loss, the final parameters (
 replicas), and the same run on one device in the case dtype (`baseline/`).
 """
 
+import json
+
 import numpy as np
 
 from .base import dtype_name, parallel, setup_features
@@ -95,12 +97,12 @@ class GspmdParallel(jm.Parallel):
 
 
 def make_step(case, plan, m_, mode, trained_names, frozen):
-    """The jitted step (params, state, ids, tgt, weights, t) -> (loss, logits, grads, params, state).
-    `m_`: the mesh, or None for the single-device run (no constraints)."""
+    """The jitted step (params, state, ids, tgt, weights, inv_tokens, t, hyper) -> (loss, logits, grads, params,
+    state). `m_`: the mesh, or None for the single-device run (no constraints). A step serves every case of the same
+    jm.compiled_shape() (the values that differ are its arguments)."""
     from jax.sharding import NamedSharding
 
     m = case["model"]
-    eps = jm.smoothing(case)
 
     def constrain(x, entries):
         if m_ is None:
@@ -114,31 +116,58 @@ def make_step(case, plan, m_, mode, trained_names, frozen):
     else:
         par = GspmdParallel(constrain, plan)
 
-        def loss_fn(pt, pf, ids, tgt, weights, inv_tokens):
+        def loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
             p = {**pf, **pt}
             logits = jm.logits_of(par, p, constrain(ids, plan.batch()), m)
-            losses = par.token_losses(logits, constrain(tgt, plan.batch()).reshape(-1), weights, eps)
+            losses = par.token_losses(logits, constrain(tgt, plan.batch()).reshape(-1), weights, smoothing)
             return jnp.sum(losses) * inv_tokens, logits
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def step(params, state, ids, tgt, weights, inv_tokens, t):
+    def step(params, state, ids, tgt, weights, inv_tokens, t, hyper):
+        smoothing = hyper["smoothing"] if jm.label_smoothing(case) else None
         params = {n: constrain(v, plan.param[n]) for n, v in params.items()}
         pt = {n: params[n] for n in trained_names}
         pf = {n: v for n, v in params.items() if n not in pt}
         loss, grads, rows = jnp.zeros((), jnp.float64), None, []
         for a, c in jm.micro_batches(case):
-            (l, logits), g = grad_fn(pt, pf, ids[a:c], tgt[a:c], weights, inv_tokens)
+            (l, logits), g = grad_fn(pt, pf, ids[a:c], tgt[a:c], weights, inv_tokens, smoothing)
             loss = loss + l.astype(jnp.float64)
             rows.append(logits)
             grads = g if grads is None else {n: grads[n] + g[n] for n in g}
         grads = {n: constrain(g, plan.grad[n]) for n, g in grads.items()}
-        new_p, new_s = jm.update(case, params, jm.clip(case, grads), state, t)
+        new_p, new_s = jm.update(case, params, jm.clip(case, grads, hyper), state, t, hyper)
         new_p = {n: constrain(v, plan.param[n]) for n, v in new_p.items()}
         new_s = {n: tuple(constrain(x, plan.state[n]) for x in s) for n, s in new_s.items()}
         return loss, jnp.concatenate(rows), grads, new_p, new_s
 
     return jax.jit(step)
+
+
+_STEPS = {}
+
+
+def cached_step(case, plan, m_, mode, trained_names, frozen):
+    """make_step()'s jitted step, reused by every case of the same compiled shape (and mode and mesh)."""
+    key = json.dumps([mode if m_ is not None else "plain", jm.compiled_shape(case)], sort_keys=True)
+    if key not in _STEPS:
+        if len(_STEPS) >= 64:
+            _STEPS.clear()
+        _STEPS[key] = make_step(case, plan, m_, mode, trained_names, frozen)
+    return _STEPS[key]
+
+
+_FEATURES = {}
+
+
+def step_features(step, args):
+    """The HLO collective features of the step's first program (once per cached step: its input shardings follow from
+    the case's shapes, which its compiled shape fixes)."""
+    if step not in _FEATURES:
+        if len(_FEATURES) >= 64:
+            _FEATURES.clear()
+        _FEATURES[step] = hlo_features(step.lower(*args).compile().as_text())
+    return _FEATURES[step]
 
 
 def place(m_, arrays, entries):
@@ -160,7 +189,7 @@ def train(case, inputs, mode, m_, plan):
     names = sorted(params)
     trained_names = jm.trained(case, names)
     ids, tgt, weights = jm.batch(case, inputs)
-    step = make_step(case, plan, m_, mode, trained_names, [n for n in names if n not in trained_names])
+    step = cached_step(case, plan, m_, mode, trained_names, [n for n in names if n not in trained_names])
     state = jm.optimizer_init(case, {n: params[n] for n in trained_names})
     p_j = {n: jnp.asarray(v) for n, v in params.items()}
     args = (ids, tgt)
@@ -170,12 +199,13 @@ def train(case, inputs, mode, m_, plan):
         args = tuple(place(m_, {"b": a}, {"b": plan.batch()})["b"] for a in args)
     w = None if weights is None else jnp.asarray(weights)
     inv = jnp.asarray(jm.loss_scale(inputs), jnp.float64)
+    hyper = jm.hyper(case)
     tensors, replicas, feats = {}, {}, []
     for k in range(case["train"]["steps"]):
         t = jnp.asarray(k, jnp.float64)  # the step index (update() counts from 1)
         if k == 0 and m_ is not None:
-            feats = hlo_features(step.lower(p_j, state, *args, w, inv, t).compile().as_text())
-        loss, logits, grads, p_j, state = step(p_j, state, *args, w, inv, t)
+            feats = step_features(step, (p_j, state, *args, w, inv, t, hyper))
+        loss, logits, grads, p_j, state = step(p_j, state, *args, w, inv, t, hyper)
         tensors[f"loss/step{k}"] = np.asarray(loss, dtype=np.float64)
         if k == 0:
             tensors["logits"] = np.asarray(logits, dtype=np.float64)
