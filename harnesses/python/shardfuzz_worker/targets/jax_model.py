@@ -236,9 +236,12 @@ def update(case, params, grads, state, step, hyper):
         m, v = state[n]
         m = b1 * m + (1.0 - b1) * gw
         v = b2 * v + (1.0 - b2) * gw * gw
-        t = (step + 1).astype(sd)
-        denom = jnp.sqrt(v) / jnp.sqrt(1.0 - b2**t) + eps
-        new_p[n] = (pw - (lr / (1.0 - b1**t)) * m / denom).astype(p.dtype)
+        # torch computes the bias corrections and the step size as Python floats (float64), then in the state dtype
+        t = (step + 1).astype(jnp.float64)
+        correction2 = jnp.sqrt(1.0 - hyper["b2"] ** t).astype(sd)
+        step_size = (hyper["lr"] / (1.0 - hyper["b1"] ** t)).astype(sd)
+        denom = jnp.sqrt(v) / correction2 + eps
+        new_p[n] = (pw - step_size * m / denom).astype(p.dtype)
         new_s[n] = (m, v)
     return new_p, new_s
 
