@@ -1872,13 +1872,15 @@ fn jax_targets_train_model_cases_and_see_wrong_collectives() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     assert!(files.len() >= 4, "{files:?}");
-    for f in &files {
-        for target in ["jax-gspmd", "jax-shardmap"] {
-            let v = one_verdict(target, f, "");
-            let sp = f.display().to_string().contains("-sp-");
-            let want = if sp && target == "jax-shardmap" { "unsupported" } else { "pass" };
-            assert_eq!(v["kind"], want, "{target} {}: {v}", f.display());
-        }
+    let mut args = vec!["run".to_string(), "--json".into(), "--target".into(), "jax-gspmd,jax-shardmap".into()];
+    args.extend(files.iter().map(|f| f.display().to_string()));
+    let o = shardfuzz(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 2 * files.len(), "{}", String::from_utf8_lossy(&o.stderr));
+    for v in &vs {
+        let (target, case) = (v["target"].as_str().unwrap(), v["case"].as_str().unwrap());
+        let want = if case.contains("-sp-") && target == "jax-shardmap" { "unsupported" } else { "pass" };
+        assert_eq!(v["kind"], want, "{target} {case}: {v}");
     }
     let faults = root().join("harnesses/python/tests/faults").display().to_string();
     let zero3 = dir.join("dp2-zero3-f64.json").display().to_string();
