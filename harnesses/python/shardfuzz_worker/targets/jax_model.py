@@ -44,6 +44,11 @@ class Parallel:
         """The residual stream between blocks ([b, s, h]): where sequence parallelism splits it."""
         return x
 
+    def whole_sequence(self, x):
+        """A normalised residual ([b, s, h]) about to enter column-parallel layers: where sequence parallelism
+        gathers the sequence it split."""
+        return x
+
 
 def token_losses(logits, tgt, weights, smoothing):
     z = up(logits)
@@ -98,7 +103,7 @@ def mlp(par, p, pre, x, m):
 
 def block(par, p, i, kind, x, m):
     pre = f"layers.{i}"
-    h = norm(x, p[f"{pre}.norm.weight"], p.get(f"{pre}.norm.bias"), m.get("norm", "layernorm"))
+    h = par.whole_sequence(norm(x, p[f"{pre}.norm.weight"], p.get(f"{pre}.norm.bias"), m.get("norm", "layernorm")))
     inner = attention(par, p, f"{pre}.attn", h, m) if kind == "attention" else mlp(par, p, f"{pre}.mlp", h, m)
     return par.residual(x + inner)
 
@@ -112,7 +117,7 @@ def logits_of(par, p, ids, m):
         if m.get("activation_checkpointing"):
             f = jax.checkpoint(f)
         x = f(p, x)
-    z = norm(x, p["final_norm.weight"], p.get("final_norm.bias"), m.get("norm", "layernorm"))
+    z = par.whole_sequence(norm(x, p["final_norm.weight"], p.get("final_norm.bias"), m.get("norm", "layernorm")))
     head = p["embed.weight"] if m.get("tied_embeddings") else p["lm_head.weight"]  # [vocab, hidden], both
     return par.column(z, head.T, None).reshape(-1, head.shape[0])
 

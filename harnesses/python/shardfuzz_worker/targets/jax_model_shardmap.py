@@ -2,7 +2,9 @@
 tensor and fully-sharded data parallelism: each dp rank's rows, its loss scaled by dp / global tokens and
 averaged with `pmean`; ZeRO-3 parameters `all_gather`ed over dp before use; with tp, Megatron's pieces
 (column-parallel local matmuls, row-parallel ones `psum`med, a vocabulary-parallel embedding and cross-entropy
-with `axis_index` offsets, `pmax` and `psum`). The loss is differentiated from outside the shard_map, so every
+with `axis_index` offsets, `pmax` and `psum`); with sequence parallelism, Megatron's: the residual stream split
+along the sequence over tp, `all_gather`ed before column-parallel layers, row-parallel and embedding partial sums
+`psum_scatter`ed back into it, the norms on each rank's part of the sequence. The loss is differentiated from outside the shard_map, so every
 gradient reduction (the `psum`s over dp and tp, the `psum_scatter` of a gathered parameter) is JAX's transpose
 of a forward collective.
 """
@@ -16,14 +18,25 @@ from .jax_common import jax, jnp, up
 
 
 class ShardMapParallel(jm.Parallel):
-    def __init__(self, tp):
+    def __init__(self, tp, sp):
         self.tp = tp
+        self.sp = sp and tp > 1
+
+    def reduce(self, partial):
+        """Partial sums over tp ([b, s, h]) reduced: all-reduced, or with sequence parallelism reduce-scattered
+        along the sequence (Megatron's reduce_scatter_to_sequence_parallel_region)."""
+        if self.tp == 1:
+            return partial
+        if self.sp:
+            return jax.lax.psum_scatter(partial, "tp", scatter_dimension=1, tiled=True)
+        return jax.lax.psum(partial, "tp")
 
     def row(self, x, w, b):
-        y = x @ w
-        if self.tp > 1:
-            y = jax.lax.psum(y, "tp")
+        y = self.reduce(x @ w)
         return y if b is None else y + b
+
+    def whole_sequence(self, x):
+        return jax.lax.all_gather(x, "tp", axis=1, tiled=True) if self.sp else x
 
     def embed(self, table, ids):
         if self.tp == 1:
@@ -32,7 +45,7 @@ class ShardMapParallel(jm.Parallel):
         lo = jax.lax.axis_index("tp") * rows
         inside = (ids >= lo) & (ids < lo + rows)
         local = jnp.take(table, jnp.where(inside, ids - lo, 0), axis=0)
-        return jax.lax.psum(jnp.where(inside[..., None], local, jnp.zeros((), table.dtype)), "tp")
+        return self.reduce(jnp.where(inside[..., None], local, jnp.zeros((), table.dtype)))
 
     def token_losses(self, logits, tgt, weights, smoothing):
         if self.tp == 1:
@@ -68,8 +81,8 @@ def unsupported(case):
     rows = m["batch"] // case["train"].get("grad_accumulation", 1)
     if rows % dp:
         return "shard_map splits each micro-batch's rows evenly over dp (batch / grad_accumulation divisible by dp)"
-    if p.get("sequence_parallel") and tp > 1:
-        return "sequence parallelism under shard_map is not expressed (jax-gspmd splits the sequence)"
+    if p.get("sequence_parallel") and tp > 1 and m["seq"] % tp:
+        return f"shard_map splits the sequence ({m['seq']}) evenly over tp ({tp}) under sequence parallelism"
     if tp > 1:
         for field in ("heads", "kv_heads", "ffn", "vocab"):
             if m[field] % tp:
@@ -106,7 +119,7 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
     m = case["model"]
     p = parallel(case)
     dp, tp = p["dp"], p["tp"]
-    par = ShardMapParallel(tp)
+    par = ShardMapParallel(tp, bool(p.get("sequence_parallel")))
     mesh_shape = (dp, tp)
 
     def body(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
