@@ -1878,7 +1878,9 @@ fn jax_targets_train_model_cases_and_see_wrong_collectives() {
     let vs = verdicts(&o);
     assert_eq!(vs.len(), 2 * files.len(), "{}", String::from_utf8_lossy(&o.stderr));
     for v in &vs {
-        assert_eq!(v["kind"], "pass", "{} {}: {v}", v["target"], v["case"]);
+        let pipeline = v["case"].as_str().unwrap().contains("pp2-");
+        let want = if pipeline && v["target"] == "jax-gspmd" { "unsupported" } else { "pass" };
+        assert_eq!(v["kind"], want, "{} {}: {v}", v["target"], v["case"]);
     }
     let faults = root().join("harnesses/python/tests/faults").display().to_string();
     let zero3 = dir.join("dp2-zero3-f64.json").display().to_string();
@@ -1894,6 +1896,9 @@ fn jax_targets_train_model_cases_and_see_wrong_collectives() {
     // sequence parallelism under shard_map reduce-scatters the row-parallel partial sums along the sequence
     let sp = dir.join("tp2-sp-bf16-smoothing-frozen-recompute-passes-tied.json").display().to_string();
     assert_eq!(run("jx-psum-scatter-max", "jax-shardmap", &sp), "divergent");
+    // the pipeline's backward sends cotangents by the transpose of its forward ppermute
+    let pp = dir.join("pp2-microbatches2-f64.json").display().to_string();
+    assert_eq!(run("jx-ppermute-transpose-fwd-perm", "jax-shardmap", &pp), "divergent");
     assert_eq!(run("jx-indices-iota-devices", "jax-gspmd", &tp), "divergent");
     assert_eq!(run("jx-indices-iota-devices", "jax-shardmap", &tp), "divergent");
 }

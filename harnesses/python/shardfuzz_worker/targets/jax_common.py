@@ -47,6 +47,18 @@ def mesh(dp, tp):
     return _MESHES[key]
 
 
+def model_mesh(dp, pp, tp):
+    """The mesh of a model case: [dp, tp], or [dp, pp, tp] with a pipeline."""
+    if pp == 1:
+        return mesh(dp, tp)
+    from jax.sharding import Mesh
+
+    key = (dp, pp, tp)
+    if key not in _MESHES:
+        _MESHES[key] = Mesh(np.array(jax.devices()[: dp * pp * tp]).reshape(dp, pp, tp), ("dp", "pp", "tp"))
+    return _MESHES[key]
+
+
 def placements(case, name):
     return list(case["op"].get("placements", {}).get(name, ["R", "R"]))
 

@@ -12,7 +12,7 @@ of a forward collective.
 from jax.sharding import PartitionSpec as P
 
 from . import jax_model as jm
-from . import jax_release
+from . import jax_pipeline, jax_release
 from .base import IGNORE_INDEX, parallel
 from .jax_common import jax, jnp, up
 
@@ -87,12 +87,12 @@ def unsupported(case):
         for field in ("heads", "kv_heads", "ffn", "vocab"):
             if m[field] % tp:
                 return f"shard_map splits model.{field} ({m[field]}) evenly over tp ({tp})"
-    return None
+    return jax_pipeline.unsupported(case) if p["pp"] > 1 else None
 
 
-def local_entries(entries, shape, mesh_shape):
-    """A parameter's shard_map in_spec: its plan's spec, without dp on a dimension dp does not divide."""
-    sizes = {"dp": mesh_shape[0], "tp": mesh_shape[1]}
+def local_entries(entries, shape, sizes):
+    """A parameter's shard_map in_spec: its plan's spec, without dp on a dimension dp does not divide (`sizes`: the
+    mesh's axis sizes by name)."""
     out = []
     for n, e in zip(shape, entries):
         axes = e if isinstance(e, tuple) else (e,) if e else ()
@@ -118,32 +118,44 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
     """loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing) -> (loss, logits) for jax.value_and_grad."""
     m = case["model"]
     p = parallel(case)
-    dp, tp = p["dp"], p["tp"]
+    dp, tp, pp = p["dp"], p["tp"], p["pp"]
     par = ShardMapParallel(tp, bool(p.get("sequence_parallel")))
-    mesh_shape = (dp, tp)
-
-    def body(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
-        params = {n: gather_dp(v, specs[n]) for n, v in {**pf, **pt}.items()}
-        logits = jm.logits_of(par, params, ids, m)
-        losses = par.token_losses(logits, tgt.reshape(-1), weights, smoothing)
-        local = jnp.sum(losses) * (inv_tokens * dp)
-        return jax.lax.pmean(local, "dp"), logits
-
+    sizes = dict(zip(m_.axis_names, m_.devices.shape))
+    per = len(m["layers"]) // pp
     specs = {}
 
+    def body(shared, stage, ids, tgt, weights, inv_tokens, smoothing):
+        shared = {n: gather_dp(v, specs[n]) for n, v in shared.items()}
+        if pp == 1:
+            logits, counts = jm.logits_of(par, shared, ids, m), None
+        else:
+            stage = {n: gather_dp(v, specs["stage:" + n])[0] for n, v in stage.items()}
+            logits, counts = jax_pipeline.logits(par, shared, stage, ids, m, pp, p.get("microbatches", 1))
+        losses = par.token_losses(logits, tgt.reshape(-1), weights, smoothing)
+        local = jnp.sum(losses) * (inv_tokens * dp)
+        if counts is not None:  # the last stage's loss and logits
+            local = jax.lax.psum(jnp.where(counts, local, jnp.zeros((), local.dtype)), "pp")
+            logits = jax.lax.psum(jnp.where(counts, logits, jnp.zeros((), logits.dtype)), "pp")
+        return jax.lax.pmean(local, "dp"), logits
+
     def loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
-        for n, v in {**pf, **pt}.items():
-            specs[n] = local_entries(plan.param[n], v.shape, mesh_shape)
+        params = {**pf, **pt}
+        shared, stage = (params, {}) if pp == 1 else jax_pipeline.stack(params, pp, per)
+        for n, v in shared.items():
+            specs[n] = local_entries(plan.param[n], v.shape, sizes)
+        for n, v in stage.items():
+            specs["stage:" + n] = ["pp"] + local_entries(plan.param[n], v.shape[1:], sizes)
         w = jnp.ones((m["vocab"],), jnp.float64) if weights is None else weights
-        in_specs = ({n: P(*specs[n]) for n in pt}, {n: P(*specs[n]) for n in pf}, P("dp", None), P("dp", None), P(), P(), P())
+        in_specs = ({n: P(*specs[n]) for n in shared}, {n: P(*specs["stage:" + n]) for n in stage},
+                    P("dp", None), P("dp", None), P(), P(), P())
         out_specs = (P(), P("dp", "tp" if tp > 1 else None))
         smooths = smoothing is not None
 
-        def inner(pt, pf, ids, tgt, weights, inv_tokens, eps):
-            return body(pt, pf, ids, tgt, weights, inv_tokens, eps if smooths else None)
+        def inner(shared, stage, ids, tgt, weights, inv_tokens, eps):
+            return body(shared, stage, ids, tgt, weights, inv_tokens, eps if smooths else None)
 
         f = jax_release.shard_map(inner, m_, in_specs, out_specs)
         eps = smoothing if smooths else jnp.zeros((), jnp.float64)  # (a None argument has no leaf for its in_spec)
-        return f(pt, pf, ids, tgt, w, inv_tokens, eps)
+        return f(shared, stage, ids, tgt, w, inv_tokens, eps)
 
     return loss_fn

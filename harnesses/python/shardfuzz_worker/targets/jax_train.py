@@ -1,5 +1,5 @@
 """Model cases on the JAX targets: the case's training run as a JAX user writes it, one jitted step per optimizer
-step over a [dp, tp] mesh of host devices.
+step over a [dp, tp] mesh of host devices ([dp, pp, tp] for jax-shardmap's pipeline, jax_pipeline.py).
 
 - Parameters: tensor parallelism splits them as Megatron does (q, k, v, up, gate and the LM head by output
   features, o and down by input features, the embedding by vocabulary rows; norms replicated). ZeRO stages are
@@ -20,7 +20,7 @@ import json
 import numpy as np
 
 from .base import dtype_name, parallel, setup_features
-from .jax_common import AXES, device_copies, hlo_features, jax, jnp, mesh
+from .jax_common import device_copies, hlo_features, jax, jnp, model_mesh
 from . import jax_model as jm
 
 
@@ -77,8 +77,8 @@ def spec(entries):
     return PartitionSpec(*entries)
 
 
-def divides(shape, entries, mesh_shape):
-    sizes = dict(zip(AXES, mesh_shape))
+def divides(shape, entries, m_):
+    sizes = dict(zip(m_.axis_names, m_.devices.shape))
     for n, e in zip(shape, entries):
         k = 1
         for a in (e if isinstance(e, tuple) else (e,) if e else ()):
@@ -177,7 +177,7 @@ def place(m_, arrays, entries):
     out = {}
     for n, a in arrays.items():
         e = entries[n] if n in entries else [None] * np.ndim(a)
-        if not divides(np.shape(a), e, m_.devices.shape):
+        if not divides(np.shape(a), e, m_):
             e = [None] * np.ndim(a)
         out[n] = jax.device_put(a, NamedSharding(m_, spec(e)))
     return out
@@ -228,12 +228,13 @@ def run(case, inputs, mode):
     p = parallel(case)
     shapes = {n: np.shape(v) for n, v in jm.case_params(case, inputs).items()}
     plan = Plan(case, shapes)
-    m_ = mesh(p["dp"], p["tp"])
+    m_ = model_mesh(p["dp"], p["pp"], p["tp"])
     tensors, replicas, feats = train(case, inputs, mode, m_, plan)
     base, _, _ = train(case, inputs, "plain", None, plan)
     tensors.update({f"baseline/{n}": v for n, v in base.items()})
-    prefix = f"jax-{mode}:dp{p['dp']}:tp{p['tp']}"
+    prefix = f"jax-{mode}:dp{p['dp']}:tp{p['tp']}" + (f":pp{p['pp']}" if p["pp"] > 1 else "")
     features = [prefix, f"{prefix}:zero{plan.zero}", f"dtype:{dtype_name(case)}"]
+    features += [f"{prefix}:microbatches"] if p["pp"] > 1 and p.get("microbatches", 1) > 1 else []
     features += [f"{prefix}:sp"] if plan.sp else []
     features += [f"{prefix}:accumulate"] if case["train"].get("grad_accumulation", 1) > 1 else []
     features += [f"{prefix}:clip"] if case["train"].get("clip_grad_norm") is not None else []
@@ -248,10 +249,12 @@ def unsupported(case, mode):
     if why:
         return why
     p = parallel(case)
-    if p["pp"] > 1 or p["cp"] > 1 or p["ep"] > 1:
-        return "the JAX targets shard model cases over [dp, tp] only"
-    if p["dp"] * p["tp"] > 8:
-        return f"mesh {p['dp']}x{p['tp']} needs more than the 8 host CPU devices"
+    if p["cp"] > 1 or p["ep"] > 1:
+        return "the JAX targets shard model cases over [dp, tp] (and pp on jax-shardmap) only"
+    if p["pp"] > 1 and mode != "shardmap":
+        return "GSPMD has no pipeline parallelism (jax-shardmap runs pp as a ppermute pipeline)"
+    if p["dp"] * p["pp"] * p["tp"] > 8:
+        return f"mesh {p['dp']}x{p['pp']}x{p['tp']} needs more than the 8 host CPU devices"
     if p.get("sequence_parallel") and p.get("sequence_parallel_mode", "split_gather") != "split_gather":
         return "the JAX targets split the sequence as split_gather only"
     if mode == "shardmap":
