@@ -321,9 +321,14 @@ def short(frame):
     return f"{path}:{frame[1]} in {frame[2]}"
 
 
+# Causes that are not raised where they name: JAX attaches the stack at which a traced operation was written
+# (our code, usually) as the cause of an error raised later while JAX transforms it (a transpose rule, lowering).
+TRACE_TIME_CAUSES = ("JaxStackTraceBeforeTransformation",)
+
+
 def classify(target, failure):
     """('rejected' | 'crash' | 'harness_error', the deciding frame or None) for one rank's failure."""
-    chain = failure.get("chain") or []
+    chain = [link for link in failure.get("chain") or [] if link["type"] not in TRACE_TIME_CAUSES]
     if not chain:
         return "crash", None
     roots = package_roots(target)

@@ -82,6 +82,17 @@ class TorchFramesTest(unittest.TestCase):
         f = failure(("RuntimeError", "wrapped", [autograd]), ("ValueError", "ours", [autograd, (OURS, 9, "hook")]))
         self.assertEqual(classify("torch-dtensor", f)[0], "harness_error")
 
+    def test_a_jax_transformation_error_is_not_placed_at_the_traced_operation(self):
+        jax_dir = installed("jax")
+        if jax_dir is None:
+            self.skipTest("jax is not installed")
+        transpose = (os.path.join(jax_dir, "_src", "lax", "parallel.py"), 7, "_psum_transpose_rule")
+        f = failure(("AttributeError", "'Zero' object has no attribute 'reshape'", [transpose]),
+                    ("JaxStackTraceBeforeTransformation", "AttributeError: ...", [(OURS, 9, "body")]))
+        self.assertEqual(classify("jax-shardmap", f)[0], "crash")
+        ours = failure(("ValueError", "ours", [(OURS, 9, "body")]))
+        self.assertEqual(classify("jax-shardmap", ours)[0], "harness_error")
+
     def test_standard_library_frames_count_for_their_caller(self):
         stdlib = (os.path.join(os.path.dirname(os.__file__), "json", "decoder.py"), 3, "decode")
         self.assertEqual(classify("torch-dtensor", failure(("JSONDecodeError", "x", [stdlib])))[0], "harness_error")

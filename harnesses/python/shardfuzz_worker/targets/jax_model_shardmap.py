@@ -122,6 +122,7 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
     par = ShardMapParallel(tp, bool(p.get("sequence_parallel")))
     sizes = dict(zip(m_.axis_names, m_.devices.shape))
     per = len(m["layers"]) // pp
+    stacks = pp > 1 and jax_pipeline.stacked(case)
     specs = {}
 
     def body(shared, stage, ids, tgt, weights, inv_tokens, smoothing):
@@ -133,14 +134,14 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
             logits, counts = jax_pipeline.logits(par, shared, stage, ids, m, pp, p.get("microbatches", 1))
         losses = par.token_losses(logits, tgt.reshape(-1), weights, smoothing)
         local = jnp.sum(losses) * (inv_tokens * dp)
-        if counts is not None:  # the last stage's loss and logits
+        if counts is not None:  # the last stage's loss; every stage's logits (the last one's taken outside)
             local = jax.lax.psum(jnp.where(counts, local, jnp.zeros((), local.dtype)), "pp")
-            logits = jax.lax.psum(jnp.where(counts, logits, jnp.zeros((), logits.dtype)), "pp")
+            logits = logits[None]
         return jax.lax.pmean(local, "dp"), logits
 
     def loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
         params = {**pf, **pt}
-        shared, stage = (params, {}) if pp == 1 else jax_pipeline.stack(params, pp, per)
+        shared, stage = jax_pipeline.stack(params, pp, per) if stacks else (params, {})
         for n, v in shared.items():
             specs[n] = local_entries(plan.param[n], v.shape, sizes)
         for n, v in stage.items():
@@ -148,7 +149,7 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
         w = jnp.ones((m["vocab"],), jnp.float64) if weights is None else weights
         in_specs = ({n: P(*specs[n]) for n in shared}, {n: P(*specs["stage:" + n]) for n in stage},
                     P("dp", None), P("dp", None), P(), P(), P())
-        out_specs = (P(), P("dp", "tp" if tp > 1 else None))
+        out_specs = (P(), P(*(["pp"] if pp > 1 else []), "dp", "tp" if tp > 1 else None))
         smooths = smoothing is not None
 
         def inner(shared, stage, ids, tgt, weights, inv_tokens, eps):
@@ -156,6 +157,7 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
 
         f = jax_release.shard_map(inner, m_, in_specs, out_specs)
         eps = smoothing if smooths else jnp.zeros((), jnp.float64)  # (a None argument has no leaf for its in_spec)
-        return f(shared, stage, ids, tgt, w, inv_tokens, eps)
+        loss, logits = f(shared, stage, ids, tgt, w, inv_tokens, eps)
+        return loss, logits[-1] if pp > 1 else logits
 
     return loss_fn

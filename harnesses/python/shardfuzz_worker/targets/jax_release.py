@@ -19,6 +19,11 @@ def _takes(fn, name):
         return False
 
 
+# What older releases' replication checks say when they refuse a correct program (the second names the
+# workaround itself: check_rep=False).
+CHECK_REFUSALS = ("can't be statically inferred", "The branches of cond produced mismatched replication types")
+
+
 def shard_map(f, mesh, in_specs, out_specs, check=True):
     """`f` under the installed release's shard_map; `check=False` turns off its replication (or vma) checks.
 
@@ -41,8 +46,8 @@ def shard_map(f, mesh, in_specs, out_specs, check=True):
     def call(*args):
         try:
             return checked(*args)
-        except ValueError as e:
-            if "can't be statically inferred" not in str(e):
+        except Exception as e:  # (the cond refusal is a bare Exception)
+            if not any(refusal in str(e) for refusal in CHECK_REFUSALS):
                 raise
             return unchecked(*args)
 
@@ -54,3 +59,13 @@ def all_gather_invarying(x, axes, axis):
     release tracks which values vary across devices (`to="invarying"`); older releases infer it."""
     kwargs = {"to": "invarying"} if _takes(jax.lax.all_gather, "to") else {}
     return jax.lax.all_gather(x, axes, axis=axis, tiled=True, **kwargs)
+
+
+def varying(x, axis):
+    """`x` typed as varying over mesh `axis` (`pcast(to="varying")`, or `pvary` before it), where the release tracks
+    which values vary; older releases infer it (returned unchanged)."""
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axis, to="varying")
+    if hasattr(jax.lax, "pvary"):
+        return jax.lax.pvary(x, axis)
+    return x
