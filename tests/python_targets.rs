@@ -43,6 +43,13 @@ fn verdicts(o: &Output) -> Vec<Value> {
 }
 
 /// The one verdict of `shardfuzz run --json --target TARGET FILE` with the known fixes `fixes` applied.
+/// The files of a directory of cases, sorted.
+fn case_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files
+}
+
 fn one_verdict(target: &str, file: &Path, fixes: &str) -> Value {
     one_verdict_with(target, file, fixes, &[])
 }
@@ -116,8 +123,7 @@ fn seed_cases_pass_or_are_rejected_on_every_python_target() {
     }
     let targets = python_targets();
     assert!(targets.len() >= 4, "registered Python targets: {targets:?}");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(root().join("corpus")).unwrap().map(|e| e.unwrap().path()).collect();
-    cases.sort();
+    let cases = case_files(&root().join("corpus"));
     let mut args = vec!["run".to_string(), "--json".into(), "--target".into(), targets.join(",")];
     args.extend(cases.iter().map(|c| c.display().to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -156,9 +162,7 @@ fn the_python_clean_cases_pass_on_their_targets() {
     if !python_ready() {
         return;
     }
-    let dir = root().join("tests/python-clean-cases");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
-    cases.sort();
+    let cases = case_files(&root().join("tests/python-clean-cases"));
     assert!(!cases.is_empty());
     for case in &cases {
         let name = case.file_name().unwrap().to_string_lossy().to_string();
@@ -1869,8 +1873,7 @@ fn jax_targets_train_model_cases_and_see_wrong_collectives() {
         return;
     }
     let dir = root().join("tests/python-jax-model");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
-    files.sort();
+    let files = case_files(&dir);
     assert!(files.len() >= 4, "{files:?}");
     let mut args = vec!["run".to_string(), "--json".into(), "--target".into(), "jax-gspmd,jax-shardmap".into()];
     args.extend(files.iter().map(|f| f.display().to_string()));
