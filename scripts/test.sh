@@ -10,6 +10,11 @@ echo "== Python framework environment"
 scripts/setup-python.sh
 # The Python-target tests fail (instead of skipping) without the environment.
 export SHARDFUZZ_REQUIRE_PYTHON=1
+# JAX's persistent compilation cache, shared by every JAX worker the suite starts (the same programs compile in
+# many processes: both JAX targets' single-device baselines, every campaign's seed replay). Verdicts, reasons and
+# coverage features are the same with it (README, "JAX model cases").
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/target/jax-compilation-cache}
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 echo "== Python worker unit tests"
 (cd harnesses/python && ../../.venv/bin/python -m unittest discover -s tests)
 echo "== Python worker unit tests in the colossalai environment"
