@@ -37,8 +37,8 @@ def sources(kind):
     """The worker's op math: placements, the sharded program of op `kind` and the plain forward (the reference)."""
     common = worker_source("targets/jax_common.py", "AXES", "LN_EPS", "_MESHES", "mesh", "Layout", "up")
     program = worker_source("targets/jax_shardmap.py", "_ax", "_entry", "_Ctx", "_probe_spec")
-    release = "import inspect  # noqa: E402\n\n" + module_source("targets/jax_release.py", "_takes", "shard_map",
-                                                                  "all_gather_invarying")
+    release = "import inspect  # noqa: E402\n\n" + module_source("targets/jax_release.py", "_takes", "CHECK_REFUSALS",
+                                                                  "shard_map", "all_gather_invarying")
     return [
         rule("the op (as the worker runs it)") + "\n" + worker_source("targets/base.py", "op_dim"),
         rule("what differs between JAX releases (as the worker's jax_release)") + "\n" + release,
