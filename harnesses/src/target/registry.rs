@@ -93,7 +93,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "jax-shardmap",
-        description: "JAX shard_map with explicit collectives (psum, pmax, all_gather, psum_scatter, ppermute rings, all_to_all) on host devices; model cases trained over [dp, tp] (pmean over dp, ZeRO-3 all_gather, Megatron-style tp), gradients from JAX's transposes",
+        description: "JAX shard_map with explicit collectives (psum, pmax, all_gather, psum_scatter, ppermute rings, all_to_all) on host devices; model cases trained over [dp, pp, tp] (pmean over dp, ZeRO-3 all_gather, Megatron-style tp and sequence parallelism, a ppermute pipeline), gradients from JAX's transposes",
         env: Some(MAIN),
         offers: &["label_smoothing", "frozen", "activation_checkpointing", "layer_passes"],
         create: |o| python("jax-shardmap", MAIN, o),
