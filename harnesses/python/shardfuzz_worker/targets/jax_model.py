@@ -108,18 +108,37 @@ def block(par, p, i, kind, x, m):
     return par.residual(x + inner)
 
 
-def logits_of(par, p, ids, m):
-    """Logits [b * s, vocab (this rank's part of it under a vocabulary-parallel head)]."""
-    x = par.residual(par.embed(p["embed.weight"], ids))
-    blocks = [(i, kind) for _ in range(m.get("layer_passes", 1)) for i, kind in enumerate(m["layers"])]
+def model_blocks(m):
+    """The model's blocks in order, [(layer index, kind)], every pass of shared blocks included."""
+    return [(i, kind) for _ in range(m.get("layer_passes", 1)) for i, kind in enumerate(m["layers"])]
+
+
+def embedded(par, p, ids):
+    """The residual stream entering the first block."""
+    return par.residual(par.embed(p["embed.weight"], ids))
+
+
+def run_blocks(par, p, blocks, x, m):
+    """`blocks` ([(layer index, kind)]) applied to the residual stream, each recomputed in the backward where the
+    model checkpoints activations."""
     for i, kind in blocks:
         f = lambda p_, x_, i=i, kind=kind: block(par, p_, i, kind, x_, m)  # noqa: E731
         if m.get("activation_checkpointing"):
             f = jax.checkpoint(f)
         x = f(p, x)
+    return x
+
+
+def head_logits(par, p, x, m):
+    """The final norm and the LM head on the last block's output: logits [b * s, vocab (this rank's part)]."""
     z = par.whole_sequence(norm(x, p["final_norm.weight"], p.get("final_norm.bias"), m.get("norm", "layernorm")))
     head = p["embed.weight"] if m.get("tied_embeddings") else p["lm_head.weight"]  # [vocab, hidden], both
     return par.column(z, head.T, None).reshape(-1, head.shape[0])
+
+
+def logits_of(par, p, ids, m):
+    """Logits [b * s, vocab (this rank's part of it under a vocabulary-parallel head)]."""
+    return head_logits(par, p, run_blocks(par, p, model_blocks(m), embedded(par, p, ids), m), m)
 
 
 def unsupported(case):

@@ -121,7 +121,6 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
     dp, tp, pp = p["dp"], p["tp"], p["pp"]
     par = ShardMapParallel(tp, bool(p.get("sequence_parallel")))
     sizes = dict(zip(m_.axis_names, m_.devices.shape))
-    per = len(m["layers"]) // pp
     stacks = pp > 1 and jax_pipeline.stacked(case)
     specs = {}
 
@@ -141,7 +140,7 @@ def sharded_loss(case, plan, m_, trained_names, frozen):
 
     def loss_fn(pt, pf, ids, tgt, weights, inv_tokens, smoothing):
         params = {**pf, **pt}
-        shared, stage = jax_pipeline.stack(params, pp, per) if stacks else (params, {})
+        shared, stage = jax_pipeline.stack(params, m, pp) if stacks else (params, {})
         for n, v in shared.items():
             specs[n] = local_entries(plan.param[n], v.shape, sizes)
         for n, v in stage.items():

@@ -42,7 +42,7 @@ def stacked(case):
 def stage_blocks(m, stages):
     """Each stage's blocks [(layer index, kind)]: the model's blocks (every pass) split contiguously, the first
     stages one shorter where they do not divide."""
-    blocks = [(i, kind) for _ in range(m.get("layer_passes", 1)) for i, kind in enumerate(m["layers"])]
+    blocks = jm.model_blocks(m)
     return [blocks[k * len(blocks) // stages:(k + 1) * len(blocks) // stages] for k in range(stages)]
 
 
@@ -54,8 +54,9 @@ def stage_of(name, per):
     return int(i) // per, f"{LAYER}{int(i) % per}.{rest}"
 
 
-def stack(params, stages, per):
+def stack(params, m, stages):
     """(shared parameters, stage parameters stacked [stages, ...] under their first stage's names)."""
+    per = len(m["layers"]) // stages
     shared, groups = {}, {}
     for n, v in params.items():
         where = stage_of(n, per)
@@ -66,34 +67,25 @@ def stack(params, stages, per):
     return shared, {n: jnp.stack([g[k] for k in range(stages)]) for n, g in groups.items()}
 
 
-def run_blocks(par, params, blocks, x, m):
-    for i, kind in blocks:
-        f = lambda p_, x_, i=i, kind=kind: jm.block(par, p_, i, kind, x_, m)  # noqa: E731
-        if m.get("activation_checkpointing"):
-            f = jax.checkpoint(f)
-        x = f(params, x)
-    return x
-
-
 def logits(par, shared, stage, ids, m, stages, microbatches):
     """The last stage's logits [rows * s, vocab (this rank's part)] and whether this device is on it. `stage`: this
     device's layers named as the first stage's (stacked), or {} when `shared` holds every layer (switched)."""
     k = jax.lax.axis_index("pp")
-    if stage:
-        blocks = list(enumerate(m["layers"][: len(m["layers"]) // stages]))
+    if stage:  # the first stage's blocks, named as its parameters are
+        blocks = stage_blocks(m, stages)[0]
 
         def forward(x):
-            return run_blocks(par, stage, blocks, x, m)
+            return jm.run_blocks(par, stage, blocks, x, m)
     else:
         # every parameter made varying over pp before the switch, so that JAX's transpose (a psum over pp) lies
         # outside it: inside, only the stage's own devices would reach it
         owned = {n: jax_release.varying(v, "pp") for n, v in shared.items()}
-        branches = [lambda x, b=b: run_blocks(par, owned, b, x, m) for b in stage_blocks(m, stages)]
+        branches = [lambda x, b=b: jm.run_blocks(par, owned, b, x, m) for b in stage_blocks(m, stages)]
 
         def forward(x):
             return jax.lax.switch(k, branches, x)
 
-    x = par.residual(par.embed(shared["embed.weight"], ids))
+    x = jm.embedded(par, shared, ids)
     micro = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
     state, outs = jnp.zeros_like(micro[0]), []
     for t in range(microbatches + stages - 1):
@@ -101,7 +93,4 @@ def logits(par, shared, stage, ids, m, stages, microbatches):
         if t >= stages - 1:
             outs.append(y)
         state = jax.lax.ppermute(y, "pp", [(i, i + 1) for i in range(stages - 1)])
-    h = jnp.concatenate(outs)
-    z = par.whole_sequence(jm.norm(h, shared["final_norm.weight"], shared.get("final_norm.bias"), m.get("norm", "layernorm")))
-    head = shared["embed.weight"] if m.get("tied_embeddings") else shared["lm_head.weight"]
-    return par.column(z, head.T, None).reshape(-1, head.shape[0]), k == stages - 1
+    return jm.head_logits(par, shared, jnp.concatenate(outs), m), k == stages - 1
