@@ -153,6 +153,24 @@ def _deepspeed_unfused_init_step():
     FP16_UnfusedOptimizer.initialize_optimizer_states = lambda self: None
 
 
+def _torch_sequence_parallel_requires_grad():
+    """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
+    it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
+    trained again (docs/findings/torch-2.15-tp-sequence-parallel-unfreezes-frozen-norm.py; pytorch/pytorch PR #171709
+    fixed the other styles, not this one). Fix: keep the parameter's `requires_grad`, as #171709 does elsewhere."""
+    import torch.nn as nn
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    def replicate_module_fn(self, name, module, device_mesh):
+        for p_name, param in module.named_parameters():
+            module.register_parameter(p_name, nn.Parameter(
+                DTensor.from_local(param, device_mesh, [Replicate()], run_check=False),
+                requires_grad=param.requires_grad))
+
+    SequenceParallel._replicate_module_fn = replicate_module_fn
+
+
 def _dtensor_found_inf_placements():
     """torch 2.5.1 to 2.15: DTensor's handler of `_amp_foreach_non_finite_check_and_unscale_`
     (`found_inf_reduce_handler`, what GradScaler.unscale_ runs on DTensor gradients) reduces found_inf
@@ -1187,6 +1205,7 @@ FIXES = {
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
+    "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2"), _torch_sequence_parallel_requires_grad),
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),

@@ -13,10 +13,11 @@ optimizer."""
 
 import contextlib
 
-from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, resume_feature,
-                   sync_every_microbatch, sync_feature, zero_offloaded)
+from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature,
+                   resume_feature, sync_every_microbatch, sync_feature, vocab_sharded_loss, zero_offloaded)
 from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
-from .torch_model import build, make_optimizer, unsupported_layout
+from .torch_model import build, make_optimizer, model_defaults, unsupported_layout
+from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import combine_dp, single_device, train
 
 
@@ -39,9 +40,12 @@ class TorchFsdp2(TorchTarget):
         self.shard_placement_fn = "shard_placement_fn" in inspect.signature(torch.distributed.fsdp.fully_shard).parameters
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("dp",), "torch-fsdp2 shards over data-parallel ranks only",
+        why = unsupported_layout(case, ("dp", "tp"), "torch-fsdp2 shards over data-parallel ranks, beside tensor parallelism",
                                  offload=True, loss_scaling=True, master_weights=True, moe="torch")
         p = parallel(case)
+        if why is None and p["tp"] > 1:
+            why = unsupported_tensor_parallel(case) or (
+                "torch TP has no MoE plan here" if "moe" in model_defaults(case)["layers"] else None)
         if why is None and p["zero_stage"] == 3 and p["reshard_group"] is not None:
             shard = p["zero_shard_group"] or p["dp"]
             if shard % p["reshard_group"]:
@@ -55,12 +59,13 @@ class TorchFsdp2(TorchTarget):
         import torch
 
         p = parallel(case)
-        g = p["zero_shard_group"] or world
-        dm = mesh((world,), ("dp",)) if g == world else mesh((world // g, g), ("replicate", "shard"))
+        dp, tp = world // p["tp"], p["tp"]
+        g = p["zero_shard_group"] or dp
+        dm, tm = data_and_tensor_meshes(dp, g, tp)
         now = {"model": None}  # what the hooks below reach, replaced when the run resumes
 
         def trained():
-            now["model"], names = sharded_model(case, inputs, dm, g)
+            now["model"], names = sharded_model(case, inputs, dm, g, tm)
             params = dict(now["model"].named_parameters())
             return [(n, params[n]) for n in names]
 
@@ -76,33 +81,54 @@ class TorchFsdp2(TorchTarget):
 
         named = trained()
         torch.manual_seed(0)
-        out = train(case, inputs, now["model"], [p for _, p in named], rank, world, named=named,
+        # (The loss is summed over a rank's data-parallel peers: those holding the same tensor-parallel part.)
+        two_d = {} if tm is None else {"loss_ctx": loss_context(case), "view": replicas_per_rank,
+                                       "group": mesh((dp, tp), ("dp", "tp")).get_group("dp")}
+        out = train(case, inputs, now["model"], [p for _, p in named], rank // tp, dp, named=named,
                     forward=lambda ids: now["model"](ids), resume=resume,
-                    no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]))
+                    no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]),
+                    **two_d)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
         p = parallel(case)
-        stage = f"fsdp2:dp{len(outs)}:zero{p['zero_stage']}"
+        dp = len(outs) // p["tp"]
+        stage = f"fsdp2:dp{dp}:zero{p['zero_stage']}"
         g = p["zero_shard_group"]
-        layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == len(outs)
+        layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == dp
                                                             else "hybrid")]
+        if p["tp"] > 1:
+            layout.append(f"{stage}:tp{p['tp']}:sp{int(p['sequence_parallel'])}:loss-"
+                          + ("sharded" if vocab_sharded_loss(case, True) else "gathered"))
         if master_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
-            layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or len(outs))}")
+            layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or dp)}")
         layout += sync_feature(stage, case, True) + resume_feature(stage, case)
         if p["param_shard_dim"] is not None:
-            layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or len(outs))}")
+            layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or dp)}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
 
 
-def sharded_model(case, inputs, dm, g):
+def data_and_tensor_meshes(dp, g, tp):
+    """(the mesh FSDP2 shards over, the tensor-parallel mesh or None): over all ranks a (dp) mesh, or with a shard group
+    g < dp HSDP's (dp / g, g); with tp > 1 both as sub-meshes of one mesh whose last dimension is `tp` (torchtitan's
+    2-D layout: a rank's tensor-parallel peers are consecutive ranks)."""
+    data = ("dp",) if g == dp else ("replicate", "shard")
+    shape = (dp,) if g == dp else (dp // g, g)
+    if tp == 1:
+        return mesh(shape, data), None
+    whole = mesh((*shape, tp), (*data, "tp"))
+    return whole[data], whole["tp"]
+
+
+def sharded_model(case, inputs, dm, g, tm=None):
     """The case's model held in its master dtype with `fully_shard` on every block and on the root over the mesh `dm`
-    (sharded over `g` ranks), as the case asks; returns (model, the parameter names before sharding)."""
+    (sharded over `g` ranks), as the case asks, after torch's tensor parallel plan over `tm` where there is one;
+    returns (model, the parameter names before sharding)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -110,6 +136,8 @@ def sharded_model(case, inputs, dm, g):
     mixed = master_dtype_name(case) != dtype_name(case)
     model, _ = build(case, inputs, dtype=master_dtype_name(case))
     names = [n for n, _ in model.named_parameters()]
+    if tm is not None:
+        parallelize(model, tm, case)
     param_dtype = torch_dtype(dtype_name(case)) if mixed else None
     kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
           "reshard_after_forward": reshard_after_forward(p, g)}
