@@ -93,11 +93,15 @@ fn python_targets() -> Vec<String> {
 const KNOWN_SEED_FINDINGS: &[(&str, &str, &str)] = &[
     // DTensor sharding propagation fails for Colwise -> Rowwise when tp does not divide the FFN
     // width, instead of rejecting the plan up front.
+    // (torch-fsdp2 runs the same plan beside FSDP2, over a data-parallel mesh of one rank here.)
     ("torch-tp", "tp2-uneven-ffn.json", "must have same reduction dim"),
     ("torch-tp", "tp4-empty-ffn-shard.json", "must have same reduction dim"),
+    ("torch-fsdp2", "tp2-uneven-ffn.json", "must have same reduction dim"),
+    ("torch-fsdp2", "tp4-empty-ffn-shard.json", "must have same reduction dim"),
     // Sequence parallel with seq % tp != 0 makes DTensor ask gloo for an uneven all-gather, which
     // gloo aborts on.
     ("torch-tp", "tp3-sp-uneven-seq.json", "killed by signal"),
+    ("torch-fsdp2", "tp3-sp-uneven-seq.json", "killed by signal"),
     // Colossal-AI 0.5.0's Linear1D_Row bias gradient is never all-reduced under split_gather sequence
     // parallelism (docs/findings/colossalai-0.5.0-row-bias-grad-sequence-parallel.py).
     ("colossalai-tp", "tp2-sp-bf16-swiglu.json", ".bias"),
@@ -1176,11 +1180,51 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
         let v = one_verdict(target, &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, &format!("{feature}:frozen")), "{target} {case}: {v}");
     }
-    let v = one_verdict("torch-tp", &dir.join("dp2-ddp-frozen-embedding-adamw-clip-accumulation-f32.json"), "");
-    assert!(v["kind"] == "unsupported" && reason(&v).contains("trains every parameter"), "{v}");
     // GPT-2's c_attn holds q, k and v in one parameter: q alone cannot freeze.
     let v = one_verdict("colossalai-hybrid", &dir.join("gpt2-tp2-pp2-frozen-query-only-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("freeze together"), "{v}");
+}
+
+/// torch-fsdp2 beside tensor parallelism (torchtitan's 2-D layout: torch's tensor parallel plan over the `tp` sub-mesh,
+/// then fully_shard over the data-parallel one, or HSDP's (replicate, shard)): sequence parallel ZeRO-3 with
+/// accumulation in bf16 and HSDP ZeRO-3 resumed from a checkpoint pass, each with its feature. A norm frozen before
+/// parallelizing is trained again under sequence parallelism on torch 2.15 (`SequenceParallel` drops requires_grad:
+/// docs/findings/torch-2.15-tp-sequence-parallel-unfreezes-frozen-norm.py), on both targets, and passes with the fix;
+/// a frozen attention block (Colwise / Rowwise styles, fixed upstream) passes on torch-tp.
+#[test]
+fn fsdp2_beside_tensor_parallelism_and_a_frozen_norm_under_sequence_parallelism() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-fsdp2-tp");
+    let file = |name: &str| dir.join(name).display().to_string();
+    let verdict_of = |vs: &[Value], target: &str, name: &str| -> Value {
+        vs.iter().find(|v| v["target"] == target && v["case"].as_str().unwrap().ends_with(name)).cloned().unwrap_or_default()
+    };
+    let (sp_zero3, hsdp, frozen_sp, frozen_attn) = (
+        "dp2-tp2-sp-zero3-adamw-clip-accumulation-bf16.json",
+        "dp4-hsdp2-tp2-zero3-sgd-resume-f32.json",
+        "tp2-sp-frozen-first-norm-adamw-f32.json",
+        "tp2-frozen-attention-adamw-f32.json",
+    );
+    let o = shardfuzz(&["run", "--json", "--target", "torch-fsdp2,torch-tp", &file(sp_zero3), &file(hsdp), &file(frozen_sp), &file(frozen_attn)], &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 8, "{}", String::from_utf8_lossy(&o.stderr));
+    let v = verdict_of(&vs, "torch-fsdp2", sp_zero3);
+    assert!(v["kind"] == "pass" && has_feature(&v, "fsdp2:dp2:zero3:tp2:sp1:loss-sharded"), "{v}");
+    let v = verdict_of(&vs, "torch-fsdp2", hsdp);
+    assert!(v["kind"] == "pass" && has_feature(&v, "fsdp2:dp4:zero3:tp2:sp0:loss-sharded"), "{v}");
+    assert!(has_feature(&v, "fsdp2:dp4:zero3:hsdp-hybrid") && has_feature(&v, "fsdp2:dp4:zero3:resumed-from-checkpoint"), "{v}");
+    for target in ["torch-fsdp2", "torch-tp"] {
+        let v = verdict_of(&vs, target, frozen_sp);
+        assert!(v["kind"] == "divergent" && reason(&v).contains("loss/step1"), "{target}: {v}");
+    }
+    let v = verdict_of(&vs, "torch-tp", frozen_attn);
+    assert!(v["kind"] == "pass" && has_feature(&v, "tp:tp2:sp0:frozen"), "{v}");
+    for target in ["torch-fsdp2", "torch-tp"] {
+        let v = one_verdict(target, &dir.join(frozen_sp), "torch-sequence-parallel-requires-grad");
+        assert_eq!(v["kind"], "pass", "{target}, with the fix: {v}");
+    }
 }
 
 /// The case field `model.activation_checkpointing`: every block recomputed in the backward (torch.utils.checkpoint,

@@ -18,6 +18,10 @@ def check(case):
     from ..targets.torch_fsdp2 import TARGET as WORKER
 
     check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+    if parallel(case)["tp"] > 1:
+        raise ReproError(f"{TARGET}: case.parallel.tp = {parallel(case)['tp']}: the standalone script writes FSDP2 over "
+                         "data-parallel ranks only, not beside tensor parallelism (run the case with `shardfuzz run`; "
+                         "with dp = 1 the torch-tp script reproduces the tensor-parallel part)")
     if reduce_dtype_name(case) not in TORCH_DTYPES:
         raise ReproError(f"{TARGET}: case.train.reduce_dtype {reduce_dtype_name(case)!r} has no torch dtype")
 

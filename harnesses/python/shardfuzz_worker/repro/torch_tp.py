@@ -82,6 +82,7 @@ def generate(case, inputs, bounds, dropped):
         "\n".join(c.rstrip("\n") for c in config),
         template("common"),
         model_source(),
+        worker_source("targets/base.py", "is_frozen"),
         worker_source("targets/torch_training.py", "full", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step"),
         plan_source(case),
         template("torch_tp"),

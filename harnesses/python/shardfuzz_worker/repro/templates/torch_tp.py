@@ -45,10 +45,11 @@ def train(model, data, loss_ctx, view):
             scaler.unscale_(opt)
         if k == 0:
             out["logits"] = torch.cat(rows).numpy()[:, : M["vocab"]]
-            missing = [n for n, p in named if p.grad is None]
+            trained = [(n, p) for n, p in named if not is_frozen(CASE, n)]  # a frozen parameter has no gradient
+            missing = [n for n, p in trained if p.grad is None]
             if missing:
                 raise RuntimeError(f"no gradient came back for {', '.join(missing)}")
-            out.update({f"grad/{n}": view(n, p.grad) for n, p in named})
+            out.update({f"grad/{n}": view(n, p.grad) for n, p in trained})
         if CASE["train"].get("clip_grad_norm") is not None:
             torch.nn.utils.clip_grad_norm_(params, CASE["train"]["clip_grad_norm"], foreach=False)
         if scaler is not None:
@@ -69,6 +70,7 @@ def run_sharded(data, rank):
     Replicated parameters are reported from this rank's local copy, sharded ones gathered."""
     model = Model(M).to(DTYPE)
     load_case_params(model, data, DTYPE)
+    freeze(model, CASE)  # the case's frozen parameters, frozen before parallelizing as a user does
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
     parallelize_module(model, mesh, tp_plan())
     if not SEQUENCE_PARALLEL:
@@ -98,6 +100,7 @@ def run_reference(data):
     """The same training in float64 on one device with plain torch: the single-device reference."""
     model = Model(M).to(torch.float64)
     load_case_params(model, data, torch.float64)
+    freeze(model, CASE)
     return train(model, data, contextlib.nullcontext, lambda name, t: to_case_layout(name, full(t)).numpy())[0]
 
 
