@@ -1180,6 +1180,9 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
         let v = one_verdict(target, &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, &format!("{feature}:frozen")), "{target} {case}: {v}");
     }
+    let tp_frozen = root().join("tests/python-fsdp2-tp/tp2-frozen-attention-adamw-f32.json");
+    let v = one_verdict("colossalai-tp", &tp_frozen, "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("trains every parameter"), "{v}");
     // GPT-2's c_attn holds q, k and v in one parameter: q alone cannot freeze.
     let v = one_verdict("colossalai-hybrid", &dir.join("gpt2-tp2-pp2-frozen-query-only-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("freeze together"), "{v}");
