@@ -1193,7 +1193,8 @@ fn frozen_parameters_stay_untrained_on_ddp_fsdp2_deepspeed_and_colossalai() {
 /// accumulation in bf16 and HSDP ZeRO-3 resumed from a checkpoint pass, each with its feature. A norm frozen before
 /// parallelizing is trained again under sequence parallelism on torch 2.15 (`SequenceParallel` drops requires_grad:
 /// docs/findings/torch-2.15-tp-sequence-parallel-unfreezes-frozen-norm.py), on both targets, and passes with the fix;
-/// a frozen attention block (Colwise / Rowwise styles, fixed upstream) passes on torch-tp.
+/// a frozen attention block (Colwise / Rowwise styles, fixed upstream) passes on torch-tp; an integer
+/// reshard_after_forward hangs.
 #[test]
 fn fsdp2_beside_tensor_parallelism_and_a_frozen_norm_under_sequence_parallelism() {
     if !python_ready() {
@@ -1228,6 +1229,14 @@ fn fsdp2_beside_tensor_parallelism_and_a_frozen_norm_under_sequence_parallelism(
         let v = one_verdict(target, &dir.join(frozen_sp), "torch-sequence-parallel-requires-grad");
         assert_eq!(v["kind"], "pass", "{target}, with the fix: {v}");
     }
+    // An integer reshard_after_forward over the data-parallel sub-mesh: FSDP2 builds the post-forward mesh from each
+    // rank's own sub-mesh and the ranks' group creations pair up wrongly (docs/findings/torch-2.15-fsdp2-int-reshard-
+    // after-forward-submesh-hang.py): a hang; with the fix, FSDP2's own refusal of DTensor parameters in that mode.
+    let reshard = dir.join("dp4-tp2-sp-zero3-reshard-group2-bf16.json");
+    let v = one_verdict_with("torch-fsdp2", &reshard, "", &["--timeout-ms", "30000"]);
+    assert!(v["kind"] == "hang" && reason(&v).contains("in sharded_model"), "{v}");
+    let v = one_verdict("torch-fsdp2", &reshard, "torch-fsdp2-int-reshard-submesh");
+    assert!(v["kind"] == "crash" && reason(&v).contains("Resharding to smaller mesh is not supported"), "{v}");
 }
 
 /// The case field `model.activation_checkpointing`: every block recomputed in the backward (torch.utils.checkpoint,

@@ -171,6 +171,34 @@ def _torch_sequence_parallel_requires_grad():
     SequenceParallel._replicate_module_fn = replicate_module_fn
 
 
+def _torch_fsdp2_int_reshard_submesh():
+    """torch 2.15: FSDP2's `_get_post_forward_mesh_info` builds an integer `reshard_after_forward`'s mesh from the ranks
+    of this rank's FSDP mesh; over a sub-mesh (FSDP beside tensor parallelism) the ranks of each tensor-parallel index
+    create different groups, which pair up wrongly: the run hangs
+    (docs/findings/torch-2.15-fsdp2-int-reshard-after-forward-submesh-hang.py). Fix: the post-forward mesh built from
+    the root mesh, the same on every rank (the sub-mesh's dimensions last, split into groups of g)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_common import HSDPMeshInfo
+
+    original = _fsdp_init._get_post_forward_mesh_info
+
+    def post_forward_mesh_info(reshard_after_forward, mesh_info):
+        mesh = mesh_info.mesh
+        root = mesh._get_root_mesh()
+        plain = isinstance(reshard_after_forward, bool) or reshard_after_forward in (1, mesh_info.shard_mesh_size)
+        if plain or root is mesh:
+            return original(reshard_after_forward, mesh_info)
+        names = root.mesh_dim_names
+        inner = [names.index(n) for n in mesh.mesh_dim_names]
+        outer = [i for i in range(len(names)) if i not in inner]
+        every = root.mesh.permute(*outer, *inner).reshape(-1, reshard_after_forward)
+        return HSDPMeshInfo(DeviceMesh(mesh.device_type, every), shard_mesh_dim=1, replicate_mesh_dim=0)
+
+    _fsdp_init._get_post_forward_mesh_info = post_forward_mesh_info
+    _fully_shard._get_post_forward_mesh_info = post_forward_mesh_info
+
+
 def _dtensor_found_inf_placements():
     """torch 2.5.1 to 2.15: DTensor's handler of `_amp_foreach_non_finite_check_and_unscale_`
     (`found_inf_reduce_handler`, what GradScaler.unscale_ runs on DTensor gradients) reduces found_inf
@@ -1208,6 +1236,7 @@ FIXES = {
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2"), _torch_sequence_parallel_requires_grad),
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
+    "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
     "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),
     "deepspeed-zero2-accumulation-last-micro-batch": (("deepspeed-zero",), _deepspeed_zero2_accumulation_last_micro_batch),

@@ -21,12 +21,13 @@ def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports, 
     target's configuration lines, `imports` the script's imports, `sources` the worker code its template calls
     beyond the model and training loop; its template (named after the target) defines run_sharded(data, rank)."""
     arrays = model_arrays(case, inputs, target)
-    dp = parallel(case)["dp"]
-    command = f"torchrun --nproc_per_node {dp} repro.py"
+    p = parallel(case)
+    dp, world = p["dp"], p["dp"] * p["tp"]
+    command = f"torchrun --nproc_per_node {world} repro.py"
     config = [
         rule("the case"),
         literal("CASE", case),
-        f"DP = WORLD = {dp}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"DP = {dp}\nWORLD = {world}  # DP x TP\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         *settings,
         model_line(case),
         literal("BOUNDS", bounds),

@@ -1,8 +1,9 @@
 """Repro of a torch-fsdp2 model case: the case's model with fully_shard on every block and on the root over the
 data-parallel ranks, each training on its rows of the batch, under torchrun."""
 
-from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, zero_offloaded
+from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, vocab_sharded_loss, zero_offloaded
 from .common import ReproError, worker_source
+from .torch_tp import plan_source, tp_imports
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -18,10 +19,6 @@ def check(case):
     from ..targets.torch_fsdp2 import TARGET as WORKER
 
     check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
-    if parallel(case)["tp"] > 1:
-        raise ReproError(f"{TARGET}: case.parallel.tp = {parallel(case)['tp']}: the standalone script writes FSDP2 over "
-                         "data-parallel ranks only, not beside tensor parallelism (run the case with `shardfuzz run`; "
-                         "with dp = 1 the torch-tp script reproduces the tensor-parallel part)")
     if reduce_dtype_name(case) not in TORCH_DTYPES:
         raise ReproError(f"{TARGET}: case.train.reduce_dtype {reduce_dtype_name(case)!r} has no torch dtype")
 
@@ -35,7 +32,9 @@ def generate(case, inputs, bounds, dropped):
     reshard = reshard_after_forward(p, g)
     mesh = ((p["dp"],), ("dp",)) if g == p["dp"] else ((p["dp"] // g, g), ("replicate", "shard"))
     offload, master = zero_offloaded(case), master_dtype_name(case)
-    what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks on a {mesh[0]} mesh,"
+    beside = "" if p["tp"] == 1 else (f" beside torch tensor parallelism over tp={p['tp']} (the last dimension of one "
+                                     f"mesh{', sequence parallel' if p['sequence_parallel'] else ''})")
+    what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks on a {mesh[0]} mesh{beside},"
             f" case ZeRO stage {p['zero_stage']}: reshard_after_forward={reshard}, gradients reduced in"
             f" {reduce_dtype_name(case)}{', CPU offload' if offload else ''}"
             f"{f', parameters held in {master}' if master != dtype_name(case) else ''}")
@@ -46,9 +45,16 @@ def generate(case, inputs, bounds, dropped):
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE\n"
                 f"SHARD_DIM = {p['param_shard_dim'] or 0}  # case.parallel.param_shard_dim: Shard(d) where d divides evenly\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: set_requires_gradient_sync(False)"
-                " on all but the last micro-batch"]
+                " on all but the last micro-batch",
+                f"TP = {p['tp']}  # tensor parallel over the last mesh dimension (torch-tp's plan), before fully_shard\n"
+                f"SEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}\n"
+                f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards"]
     sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync", "save_checkpoint",
                              "load_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)
+    imports = IMPORTS
+    if p["tp"] > 1:
+        sources += "\n\n" + plan_source(case) + "\n\n" + worker_source("targets/torch_tp.py", "replicas_per_rank")
+        imports += tp_imports(p["sequence_parallel"])
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, imports, sources)

@@ -48,9 +48,13 @@ def plan_source(case):
 
 
 def imports(sp):
+    return IMPORTS + public_dtensor_source() + "from torch.distributed.device_mesh import init_device_mesh\n" + tp_imports(sp)
+
+
+def tp_imports(sp):
+    """The imports of the tensor parallel plan and its loss (the torch-fsdp2 script takes them beside FSDP2's)."""
     extra = "PrepareModuleInput, RowwiseParallel, SequenceParallel" if sp else "RowwiseParallel"
-    return IMPORTS + public_dtensor_source() + f"""from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+    return f"""from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, {extra}, loss_parallel, parallelize_module
 """
 

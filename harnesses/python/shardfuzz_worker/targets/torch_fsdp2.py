@@ -176,11 +176,12 @@ def load_checkpoint(model, opt, path):
 def shard_placement(dim, shard_ranks):
     """FSDP2's `shard_placement_fn` for the case's `param_shard_dim`: Shard(dim) for a parameter with that dimension
     dividing evenly over the `shard_ranks` it is sharded over (FSDP2 refuses uneven nonzero-dim shards), else None
-    (FSDP2's own Shard(0))."""
-    from torch.distributed.tensor import Shard
+    (FSDP2's own Shard(0)). A tensor-parallel parameter is sharded by FSDP2 as its local part: that part's size counts."""
+    from torch.distributed.tensor import DTensor, Shard
 
     def placement(param):
-        return Shard(dim) if param.dim() > dim and param.size(dim) % shard_ranks == 0 else None
+        local = param.to_local() if isinstance(param, DTensor) else param
+        return Shard(dim) if local.dim() > dim and local.size(dim) % shard_ranks == 0 else None
 
     return placement
 

@@ -5,7 +5,11 @@ def run_sharded(data, rank):
     """The model (held in MASTER_DTYPE) with fully_shard on every block and on the root over the dp ranks
     (MESH_SHAPE: HSDP on two dims; gradients reduced in REDUCE_DTYPE), as the fuzzer's torch-fsdp2 ranks run it; this rank trains on its rows of the batch.
     Parameters and gradients are DTensors: train() reports them gathered (full_tensor)."""
-    mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
+    if TP == 1:
+        mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
+    else:  # one mesh whose last dimension is tp (torchtitan's 2-D layout): FSDP2 over the others
+        whole = init_device_mesh("cpu", (*MESH_SHAPE, TP), mesh_dim_names=(*MESH_NAMES, "tp"))
+        mesh, tp_mesh = whole[MESH_NAMES], whole["tp"]
     now = {}  # the sharded model, replaced when the run resumes from its checkpoint
 
     def sharded():
@@ -13,6 +17,8 @@ def run_sharded(data, rank):
         load_case_params(model, data, MASTER_DTYPE)
         freeze(model, CASE)
         names = [n for n, _ in model.named_parameters()]
+        if TP > 1:
+            tensor_parallel(model, tp_mesh)
         mp = MixedPrecisionPolicy(param_dtype=DTYPE if MASTER_DTYPE != DTYPE else None, reduce_dtype=REDUCE_DTYPE)
         kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": RESHARD_AFTER_FORWARD}
         if SHARD_DIM:
@@ -40,5 +46,25 @@ def run_sharded(data, rank):
     named = sharded()
     torch.manual_seed(0)
     no_sync = None if SYNC_EVERY_MICROBATCH else lambda: without_gradient_sync(now["model"])
-    return train(CASE, data, now["model"], [p for _, p in named], rank, WORLD, named=named, no_sync=no_sync,
-                 forward=lambda ids: now["model"](ids), resume=resume)
+    two_d = {}
+    if TP > 1:  # the loss summed over this rank's data-parallel peers; replicated tensors reported per rank
+        dp_group = init_device_mesh("cpu", (DP, TP), mesh_dim_names=("dp", "tp")).get_group("dp")
+        two_d = {"loss_ctx": loss_parallel if VOCAB_SHARDED_LOSS else None, "view": replicas_per_rank, "group": dp_group}
+    return train(CASE, data, now["model"], [p for _, p in named], rank // TP, DP, named=named, no_sync=no_sync,
+                 forward=lambda ids: now["model"](ids), resume=resume, **two_d)
+
+
+def tensor_parallel(model, mesh):
+    """torch-tp's plan (tp_plan) over the tensor-parallel mesh; without sequence parallelism the norms keep
+    Replicate parameters and are fed local tensors."""
+    parallelize_module(model, mesh, tp_plan())
+    if not SEQUENCE_PARALLEL:
+        def to_dt(mod, args, dm):
+            return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
+
+        def to_local(mod, out, dm):
+            return out.to_local()
+
+        for name, mod in model.named_modules():
+            if name.endswith("norm"):
+                distribute_module(mod, mesh, input_fn=to_dt, output_fn=to_local)
