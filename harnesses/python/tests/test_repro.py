@@ -353,6 +353,16 @@ class TorchFsdp2ReproTest(ModelReproChecks, unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class TorchFsdp2BesideTpReproTest(ModelReproChecks, unittest.TestCase):
+    target = "torch-fsdp2"
+    fault = "dtensor-partial-half"
+    # FSDP2 (ZeRO-3) over the dp sub-mesh of a 2 x 2 mesh beside torch's tensor parallel plan with sequence parallelism:
+    # the fault halves the tensor-parallel reductions, which only the plan's DTensors run.
+    parallel = {"dp": 2, "tp": 2, "zero_stage": 3, "sequence_parallel": True}
+    options = {"optimizer": {"kind": "sgd", "lr": 0.1}}
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDdpReproTest(ModelReproChecks, unittest.TestCase):
     target = "torch-ddp"
     fault = "ddp-avg-off-by-one"
