@@ -1211,7 +1211,10 @@ fn fsdp2_beside_tensor_parallelism_and_a_frozen_norm_under_sequence_parallelism(
         "tp2-sp-frozen-first-norm-adamw-f32.json",
         "tp2-frozen-attention-adamw-f32.json",
     );
-    let o = shardfuzz(&["run", "--json", "--target", "torch-fsdp2,torch-tp", &file(sp_zero3), &file(hsdp), &file(frozen_sp), &file(frozen_attn)], &[]);
+    let o = shardfuzz(
+        &["run", "--json", "--target", "torch-fsdp2,torch-tp", &file(sp_zero3), &file(hsdp), &file(frozen_sp), &file(frozen_attn)],
+        &[],
+    );
     let vs = verdicts(&o);
     assert_eq!(vs.len(), 8, "{}", String::from_utf8_lossy(&o.stderr));
     let v = verdict_of(&vs, "torch-fsdp2", sp_zero3);
