@@ -16,10 +16,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import colossalai_release
-from .base import IGNORE_INDEX, loss_denominator, dtype_name, grad_or_fail, micro_batches, parallel, vocab_sharded_loss
+from .base import (IGNORE_INDEX, dtype_name, grad_or_fail, is_frozen, loss_denominator, micro_batches, parallel,
+                   vocab_sharded_loss)
 from .megatron_model import linear_kind, shard_dim
 from .torch_common import torch_dtype
-from .torch_model import (Model, block_sequence, causal_attention, checkpointed_block, load_case_params,
+from .torch_model import (Model, block_sequence, causal_attention, checkpointed_block, freeze, load_case_params,
                           make_optimizer, model_defaults)
 
 
@@ -136,6 +137,7 @@ def build(case, inputs, group):
     dt = torch_dtype(dtype_name(case))
     plain = Model(m).to(dt)
     load_case_params(plain, inputs, dt)
+    freeze(plain, case)  # the case's frozen parameters, frozen before shardformer converts the layers, as a user does
     p = parallel(case)
     # (On one rank there is no sequence to split: ShardConfig refuses split_gather / ring without tensor
     # parallelism, and the model cases mean no sequence parallelism there.)
@@ -199,7 +201,8 @@ def run(case, inputs, rank, tp):
         if k == 0:
             logits0 = torch.cat(rows).numpy()
             for name, p in named:
-                grads0[name] = case_view(name, grad_or_fail(name, p.grad))
+                if not is_frozen(case, name):  # a frozen parameter has no gradient to report
+                    grads0[name] = case_view(name, grad_or_fail(name, p.grad))
         if t.get("clip_grad_norm") is not None:
             clip_global(named, t["clip_grad_norm"], rank, group)
         opt.step()

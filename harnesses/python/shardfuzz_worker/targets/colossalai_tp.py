@@ -27,6 +27,7 @@ SP_MODES = ("split_gather", "ring")
 
 class ColossalTp(ColossalTarget):
     name = "colossalai-tp"
+    freezes = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp",), "colossalai-tp runs tensor (and sequence) parallelism only", SP_MODES)
