@@ -137,6 +137,14 @@ VALIDATION = {
         # The constructor's argument checks (raised through `_log_and_throw`, see THROW_HELPERS).
         ("torch/nn/parallel/distributed.py", "__init__", None),
     ],
+    "torch-pp": [
+        # The schedules' and stages' checks of their arguments (micro-batch counts the schedule cannot order, stages
+        # it cannot place), and the wrappers' own, as for torch-fsdp2 and torch-ddp.
+        ("torch/distributed/pipelining/schedules.py", "__init__", None),
+        ("torch/distributed/pipelining/stage.py", "__init__", None),
+        ("torch/distributed/fsdp/_fully_shard/_fully_shard.py", "fully_shard", None),
+        ("torch/nn/parallel/distributed.py", "__init__", None),
+    ],
     "jax-gspmd": _JAX,
     "jax-shardmap": _JAX,
     "deepspeed-zero": [
@@ -186,6 +194,7 @@ FRAMEWORKS = {
     "torch-tp": ("torch",),
     "torch-fsdp2": ("torch",),
     "torch-ddp": ("torch",),
+    "torch-pp": ("torch",),
     "jax-gspmd": ("jax", "jaxlib"),
     "jax-shardmap": ("jax", "jaxlib"),
     "deepspeed-zero": ("deepspeed", "torch"),

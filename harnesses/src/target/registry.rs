@@ -92,6 +92,15 @@ pub const TARGETS: &[TargetInfo] = &[
         create: |o| python("torch-ddp", MAIN, o),
     },
     TargetInfo {
+        name: "torch-pp",
+        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B, stages in DDP or FSDP2 over the data-parallel ranks",
+        env: Some(MAIN),
+        offers: &["label_smoothing", "local_mean_loss", "reduce_dtype_below", "master_dtype", "frozen",
+            "activation_checkpointing",
+        ],
+        create: |o| python("torch-pp", MAIN, o),
+    },
+    TargetInfo {
         name: "jax-shardmap",
         description: "JAX shard_map with explicit collectives (psum, pmax, all_gather, psum_scatter, ppermute rings, all_to_all) on host devices; model cases trained over [dp, pp, tp] (pmean over dp, ZeRO-3 all_gather, Megatron-style tp and sequence parallelism, a ppermute pipeline), gradients from JAX's transposes",
         env: Some(MAIN),

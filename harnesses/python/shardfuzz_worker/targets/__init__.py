@@ -7,6 +7,7 @@ REGISTRY = {
     "torch-tp": "torch_tp",
     "torch-fsdp2": "torch_fsdp2",
     "torch-ddp": "torch_ddp",
+    "torch-pp": "torch_pp",
     "jax-shardmap": "jax_shardmap",
     "jax-gspmd": "jax_gspmd",
     "deepspeed-zero": "deepspeed_zero",

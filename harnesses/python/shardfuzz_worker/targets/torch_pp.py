@@ -1,0 +1,317 @@
+"""torch-pp: the case's model cut into pipeline stages of consecutive blocks (the embedding on the first, the final norm
+and LM head on the last), each a `torch.distributed.pipelining.PipelineStage`, run by torch's own schedules:
+`ScheduleGPipe`, `Schedule1F1B`, and for the `interleaved` schedule with v virtual stages `ScheduleInterleaved1F1B`
+(stage c of pp x v on pipeline rank c mod pp), over the case's micro-batches (the schedule splits each rank's rows
+itself). Beside data parallelism (a (pp, dp) mesh, dp fastest) every stage is wrapped as torchtitan wraps it: under ZeRO
+0 in DistributedDataParallel over its data-parallel peers, under ZeRO 1-3 in FSDP2 (`fully_shard` on each block and the
+stage, resharding after forward at stage 3, mixed precision as the case's master / reduce dtypes ask); the schedules
+drive both themselves (no_sync, `set_requires_gradient_sync`, their final gradient reduction).
+
+The loss function is the micro-batch's summed token loss (or with `local_mean_loss` its mean) scaled to the global
+token mean, times the micro-batch count where the schedule divides the gradients by it (`scale_grads`, torch's default;
+with accumulated steps only FSDP2 stages defer that division to the last, so the others take `scale_grads=False`).
+Gradient clipping is torchtitan's: the stage's norm (DTensor norms made full), squared, summed over the pipeline ranks."""
+
+import inspect
+
+import numpy as np
+
+from .base import (chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, master_dtype_name, parallel,
+                   reduce_dtype_name, setup_features, zero_offloaded)
+from .torch_common import TorchTarget, mesh, torch_dtype
+from .torch_model import build, checkpointed_block, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_training import dense, full, micro_batch_loss, single_device
+
+
+class TorchPp(TorchTarget):
+    name = "torch-pp"
+    freezes = True
+    smooths_labels = True
+
+    def __init__(self):
+        super().__init__()
+        import torch.distributed.pipelining as pipelining
+
+        self.deferred_finalize = "finalize_gradients" in inspect.signature(pipelining.ScheduleGPipe.step).parameters
+
+    def unsupported(self, case):
+        why = unsupported_layout(case, ("pp", "dp"), "torch-pp runs pipeline stages beside data parallelism",
+                                 master_weights=True)
+        if why:
+            return why
+        p, m = parallel(case), model_defaults(case)
+        chunks = p["pp"] * virtual_stages(p)
+        if p["pp"] < 2:
+            return "torch-pp runs pipeline-parallel cases (pp >= 2)"
+        if m.get("tied_embeddings"):
+            return "pipeline stages share no parameter: a tied LM head sits on another stage than the embedding"
+        if m.get("layer_passes", 1) > 1:
+            return "a block used by several passes cannot sit on one pipeline stage"
+        if m.get("sparse_embedding"):
+            return "torch-pp reduces dense gradients only"
+        if len(m["layers"]) < chunks:
+            return f"{chunks} pipeline stages need a block each ({len(m['layers'])} blocks)"
+        rows = [chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"])]
+        per_step = p["microbatches"] * case["train"].get("grad_accumulation", 1)
+        if min(hi - lo for lo, hi in rows) < per_step:
+            return "a data-parallel rank has fewer rows than micro-batches x grad_accumulation"
+        sizes = {size for lo, hi in rows for size in step_sizes(lo, hi, case["train"].get("grad_accumulation", 1))}
+        if len(sizes) > 1 or sizes.pop() % p["microbatches"]:
+            # Measured (torch 2.15): a stage sizes every micro-batch's receive buffer as its first, so a smaller one
+            # arrives padded with stale rows (pytorch/pytorch#126600, "we do not support this"; no error is raised).
+            return "torch's pipeline stages take micro-batches of one shape: the rows must split evenly"
+        if zero_offloaded(case) or any(p[k] is not None for k in ("zero_shard_group", "reshard_group", "param_shard_dim")):
+            return "torch-pp wraps stages in plain FSDP2 (no offload, HSDP, partial resharding or shard dims)"
+        mixed = master_dtype_name(case) != dtype_name(case) or reduce_dtype_name(case) != dtype_name(case)
+        if mixed and (p["dp"] == 1 or p["zero_stage"] == 0):
+            return "mixed precision is FSDP2's (torch-pp: ZeRO 1-3 over dp > 1)"
+        if case["train"].get("grad_accumulation", 1) > 1 and fsdp_stages(p) and not self.deferred_finalize:
+            return "this torch's schedules reduce FSDP2 gradients on every step() (no finalize_gradients)"
+        return None
+
+    def run_rank(self, rank, world, case, inputs):
+        import torch
+
+        p = parallel(case)
+        pp, dp = p["pp"], world // p["pp"]
+        stage_mesh = mesh((pp, dp), ("pp", "dp"))
+        run = Pipeline(case, inputs, rank // dp, rank % dp, stage_mesh, self.deferred_finalize)
+        torch.manual_seed(0)
+        out = run.train()
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
+
+    def combine(self, case, outs):
+        return combine_stages(case, outs, features(case))
+
+
+def virtual_stages(p):
+    return p["virtual_stages"] if p["pipeline_schedule"] == "interleaved" else 1
+
+
+def fsdp_stages(p):
+    """Whether the stages are FSDP2 modules (ZeRO 1-3 over dp > 1)."""
+    return p["dp"] > 1 and p["zero_stage"] > 0
+
+
+def scales_grads(case):
+    """The schedule's `scale_grads`: torch's default (True), except with accumulated steps on stages that are not
+    FSDP2 modules, whose gradients every step() would divide again."""
+    p = parallel(case)
+    return case["train"].get("grad_accumulation", 1) == 1 or fsdp_stages(p)
+
+
+def step_sizes(lo, hi, ga):
+    """The rows of each of a rank's `ga` schedule steps over its rows lo:hi."""
+    bounds = np.linspace(lo, hi, ga + 1).round().astype(int)
+    return [int(bounds[i + 1] - bounds[i]) for i in range(ga)]
+
+
+def stage_layers(n_layers, chunks):
+    """The blocks of each of `chunks` stages: consecutive, as even as can be (the first stages one more)."""
+    return [list(map(int, a)) for a in np.array_split(np.arange(n_layers), chunks)]
+
+
+def features(case):
+    p = parallel(case)
+    v = virtual_stages(p)
+    prefix = f"torch-pp:pp{p['pp']}"
+    out = [prefix, f"{prefix}:{p['pipeline_schedule']}" + (f"-v{v}" if v > 1 else ""),
+           f"{prefix}:mb{min(p['microbatches'], 4)}", f"{prefix}:scale-grads-{int(scales_grads(case))}"]
+    if p["dp"] > 1:
+        out.append(f"{prefix}:dp{p['dp']}:" + (f"fsdp-zero{p['zero_stage']}" if fsdp_stages(p) else "ddp"))
+    if case["train"].get("grad_accumulation", 1) > 1:
+        out.append(f"{prefix}:accumulated-steps")
+    if case["train"].get("clip_grad_norm") is not None:
+        out.append(f"{prefix}:clipped")
+    if master_dtype_name(case) != dtype_name(case):
+        out.append(f"{prefix}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
+    if reduce_dtype_name(case) != dtype_name(case):
+        out.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
+    return out + setup_features(prefix, case)
+
+
+def stage_module_class():
+    import torch.nn as nn
+
+    class StageModule(nn.Module):
+        """Blocks `ids` of `model` (parameter names as in the whole model), with the embedding on the first stage and
+        the final norm and LM head on the last."""
+
+        def __init__(self, model, ids, first, last):
+            super().__init__()
+            self.recompute = model.recompute
+            if first:
+                self.embed = model.embed
+            self.layers = nn.ModuleDict({str(i): model.layers[i] for i in ids})
+            if last:
+                self.final_norm, self.lm_head = model.final_norm, model.lm_head
+            self.first, self.last = first, last
+
+        def forward(self, x):
+            if self.first:
+                x = self.embed(x)
+            for layer in self.layers.values():
+                x = checkpointed_block(layer, x, self.recompute)
+            return self.lm_head(self.final_norm(x)) if self.last else x
+
+    return StageModule
+
+
+class Pipeline:
+    """This rank's stages of the case's pipeline and the schedule that runs them."""
+
+    def __init__(self, case, inputs, pp_index, dp_index, stage_mesh, deferred_finalize):
+        import torch
+        from torch.distributed.pipelining import PipelineStage
+
+        self.case, self.inputs, self.p = case, inputs, parallel(case)
+        self.pp, self.dp, self.dp_index = self.p["pp"], stage_mesh.size(1), dp_index
+        self.dp_mesh, self.pp_group = stage_mesh["dp"], stage_mesh.get_group("pp")
+        self.deferred_finalize = deferred_finalize and fsdp_stages(self.p)
+        model, _ = build(case, inputs, dtype=master_dtype_name(case))
+        n = self.pp * virtual_stages(self.p)
+        layers = stage_layers(len(case["model"]["layers"]), n)
+        Stage = stage_module_class()
+        self.indices = [c for c in range(n) if c % self.pp == pp_index]
+        self.modules = [Stage(model, layers[c], c == 0, c == n - 1) for c in self.indices]
+        self.first, self.last = 0 in self.indices, n - 1 in self.indices
+        wrapped = [self.wrap(mod) for mod in self.modules]
+        # (After wrapping: FSDP2 replaces the parameters with sharded ones.)
+        self.named = [(name, q) for mod in self.modules for name, q in mod.named_parameters()]
+        cpu = torch.device("cpu")
+        self.stages = [PipelineStage(w, c, n, cpu, group=self.pp_group) for w, c in zip(wrapped, self.indices)]
+        self.params = [q for _, q in self.named]
+        self.opt = make_optimizer(case, self.params)
+        self.schedule = self.make_schedule()
+
+    def wrap(self, module):
+        """The stage as the case's data parallelism holds it: itself, in DDP, or in FSDP2."""
+        if self.dp == 1:
+            return module
+        if self.p["zero_stage"] == 0:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            return DDP(module, process_group=self.dp_mesh.get_group())
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mixed = master_dtype_name(self.case) != dtype_name(self.case)
+        policy = MixedPrecisionPolicy(param_dtype=torch_dtype(dtype_name(self.case)) if mixed else None,
+                                      reduce_dtype=torch_dtype(reduce_dtype_name(self.case)))
+        kw = {"mesh": self.dp_mesh, "mp_policy": policy, "reshard_after_forward": self.p["zero_stage"] == 3}
+        for layer in module.layers.values():
+            fully_shard(layer, **kw)
+        return fully_shard(module, **kw)
+
+    def make_schedule(self):
+        from torch.distributed import pipelining as pl
+
+        kind = self.p["pipeline_schedule"]
+        kw = {"n_microbatches": self.p["microbatches"], "loss_fn": self.loss_fn,
+              "scale_grads": scales_grads(self.case)}
+        if kind == "interleaved":
+            return pl.ScheduleInterleaved1F1B(self.stages, **kw)
+        cls = pl.Schedule1F1B if kind == "1f1b" else pl.ScheduleGPipe
+        return cls(self.stages[0], **kw)
+
+    def loss_fn(self, logits, target):
+        """The loss the schedule runs backward from: the micro-batch's token loss scaled to the global token mean
+        (times the micro-batch count the schedule divides by); its summed token loss kept for the reported loss (the
+        first step's metadata inference calls this too: step_rows keeps the schedule's last calls only)."""
+        l, count = micro_batch_loss(self.case, self.inputs, logits, target)
+        self.calls.append(full(l) * count)
+        factor = self.dp * (self.p["microbatches"] if scales_grads(self.case) else 1)
+        return l * (count * factor / self.global_tokens)
+
+    def step_rows(self, ids, tgt, a, c, finalize):
+        """One schedule step over rows a:c; the last stage's logits."""
+        args = [ids[a:c]] if self.first else []
+        kw = {"target": tgt[a:c], "losses": []} if self.last else {}
+        if self.deferred_finalize:
+            kw["finalize_gradients"] = finalize
+        self.calls = []
+        out = self.schedule.step(*args, **kw)
+        if self.last:
+            self.loss_sum += sum(self.calls[-self.p["microbatches"]:])
+        return out
+
+    def train(self):
+        import torch
+        import torch.distributed as dist
+
+        m, t = self.case["model"], self.case["train"]
+        b, s = m["batch"], m["seq"]
+        ids = torch.tensor(self.inputs["tokens"].astype(np.int64)).view(b, s)
+        tgt = torch.tensor(self.inputs["targets"].astype(np.int64)).view(b, s)
+        lo, hi = chunk_range(b, self.dp, self.dp_index)
+        ga = t.get("grad_accumulation", 1)
+        bounds = np.linspace(lo, hi, ga + 1).round().astype(int)
+        self.global_tokens = loss_denominator(self.inputs)
+        losses, logits0, grads0 = [], None, {}
+        for k in range(t["steps"]):
+            self.opt.zero_grad()
+            self.loss_sum = torch.zeros((), dtype=torch.float64)
+            rows = [self.step_rows(ids, tgt, int(bounds[i]), int(bounds[i + 1]), i == ga - 1) for i in range(ga)]
+            if self.last:
+                if self.dp > 1:
+                    dist.all_reduce(self.loss_sum, group=self.dp_mesh.get_group())
+                losses.append(float(self.loss_sum) / self.global_tokens)
+                if k == 0:
+                    logits0 = torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy()
+            if k == 0:
+                grads0 = {name: self.view(name, dense(grad_or_fail(name, q.grad))) for name, q in self.named
+                          if not is_frozen(self.case, name)}
+            if t.get("clip_grad_norm") is not None:
+                self.clip(t["clip_grad_norm"])
+            self.opt.step()
+        final = {name: self.view(name, q) for name, q in self.named}
+        return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses if self.last else None,
+                "grads": grads0, "params": final}
+
+    @staticmethod
+    def view(name, t):
+        return to_case_layout(name, full(t)).numpy()
+
+    def clip(self, max_norm):
+        """torchtitan's clip_grad_norm_ under pipeline parallelism: this rank's gradient norm (a DTensor norm made
+        full over the data-parallel ranks), squared and summed over the pipeline ranks, every stage clipped by it."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        grads = [q.grad for q in self.params if q.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        square = norm.to(torch.float64) ** 2
+        dist.all_reduce(square, group=self.pp_group)
+        total = square.sqrt().to(norm.dtype)
+        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=False)
+
+
+def combine_stages(case, outs, feats):
+    """Full outputs from the stages' ranks: the loss from the last stage, logits rows stitched from its ranks, each
+    parameter and gradient from the first rank holding it with every holder's copy as a replica."""
+    m = case["model"]
+    last = [o for o in outs if o["losses"] is not None]
+    tensors = {f"loss/step{k}": np.array(v, dtype=np.float64) for k, v in enumerate(last[0]["losses"])}
+    logits = np.zeros((m["batch"] * m["seq"], m["vocab"]))
+    for o in last:
+        a, b = o["rows"]
+        if b > a:
+            logits[a:b] = o["logits"][:, :m["vocab"]]
+    tensors["logits"] = logits
+    replicas = {}
+    for kind, prefix in (("grads", "grad"), ("params", "param")):
+        for rank, o in enumerate(outs):
+            for name, v in o[kind].items():
+                key = f"{prefix}/{name}"
+                tensors.setdefault(key, v)
+                replicas.setdefault(key, []).append((rank, v))
+    replicas = {k: v for k, v in replicas.items() if len(v) > 1}
+    for name, v in (outs[0].get("baseline") or {}).items():
+        tensors[f"baseline/{name}"] = v
+    return {"tensors": tensors, "replicas": replicas, "features": feats, "stats": {}}
+
+
+TARGET = TorchPp()
