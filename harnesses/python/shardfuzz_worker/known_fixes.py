@@ -668,6 +668,28 @@ def _deepspeed_zero3_reused_param_copy():
     Stage3.partition_grads, Stage3.clear_backward_seen_flag = partition, clear_seen
 
 
+def _torch_pipelining_ddp_metadata_inference():
+    """PyTorch 2.15: a pipeline stage wrapped in DDP fails its second schedule step with DDP's reducer asserting
+    "rebuilt parameter indices size is not same as original model parameters size": the first step's runtime shape
+    inference (`_forward_metadata_inference`) calls the DDP module outside `no_sync()`, preparing the reducer for a
+    backward the inference never runs, so the gradient-ready order is recorded twice
+    (docs/findings/torch-2.15-pipelining-ddp-stage-metadata-inference-assert.py). Fix: that forward under `no_sync()`,
+    as the stage's every other forward."""
+    import contextlib
+
+    from torch.distributed.pipelining import stage
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = stage.PipelineStage._forward_metadata_inference
+
+    def forward_metadata_inference(self, *args, **kwargs):
+        ddp = isinstance(self.submod, DistributedDataParallel)
+        with self.submod.no_sync() if ddp else contextlib.nullcontext():
+            return original(self, *args, **kwargs)
+
+    stage.PipelineStage._forward_metadata_inference = forward_metadata_inference
+
+
 def _torch_ddp_static_graph_no_sync():
     """PyTorch 2.15: DDP(static_graph=True) with gradient accumulation under no_sync() asserts
     `expect_autograd_hooks_` in Reducer::finalize_backward at the first backward: _DDPSink.backward enqueues the
@@ -1235,6 +1257,7 @@ FIXES = {
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2"), _torch_sequence_parallel_requires_grad),
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
+    "torch-pipelining-ddp-metadata-inference": (("torch-pp",), _torch_pipelining_ddp_metadata_inference),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),

@@ -47,6 +47,10 @@ class TorchPp(TorchTarget):
             return "pipeline stages share no parameter: a tied LM head sits on another stage than the embedding"
         if m.get("layer_passes", 1) > 1:
             return "a block used by several passes cannot sit on one pipeline stage"
+        if m.get("activation_checkpointing") == "reentrant":
+            # torch.utils.checkpoint's documented limit: "When use_reentrant=True, torch.utils.checkpoint is
+            # incompatible with .grad() or passing an `inputs` parameter to .backward()", which the stages use.
+            return "a re-entrant checkpoint refuses the input-only gradients pipeline stages take (use_reentrant=False)"
         if m.get("sparse_embedding"):
             return "torch-pp reduces dense gradients only"
         if len(m["layers"]) < chunks:
@@ -182,7 +186,8 @@ class Pipeline:
         cpu = torch.device("cpu")
         self.stages = [PipelineStage(w, c, n, cpu, group=self.pp_group) for w, c in zip(wrapped, self.indices)]
         self.params = [q for _, q in self.named]
-        self.opt = make_optimizer(case, self.params)
+        # (A stage whose parameters are all frozen trains nothing: it has no optimizer.)
+        self.opt = make_optimizer(case, self.params) if any(q.requires_grad for q in self.params) else None
         self.schedule = self.make_schedule()
 
     def wrap(self, module):
@@ -249,7 +254,8 @@ class Pipeline:
         self.global_tokens = loss_denominator(self.inputs)
         losses, logits0, grads0 = [], None, {}
         for k in range(t["steps"]):
-            self.opt.zero_grad()
+            if self.opt is not None:
+                self.opt.zero_grad()
             self.loss_sum = torch.zeros((), dtype=torch.float64)
             rows = [self.step_rows(ids, tgt, int(bounds[i]), int(bounds[i + 1]), i == ga - 1) for i in range(ga)]
             if self.last:
@@ -263,7 +269,8 @@ class Pipeline:
                           if not is_frozen(self.case, name)}
             if t.get("clip_grad_norm") is not None:
                 self.clip(t["clip_grad_norm"])
-            self.opt.step()
+            if self.opt is not None:
+                self.opt.step()
         final = {name: self.view(name, q) for name, q in self.named}
         return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses if self.last else None,
                 "grads": grads0, "params": final}
@@ -280,7 +287,7 @@ class Pipeline:
         from torch.distributed.tensor import DTensor
 
         grads = [q.grad for q in self.params if q.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False) if grads else torch.zeros(())
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         square = norm.to(torch.float64) ** 2
