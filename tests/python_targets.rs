@@ -1972,3 +1972,38 @@ fn jax_targets_train_model_cases_and_see_wrong_collectives() {
     assert_eq!(run("jx-indices-iota-devices", "jax-gspmd", &tp), "divergent");
     assert_eq!(run("jx-indices-iota-devices", "jax-shardmap", &tp), "divergent");
 }
+
+/// torch-pp: torch.distributed.pipelining's stages under its own schedules (GPipe, 1F1B, interleaved 1F1B), alone
+/// and beside FSDP2 over the data-parallel ranks (ZeRO-2 interleaved, ZeRO-3 GPipe with accumulated steps deferring
+/// FSDP2's reduction and clipping over the pipeline ranks in bf16), a frozen first block and four stages: each passes
+/// with its features. Stages wrapped in DDP crash on their second step (the schedule's shape inference runs DDP's
+/// forward outside no_sync: docs/findings/torch-2.15-pipelining-ddp-stage-metadata-inference-assert.py) and pass with
+/// the fix; micro-batches the schedule would split unevenly are refused (torch pads them with stale rows).
+#[test]
+fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-pp");
+    let expected = [
+        ("pp2-dp2-zero2-interleaved2-f32.json", "torch-pp:pp2:dp2:fsdp-zero2", "torch-pp:pp2:interleaved-v2"),
+        ("pp2-dp2-zero3-gpipe-accumulation-bf16.json", "torch-pp:pp2:dp2:fsdp-zero3", "torch-pp:pp2:clipped"),
+        ("pp2-interleaved2-frozen-first-block-accumulation-f32.json", "torch-pp:pp2:scale-grads-0", "torch-pp:pp2:frozen"),
+        ("pp4-1f1b-microbatches4-bf16.json", "torch-pp:pp4:1f1b", "torch-pp:pp4:mb4"),
+    ];
+    let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "torch-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let o = shardfuzz(&args, &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), expected.len(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (v, (name, a, b)) in vs.iter().zip(expected) {
+        assert!(v["kind"] == "pass" && has_feature(v, a) && has_feature(v, b), "{name}: {v}");
+    }
+    let ddp = dir.join("pp2-dp2-ddp-1f1b-clip-f32.json");
+    let v = one_verdict("torch-pp", &ddp, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("failed to run forward"), "{v}");
+    let v = one_verdict("torch-pp", &ddp, "torch-pipelining-ddp-metadata-inference");
+    assert!(v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:dp2:ddp"), "with the fix: {v}");
+    let v = one_verdict("torch-pp", &root().join("corpus/pp2-1f1b-uneven-microbatches.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("split evenly"), "{v}");
+}

@@ -195,6 +195,10 @@ class Pipeline:
         if self.dp == 1:
             return module
         if self.p["zero_stage"] == 0:
+            if not any(q.requires_grad for q in module.parameters()):
+                # DDP refuses a module with nothing to train ("DistributedDataParallel is not needed when a module
+                # doesn't have any parameter that requires a gradient"): such a stage stays as it is.
+                return module
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             return DDP(module, process_group=self.dp_mesh.get_group())
