@@ -59,6 +59,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         reduce_to_owner: None,
         overlap_param_gather: None,
         sync_every_microbatch: None,
+        zero_bubble: None,
         param_shard_dim: None,
         persist_below: None,
         optimizer_sub_group: None,

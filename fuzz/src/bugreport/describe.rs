@@ -81,6 +81,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             None => {}
         }
     }
+    if p.pp > 1 && p.zero_bubble == Some(true) {
+        out.push("each backward split into input- and weight-gradient parts (a zero-bubble schedule)".into());
+    }
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));
         match p.reduce_to_owner {

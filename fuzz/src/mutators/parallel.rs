@@ -369,6 +369,22 @@ pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
+/// Backward split into input- and weight-gradient parts scheduled into the pipeline's bubbles (zero bubble), not, or the
+/// target's own choice; pipeline parallelism switched on with it, under a schedule that holds several stages per rank.
+pub fn zero_bubble(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let p = &mut c.parallel;
+    p.zero_bubble = another(p.zero_bubble, &ON_OFF_OR_TARGETS, rng);
+    if p.pp == 1 {
+        p.pp = 2;
+    }
+    p.microbatches = p.microbatches.max(p.pp);
+    if p.pipeline_schedule == PipelineSchedule::Gpipe {
+        p.pipeline_schedule = *[PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved].choose(rng).unwrap();
+        p.virtual_stages = if p.pipeline_schedule == PipelineSchedule::Interleaved { 2 } else { 1 };
+    }
+    true
+}
+
 /// Another pipeline schedule; interleaved with 2 to 4 model chunks per rank.
 pub fn schedule(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let p = &mut c.parallel;

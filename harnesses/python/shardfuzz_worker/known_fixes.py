@@ -690,6 +690,55 @@ def _torch_pipelining_ddp_metadata_inference():
     stage.PipelineStage._forward_metadata_inference = forward_metadata_inference
 
 
+def _torch_pipelining_fsdp_split_backward_unshard():
+    """PyTorch 2.15: under a zero-bubble schedule (the backward split into input- and weight-gradient parts) the last
+    stage's FSDP2 parameters get no gradient with `reshard_after_forward=True`: `stage_backward_input` collects the
+    weights it will later differentiate from `submod.parameters()` before its autograd call, when the last stage,
+    whose loss backward follows its forward at once, still holds the resharded DTensor parameters (not in the graph; the
+    pre-backward unshard has not run): no parameter group, an empty weight backward, every gradient of the stage None,
+    and the optimizer silently skips them (docs/findings/torch-2.15-pipelining-zero-bubble-fsdp-last-stage-no-grad.py).
+    Fix: the stage's FSDP2 modules unsharded before the input-gradient backward, as FSDP's pre-backward hook would."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import stage
+
+    original = stage._PipelineStageBase.backward_maybe_with_nosync
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        if backward_type == "input":
+            for module in self.submod.modules():
+                if isinstance(module, FSDPModule):
+                    module.unshard()
+        return original(self, backward_type, bwd_kwargs, last_backward)
+
+    stage._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
+
+
+def _torch_pipelining_ddp_split_backward_reduce():
+    """PyTorch 2.15: under a zero-bubble schedule a stage wrapped in DDP never reduces its weight gradients over the
+    data-parallel ranks: `stage_backward_weight` computes them with `torch.autograd.grad` and adds them to `.grad`
+    itself, so DDP's reducer, which all-reduces a gradient when its accumulation hook fires, never sees them (the
+    stage prepares the reducer for the last weight backward all the same); every rank steps with its own local
+    gradient and the replicas part (docs/findings/torch-2.15-pipelining-zero-bubble-ddp-weight-grads-unreduced.py).
+    Fix: after the last weight backward of a DDP stage, its gradients averaged over DDP's process group."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import stage
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = stage._PipelineStageBase.backward_maybe_with_nosync
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        result = original(self, backward_type, bwd_kwargs, last_backward)
+        if isinstance(self.submod, DistributedDataParallel) and backward_type == "weight" and last_backward:
+            group = self.submod.process_group
+            for p in self.submod.module.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=group)
+                    p.grad.div_(dist.get_world_size(group))
+        return result
+
+    stage._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
+
+
 def _torch_ddp_static_graph_no_sync():
     """PyTorch 2.15: DDP(static_graph=True) with gradient accumulation under no_sync() asserts
     `expect_autograd_hooks_` in Reducer::finalize_backward at the first backward: _DDPSink.backward enqueues the
@@ -1258,6 +1307,8 @@ FIXES = {
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2"), _torch_sequence_parallel_requires_grad),
     "torch-ddp-static-graph-no-sync": (("torch-ddp",), _torch_ddp_static_graph_no_sync),
     "torch-pipelining-ddp-metadata-inference": (("torch-pp",), _torch_pipelining_ddp_metadata_inference),
+    "torch-pipelining-fsdp-split-backward-unshard": (("torch-pp",), _torch_pipelining_fsdp_split_backward_unshard),
+    "torch-pipelining-ddp-split-backward-reduce": (("torch-pp",), _torch_pipelining_ddp_split_backward_reduce),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),

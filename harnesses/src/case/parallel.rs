@@ -103,6 +103,12 @@ pub struct Parallel {
     /// way. Absent: the target's own choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_every_microbatch: Option<bool>,
+    /// Under pipeline parallelism, each backward split into its input-gradient and weight-gradient parts, the weight
+    /// parts scheduled into the pipeline's bubbles (zero-bubble schedules), where a framework offers it (torch's
+    /// `ScheduleInterleavedZeroBubble` under the interleaved schedule, `ScheduleZBVZeroBubble`'s two V-placed stages
+    /// per rank under 1F1B); the same result either way. Absent: the target's own choice. Read only with pp > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_bubble: Option<bool>,
     /// Sharded parameters split along this tensor dimension where it divides evenly over their shard group, the
     /// others along dimension 0, where a framework offers the choice (FSDP2's `shard_placement_fn` returning
     /// `Shard(d)`; it refuses uneven splits on a nonzero dimension); the same result either way. Absent: dimension
@@ -244,6 +250,7 @@ impl Default for Parallel {
             reduce_to_owner: None,
             overlap_param_gather: None,
             sync_every_microbatch: None,
+            zero_bubble: None,
             param_shard_dim: None,
             static_graph: None,
             find_unused: None,

@@ -122,6 +122,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "reduce_to_owner",
         "overlap_param_gather",
         "sync_every_microbatch",
+        "zero_bubble",
         "param_shard_dim",
         "persist_below",
         "optimizer_sub_group",

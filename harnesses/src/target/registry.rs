@@ -96,7 +96,7 @@ pub const TARGETS: &[TargetInfo] = &[
         description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B, stages in DDP or FSDP2 over the data-parallel ranks",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "reduce_dtype_below", "master_dtype", "frozen",
-            "activation_checkpointing",
+            "activation_checkpointing", "zero_bubble",
         ],
         create: |o| python("torch-pp", MAIN, o),
     },

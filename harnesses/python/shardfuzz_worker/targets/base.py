@@ -169,6 +169,7 @@ def parallel(case):
         "reduce_to_owner": p.get("reduce_to_owner"),
         "overlap_param_gather": p.get("overlap_param_gather"),
         "sync_every_microbatch": p.get("sync_every_microbatch"),
+        "zero_bubble": p.get("zero_bubble"),
         "param_shard_dim": p.get("param_shard_dim"),
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),

@@ -43,6 +43,8 @@ class TorchPp(TorchTarget):
         chunks = p["pp"] * virtual_stages(p)
         if p["pp"] < 2:
             return "torch-pp runs pipeline-parallel cases (pp >= 2)"
+        if p["zero_bubble"] and p["pipeline_schedule"] == "gpipe":
+            return "torch's zero-bubble schedules are 1F1B-like (ZBV) or interleaved, not GPipe"
         if m.get("tied_embeddings"):
             return "pipeline stages share no parameter: a tied LM head sits on another stage than the embedding"
         if m.get("layer_passes", 1) > 1:
@@ -90,7 +92,23 @@ class TorchPp(TorchTarget):
 
 
 def virtual_stages(p):
-    return p["virtual_stages"] if p["pipeline_schedule"] == "interleaved" else 1
+    """Stages per pipeline rank: the interleaved schedule's virtual stages, two for the V-shaped zero-bubble schedule."""
+    if p["pipeline_schedule"] == "interleaved":
+        return p["virtual_stages"]
+    return 2 if v_shaped(p) else 1
+
+
+def v_shaped(p):
+    """Whether the schedule is ScheduleZBVZeroBubble (zero bubble under 1F1B): rank r holds stages r and 2 pp - 1 - r."""
+    return bool(p["zero_bubble"]) and p["pipeline_schedule"] == "1f1b"
+
+
+def rank_stages(p, pp_index):
+    """The stage indices pipeline rank `pp_index` holds, in order."""
+    if v_shaped(p):
+        return [pp_index, 2 * p["pp"] - 1 - pp_index]
+    n = p["pp"] * virtual_stages(p)
+    return [c for c in range(n) if c % p["pp"] == pp_index]
 
 
 def fsdp_stages(p):
@@ -120,7 +138,8 @@ def features(case):
     p = parallel(case)
     v = virtual_stages(p)
     prefix = f"torch-pp:pp{p['pp']}"
-    out = [prefix, f"{prefix}:{p['pipeline_schedule']}" + (f"-v{v}" if v > 1 else ""),
+    schedule = p["pipeline_schedule"] + (f"-v{v}" if v > 1 else "") + ("-zero-bubble" if p["zero_bubble"] else "")
+    out = [prefix, f"{prefix}:{schedule}",
            f"{prefix}:mb{min(p['microbatches'], 4)}", f"{prefix}:scale-grads-{int(scales_grads(case))}"]
     if p["dp"] > 1:
         out.append(f"{prefix}:dp{p['dp']}:" + (f"fsdp-zero{p['zero_stage']}" if fsdp_stages(p) else "ddp"))
@@ -177,7 +196,7 @@ class Pipeline:
         n = self.pp * virtual_stages(self.p)
         layers = stage_layers(len(case["model"]["layers"]), n)
         Stage = stage_module_class()
-        self.indices = [c for c in range(n) if c % self.pp == pp_index]
+        self.indices = rank_stages(self.p, pp_index)
         self.modules = [Stage(model, layers[c], c == 0, c == n - 1) for c in self.indices]
         self.first, self.last = 0 in self.indices, n - 1 in self.indices
         wrapped = [self.wrap(mod) for mod in self.modules]
@@ -218,8 +237,11 @@ class Pipeline:
         kind = self.p["pipeline_schedule"]
         kw = {"n_microbatches": self.p["microbatches"], "loss_fn": self.loss_fn,
               "scale_grads": scales_grads(self.case)}
+        if v_shaped(self.p):
+            return pl.ScheduleZBVZeroBubble(self.stages, **kw)
         if kind == "interleaved":
-            return pl.ScheduleInterleaved1F1B(self.stages, **kw)
+            cls = pl.ScheduleInterleavedZeroBubble if self.p["zero_bubble"] else pl.ScheduleInterleaved1F1B
+            return cls(self.stages, **kw)
         cls = pl.Schedule1F1B if kind == "1f1b" else pl.ScheduleGPipe
         return cls(self.stages[0], **kw)
 
@@ -269,15 +291,23 @@ class Pipeline:
                 if k == 0:
                     logits0 = torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy()
             if k == 0:
+                no_grad = self.untrained()
                 grads0 = {name: self.view(name, dense(grad_or_fail(name, q.grad))) for name, q in self.named
-                          if not is_frozen(self.case, name)}
+                          if not is_frozen(self.case, name) and name not in no_grad}
             if t.get("clip_grad_norm") is not None:
                 self.clip(t["clip_grad_norm"])
             if self.opt is not None:
                 self.opt.step()
         final = {name: self.view(name, q) for name, q in self.named}
         return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses if self.last else None,
-                "grads": grads0, "params": final}
+                "grads": grads0, "params": final, "no_grad": no_grad}
+
+    def untrained(self):
+        """Trainable parameters left without a gradient after the schedule's step, among those this rank's optimizer
+        steps (the very objects it holds, so a None here is what the optimizer sees: it skips them, silently). Any
+        other missing gradient stays a harness error (grad_or_fail)."""
+        held = {id(q) for g in (self.opt.param_groups if self.opt is not None else []) for q in g["params"]}
+        return [name for name, q in self.named if q.grad is None and q.requires_grad and id(q) in held]
 
     @staticmethod
     def view(name, t):
@@ -302,7 +332,13 @@ class Pipeline:
 
 def combine_stages(case, outs, feats):
     """Full outputs from the stages' ranks: the loss from the last stage, logits rows stitched from its ranks, each
-    parameter and gradient from the first rank holding it with every holder's copy as a replica."""
+    parameter and gradient from the first rank holding it with every holder's copy as a replica. A trainable parameter
+    the schedule left without a gradient (the optimizer skips it) is a divergence."""
+    untrained = [(rank, o["no_grad"]) for rank, o in enumerate(outs) if o.get("no_grad")]
+    if untrained:
+        where = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in untrained)
+        return {"status": "divergent", "reason": "the schedule's step left trainable parameters without a gradient "
+                f"(their optimizer skips them; the reference trains them): {where}"}
     m = case["model"]
     last = [o for o in outs if o["losses"] is not None]
     tensors = {f"loss/step{k}": np.array(v, dtype=np.float64) for k, v in enumerate(last[0]["losses"])}
