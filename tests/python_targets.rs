@@ -1978,7 +1978,9 @@ fn jax_targets_train_model_cases_and_see_wrong_collectives() {
 /// FSDP2's reduction and clipping over the pipeline ranks in bf16), a frozen first block and four stages: each passes
 /// with its features. Stages wrapped in DDP crash on their second step (the schedule's shape inference runs DDP's
 /// forward outside no_sync: docs/findings/torch-2.15-pipelining-ddp-stage-metadata-inference-assert.py) and pass with
-/// the fix; micro-batches the schedule would split unevenly are refused (torch pads them with stale rows).
+/// the fix; micro-batches the schedule would split unevenly are refused (torch pads them with stale rows). Zero-bubble
+/// schedules (ZBV, interleaved) pass alone and with a frozen embedding; beside FSDP2 ZeRO-3 the last stage gets no
+/// gradient, beside DDP the weight gradients are never reduced: each passes with its fix.
 #[test]
 fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
     if !python_ready() {
@@ -1990,6 +1992,8 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
         ("pp2-dp2-zero3-gpipe-accumulation-bf16.json", "torch-pp:pp2:dp2:fsdp-zero3", "torch-pp:pp2:clipped"),
         ("pp2-interleaved2-frozen-first-block-accumulation-f32.json", "torch-pp:pp2:scale-grads-0", "torch-pp:pp2:frozen"),
         ("pp4-1f1b-microbatches4-bf16.json", "torch-pp:pp4:1f1b", "torch-pp:pp4:mb4"),
+        ("pp2-zbv-f32.json", "torch-pp:pp2:1f1b-v2-zero-bubble", "torch-pp:pp2:scale-grads-1"),
+        ("pp2-zbv-frozen-embedding-accumulation-f32.json", "torch-pp:pp2:1f1b-v2-zero-bubble", "torch-pp:pp2:frozen"),
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "torch-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();
@@ -2006,4 +2010,18 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
     assert!(v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:dp2:ddp"), "with the fix: {v}");
     let v = one_verdict("torch-pp", &root().join("corpus/pp2-1f1b-uneven-microbatches.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("split evenly"), "{v}");
+    // Zero bubble beside FSDP2 resharding after forward: the last stage's weights are collected while still sharded,
+    // so none gets a gradient (docs/findings/torch-2.15-pipelining-zero-bubble-fsdp-last-stage-no-grad.py).
+    let zb_fsdp = dir.join("pp2-interleaved2-zero-bubble-dp2-zero3-clip-bf16.json");
+    let v = one_verdict("torch-pp", &zb_fsdp, "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("without a gradient") && reason(&v).contains("lm_head.weight"), "{v}");
+    let v = one_verdict("torch-pp", &zb_fsdp, "torch-pipelining-fsdp-split-backward-unshard");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
+    // Zero bubble beside DDP: the split weight backward never reaches DDP's reducer, replicas keep local gradients
+    // (docs/findings/torch-2.15-pipelining-zero-bubble-ddp-weight-grads-unreduced.py).
+    let zb_ddp = dir.join("pp2-zbv-dp2-ddp-f32.json");
+    let v = one_verdict("torch-pp", &zb_ddp, "torch-pipelining-ddp-metadata-inference");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "{v}");
+    let v = one_verdict("torch-pp", &zb_ddp, "torch-pipelining-ddp-metadata-inference,torch-pipelining-ddp-split-backward-reduce");
+    assert_eq!(v["kind"], "pass", "with both fixes: {v}");
 }
