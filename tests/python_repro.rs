@@ -397,3 +397,25 @@ fn fsdp2_beside_tensor_parallelism_reproduces_the_frozen_norm_standalone() {
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: param/layers.0.norm."), "{}", text(&run));
 }
+
+/// Real torch bugs from case to standalone script on torch-pp (torch.distributed.pipelining, pp 2 × dp 2): under an
+/// interleaved zero-bubble schedule beside FSDP2 ZeRO-3 the last stage gets no gradient
+/// (docs/findings/torch-2.15-pipelining-zero-bubble-fsdp-last-stage-no-grad.py), and the script alone says so; a clean
+/// case of the same layout (ScheduleInterleaved1F1B, ZeRO-2) passes alone.
+#[test]
+fn pipeline_stages_reproduce_the_zero_bubble_gradient_loss_standalone() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-pp");
+    let (_, clean, command) = report_to_script(&dir.join("pp2-interleaved2-zero-bubble-dp2-zero3-clip-bf16.json"), "torch-pp", &[], "divergent");
+    assert_eq!(command, "torchrun --nproc_per_node 4 repro.py");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(out.contains("MISMATCH: the schedule's step left trainable parameters without a gradient") && out.contains("lm_head.weight"), "{}", text(&run));
+    let (_, clean, command) = report_to_script(&dir.join("pp2-dp2-zero2-interleaved2-f32.json"), "torch-pp", &[], "pass");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("OK"), "{}", text(&run));
+}

@@ -363,6 +363,19 @@ class TorchFsdp2BesideTpReproTest(ModelReproChecks, unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class TorchPpReproTest(ModelReproChecks, unittest.TestCase):
+    target = "torch-pp"
+    fault = "fsdp2-avg-off-by-one"
+    # Two pipeline stages under 1F1B, each in FSDP2 (ZeRO-3) over two data-parallel ranks: the fault is FSDP2's
+    # divide factor, which the schedule's own gradient reduction of FSDP2 stages runs.
+    parallel = {"dp": 2, "pp": 2, "zero_stage": 3, "microbatches": 2, "pipeline_schedule": "1f1b"}
+
+    def test_the_command_runs_one_process_per_rank(self):
+        p = self.generated["model"][2]["parallel"]
+        self.assertEqual(self.generated["model"][1], f"torchrun --nproc_per_node {p['dp'] * p['pp']} repro.py")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDdpReproTest(ModelReproChecks, unittest.TestCase):
     target = "torch-ddp"
     fault = "ddp-avg-off-by-one"
