@@ -408,12 +408,17 @@ fn pipeline_stages_reproduce_the_zero_bubble_gradient_loss_standalone() {
         return;
     }
     let dir = root().join("tests/python-pp");
-    let (_, clean, command) = report_to_script(&dir.join("pp2-interleaved2-zero-bubble-dp2-zero3-clip-bf16.json"), "torch-pp", &[], "divergent");
+    let (_, clean, command) =
+        report_to_script(&dir.join("pp2-interleaved2-zero-bubble-dp2-zero3-clip-bf16.json"), "torch-pp", &[], "divergent");
     assert_eq!(command, "torchrun --nproc_per_node 4 repro.py");
     let run = run_repro(clean.path(), &command, None);
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
     let out = String::from_utf8_lossy(&run.stdout);
-    assert!(out.contains("MISMATCH: the schedule's step left trainable parameters without a gradient") && out.contains("lm_head.weight"), "{}", text(&run));
+    assert!(
+        out.contains("MISMATCH: the schedule's step left trainable parameters without a gradient") && out.contains("lm_head.weight"),
+        "{}",
+        text(&run)
+    );
     let (_, clean, command) = report_to_script(&dir.join("pp2-dp2-zero2-interleaved2-f32.json"), "torch-pp", &[], "pass");
     let run = run_repro(clean.path(), &command, None);
     assert_eq!(run.status.code(), Some(0), "{}", text(&run));

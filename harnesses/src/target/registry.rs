@@ -93,7 +93,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-pp",
-        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B, stages in DDP or FSDP2 over the data-parallel ranks",
+        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B and the zero-bubble ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble, stages in DDP or FSDP2 over the data-parallel ranks",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "reduce_dtype_below", "master_dtype", "frozen",
             "activation_checkpointing", "zero_bubble",

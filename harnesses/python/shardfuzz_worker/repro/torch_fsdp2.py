@@ -55,6 +55,7 @@ def generate(case, inputs, bounds, dropped):
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     imports = IMPORTS
     if p["tp"] > 1:
-        sources += "\n\n" + plan_source(case) + "\n\n" + worker_source("targets/torch_tp.py", "replicas_per_rank")
+        sources += "\n\n" + plan_source(case) + "\n\n" + worker_source("targets/torch_tp.py", "replicas_per_rank",
+                                                                           "replicated_norms")
         imports += tp_imports(p["sequence_parallel"])
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, imports, sources)

@@ -89,6 +89,7 @@ def generate(case, inputs, bounds, dropped):
         worker_source("targets/base.py", "is_frozen"),
         worker_source("targets/torch_training.py", "full", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step"),
         plan_source(case),
+        worker_source("targets/torch_tp.py", "replicated_norms"),
         template("torch_tp"),
         template("torch_main"),
     ]

@@ -30,8 +30,14 @@ class TorchPp(TorchTarget):
 
     def __init__(self):
         super().__init__()
+        import torch
         import torch.distributed.pipelining as pipelining
 
+        if inspect.signature(pipelining.PipelineStage).parameters["input_args"].default is inspect.Parameter.empty:
+            # Measured with torch 2.5.1: PipelineStage requires example inputs there (no runtime shape inference), and
+            # its stages are sized by them; this target builds stages as later releases let users build them.
+            raise RuntimeError(f"torch {torch.__version__}'s PipelineStage needs example inputs (input_args); torch-pp "
+                               "builds stages whose shapes the schedule infers at runtime")
         self.deferred_finalize = "finalize_gradients" in inspect.signature(pipelining.ScheduleGPipe.step).parameters
 
     def unsupported(self, case):

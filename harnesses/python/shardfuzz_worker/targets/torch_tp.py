@@ -62,7 +62,7 @@ def parallelize(model, tp, case):
     o and down, a row-parallel (vocab-parallel) embedding, a column-parallel LM head (its output kept sharded for
     `loss_parallel` unless the case's `vocab_loss` is `gathered`); under sequence parallelism SequenceParallel norms
     with the residual stream sharded along the sequence, else norms with Replicate parameters fed local tensors."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -94,16 +94,23 @@ def parallelize(model, tp, case):
         plan[f"{pre}.{inner}.{row}"] = RowwiseParallel(output_layouts=seq)
     parallelize_module(model, tp, plan)
     if not sp:
-        # Norms stay replicated: plain modules fed local tensors, with Replicate DTensor params.
-        def to_dt(mod, args, dm):
-            return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
+        replicated_norms(model, tp)
 
-        def to_local(mod, out, dm):
-            return out.to_local()
 
-        for name, mod in model.named_modules():
-            if name.endswith("norm"):
-                distribute_module(mod, tp, input_fn=to_dt, output_fn=to_local)
+def replicated_norms(model, mesh):
+    """Without sequence parallelism the model's norms stay replicated: plain modules with Replicate DTensor parameters
+    over `mesh`, fed local tensors and returning local ones."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def to_dt(mod, args, dm):
+        return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
+
+    def to_local(mod, out, dm):
+        return out.to_local()
+
+    for name, mod in model.named_modules():
+        if name.endswith("norm"):
+            distribute_module(mod, mesh, input_fn=to_dt, output_fn=to_local)
 
 
 def loss_context(case):

@@ -59,12 +59,4 @@ def tensor_parallel(model, mesh):
     Replicate parameters and are fed local tensors."""
     parallelize_module(model, mesh, tp_plan())
     if not SEQUENCE_PARALLEL:
-        def to_dt(mod, args, dm):
-            return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
-
-        def to_local(mod, out, dm):
-            return out.to_local()
-
-        for name, mod in model.named_modules():
-            if name.endswith("norm"):
-                distribute_module(mod, mesh, input_fn=to_dt, output_fn=to_local)
+        replicated_norms(model, mesh)

@@ -74,15 +74,7 @@ def run_sharded(data, rank):
     mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
     parallelize_module(model, mesh, tp_plan())
     if not SEQUENCE_PARALLEL:
-        def to_dt(mod, args, dm):
-            return tuple(DTensor.from_local(a, dm, [Replicate()], run_check=False) for a in args)
-
-        def to_local(mod, out, dm):
-            return out.to_local()
-
-        for name, mod in model.named_modules():
-            if name.endswith("norm"):
-                distribute_module(mod, mesh, input_fn=to_dt, output_fn=to_local)
+        replicated_norms(model, mesh)
 
     def view(name, t):
         if isinstance(t, DTensor) and all(isinstance(pl, Replicate) for pl in t.placements):
