@@ -11,7 +11,7 @@ see), nor a refusal where another rank crashed.
 #: What gloo raises on a rank whose peer died: never the cause of a crash.
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
-from .validation import classify, is_native_caller, recomputing, short
+from .validation import TRACE_TIME_CAUSES, classify, is_native_caller, recomputing, short
 
 
 def classify_failures(target, failed, world):
@@ -24,10 +24,10 @@ def classify_failures(target, failed, world):
     # would name the case after a check the framework passed on another rank).
     crashed = [(r, f) for r, f, kind, _ in verdicts if kind == "crash" and not peer_gone(f)]
     first_rank, first = crashed[0] if crashed else next(((r, f) for r, f in real if not peer_gone(f)), real[0])
-    message = f"{first['type']}: {first['message']}".strip()
+    message = failure_message(first)
     if len(failed) == world and len(real) == len(failed) and all(v[2] == "rejected" for v in verdicts):
         return {"status": "rejected", "reason": message}
-    site = last_frame(first.get("traceback", ""))
+    site = innermost_site(first)
     frame = next(v[3] for v in verdicts if v[0] == first_rank)
     where = "raised in the framework's native code, called at" if frame and is_native_caller(frame) else "at"
     if frame and is_recompute(frame) and frame[0] not in site:
@@ -35,6 +35,34 @@ def classify_failures(target, failed, world):
         where, site = "in the model code recomputed by", f'File "{frame[0]}", line {frame[1]}, in {frame[2]}'
     reason = message if not site else f"{message} ({where} {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
+
+
+def causes(f):
+    """The failure's explicitly chained exceptions, outermost first (JAX's trace-time stacks left out)."""
+    return [link for link in f.get("chain") or [] if link["type"] not in TRACE_TIME_CAUSES]
+
+
+def failure_message(f):
+    """`Type: message` of the error that happened. A framework that wraps an error (`raise RuntimeError(
+    "[Stage 0] failed to run forward ...") from e`, torch.distributed.pipelining) would otherwise give every
+    failure under it one message: the innermost cause is told first, the wrapper's first line after it."""
+    outer = f"{f['type']}: {f['message']}".strip()
+    chain = causes(f)
+    if len(chain) < 2:
+        return outer
+    inner = chain[-1]
+    wrapper = next((line.strip() for line in f["message"].splitlines() if line.strip()), "")
+    return f"{inner['type']}: {inner['message']}".strip() + f" (wrapped as {f['type']}: {wrapper})"
+
+
+def innermost_site(f):
+    """`File "...", line N, in f` where the innermost cause was raised (the traceback's last frame when
+    nothing is chained)."""
+    chain = causes(f)
+    if len(chain) >= 2 and chain[-1]["frames"]:
+        path, line, function = chain[-1]["frames"][-1]
+        return f'File "{path}", line {line}, in {function}'
+    return last_frame(f.get("traceback", ""))
 
 
 def peer_gone(f):

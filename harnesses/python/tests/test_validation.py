@@ -195,6 +195,21 @@ class TorchFramesTest(unittest.TestCase):
         self.assertEqual((reply["status"], reply["rank"]), ("crash", 1))
         self.assertIn("negative output size", reply["reason"])
 
+    def test_a_wrapped_error_is_told_by_its_cause(self):
+        # torch.distributed.pipelining re-raises every stage failure as "[Stage 0] failed to run forward" from the
+        # real error (here DDP's reducer assert): one message for all of them would merge distinct bugs.
+        t = Target("torch-pp")
+        stage = fw("torch", "distributed/pipelining/stage.py", "forward_one_chunk", 1201)
+        ddp = fw("torch", "nn/parallel/distributed.py", "_pre_forward", 1538)
+        f = failure(("RuntimeError", "\n    [Stage 0] failed to run forward:\n    args: ('Tensor(...)',)\n", [stage]),
+                    ("RuntimeError", "rebuilt parameter indices size is not same as original model parameters size.",
+                     [stage, ddp]))
+        reply = classify_failures(t, [(0, f)], 1)
+        self.assertEqual(reply["status"], "crash")
+        self.assertTrue(reply["reason"].startswith("RuntimeError: rebuilt parameter indices size"), reply["reason"])
+        self.assertIn("(wrapped as RuntimeError: [Stage 0] failed to run forward:)", reply["reason"])
+        self.assertIn('nn/parallel/distributed.py", line 1538, in _pre_forward)', reply["reason"])
+
     def test_gloos_refusal_of_an_average_is_rejected(self):
         # torch 2.4.1 / 2.5.1: a Partial(avg) reduced on gloo raises in C++ under the functional collective.
         f = failure(("RuntimeError", "Cannot use ReduceOp.AVG with Gloo",
