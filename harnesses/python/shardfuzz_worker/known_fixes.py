@@ -171,6 +171,33 @@ def _torch_sequence_parallel_requires_grad():
     SequenceParallel._replicate_module_fn = replicate_module_fn
 
 
+def _torch_ddp_tp_local_parameters():
+    """torch 2.5.1 to 2.15: DDP over a tensor-parallel model (its `device_mesh` path, `_pre_dp_module_transform`) holds the
+    DTensor parameters as new local `nn.Parameter`s, which (1) are trainable whatever the DTensor was (`_flatten_tensor`
+    sets requires_grad, `nn.Parameter` defaults to it): a frozen parameter is trained; and (2) are gone after the first
+    forward: its pre-forward hook puts plain DTensors (not parameters) in their place, so its post-forward hook finds
+    nothing to localize, and `module.parameters()` is empty from then on: `zero_grad()` clears nothing (gradients pile
+    up over steps), clipping over `parameters()` clips nothing, and a pipeline stage's `scale_grads` leaves the gradients
+    n_microbatches times too large (docs/findings/torch-2.15-ddp-tp-parameters-gone-after-forward.py). Fix: localize
+    keeping `requires_grad`, and put the same local parameters back after every forward."""
+    import torch.distributed.tensor.parallel.ddp as ddp_tp
+    import torch.nn as nn
+
+    def pre_dp_module_transform(module):
+        local = []
+        for name, q in list(module.named_parameters()):
+            t, spec = ddp_tp._flatten_tensor(q)
+            if spec is not None:
+                t = nn.Parameter(t, requires_grad=q.requires_grad)
+                t._st_info = spec
+                local.append((*ddp_tp._get_submodule_n_params(module, name), t))
+        ddp_tp._update_module_param(local)
+        module.register_forward_pre_hook(ddp_tp._reconstruct_dtensor)
+        module.register_forward_hook(lambda *_: ddp_tp._update_module_param(local))
+
+    ddp_tp._pre_dp_module_transform = pre_dp_module_transform
+
+
 def _torch_fsdp2_int_reshard_submesh():
     """torch 2.15: FSDP2's `_get_post_forward_mesh_info` builds an integer `reshard_after_forward`'s mesh from the ranks
     of this rank's FSDP mesh; over a sub-mesh (FSDP beside tensor parallelism) the ranks of each tensor-parallel index
@@ -1311,6 +1338,7 @@ FIXES = {
     "torch-pipelining-ddp-split-backward-reduce": (("torch-pp",), _torch_pipelining_ddp_split_backward_reduce),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
+    "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
     "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),
     "deepspeed-zero2-accumulation-last-micro-batch": (("deepspeed-zero",), _deepspeed_zero2_accumulation_last_micro_batch),

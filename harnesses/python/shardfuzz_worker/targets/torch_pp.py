@@ -5,21 +5,28 @@ and LM head on the last), each a `torch.distributed.pipelining.PipelineStage`, r
 itself). Beside data parallelism (a (pp, dp) mesh, dp fastest) every stage is wrapped as torchtitan wraps it: under ZeRO
 0 in DistributedDataParallel over its data-parallel peers, under ZeRO 1-3 in FSDP2 (`fully_shard` on each block and the
 stage, resharding after forward at stage 3, mixed precision as the case's master / reduce dtypes ask); the schedules
-drive both themselves (no_sync, `set_requires_gradient_sync`, their final gradient reduction).
+drive both themselves (no_sync, `set_requires_gradient_sync`, their final gradient reduction). With tensor parallelism
+the mesh is torchtitan's 3-D (pp, dp, tp), tp fastest: torch-tp's plan (`torch_tp.parallelize`, sequence parallelism
+and `loss_parallel` included) applied to the model before it is cut into stages, so a stage boundary passes each
+tensor-parallel rank's local activations (sequence shards under sequence parallelism) to the same tensor-parallel rank
+of the next stage; the schedule steps under `loss_parallel` where the LM head's output stays vocabulary-sharded, as
+torchtitan's training context does.
 
 The loss function is the micro-batch's summed token loss (or with `local_mean_loss` its mean) scaled to the global
 token mean, times the micro-batch count where the schedule divides the gradients by it (`scale_grads`, torch's default;
 with accumulated steps only FSDP2 stages defer that division to the last, so the others take `scale_grads=False`).
 Gradient clipping is torchtitan's: the stage's norm (DTensor norms made full), squared, summed over the pipeline ranks."""
 
+import contextlib
 import inspect
 
 import numpy as np
 
 from .base import (chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, master_dtype_name, parallel,
-                   reduce_dtype_name, setup_features, zero_offloaded)
+                   reduce_dtype_name, setup_features, vocab_sharded_loss, zero_offloaded)
 from .torch_common import TorchTarget, mesh, torch_dtype
 from .torch_model import build, checkpointed_block, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import dense, full, micro_batch_loss, single_device
 
 
@@ -41,11 +48,13 @@ class TorchPp(TorchTarget):
         self.deferred_finalize = "finalize_gradients" in inspect.signature(pipelining.ScheduleGPipe.step).parameters
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("pp", "dp"), "torch-pp runs pipeline stages beside data parallelism",
-                                 master_weights=True)
+        why = unsupported_layout(case, ("pp", "dp", "tp"),
+                                 "torch-pp runs pipeline stages beside data and tensor parallelism", master_weights=True)
         if why:
             return why
         p, m = parallel(case), model_defaults(case)
+        if p["tp"] > 1 and (why := unsupported_tensor_parallel(case)):
+            return why
         chunks = p["pp"] * virtual_stages(p)
         if p["pp"] < 2:
             return "torch-pp runs pipeline-parallel cases (pp >= 2)"
@@ -85,9 +94,10 @@ class TorchPp(TorchTarget):
         import torch
 
         p = parallel(case)
-        pp, dp = p["pp"], world // p["pp"]
-        stage_mesh = mesh((pp, dp), ("pp", "dp"))
-        run = Pipeline(case, inputs, rank // dp, rank % dp, stage_mesh, self.deferred_finalize)
+        pp, tp = p["pp"], p["tp"]
+        dp = world // (pp * tp)
+        stage_mesh = mesh((pp, dp, tp), ("pp", "dp", "tp")) if tp > 1 else mesh((pp, dp), ("pp", "dp"))
+        run = Pipeline(case, inputs, rank // (dp * tp), rank // tp % dp, stage_mesh, self.deferred_finalize)
         torch.manual_seed(0)
         out = run.train()
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -149,6 +159,9 @@ def features(case):
            f"{prefix}:mb{min(p['microbatches'], 4)}", f"{prefix}:scale-grads-{int(scales_grads(case))}"]
     if p["dp"] > 1:
         out.append(f"{prefix}:dp{p['dp']}:" + (f"fsdp-zero{p['zero_stage']}" if fsdp_stages(p) else "ddp"))
+    if p["tp"] > 1:
+        loss = "sharded" if vocab_sharded_loss(case, True) else "gathered"
+        out.append(f"{prefix}:tp{p['tp']}:sp{int(p['sequence_parallel'])}:loss-{loss}")
     if case["train"].get("grad_accumulation", 1) > 1:
         out.append(f"{prefix}:accumulated-steps")
     if case["train"].get("clip_grad_norm") is not None:
@@ -197,8 +210,12 @@ class Pipeline:
         self.case, self.inputs, self.p = case, inputs, parallel(case)
         self.pp, self.dp, self.dp_index = self.p["pp"], stage_mesh.size(1), dp_index
         self.dp_mesh, self.pp_group = stage_mesh["dp"], stage_mesh.get_group("pp")
+        self.tp = stage_mesh.size(2) if stage_mesh.ndim == 3 else 1
         self.deferred_finalize = deferred_finalize and fsdp_stages(self.p)
         model, _ = build(case, inputs, dtype=master_dtype_name(case))
+        if self.tp > 1:
+            # (The whole model's plan, module names as torch_tp.py gives them; the stages below keep those names.)
+            parallelize(model, stage_mesh["tp"], case)
         n = self.pp * virtual_stages(self.p)
         layers = stage_layers(len(case["model"]["layers"]), n)
         Stage = stage_module_class()
@@ -226,6 +243,10 @@ class Pipeline:
                 return module
             from torch.nn.parallel import DistributedDataParallel as DDP
 
+            if self.tp > 1:
+                # DDP's own DDP + TP path: given the data-parallel sub-mesh it holds the tensor-parallel parameters as
+                # local tensors between forwards (torch.distributed.tensor.parallel.ddp._pre_dp_module_transform).
+                return DDP(module, device_mesh=self.dp_mesh)
             return DDP(module, process_group=self.dp_mesh.get_group())
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -267,7 +288,9 @@ class Pipeline:
         if self.deferred_finalize:
             kw["finalize_gradients"] = finalize
         self.calls = []
-        out = self.schedule.step(*args, **kw)
+        ctx = loss_context(self.case) if self.tp > 1 else None
+        with ctx() if ctx else contextlib.nullcontext():
+            out = self.schedule.step(*args, **kw)
         if self.last:
             self.loss_sum += sum(self.calls[-self.p["microbatches"]:])
         return out
@@ -298,13 +321,13 @@ class Pipeline:
                     logits0 = torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy()
             if k == 0:
                 no_grad = self.untrained()
-                grads0 = {name: self.view(name, dense(grad_or_fail(name, q.grad))) for name, q in self.named
+                grads0 = {name: self.reported(name, q, dense(grad_or_fail(name, q.grad))) for name, q in self.named
                           if not is_frozen(self.case, name) and name not in no_grad}
             if t.get("clip_grad_norm") is not None:
                 self.clip(t["clip_grad_norm"])
             if self.opt is not None:
                 self.opt.step()
-        final = {name: self.view(name, q) for name, q in self.named}
+        final = {name: self.reported(name, q, q) for name, q in self.named}
         return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses if self.last else None,
                 "grads": grads0, "params": final, "no_grad": no_grad}
 
@@ -315,9 +338,14 @@ class Pipeline:
         held = {id(q) for g in (self.opt.param_groups if self.opt is not None else []) for q in g["params"]}
         return [name for name, q in self.named if q.grad is None and q.requires_grad and id(q) in held]
 
-    @staticmethod
-    def view(name, t):
-        return to_case_layout(name, full(t)).numpy()
+    def view(self, name, t):
+        """What this rank reports of a parameter or gradient: the full tensor, or under tensor parallelism its own copy of
+        a tensor replicated over the tensor-parallel ranks (torch-tp's replicas_per_rank)."""
+        return replicas_per_rank(name, t) if self.tp > 1 else to_case_layout(name, full(t)).numpy()
+
+    def reported(self, name, q, t):
+        """`t` (the parameter q or its gradient) as this rank reports it."""
+        return self.view(name, distributed(q, t))
 
     def clip(self, max_norm):
         """torchtitan's clip_grad_norm_ under pipeline parallelism: this rank's gradient norm (a DTensor norm made
@@ -326,7 +354,7 @@ class Pipeline:
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
-        grads = [q.grad for q in self.params if q.grad is not None]
+        grads = [distributed(q, q.grad) for q in self.params if q.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False) if grads else torch.zeros(())
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
@@ -334,6 +362,17 @@ class Pipeline:
         dist.all_reduce(square, group=self.pp_group)
         total = square.sqrt().to(norm.dtype)
         torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=False)
+
+
+def distributed(q, t):
+    """`t` (the parameter q or its gradient) as the DTensor q stands for where DDP's tensor-parallel path holds q as its
+    local shard (with the DTensor's spec as `_st_info`), else `t`."""
+    info = getattr(q, "_st_info", None)
+    if info is None:
+        return t
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(t, info.mesh, info.placements, run_check=False, shape=info.shape, stride=info.stride)
 
 
 def combine_stages(case, outs, feats):
