@@ -1994,6 +1994,8 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
         ("pp4-1f1b-microbatches4-bf16.json", "torch-pp:pp4:1f1b", "torch-pp:pp4:mb4"),
         ("pp2-zbv-f32.json", "torch-pp:pp2:1f1b-v2-zero-bubble", "torch-pp:pp2:scale-grads-1"),
         ("pp2-zbv-frozen-embedding-accumulation-f32.json", "torch-pp:pp2:1f1b-v2-zero-bubble", "torch-pp:pp2:frozen"),
+        ("pp2-tp2-sp-gpipe-f32.json", "torch-pp:pp2:tp2:sp1:loss-sharded", "torch-pp:pp2:gpipe"),
+        ("pp2-dp2-tp2-zero3-1f1b-f32.json", "torch-pp:pp2:tp2:sp0:loss-sharded", "torch-pp:pp2:dp2:fsdp-zero3"),
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "torch-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();
@@ -2024,4 +2026,13 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "{v}");
     let v = one_verdict("torch-pp", &zb_ddp, "torch-pipelining-ddp-metadata-inference,torch-pipelining-ddp-split-backward-reduce");
     assert_eq!(v["kind"], "pass", "with both fixes: {v}");
+    // DDP over a tensor-parallel stage (DDP's device_mesh path): the module has no parameters after its first forward,
+    // so the stage's scale_grads divides nothing and every gradient is n_microbatches (2) times too large
+    // (docs/findings/torch-2.15-ddp-tp-parameters-gone-after-forward.py).
+    let ddp_tp = dir.join("pp2-dp2-tp2-ddp-1f1b-clip-f32.json");
+    let v = one_verdict("torch-pp", &ddp_tp, "torch-pipelining-ddp-metadata-inference");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("grad/") && reason(&v).contains("norm error 1.000e0"), "{v}");
+    let v = one_verdict("torch-pp", &ddp_tp, "torch-pipelining-ddp-metadata-inference,torch-ddp-tp-local-parameters");
+    assert!(v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:dp2:ddp") && has_feature(&v, "torch-pp:pp2:tp2:sp0:loss-sharded"),
+            "with both fixes: {v}");
 }

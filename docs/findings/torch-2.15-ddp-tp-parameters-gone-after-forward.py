@@ -21,7 +21,9 @@ shard and `nn.Parameter` defaults to `requires_grad=True`, so a layer frozen bef
 Run: torchrun --nproc_per_node 4 torch-2.15-ddp-tp-parameters-gone-after-forward.py [--fix]
 (CPU, gloo; a 2 x 2 (dp, tp) mesh). Prints, on rank 0, MISMATCH or OK for each of the two checks; `--fix` replaces
 `_pre_dp_module_transform` with one that keeps `requires_grad` and puts the same local parameters back after every
-forward.
+forward. Measured: torch 2.15.0 MISMATCH / MISMATCH, with --fix OK / OK; torch 2.5.1 the same, except that the frozen
+check still fails with --fix there: 2.5.1's ColwiseParallel unfreezes the layer itself (pytorch/pytorch#171523, fixed
+by #171709).
 """
 
 import sys

@@ -11,7 +11,7 @@ TARGET = "torch-pp"
 
 #: The worker's pipeline (targets/torch_pp.py) the script runs as is.
 PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "rank_stages", "fsdp_stages", "scales_grads", "stage_module_class",
-                   "stage_layers", "Pipeline", "combine_stages")
+                   "stage_layers", "Pipeline", "distributed", "combine_stages")
 
 
 def check(case):
@@ -33,28 +33,35 @@ def schedule_words(p):
 
 def generate(case, inputs, bounds, dropped):
     p = parallel(case)
-    world = p["pp"] * p["dp"]
+    world = p["pp"] * p["dp"] * p["tp"]
     command = f"torchrun --nproc_per_node {world} repro.py"
     wrap = "" if p["dp"] == 1 else (" in DDP" if p["zero_stage"] == 0 else f" in FSDP2 (ZeRO-{p['zero_stage']})")
+    tp = "" if p["tp"] == 1 else (f", torch's tensor-parallel plan over tp={p['tp']} ranks inside them"
+                                  f"{' (sequence parallel)' if p['sequence_parallel'] else ''}")
     what = (f"torch.distributed.pipelining: {p['pp']} pipeline ranks under {schedule_words(p)}, {p['microbatches']} "
-            f"micro-batch(es) per step, stages{wrap} over dp={p['dp']} ranks")
+            f"micro-batch(es) per step, stages{wrap} over dp={p['dp']} ranks{tp}")
     config = [
         rule("the case"),
         literal("CASE", case),
-        f"PP = {p['pp']}\nDP = {p['dp']}\nWORLD = {world}  # PP x DP, dp fastest\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"PP = {p['pp']}\nDP = {p['dp']}\nTP = {p['tp']}\nWORLD = {world}  # PP x DP x TP, tp fastest\n"
+        f"DTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         "DEFERRED_FINALIZE = \"finalize_gradients\" in inspect.signature(ScheduleGPipe.step).parameters  # as the worker",
         model_line(case),
         literal("BOUNDS", bounds),
     ]
-    base = worker_source("targets/base.py", "parallel", "dtype_name", "reduce_dtype_name", "master_dtype_name")
+    base = worker_source("targets/base.py", "parallel", "dtype_name", "reduce_dtype_name", "master_dtype_name",
+                         "vocab_sharded_loss")
     dtypes = worker_source("targets/torch_common.py", "torch_dtype")
+    # (torch-tp's plan and per-rank reporting, which the pipeline calls where tp > 1.)
+    plan = (worker_source("targets/torch_model.py", "model_defaults") + "\n\n"
+            + worker_source("targets/torch_tp.py", "parallelize", "replicated_norms", "loss_context", "replicas_per_rank"))
     pipeline = worker_source("targets/torch_pp.py", *PIPELINE_SOURCE)
     sections = [
         "\n".join(c.rstrip("\n") for c in config),
         template("common"),
         model_source(),
         training_source(),
-        rule("the pipeline (as the worker's)") + "\n" + base + "\n\n" + dtypes + "\n\n" + pipeline,
+        rule("the pipeline (as the worker's)") + "\n" + base + "\n\n" + dtypes + "\n\n" + plan + "\n\n" + pipeline,
         template("torch_pp"),
         template("torch_reference"),
         template("torch_main"),

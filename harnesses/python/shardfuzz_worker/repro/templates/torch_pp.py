@@ -17,9 +17,12 @@ def run(rank):
     from torch.distributed.device_mesh import init_device_mesh
 
     data = load_blob()
-    stage_mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
+    if TP > 1:
+        stage_mesh = init_device_mesh("cpu", (PP, DP, TP), mesh_dim_names=("pp", "dp", "tp"))
+    else:
+        stage_mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
     torch.manual_seed(0)
-    mine = Pipeline(CASE, data, rank // DP, rank % DP, stage_mesh, DEFERRED_FINALIZE).train()
+    mine = Pipeline(CASE, data, rank // (DP * TP), rank // TP % DP, stage_mesh, DEFERRED_FINALIZE).train()
     outs = [None] * WORLD if rank == 0 else None
     dist.gather_object(mine, outs, dst=0)
     if rank != 0:
