@@ -51,8 +51,11 @@ def failure_message(f):
     if len(chain) < 2:
         return outer
     inner = chain[-1]
+    told = f"{inner['type']}: {inner['message']}".strip()
     wrapper = next((line.strip() for line in f["message"].splitlines() if line.strip()), "")
-    return f"{inner['type']}: {inner['message']}".strip() + f" (wrapped as {f['type']}: {wrapper})"
+    if wrapper and wrapper in inner["message"]:
+        return told  # (re-raised with the same words: DTensor's dispatcher)
+    return told + f" (wrapped as {f['type']}: {wrapper})"
 
 
 def innermost_site(f):

@@ -209,6 +209,13 @@ class TorchFramesTest(unittest.TestCase):
         self.assertTrue(reply["reason"].startswith("RuntimeError: rebuilt parameter indices size"), reply["reason"])
         self.assertIn("(wrapped as RuntimeError: [Stage 0] failed to run forward:)", reply["reason"])
         self.assertIn('nn/parallel/distributed.py", line 1538, in _pre_forward)', reply["reason"])
+        # Re-raised with the same words (DTensor's dispatcher re-raises sharding propagation's error): told once.
+        prop = fw("torch", "distributed/tensor/_ops/_view_ops.py", "_analyze_flatten", 947)
+        same = "Cannot flatten unevenly sharded tensor: dimension 0 (size 13)"
+        f = failure(("RuntimeError", same + "\n\nSharding propagation failed for aten.view.default", [stage]),
+                    ("RuntimeError", same, [stage, prop]))
+        reply = classify_failures(t, [(0, f)], 1)
+        self.assertEqual(reply["reason"].count("Cannot flatten"), 1, reply["reason"])
 
     def test_gloos_refusal_of_an_average_is_rejected(self):
         # torch 2.4.1 / 2.5.1: a Partial(avg) reduced on gloo raises in C++ under the functional collective.
