@@ -60,6 +60,8 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         overlap_param_gather: None,
         sync_every_microbatch: None,
         zero_bubble: None,
+        dual_pipe: None,
+        breadth_first: None,
         param_shard_dim: None,
         persist_below: None,
         optimizer_sub_group: None,

@@ -1,6 +1,6 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
-use shardfuzz_harnesses::case::{Case, FrameworkCheckpoint, OptimizerKind, Recompute, VocabLoss};
+use shardfuzz_harnesses::case::{Case, FrameworkCheckpoint, OptimizerKind, PipelineSchedule, Recompute, VocabLoss};
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
     (d > 1).then(|| {
@@ -83,6 +83,12 @@ fn parallel_words(case: &Case) -> Vec<String> {
     }
     if p.pp > 1 && p.zero_bubble == Some(true) {
         out.push("each backward split into input- and weight-gradient parts (a zero-bubble schedule)".into());
+    }
+    if p.pp > 1 && p.dual_pipe == Some(true) && p.pipeline_schedule == PipelineSchedule::OneFOneB {
+        out.push("DualPipeV: two V-placed stages per rank, forwards overlapped with backwards".into());
+    }
+    if p.pp > 1 && p.breadth_first == Some(true) && p.pipeline_schedule == PipelineSchedule::Interleaved {
+        out.push("each rank's stages run breadth first (looped BFS)".into());
     }
     if p.zero_stage > 0 && p.dp > 1 {
         out.push(format!("ZeRO stage {}{}", p.zero_stage, if p.zero_offload { " with CPU offload" } else { "" }));

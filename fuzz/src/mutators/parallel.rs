@@ -385,6 +385,34 @@ pub fn zero_bubble(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// DeepSeek's DualPipeV under 1F1B, not, or the target's own choice; pipeline parallelism switched on with it, the
+/// schedule 1F1B, at least as many micro-batches as its 2 pp stages.
+pub fn dual_pipe(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let p = &mut c.parallel;
+    p.dual_pipe = another(p.dual_pipe, &ON_OFF_OR_TARGETS, rng);
+    if p.pp == 1 {
+        p.pp = 2;
+    }
+    (p.pipeline_schedule, p.virtual_stages) = (PipelineSchedule::OneFOneB, 1);
+    p.microbatches = p.microbatches.max(2 * p.pp);
+    true
+}
+
+/// A rank's interleaved stages run breadth first (looped BFS), depth first, or the target's own choice; pipeline
+/// parallelism switched on with it, under the interleaved schedule.
+pub fn breadth_first(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let p = &mut c.parallel;
+    p.breadth_first = another(p.breadth_first, &ON_OFF_OR_TARGETS, rng);
+    if p.pp == 1 {
+        p.pp = 2;
+    }
+    if p.pipeline_schedule != PipelineSchedule::Interleaved {
+        (p.pipeline_schedule, p.virtual_stages) = (PipelineSchedule::Interleaved, 2);
+    }
+    p.microbatches = p.microbatches.max(p.pp);
+    true
+}
+
 /// Another pipeline schedule; interleaved with 2 to 4 model chunks per rank.
 pub fn schedule(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let p = &mut c.parallel;

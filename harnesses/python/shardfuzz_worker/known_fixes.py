@@ -198,6 +198,28 @@ def _torch_ddp_tp_local_parameters():
     ddp_tp._pre_dp_module_transform = pre_dp_module_transform
 
 
+def _torch_pipelining_split_backward_frozen_input():
+    """torch 2.15: under a zero-bubble schedule (backward split into input and weight parts) a stage whose inputs need no
+    gradient (every earlier stage frozen: a head or last blocks trained on a frozen backbone) gets no weight gradient:
+    `stage_backward_input` finds the weights through the inputs' part of the graph, which is empty, and the stage's
+    parameters keep `.grad` None, which the optimizer skips (docs/findings/torch-2.15-pipelining-zero-bubble-frozen-input-no-grad.py).
+    The code says so for the first stage ("if inputs does not require gradient, then the parameter group will not be
+    fully captured") and runs its weight step as a full backward; the fix does the same for every stage whose inputs
+    need no gradient."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    fix = "torch-pipelining-split-backward-frozen-input"
+    _replace_in_method(
+        _PipelineStageBase, "backward_one_chunk",
+        "            if not self.is_first:\n",
+        "            if not self.is_first and not any(isinstance(v, torch.Tensor) and v.requires_grad\n"
+        "                                             for v in bwd_kwargs[\"input_values\"]):\n"
+        "                grads_input = tuple(None for _ in bwd_kwargs[\"input_values\"])\n"
+        "            elif not self.is_first:\n", fix)
+    _replace_in_method(_PipelineStageBase, "backward_weight_one_chunk", "if self.stage_index != 0:",
+                       "if param_groups is not None:", fix)
+
+
 def _torch_fsdp2_int_reshard_submesh():
     """torch 2.15: FSDP2's `_get_post_forward_mesh_info` builds an integer `reshard_after_forward`'s mesh from the ranks
     of this rank's FSDP mesh; over a sub-mesh (FSDP beside tensor parallelism) the ranks of each tensor-parallel index
@@ -1337,6 +1359,7 @@ FIXES = {
     "torch-pipelining-ddp-metadata-inference": (("torch-pp",), _torch_pipelining_ddp_metadata_inference),
     "torch-pipelining-fsdp-split-backward-unshard": (("torch-pp",), _torch_pipelining_fsdp_split_backward_unshard),
     "torch-pipelining-ddp-split-backward-reduce": (("torch-pp",), _torch_pipelining_ddp_split_backward_reduce),
+    "torch-pipelining-split-backward-frozen-input": (("torch-pp",), _torch_pipelining_split_backward_frozen_input),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),

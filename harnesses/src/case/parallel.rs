@@ -109,6 +109,18 @@ pub struct Parallel {
     /// per rank under 1F1B); the same result either way. Absent: the target's own choice. Read only with pp > 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_bubble: Option<bool>,
+    /// Under the 1F1B schedule with pp > 1, DeepSeek's DualPipeV: two stages per pipeline rank placed in a V (rank r
+    /// holds stages r and 2 pp - 1 - r), one micro-batch's forward overlapped with another's backward, each backward
+    /// split into its input- and weight-gradient parts, where a framework offers it (torch's `ScheduleDualPipeV`);
+    /// the same result either way. Absent: the target's own choice. Read only under 1F1B with pp > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dual_pipe: Option<bool>,
+    /// Under the interleaved schedule, a pipeline rank's stages run breadth first (every ready micro-batch of its
+    /// earlier stage before the later one: torch's `ScheduleLoopedBFS`) rather than depth first (interleaved 1F1B),
+    /// where a framework offers the choice; the same result either way. Absent: the target's own choice. Read only
+    /// under the interleaved schedule with pp > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breadth_first: Option<bool>,
     /// Sharded parameters split along this tensor dimension where it divides evenly over their shard group, the
     /// others along dimension 0, where a framework offers the choice (FSDP2's `shard_placement_fn` returning
     /// `Shard(d)`; it refuses uneven splits on a nonzero dimension); the same result either way. Absent: dimension
@@ -251,6 +263,8 @@ impl Default for Parallel {
             overlap_param_gather: None,
             sync_every_microbatch: None,
             zero_bubble: None,
+            dual_pipe: None,
+            breadth_first: None,
             param_shard_dim: None,
             static_graph: None,
             find_unused: None,

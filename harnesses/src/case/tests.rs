@@ -123,6 +123,8 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "overlap_param_gather",
         "sync_every_microbatch",
         "zero_bubble",
+        "dual_pipe",
+        "breadth_first",
         "param_shard_dim",
         "persist_below",
         "optimizer_sub_group",

@@ -93,10 +93,10 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-pp",
-        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B and the zero-bubble ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble, stages in DDP or FSDP2 over the data-parallel ranks and torch's tensor (and sequence) parallel plan inside them (torchtitan's pp x dp x tp)",
+        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B / ScheduleLoopedBFS, the zero-bubble ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble and ScheduleDualPipeV, stages in DDP or FSDP2 over the data-parallel ranks and torch's tensor (and sequence) parallel plan inside them (torchtitan's pp x dp x tp)",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "vocab_loss", "reduce_dtype_below", "master_dtype", "frozen",
-            "activation_checkpointing", "zero_bubble",
+            "activation_checkpointing", "zero_bubble", "dual_pipe", "breadth_first",
         ],
         create: |o| python("torch-pp", MAIN, o),
     },

@@ -10,7 +10,7 @@ from .torch_model import training_source
 TARGET = "torch-pp"
 
 #: The worker's pipeline (targets/torch_pp.py) the script runs as is.
-PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "rank_stages", "fsdp_stages", "scales_grads", "stage_module_class",
+PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "dual_pipe", "breadth_first", "rank_stages", "fsdp_stages", "scales_grads", "stage_module_class",
                    "stage_layers", "Pipeline", "distributed", "combine_stages")
 
 
@@ -21,12 +21,13 @@ def check(case):
 
 
 def schedule_words(p):
-    from ..targets.torch_pp import v_shaped, virtual_stages
+    from ..targets.torch_pp import breadth_first, dual_pipe, v_shaped, virtual_stages
 
     if v_shaped(p):
-        return "ScheduleZBVZeroBubble (two V-placed stages per rank)"
+        return f"{'ScheduleDualPipeV' if dual_pipe(p) else 'ScheduleZBVZeroBubble'} (two V-placed stages per rank)"
     if p["pipeline_schedule"] == "interleaved":
         kind = "ScheduleInterleavedZeroBubble" if p["zero_bubble"] else "ScheduleInterleaved1F1B"
+        kind = "ScheduleLoopedBFS" if breadth_first(p) else kind
         return f"{kind} ({virtual_stages(p)} stages per rank)"
     return "Schedule1F1B" if p["pipeline_schedule"] == "1f1b" else "ScheduleGPipe"
 

@@ -170,6 +170,8 @@ def parallel(case):
         "overlap_param_gather": p.get("overlap_param_gather"),
         "sync_every_microbatch": p.get("sync_every_microbatch"),
         "zero_bubble": p.get("zero_bubble"),
+        "dual_pipe": p.get("dual_pipe"),
+        "breadth_first": p.get("breadth_first"),
         "param_shard_dim": p.get("param_shard_dim"),
         "persist_below": p.get("persist_below"),
         "optimizer_sub_group": p.get("optimizer_sub_group"),

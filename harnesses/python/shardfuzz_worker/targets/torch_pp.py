@@ -1,8 +1,9 @@
 """torch-pp: the case's model cut into pipeline stages of consecutive blocks (the embedding on the first, the final norm
 and LM head on the last), each a `torch.distributed.pipelining.PipelineStage`, run by torch's own schedules:
 `ScheduleGPipe`, `Schedule1F1B`, and for the `interleaved` schedule with v virtual stages `ScheduleInterleaved1F1B`
-(stage c of pp x v on pipeline rank c mod pp), over the case's micro-batches (the schedule splits each rank's rows
-itself). Beside data parallelism (a (pp, dp) mesh, dp fastest) every stage is wrapped as torchtitan wraps it: under ZeRO
+(stage c of pp x v on pipeline rank c mod pp; `ScheduleLoopedBFS` with the case's `breadth_first`), the zero-bubble
+`ScheduleInterleavedZeroBubble` and `ScheduleZBVZeroBubble`, and DeepSeek's `ScheduleDualPipeV` (`dual_pipe`), over the
+case's micro-batches (the schedule splits each rank's rows itself). Beside data parallelism (a (pp, dp) mesh, dp fastest) every stage is wrapped as torchtitan wraps it: under ZeRO
 0 in DistributedDataParallel over its data-parallel peers, under ZeRO 1-3 in FSDP2 (`fully_shard` on each block and the
 stage, resharding after forward at stage 3, mixed precision as the case's master / reduce dtypes ask); the schedules
 drive both themselves (no_sync, `set_requires_gradient_sync`, their final gradient reduction). With tensor parallelism
@@ -60,6 +61,13 @@ class TorchPp(TorchTarget):
             return "torch-pp runs pipeline-parallel cases (pp >= 2)"
         if p["zero_bubble"] and p["pipeline_schedule"] == "gpipe":
             return "torch's zero-bubble schedules are 1F1B-like (ZBV) or interleaved, not GPipe"
+        if dual_pipe(p) and p["zero_bubble"] is False:
+            return "DualPipeV splits every backward (the case's zero_bubble asks for whole ones)"
+        if dual_pipe(p) and p["microbatches"] < 2 * p["pp"]:
+            # (ScheduleDualPipeV's own check: "requires at least as many microbatches as stages".)
+            return f"DualPipeV needs at least as many micro-batches as its {2 * p['pp']} stages"
+        if breadth_first(p) and p["zero_bubble"]:
+            return "torch has no zero-bubble breadth-first schedule"
         if m.get("tied_embeddings"):
             return "pipeline stages share no parameter: a tied LM head sits on another stage than the embedding"
         if m.get("layer_passes", 1) > 1:
@@ -115,8 +123,19 @@ def virtual_stages(p):
 
 
 def v_shaped(p):
-    """Whether the schedule is ScheduleZBVZeroBubble (zero bubble under 1F1B): rank r holds stages r and 2 pp - 1 - r."""
-    return bool(p["zero_bubble"]) and p["pipeline_schedule"] == "1f1b"
+    """Whether the schedule places two stages per rank in a V (rank r holds stages r and 2 pp - 1 - r): ScheduleZBVZeroBubble
+    (zero bubble under 1F1B) or ScheduleDualPipeV."""
+    return (bool(p["zero_bubble"]) or dual_pipe(p)) and p["pipeline_schedule"] == "1f1b"
+
+
+def dual_pipe(p):
+    """Whether the schedule is ScheduleDualPipeV (the case's dual_pipe, read under 1F1B)."""
+    return bool(p["dual_pipe"]) and p["pipeline_schedule"] == "1f1b"
+
+
+def breadth_first(p):
+    """Whether the schedule is ScheduleLoopedBFS (the case's breadth_first, read under the interleaved schedule)."""
+    return bool(p["breadth_first"]) and p["pipeline_schedule"] == "interleaved"
 
 
 def rank_stages(p, pp_index):
@@ -154,7 +173,8 @@ def features(case):
     p = parallel(case)
     v = virtual_stages(p)
     prefix = f"torch-pp:pp{p['pp']}"
-    schedule = p["pipeline_schedule"] + (f"-v{v}" if v > 1 else "") + ("-zero-bubble" if p["zero_bubble"] else "")
+    schedule = (p["pipeline_schedule"] + (f"-v{v}" if v > 1 else "") + ("-zero-bubble" if p["zero_bubble"] else "")
+                + ("-dual-pipe" if dual_pipe(p) else "") + ("-breadth-first" if breadth_first(p) else ""))
     out = [prefix, f"{prefix}:{schedule}",
            f"{prefix}:mb{min(p['microbatches'], 4)}", f"{prefix}:scale-grads-{int(scales_grads(case))}"]
     if p["dp"] > 1:
@@ -265,10 +285,10 @@ class Pipeline:
         kw = {"n_microbatches": self.p["microbatches"], "loss_fn": self.loss_fn,
               "scale_grads": scales_grads(self.case)}
         if v_shaped(self.p):
-            return pl.ScheduleZBVZeroBubble(self.stages, **kw)
+            return (pl.ScheduleDualPipeV if dual_pipe(self.p) else pl.ScheduleZBVZeroBubble)(self.stages, **kw)
         if kind == "interleaved":
             cls = pl.ScheduleInterleavedZeroBubble if self.p["zero_bubble"] else pl.ScheduleInterleaved1F1B
-            return cls(self.stages, **kw)
+            return (pl.ScheduleLoopedBFS if breadth_first(self.p) else cls)(self.stages, **kw)
         cls = pl.Schedule1F1B if kind == "1f1b" else pl.ScheduleGPipe
         return cls(self.stages[0], **kw)
 
