@@ -1996,6 +1996,8 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
         ("pp2-zbv-frozen-embedding-accumulation-f32.json", "torch-pp:pp2:1f1b-v2-zero-bubble", "torch-pp:pp2:frozen"),
         ("pp2-tp2-sp-gpipe-f32.json", "torch-pp:pp2:tp2:sp1:loss-sharded", "torch-pp:pp2:gpipe"),
         ("pp2-dp2-tp2-zero3-1f1b-f32.json", "torch-pp:pp2:tp2:sp0:loss-sharded", "torch-pp:pp2:dp2:fsdp-zero3"),
+        ("pp2-dualpipev-f32.json", "torch-pp:pp2:1f1b-v2-dual-pipe", "torch-pp:pp2:mb4"),
+        ("pp2-looped-bfs-dp2-zero3-f32.json", "torch-pp:pp2:interleaved-v2-breadth-first", "torch-pp:pp2:dp2:fsdp-zero3"),
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "torch-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();
@@ -2026,6 +2028,13 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "{v}");
     let v = one_verdict("torch-pp", &zb_ddp, "torch-pipelining-ddp-metadata-inference,torch-pipelining-ddp-split-backward-reduce");
     assert_eq!(v["kind"], "pass", "with both fixes: {v}");
+    // Zero bubble with every stage before the last frozen: the last stage's inputs need no gradient, so its split
+    // backward finds no weight to compute (docs/findings/torch-2.15-pipelining-zero-bubble-frozen-input-no-grad.py).
+    let head_only = dir.join("pp2-zbv-head-only-f32.json");
+    let v = one_verdict("torch-pp", &head_only, "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("without a gradient") && reason(&v).contains("lm_head.weight"), "{v}");
+    let v = one_verdict("torch-pp", &head_only, "torch-pipelining-split-backward-frozen-input");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
     // DDP over a tensor-parallel stage (DDP's device_mesh path): the module has no parameters after its first forward,
     // so the stage's scale_grads divides nothing and every gradient is n_microbatches (2) times too large
     // (docs/findings/torch-2.15-ddp-tp-parameters-gone-after-forward.py).
