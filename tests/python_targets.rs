@@ -2042,6 +2042,8 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
     let v = one_verdict("torch-pp", &ddp_tp, "torch-pipelining-ddp-metadata-inference");
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/") && reason(&v).contains("norm error 1.000e0"), "{v}");
     let v = one_verdict("torch-pp", &ddp_tp, "torch-pipelining-ddp-metadata-inference,torch-ddp-tp-local-parameters");
-    assert!(v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:dp2:ddp") && has_feature(&v, "torch-pp:pp2:tp2:sp0:loss-sharded"),
-            "with both fixes: {v}");
+    assert!(
+        v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:dp2:ddp") && has_feature(&v, "torch-pp:pp2:tp2:sp0:loss-sharded"),
+        "with both fixes: {v}"
+    );
 }
