@@ -20,10 +20,13 @@ shard and `nn.Parameter` defaults to `requires_grad=True`, so a layer frozen bef
 
 Run: torchrun --nproc_per_node 4 torch-2.15-ddp-tp-parameters-gone-after-forward.py [--fix]
 (CPU, gloo; a 2 x 2 (dp, tp) mesh). Prints, on rank 0, MISMATCH or OK for each of the two checks; `--fix` replaces
-`_pre_dp_module_transform` with one that keeps `requires_grad` and puts the same local parameters back after every
-forward. Measured: torch 2.15.0 MISMATCH / MISMATCH, with --fix OK / OK; torch 2.5.1 the same, except that the frozen
-check still fails with --fix there: 2.5.1's ColwiseParallel unfreezes the layer itself (pytorch/pytorch#171523, fixed
-by #171709).
+`_pre_dp_module_transform` with one that keeps `requires_grad`, leaves the local parameters registered and shows each
+module its own parameters as DTensors during its calls (hooks on the root module alone, torch's design, would leave an
+activation checkpoint's recomputation, which calls the blocks again in the backward, with local tensors: "aten.
+native_layer_norm.default got mixed torch.Tensor and DTensor"; swapping the registered parameters per call would lose
+them where the recomputation stops early, before the post-forward hook). Measured: torch 2.15.0 MISMATCH /
+MISMATCH, with --fix OK / OK; torch 2.5.1 the same, except that the frozen check still fails with --fix there: 2.5.1's
+ColwiseParallel unfreezes the layer itself (pytorch/pytorch#171523, fixed by #171709).
 """
 
 import sys
@@ -40,19 +43,34 @@ dist.init_process_group("gloo")
 RANK = dist.get_rank()
 
 if "--fix" in sys.argv:
+    import functools
+
     import torch.distributed.tensor.parallel.ddp as ddp_tp
 
+    def show_dtensors(module, _args, local):
+        for _, name, t in local:
+            object.__setattr__(module, name, ddp_tp._unflatten_tensor(t, t._st_info))
+
+    def hide_dtensors(module, _args, _out, local):
+        for _, name, _t in local:
+            module.__dict__.pop(name, None)
+
     def pre_dp_module_transform(module):
-        local = []
-        for name, q in list(module.named_parameters()):
-            t, spec = ddp_tp._flatten_tensor(q)
-            if spec is not None:
-                t = nn.Parameter(t, requires_grad=q.requires_grad)
-                t._st_info = spec
-                local.append((*ddp_tp._get_submodule_n_params(module, name), t))
-        ddp_tp._update_module_param(local)
-        module.register_forward_pre_hook(ddp_tp._reconstruct_dtensor)
-        module.register_forward_hook(lambda *_: ddp_tp._update_module_param(local))
+        # The local parameters stay registered (requires_grad kept); each module sees its own parameters as DTensors
+        # during its every call (an instance attribute over the registered parameter, dropped after the call), so an
+        # activation checkpoint's recomputation, which calls the blocks again in the backward, finds them too.
+        for sub in module.modules():
+            local = []
+            for name, q in list(sub.named_parameters(recurse=False)):
+                t, spec = ddp_tp._flatten_tensor(q)
+                if spec is not None:
+                    t = nn.Parameter(t, requires_grad=q.requires_grad)
+                    t._st_info = spec
+                    local.append((sub, name, t))
+            if local:
+                ddp_tp._update_module_param(local)
+                sub.register_forward_pre_hook(functools.partial(show_dtensors, local=local))
+                sub.register_forward_hook(functools.partial(hide_dtensors, local=local))
 
     ddp_tp._pre_dp_module_transform = pre_dp_module_transform
 

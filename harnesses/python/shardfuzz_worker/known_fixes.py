@@ -172,28 +172,44 @@ def _torch_sequence_parallel_requires_grad():
 
 
 def _torch_ddp_tp_local_parameters():
-    """torch 2.5.1 to 2.15: DDP over a tensor-parallel model (its `device_mesh` path, `_pre_dp_module_transform`) holds the
-    DTensor parameters as new local `nn.Parameter`s, which (1) are trainable whatever the DTensor was (`_flatten_tensor`
-    sets requires_grad, `nn.Parameter` defaults to it): a frozen parameter is trained; and (2) are gone after the first
-    forward: its pre-forward hook puts plain DTensors (not parameters) in their place, so its post-forward hook finds
-    nothing to localize, and `module.parameters()` is empty from then on: `zero_grad()` clears nothing (gradients pile
-    up over steps), clipping over `parameters()` clips nothing, and a pipeline stage's `scale_grads` leaves the gradients
-    n_microbatches times too large (docs/findings/torch-2.15-ddp-tp-parameters-gone-after-forward.py). Fix: localize
-    keeping `requires_grad`, and put the same local parameters back after every forward."""
+    """torch 2.5.1 to 2.15: DDP over a tensor-parallel model (its `device_mesh` path, `_pre_dp_module_transform`) replaces
+    the DTensor parameters by new local `nn.Parameter`s, which (1) are trainable whatever the DTensor was
+    (`_flatten_tensor` sets requires_grad, `nn.Parameter` defaults to it): a frozen parameter is trained; and (2) are
+    gone after the first forward: its pre-forward hook puts plain DTensors (not parameters) in their place, so its
+    post-forward hook finds nothing to localize, and `module.parameters()` is empty from then on: `zero_grad()` clears
+    nothing (gradients pile up over steps), clipping over `parameters()` clips nothing, and a pipeline stage's
+    `scale_grads` leaves the gradients n_microbatches times too large
+    (docs/findings/torch-2.15-ddp-tp-parameters-gone-after-forward.py). Fix: localize keeping `requires_grad`, leave the
+    local parameters registered, and show each module its own parameters as DTensors during its every call (an instance
+    attribute over the registered parameter, dropped after the call): an activation checkpoint's recomputation in the
+    backward, which calls the blocks again after the model's forward has ended (and may stop early, before their
+    post-forward hooks), finds DTensors too, and `parameters()` never changes."""
+    import functools
+
     import torch.distributed.tensor.parallel.ddp as ddp_tp
     import torch.nn as nn
 
+    def show_dtensors(module, _args, local):
+        for _, name, t in local:
+            object.__setattr__(module, name, ddp_tp._unflatten_tensor(t, t._st_info))
+
+    def hide_dtensors(module, _args, _out, local):
+        for _, name, _t in local:
+            module.__dict__.pop(name, None)
+
     def pre_dp_module_transform(module):
-        local = []
-        for name, q in list(module.named_parameters()):
-            t, spec = ddp_tp._flatten_tensor(q)
-            if spec is not None:
-                t = nn.Parameter(t, requires_grad=q.requires_grad)
-                t._st_info = spec
-                local.append((*ddp_tp._get_submodule_n_params(module, name), t))
-        ddp_tp._update_module_param(local)
-        module.register_forward_pre_hook(ddp_tp._reconstruct_dtensor)
-        module.register_forward_hook(lambda *_: ddp_tp._update_module_param(local))
+        for sub in module.modules():
+            local = []
+            for name, q in list(sub.named_parameters(recurse=False)):
+                t, spec = ddp_tp._flatten_tensor(q)
+                if spec is not None:
+                    t = nn.Parameter(t, requires_grad=q.requires_grad)
+                    t._st_info = spec
+                    local.append((sub, name, t))
+            if local:
+                ddp_tp._update_module_param(local)
+                sub.register_forward_pre_hook(functools.partial(show_dtensors, local=local))
+                sub.register_forward_hook(functools.partial(hide_dtensors, local=local))
 
     ddp_tp._pre_dp_module_transform = pre_dp_module_transform
 
