@@ -6,8 +6,8 @@ and LM head on the last), each a `torch.distributed.pipelining.PipelineStage`, r
 case's micro-batches (the schedule splits each rank's rows itself). Beside data parallelism (a (pp, dp) mesh, dp
 fastest) every stage is wrapped as torchtitan wraps it: under ZeRO 0 in DistributedDataParallel over its data-parallel
 peers, under ZeRO 1-3 in FSDP2 (`fully_shard` on each block and the stage, resharding after forward at stage 3, mixed
-precision as the case's master / reduce dtypes ask); the schedules drive both themselves (no_sync, `set_requires_gradient_sync`, their final gradient reduction). With tensor parallelism
-the mesh is torchtitan's 3-D (pp, dp, tp), tp fastest: torch-tp's plan (`torch_tp.parallelize`, sequence parallelism
+precision as the case's master / reduce dtypes ask); the schedules drive both themselves
+(no_sync, `set_requires_gradient_sync`, their final gradient reduction). With tensor parallelism the mesh is torchtitan's 3-D (pp, dp, tp), tp fastest: torch-tp's plan (`torch_tp.parallelize`, sequence parallelism
 and `loss_parallel` included) applied to the model before it is cut into stages, so a stage boundary passes each
 tensor-parallel rank's local activations (sequence shards under sequence parallelism) to the same tensor-parallel rank
 of the next stage; the schedule steps under `loss_parallel` where the LM head's output stays vocabulary-sharded, as
