@@ -2,16 +2,17 @@
 and LM head on the last), each a `torch.distributed.pipelining.PipelineStage`, run by torch's own schedules:
 `ScheduleGPipe`, `Schedule1F1B`, and for the `interleaved` schedule with v virtual stages `ScheduleInterleaved1F1B`
 (stage c of pp x v on pipeline rank c mod pp; `ScheduleLoopedBFS` with the case's `breadth_first`), the zero-bubble
-`ScheduleInterleavedZeroBubble` and `ScheduleZBVZeroBubble`, and DeepSeek's `ScheduleDualPipeV` (`dual_pipe`), over the
-case's micro-batches (the schedule splits each rank's rows itself). Beside data parallelism (a (pp, dp) mesh, dp
+`ScheduleInterleavedZeroBubble` and `ScheduleZBVZeroBubble`, and DeepSeek's `ScheduleDualPipeV` (`dual_pipe`), over
+the case's micro-batches (the schedule splits each rank's rows itself). Beside data parallelism (a (pp, dp) mesh, dp
 fastest) every stage is wrapped as torchtitan wraps it: under ZeRO 0 in DistributedDataParallel over its data-parallel
 peers, under ZeRO 1-3 in FSDP2 (`fully_shard` on each block and the stage, resharding after forward at stage 3, mixed
-precision as the case's master / reduce dtypes ask); the schedules drive both themselves
-(no_sync, `set_requires_gradient_sync`, their final gradient reduction). With tensor parallelism the mesh is torchtitan's 3-D (pp, dp, tp), tp fastest: torch-tp's plan (`torch_tp.parallelize`, sequence parallelism
-and `loss_parallel` included) applied to the model before it is cut into stages, so a stage boundary passes each
-tensor-parallel rank's local activations (sequence shards under sequence parallelism) to the same tensor-parallel rank
-of the next stage; the schedule steps under `loss_parallel` where the LM head's output stays vocabulary-sharded, as
-torchtitan's training context does.
+precision as the case's master / reduce dtypes ask); the schedules drive both themselves (no_sync,
+`set_requires_gradient_sync`, their final gradient reduction). With tensor parallelism the mesh is torchtitan's 3-D
+(pp, dp, tp), tp fastest: torch-tp's plan (`torch_tp.parallelize`, sequence parallelism and `loss_parallel` included)
+applied to the model before it is cut into stages, so a stage boundary passes each tensor-parallel rank's local
+activations (sequence shards under sequence parallelism) to the same tensor-parallel rank of the next stage; the
+schedule steps under `loss_parallel` where the LM head's output stays vocabulary-sharded, as torchtitan's training
+context does.
 
 The loss function is the micro-batch's summed token loss (or with `local_mean_loss` its mean) scaled to the global
 token mean, times the micro-batch count where the schedule divides the gradients by it (`scale_grads`, torch's default;
