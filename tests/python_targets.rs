@@ -2031,6 +2031,14 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "{v}");
     let v = one_verdict("torch-pp", &zb_ddp, "torch-pipelining-ddp-metadata-inference,torch-pipelining-ddp-split-backward-reduce");
     assert_eq!(v["kind"], "pass", "with both fixes: {v}");
+    // Interleaved zero bubble with three stages per rank beside FSDP2 ZeRO-3: a forward of the stage between its input
+    // and weight steps reshards it, and the weight step finds freed storage
+    // (docs/findings/torch-2.15-pipelining-interleaved-zero-bubble-fsdp-three-stages-crash.py).
+    let three = dir.join("pp2-interleaved3-zero-bubble-dp2-zero3-f32.json");
+    let v = one_verdict("torch-pp", &three, "torch-pipelining-fsdp-split-backward-unshard");
+    assert!(v["kind"] == "crash" && reason(&v).contains("not allocated yet"), "{v}");
+    let v = one_verdict("torch-pp", &three, "torch-pipelining-fsdp-split-backward-unshard,torch-pipelining-fsdp-weight-backward-unshard");
+    assert!(v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:interleaved-v3-zero-bubble"), "with both fixes: {v}");
     // Zero bubble with every stage before the last frozen: the last stage's inputs need no gradient, so its split
     // backward finds no weight to compute (docs/findings/torch-2.15-pipelining-zero-bubble-frozen-input-no-grad.py).
     let head_only = dir.join("pp2-zbv-head-only-f32.json");

@@ -6,19 +6,22 @@ call).
 
 `stage_backward_input` records, for the stage's weights, the autograd nodes the weight step will differentiate;
 `stage_backward_weight` maps them back to `submod.parameters()` as they are when it runs. With three stages per rank
-(pp 2, 6 stages, 4 micro-batches) the W step of stage 3 for micro-batch 1 finds other parameter objects than its I
-step saw, although the runtime's own plan (printed by torch on the error) holds no RESHARD of stage 3 between its
-I1 and W1: stage 3's FSDP2 parameters were replaced in between, as FSDP2 does when it reshards and unshards. Two
-stages per rank, `reshard_after_forward=False`, or plain (non-FSDP) stages are fine; the known FSDP2 zero-bubble fix
-(unsharding before the input backward, torch-2.15-pipelining-zero-bubble-fsdp-last-stage-no-grad.py) does not help.
+(pp 2, 6 stages, 4 micro-batches) the runtime's plan (torch prints it on the error) puts a forward of the same stage
+between its input and weight steps: 3I1, 3W0, 3F2, ..., 3W1. The plan holds no RESHARD of stage 3 there, but FSDP2
+reshards the stage itself after that forward (`reshard_after_forward=True`), so 3W1 finds the sharded parameters, not
+the unsharded ones 3I1 recorded. Two stages per rank, `reshard_after_forward=False`, or plain (non-FSDP) stages are
+fine; the known FSDP2 zero-bubble fix (unsharding before the input backward,
+torch-2.15-pipelining-zero-bubble-fsdp-last-stage-no-grad.py) does not help alone.
 
 Found by shardfuzz (torch-pp target): pp 2 x dp 2, ZeRO-3, interleaved zero bubble with 3 stages per rank, 4
 micro-batches, bf16 with f32 master weights: CRASH at the first step.
 
-Run: torchrun --nproc_per_node 4 torch-2.15-pipelining-interleaved-zero-bubble-fsdp-three-stages-crash.py [--keep]
+Run: torchrun --nproc_per_node 4 torch-2.15-pipelining-interleaved-zero-bubble-fsdp-three-stages-crash.py [--fix] [--keep]
 (CPU, gloo). Raises the KeyError on the ranks of the second pipeline rank (torchrun reports the failure); prints OK
-(rank 0) where the step completes. `--keep` keeps the parameters unsharded after forward (OK). V=2 in the environment
-holds two stages per rank: no crash, but the other, known bug (NO GRADIENT on the last stage).
+(rank 0) where the step completes. `--fix` unshards the stage's FSDP2 modules before its weight step (FSDP2 unshards
+into the same parameter objects), and before its input step for the known bug of that one: OK. `--keep` keeps the
+parameters unsharded after forward (OK). V=2 in the environment holds two stages per rank: no crash, but the known
+bug of the input step (NO GRADIENT on the last stage) without `--fix`.
 """
 
 import datetime
@@ -38,6 +41,21 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 RANK = dist.get_rank()
 PP, DP, MICROBATCHES, VOCAB, HIDDEN = 2, 2, 4, 13, 8
 V = int(os.environ.get("V", "3"))  # stages per pipeline rank
+
+if "--fix" in sys.argv:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import stage as stage_module
+
+    original = stage_module._PipelineStageBase.backward_maybe_with_nosync
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        if backward_type in ("input", "weight"):
+            for module in self.submod.modules():
+                if isinstance(module, FSDPModule):
+                    module.unshard()
+        return original(self, backward_type, bwd_kwargs, last_backward)
+
+    stage_module._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
 
 mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
 pp = RANK // DP

@@ -778,6 +778,28 @@ def _torch_pipelining_fsdp_split_backward_unshard():
     stage._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
 
 
+def _torch_pipelining_fsdp_weight_backward_unshard():
+    """PyTorch 2.15: under the interleaved zero-bubble schedule with three or more stages per rank, a stage's forward of a
+    later micro-batch can fall between its input- and weight-gradient steps (stage 3: I1, W0, F2, W1); FSDP2 reshards
+    the stage after that forward (`reshard_after_forward=True`), and the weight step then finds other parameter objects
+    than the input step recorded (KeyError on an AccumulateGrad node in `stage_backward_weight`) or freed storage
+    (docs/findings/torch-2.15-pipelining-interleaved-zero-bubble-fsdp-three-stages-crash.py). Fix: the stage's FSDP2
+    modules unsharded before the weight-gradient step too (FSDP2 unshards into the same parameter objects)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import stage
+
+    original = stage._PipelineStageBase.backward_maybe_with_nosync
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        if backward_type == "weight":
+            for module in self.submod.modules():
+                if isinstance(module, FSDPModule):
+                    module.unshard()
+        return original(self, backward_type, bwd_kwargs, last_backward)
+
+    stage._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
+
+
 def _torch_pipelining_ddp_split_backward_reduce():
     """PyTorch 2.15: under a zero-bubble schedule a stage wrapped in DDP never reduces its weight gradients over the
     data-parallel ranks: `stage_backward_weight` computes them with `torch.autograd.grad` and adds them to `.grad`
@@ -1376,6 +1398,7 @@ FIXES = {
     "torch-pipelining-fsdp-split-backward-unshard": (("torch-pp",), _torch_pipelining_fsdp_split_backward_unshard),
     "torch-pipelining-ddp-split-backward-reduce": (("torch-pp",), _torch_pipelining_ddp_split_backward_reduce),
     "torch-pipelining-split-backward-frozen-input": (("torch-pp",), _torch_pipelining_split_backward_frozen_input),
+    "torch-pipelining-fsdp-weight-backward-unshard": (("torch-pp",), _torch_pipelining_fsdp_weight_backward_unshard),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
