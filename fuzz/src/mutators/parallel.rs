@@ -374,9 +374,7 @@ pub fn rank_order(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 pub fn zero_bubble(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let p = &mut c.parallel;
     p.zero_bubble = another(p.zero_bubble, &ON_OFF_OR_TARGETS, rng);
-    if p.pp == 1 {
-        p.pp = 2;
-    }
+    p.pp = p.pp.max(2);
     p.microbatches = p.microbatches.max(p.pp);
     if p.pipeline_schedule == PipelineSchedule::Gpipe {
         p.pipeline_schedule = *[PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved].choose(rng).unwrap();
@@ -390,9 +388,7 @@ pub fn zero_bubble(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 pub fn dual_pipe(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let p = &mut c.parallel;
     p.dual_pipe = another(p.dual_pipe, &ON_OFF_OR_TARGETS, rng);
-    if p.pp == 1 {
-        p.pp = 2;
-    }
+    p.pp = p.pp.max(2);
     (p.pipeline_schedule, p.virtual_stages) = (PipelineSchedule::OneFOneB, 1);
     p.microbatches = p.microbatches.max(2 * p.pp);
     true
@@ -403,9 +399,7 @@ pub fn dual_pipe(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 pub fn breadth_first(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let p = &mut c.parallel;
     p.breadth_first = another(p.breadth_first, &ON_OFF_OR_TARGETS, rng);
-    if p.pp == 1 {
-        p.pp = 2;
-    }
+    p.pp = p.pp.max(2);
     if p.pipeline_schedule != PipelineSchedule::Interleaved {
         (p.pipeline_schedule, p.virtual_stages) = (PipelineSchedule::Interleaved, 2);
     }

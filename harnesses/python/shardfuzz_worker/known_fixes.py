@@ -763,17 +763,23 @@ def _torch_pipelining_fsdp_split_backward_unshard():
     pre-backward unshard has not run): no parameter group, an empty weight backward, every gradient of the stage None,
     and the optimizer silently skips them (docs/findings/torch-2.15-pipelining-zero-bubble-fsdp-last-stage-no-grad.py).
     Fix: the stage's FSDP2 modules unsharded before the input-gradient backward, as FSDP's pre-backward hook would."""
+    _unshard_stage_before("input")
+
+
+def _unshard_stage_before(backward_type):
+    """Pipeline stages unshard their FSDP2 modules before each backward part of kind `backward_type` ("input" or
+    "weight" of a split backward): the two FSDP2 pipelining fixes, one kind each."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.pipelining import stage
 
     original = stage._PipelineStageBase.backward_maybe_with_nosync
 
-    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
-        if backward_type == "input":
+    def backward_maybe_with_nosync(self, kind, bwd_kwargs, last_backward=False):
+        if kind == backward_type:
             for module in self.submod.modules():
                 if isinstance(module, FSDPModule):
                     module.unshard()
-        return original(self, backward_type, bwd_kwargs, last_backward)
+        return original(self, kind, bwd_kwargs, last_backward)
 
     stage._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
 
@@ -785,19 +791,7 @@ def _torch_pipelining_fsdp_weight_backward_unshard():
     than the input step recorded (KeyError on an AccumulateGrad node in `stage_backward_weight`) or freed storage
     (docs/findings/torch-2.15-pipelining-interleaved-zero-bubble-fsdp-three-stages-crash.py). Fix: the stage's FSDP2
     modules unsharded before the weight-gradient step too (FSDP2 unshards into the same parameter objects)."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.pipelining import stage
-
-    original = stage._PipelineStageBase.backward_maybe_with_nosync
-
-    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
-        if backward_type == "weight":
-            for module in self.submod.modules():
-                if isinstance(module, FSDPModule):
-                    module.unshard()
-        return original(self, backward_type, bwd_kwargs, last_backward)
-
-    stage._PipelineStageBase.backward_maybe_with_nosync = backward_maybe_with_nosync
+    _unshard_stage_before("weight")
 
 
 def _torch_pipelining_ddp_split_backward_reduce():

@@ -339,9 +339,14 @@ def short(frame):
 TRACE_TIME_CAUSES = ("JaxStackTraceBeforeTransformation",)
 
 
+def causes(failure):
+    """The failure's explicitly chained exceptions, outermost first (JAX's trace-time stacks left out)."""
+    return [link for link in failure.get("chain") or [] if link["type"] not in TRACE_TIME_CAUSES]
+
+
 def classify(target, failure):
     """('rejected' | 'crash' | 'harness_error', the deciding frame or None) for one rank's failure."""
-    chain = [link for link in failure.get("chain") or [] if link["type"] not in TRACE_TIME_CAUSES]
+    chain = causes(failure)
     if not chain:
         return "crash", None
     roots = package_roots(target)

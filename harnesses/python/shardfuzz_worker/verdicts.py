@@ -11,7 +11,7 @@ see), nor a refusal where another rank crashed.
 #: What gloo raises on a rank whose peer died: never the cause of a crash.
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
-from .validation import TRACE_TIME_CAUSES, classify, is_native_caller, recomputing, short
+from .validation import causes, classify, is_native_caller, recomputing, short
 
 
 def classify_failures(target, failed, world):
@@ -35,11 +35,6 @@ def classify_failures(target, failed, world):
         where, site = "in the model code recomputed by", f'File "{frame[0]}", line {frame[1]}, in {frame[2]}'
     reason = message if not site else f"{message} ({where} {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
-
-
-def causes(f):
-    """The failure's explicitly chained exceptions, outermost first (JAX's trace-time stacks left out)."""
-    return [link for link in f.get("chain") or [] if link["type"] not in TRACE_TIME_CAUSES]
 
 
 def failure_message(f):

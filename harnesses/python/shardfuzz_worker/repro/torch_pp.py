@@ -10,8 +10,8 @@ from .torch_model import training_source
 TARGET = "torch-pp"
 
 #: The worker's pipeline (targets/torch_pp.py) the script runs as is.
-PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "dual_pipe", "breadth_first", "rank_stages", "fsdp_stages", "scales_grads", "stage_module_class",
-                   "stage_layers", "Pipeline", "distributed", "combine_stages")
+PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "dual_pipe", "breadth_first", "rank_stages", "fsdp_stages",
+                   "scales_grads", "stage_module_class", "stage_layers", "Pipeline", "distributed", "combine_stages")
 
 
 def check(case):

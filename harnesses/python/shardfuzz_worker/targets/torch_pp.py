@@ -359,14 +359,11 @@ class Pipeline:
         held = {id(q) for g in (self.opt.param_groups if self.opt is not None else []) for q in g["params"]}
         return [name for name, q in self.named if q.grad is None and q.requires_grad and id(q) in held]
 
-    def view(self, name, t):
-        """What this rank reports of a parameter or gradient: the full tensor, or under tensor parallelism its own copy of
-        a tensor replicated over the tensor-parallel ranks (torch-tp's replicas_per_rank)."""
-        return replicas_per_rank(name, t) if self.tp > 1 else to_case_layout(name, full(t)).numpy()
-
     def reported(self, name, q, t):
-        """`t` (the parameter q or its gradient) as this rank reports it."""
-        return self.view(name, distributed(q, t))
+        """What this rank reports of `t` (the parameter q or its gradient): the full tensor, or under tensor parallelism its
+        own copy of a tensor replicated over the tensor-parallel ranks (torch-tp's replicas_per_rank)."""
+        t = distributed(q, t)
+        return replicas_per_rank(name, t) if self.tp > 1 else to_case_layout(name, full(t)).numpy()
 
     def clip(self, max_norm):
         """torchtitan's clip_grad_norm_ under pipeline parallelism: this rank's gradient norm (a DTensor norm made
