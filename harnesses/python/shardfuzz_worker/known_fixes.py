@@ -153,6 +153,42 @@ def _deepspeed_unfused_init_step():
     FP16_UnfusedOptimizer.initialize_optimizer_states = lambda self: None
 
 
+def _deepspeed_pipeline_clip_all_stages():
+    """DeepSpeed 0.17.6 to 0.19.8: without ZeRO in fp32 the engine clips by deepspeed.runtime.utils.clip_grad_norm_ with
+    the pipeline's grid as mpu, which counts a gradient only where the grid's model-parallel rank is 0 (Megatron's
+    rule against counting tensor-parallel replicas twice); the grid's model-parallel rank is the rank's index over
+    pipeline stages x slices, so no later stage's gradient is counted
+    (docs/findings/deepspeed-0.19.8-pipeline-clip-grad-norm-first-stage-only.py). Fix: count by the slice (tensor)
+    rank and, as DeepSpeed's other norms do (utils.py get_grad_norm, the ZeRO and BF16 optimizers), count a tied
+    weight's pipeline replicas (`ds_pipe_replicated`) once; sum over the grid's model-parallel group as before."""
+    import torch
+    import deepspeed.comm as dist
+    import deepspeed.runtime.engine as engine_module
+    from deepspeed.runtime.utils import clip_grad_norm_ as original
+    from deepspeed.runtime.utils import is_model_parallel_parameter
+
+    def clip_grad_norm_(parameters, max_norm, norm_type=2, mpu=None):
+        if mpu is None or not hasattr(mpu, "get_slice_parallel_rank"):
+            return original(parameters, max_norm, norm_type, mpu=mpu)
+        params = [p for p in parameters if p.grad is not None]
+        counted = [p.grad.detach().float() for p in params if not getattr(p, "ds_pipe_replicated", False)
+                   and (mpu.get_slice_parallel_rank() == 0 or is_model_parallel_parameter(p))]
+        norm_type = float(norm_type)
+        if norm_type == float("inf"):
+            total = torch.stack([g.abs().max() for g in counted]).max() if counted else torch.zeros(())
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
+        else:
+            total = torch.stack([g.norm(norm_type) ** norm_type for g in counted]).sum() if counted else torch.zeros(())
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mpu.get_model_parallel_group())
+            total = total ** (1.0 / norm_type)
+        coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        for p in params:
+            p.grad.data.mul_(coef)
+        return total
+
+    engine_module.clip_grad_norm_ = clip_grad_norm_
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1379,7 +1415,8 @@ FIXES = {
     "colossalai-padded-detached-param-save": (("colossalai-hybrid",), _colossalai_padded_detached_param_save),
     "colossalai-padded-vocab-optimizer-save": (("colossalai-hybrid",), _colossalai_padded_vocab_optimizer_save),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
-    "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
+    "deepspeed-unfused-init-step": (("deepspeed-zero", "deepspeed-pp"), _deepspeed_unfused_init_step),
+    "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),

@@ -144,6 +144,15 @@ pub const TARGETS: &[TargetInfo] = &[
         create: |o| python("deepspeed-zero", MAIN, o),
     },
     TargetInfo {
+        name: "deepspeed-pp",
+        description: "DeepSpeed's pipeline engine: a PipelineModule (embedding, blocks, norm, head; a tied head as TiedLayerSpec) trained by train_batch under its 1F1B TrainSchedule or DualPipeV, beside data parallelism at ZeRO 0-1 (its BF16_Optimizer or ZeRO-1 optimizer)",
+        env: Some(MAIN),
+        offers: &["label_smoothing", "local_mean_loss", "reduce_bucket", "grad_accum_dtype", "frozen",
+            "activation_checkpointing", "framework_checkpoint", "dual_pipe",
+        ],
+        create: |o| python("deepspeed-pp", MAIN, o),
+    },
+    TargetInfo {
         name: "megatron-tp",
         description: "Megatron-core ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding / vocab_parallel_cross_entropy, pipeline stages under its 1F1B and interleaved schedules, data-parallel replicas in its DistributedDataParallel (ZeRO-1: its distributed optimizer), MoE blocks as its MoELayer over expert-parallel ranks",
         env: Some(MAIN),

@@ -11,6 +11,7 @@ REGISTRY = {
     "jax-shardmap": "jax_shardmap",
     "jax-gspmd": "jax_gspmd",
     "deepspeed-zero": "deepspeed_zero",
+    "deepspeed-pp": "deepspeed_pp",
     "megatron-tp": "megatron_tp",
     "megatron-ddp": "megatron_ddp",
     "colossalai-tp": "colossalai_tp",

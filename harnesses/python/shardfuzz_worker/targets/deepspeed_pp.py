@@ -1,0 +1,315 @@
+"""deepspeed-pp: the case's model as a DeepSpeed `PipelineModule` (the embedding, each block, the final norm and the
+LM head one layer each, partitioned `type:Block` so every stage holds blocks, the embedding on the first and the head
+on the last), trained by DeepSpeed's pipeline engine (`engine.train_batch`) over pp x dp ranks (DeepSpeed's
+PipeDataParallelTopology: data-parallel ranks fastest): its 1F1B `TrainSchedule`, or with the case's `dual_pipe` its
+`DualPipeVModule` / `DualPipeVEngine` (two stages per pipeline rank in a V, rank 0 both first and loss stage).
+
+A tied LM head is DeepSpeed's `TiedLayerSpec`: one embedding module built on the first and the last stage (on one
+rank under DualPipeV), its gradient summed over the stages that hold it (`_exec_reduce_tied_grads`). ZeRO stage 0 or
+1 (DeepSpeed refuses 2 and 3 beside a pipeline); bf16 runs DeepSpeed's BF16_Optimizer where DeepSpeed picks it
+(ZeRO 0, or ZeRO 1 with fp32 gradient accumulation) and its ZeRO-1 optimizer otherwise. Activation checkpointing is
+the pipeline's own (`pipeline.activation_checkpoint_interval` 1 over the blocks, `use_reentrant` as the case says,
+DeepSpeed's checkpoint configured as the case's `framework_checkpoint` asks).
+
+One optimizer step is one `train_batch` over the rank's rows cut into micro-batch x grad_accumulation equal
+micro-batches (DeepSpeed's `gradient_accumulation_steps`). The engine divides each micro-batch's loss by that count
+and averages gradients and the reported loss over the data-parallel ranks, so the loss function returns the
+micro-batch's summed token loss (in float32, as Megatron-DeepSpeed computes it) scaled by count x dp / global tokens:
+the engine's own reported loss is then the global token mean. Step-0 gradients are read when the schedule reaches its
+optimizer step (after its tied and data-parallel reductions, before clipping) with `safe_get_full_grad`; final
+parameters are DeepSpeed's fp32 master copies rounded to the case dtype, as deepspeed-zero reports them."""
+
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import numpy as np  # noqa: E402
+
+from .base import chunk_range, dtype_name, is_frozen, loss_denominator, parallel, setup_features  # noqa: E402
+from .deepspeed_zero import DeepSpeedZero, deepspeed_block_checkpoint  # noqa: E402
+from .torch_common import torch_dtype  # noqa: E402
+from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
+from .torch_pp import combine_stages  # noqa: E402
+from .torch_training import micro_batch_loss, single_device  # noqa: E402
+
+
+class DeepSpeedPp(DeepSpeedZero):
+    name = "deepspeed-pp"
+
+    def init_rank(self, rank, world, timeout_s):
+        # PipelineModule reads the launcher's LOCAL_RANK (one host here).
+        os.environ["LOCAL_RANK"] = str(rank)
+        super().init_rank(rank, world, timeout_s)
+        reuse_process_groups()
+
+    def unsupported(self, case):
+        why = (unsupported_layout(case, ("pp", "dp"), "deepspeed-pp runs pipeline stages beside data parallelism "
+                                  "(no tp/cp/ep)") or unsupported_schedule(case))
+        if why:
+            return why
+        p, m = parallel(case), model_defaults(case)
+        if p["zero_stage"] > 1:
+            return "DeepSpeed's pipeline engine runs ZeRO 0-1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")"
+        if m.get("layer_passes", 1) > 1:
+            return "a block used by several passes cannot sit on one pipeline stage"
+        if m.get("sparse_embedding"):
+            return "deepspeed-pp reduces dense gradients only"
+        if m.get("activation_checkpointing") == "reentrant" and is_frozen(case, "embed.weight"):
+            # torch's documented limit of a re-entrant checkpoint ("None of the inputs have requires_grad=True"):
+            # the first block's input comes from a frozen embedding and its parameters would get no gradient.
+            return "a re-entrant checkpoint after a frozen embedding gives the first block no gradient"
+        stages = p["pp"] * (2 if dual_pipe(p) else 1)
+        if len(m["layers"]) < stages:
+            return f"{stages} pipeline stages need a block each ({len(m['layers'])} blocks)"
+        gas = micro_batch_count(case)
+        rows = [hi - lo for lo, hi in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"]))]
+        if any(r < gas or r % gas for r in rows):
+            # DeepSpeed sizes its receive buffers by the first micro-batch (dynamic_shape off, as DualPipeV requires).
+            return "DeepSpeed's pipeline takes equal micro-batches: a rank's rows must split into micro-batches x grad_accumulation"
+        return self.unsupported_precision(case)
+
+    def unsupported_precision(self, case):
+        """deepspeed-zero's refusals of dtypes and data types (f64, f16 on the CPU accelerator, accumulation)."""
+        dt = dtype_name(case)
+        if dt == "f64":
+            return "DeepSpeed keeps fp32 master weights (stage 0 refuses f64 grads): f64 is not expressed"
+        if dt == "f16":
+            return "DeepSpeed's CPU accelerator does not support fp16 training"
+        acc = case["train"].get("grad_accum_dtype")
+        if acc is not None and acc not in ("f32", dt):
+            return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
+        from .base import reduce_dtype_name
+
+        if reduce_dtype_name(case) != dt:
+            return "deepspeed-pp reduces gradients in the case dtype"
+        return None
+
+    def config(self, case, world):
+        p = parallel(case)
+        cfg = super().config(case, world)
+        gas = micro_batch_count(case)
+        cfg.update(gradient_accumulation_steps=gas)
+        recompute = case["model"].get("activation_checkpointing")
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if recompute else 0,
+                           "use_reentrant": recompute != "non_reentrant"}
+        cfg["zero_optimization"] = {"stage": p["zero_stage"], "reduce_bucket_size": cfg["zero_optimization"]["reduce_bucket_size"],
+                                    "allgather_bucket_size": cfg["zero_optimization"]["allgather_bucket_size"]}
+        return cfg
+
+    def run_rank(self, rank, world, case, inputs):
+        import torch
+
+        torch.manual_seed(0)
+        out = PipelineRun(self, case, inputs, world).train()
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
+
+    def combine(self, case, outs):
+        return combine_stages(case, outs, features(case))
+
+
+def dual_pipe(p):
+    return bool(p["dual_pipe"])
+
+
+def micro_batch_count(case):
+    """Micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps): the case's pipeline micro-batches
+    times its accumulated steps, one train_batch."""
+    return parallel(case)["microbatches"] * case["train"].get("grad_accumulation", 1)
+
+
+def unsupported_schedule(case):
+    p = parallel(case)
+    if p["pp"] < 2:
+        return "deepspeed-pp runs pipeline-parallel cases (pp >= 2)"
+    if p["pipeline_schedule"] != "1f1b":
+        return "DeepSpeed's pipeline engine runs its 1F1B TrainSchedule (and DualPipeV): no GPipe or interleaved schedule"
+    if p["zero_bubble"]:
+        return "DeepSpeed's DualPipeV keeps weight gradients inside the backward: no zero-bubble schedule"
+    if dual_pipe(p) and micro_batch_count(case) < 2 * p["pp"]:
+        return f"DualPipeV needs at least 2 x {p['pp']} micro-batches"
+    return None
+
+
+def reuse_process_groups():
+    """Every PipelineModule asks torch for its grid's process groups again (a world group and one per pipeline, per
+    data-parallel replica, per slice): in a rank pool that runs case after case, the same rank sets get the group made
+    for them the first time (every rank makes the same calls in the same order, as new_group requires)."""
+    import torch.distributed as dist
+
+    made, original = {}, dist.new_group
+
+    def new_group(ranks=None, *args, **kwargs):
+        key = (tuple(sorted(ranks)) if ranks is not None else None, kwargs.get("backend"), args)
+        if key not in made:
+            made[key] = original(ranks, *args, **kwargs)
+        return made[key]
+
+    dist.new_group = new_group
+
+
+def configure_checkpointing(case):
+    """DeepSpeed's activation-checkpointing settings for this case (set by every case, so none leaks into the next)."""
+    if case["parallel"].get("framework_checkpoint") is not None:
+        deepspeed_block_checkpoint(case)
+        return
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ck
+
+    ck.configure(None, partition_activations=False, contiguous_checkpointing=False, checkpoint_in_cpu=False,
+                 synchronize=False, profile=False)
+    ck.reset()
+
+
+def pipeline_layers(case, inputs):
+    """The layers of the PipelineModule and the case name of each layer index's parameters (None: a tied layer)."""
+    import torch.nn as nn
+    from deepspeed.pipe import TiedLayerSpec
+
+    model, dt = build(case, inputs)
+    n = len(model.layers)
+    prefixes = ["embed", *(f"layers.{i}" for i in range(n)), "final_norm", "lm_head"]
+    if not model.tied:
+        return [model.embed, *model.layers, model.final_norm, model.lm_head], prefixes
+    weight, trained = model.embed.weight.detach().clone(), model.embed.weight.requires_grad
+
+    class TiedEmbedding(nn.Embedding):
+        """The case's embedding, built by DeepSpeed wherever the tied layer sits."""
+
+        def __init__(self):
+            super().__init__(weight.shape[0], weight.shape[1], dtype=dt)
+            self.weight.data.copy_(weight)
+            self.weight.requires_grad_(trained)
+
+    head = TiedLayerSpec("embed", TiedEmbedding, forward_fn=lambda module, x: x @ module.weight.t(),
+                         tied_weight_attr="weight")
+    return [TiedLayerSpec("embed", TiedEmbedding), *model.layers, model.final_norm, head], prefixes[:-1]
+
+
+def case_name(ds_name, prefixes):
+    """The case's name of the PipelineModule parameter `ds_name` ("3.mlp.up.weight", "tied_modules.embed.weight")."""
+    head, _, rest = ds_name.partition(".")
+    if head == "tied_modules":
+        return "embed." + rest.partition(".")[2]
+    return f"{prefixes[int(head)]}.{rest}"
+
+
+class PipelineRun:
+    """This rank's part of the case's pipeline: the engine, and what it reports of the run."""
+
+    def __init__(self, target, case, inputs, world):
+        import deepspeed
+        from deepspeed.pipe import PipelineModule
+        from deepspeed.runtime.pipe.dualpipev import DualPipeVModule
+
+        self.case, self.inputs, self.p = case, inputs, parallel(case)
+        self.dp = world // self.p["pp"]
+        configure_checkpointing(case)
+        layers, self.prefixes = pipeline_layers(case, inputs)
+        cls = DualPipeVModule if dual_pipe(self.p) else PipelineModule
+        module = cls(layers=layers, num_stages=self.p["pp"], loss_fn=self.loss_fn, partition_method="type:Block",
+                     checkpointable_layers=["Block"])
+        self.named = [(case_name(n, self.prefixes), q) for n, q in module.named_parameters()]
+        opt = make_optimizer(case, [q for _, q in self.named])
+        self.dp_index = module._grid.get_data_parallel_id()
+        lo, hi = chunk_range(case["model"]["batch"], self.dp, self.dp_index)
+        self.rows = (lo, hi)
+        cfg = target.config(case, world)
+        cfg["train_micro_batch_size_per_gpu"] = (hi - lo) // cfg["gradient_accumulation_steps"]
+        cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * self.dp
+        self.engine = deepspeed.initialize(model=module, optimizer=opt, config=cfg)[0]
+        self.capture_step_grads()
+        self.global_tokens = loss_denominator(inputs)
+        self.logits, self.grads, self.no_grad, self.loss_calls = [], None, [], 0
+
+    def loss_fn(self, logits, target):
+        """The micro-batch's summed token loss scaled so that the engine's mean over micro-batches and data-parallel
+        ranks is the global token mean (and its gradients the global mean's)."""
+        l, count = micro_batch_loss(self.case, self.inputs, logits, target)
+        self.loss_calls += 1
+        if self.grads is None:
+            self.logits.append(logits.detach())
+        factor = count * self.dp * micro_batch_count(self.case) / self.global_tokens
+        return l.float() * factor
+
+    def capture_step_grads(self):
+        """Reads the first step's gradients where the schedule's optimizer step begins (the engine maps schedule
+        instructions to methods through `_INSTRUCTION_MAP`: this engine's copy wraps the step)."""
+        from deepspeed.runtime.pipe import schedule
+        from deepspeed.utils import safe_get_full_grad
+
+        instructions = dict(type(self.engine)._INSTRUCTION_MAP)
+        step = instructions[schedule.OptimizerStep]
+
+        def read_then_step(engine, *args, **kwargs):
+            if self.grads is None:
+                self.grads, self.no_grad = {}, []
+                for name, q in self.named:
+                    if not q.requires_grad:
+                        continue
+                    g = safe_get_full_grad(q)
+                    if g is None:
+                        self.no_grad.append(name)
+                    else:
+                        self.grads[name] = self.view(name, g)
+            return step(engine, *args, **kwargs)
+
+        instructions[schedule.OptimizerStep] = read_then_step
+        self.engine._INSTRUCTION_MAP = instructions
+
+    def view(self, name, t):
+        import torch
+
+        return to_case_layout(name, t.detach().to(torch_dtype(dtype_name(self.case))).to(torch.float64)).numpy()
+
+    def train(self):
+        import torch
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        m = self.case["model"]
+        b, s = m["batch"], m["seq"]
+        ids = torch.tensor(self.inputs["tokens"].astype(np.int64)).view(b, s)
+        tgt = torch.tensor(self.inputs["targets"].astype(np.int64)).view(b, s)
+        lo, hi = self.rows
+        gas = micro_batch_count(self.case)
+        size = (hi - lo) // gas
+        losses = []
+        for _ in range(self.case["train"]["steps"]):
+            batches = [(ids[a:a + size], tgt[a:a + size]) for a in range(lo, hi, size)]
+            losses.append(float(self.engine.train_batch(iter(batches))))
+        loss_stage = self.loss_calls > 0
+        final = {}
+        for name, q in self.named:
+            v = safe_get_full_fp32_param(q)
+            final[name] = self.view(name, q if v is None else v)
+        self.engine.destroy()
+        logits = torch.cat([x.reshape(-1, x.shape[-1]) for x in self.logits]).to(torch.float64).numpy() if loss_stage else None
+        return {"rows": (lo * s, hi * s), "logits": logits, "losses": losses if loss_stage else None,
+                "grads": self.grads or {}, "params": final, "no_grad": self.no_grad}
+
+
+def features(case):
+    p, m = parallel(case), model_defaults(case)
+    prefix = f"deepspeed-pp:pp{p['pp']}"
+    out = [prefix, f"{prefix}:{'dual-pipe' if dual_pipe(p) else '1f1b'}", f"{prefix}:mb{min(micro_batch_count(case), 8)}"]
+    if p["dp"] > 1:
+        out.append(f"{prefix}:dp{p['dp']}:zero{p['zero_stage']}")
+    out.append(f"{prefix}:{optimizer_path(case)}")
+    if m.get("tied_embeddings"):
+        out.append(f"{prefix}:tied-embedding")
+    if case["train"].get("clip_grad_norm") is not None:
+        out.append(f"{prefix}:clipped")
+    if p["framework_checkpoint"] is not None and m.get("activation_checkpointing"):
+        out.append(f"{prefix}:checkpoint-{p['framework_checkpoint']}")
+    return out + setup_features(prefix, case)
+
+
+def optimizer_path(case):
+    """Which of DeepSpeed's optimizer wrappers the engine picks for the case (engine._do_optimizer_sanity_check)."""
+    dt, zero = dtype_name(case), parallel(case)["zero_stage"]
+    acc = case["train"].get("grad_accum_dtype") or dt
+    if zero == 1:
+        return "bf16-optimizer" if dt == "bf16" and acc == "f32" else "zero1-optimizer"
+    return "bf16-optimizer" if dt == "bf16" else "fp32"
+
+
+TARGET = DeepSpeedPp()
