@@ -189,6 +189,40 @@ def _deepspeed_pipeline_clip_all_stages():
     engine_module.clip_grad_norm_ = clip_grad_norm_
 
 
+def _deepspeed_zero1_pipeline_group_norm():
+    """DeepSpeed 0.19.8: ZeRO-1's step takes the gradient norm per parameter group, each with its own all-reduce over the
+    model-parallel group, which beside a pipeline spans the stages: stages whose optimizers have different numbers of
+    groups hang in that all-reduce
+    (docs/findings/deepspeed-0.19.8-zero1-pipeline-stages-with-different-param-group-counts-hang.py). Fix: every
+    group's squares summed first, one all-reduce over the data-parallel ranks and one over the model-parallel ranks
+    (the offload and MoE paths are left as they are)."""
+    import torch
+    import deepspeed.comm as dist
+    from deepspeed.runtime.utils import is_model_parallel_parameter, mask_nan_or_inf_with_val_inplace
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    original = DeepSpeedZeroOptimizer.scaled_global_norm
+
+    def scaled_global_norm(self, norm_type=2):
+        if self.cpu_offload or self.has_moe_layers or norm_type != 2:
+            return original(self, norm_type)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        for i, _ in enumerate(self.bit16_groups):
+            grads = (g for g in self.averaged_gradients[i] if not getattr(g, "_zero_padding", False))
+            for g, p in zip(grads, self.params_in_partition[i]):
+                if getattr(p, "ds_pipe_replicated", False):
+                    continue
+                if is_model_parallel_parameter(p) or self.model_parallel_rank == 0:
+                    total += g.detach().float().norm() ** 2
+        dist.all_reduce(total, group=self.dp_process_group)
+        self._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
+        total = total.sqrt()
+        mask_nan_or_inf_with_val_inplace(total, device=self.device)
+        return total
+
+    DeepSpeedZeroOptimizer.scaled_global_norm = scaled_global_norm
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1417,6 +1451,7 @@ FIXES = {
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero", "deepspeed-pp"), _deepspeed_unfused_init_step),
     "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),
+    "deepspeed-zero1-pipeline-group-norm": (("deepspeed-pp",), _deepspeed_zero1_pipeline_group_norm),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),

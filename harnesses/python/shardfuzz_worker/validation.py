@@ -117,6 +117,49 @@ _MEGATRON_TRAINING = [
     ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "currently supported"),
 ]
 
+#: DeepSpeed's own checks of a configuration (deepspeed-zero, deepspeed-pp).
+_DEEPSPEED = [
+    # The JSON config and its pydantic models (DeepSpeedConfigError, asserts, ValidationError).
+    ("deepspeed/runtime/config.py", None, None),
+    ("deepspeed/runtime/config_utils.py", None, None),
+    ("deepspeed/runtime/zero/config.py", None, None),
+    # The engine's checks of the config against the accelerator ("Type fp16 is not supported ...").
+    ("deepspeed/runtime/engine.py", "_do_sanity_check", None),
+    ("deepspeed/runtime/engine.py", "_do_args_sanity_check", None),
+    # Its check of the optimizer against the data types ("unsupported mix of model_dtype=... and
+    # grad_accum_dtype=...").
+    ("deepspeed/runtime/engine.py", "_do_optimizer_sanity_check", None),
+    # The ZeRO optimizers' refusals of option combinations ("gradient_predivide_factor != 1.0 is not yet
+    # supported with ZeRO-2 with reduce scatter enabled").
+    ("deepspeed/runtime/zero/stage_1_and_2.py", "__init__", "is not yet supported"),
+    ("deepspeed/runtime/zero/stage3.py", "__init__", "is not yet supported"),
+    # With MoE layers: ZeRO 1-2's refusal of options "not tested with MoE" (reduce scatter and, at stage 2,
+    # contiguous gradients off), and the engine's of ZeRO-3 ("Native DeepSpeed MoE is not supported with ZeRO
+    # Stage 3").
+    ("deepspeed/runtime/zero/stage_1_and_2.py", "_configure_moe_settings", "must be set to True for MoE"),
+    ("deepspeed/runtime/engine.py", "_validate_zero3_moe_compatibility", None),
+    # (releases up to 0.19.0: the same refusal as an assertion where the engine builds the ZeRO-3 optimizer)
+    ("deepspeed/runtime/engine.py", "_configure_zero_optimizer", "MoE not supported with Stage 3"),
+    # The MoE layer's check of its arguments ("Number of experts (1) should be divisible by expert parallel size
+    # (2)").
+    ("deepspeed/moe/layer.py", "__init__", "should be divisible by"),
+    # Its gate's refusal of a k it does not implement (0.14: "Only top-1 and top-2 gatings are
+    # supported").
+    ("deepspeed/moe/sharded_moe.py", "__init__", "gatings are supported"),
+]
+
+#: Its pipeline engine's: PipelineModule's partitioning and grid, the engine's and DualPipeV's asserts on the config
+#: ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", "DualPipeV needs gradient_accumulation_steps >= 2 *
+#: stages"), the DualPipeV schedule's micro-batch check.
+_DEEPSPEED_PIPELINE = [
+    ("deepspeed/runtime/pipe/module.py", "__init__", None),
+    ("deepspeed/runtime/pipe/module.py", "_partition_layers", None),
+    ("deepspeed/runtime/pipe/engine.py", "__init__", None),
+    ("deepspeed/runtime/pipe/dualpipev.py", "__init__", None),
+    ("deepspeed/runtime/pipe/schedule.py", "__init__", "micro-batches"),
+]
+
+
 VALIDATION = {
     "torch-dtensor": _TORCH_DTENSOR,
     "torch-tp": [
@@ -151,35 +194,8 @@ VALIDATION = {
     ],
     "jax-gspmd": _JAX,
     "jax-shardmap": _JAX,
-    "deepspeed-zero": [
-        # The JSON config and its pydantic models (DeepSpeedConfigError, asserts, ValidationError).
-        ("deepspeed/runtime/config.py", None, None),
-        ("deepspeed/runtime/config_utils.py", None, None),
-        ("deepspeed/runtime/zero/config.py", None, None),
-        # The engine's checks of the config against the accelerator ("Type fp16 is not supported ...").
-        ("deepspeed/runtime/engine.py", "_do_sanity_check", None),
-        ("deepspeed/runtime/engine.py", "_do_args_sanity_check", None),
-        # Its check of the optimizer against the data types ("unsupported mix of model_dtype=... and
-        # grad_accum_dtype=...").
-        ("deepspeed/runtime/engine.py", "_do_optimizer_sanity_check", None),
-        # The ZeRO optimizers' refusals of option combinations ("gradient_predivide_factor != 1.0 is not yet
-        # supported with ZeRO-2 with reduce scatter enabled").
-        ("deepspeed/runtime/zero/stage_1_and_2.py", "__init__", "is not yet supported"),
-        ("deepspeed/runtime/zero/stage3.py", "__init__", "is not yet supported"),
-        # With MoE layers: ZeRO 1-2's refusal of options "not tested with MoE" (reduce scatter and, at stage 2,
-        # contiguous gradients off), and the engine's of ZeRO-3 ("Native DeepSpeed MoE is not supported with ZeRO
-        # Stage 3").
-        ("deepspeed/runtime/zero/stage_1_and_2.py", "_configure_moe_settings", "must be set to True for MoE"),
-        ("deepspeed/runtime/engine.py", "_validate_zero3_moe_compatibility", None),
-        # (releases up to 0.19.0: the same refusal as an assertion where the engine builds the ZeRO-3 optimizer)
-        ("deepspeed/runtime/engine.py", "_configure_zero_optimizer", "MoE not supported with Stage 3"),
-        # The MoE layer's check of its arguments ("Number of experts (1) should be divisible by expert parallel size
-        # (2)").
-        ("deepspeed/moe/layer.py", "__init__", "should be divisible by"),
-        # Its gate's refusal of a k it does not implement (0.14: "Only top-1 and top-2 gatings are
-        # supported").
-        ("deepspeed/moe/sharded_moe.py", "__init__", "gatings are supported"),
-    ],
+    "deepspeed-zero": _DEEPSPEED,
+    "deepspeed-pp": _DEEPSPEED + _DEEPSPEED_PIPELINE,
     "megatron-tp": _MEGATRON_DIVISIBILITY + _MEGATRON_TRAINING,
     "megatron-ddp": _MEGATRON_TRAINING,
     "colossalai-tp": _COLOSSALAI,
@@ -202,6 +218,7 @@ FRAMEWORKS = {
     "jax-gspmd": ("jax", "jaxlib"),
     "jax-shardmap": ("jax", "jaxlib"),
     "deepspeed-zero": ("deepspeed", "torch"),
+    "deepspeed-pp": ("deepspeed", "torch"),
     "megatron-tp": ("megatron", "torch"),
     "megatron-ddp": ("megatron", "torch"),
     "colossalai-tp": ("colossalai", "torch"),

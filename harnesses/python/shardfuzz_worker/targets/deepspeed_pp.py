@@ -26,7 +26,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import numpy as np  # noqa: E402
 
 from .base import chunk_range, dtype_name, is_frozen, loss_denominator, parallel, setup_features  # noqa: E402
-from .deepspeed_zero import DeepSpeedZero, deepspeed_block_checkpoint  # noqa: E402
+from .deepspeed_zero import DeepSpeedZero  # noqa: E402
 from .torch_common import torch_dtype  # noqa: E402
 from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
 from .torch_pp import combine_stages  # noqa: E402
@@ -66,6 +66,9 @@ class DeepSpeedPp(DeepSpeedZero):
         if any(r < gas or r % gas for r in rows):
             # DeepSpeed sizes its receive buffers by the first micro-batch (dynamic_shape off, as DualPipeV requires).
             return "DeepSpeed's pipeline takes equal micro-batches: a rank's rows must split into micro-batches x grad_accumulation"
+        if (rank := untrainable_rank(case)) is not None:
+            # (DeepSpeed's pipeline engine wants an optimizer on every rank; torch's refuses an empty parameter list.)
+            return f"pipeline rank {rank} holds only frozen parameters: it has nothing for its optimizer"
         return self.unsupported_precision(case)
 
     def unsupported_precision(self, case):
@@ -131,33 +134,69 @@ def unsupported_schedule(case):
     return None
 
 
+def stage_parts(case):
+    """The first layer index of each stage and the end, as PipelineModule's `type:Block` partition cuts the layers
+    [embedding, blocks..., final norm, head] (two stages per pipeline rank under DualPipeV)."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    p, n = parallel(case), len(case["model"]["layers"])
+    stages = p["pp"] * (2 if dual_pipe(p) else 1)
+    return partition_balanced(weights=[0] + [1] * n + [0, 0], num_parts=stages)
+
+
+def untrainable_rank(case):
+    """A pipeline rank all of whose parameters the case freezes (None: every rank trains something)."""
+    import torch
+
+    from .torch_model import Model
+
+    with torch.device("meta"):
+        names = [n for n, _ in Model(model_defaults(case)).named_parameters()]
+    p, parts = parallel(case), stage_parts(case)
+    n = len(case["model"]["layers"])
+    prefixes = ["embed", *(f"layers.{i}" for i in range(n)), "final_norm", "embed" if model_defaults(case).get(
+        "tied_embeddings") else "lm_head"]
+    stages = len(parts) - 1
+    for rank in range(p["pp"]):
+        held = [rank, stages - 1 - rank] if dual_pipe(p) else [rank]
+        layers = {prefixes[i] for s in held for i in range(parts[s], parts[s + 1])}
+        if not any(name.startswith(pre + ".") and not is_frozen(case, name) for name in names for pre in layers):
+            return rank
+    return None
+
+
+#: The process groups made so far, by (position among the calls of a case, ranks, options), and the calls of the case
+#: being built.
+_GROUPS, _CALLS = {}, [0]
+
+
 def reuse_process_groups():
     """Every PipelineModule asks torch for its grid's process groups again (a world group and one per pipeline, per
-    data-parallel replica, per slice): in a rank pool that runs case after case, the same rank sets get the group made
-    for them the first time (every rank makes the same calls in the same order, as new_group requires)."""
+    data-parallel replica, per slice): in a rank pool that runs case after case, the n-th call of a case gets the group
+    the n-th call of an earlier case made for the same ranks. Groups of equal ranks stay distinct (the pipeline groups
+    and the model-parallel ones coincide without tensor parallelism): collectives in one must never pair with another's.
+    Every rank makes the same calls in the same order, as new_group requires."""
     import torch.distributed as dist
 
-    made, original = {}, dist.new_group
+    original = dist.new_group
 
     def new_group(ranks=None, *args, **kwargs):
-        key = (tuple(sorted(ranks)) if ranks is not None else None, kwargs.get("backend"), args)
-        if key not in made:
-            made[key] = original(ranks, *args, **kwargs)
-        return made[key]
+        key = (_CALLS[0], tuple(ranks) if ranks is not None else None, args, tuple(sorted(kwargs.items(), key=str)))
+        _CALLS[0] += 1
+        if key not in _GROUPS:
+            _GROUPS[key] = original(ranks, *args, **kwargs)
+        return _GROUPS[key]
 
     dist.new_group = new_group
 
 
 def configure_checkpointing(case):
-    """DeepSpeed's activation-checkpointing settings for this case (set by every case, so none leaks into the next)."""
-    if case["parallel"].get("framework_checkpoint") is not None:
-        deepspeed_block_checkpoint(case)
-        return
-    from deepspeed.runtime.activation_checkpointing import checkpointing as ck
+    """DeepSpeed's activation-checkpointing settings for this case, as its `framework_checkpoint` asks (set by every
+    case, so none leaks into the next). Contiguous buffers hold every checkpoint taken between two backwards: a stage
+    may run several micro-batches' forwards first, so they are sized for every block of every micro-batch."""
+    from .deepspeed_zero import configure_checkpointing as configure
 
-    ck.configure(None, partition_activations=False, contiguous_checkpointing=False, checkpoint_in_cpu=False,
-                 synchronize=False, profile=False)
-    ck.reset()
+    configure(case["parallel"].get("framework_checkpoint"), len(case["model"]["layers"]) * micro_batch_count(case))
 
 
 def pipeline_layers(case, inputs):
@@ -204,6 +243,7 @@ class PipelineRun:
         self.case, self.inputs, self.p = case, inputs, parallel(case)
         self.dp = world // self.p["pp"]
         configure_checkpointing(case)
+        _CALLS[0] = 0
         layers, self.prefixes = pipeline_layers(case, inputs)
         cls = DualPipeVModule if dual_pipe(self.p) else PipelineModule
         module = cls(layers=layers, num_stages=self.p["pp"], loss_fn=self.loss_fn, partition_method="type:Block",
@@ -235,7 +275,6 @@ class PipelineRun:
         """Reads the first step's gradients where the schedule's optimizer step begins (the engine maps schedule
         instructions to methods through `_INSTRUCTION_MAP`: this engine's copy wraps the step)."""
         from deepspeed.runtime.pipe import schedule
-        from deepspeed.utils import safe_get_full_grad
 
         instructions = dict(type(self.engine)._INSTRUCTION_MAP)
         step = instructions[schedule.OptimizerStep]
@@ -246,7 +285,7 @@ class PipelineRun:
                 for name, q in self.named:
                     if not q.requires_grad:
                         continue
-                    g = safe_get_full_grad(q)
+                    g = full_grad(q)
                     if g is None:
                         self.no_grad.append(name)
                     else:
@@ -285,6 +324,16 @@ class PipelineRun:
         logits = torch.cat([x.reshape(-1, x.shape[-1]) for x in self.logits]).to(torch.float64).numpy() if loss_stage else None
         return {"rows": (lo * s, hi * s), "logits": logits, "losses": losses if loss_stage else None,
                 "grads": self.grads or {}, "params": final, "no_grad": self.no_grad}
+
+
+def full_grad(q):
+    """The reduced gradient DeepSpeed's optimizer steps with: gathered from the ZeRO-1 / BF16_Optimizer partitions
+    over the stage's data-parallel ranks where q has a partition mapping (a collective every one of them makes), else
+    q.grad. (deepspeed.utils.safe_get_full_grad returns `q.grad` first where a rank still holds one: ZeRO-1 beside a
+    pipeline leaves some ranks one and not others, and their peers then wait in the gather.)"""
+    if getattr(q, "_hp_mapping", None) is not None or hasattr(q, "_hp_mapping") and hasattr(q, "get_full_hp_grad"):
+        return q.get_full_hp_grad()
+    return q.grad
 
 
 def features(case):

@@ -334,15 +334,7 @@ def deepspeed_block_checkpoint(case):
     from deepspeed.runtime.activation_checkpointing import checkpointing as ck
 
     m = case["model"]
-    ck.configure(None, partition_activations=mode in ("partition", "partition_cpu", "contiguous"),
-                 contiguous_checkpointing=mode == "contiguous", checkpoint_in_cpu=mode in ("cpu", "partition_cpu"),
-                 num_checkpoints=len(m["layers"]) * m.get("layer_passes", 1), synchronize=False, profile=False)
-    ck.reset()
-    for first_forward_state in ("cuda_device", "transport_stream"):
-        # Older releases (0.14-0.18) set these at the first checkpointed forward: one that failed there (the CPU
-        # accelerator has no Stream) left a device and no stream for the next case.
-        if hasattr(ck, first_forward_state):
-            setattr(ck, first_forward_state, None)
+    configure_checkpointing(mode, len(m["layers"]) * m.get("layer_passes", 1))
 
     def run(layer, x, recompute):
         if recompute is None or not torch.is_grad_enabled():
@@ -354,6 +346,21 @@ def deepspeed_block_checkpoint(case):
         return ck.checkpoint(layer, x)
 
     return run
+
+
+def configure_checkpointing(mode, num_checkpoints):
+    """DeepSpeed's module-level activation-checkpointing settings for a case's `framework_checkpoint` (None: plain)."""
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ck
+
+    ck.configure(None, partition_activations=mode in ("partition", "partition_cpu", "contiguous"),
+                 contiguous_checkpointing=mode == "contiguous", checkpoint_in_cpu=mode in ("cpu", "partition_cpu"),
+                 num_checkpoints=num_checkpoints, synchronize=False, profile=False)
+    ck.reset()
+    for first_forward_state in ("cuda_device", "transport_stream"):
+        # Older releases (0.14-0.18) set these at the first checkpointed forward: one that failed there (the CPU
+        # accelerator has no Stream) left a device and no stream for the next case.
+        if hasattr(ck, first_forward_state):
+            setattr(ck, first_forward_state, None)
 
 
 #: The case's ZeRO-3 layout fields and the DeepSpeed settings that realise them (read only at stage 3).
