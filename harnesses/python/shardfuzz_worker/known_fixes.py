@@ -223,6 +223,31 @@ def _deepspeed_zero1_pipeline_group_norm():
     DeepSpeedZeroOptimizer.scaled_global_norm = scaled_global_norm
 
 
+def _deepspeed_bf16_pipeline_frozen_tied_weight():
+    """DeepSpeed 0.19.8: with the BF16_Optimizer the pipeline engine reduces a tied weight's `_hp_grad`, which a frozen
+    tied weight does not have: AttributeError at the first step
+    (docs/findings/deepspeed-0.19.8-bf16-pipeline-frozen-tied-weight-hp-grad-crash.py). Fix: a frozen tied weight has
+    nothing to reduce (as in fp32, where its `grad` is None)."""
+    from deepspeed.runtime.pipe import schedule
+    from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    original = PipelineEngine._INSTRUCTION_MAP[schedule.ReduceTiedGrads]
+
+    def reduce_tied_grads(self):
+        frozen = [w for w, _ in self.module.get_tied_weights_and_groups() if not w.requires_grad]
+        for w in frozen:
+            w._hp_grad = None
+        try:
+            return original(self)
+        finally:
+            for w in frozen:
+                del w._hp_grad
+
+    for engine in (PipelineEngine, DualPipeVEngine):  # (the engines dispatch schedule steps through these maps)
+        engine._INSTRUCTION_MAP[schedule.ReduceTiedGrads] = reduce_tied_grads
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1452,6 +1477,7 @@ FIXES = {
     "deepspeed-unfused-init-step": (("deepspeed-zero", "deepspeed-pp"), _deepspeed_unfused_init_step),
     "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),
     "deepspeed-zero1-pipeline-group-norm": (("deepspeed-pp",), _deepspeed_zero1_pipeline_group_norm),
+    "deepspeed-bf16-pipeline-frozen-tied-weight": (("deepspeed-pp",), _deepspeed_bf16_pipeline_frozen_tied_weight),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),

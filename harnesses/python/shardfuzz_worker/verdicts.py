@@ -17,7 +17,6 @@ from .validation import causes, classify, is_native_caller, recomputing, short
 def classify_failures(target, failed, world):
     real = [f for f in failed if f[1]["type"] != "Stranded"] or failed
     verdicts = [(rank, f, *classify(target.name, f)) for rank, f in real]
-    open("/tmp/tb.txt", "a").write("\n#####\n".join(f"rank {r} {k} {fr}\n" + str(f.get("traceback", "")) for r, f, k, fr in verdicts) + "\n=====\n")
     for rank, f, kind, frame in verdicts:
         if kind == "harness_error":
             return harness_error(f, frame)
