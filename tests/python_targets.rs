@@ -2058,3 +2058,46 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
         "with both fixes: {v}"
     );
 }
+
+/// deepspeed-pp: DeepSpeed's pipeline engine (1F1B TrainSchedule and DualPipeV, a tied head as TiedLayerSpec, ZeRO 0-1,
+/// its BF16_Optimizer and ZeRO-1 optimizer, its own activation checkpointing with contiguous buffers): each case passes
+/// with its features. Three DeepSpeed bugs, each shown and passing with its fix: fp32 clipping counts the first stage's
+/// gradients only (docs/findings/deepspeed-0.19.8-pipeline-clip-grad-norm-first-stage-only.py), bf16 training crashes
+/// on a frozen tied weight (deepspeed-0.19.8-bf16-pipeline-frozen-tied-weight-hp-grad-crash.py), and ZeRO-1 stages with
+/// different parameter-group counts hang (deepspeed-0.19.8-zero1-pipeline-stages-with-different-param-group-counts-hang.py:
+/// only its fix is run here, the hang costs the case's timeout).
+#[test]
+fn deepspeed_pipeline_engine() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-deepspeed-pp");
+    let expected = [
+        ("pp2-dual-pipe-tied-f32.json", "deepspeed-pp:pp2:dual-pipe", "deepspeed-pp:pp2:tied-embedding"),
+        ("pp2-dp2-zero1-accumulation-bf16.json", "deepspeed-pp:pp2:dp2:zero1", "deepspeed-pp:pp2:zero1-optimizer"),
+        ("pp2-dp2-zero1-bf16-fp32-accumulation.json", "deepspeed-pp:pp2:dp2:zero1", "deepspeed-pp:pp2:bf16-optimizer"),
+        ("pp2-dp2-bf16-clip.json", "deepspeed-pp:pp2:bf16-optimizer", "deepspeed-pp:pp2:clipped"),
+        ("pp3-recompute-contiguous-f32.json", "deepspeed-pp:pp3:checkpoint-contiguous", "deepspeed-pp:pp3:recompute-non_reentrant"),
+    ];
+    let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let o = shardfuzz(&args, &[]);
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), expected.len(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (v, (name, a, b)) in vs.iter().zip(expected) {
+        assert!(v["kind"] == "pass" && has_feature(v, a) && has_feature(v, b), "{name}: {v}");
+    }
+    let clip = dir.join("pp2-1f1b-clip-f32.json");
+    let v = one_verdict("deepspeed-pp", &clip, "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("param/"), "{v}");
+    let v = one_verdict("deepspeed-pp", &clip, "deepspeed-pipeline-clip-all-stages");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:fp32"), "with the fix: {v}");
+    let tied = dir.join("pp2-tied-frozen-embedding-bf16.json");
+    let v = one_verdict("deepspeed-pp", &tied, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("_hp_grad"), "{v}");
+    let v = one_verdict("deepspeed-pp", &tied, "deepspeed-bf16-pipeline-frozen-tied-weight");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
+    let groups = dir.join("pp2-dp2-zero1-frozen-blocks-no-decay-vectors-f32.json");
+    let v = one_verdict("deepspeed-pp", &groups, "deepspeed-zero1-pipeline-group-norm");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:frozen"), "with the fix: {v}");
+}

@@ -248,6 +248,29 @@ def _deepspeed_bf16_pipeline_frozen_tied_weight():
         engine._INSTRUCTION_MAP[schedule.ReduceTiedGrads] = reduce_tied_grads
 
 
+def _deepspeed_dualpipev_frozen_first_stage():
+    """DeepSpeed 0.19.8: DualPipeV runs the backward of rank 0's first stage even when its output needs no gradient (all
+    its layers frozen; rank 0 trains its last stage): RuntimeError "element 0 of tensors does not require grad"
+    (docs/findings/deepspeed-0.19.8-dualpipev-frozen-first-stage-backward-crash.py). Fix: no backward for an output that
+    needs no gradient."""
+    import torch
+    from deepspeed.runtime.pipe import schedule
+    from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
+
+    original = DualPipeVEngine._INSTRUCTION_MAP[schedule.BackwardPass]
+
+    def backward_pass(self, buffer_id, phase):
+        outputs = self.pipe_buffers["outputs"][buffer_id]
+        first = outputs if torch.is_tensor(outputs) else (outputs[0] if outputs else None)
+        if phase == 0 and self.stage_id == 0 and first is not None and not first.requires_grad:
+            self.pipe_buffers["outputs"][buffer_id] = None
+            self.pipe_buffers["inputs"][buffer_id] = None
+            return None
+        return original(self, buffer_id, phase)
+
+    DualPipeVEngine._INSTRUCTION_MAP[schedule.BackwardPass] = backward_pass
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1478,6 +1501,7 @@ FIXES = {
     "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),
     "deepspeed-zero1-pipeline-group-norm": (("deepspeed-pp",), _deepspeed_zero1_pipeline_group_norm),
     "deepspeed-bf16-pipeline-frozen-tied-weight": (("deepspeed-pp",), _deepspeed_bf16_pipeline_frozen_tied_weight),
+    "deepspeed-dualpipev-frozen-first-stage": (("deepspeed-pp",), _deepspeed_dualpipev_frozen_first_stage),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
