@@ -121,6 +121,8 @@ const KNOWN_SEED_FINDINGS: &[(&str, &str, &str)] = &[
     // ... and its pipeline forward returns an unassigned `loss` when called without labels
     // (docs/findings/colossalai-0.5.0-gpt2-pipeline-forward-without-labels-crash.py).
     ("colossalai-hybrid", "pp3-1f1b-more-microbatches.json", "local variable 'loss' referenced before assignment"),
+    ("colossalai-hybrid", "pp2-dp2-zero1-1f1b-bf16.json", "local variable 'loss' referenced before assignment"),
+    ("colossalai-hybrid", "pp2-dual-pipe-tied-f32.json", "local variable 'loss' referenced before assignment"),
 ];
 
 #[test]
@@ -2061,11 +2063,12 @@ fn torch_pipeline_stages_beside_fsdp2_and_ddp() {
 
 /// deepspeed-pp: DeepSpeed's pipeline engine (1F1B TrainSchedule and DualPipeV, a tied head as TiedLayerSpec, ZeRO 0-1,
 /// its BF16_Optimizer and ZeRO-1 optimizer, its own activation checkpointing with contiguous buffers): each case passes
-/// with its features. Three DeepSpeed bugs, each shown and passing with its fix: fp32 clipping counts the first stage's
+/// with its features. DeepSpeed bugs, each shown and passing with its fix: fp32 clipping counts the first stage's
 /// gradients only (docs/findings/deepspeed-0.19.8-pipeline-clip-grad-norm-first-stage-only.py), bf16 training crashes
 /// on a frozen tied weight (deepspeed-0.19.8-bf16-pipeline-frozen-tied-weight-hp-grad-crash.py), and ZeRO-1 stages with
 /// different parameter-group counts hang (deepspeed-0.19.8-zero1-pipeline-stages-with-different-param-group-counts-hang.py:
-/// only its fix is run here, the hang costs the case's timeout).
+/// only its fix is run here, the hang costs the case's timeout). A run resumed from DeepSpeed's own checkpoint passes
+/// under ZeRO-1; a bf16 one (its BF16_Optimizer) crashes loading it, a fourth bug.
 #[test]
 fn deepspeed_pipeline_engine() {
     if !python_ready() {
@@ -2078,6 +2081,7 @@ fn deepspeed_pipeline_engine() {
         ("pp2-dp2-zero1-bf16-fp32-accumulation.json", "deepspeed-pp:pp2:dp2:zero1", "deepspeed-pp:pp2:bf16-optimizer"),
         ("pp2-dp2-bf16-clip.json", "deepspeed-pp:pp2:bf16-optimizer", "deepspeed-pp:pp2:clipped"),
         ("pp3-recompute-contiguous-f32.json", "deepspeed-pp:pp3:checkpoint-contiguous", "deepspeed-pp:pp3:recompute-non_reentrant"),
+        ("pp2-dp2-zero1-resume-f32.json", "deepspeed-pp:pp2:resumed-from-checkpoint", "deepspeed-pp:pp2:zero1-optimizer"),
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();
@@ -2097,6 +2101,13 @@ fn deepspeed_pipeline_engine() {
     assert!(v["kind"] == "crash" && reason(&v).contains("_hp_grad"), "{v}");
     let v = one_verdict("deepspeed-pp", &tied, "deepspeed-bf16-pipeline-frozen-tied-weight");
     assert_eq!(v["kind"], "pass", "with the fix: {v}");
+    // bf16 beside a pipeline (its BF16_Optimizer at ZeRO 0) cannot load its own checkpoint
+    // (docs/findings/deepspeed-0.19.8-bf16-pipeline-checkpoint-load-keyerror.py).
+    let resume = dir.join("pp2-dp2-bf16-resume.json");
+    let v = one_verdict("deepspeed-pp", &resume, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 0"), "{v}");
+    let v = one_verdict("deepspeed-pp", &resume, "deepspeed-bf16-pipeline-checkpoint-load");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:bf16-optimizer"), "with the fix: {v}");
     let groups = dir.join("pp2-dp2-zero1-frozen-blocks-no-decay-vectors-f32.json");
     let v = one_verdict("deepspeed-pp", &groups, "deepspeed-zero1-pipeline-group-norm");
     assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:frozen"), "with the fix: {v}");

@@ -229,7 +229,6 @@ def _deepspeed_bf16_pipeline_frozen_tied_weight():
     (docs/findings/deepspeed-0.19.8-bf16-pipeline-frozen-tied-weight-hp-grad-crash.py). Fix: a frozen tied weight has
     nothing to reduce (as in fp32, where its `grad` is None)."""
     from deepspeed.runtime.pipe import schedule
-    from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     original = PipelineEngine._INSTRUCTION_MAP[schedule.ReduceTiedGrads]
@@ -244,8 +243,17 @@ def _deepspeed_bf16_pipeline_frozen_tied_weight():
             for w in frozen:
                 del w._hp_grad
 
-    for engine in (PipelineEngine, DualPipeVEngine):  # (the engines dispatch schedule steps through these maps)
+    for engine in (PipelineEngine, *_dual_pipe_engine()):  # (the engines dispatch schedule steps through these maps)
         engine._INSTRUCTION_MAP[schedule.ReduceTiedGrads] = reduce_tied_grads
+
+
+def _dual_pipe_engine():
+    """DeepSpeed's DualPipeV engine class, in a tuple (empty in releases without one, such as 0.17.6)."""
+    try:
+        from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
+    except ImportError:
+        return ()
+    return (DualPipeVEngine,)
 
 
 def _deepspeed_dualpipev_frozen_first_stage():
@@ -255,8 +263,10 @@ def _deepspeed_dualpipev_frozen_first_stage():
     needs no gradient."""
     import torch
     from deepspeed.runtime.pipe import schedule
-    from deepspeed.runtime.pipe.dualpipev import DualPipeVEngine
 
+    if not _dual_pipe_engine():
+        return
+    (DualPipeVEngine,) = _dual_pipe_engine()
     original = DualPipeVEngine._INSTRUCTION_MAP[schedule.BackwardPass]
 
     def backward_pass(self, buffer_id, phase):
@@ -269,6 +279,32 @@ def _deepspeed_dualpipev_frozen_first_stage():
         return original(self, buffer_id, phase)
 
     DualPipeVEngine._INSTRUCTION_MAP[schedule.BackwardPass] = backward_pass
+
+
+def _deepspeed_bf16_pipeline_checkpoint_load():
+    """DeepSpeed 0.19.8: beside a pipeline, bf16 at ZeRO 0 runs the BF16_Optimizer, whose per-rank state `save_checkpoint`
+    writes as ZeRO files; `load_checkpoint` takes the ZeRO path only under ZeRO (PR #7586) and hands the model-states
+    file's single dict to `BF16_Optimizer.load_state_dict`, which indexes it by the data-parallel rank: KeyError: 0
+    (docs/findings/deepspeed-0.19.8-bf16-pipeline-checkpoint-load-keyerror.py). Fix: a BF16_Optimizer loads its per-rank
+    files, as before #7586."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    load_state_dict, load_checkpoint = BF16_Optimizer.load_state_dict, DeepSpeedEngine.load_checkpoint
+
+    def skip_single_dict(self, state_dict_list, *args, **kwargs):
+        if isinstance(state_dict_list, dict):
+            return None
+        return load_state_dict(self, state_dict_list, *args, **kwargs)
+
+    def load_with_per_rank_state(self, load_dir, tag=None, **kwargs):
+        out = load_checkpoint(self, load_dir, tag, **kwargs)
+        if isinstance(self.optimizer, BF16_Optimizer) and not self.zero_optimization() and out[0] is not None:
+            self._load_zero_checkpoint(load_dir, tag, load_optimizer_states=kwargs.get("load_optimizer_states", True))
+        return out
+
+    BF16_Optimizer.load_state_dict = skip_single_dict
+    DeepSpeedEngine.load_checkpoint = load_with_per_rank_state
 
 
 def _torch_sequence_parallel_requires_grad():
@@ -1497,11 +1533,12 @@ FIXES = {
     "colossalai-padded-detached-param-save": (("colossalai-hybrid",), _colossalai_padded_detached_param_save),
     "colossalai-padded-vocab-optimizer-save": (("colossalai-hybrid",), _colossalai_padded_vocab_optimizer_save),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
-    "deepspeed-unfused-init-step": (("deepspeed-zero", "deepspeed-pp"), _deepspeed_unfused_init_step),
+    "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),
     "deepspeed-zero1-pipeline-group-norm": (("deepspeed-pp",), _deepspeed_zero1_pipeline_group_norm),
     "deepspeed-bf16-pipeline-frozen-tied-weight": (("deepspeed-pp",), _deepspeed_bf16_pipeline_frozen_tied_weight),
     "deepspeed-dualpipev-frozen-first-stage": (("deepspeed-pp",), _deepspeed_dualpipev_frozen_first_stage),
+    "deepspeed-bf16-pipeline-checkpoint-load": (("deepspeed-pp",), _deepspeed_bf16_pipeline_checkpoint_load),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),

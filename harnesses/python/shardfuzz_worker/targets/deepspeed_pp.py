@@ -25,7 +25,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import numpy as np  # noqa: E402
 
-from .base import chunk_range, dtype_name, is_frozen, loss_denominator, parallel, setup_features  # noqa: E402
+from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, parallel, resume_after, resume_feature,  # noqa: E402
+                   setup_features)
 from .deepspeed_zero import DeepSpeedZero  # noqa: E402
 from .torch_common import torch_dtype  # noqa: E402
 from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
@@ -35,6 +36,14 @@ from .torch_training import micro_batch_loss, single_device  # noqa: E402
 
 class DeepSpeedPp(DeepSpeedZero):
     name = "deepspeed-pp"
+    freezes = True
+    smooths_labels = True
+
+    def __init__(self):
+        super().__init__()
+        import importlib.util
+
+        self.has_dual_pipe = importlib.util.find_spec("deepspeed.runtime.pipe.dualpipev") is not None
 
     def init_rank(self, rank, world, timeout_s):
         # PipelineModule reads the launcher's LOCAL_RANK (one host here).
@@ -48,6 +57,8 @@ class DeepSpeedPp(DeepSpeedZero):
         if why:
             return why
         p, m = parallel(case), model_defaults(case)
+        if dual_pipe(p) and not self.has_dual_pipe:
+            return "this DeepSpeed has no DualPipeV (deepspeed.runtime.pipe.dualpipev)"
         if p["zero_stage"] > 1:
             return "DeepSpeed's pipeline engine runs ZeRO 0-1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\")"
         if m.get("layer_passes", 1) > 1:
@@ -236,30 +247,47 @@ class PipelineRun:
     """This rank's part of the case's pipeline: the engine, and what it reports of the run."""
 
     def __init__(self, target, case, inputs, world):
+        self.case, self.inputs, self.p = case, inputs, parallel(case)
+        self.target, self.world, self.dp = target, world, world // self.p["pp"]
+        self.global_tokens = loss_denominator(inputs)
+        self.logits, self.grads, self.no_grad, self.loss_calls = [], None, [], 0
+        self.build()
+
+    def build(self):
+        """A fresh PipelineModule and engine over the case's initial parameters (`self.named`, `self.engine`)."""
         import deepspeed
         from deepspeed.pipe import PipelineModule
-        from deepspeed.runtime.pipe.dualpipev import DualPipeVModule
 
-        self.case, self.inputs, self.p = case, inputs, parallel(case)
-        self.dp = world // self.p["pp"]
-        configure_checkpointing(case)
+        configure_checkpointing(self.case)
         _CALLS[0] = 0
-        layers, self.prefixes = pipeline_layers(case, inputs)
-        cls = DualPipeVModule if dual_pipe(self.p) else PipelineModule
+        layers, self.prefixes = pipeline_layers(self.case, self.inputs)
+        if dual_pipe(self.p):
+            from deepspeed.runtime.pipe.dualpipev import DualPipeVModule as cls
+        else:
+            cls = PipelineModule
         module = cls(layers=layers, num_stages=self.p["pp"], loss_fn=self.loss_fn, partition_method="type:Block",
                      checkpointable_layers=["Block"])
         self.named = [(case_name(n, self.prefixes), q) for n, q in module.named_parameters()]
-        opt = make_optimizer(case, [q for _, q in self.named])
-        self.dp_index = module._grid.get_data_parallel_id()
-        lo, hi = chunk_range(case["model"]["batch"], self.dp, self.dp_index)
+        opt = make_optimizer(self.case, [q for _, q in self.named])
+        lo, hi = chunk_range(self.case["model"]["batch"], self.dp, module._grid.get_data_parallel_id())
         self.rows = (lo, hi)
-        cfg = target.config(case, world)
+        cfg = self.target.config(self.case, self.world)
         cfg["train_micro_batch_size_per_gpu"] = (hi - lo) // cfg["gradient_accumulation_steps"]
         cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * self.dp
         self.engine = deepspeed.initialize(model=module, optimizer=opt, config=cfg)[0]
         self.capture_step_grads()
-        self.global_tokens = loss_denominator(inputs)
-        self.logits, self.grads, self.no_grad, self.loss_calls = [], None, [], 0
+
+    def resume(self):
+        """DeepSpeed's own checkpoint of the run (each stage's layer files, the optimizer's states or ZeRO-1
+        partitions) loaded into a fresh module and engine, which run the remaining steps."""
+        from .torch_common import shared_tempdir
+
+        with shared_tempdir() as path:
+            self.engine.save_checkpoint(path, tag="resume")
+            old = self.engine
+            self.build()
+            self.engine.load_checkpoint(path, tag="resume")
+            old.destroy()
 
     def loss_fn(self, logits, target):
         """The micro-batch's summed token loss scaled so that the engine's mean over micro-batches and data-parallel
@@ -275,6 +303,7 @@ class PipelineRun:
         """Reads the first step's gradients where the schedule's optimizer step begins (the engine maps schedule
         instructions to methods through `_INSTRUCTION_MAP`: this engine's copy wraps the step)."""
         from deepspeed.runtime.pipe import schedule
+        from deepspeed.utils import safe_get_full_grad
 
         instructions = dict(type(self.engine)._INSTRUCTION_MAP)
         step = instructions[schedule.OptimizerStep]
@@ -285,7 +314,7 @@ class PipelineRun:
                 for name, q in self.named:
                     if not q.requires_grad:
                         continue
-                    g = full_grad(q)
+                    g = safe_get_full_grad(q)
                     if g is None:
                         self.no_grad.append(name)
                     else:
@@ -312,7 +341,9 @@ class PipelineRun:
         gas = micro_batch_count(self.case)
         size = (hi - lo) // gas
         losses = []
-        for _ in range(self.case["train"]["steps"]):
+        for k in range(self.case["train"]["steps"]):
+            if k == resume_after(self.case):
+                self.resume()
             batches = [(ids[a:a + size], tgt[a:a + size]) for a in range(lo, hi, size)]
             losses.append(float(self.engine.train_batch(iter(batches))))
         loss_stage = self.loss_calls > 0
@@ -324,16 +355,6 @@ class PipelineRun:
         logits = torch.cat([x.reshape(-1, x.shape[-1]) for x in self.logits]).to(torch.float64).numpy() if loss_stage else None
         return {"rows": (lo * s, hi * s), "logits": logits, "losses": losses if loss_stage else None,
                 "grads": self.grads or {}, "params": final, "no_grad": self.no_grad}
-
-
-def full_grad(q):
-    """The reduced gradient DeepSpeed's optimizer steps with: gathered from the ZeRO-1 / BF16_Optimizer partitions
-    over the stage's data-parallel ranks where q has a partition mapping (a collective every one of them makes), else
-    q.grad. (deepspeed.utils.safe_get_full_grad returns `q.grad` first where a rank still holds one: ZeRO-1 beside a
-    pipeline leaves some ranks one and not others, and their peers then wait in the gather.)"""
-    if getattr(q, "_hp_mapping", None) is not None or hasattr(q, "_hp_mapping") and hasattr(q, "get_full_hp_grad"):
-        return q.get_full_hp_grad()
-    return q.grad
 
 
 def features(case):
@@ -349,7 +370,7 @@ def features(case):
         out.append(f"{prefix}:clipped")
     if p["framework_checkpoint"] is not None and m.get("activation_checkpointing"):
         out.append(f"{prefix}:checkpoint-{p['framework_checkpoint']}")
-    return out + setup_features(prefix, case)
+    return out + setup_features(prefix, case) + resume_feature(prefix, case)
 
 
 def optimizer_path(case):
