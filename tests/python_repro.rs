@@ -424,3 +424,25 @@ fn pipeline_stages_reproduce_the_zero_bubble_gradient_loss_standalone() {
     assert_eq!(run.status.code(), Some(0), "{}", text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("OK"), "{}", text(&run));
 }
+
+/// A real DeepSpeed bug from case to standalone script on deepspeed-pp (DeepSpeed's pipeline engine, pp 2): fp32
+/// clipping counts only the first stage's gradients in its norm
+/// (docs/findings/deepspeed-0.19.8-pipeline-clip-grad-norm-first-stage-only.py), and the script alone shows the
+/// parameters off after the second step; a clean ZeRO-1 case of pp 2 × dp 2, resumed from DeepSpeed's own checkpoint,
+/// passes alone.
+#[test]
+fn deepspeed_pipeline_clipping_reproduces_standalone() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-deepspeed-pp");
+    let (_, clean, command) = report_to_script(&dir.join("pp2-1f1b-clip-f32.json"), "deepspeed-pp", &[], "divergent");
+    assert_eq!(command, "torchrun --nproc_per_node 2 repro.py");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: param/"), "{}", text(&run));
+    let (_, clean, command) = report_to_script(&dir.join("pp2-dp2-zero1-resume-f32.json"), "deepspeed-pp", &[], "pass");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("OK"), "{}", text(&run));
+}

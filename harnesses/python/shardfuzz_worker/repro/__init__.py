@@ -24,6 +24,7 @@ GENERATORS = {
     "megatron-tp": "megatron_tp",
     "megatron-ddp": "megatron_ddp",
     "deepspeed-zero": "deepspeed_zero",
+    "deepspeed-pp": "deepspeed_pp",
     "jax-shardmap": "jax_shardmap",
     "colossalai-tp": "colossalai_tp",
     "colossalai-zero": "colossalai_zero",

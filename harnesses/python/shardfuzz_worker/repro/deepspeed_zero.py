@@ -38,6 +38,7 @@ def generate(case, inputs, bounds, dropped):
     settings = ["# The engine's configuration, as the worker's DeepSpeedZero.config() writes it for this case.",
                 literal("DS_CONFIG", config)]
     sources = (worker_source("targets/torch_common.py", "shared_tempdir")
-               + "\n\n" + worker_source("targets/deepspeed_zero.py", "gathered", "deepspeed_block_checkpoint")
+               + "\n\n" + worker_source("targets/deepspeed_zero.py", "gathered", "deepspeed_block_checkpoint",
+                                         "configure_deepspeed_checkpointing")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

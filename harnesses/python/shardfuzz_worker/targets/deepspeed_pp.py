@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 
 from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, parallel, resume_after, resume_feature,  # noqa: E402
                    setup_features)
-from .deepspeed_zero import DeepSpeedZero  # noqa: E402
-from .torch_common import torch_dtype  # noqa: E402
+from .deepspeed_zero import DeepSpeedZero, configure_deepspeed_checkpointing  # noqa: E402
+from .torch_common import shared_tempdir, torch_dtype  # noqa: E402
 from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
 from .torch_pp import combine_stages  # noqa: E402
 from .torch_training import micro_batch_loss, single_device  # noqa: E402
@@ -205,9 +205,8 @@ def configure_checkpointing(case):
     """DeepSpeed's activation-checkpointing settings for this case, as its `framework_checkpoint` asks (set by every
     case, so none leaks into the next). Contiguous buffers hold every checkpoint taken between two backwards: a stage
     may run several micro-batches' forwards first, so they are sized for every block of every micro-batch."""
-    from .deepspeed_zero import configure_checkpointing as configure
-
-    configure(case["parallel"].get("framework_checkpoint"), len(case["model"]["layers"]) * micro_batch_count(case))
+    configure_deepspeed_checkpointing(case["parallel"].get("framework_checkpoint"),
+                                      len(case["model"]["layers"]) * micro_batch_count(case))
 
 
 def pipeline_layers(case, inputs):
@@ -280,8 +279,6 @@ class PipelineRun:
     def resume(self):
         """DeepSpeed's own checkpoint of the run (each stage's layer files, the optimizer's states or ZeRO-1
         partitions) loaded into a fresh module and engine, which run the remaining steps."""
-        from .torch_common import shared_tempdir
-
         with shared_tempdir() as path:
             self.engine.save_checkpoint(path, tag="resume")
             old = self.engine

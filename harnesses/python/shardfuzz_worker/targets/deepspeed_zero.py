@@ -334,7 +334,7 @@ def deepspeed_block_checkpoint(case):
     from deepspeed.runtime.activation_checkpointing import checkpointing as ck
 
     m = case["model"]
-    configure_checkpointing(mode, len(m["layers"]) * m.get("layer_passes", 1))
+    configure_deepspeed_checkpointing(mode, len(m["layers"]) * m.get("layer_passes", 1))
 
     def run(layer, x, recompute):
         if recompute is None or not torch.is_grad_enabled():
@@ -348,7 +348,7 @@ def deepspeed_block_checkpoint(case):
     return run
 
 
-def configure_checkpointing(mode, num_checkpoints):
+def configure_deepspeed_checkpointing(mode, num_checkpoints):
     """DeepSpeed's module-level activation-checkpointing settings for a case's `framework_checkpoint` (None: plain)."""
     from deepspeed.runtime.activation_checkpointing import checkpointing as ck
 
