@@ -307,6 +307,27 @@ def _deepspeed_bf16_pipeline_checkpoint_load():
     DeepSpeedEngine.load_checkpoint = load_with_per_rank_state
 
 
+def _deepspeed_cpu_checkpointing_input_kept():
+    """DeepSpeed 0.19.8: `cpu_checkpointing` on the CPU accelerator empties each checkpointed input before saving its
+    "copy", which there is the input itself: the recomputation runs on an empty tensor
+    (docs/findings/deepspeed-0.19.8-cpu-checkpointing-on-cpu-accelerator-input-lost-crash.py). Fix: keep the storage
+    before emptying the input, as the script's `--fixed`."""
+    import torch
+    from deepspeed.runtime.activation_checkpointing import checkpointing as ck
+
+    def keep(args, inputs):
+        kept = [inp.data if torch.is_tensor(inp) else None for inp in inputs]
+        new_args = []
+        for arg, data in zip(args, kept):
+            if ck.is_activation_to_checkpoint(arg):
+                arg.data = torch.empty([], device=arg.device).data
+                arg.saved_data = data
+            new_args.append(arg)
+        return new_args
+
+    ck.get_cpu_activations_for_backward = keep
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1539,6 +1560,7 @@ FIXES = {
     "deepspeed-bf16-pipeline-frozen-tied-weight": (("deepspeed-pp",), _deepspeed_bf16_pipeline_frozen_tied_weight),
     "deepspeed-dualpipev-frozen-first-stage": (("deepspeed-pp",), _deepspeed_dualpipev_frozen_first_stage),
     "deepspeed-bf16-pipeline-checkpoint-load": (("deepspeed-pp",), _deepspeed_bf16_pipeline_checkpoint_load),
+    "deepspeed-cpu-checkpointing-input-kept": (("deepspeed-zero", "deepspeed-pp"), _deepspeed_cpu_checkpointing_input_kept),
     "deepspeed-zero3-predivide-world": (("deepspeed-zero",), _deepspeed_zero3_predivide_world),
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
