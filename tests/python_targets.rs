@@ -1367,6 +1367,9 @@ fn deepspeed_activation_checkpointing_trains_like_the_reference_or_crashes_insid
         let v = one_verdict("deepspeed-zero", &dir.join(case), "");
         assert!(v["kind"] == "crash" && reason(&v).contains(reason_has), "{case}: {v}");
     }
+    // (The emptied input kept: the known fix of docs/findings/deepspeed-0.19.8-cpu-checkpointing-on-cpu-accelerator-input-lost-crash.py.)
+    let v = one_verdict("deepspeed-zero", &dir.join("dp2-zero1-cpu-reentrant-f32.json"), "deepspeed-cpu-checkpointing-input-kept");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed:dp2:zero1:checkpoint-cpu"), "with the fix: {v}");
 }
 
 /// Colossal-AI 0.5.0's interleaved schedule caches one forward metadata per rank (with the plugin's default metadata
