@@ -25,8 +25,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import numpy as np  # noqa: E402
 
-from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, parallel, resume_after, resume_feature,  # noqa: E402
-                   setup_features)
+from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, parallel, reduce_dtype_name,  # noqa: E402
+                   resume_after, resume_feature, setup_features)
 from .deepspeed_zero import DeepSpeedZero, configure_deepspeed_checkpointing  # noqa: E402
 from .torch_common import shared_tempdir, torch_dtype  # noqa: E402
 from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
@@ -92,8 +92,6 @@ class DeepSpeedPp(DeepSpeedZero):
         acc = case["train"].get("grad_accum_dtype")
         if acc is not None and acc not in ("f32", dt):
             return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
-        from .base import reduce_dtype_name
-
         if reduce_dtype_name(case) != dt:
             return "deepspeed-pp reduces gradients in the case dtype"
         return None
