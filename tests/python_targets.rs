@@ -2085,6 +2085,7 @@ fn deepspeed_pipeline_engine() {
         ("pp2-dp2-bf16-clip.json", "deepspeed-pp:pp2:bf16-optimizer", "deepspeed-pp:pp2:clipped"),
         ("pp3-recompute-contiguous-f32.json", "deepspeed-pp:pp3:checkpoint-contiguous", "deepspeed-pp:pp3:recompute-non_reentrant"),
         ("pp2-dp2-zero1-resume-f32.json", "deepspeed-pp:pp2:resumed-from-checkpoint", "deepspeed-pp:pp2:zero1-optimizer"),
+        ("pp2-dp2-uneven-micro-batches-zero1-bf16.json", "deepspeed-pp:pp2:dynamic-shape", "deepspeed-pp:pp2:dp2:zero1"),
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-pp"].into_iter().chain(files.iter().map(String::as_str)).collect();

@@ -12,7 +12,8 @@ from .torch_model import training_source
 TARGET = "deepspeed-pp"
 
 #: The worker's pipeline (targets/deepspeed_pp.py) the script runs as is.
-PIPELINE_SOURCE = ("dual_pipe", "micro_batch_count", "_GROUPS", "configure_checkpointing", "pipeline_layers",
+PIPELINE_SOURCE = ("dual_pipe", "micro_batch_count", "uneven_micro_batches", "_GROUPS", "configure_checkpointing",
+                   "pipeline_layers",
                    "case_name", "PipelineRun")
 
 

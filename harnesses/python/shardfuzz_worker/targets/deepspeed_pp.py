@@ -74,9 +74,11 @@ class DeepSpeedPp(DeepSpeedZero):
             return f"{stages} pipeline stages need a block each ({len(m['layers'])} blocks)"
         gas = micro_batch_count(case)
         rows = [hi - lo for lo, hi in (chunk_range(m["batch"], p["dp"], i) for i in range(p["dp"]))]
-        if any(r < gas or r % gas for r in rows):
-            # DeepSpeed sizes its receive buffers by the first micro-batch (dynamic_shape off, as DualPipeV requires).
-            return "DeepSpeed's pipeline takes equal micro-batches: a rank's rows must split into micro-batches x grad_accumulation"
+        if any(r < gas for r in rows):
+            return "a data-parallel rank has fewer rows than micro-batches x grad_accumulation"
+        if dual_pipe(p) and any(r % gas for r in rows):
+            # DualPipeV exchanges activation shapes once ("does not support dynamic_shape").
+            return "DualPipeV takes equal micro-batches: a rank's rows must split into micro-batches x grad_accumulation"
         if (rank := untrainable_rank(case)) is not None:
             # (DeepSpeed's pipeline engine wants an optimizer on every rank; torch's refuses an empty parameter list.)
             return f"pipeline rank {rank} holds only frozen parameters: it has nothing for its optimizer"
@@ -128,6 +130,13 @@ def micro_batch_count(case):
     """Micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps): the case's pipeline micro-batches
     times its accumulated steps, one train_batch."""
     return parallel(case)["microbatches"] * case["train"].get("grad_accumulation", 1)
+
+
+def uneven_micro_batches(case, dp):
+    """Whether some rank's rows split into micro-batches of different sizes: the PipelineModule then asks for
+    `dynamic_shape` (the engine sends each micro-batch's shapes ahead of it)."""
+    gas, batch = micro_batch_count(case), case["model"]["batch"]
+    return any((hi - lo) % gas for lo, hi in (chunk_range(batch, dp, i) for i in range(dp)))
 
 
 def unsupported_schedule(case):
@@ -263,13 +272,13 @@ class PipelineRun:
         else:
             cls = PipelineModule
         module = cls(layers=layers, num_stages=self.p["pp"], loss_fn=self.loss_fn, partition_method="type:Block",
-                     checkpointable_layers=["Block"])
+                     checkpointable_layers=["Block"], dynamic_shape=uneven_micro_batches(self.case, self.dp))
         self.named = [(case_name(n, self.prefixes), q) for n, q in module.named_parameters()]
         opt = make_optimizer(self.case, [q for _, q in self.named])
         lo, hi = chunk_range(self.case["model"]["batch"], self.dp, module._grid.get_data_parallel_id())
         self.rows = (lo, hi)
         cfg = self.target.config(self.case, self.world)
-        cfg["train_micro_batch_size_per_gpu"] = (hi - lo) // cfg["gradient_accumulation_steps"]
+        cfg["train_micro_batch_size_per_gpu"] = max(1, (hi - lo) // cfg["gradient_accumulation_steps"])
         cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * self.dp
         self.engine = deepspeed.initialize(model=module, optimizer=opt, config=cfg)[0]
         self.capture_step_grads()
@@ -333,13 +342,12 @@ class PipelineRun:
         ids = torch.tensor(self.inputs["tokens"].astype(np.int64)).view(b, s)
         tgt = torch.tensor(self.inputs["targets"].astype(np.int64)).view(b, s)
         lo, hi = self.rows
-        gas = micro_batch_count(self.case)
-        size = (hi - lo) // gas
+        bounds = np.linspace(lo, hi, micro_batch_count(self.case) + 1).round().astype(int)
         losses = []
         for k in range(self.case["train"]["steps"]):
             if k == resume_after(self.case):
                 self.resume()
-            batches = [(ids[a:a + size], tgt[a:a + size]) for a in range(lo, hi, size)]
+            batches = [(ids[a:b], tgt[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
             losses.append(float(self.engine.train_batch(iter(batches))))
         loss_stage = self.loss_calls > 0
         final = {}
@@ -358,6 +366,8 @@ def features(case):
     out = [prefix, f"{prefix}:{'dual-pipe' if dual_pipe(p) else '1f1b'}", f"{prefix}:mb{min(micro_batch_count(case), 8)}"]
     if p["dp"] > 1:
         out.append(f"{prefix}:dp{p['dp']}:zero{p['zero_stage']}")
+    if uneven_micro_batches(case, p["dp"]):
+        out.append(f"{prefix}:dynamic-shape")
     out.append(f"{prefix}:{optimizer_path(case)}")
     if m.get("tied_embeddings"):
         out.append(f"{prefix}:tied-embedding")
