@@ -56,6 +56,7 @@ def generate(case, inputs, bounds, dropped):
         training_source(),
         rule("the pipeline (as the worker's)") + "\n" + helpers + "\n\n" + pipeline,
         template("deepspeed_pp"),
+        template("pipeline_stages"),
         template("torch_reference"),
         template("torch_main"),
     ]

@@ -64,6 +64,7 @@ def generate(case, inputs, bounds, dropped):
         training_source(),
         rule("the pipeline (as the worker's)") + "\n" + base + "\n\n" + dtypes + "\n\n" + plan + "\n\n" + pipeline,
         template("torch_pp"),
+        template("pipeline_stages"),
         template("torch_reference"),
         template("torch_main"),
     ]

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, parallel, reduce_dtype_name,  # noqa: E402
                    resume_after, resume_feature, setup_features)
-from .deepspeed_zero import DeepSpeedZero, configure_deepspeed_checkpointing  # noqa: E402
+from .deepspeed_zero import DeepSpeedZero, configure_deepspeed_checkpointing, unsupported_data_types  # noqa: E402
 from .torch_common import shared_tempdir, torch_dtype  # noqa: E402
 from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
 from .torch_pp import combine_stages  # noqa: E402
@@ -82,19 +82,9 @@ class DeepSpeedPp(DeepSpeedZero):
         if (rank := untrainable_rank(case)) is not None:
             # (DeepSpeed's pipeline engine wants an optimizer on every rank; torch's refuses an empty parameter list.)
             return f"pipeline rank {rank} holds only frozen parameters: it has nothing for its optimizer"
-        return self.unsupported_precision(case)
-
-    def unsupported_precision(self, case):
-        """deepspeed-zero's refusals of dtypes and data types (f64, f16 on the CPU accelerator, accumulation)."""
-        dt = dtype_name(case)
-        if dt == "f64":
-            return "DeepSpeed keeps fp32 master weights (stage 0 refuses f64 grads): f64 is not expressed"
-        if dt == "f16":
-            return "DeepSpeed's CPU accelerator does not support fp16 training"
-        acc = case["train"].get("grad_accum_dtype")
-        if acc is not None and acc not in ("f32", dt):
-            return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
-        if reduce_dtype_name(case) != dt:
+        if why := unsupported_data_types(case):
+            return why
+        if reduce_dtype_name(case) != dtype_name(case):
             return "deepspeed-pp reduces gradients in the case dtype"
         return None
 

@@ -91,22 +91,9 @@ class DeepSpeedZero(TorchTarget):
             return "DeepSpeed reduces sparse gradients without ZeRO only (stage 0)"
         if p["zero_stage"] not in (0, 1, 2, 3):
             return f"ZeRO stage {p['zero_stage']} does not exist"
-        dt = dtype_name(case)
-        if dt == "f64":
-            # Measured: ZeRO 1-3 train f64 params through fp32 partitions (grads off by ~1e-8); stage 0 asserts
-            # "attempting to reduce an unsupported grad type: torch.float64" at the first allreduce.
-            return "DeepSpeed keeps fp32 master weights and gradient partitions (stage 0 refuses f64 grads): f64 is not expressed"
-        if dt == "f16":
-            # Measured: the CPU accelerator refuses it in deepspeed.initialize:
-            # "ValueError: Type fp16 is not supported on your device."
-            return "DeepSpeed's CPU accelerator does not support fp16 training"
-        acc = case["train"].get("grad_accum_dtype")
-        if acc is not None and acc not in ACCUMULATE:
-            return f"DeepSpeed accumulates gradients in {' / '.join(ACCUMULATE.values())} only, not {acc}"
-        if acc is not None and acc not in (dt, "f32"):
-            # Measured (campaign 113): f32 gradients accumulated in bf16 come back rounded to bf16, as asked, 1e-3
-            # off; the oracle's noise ensemble models the case dtype and reduce_dtype, not an accumulation dtype.
-            return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
+        why = unsupported_data_types(case)
+        if why:
+            return why
         if p["zero_stage"] == 3 and p["reshard_group"] == 1:
             return "DeepSpeed's hpZ partition size 1 turns the secondary partition off; it keeps no whole copies"
         rd = reduce_dtype_name(case)
@@ -291,6 +278,28 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
                                        *resume_feature(stage, case)])
+
+
+def unsupported_data_types(case):
+    """Why DeepSpeed on the CPU accelerator cannot train in the case's dtypes (f64, f16, an accumulation dtype), or
+    None."""
+    dt = dtype_name(case)
+    if dt == "f64":
+        # Measured: ZeRO 1-3 train f64 params through fp32 partitions (grads off by ~1e-8); stage 0 asserts
+        # "attempting to reduce an unsupported grad type: torch.float64" at the first allreduce.
+        return "DeepSpeed keeps fp32 master weights and gradient partitions (stage 0 refuses f64 grads): f64 is not expressed"
+    if dt == "f16":
+        # Measured: the CPU accelerator refuses it in deepspeed.initialize:
+        # "ValueError: Type fp16 is not supported on your device."
+        return "DeepSpeed's CPU accelerator does not support fp16 training"
+    acc = case["train"].get("grad_accum_dtype")
+    if acc is not None and acc not in ACCUMULATE:
+        return f"DeepSpeed accumulates gradients in {' / '.join(ACCUMULATE.values())} only, not {acc}"
+    if acc is not None and acc not in (dt, "f32"):
+        # Measured (campaign 113): f32 gradients accumulated in bf16 come back rounded to bf16, as asked, 1e-3
+        # off; the oracle's noise ensemble models the case dtype and reduce_dtype, not an accumulation dtype.
+        return f"gradients accumulated in {acc}, below the {dt} compute dtype, are not expressed"
+    return None
 
 
 def forget_earlier_engines():

@@ -28,15 +28,4 @@ def run(rank):
     data = load_blob()
     torch.manual_seed(0)
     mine = PipelineRun(Config(), CASE, data, WORLD).train()
-    outs = [None] * WORLD if rank == 0 else None
-    dist.gather_object(mine, outs, dst=0)
-    if rank != 0:
-        return None
-    combined = combine_stages(CASE, outs, [])
-    if "tensors" not in combined:
-        return disagreement(combined["reason"])
-    sharded = combined["tensors"]
-    reference = run_reference(data)
-    dump(sharded, reference)
-    scale_of = compare_replicas(combined["replicas"], sharded, reference)
-    return report(sharded, reference, BOUNDS, scale_of)
+    return judge_stages(rank, mine, data)

@@ -23,15 +23,4 @@ def run(rank):
         stage_mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
     torch.manual_seed(0)
     mine = Pipeline(CASE, data, rank // (DP * TP), rank // TP % DP, stage_mesh, DEFERRED_FINALIZE).train()
-    outs = [None] * WORLD if rank == 0 else None
-    dist.gather_object(mine, outs, dst=0)
-    if rank != 0:
-        return None
-    combined = combine_stages(CASE, outs, [])
-    if "tensors" not in combined:
-        return disagreement(combined["reason"])
-    sharded = combined["tensors"]
-    reference = run_reference(data)
-    dump(sharded, reference)
-    scale_of = compare_replicas(combined["replicas"], sharded, reference)
-    return report(sharded, reference, BOUNDS, scale_of)
+    return judge_stages(rank, mine, data)
