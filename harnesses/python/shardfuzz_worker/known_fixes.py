@@ -328,6 +328,62 @@ def _deepspeed_cpu_checkpointing_input_kept():
     ck.get_cpu_activations_for_backward = keep
 
 
+def _deepspeed_ulysses_mesh_gradient_group():
+    """DeepSpeed 0.19.8: with sequence parallelism configured by `sequence_parallel_size` and `data_parallel_size` (or
+    `mesh_param`), deepspeed.initialize builds a (data_parallel, sequence_parallel) device mesh, but
+    groups._get_sequence_data_parallel_group() (the group ZeRO and the engine reduce gradients over, "across both
+    dimensions of data and sequence parallelism", its comment says) falls back to the mesh's data-parallel dimension
+    alone; the engine still divides by that group's size over sequence_parallel_size. The sequence-parallel ranks'
+    gradients are never combined: each rank steps on its own part of the sequence, scaled by sp
+    (docs/findings/deepspeed-0.19.8-ulysses-mesh-gradients-not-reduced-over-sequence-ranks.py). Fix: the group over
+    both mesh dimensions."""
+    from deepspeed.utils import groups
+
+    def seq_data_mesh():
+        mesh = groups.mesh_device
+        if not hasattr(mesh, "_shardfuzz_seq_data"):
+            mesh._shardfuzz_seq_data = mesh["data_parallel", "sequence_parallel"]._flatten()
+        return mesh._shardfuzz_seq_data
+
+    def mesh_only(released, fixed):
+        def get():
+            if groups.mesh_device is not None and not (groups.mpu is not None and hasattr(
+                    groups.mpu, "get_sequence_data_parallel_group")):
+                return fixed(seq_data_mesh())
+            return released()
+        return get
+
+    import torch.distributed as dist
+
+    groups._get_sequence_data_parallel_group = mesh_only(groups._get_sequence_data_parallel_group,
+                                                         lambda m: m.get_group())
+    groups._get_sequence_data_parallel_world_size = mesh_only(groups._get_sequence_data_parallel_world_size,
+                                                              lambda m: m.size())
+    groups._get_sequence_data_parallel_rank = mesh_only(groups._get_sequence_data_parallel_rank,
+                                                        lambda m: dist.get_rank(m.get_group()))
+
+
+def _deepspeed_zero3_reduce_scatter_sequence_parallel():
+    """DeepSpeed 0.19.8: under sequence parallelism every gradient reduction divides by the reduction group's size over
+    sequence_parallel_size (ZeRO 0-2, and ZeRO-3's all-reduce path, `__avg_scatter_contiguous_grads`): gradients are
+    summed over the sequence-parallel ranks. ZeRO-3's reduce-scatter path (`__avg_scatter_grads`, taken with
+    `reduce_scatter`, the default) averages over the whole group (reduce_scatter_coalesced divides by its size) and
+    never multiplies back: its gradients are 1/sp of every other path's
+    (docs/findings/deepspeed-0.19.8-zero3-reduce-scatter-averages-over-sequence-ranks.py). Fix: the missing factor."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    name = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"
+    original = getattr(Stage3, name)
+
+    def avg_scatter_grads(self, params_to_reduce, communication_data_type):
+        partitions = original(self, params_to_reduce, communication_data_type)
+        if self.sequence_parallel_size > 1:
+            partitions = [g.mul(self.sequence_parallel_size) for g in partitions]
+        return partitions
+
+    setattr(Stage3, name, avg_scatter_grads)
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1565,6 +1621,9 @@ FIXES = {
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
+    "deepspeed-ulysses-mesh-gradient-group": (("deepspeed-zero",), _deepspeed_ulysses_mesh_gradient_group),
+    "deepspeed-zero3-reduce-scatter-sequence-parallel": (("deepspeed-zero",),
+                                                         _deepspeed_zero3_reduce_scatter_sequence_parallel),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                               _torch_sequence_parallel_requires_grad),

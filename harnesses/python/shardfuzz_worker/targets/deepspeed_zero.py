@@ -37,6 +37,7 @@ from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduc
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
 from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
+from . import deepspeed_ulysses as ulysses  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
 from .torch_training import combine_dp, single_device, train  # noqa: E402
@@ -79,9 +80,11 @@ class DeepSpeedZero(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
 
     def unsupported(self, case):
-        why = (unsupported_layout(case, ("dp", "ep"), "deepspeed-zero runs ZeRO data parallelism only (no tp/pp/cp)",
+        why = (unsupported_layout(case, ("dp", "ep", "cp"),
+                                  "deepspeed-zero runs ZeRO data parallelism (and Ulysses context parallelism) only (no tp/pp)",
                                   offload=True, moe=True)
-               or unsupported_sparse_embedding(case) or unsupported_moe(case) or unsupported_frozen_moe(case))
+               or unsupported_sparse_embedding(case) or unsupported_moe(case) or unsupported_frozen_moe(case)
+               or ulysses.unsupported_ulysses(case))
         if why:
             return why
         p = parallel(case)
@@ -175,7 +178,7 @@ class DeepSpeedZero(TorchTarget):
             cfg["data_types"] = {"grad_accum_dtype": ACCUMULATE[t["grad_accum_dtype"]]}
         if reduce_dtype_name(case) != dt:
             cfg["communication_data_type"] = COMMUNICATION[reduce_dtype_name(case)]
-        return cfg
+        return ulysses.config(cfg, case)
 
     def run_rank(self, rank, world, case, inputs):
         import deepspeed
@@ -198,7 +201,9 @@ class DeepSpeedZero(TorchTarget):
             if block_checkpoint is not None:
                 model.block_checkpoint = block_checkpoint
             opt = make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None)
-            return deepspeed.initialize(model=model, optimizer=opt, config=cfg)[0]
+            engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg)[0]
+            ulysses.install(engine, case)
+            return engine
 
         # What the hooks below reach: the engine and its parameters, replaced when the run resumes.
         now = {"engine": fresh_engine()}
@@ -247,9 +252,12 @@ class DeepSpeedZero(TorchTarget):
             return to_case_layout(name, v.detach().to(torch.float64, copy=True).reshape(
                 tuple(getattr(p, "ds_shape", p.shape)))).numpy()
 
-        out = train(case, inputs, now["engine"], [p for _, p in named], rank, world, backward=backward, step=step,
-                    clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p),
-                    forward=lambda ids: (aux.clear(), now["engine"](ids))[1], resume=resume)
+        dp_index, sp_index = ulysses.rank_part(rank, case)
+        seq = None if sp_index is None else (sp_index, ulysses.context_parallel(case), now["engine"].seq_parallel_group)
+        out = train(case, inputs, now["engine"], [p for _, p in named], dp_index, parallel(case)["dp"],
+                    backward=backward, step=step, clip=lambda: None, named=named, view=view,
+                    grad=lambda name, p: safe_get_full_grad(p), forward=lambda ids: (aux.clear(), now["engine"](ids))[1],
+                    resume=resume, seq=seq)
         now["engine"].destroy()
         if moe is not None:
             for kind in ("grads", "params"):
@@ -259,7 +267,7 @@ class DeepSpeedZero(TorchTarget):
 
     def combine(self, case, outs):
         p = parallel(case)
-        stage = f"deepspeed:dp{len(outs)}:zero{p['zero_stage']}{':offload' if zero_offloaded(case) else ''}"
+        stage = f"deepspeed:dp{p['dp']}:zero{p['zero_stage']}{':offload' if zero_offloaded(case) else ''}"
         layout = []
         if p["contiguous_grads"] is not None:
             layout.append(f"{stage}:contiguous-{'on' if p['contiguous_grads'] else 'off'}")
@@ -274,6 +282,7 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
         layout.extend(moe_features(stage, case))
+        layout.extend(ulysses.features(stage, case))
         if p["framework_checkpoint"] is not None:
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
@@ -310,6 +319,10 @@ def forget_earlier_engines():
 
     if hasattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
         groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+    # So does the (dp, sp) device mesh of an engine with sequence parallelism (DeepSpeed-Ulysses): a later engine
+    # without one would take its sp degree from it.
+    if hasattr(groups, "mesh_device"):
+        groups.mesh_device = None
 
 
 def moe_groups(groups):

@@ -41,6 +41,9 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
         self.v = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
         self.o = nn.Linear(m["heads"] * d, h, bias=m["bias"])
+        # The attention core on [batch, heads, seq, head_dim]; a target whose ranks hold parts of the sequence
+        # (context parallelism) puts its framework's distributed attention here.
+        self.attend = causal_attention
 
     def forward(self, x):
         b, s, _ = x.shape
@@ -49,7 +52,7 @@ class Attention(nn.Module):
         q = q.view(b, s, q.shape[-1] // self.d, self.d).transpose(1, 2)
         k = k.view(b, s, k.shape[-1] // self.d, self.d).transpose(1, 2)
         v = v.view(b, s, v.shape[-1] // self.d, self.d).transpose(1, 2)
-        a = causal_attention(q, k, v)
+        a = self.attend(q, k, v)
         # Explicit width: with an empty local sequence (uneven SP shards), -1 would be ambiguous.
         return self.o(a.transpose(1, 2).reshape(b, s, a.shape[1] * a.shape[3]))
 

@@ -48,7 +48,8 @@ def micro_batch_loss(case, inputs, logits, targets):
 
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
-          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None, finish=None):
+          forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None, finish=None,
+          seq=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `step()` may return whether the framework's own loss scaler skipped the step.
@@ -61,6 +62,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
     loss (default: l x dp / global tokens; a framework that normalises the loss itself takes it unscaled).
     `finish()` runs after the last step, before the final parameters are read (a framework that gathers them lazily).
+    `seq` = (index, parts, group): the rank holds that torch.chunk part of every sequence (context parallelism; its
+    framework attends over the whole sequence); its logits are gathered over `group` to report whole rows.
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -68,6 +71,9 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
+    if seq is not None:
+        s0, s1 = chunk_range(s, seq[1], seq[0])
+        ids, tgt = ids[:, s0:s1], tgt[:, s0:s1]
     lo, hi = chunk_range(b, dp, dp_index)
     global_tokens = loss_denominator(inputs)  # F.cross_entropy's sum leaves the ignored targets out
     ga = t.get("grad_accumulation", 1)
@@ -111,8 +117,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
                     scaled.backward()
             loss_sum += full(l) * count
             if k == 0:
-                rows.append(full(logits).reshape(-1, logits.shape[-1]))
-        if dp > 1:
+                rows.append(whole_sequences(full(logits), seq).reshape(-1, logits.shape[-1]))
+        if dp > 1 or seq is not None:
             dist.all_reduce(loss_sum, group=group)
         losses.append(float(loss_sum) / global_tokens)
         if scaler is not None:
@@ -140,6 +146,15 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     final = {name: view(name, p) for name, p in named}
     return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
             "skipped": skipped if t.get("loss_scale") is not None or skipped else None}
+
+
+def whole_sequences(logits, seq):
+    """A rank's logits [rows, its part of the sequence, vocab] with the other parts gathered over `seq`'s group."""
+    if seq is None:
+        return logits
+    parts = [torch.empty(0)] * seq[1]
+    dist.all_gather_object(parts, logits, group=seq[2])
+    return torch.cat(parts, dim=1)
 
 
 class _LowPrecisionGradScaler(torch.amp.GradScaler):
