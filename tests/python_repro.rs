@@ -446,3 +446,18 @@ fn deepspeed_pipeline_clipping_reproduces_standalone() {
     assert_eq!(run.status.code(), Some(0), "{}", text(&run));
     assert!(String::from_utf8_lossy(&run.stdout).contains("OK"), "{}", text(&run));
 }
+
+/// A context-parallel (DeepSpeed-Ulysses) deepspeed-zero finding reproduces standalone: the script's ranks hold parts
+/// of every sequence and show the sequence-parallel ranks' uncombined gradients.
+#[test]
+fn deepspeed_ulysses_gradients_reproduce_standalone() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-deepspeed-ulysses/cp2-f32.json");
+    let (_, clean, command) = report_to_script(&case, "deepspeed-zero", &[], "divergent");
+    assert_eq!(command, "torchrun --nproc_per_node 2 repro.py");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: "), "{}", text(&run));
+}

@@ -123,6 +123,10 @@ const KNOWN_SEED_FINDINGS: &[(&str, &str, &str)] = &[
     ("colossalai-hybrid", "pp3-1f1b-more-microbatches.json", "local variable 'loss' referenced before assignment"),
     ("colossalai-hybrid", "pp2-dp2-zero1-1f1b-bf16.json", "local variable 'loss' referenced before assignment"),
     ("colossalai-hybrid", "pp2-dual-pipe-tied-f32.json", "local variable 'loss' referenced before assignment"),
+    // DeepSpeed 0.19.8 never combines the sequence-parallel ranks' gradients when the config's sequence_parallel_size
+    // builds its device mesh (docs/findings/deepspeed-0.19.8-ulysses-mesh-gradients-not-reduced-over-sequence-ranks.py).
+    ("deepspeed-zero", "cp2-rejected.json", "grad/"),
+    ("deepspeed-zero", "cp2-dp2-ulysses-uneven-heads-zero1-bf16.json", "grad/"),
 ];
 
 #[test]
@@ -2115,4 +2119,35 @@ fn deepspeed_pipeline_engine() {
     let groups = dir.join("pp2-dp2-zero1-frozen-blocks-no-decay-vectors-f32.json");
     let v = one_verdict("deepspeed-pp", &groups, "deepspeed-zero1-pipeline-group-norm");
     assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:frozen"), "with the fix: {v}");
+}
+
+/// deepspeed-zero's context parallelism as DeepSpeed-Ulysses: even and uneven head partitions, GQA, ZeRO 0-3, a
+/// resumed and recomputed run pass with the fixes of DeepSpeed's two sequence-parallel gradient bugs; without them the
+/// sp ranks' gradients are never combined (the config's device mesh) and ZeRO-3's reduce-scatter averages them.
+#[test]
+fn deepspeed_ulysses_context_parallel() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-deepspeed-ulysses");
+    let fixes = "deepspeed-ulysses-mesh-gradient-group,deepspeed-zero3-reduce-scatter-sequence-parallel";
+    let expected = [
+        ("cp2-f32.json", "deepspeed:dp1:zero0:ulysses-sp2", "pass"),
+        ("cp2-dp2-gqa-zero2-clip-bf16.json", "deepspeed:dp2:zero2:ulysses:gqa", "pass"),
+        ("cp3-uneven-heads-zero3-f32.json", "deepspeed:dp1:zero3:ulysses:uneven-heads", "pass"),
+        ("cp2-zero1-resume-recompute-f32.json", "deepspeed:dp1:zero1:ulysses-sp2", "pass"),
+        ("cp4-fewer-kv-heads-rejected.json", "", "rejected"),
+        ("cp3-uneven-sequence-unsupported.json", "", "unsupported"),
+    ];
+    let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-zero"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
+    assert_eq!(vs.len(), expected.len());
+    for (v, (name, feature, kind)) in vs.iter().zip(expected) {
+        assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
+    }
+    let v = one_verdict("deepspeed-zero", &dir.join("cp2-f32.json"), "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "without the fixes: {v}");
+    let v = one_verdict("deepspeed-zero", &dir.join("cp3-uneven-heads-zero3-f32.json"), "deepspeed-ulysses-mesh-gradient-group");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("norm error 5.000e-1"), "ZeRO-3's reduce-scatter average: {v}");
 }

@@ -394,6 +394,20 @@ pub fn dual_pipe(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Context parallelism: a cp degree of 2 to 4 (each rank holds a part of every sequence), or back to none. The
+/// degree divides the sequence, or the key-value heads, or neither, so a target's even and uneven partitions of both
+/// are reached; the sequence is made a multiple of it half the time.
+pub fn context_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let cp = if c.parallel.cp > 1 && rng.gen_bool(0.25) { 1 } else { another(c.parallel.cp, &[2, 3, 4], rng) };
+    c.parallel.cp = cp;
+    if let Some(m) = c.model.as_mut() {
+        if cp > 1 && m.seq % cp != 0 && rng.gen_bool(0.5) {
+            m.seq = m.seq.div_ceil(cp) * cp;
+        }
+    }
+    true
+}
+
 /// A rank's interleaved stages run breadth first (looped BFS), depth first, or the target's own choice; pipeline
 /// parallelism switched on with it, under the interleaved schedule.
 pub fn breadth_first(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

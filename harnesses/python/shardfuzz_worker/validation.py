@@ -146,6 +146,11 @@ _DEEPSPEED = [
     # Its gate's refusal of a k it does not implement (0.14: "Only top-1 and top-2 gatings are
     # supported").
     ("deepspeed/moe/sharded_moe.py", "__init__", "gatings are supported"),
+    # DeepSpeed-Ulysses' checks of the heads against the sequence-parallel ranks at its first all-to-all ("Number of
+    # key-value heads (2) must be at least the sequence parallel size (4)"; "Number of heads ... must be divisible by
+    # the sequence parallel size").
+    ("deepspeed/sequence/layer.py", "_resolve_kv_heads", "must be at least the sequence parallel size"),
+    ("deepspeed/sequence/layer.py", "_generate_layout_params", "must be divisible by the sequence parallel size"),
 ]
 
 #: Its pipeline engine's: PipelineModule's partitioning and grid, the engine's and DualPipeV's asserts on the config

@@ -116,7 +116,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "deepspeed-zero",
-        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host, MoE blocks as its MoE layer (top-1) over expert-parallel ranks",
+        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host, MoE blocks as its MoE layer (top-1) over expert-parallel ranks, context parallelism as DeepSpeed-Ulysses (DistributedAttention over its sequence-parallel ranks)",
         env: Some(MAIN),
         offers: &["label_smoothing", 
             "zero_offload",
@@ -140,6 +140,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "frozen",
             "activation_checkpointing", "layer_passes", "framework_checkpoint",
             "moe_pad_to_capacity",
+            "context_parallel",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

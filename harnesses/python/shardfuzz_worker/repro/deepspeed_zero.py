@@ -34,11 +34,12 @@ def generate(case, inputs, bounds, dropped):
     p = parallel(case)
     config = WORKER.config(case, p["dp"])
     what = (f"DeepSpeed ZeRO stage {p['zero_stage']} (deepspeed.initialize, CPU accelerator, gloo) over"
-            f" dp={p['dp']} ranks")
+            f" dp={p['dp']} ranks" + (f" x cp={p['cp']} DeepSpeed-Ulysses sequence-parallel ranks" if p["cp"] > 1 else ""))
     settings = ["# The engine's configuration, as the worker's DeepSpeedZero.config() writes it for this case.",
                 literal("DS_CONFIG", config)]
     sources = (worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("targets/deepspeed_zero.py", "gathered", "deepspeed_block_checkpoint",
                                          "configure_deepspeed_checkpointing")
+               + "\n\n" + worker_source("targets/deepspeed_ulysses.py", "attend_through_ulysses")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

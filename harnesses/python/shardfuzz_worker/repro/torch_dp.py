@@ -22,12 +22,12 @@ def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports, 
     beyond the model and training loop; its template (named after the target) defines run_sharded(data, rank)."""
     arrays = model_arrays(case, inputs, target)
     p = parallel(case)
-    dp, world = p["dp"], p["dp"] * p["tp"]
+    dp, world = p["dp"], p["dp"] * p["tp"] * p["cp"]
     command = f"torchrun --nproc_per_node {world} repro.py"
     config = [
         rule("the case"),
         literal("CASE", case),
-        f"DP = {dp}\nWORLD = {world}  # DP x TP\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
+        f"DP = {dp}\nCP = {p['cp']}\nWORLD = {world}  # DP x TP x CP\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         *settings,
         model_line(case),
         literal("BOUNDS", bounds),

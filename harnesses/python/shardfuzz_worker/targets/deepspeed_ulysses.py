@@ -11,6 +11,7 @@ every data-parallel target here (`train`'s loss seed with dp ranks).
 """
 
 from .base import parallel
+from .torch_model import causal_attention
 
 
 def context_parallel(case):
@@ -44,15 +45,18 @@ def config(cfg, case):
 
 
 def install(engine, case):
-    """Every attention block of the engine's model attends through DeepSpeed's DistributedAttention over the engine's
-    sequence-parallel group (nothing where the case has no context parallelism)."""
-    if context_parallel(case) == 1:
-        return
+    """Every attention block of the engine's model attends through DeepSpeed's DistributedAttention (nothing where the
+    case has no context parallelism)."""
+    if context_parallel(case) > 1:
+        attend_through_ulysses(engine)
+
+
+def attend_through_ulysses(engine):
+    """Each attention block of the engine's model runs its core under DeepSpeed's DistributedAttention over the engine's
+    sequence-parallel group, in its batch-first layout [batch, seq, heads, head_dim]."""
     from deepspeed.sequence.layer import DistributedAttention
 
-    from .torch_model import causal_attention
-
-    def local(q, k, v):  # DistributedAttention's batch-first layout [batch, seq, heads, head_dim]
+    def local(q, k, v):
         return causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
     for layer in engine.module.layers:

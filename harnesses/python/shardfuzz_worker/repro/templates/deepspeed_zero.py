@@ -7,7 +7,8 @@ def run_sharded(data, rank):
     train() already scales each micro-batch loss to its share of the global token mean), gradient reduction,
     clipping and the optimizer step (engine.step() after every micro-batch; DeepSpeed steps the optimizer at
     the accumulation boundary only). Step-0 gradients: safe_get_full_grad between backward and step; final
-    parameters: DeepSpeed's master copy (safe_get_full_fp32_param) rounded to DTYPE."""
+    parameters: DeepSpeed's master copy (safe_get_full_fp32_param) rounded to DTYPE. With context parallelism (CP > 1)
+    each rank also holds one part of every sequence, its attention under DeepSpeed-Ulysses."""
     # The shared-memory allreduce is a JIT-built C++ extension that serves inference only: plain gloo instead.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
@@ -20,8 +21,11 @@ def run_sharded(data, rank):
             model.block_checkpoint = block_checkpoint
         load_case_params(model, data, DTYPE)
         freeze(model, CASE)
-        return deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
-                                    config=DS_CONFIG)[0]
+        engine = deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
+                                      config=DS_CONFIG)[0]
+        if CP > 1:  # the case's context parallelism: DeepSpeed-Ulysses over DS_CONFIG's (dp, sp) mesh
+            attend_through_ulysses(engine)
+        return engine
 
     now = {"engine": fresh_engine()}  # replaced when the run resumes from its checkpoint
     names = [n for n, _ in now["engine"].module.named_parameters()]
@@ -60,8 +64,10 @@ def run_sharded(data, rank):
         shape = tuple(getattr(p, "ds_shape", p.shape))
         return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(shape)).numpy()
 
-    out = train(CASE, data, now["engine"], [p for _, p in named], rank, WORLD, backward=backward, step=step,
+    # Rank = dp index x CP + sp index; an sp rank holds its part of every sequence.
+    seq = (rank % CP, CP, now["engine"].seq_parallel_group) if CP > 1 else None
+    out = train(CASE, data, now["engine"], [p for _, p in named], rank // CP, DP, backward=backward, step=step,
                 clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p),
-                forward=lambda ids: now["engine"](ids), resume=resume)
+                forward=lambda ids: now["engine"](ids), resume=resume, seq=seq)
     now["engine"].destroy()
     return out
