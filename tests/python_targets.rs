@@ -2149,5 +2149,5 @@ fn deepspeed_ulysses_context_parallel() {
     let v = one_verdict("deepspeed-zero", &dir.join("cp2-f32.json"), "");
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "without the fixes: {v}");
     let v = one_verdict("deepspeed-zero", &dir.join("cp3-uneven-heads-zero3-f32.json"), "deepspeed-ulysses-mesh-gradient-group");
-    assert!(v["kind"] == "divergent" && reason(&v).contains("norm error 5.000e-1"), "ZeRO-3's reduce-scatter average: {v}");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("norm error 6.667e-1"), "ZeRO-3's reduce-scatter average over sp 3: {v}");
 }
