@@ -2130,12 +2130,15 @@ fn deepspeed_ulysses_context_parallel() {
         return;
     }
     let dir = root().join("tests/python-deepspeed-ulysses");
-    let fixes = "deepspeed-ulysses-mesh-gradient-group,deepspeed-zero3-reduce-scatter-sequence-parallel";
+    let fixes = "deepspeed-ulysses-mesh-gradient-group,deepspeed-zero3-reduce-scatter-sequence-parallel,\
+                 deepspeed-sequence-parallel-unit-model-parallel-rank";
     let expected = [
         ("cp2-f32.json", "deepspeed:dp1:zero0:ulysses-sp2", "pass"),
         ("cp2-dp2-gqa-zero2-clip-bf16.json", "deepspeed:dp2:zero2:ulysses:gqa", "pass"),
         ("cp3-uneven-heads-zero3-f32.json", "deepspeed:dp1:zero3:ulysses:uneven-heads", "pass"),
         ("cp2-zero1-resume-recompute-f32.json", "deepspeed:dp1:zero1:ulysses-sp2", "pass"),
+        ("cp2-dp2-gqa-zero2-clip-bf16-sequence-parallel-unit.json", "deepspeed:dp2:zero2:ulysses:sequence-parallel-unit", "pass"),
+        ("cp2-zero1-bf16-optimizer-sequence-parallel-unit.json", "deepspeed:dp1:zero1:ulysses:sequence-parallel-unit", "pass"),
         ("cp4-fewer-kv-heads-rejected.json", "", "rejected"),
         ("cp3-uneven-sequence-unsupported.json", "", "unsupported"),
     ];
@@ -2150,4 +2153,7 @@ fn deepspeed_ulysses_context_parallel() {
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "without the fixes: {v}");
     let v = one_verdict("deepspeed-zero", &dir.join("cp3-uneven-heads-zero3-f32.json"), "deepspeed-ulysses-mesh-gradient-group");
     assert!(v["kind"] == "divergent" && reason(&v).contains("norm error 6.667e-1"), "ZeRO-3's reduce-scatter average over sp 3: {v}");
+    // DeepSpeed's own sequence-parallel unit passes for a model-parallel unit (deepspeedai/DeepSpeed#7833).
+    let v = one_verdict("deepspeed-zero", &dir.join("cp2-zero1-bf16-optimizer-sequence-parallel-unit.json"), "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("stack expects a non-empty TensorList"), "{v}");
 }

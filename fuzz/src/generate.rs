@@ -61,6 +61,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         sync_every_microbatch: None,
         zero_bubble: None,
         dual_pipe: None,
+        ulysses_mpu: None,
         breadth_first: None,
         param_shard_dim: None,
         persist_below: None,

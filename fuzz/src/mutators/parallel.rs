@@ -408,6 +408,20 @@ pub fn context_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Context parallelism's sequence-parallel groups from the framework's own sequence-parallel unit, from its config's
+/// device mesh, or the target's choice; context parallelism switched on with it (cp 2, the sequence a multiple of it).
+pub fn ulysses_mpu(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.ulysses_mpu = another(c.parallel.ulysses_mpu, &ON_OFF_OR_TARGETS, rng);
+    if c.parallel.cp == 1 {
+        c.parallel.cp = 2;
+    }
+    let cp = c.parallel.cp;
+    if let Some(m) = c.model.as_mut() {
+        m.seq = m.seq.div_ceil(cp) * cp;
+    }
+    true
+}
+
 /// A rank's interleaved stages run breadth first (looped BFS), depth first, or the target's own choice; pipeline
 /// parallelism switched on with it, under the interleaved schedule.
 pub fn breadth_first(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -384,6 +384,19 @@ def _deepspeed_zero3_reduce_scatter_sequence_parallel():
     setattr(Stage3, name, avg_scatter_grads)
 
 
+def _deepspeed_sequence_parallel_unit_model_parallel_rank():
+    """DeepSpeed 0.19.8 (an open issue, deepspeedai/DeepSpeed#7833, "Ulysses crashes in Stage 0"): DeepSpeed's own
+    sequence-parallel unit (`parallel_state_sp`, passed as `mpu`) aliases get_model_parallel_rank / _world_size / _group
+    to its sequence-parallel ones, and having no tensor-parallel getters, `bwc_tensor_model_parallel_rank` falls back to
+    them: the BF16_Optimizer's gradient norm counts a replicated gradient on tensor-parallel rank 0 only, which is sp
+    rank 0, and sp rank 1 stacks an empty list ("stack expects a non-empty TensorList"). Fix: the unit says there is
+    no tensor parallelism."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    parallel_state_sp.get_tensor_model_parallel_rank = lambda: 0
+    parallel_state_sp.get_tensor_model_parallel_world_size = lambda: 1
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1624,6 +1637,8 @@ FIXES = {
     "deepspeed-ulysses-mesh-gradient-group": (("deepspeed-zero",), _deepspeed_ulysses_mesh_gradient_group),
     "deepspeed-zero3-reduce-scatter-sequence-parallel": (("deepspeed-zero",),
                                                          _deepspeed_zero3_reduce_scatter_sequence_parallel),
+    "deepspeed-sequence-parallel-unit-model-parallel-rank": (("deepspeed-zero",),
+                                                             _deepspeed_sequence_parallel_unit_model_parallel_rank),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                               _torch_sequence_parallel_requires_grad),

@@ -30,6 +30,9 @@ class UlyssesTest(unittest.TestCase):
         self.assertEqual((cfg["sequence_parallel_size"], cfg["data_parallel_size"], cfg["train_batch_size"]), (2, 2, 2))
         plain = TARGET.config(case("cp2-f32.json", cp=1), 1)
         self.assertNotIn("sequence_parallel_size", plain, "no mesh without context parallelism")
+        unit = TARGET.config(case("cp2-dp2-gqa-zero2-clip-bf16-sequence-parallel-unit.json"), 4)
+        self.assertNotIn("sequence_parallel_size", unit, "the sequence-parallel unit, not the config's mesh")
+        self.assertEqual(unit["train_batch_size"], 2)
 
     def test_ranks_are_dp_major_and_sp_minor(self):
         from shardfuzz_worker.targets.deepspeed_ulysses import rank_part
@@ -45,9 +48,10 @@ class UlyssesTest(unittest.TestCase):
         self.assertIn("seq must be a multiple of cp", TARGET.unsupported(case("cp3-uneven-sequence-unsupported.json")))
         self.assertIsNone(TARGET.unsupported(case("cp3-uneven-heads-zero3-f32.json")))
         self.assertIn("no tp/pp", TARGET.unsupported(case("cp2-f32.json", tp=2)))
-        self.assertEqual(features("s", case("cp3-uneven-heads-zero3-f32.json")), ["s:ulysses-sp3", "s:ulysses:uneven-heads"])
-        self.assertEqual(features("s", case("cp2-dp2-gqa-zero2-clip-bf16.json")),
-                         ["s:ulysses-sp2", "s:ulysses:even-heads", "s:ulysses:gqa"])
+        self.assertEqual(features("s", case("cp3-uneven-heads-zero3-f32.json")),
+                         ["s:ulysses-sp3", "s:ulysses:uneven-heads", "s:ulysses:config-mesh"])
+        self.assertEqual(features("s", case("cp2-dp2-gqa-zero2-clip-bf16-sequence-parallel-unit.json")),
+                         ["s:ulysses-sp2", "s:ulysses:even-heads", "s:ulysses:sequence-parallel-unit", "s:ulysses:gqa"])
         self.assertEqual(features("s", case("cp2-f32.json", cp=1)), [])
 
 

@@ -115,6 +115,12 @@ pub struct Parallel {
     /// the same result either way. Absent: the target's own choice. Read only under 1F1B with pp > 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dual_pipe: Option<bool>,
+    /// Under context parallelism (cp > 1) realised as DeepSpeed-Ulysses, the sequence-parallel groups come from
+    /// DeepSpeed's own sequence-parallel unit (`parallel_state_sp` passed as `mpu`, its Ulysses-for-Hugging-Face / ALST
+    /// setup) instead of the config's `sequence_parallel_size` device mesh, where a framework offers both; the same
+    /// result either way. Absent: the target's own choice. Read only with cp > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulysses_mpu: Option<bool>,
     /// Under the interleaved schedule, a pipeline rank's stages run breadth first (every ready micro-batch of its
     /// earlier stage before the later one: torch's `ScheduleLoopedBFS`) rather than depth first (interleaved 1F1B),
     /// where a framework offers the choice; the same result either way. Absent: the target's own choice. Read only
@@ -264,6 +270,7 @@ impl Default for Parallel {
             sync_every_microbatch: None,
             zero_bubble: None,
             dual_pipe: None,
+            ulysses_mpu: None,
             breadth_first: None,
             param_shard_dim: None,
             static_graph: None,

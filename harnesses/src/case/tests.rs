@@ -124,6 +124,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "sync_every_microbatch",
         "zero_bubble",
         "dual_pipe",
+        "ulysses_mpu",
         "breadth_first",
         "param_shard_dim",
         "persist_below",

@@ -141,6 +141,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "activation_checkpointing", "layer_passes", "framework_checkpoint",
             "moe_pad_to_capacity",
             "context_parallel",
+            "ulysses_mpu",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

@@ -171,6 +171,7 @@ def parallel(case):
         "sync_every_microbatch": p.get("sync_every_microbatch"),
         "zero_bubble": p.get("zero_bubble"),
         "dual_pipe": p.get("dual_pipe"),
+        "ulysses_mpu": p.get("ulysses_mpu"),
         "breadth_first": p.get("breadth_first"),
         "param_shard_dim": p.get("param_shard_dim"),
         "persist_below": p.get("persist_below"),

@@ -3,9 +3,11 @@ group holds a contiguous part of every sequence, and each attention runs under D
 whose all-to-alls trade the sequence split for a split of the heads around the local attention (uneven head counts
 partitioned by key-value group, as DeepSpeed does), then back.
 
-The engine is told the layout as DeepSpeed's Ulysses users tell it (`sequence_parallel_size`, `data_parallel_size`:
-a (dp, sp) device mesh, rank = dp index x cp + sp index); `DistributedAttention` gets the engine's
-`seq_parallel_group`. The engine reduces gradients over the sequence-and-data-parallel ranks, dividing by dp only:
+The engine is told the layout as DeepSpeed's Ulysses users tell it: by default (and with the case's `ulysses_mpu` false)
+`sequence_parallel_size` and `data_parallel_size` in the config, from which deepspeed.initialize builds a (dp, sp)
+device mesh; with `ulysses_mpu` true DeepSpeed's own sequence-parallel unit (`parallel_state_sp`, initialised for the
+case's cp and passed as `mpu`, as its Ulysses-for-Hugging-Face / ALST setup does). Either way rank = dp index x cp + sp
+index, and `DistributedAttention` gets the engine's `seq_parallel_group`. The engine reduces gradients over the sequence-and-data-parallel ranks, dividing by dp only:
 gradients are summed over the sp ranks, so each rank's loss is its own tokens' share of the global token mean, as in
 every data-parallel target here (`train`'s loss seed with dp ranks).
 """
@@ -34,13 +36,56 @@ def unsupported_ulysses(case):
     return None
 
 
+def uses_mpu(case):
+    """Whether the case's sequence-parallel groups come from DeepSpeed's sequence-parallel unit (else the config's
+    mesh)."""
+    return context_parallel(case) > 1 and bool(parallel(case)["ulysses_mpu"])
+
+
+def initialize_kw(case):
+    """deepspeed.initialize's `mpu` where the case asks for DeepSpeed's sequence-parallel unit, its groups made afresh
+    for the case's cp (every rank calls: new groups are collective)."""
+    if not uses_mpu(case):
+        return {}
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    release(parallel_state_sp)
+    parallel_state_sp.initialize_sequence_parallel(context_parallel(case))
+    return {"mpu": parallel_state_sp}
+
+
+def release(parallel_state_sp):
+    """Drops the sequence-parallel unit's groups (module globals, as its own `_release_sequence_parallel_groups` does)."""
+    for name in ("_SEQUENCE_PARALLEL_GROUP", "_SEQUENCE_DATA_PARALLEL_GROUP"):
+        if hasattr(parallel_state_sp, name):
+            setattr(parallel_state_sp, name, None)
+
+
+def forget():
+    """What a fresh process has: no sequence-parallel unit's groups and no registered mpu or device mesh left by an
+    earlier case's engine (DeepSpeed keeps all three in module globals that no engine's teardown clears: a later engine
+    without sequence parallelism would take its sp degree from them)."""
+    from deepspeed.utils import groups
+
+    for name in ("mesh_device", "mpu"):
+        if hasattr(groups, name):
+            setattr(groups, name, None)
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed.runtime.sequence_parallel") is not None:
+        from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+        release(parallel_state_sp)
+
+
 def config(cfg, case):
-    """The engine's config with the case's (dp, sp) mesh, where the case has context parallelism."""
+    """The engine's config with the case's (dp, sp) mesh, where the case has context parallelism through the mesh."""
     p = parallel(case)
     if p["cp"] > 1:
+        cfg["train_batch_size"] = cfg["gradient_accumulation_steps"] * p["dp"]
+    if p["cp"] > 1 and not uses_mpu(case):
         cfg["sequence_parallel_size"] = p["cp"]
         cfg["data_parallel_size"] = p["dp"]
-        cfg["train_batch_size"] = cfg["gradient_accumulation_steps"] * p["dp"]
     return cfg
 
 
@@ -81,7 +126,8 @@ def features(stage, case):
         return []
     m = case["model"]
     heads = "even-heads" if m["kv_heads"] % cp == 0 else "uneven-heads"
-    out = [f"{stage}:ulysses-sp{cp}", f"{stage}:ulysses:{heads}"]
+    out = [f"{stage}:ulysses-sp{cp}", f"{stage}:ulysses:{heads}",
+           f"{stage}:ulysses:{'sequence-parallel-unit' if uses_mpu(case) else 'config-mesh'}"]
     if m["kv_heads"] < m["heads"]:
         out.append(f"{stage}:ulysses:gqa")
     return out

@@ -201,7 +201,7 @@ class DeepSpeedZero(TorchTarget):
             if block_checkpoint is not None:
                 model.block_checkpoint = block_checkpoint
             opt = make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None)
-            engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg)[0]
+            engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg, **ulysses.initialize_kw(case))[0]
             ulysses.install(engine, case)
             return engine
 
@@ -319,10 +319,8 @@ def forget_earlier_engines():
 
     if hasattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
         groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
-    # So does the (dp, sp) device mesh of an engine with sequence parallelism (DeepSpeed-Ulysses): a later engine
-    # without one would take its sp degree from it.
-    if hasattr(groups, "mesh_device"):
-        groups.mesh_device = None
+    # So do the device mesh, mpu and sequence-parallel groups of an engine with sequence parallelism (DeepSpeed-Ulysses).
+    ulysses.forget()
 
 
 def moe_groups(groups):
