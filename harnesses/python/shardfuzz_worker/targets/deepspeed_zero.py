@@ -12,6 +12,9 @@ the case asks for it (`framework_checkpoint`: `deepspeed.checkpointing.checkpoin
 configured with `partition_activations`, `cpu_checkpointing`, `contiguous_memory_optimization` as the case says,
 without a model-parallel unit, as a data-parallel-only user calls it).
 
+The case's context parallelism (cp) runs as DeepSpeed-Ulysses over the engine's sequence-parallel groups
+(deepspeed_ulysses).
+
 The case's MoE blocks run as DeepSpeed's MoE layer over its expert-parallel groups (the case's ep), top-1 only
 (deepspeed_moe); its l_aux, times the case's coefficient, joins each micro-batch's loss.
 
