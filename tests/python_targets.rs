@@ -1906,6 +1906,13 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
         let v = one_verdict("deepspeed-zero", &dir.join(case), fix);
         assert_eq!(v["kind"], "rejected", "{case}: {v}");
     }
+    // ZeRO-1 without contiguous gradients reduces expert gradients over the whole data-parallel group
+    // (docs/findings/deepspeed-0.19.8-zero1-moe-noncontiguous-gradients-mix-experts.py).
+    let mixed = dir.join("ds-dp2-ep2-zero1-noncontiguous-top2-renorm-dropless-f32.json");
+    let v = one_verdict("deepspeed-zero", &mixed, "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains(".moe."), "{v}");
+    let v = one_verdict("deepspeed-zero", &mixed, "deepspeed-zero1-moe-noncontiguous-expert-group");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
 }
 
 /// Each micro-batch's loss as its own mean (`train.local_mean_loss`, torch's default `reduction="mean"`), weighted

@@ -397,6 +397,46 @@ def _deepspeed_sequence_parallel_unit_model_parallel_rank():
     parallel_state_sp.get_tensor_model_parallel_world_size = lambda: 1
 
 
+def _deepspeed_zero1_moe_noncontiguous_expert_group():
+    """DeepSpeed 0.19.8: ZeRO-1 with MoE and `contiguous_gradients: false` (allowed at stage 1 with a warning, "not
+    thoroughly tested with MoE. This configuration is still experimental"; stage 2 refuses it) reduces every gradient of
+    an ipg bucket through `buffered_reduce_fallback`, i.e. over the whole data-parallel group: the expert gradients of
+    different experts (one set per expert-parallel rank) are summed together and divided by dp, where the contiguous
+    path (`average_tensor`) reduces each expert group over its expert-data-parallel group
+    (docs/findings/deepspeed-0.19.8-zero1-moe-noncontiguous-gradients-mix-experts.py). Fix: expert gradients reduced
+    over their expert-data-parallel group."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Zero
+
+    reduce_ipg_grads, fallback = Zero.reduce_ipg_grads, Zero.buffered_reduce_fallback
+
+    def reduce_ipg_grads_fixed(self, comm_dtype=None):
+        self._expert_groups = {}
+        if not self.contiguous_gradients and getattr(self, "has_moe_layers", False):
+            for bucket in self.ipg_buckets.values():
+                for grad, (i, _, _) in zip(bucket.grads, bucket.params):
+                    if self.is_moe_param_group[i]:
+                        self._expert_groups[id(grad)] = self.real_dp_process_group[i]
+        return reduce_ipg_grads(self, comm_dtype)
+
+    def buffered_reduce_fallback_fixed(self, rank, grads, communication_data_type, elements_per_buffer=500000000,
+                                       log=None):
+        experts = getattr(self, "_expert_groups", {})
+        import deepspeed.comm as dist
+
+        for g in grads:
+            if id(g) in experts:
+                # Averaged over the whole data-parallel group, as average_tensor and the engine average expert
+                # gradients ("to maintain the gradients value unaffected by ep_size"), summed over the expert group.
+                g.div_(dist.get_world_size(group=self.dp_process_group) / float(self.sequence_parallel_size))
+                self.allreduce_no_retain([g], communication_data_type, numel_per_bucket=elements_per_buffer,
+                                         rank=rank, log=log, divide=False, process_group=experts[id(g)])
+        rest = [g for g in grads if id(g) not in experts]
+        if rest:
+            fallback(self, rank, rest, communication_data_type, elements_per_buffer=elements_per_buffer, log=log)
+
+    Zero.reduce_ipg_grads, Zero.buffered_reduce_fallback = reduce_ipg_grads_fixed, buffered_reduce_fallback_fixed
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1639,6 +1679,7 @@ FIXES = {
                                                          _deepspeed_zero3_reduce_scatter_sequence_parallel),
     "deepspeed-sequence-parallel-unit-model-parallel-rank": (("deepspeed-zero",),
                                                              _deepspeed_sequence_parallel_unit_model_parallel_rank),
+    "deepspeed-zero1-moe-noncontiguous-expert-group": (("deepspeed-zero",), _deepspeed_zero1_moe_noncontiguous_expert_group),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                               _torch_sequence_parallel_requires_grad),
