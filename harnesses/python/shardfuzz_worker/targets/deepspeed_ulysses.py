@@ -7,9 +7,9 @@ The engine is told the layout as DeepSpeed's Ulysses users tell it: by default (
 `sequence_parallel_size` and `data_parallel_size` in the config, from which deepspeed.initialize builds a (dp, sp)
 device mesh; with `ulysses_mpu` true DeepSpeed's own sequence-parallel unit (`parallel_state_sp`, initialised for the
 case's cp and passed as `mpu`, as its Ulysses-for-Hugging-Face / ALST setup does). Either way rank = dp index x cp + sp
-index, and `DistributedAttention` gets the engine's `seq_parallel_group`. The engine reduces gradients over the sequence-and-data-parallel ranks, dividing by dp only:
-gradients are summed over the sp ranks, so each rank's loss is its own tokens' share of the global token mean, as in
-every data-parallel target here (`train`'s loss seed with dp ranks).
+index, and `DistributedAttention` gets the engine's `seq_parallel_group`. The engine reduces gradients over the
+sequence-and-data-parallel ranks, dividing by dp only: gradients are summed over the sp ranks, so each rank's loss is its
+own tokens' share of the global token mean, as in every data-parallel target here (`train`'s loss seed with dp ranks).
 """
 
 from .base import parallel
