@@ -1913,6 +1913,13 @@ fn deepspeed_moe_layers_over_expert_parallel_ranks_and_their_topk_ties_are_a_kno
     assert!(v["kind"] == "divergent" && reason(&v).contains(".moe."), "{v}");
     let v = one_verdict("deepspeed-zero", &mixed, "deepspeed-zero1-moe-noncontiguous-expert-group");
     assert_eq!(v["kind"], "pass", "with the fix: {v}");
+    // Without ZeRO, fp32 clipping beside expert parallelism averages the ranks' norms
+    // (docs/findings/deepspeed-0.19.8-moe-fp32-clip-norm-averages-rank-norms.py).
+    let clipped = dir.join("ds-dp2-ep2-top2-renorm-dropless-clip-sgd-f32.json");
+    let v = one_verdict("deepspeed-zero", &clipped, fix);
+    assert!(v["kind"] == "divergent" && reason(&v).contains("loss/step1"), "{v}");
+    let v = one_verdict("deepspeed-zero", &clipped, &format!("{fix},deepspeed-moe-fp32-clip-norm-average"));
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
 }
 
 /// Each micro-batch's loss as its own mean (`train.local_mean_loss`, torch's default `reduction="mean"`), weighted

@@ -437,6 +437,36 @@ def _deepspeed_zero1_moe_noncontiguous_expert_group():
     Zero.reduce_ipg_grads, Zero.buffered_reduce_fallback = reduce_ipg_grads_fixed, buffered_reduce_fallback_fixed
 
 
+def _deepspeed_moe_fp32_clip_norm_average():
+    """DeepSpeed 0.19.8: without ZeRO in fp32 the engine clips by deepspeed.runtime.utils.clip_grad_norm_, which, "to
+    consider MoE params", takes each rank's local norm (the shared gradients and its own experts') and averages the
+    norms over the data-parallel group: mean_r sqrt(S + E_r) instead of the global sqrt(S + sum of every expert's
+    squares), so with expert parallelism the clipping coefficient is not the global norm's, unlike ZeRO-1/2's
+    (docs/findings/deepspeed-0.19.8-moe-fp32-clip-norm-averages-rank-norms.py). Fix: the global 2-norm (shared
+    gradients once, each expert's squares summed over the data-parallel group and divided by its replica count)."""
+    import torch
+    from deepspeed import comm as dist
+    from deepspeed.moe.utils import is_moe_param
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.utils import groups
+
+    original = DeepSpeedEngine.clip_fp32_gradients
+
+    def clip_fp32_gradients(self):
+        if self.mpu is not None or not getattr(self, "has_moe_layers", False):
+            return original(self)
+        grads = [(p, p.grad) for p in self.module.parameters() if p.grad is not None]
+        shared = sum((g.detach().float().norm() ** 2 for p, g in grads if not is_moe_param(p)), torch.zeros(()))
+        experts = sum((g.detach().float().norm() ** 2 / groups._get_expert_data_parallel_world_size(p.group_name)
+                       for p, g in grads if is_moe_param(p)), torch.zeros(()))
+        dist.all_reduce(experts, group=groups._get_data_parallel_group())
+        clip_coef = torch.clamp(self.gradient_clipping() / ((shared + experts).sqrt() + 1e-6), max=1.0)
+        for _, g in grads:
+            g.data.mul_(clip_coef)
+
+    DeepSpeedEngine.clip_fp32_gradients = clip_fp32_gradients
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1680,6 +1710,7 @@ FIXES = {
     "deepspeed-sequence-parallel-unit-model-parallel-rank": (("deepspeed-zero",),
                                                              _deepspeed_sequence_parallel_unit_model_parallel_rank),
     "deepspeed-zero1-moe-noncontiguous-expert-group": (("deepspeed-zero",), _deepspeed_zero1_moe_noncontiguous_expert_group),
+    "deepspeed-moe-fp32-clip-norm-average": (("deepspeed-zero",), _deepspeed_moe_fp32_clip_norm_average),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                               _torch_sequence_parallel_requires_grad),
