@@ -2167,6 +2167,13 @@ fn deepspeed_ulysses_context_parallel() {
     assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "without the fixes: {v}");
     let v = one_verdict("deepspeed-zero", &dir.join("cp3-uneven-heads-zero3-f32.json"), "deepspeed-ulysses-mesh-gradient-group");
     assert!(v["kind"] == "divergent" && reason(&v).contains("norm error 6.667e-1"), "ZeRO-3's reduce-scatter average over sp 3: {v}");
+    // ZeRO-1/2 skip the predivide factor's post-multiplication when it equals the world size, which under sequence
+    // parallelism is not 1 (docs/findings/deepspeed-0.19.8-predivide-factor-equal-to-world-size-under-sequence-parallelism.py).
+    let predivide = dir.join("cp2-zero1-predivide-2-sequence-parallel-unit-bf16.json");
+    let v = one_verdict("deepspeed-zero", &predivide, "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("grad/"), "{v}");
+    let v = one_verdict("deepspeed-zero", &predivide, "deepspeed-predivide-sequence-parallel");
+    assert_eq!(v["kind"], "pass", "with the fix: {v}");
     // DeepSpeed's own sequence-parallel unit passes for a model-parallel unit (deepspeedai/DeepSpeed#7833).
     let v = one_verdict("deepspeed-zero", &dir.join("cp2-zero1-bf16-optimizer-sequence-parallel-unit.json"), "");
     assert!(v["kind"] == "crash" && reason(&v).contains("stack expects a non-empty TensorList"), "{v}");

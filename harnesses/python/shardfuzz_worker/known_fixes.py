@@ -467,6 +467,30 @@ def _deepspeed_moe_fp32_clip_norm_average():
     DeepSpeedEngine.clip_fp32_gradients = clip_fp32_gradients
 
 
+def _deepspeed_predivide_sequence_parallel():
+    """DeepSpeed 0.19.8: ZeRO-1/2's `gradient_reduction_w_predivide` (`gradient_predivide_factor` f, `reduce_scatter`
+    off) divides by f, all-reduces over the sequence-and-data-parallel group of W ranks and multiplies by
+    f / (W / sequence_parallel_size), but skips that multiplication when f == W, which is only right without sequence
+    parallelism: with sp > 1 and f == W every gradient comes out sp times too small
+    (docs/findings/deepspeed-0.19.8-predivide-factor-equal-to-world-size-under-sequence-parallelism.py). Fix: the
+    multiplication skipped only when its factor is 1."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Zero
+
+    original = Zero.gradient_reduction_w_predivide
+
+    def gradient_reduction_w_predivide(self, tensor, communication_data_type):
+        import deepspeed.comm as dist
+
+        out = original(self, tensor, communication_data_type)
+        world = dist.get_world_size(group=self.dp_process_group)
+        f, sp = self.gradient_predivide_factor, float(self.sequence_parallel_size)
+        if self.gradient_average and self.postscale_gradients and f == world and sp > 1:
+            tensor.mul_(f / (world / sp))  # (the released code returns `tensor`, reduced in place)
+        return out
+
+    Zero.gradient_reduction_w_predivide = gradient_reduction_w_predivide
+
+
 def _torch_sequence_parallel_requires_grad():
     """torch 2.4 to 2.15: tensor parallelism's `SequenceParallel._replicate_module_fn` wraps each parameter of the norm
     it parallelizes in `nn.Parameter(DTensor.from_local(...))`, whose `requires_grad` defaults to True: a frozen norm is
@@ -1711,6 +1735,7 @@ FIXES = {
                                                              _deepspeed_sequence_parallel_unit_model_parallel_rank),
     "deepspeed-zero1-moe-noncontiguous-expert-group": (("deepspeed-zero",), _deepspeed_zero1_moe_noncontiguous_expert_group),
     "deepspeed-moe-fp32-clip-norm-average": (("deepspeed-zero",), _deepspeed_moe_fp32_clip_norm_average),
+    "deepspeed-predivide-sequence-parallel": (("deepspeed-zero",), _deepspeed_predivide_sequence_parallel),
     "dtensor-found-inf-placements": (("torch-tp", "torch-fsdp2"), _dtensor_found_inf_placements),
     "torch-sequence-parallel-requires-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                               _torch_sequence_parallel_requires_grad),
