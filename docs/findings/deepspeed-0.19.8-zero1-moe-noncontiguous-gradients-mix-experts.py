@@ -54,8 +54,6 @@ if "--fixed" in sys.argv:
     def buffered_reduce_fallback_fixed(self, rank, grads, communication_data_type, elements_per_buffer=500000000,
                                        log=None):
         experts = getattr(self, "_expert_groups", {})
-        import deepspeed.comm as dist
-
         for g in grads:
             if id(g) in experts:
                 # Averaged over the whole data-parallel group, as average_tensor and the engine average expert

@@ -394,18 +394,23 @@ pub fn dual_pipe(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// Context parallelism: a cp degree of 2 to 4 (each rank holds a part of every sequence), or back to none. The
-/// degree divides the sequence, or the key-value heads, or neither, so a target's even and uneven partitions of both
-/// are reached; the sequence is made a multiple of it half the time.
+/// Context parallelism: a cp degree of 2 to 4 (each rank holds a part of every sequence), or back to none; half the
+/// time the sequence is rounded up to a multiple of it (else it stays as it is, which cp may not divide).
 pub fn context_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let cp = if c.parallel.cp > 1 && rng.gen_bool(0.25) { 1 } else { another(c.parallel.cp, &[2, 3, 4], rng) };
     c.parallel.cp = cp;
-    if let Some(m) = c.model.as_mut() {
-        if cp > 1 && m.seq % cp != 0 && rng.gen_bool(0.5) {
-            m.seq = m.seq.div_ceil(cp) * cp;
-        }
+    if cp > 1 && rng.gen_bool(0.5) {
+        sequence_multiple_of_cp(c);
     }
     true
+}
+
+/// The model's sequence rounded up to a multiple of the case's cp.
+fn sequence_multiple_of_cp(c: &mut Case) {
+    let cp = c.parallel.cp;
+    if let Some(m) = c.model.as_mut() {
+        m.seq = m.seq.div_ceil(cp) * cp;
+    }
 }
 
 /// Context parallelism's sequence-parallel groups from the framework's own sequence-parallel unit, from its config's
@@ -415,10 +420,7 @@ pub fn ulysses_mpu(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.parallel.cp == 1 {
         c.parallel.cp = 2;
     }
-    let cp = c.parallel.cp;
-    if let Some(m) = c.model.as_mut() {
-        m.seq = m.seq.div_ceil(cp) * cp;
-    }
+    sequence_multiple_of_cp(c);
     true
 }
 

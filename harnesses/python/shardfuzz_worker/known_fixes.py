@@ -405,6 +405,7 @@ def _deepspeed_zero1_moe_noncontiguous_expert_group():
     path (`average_tensor`) reduces each expert group over its expert-data-parallel group
     (docs/findings/deepspeed-0.19.8-zero1-moe-noncontiguous-gradients-mix-experts.py). Fix: expert gradients reduced
     over their expert-data-parallel group."""
+    import deepspeed.comm as dist
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Zero
 
     reduce_ipg_grads, fallback = Zero.reduce_ipg_grads, Zero.buffered_reduce_fallback
@@ -421,8 +422,6 @@ def _deepspeed_zero1_moe_noncontiguous_expert_group():
     def buffered_reduce_fallback_fixed(self, rank, grads, communication_data_type, elements_per_buffer=500000000,
                                        log=None):
         experts = getattr(self, "_expert_groups", {})
-        import deepspeed.comm as dist
-
         for g in grads:
             if id(g) in experts:
                 # Averaged over the whole data-parallel group, as average_tensor and the engine average expert
@@ -474,13 +473,12 @@ def _deepspeed_predivide_sequence_parallel():
     parallelism: with sp > 1 and f == W every gradient comes out sp times too small
     (docs/findings/deepspeed-0.19.8-predivide-factor-equal-to-world-size-under-sequence-parallelism.py). Fix: the
     multiplication skipped only when its factor is 1."""
+    import deepspeed.comm as dist
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Zero
 
     original = Zero.gradient_reduction_w_predivide
 
     def gradient_reduction_w_predivide(self, tensor, communication_data_type):
-        import deepspeed.comm as dist
-
         out = original(self, tensor, communication_data_type)
         world = dist.get_world_size(group=self.dp_process_group)
         f, sp = self.gradient_predivide_factor, float(self.sequence_parallel_size)

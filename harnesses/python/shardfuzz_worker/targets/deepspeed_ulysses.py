@@ -83,9 +83,9 @@ def config(cfg, case):
     p = parallel(case)
     if p["cp"] > 1:
         cfg["train_batch_size"] = cfg["gradient_accumulation_steps"] * p["dp"]
-    if p["cp"] > 1 and not uses_mpu(case):
-        cfg["sequence_parallel_size"] = p["cp"]
-        cfg["data_parallel_size"] = p["dp"]
+        if not uses_mpu(case):
+            cfg["sequence_parallel_size"] = p["cp"]
+            cfg["data_parallel_size"] = p["dp"]
     return cfg
 
 
