@@ -454,10 +454,13 @@ fn deepspeed_ulysses_gradients_reproduce_standalone() {
     if !python_ready() {
         return;
     }
-    let case = root().join("tests/python-deepspeed-ulysses/cp2-f32.json");
-    let (_, clean, command) = report_to_script(&case, "deepspeed-zero", &[], "divergent");
-    assert_eq!(command, "torchrun --nproc_per_node 2 repro.py");
-    let run = run_repro(clean.path(), &command, None);
-    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
-    assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: "), "{}", text(&run));
+    // The config's mesh, and DeepSpeed's own sequence-parallel unit (`ulysses_mpu`).
+    for name in ["cp2-f32.json", "cp2-zero1-predivide-2-sequence-parallel-unit-bf16.json"] {
+        let case = root().join("tests/python-deepspeed-ulysses").join(name);
+        let (_, clean, command) = report_to_script(&case, "deepspeed-zero", &[], "divergent");
+        assert_eq!(command, "torchrun --nproc_per_node 2 repro.py");
+        let run = run_repro(clean.path(), &command, None);
+        assert_eq!(run.status.code(), Some(1), "{name}: {}", text(&run));
+        assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: "), "{name}: {}", text(&run));
+    }
 }

@@ -40,6 +40,7 @@ def generate(case, inputs, bounds, dropped):
     sources = (worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("targets/deepspeed_zero.py", "gathered", "deepspeed_block_checkpoint",
                                          "configure_deepspeed_checkpointing")
-               + "\n\n" + worker_source("targets/deepspeed_ulysses.py", "attend_through_ulysses")
+               + "\n\n" + worker_source("targets/deepspeed_ulysses.py", "attend_through_ulysses", "sequence_parallel_unit",
+                                                "release")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

@@ -43,14 +43,17 @@ def uses_mpu(case):
 
 
 def initialize_kw(case):
-    """deepspeed.initialize's `mpu` where the case asks for DeepSpeed's sequence-parallel unit, its groups made afresh
-    for the case's cp (every rank calls: new groups are collective)."""
-    if not uses_mpu(case):
-        return {}
+    """deepspeed.initialize's `mpu` where the case asks for DeepSpeed's sequence-parallel unit (else nothing)."""
+    return sequence_parallel_unit(context_parallel(case)) if uses_mpu(case) else {}
+
+
+def sequence_parallel_unit(cp):
+    """deepspeed.initialize's `mpu`: DeepSpeed's sequence-parallel unit, its groups made afresh for `cp` (every rank
+    calls: new groups are collective)."""
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
     release(parallel_state_sp)
-    parallel_state_sp.initialize_sequence_parallel(context_parallel(case))
+    parallel_state_sp.initialize_sequence_parallel(cp)
     return {"mpu": parallel_state_sp}
 
 

@@ -21,9 +21,11 @@ def run_sharded(data, rank):
             model.block_checkpoint = block_checkpoint
         load_case_params(model, data, DTYPE)
         freeze(model, CASE)
+        # The case's ulysses_mpu: the sequence-parallel groups from DeepSpeed's own unit, not DS_CONFIG's mesh.
+        unit = sequence_parallel_unit(CP) if CP > 1 and CASE["parallel"].get("ulysses_mpu") else {}
         engine = deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
-                                      config=DS_CONFIG)[0]
-        if CP > 1:  # the case's context parallelism: DeepSpeed-Ulysses over DS_CONFIG's (dp, sp) mesh
+                                      config=DS_CONFIG, **unit)[0]
+        if CP > 1:  # the case's context parallelism: DeepSpeed-Ulysses over the engine's sequence-parallel group
             attend_through_ulysses(engine)
         return engine
 
