@@ -389,7 +389,8 @@ def _deepspeed_sequence_parallel_unit_model_parallel_rank():
     sequence-parallel unit (`parallel_state_sp`, passed as `mpu`) aliases get_model_parallel_rank / _world_size / _group
     to its sequence-parallel ones, and having no tensor-parallel getters, `bwc_tensor_model_parallel_rank` falls back to
     them: the BF16_Optimizer's gradient norm counts a replicated gradient on tensor-parallel rank 0 only, which is sp
-    rank 0, and sp rank 1 stacks an empty list ("stack expects a non-empty TensorList"). Fix: the unit says there is
+    rank 0, and sp rank 1 stacks an empty list ("stack expects a non-empty TensorList";
+    docs/findings/deepspeed-0.19.8-sequence-parallel-unit-bf16-norm-empty-stack-crash.py). Fix: the unit says there is
     no tensor parallelism."""
     from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
