@@ -2178,3 +2178,30 @@ fn deepspeed_ulysses_context_parallel() {
     let v = one_verdict("deepspeed-zero", &dir.join("cp2-zero1-bf16-optimizer-sequence-parallel-unit.json"), "");
     assert!(v["kind"] == "crash" && reason(&v).contains("stack expects a non-empty TensorList"), "{v}");
 }
+
+/// torch-fsdp2's context parallelism as torch's own (ring attention under `context_parallel`, FSDP2 over dp x cp):
+/// load-balanced and in-order sequences, all-gather and all-to-all rotation, GQA, accumulation with clipping, a
+/// resumed and recomputed mixed-precision run, dp 2 x cp 2; what it refuses.
+#[test]
+fn torch_fsdp2_context_parallel() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-torch-cp");
+    let expected = [
+        ("cp2-zero3-load-balanced-f32.json", "fsdp2:dp1:zero3:cp:load-balanced", "pass"),
+        ("cp2-dp2-zero2-bf16.json", "fsdp2:dp2:zero2:cp2", "pass"),
+        ("cp2-in-order-all-to-all-f32.json", "fsdp2:dp1:zero3:cp:rotate-alltoall", "pass"),
+        ("cp3-gqa-accumulate-clip-f32.json", "fsdp2:dp1:zero3:cp:gqa", "pass"),
+        ("cp2-resume-recompute-bf16-master-f32.json", "fsdp2:dp1:zero3:cp:load-balanced", "pass"),
+        ("cp2-uneven-sequence-unsupported.json", "", "unsupported"),
+        ("cp2-f64-unsupported.json", "", "unsupported"),
+    ];
+    let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "torch-fsdp2"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let vs = verdicts(&shardfuzz(&args, &[]));
+    assert_eq!(vs.len(), expected.len());
+    for (v, (name, feature, kind)) in vs.iter().zip(expected) {
+        assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
+    }
+}

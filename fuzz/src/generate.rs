@@ -62,6 +62,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         zero_bubble: None,
         dual_pipe: None,
         ulysses_mpu: None,
+        cp_all_to_all: None,
         breadth_first: None,
         param_shard_dim: None,
         persist_below: None,

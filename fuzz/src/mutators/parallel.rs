@@ -424,6 +424,17 @@ pub fn ulysses_mpu(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Ring attention's key/value shards rotated by all-to-all, by all-gather, or the target's own choice; context
+/// parallelism switched on with it (cp 2, the sequence a multiple of it).
+pub fn cp_all_to_all(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.cp_all_to_all = another(c.parallel.cp_all_to_all, &ON_OFF_OR_TARGETS, rng);
+    if c.parallel.cp == 1 {
+        c.parallel.cp = 2;
+    }
+    sequence_multiple_of_cp(c);
+    true
+}
+
 /// A rank's interleaved stages run breadth first (looped BFS), depth first, or the target's own choice; pipeline
 /// parallelism switched on with it, under the interleaved schedule.
 pub fn breadth_first(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -121,6 +121,11 @@ pub struct Parallel {
     /// result either way. Absent: the target's own choice. Read only with cp > 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ulysses_mpu: Option<bool>,
+    /// Under context parallelism (cp > 1) realised as ring attention, the key/value shards travel between the ranks
+    /// by all-to-all instead of all-gather, where a framework offers both (torch's `set_rotate_method("alltoall")`);
+    /// the same result either way. Absent: the target's own choice. Read only with cp > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cp_all_to_all: Option<bool>,
     /// Under the interleaved schedule, a pipeline rank's stages run breadth first (every ready micro-batch of its
     /// earlier stage before the later one: torch's `ScheduleLoopedBFS`) rather than depth first (interleaved 1F1B),
     /// where a framework offers the choice; the same result either way. Absent: the target's own choice. Read only
@@ -271,6 +276,7 @@ impl Default for Parallel {
             zero_bubble: None,
             dual_pipe: None,
             ulysses_mpu: None,
+            cp_all_to_all: None,
             breadth_first: None,
             param_shard_dim: None,
             static_graph: None,

@@ -125,6 +125,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "zero_bubble",
         "dual_pipe",
         "ulysses_mpu",
+        "cp_all_to_all",
         "breadth_first",
         "param_shard_dim",
         "persist_below",

@@ -58,7 +58,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-fsdp2",
-        description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload",
+        description: "PyTorch FSDP2: fully_shard over the data-parallel ranks, optional HSDP (2-D mesh) and CPU offload, torch's context parallelism (ring attention under context_parallel, sharded over dp x cp)",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss",
             "zero_offload",
@@ -71,6 +71,8 @@ pub const TARGETS: &[TargetInfo] = &[
             "resume_after",
             "frozen",
             "activation_checkpointing", "layer_passes",
+            "context_parallel",
+            "cp_all_to_all",
         ],
         create: |o| python("torch-fsdp2", MAIN, o),
     },

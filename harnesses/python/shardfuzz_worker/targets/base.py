@@ -172,6 +172,7 @@ def parallel(case):
         "zero_bubble": p.get("zero_bubble"),
         "dual_pipe": p.get("dual_pipe"),
         "ulysses_mpu": p.get("ulysses_mpu"),
+        "cp_all_to_all": p.get("cp_all_to_all"),
         "breadth_first": p.get("breadth_first"),
         "param_shard_dim": p.get("param_shard_dim"),
         "persist_below": p.get("persist_below"),

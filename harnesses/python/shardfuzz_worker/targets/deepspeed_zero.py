@@ -43,7 +43,7 @@ from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
 from . import deepspeed_ulysses as ulysses  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
-from .torch_training import combine_dp, single_device, train  # noqa: E402
+from .torch_training import SequencePart, combine_dp, single_device, train  # noqa: E402
 
 
 #: DeepSpeed's names of the dtypes it accumulates gradients in (`data_types.grad_accum_dtype`).
@@ -256,7 +256,8 @@ class DeepSpeedZero(TorchTarget):
                 tuple(getattr(p, "ds_shape", p.shape)))).numpy()
 
         dp_index, sp_index = ulysses.rank_part(rank, case)
-        seq = None if sp_index is None else (sp_index, ulysses.context_parallel(case), now["engine"].seq_parallel_group)
+        seq = None if sp_index is None else SequencePart(sp_index, ulysses.context_parallel(case),
+                                                         now["engine"].seq_parallel_group)
         out = train(case, inputs, now["engine"], [p for _, p in named], dp_index, parallel(case)["dp"],
                     backward=backward, step=step, clip=lambda: None, named=named, view=view,
                     grad=lambda name, p: safe_get_full_grad(p), forward=lambda ids: (aux.clear(), now["engine"](ids))[1],

@@ -9,12 +9,14 @@ accumulated micro-batch reduced unless the case's `sync_every_microbatch` is fal
 (`set_requires_gradient_sync(False)` on all but the last); with `param_shard_dim` d, `shard_placement_fn` sharding each
 parameter along d where it divides evenly over its shard group (the others along 0); with `resume_after`, the model's
 and optimizer's sharded state dicts saved with torch.distributed.checkpoint and loaded into a fresh sharded model and
-optimizer."""
+optimizer; with context parallelism (`parallel.cp`), torch's own (`torch_context_parallel`: ring attention under
+`context_parallel`), FSDP2 sharding over the dp x cp ranks together as torchtitan does."""
 
 import contextlib
 
 from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature,
                    resume_feature, sync_every_microbatch, sync_feature, vocab_sharded_loss, zero_offloaded)
+from . import torch_context_parallel as torch_cp
 from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
 from .torch_model import build, make_optimizer, model_defaults, unsupported_layout
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
@@ -40,14 +42,16 @@ class TorchFsdp2(TorchTarget):
         self.shard_placement_fn = "shard_placement_fn" in inspect.signature(torch.distributed.fsdp.fully_shard).parameters
 
     def unsupported(self, case):
-        why = unsupported_layout(case, ("dp", "tp"), "torch-fsdp2 shards over data-parallel ranks, beside tensor parallelism",
+        why = unsupported_layout(case, ("dp", "tp", "cp"),
+                                 "torch-fsdp2 shards over data-parallel ranks, beside tensor or context parallelism",
                                  offload=True, loss_scaling=True, master_weights=True, moe="torch")
+        why = why or torch_cp.unsupported_context_parallel(case)
         p = parallel(case)
         if why is None and p["tp"] > 1:
             why = unsupported_tensor_parallel(case) or (
                 "torch TP has no MoE plan here" if "moe" in model_defaults(case)["layers"] else None)
         if why is None and p["zero_stage"] == 3 and p["reshard_group"] is not None:
-            shard = p["zero_shard_group"] or p["dp"]
+            shard = p["zero_shard_group"] or p["dp"] * p["cp"]
             if shard % p["reshard_group"]:
                 return (f"FSDP2 reshards after forward within the {shard} ranks a parameter is sharded over: "
                         f"{p['reshard_group']} does not divide them")
@@ -59,13 +63,16 @@ class TorchFsdp2(TorchTarget):
         import torch
 
         p = parallel(case)
-        dp, tp = world // p["tp"], p["tp"]
-        g = p["zero_shard_group"] or dp
-        dm, tm = data_and_tensor_meshes(dp, g, tp)
+        cp, tp = p["cp"], p["tp"]
+        dp = world // (tp * cp)
+        g = p["zero_shard_group"] or dp * cp
+        dm, tm = data_and_tensor_meshes(dp, g, tp) if cp == 1 else (mesh((dp * cp,), ("dp_cp",)), None)
+        seq = None if cp == 1 else torch_cp.TorchSequenceSplit(mesh((dp, cp), ("dp", "cp"))["cp"],
+                                                              torch_cp.rotate_method(case))
         now = {"model": None}  # what the hooks below reach, replaced when the run resumes
 
         def trained():
-            now["model"], names = sharded_model(case, inputs, dm, g, tm)
+            now["model"], names = sharded_model(case, inputs, dm, g, tm, ring_attention=cp > 1)
             params = dict(now["model"].named_parameters())
             return [(n, params[n]) for n in names]
 
@@ -84,8 +91,8 @@ class TorchFsdp2(TorchTarget):
         # (The loss is summed over a rank's data-parallel peers: those holding the same tensor-parallel part.)
         two_d = {} if tm is None else {"loss_ctx": loss_context(case), "view": replicas_per_rank,
                                        "group": mesh((dp, tp), ("dp", "tp")).get_group("dp")}
-        out = train(case, inputs, now["model"], [p for _, p in named], rank // tp, dp, named=named,
-                    forward=lambda ids: now["model"](ids), resume=resume,
+        out = train(case, inputs, now["model"], [p for _, p in named], rank // (tp * cp), dp, named=named,
+                    forward=lambda ids: now["model"](ids), resume=resume, seq=seq,
                     no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]),
                     **two_d)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -93,7 +100,7 @@ class TorchFsdp2(TorchTarget):
 
     def combine(self, case, outs):
         p = parallel(case)
-        dp = len(outs) // p["tp"]
+        dp = len(outs) // (p["tp"] * p["cp"])
         stage = f"fsdp2:dp{dp}:zero{p['zero_stage']}"
         g = p["zero_shard_group"]
         layout = [] if g is None else [f"{stage}:hsdp-" + ("replicated" if g == 1 else "plain" if g == dp
@@ -106,10 +113,10 @@ class TorchFsdp2(TorchTarget):
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
-            layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or dp)}")
-        layout += sync_feature(stage, case, True) + resume_feature(stage, case)
+            layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or dp * p['cp'])}")
+        layout += sync_feature(stage, case, True) + resume_feature(stage, case) + torch_cp.features(stage, case)
         if p["param_shard_dim"] is not None:
-            layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or dp)}")
+            layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or dp * p['cp'])}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
 
 
@@ -125,10 +132,11 @@ def data_and_tensor_meshes(dp, g, tp):
     return whole[data], whole["tp"]
 
 
-def sharded_model(case, inputs, dm, g, tm=None):
+def sharded_model(case, inputs, dm, g, tm=None, ring_attention=False):
     """The case's model held in its master dtype with `fully_shard` on every block and on the root over the mesh `dm`
-    (sharded over `g` ranks), as the case asks, after torch's tensor parallel plan over `tm` where there is one;
-    returns (model, the parameter names before sharding)."""
+    (sharded over `g` ranks), as the case asks, after torch's tensor parallel plan over `tm` where there is one, its
+    attention through torch's context-parallel ring attention with `ring_attention`; returns (model, the parameter
+    names before sharding)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -138,6 +146,8 @@ def sharded_model(case, inputs, dm, g, tm=None):
     names = [n for n, _ in model.named_parameters()]
     if tm is not None:
         parallelize(model, tm, case)
+    if ring_attention:
+        torch_cp.install(model)
     param_dtype = torch_dtype(dtype_name(case)) if mixed else None
     kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
           "reshard_after_forward": reshard_after_forward(p, g)}

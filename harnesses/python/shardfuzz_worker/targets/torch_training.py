@@ -62,8 +62,10 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
     loss (default: l x dp / global tokens; a framework that normalises the loss itself takes it unscaled).
     `finish()` runs after the last step, before the final parameters are read (a framework that gathers them lazily).
-    `seq` = (index, parts, group): the rank holds that torch.chunk part of every sequence (context parallelism; its
-    framework attends over the whole sequence); its logits are gathered over `group` to report whole rows.
+    `seq` (context parallelism; its framework attends over the whole sequence): `seq.split(ids, targets)` enters what
+    the micro-batch's forward and backward run in and gives this rank's tokens of them, `seq.whole(logits)` the
+    micro-batch's logits as whole sequences, and the framework divides gradients by `seq.averaged` x dp ranks
+    (`SequencePart`: a contiguous part of every sequence).
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -71,11 +73,9 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    if seq is not None:
-        s0, s1 = chunk_range(s, seq[1], seq[0])
-        ids, tgt = ids[:, s0:s1], tgt[:, s0:s1]
     lo, hi = chunk_range(b, dp, dp_index)
     global_tokens = loss_denominator(inputs)  # F.cross_entropy's sum leaves the ignored targets out
+    averaged = dp * (seq.averaged if seq is not None else 1)  # the ranks the framework's gradient average divides by
     ga = t.get("grad_accumulation", 1)
     # Every rank runs exactly `ga` micro-steps (their collectives must pair up across ranks):
     # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.
@@ -98,26 +98,27 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         for ci, (a, c) in enumerate(chunks):
             last = ci == len(chunks) - 1
             ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
-            with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()):
-                logits = (forward or model)(ids[a:c])
-                l, count = micro_batch_loss(case, inputs, logits, tgt[a:c])
+            parts = seq.split(ids[a:c], tgt[a:c]) if seq is not None else contextlib.nullcontext((ids[a:c], tgt[a:c]))
+            with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()), parts as (mb_ids, mb_tgt):
+                logits = (forward or model)(mb_ids)
+                l, count = micro_batch_loss(case, inputs, logits, mb_tgt)
                 if loss_seed is not None:
                     scaled = loss_seed(l * count)
                 elif t.get("loss_scale") is None:
-                    scaled = l * (count * dp / global_tokens)
+                    scaled = l * (count * averaged / global_tokens)
                 else:
                     # Scaled in float32, as under autocast: a float16 loss times 65536 is inf by
                     # itself, where the gradient seed (scale x dp / tokens) is representable.
                     # (A framework that owns backward scales this loss itself.)
                     scaled = l.float()
-                    scaled = (scaler.scale(scaled) if scaler is not None else scaled) * (count * dp / global_tokens)
+                    scaled = (scaler.scale(scaled) if scaler is not None else scaled) * (count * averaged / global_tokens)
                 if backward is not None:
                     backward(scaled)
                 else:
                     scaled.backward()
             loss_sum += full(l) * count
             if k == 0:
-                rows.append(whole_sequences(full(logits), seq).reshape(-1, logits.shape[-1]))
+                rows.append((full(logits) if seq is None else seq.whole(full(logits))).reshape(-1, logits.shape[-1]))
         if dp > 1 or seq is not None:
             dist.all_reduce(loss_sum, group=group)
         losses.append(float(loss_sum) / global_tokens)
@@ -148,13 +149,25 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             "skipped": skipped if t.get("loss_scale") is not None or skipped else None}
 
 
-def whole_sequences(logits, seq):
-    """A rank's logits [rows, its part of the sequence, vocab] with the other parts gathered over `seq`'s group."""
-    if seq is None:
-        return logits
-    parts = [torch.empty(0)] * seq[1]
-    dist.all_gather_object(parts, logits, group=seq[2])
-    return torch.cat(parts, dim=1)
+class SequencePart:
+    """`train`'s `seq` where a rank holds the contiguous torch.chunk part `index` of `parts` of every sequence and its
+    framework sums gradients over them (DeepSpeed-Ulysses); the logits are gathered over `group`."""
+
+    averaged = 1
+
+    def __init__(self, index, parts, group):
+        self.index, self.parts, self.group = index, parts, group
+
+    @contextlib.contextmanager
+    def split(self, ids, tgt):
+        s0, s1 = chunk_range(ids.shape[1], self.parts, self.index)
+        yield ids[:, s0:s1], tgt[:, s0:s1]
+
+    def whole(self, logits):
+        """A rank's logits [rows, its part of the sequence, vocab] with the other parts gathered."""
+        parts = [torch.empty(0)] * self.parts
+        dist.all_gather_object(parts, logits, group=self.group)
+        return torch.cat(parts, dim=1)
 
 
 class _LowPrecisionGradScaler(torch.amp.GradScaler):

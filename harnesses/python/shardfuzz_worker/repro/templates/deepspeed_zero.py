@@ -67,7 +67,7 @@ def run_sharded(data, rank):
         return to_case_layout(name, t.detach().to(torch.float64, copy=True).reshape(shape)).numpy()
 
     # Rank = dp index x CP + sp index; an sp rank holds its part of every sequence.
-    seq = (rank % CP, CP, now["engine"].seq_parallel_group) if CP > 1 else None
+    seq = SequencePart(rank % CP, CP, now["engine"].seq_parallel_group) if CP > 1 else None
     out = train(CASE, data, now["engine"], [p for _, p in named], rank // CP, DP, backward=backward, step=step,
                 clip=lambda: None, named=named, view=view, grad=lambda name, p: safe_get_full_grad(p),
                 forward=lambda ids: now["engine"](ids), resume=resume, seq=seq)

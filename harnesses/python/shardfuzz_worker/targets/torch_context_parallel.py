@@ -1,0 +1,147 @@
+"""The case's context parallelism (`parallel.cp`) as torch's own: `torch.distributed.tensor.experimental.context_parallel`
+(torchtitan's CP). Each micro-batch's token ids and targets are sharded along the sequence by the context manager
+itself (head-tail load balanced where 2 x cp divides the sequence, as torch chooses, else contiguous parts), and every
+attention core calls `F.scaled_dot_product_attention`, which the context manager replaces with its ring attention
+(DTensor dispatch of the flash-attention op: key/value shards rotated by all-gather, or by all-to-all with the case's
+`cp_all_to_all`; blocks merged by log-sum-exp; the causal mask per block). Forward and backward run inside the
+context. The logits come back to whole sequences through `context_parallel_unshard`.
+
+CPU shim: torch's ring attention dispatches the CUDA flash-attention ops (`aten::_scaled_dot_product_flash_attention`
+and its backward), and the CPU's `F.scaled_dot_product_attention` takes `_scaled_dot_product_flash_attention_for_cpu`,
+which has no DTensor rule. So the CUDA ops get CPU kernels from the CPU flash ones (same math; the outputs the CPU op
+lacks are placeholders torch's ring code never reads), and within the context `F.scaled_dot_product_attention` calls
+the CUDA op, as it does on a GPU. Everything torch's CP does around the kernels runs unchanged."""
+
+import contextlib
+import functools
+import math
+
+from .base import parallel
+
+
+def context_parallel(case):
+    """The case's cp degree (1: none)."""
+    return parallel(case)["cp"]
+
+
+def unsupported_context_parallel(case):
+    """Why torch's context parallelism cannot express the case, or None (also None without cp)."""
+    cp = context_parallel(case)
+    if cp == 1:
+        return None
+    m, p = case["model"], parallel(case)
+    if m["seq"] % cp:
+        # Measured: torch shards the sequence unchecked and the ring's all-gathers of unequal parts abort gloo
+        # (SIGABRT); every CP implementation asks the caller to pad (TransformerEngine, Megatron, DeepSpeed #7384).
+        return "torch's context parallelism takes a sequence the caller padded to a multiple of cp"
+    if case["train"]["dtype"] == "f64":
+        # Its kernels (flash, memory-efficient, cuDNN attention) take no float64 on a GPU, and its merge of the blocks
+        # runs in float32 (`_cp_options.convert_to_f32`): float64 context parallelism does not exist there.
+        return "torch's context-parallel attention kernels take no float64"
+    if p["tp"] > 1 or p["pp"] > 1 or "moe" in m.get("layers", ()):
+        return "torch's context parallelism is expressed beside data parallelism only (no tp, pp or MoE)"
+    if p["zero_shard_group"] is not None:
+        return "torch's context parallelism shards FSDP2 over the data and context ranks together (no HSDP group)"
+    return None
+
+
+def rotate_method(case):
+    """The key/value rotation the case asks for: 'alltoall' with its `cp_all_to_all`, else torch's default
+    'allgather'."""
+    return "alltoall" if parallel(case)["cp_all_to_all"] else "allgather"
+
+
+@functools.lru_cache(maxsize=None)
+def install_cpu_flash_kernels():
+    """CPU kernels for the CUDA flash-attention ops torch's ring attention calls, from the CPU flash ones (once per
+    process; the library object is kept alive by the cache)."""
+    import torch
+
+    aten = torch.ops.aten
+    lib = torch.library.Library("aten", "IMPL")
+
+    def flash(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, scale=scale)
+        unused = torch.zeros((), dtype=torch.int64)  # cumulative lengths, rng state: never read without dropout
+        return out, lse, unused, unused, q.shape[2], k.shape[2], unused, unused, torch.zeros((), dtype=q.dtype)
+
+    def flash_backward(grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed, offset, *,
+                       scale=None):
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, dropout_p, is_causal,
+                                                                         scale=scale)
+
+    lib.impl("_scaled_dot_product_flash_attention", flash, "CPU")
+    lib.impl("_scaled_dot_product_flash_attention_backward", flash_backward, "CPU")
+    return lib
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """F.scaled_dot_product_attention as a GPU runs it: the flash-attention op (torch's CP patches this name: its
+    replacement is looked up by `__name__`)."""
+    import torch
+
+    if attn_mask is not None or enable_gqa:
+        raise ValueError("the flash path takes no mask and no GQA (the model repeats the key/value heads)")
+    return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
+
+
+def ring_attention(q, k, v):
+    """The model's attention core [batch, heads, seq, head_dim] through F.scaled_dot_product_attention, which torch's
+    context manager replaces by its ring attention: causal, scale 1/sqrt(head_dim), GQA as repeated key/value heads."""
+    import torch.nn.functional as F
+
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]))
+
+
+class TorchSequenceSplit:
+    """`train`'s `seq` for torch's CP over `cp_mesh`: the context manager shards each micro-batch's ids and targets and
+    is active through its forward and backward; FSDP2 averages gradients over dp x cp ranks (`averaged`)."""
+
+    def __init__(self, cp_mesh, rotate):
+        self.mesh, self.rotate, self.averaged = cp_mesh, rotate, cp_mesh.size()
+
+    @contextlib.contextmanager
+    def split(self, ids, tgt):
+        import torch.nn.functional as F
+        from torch.distributed.tensor.experimental import context_parallel as cp_context
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        install_cpu_flash_kernels()
+        set_rotate_method(self.rotate)
+        ids, tgt = ids.clone(), tgt.clone()
+        released, F.scaled_dot_product_attention = F.scaled_dot_product_attention, scaled_dot_product_attention
+        try:
+            with cp_context(self.mesh, buffers=[ids, tgt], buffer_seq_dims=[1, 1], no_restore_buffers={ids, tgt}):
+                yield ids, tgt
+        finally:
+            F.scaled_dot_product_attention = released
+
+    def whole(self, logits):
+        """A micro-batch's logits [rows, this rank's tokens, vocab] as whole sequences in order."""
+        from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+        return context_parallel_unshard(self.mesh, [logits.contiguous()], [1])[0]
+
+
+def install(model):
+    """Every attention block of `model` attends through torch's ring attention."""
+    for layer in model.layers:
+        if hasattr(layer, "attn"):
+            layer.attn.attend = ring_attention
+
+
+def features(stage, case):
+    """Torch CP's degree, whether the sequence is load balanced (head-tail) or in order, the rotation, GQA."""
+    cp = context_parallel(case)
+    if cp == 1:
+        return []
+    m = case["model"]
+    order = "load-balanced" if m["seq"] % (2 * cp) == 0 else "in-order"
+    out = [f"{stage}:cp{cp}", f"{stage}:cp:{order}", f"{stage}:cp:rotate-{rotate_method(case)}"]
+    if m["kv_heads"] < m["heads"]:
+        out.append(f"{stage}:cp:gqa")
+    return out
