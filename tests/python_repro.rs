@@ -464,3 +464,20 @@ fn deepspeed_ulysses_gradients_reproduce_standalone() {
         assert!(String::from_utf8_lossy(&run.stdout).contains("MISMATCH: "), "{name}: {}", text(&run));
     }
 }
+
+/// A torch-fsdp2 case with torch's context parallelism reports to a standalone script whose ranks run the ring
+/// attention under `context_parallel` (all-to-all rotation, an in-order sequence) and agree with the reference.
+#[test]
+fn torch_context_parallel_reproduces_standalone() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-torch-cp/cp2-in-order-all-to-all-f32.json");
+    let (_, clean, command) = report_to_script(&case, "torch-fsdp2", &[], "pass");
+    assert_eq!(command, "torchrun --nproc_per_node 2 repro.py");
+    let script = std::fs::read_to_string(clean.path().join("repro.py")).unwrap();
+    assert!(script.contains("class TorchSequenceSplit") && script.contains("ROTATE = 'alltoall'"), "{script}");
+    let run = run_repro(clean.path(), &command, None);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("OK"), "{}", text(&run));
+}

@@ -10,7 +10,7 @@ from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-fsdp2"
 
-IMPORTS = TORCH_IMPORTS + """from torch.distributed.device_mesh import init_device_mesh
+IMPORTS = TORCH_IMPORTS.replace("import contextlib\n", "import contextlib\nimport functools\n") + """from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 """
 
@@ -27,13 +27,18 @@ def generate(case, inputs, bounds, dropped):
     from ..targets.base import sync_every_microbatch
     from ..targets.torch_fsdp2 import reshard_after_forward
 
+    from ..targets.torch_context_parallel import rotate_method
+
     p = parallel(case)
-    g = p["zero_shard_group"] or p["dp"]
+    g = p["zero_shard_group"] or p["dp"] * p["cp"]
     reshard = reshard_after_forward(p, g)
     mesh = ((p["dp"],), ("dp",)) if g == p["dp"] else ((p["dp"] // g, g), ("replicate", "shard"))
     offload, master = zero_offloaded(case), master_dtype_name(case)
     beside = "" if p["tp"] == 1 else (f" beside torch tensor parallelism over tp={p['tp']} (the last dimension of one "
                                      f"mesh{', sequence parallel' if p['sequence_parallel'] else ''})")
+    if p["cp"] > 1:
+        beside = (f" x cp={p['cp']} ranks of torch's context parallelism (ring attention under context_parallel, "
+                  f"key/value rotated by {rotate_method(case)}; FSDP2 over dp x cp together)")
     what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks on a {mesh[0]} mesh{beside},"
             f" case ZeRO stage {p['zero_stage']}: reshard_after_forward={reshard}, gradients reduced in"
             f" {reduce_dtype_name(case)}{', CPU offload' if offload else ''}"
@@ -48,12 +53,17 @@ def generate(case, inputs, bounds, dropped):
                 " on all but the last micro-batch",
                 f"TP = {p['tp']}  # tensor parallel over the last mesh dimension (torch-tp's plan), before fully_shard\n"
                 f"SEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}\n"
-                f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards"]
+                f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards\n"
+                f"ROTATE = {rotate_method(case)!r}  # ring attention's key/value rotation under context parallelism (CP > 1)"]
     sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync", "save_checkpoint",
                              "load_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     imports = IMPORTS
+    if p["cp"] > 1:
+        sources += "\n\n" + worker_source("targets/torch_context_parallel.py", "install_cpu_flash_kernels",
+                                            "scaled_dot_product_attention", "ring_attention", "TorchSequenceSplit",
+                                            "install")
     if p["tp"] > 1:
         sources += "\n\n" + plan_source(case) + "\n\n" + worker_source("targets/torch_tp.py", "replicas_per_rank",
                                                                            "replicated_norms")

@@ -3,9 +3,15 @@
 
 def run_sharded(data, rank):
     """The model (held in MASTER_DTYPE) with fully_shard on every block and on the root over the dp ranks
-    (MESH_SHAPE: HSDP on two dims; gradients reduced in REDUCE_DTYPE), as the fuzzer's torch-fsdp2 ranks run it; this rank trains on its rows of the batch.
+    (MESH_SHAPE: HSDP on two dims; gradients reduced in REDUCE_DTYPE; with CP > 1 over the dp x cp ranks, each cp rank
+    holding the part of every sequence torch's context_parallel gives it), as the fuzzer's torch-fsdp2 ranks run it;
+    this rank trains on its rows of the batch.
     Parameters and gradients are DTensors: train() reports them gathered (full_tensor)."""
-    if TP == 1:
+    seq = None
+    if CP > 1:  # FSDP2 over the dp x cp ranks together (torchtitan's dp_shard_cp); torch's CP over the cp ones
+        mesh = init_device_mesh("cpu", (DP * CP,), mesh_dim_names=("dp_cp",))
+        seq = TorchSequenceSplit(init_device_mesh("cpu", (DP, CP), mesh_dim_names=("dp", "cp"))["cp"], ROTATE)
+    elif TP == 1:
         mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
     else:  # one mesh whose last dimension is tp (torchtitan's 2-D layout): FSDP2 over the others
         whole = init_device_mesh("cpu", (*MESH_SHAPE, TP), mesh_dim_names=(*MESH_NAMES, "tp"))
@@ -19,6 +25,8 @@ def run_sharded(data, rank):
         names = [n for n, _ in model.named_parameters()]
         if TP > 1:
             tensor_parallel(model, tp_mesh)
+        if CP > 1:
+            install(model)  # every attention core through torch's ring attention
         mp = MixedPrecisionPolicy(param_dtype=DTYPE if MASTER_DTYPE != DTYPE else None, reduce_dtype=REDUCE_DTYPE)
         kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": RESHARD_AFTER_FORWARD}
         if SHARD_DIM:
@@ -50,8 +58,8 @@ def run_sharded(data, rank):
     if TP > 1:  # the loss summed over this rank's data-parallel peers; replicated tensors reported per rank
         dp_group = init_device_mesh("cpu", (DP, TP), mesh_dim_names=("dp", "tp")).get_group("dp")
         two_d = {"loss_ctx": loss_parallel if VOCAB_SHARDED_LOSS else None, "view": replicas_per_rank, "group": dp_group}
-    return train(CASE, data, now["model"], [p for _, p in named], rank // TP, DP, named=named, no_sync=no_sync,
-                 forward=lambda ids: now["model"](ids), resume=resume, **two_d)
+    return train(CASE, data, now["model"], [p for _, p in named], rank // (TP * CP), DP, named=named, no_sync=no_sync,
+                 forward=lambda ids: now["model"](ids), resume=resume, seq=seq, **two_d)
 
 
 def tensor_parallel(model, mesh):
