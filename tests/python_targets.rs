@@ -2205,3 +2205,27 @@ fn torch_fsdp2_context_parallel() {
         assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
     }
 }
+
+/// torch-ddp's context parallelism (torch's ring attention, DDP over dp x cp) on torch 2.15 and, through `--python`,
+/// on torch 2.5.1 (the colossalai environment's), whose `context_parallel` has no load balancing, no choice of
+/// rotation and no unshard: the release differences torch_release handles.
+#[test]
+fn torch_ddp_context_parallel_on_two_releases() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-torch-cp");
+    let files = ["ddp-cp2-dp2-accumulate-bf16.json", "ddp-cp3-gqa-f32.json"].map(|n| dir.join(n).display().to_string());
+    let old = format!("torch-ddp={}", root().join(".venv-colossalai/bin/python").display());
+    for (python, order, rotation) in [(None, "load-balanced", "rotate-allgather"), (Some(old.as_str()), "in-order", "rotate-permute")] {
+        let mut args = vec!["run", "--json", "--target", "torch-ddp"];
+        if let Some(p) = python {
+            args.extend(["--python", p]);
+        }
+        args.extend(files.iter().map(String::as_str));
+        let vs = verdicts(&shardfuzz(&args, &[]));
+        assert_eq!(vs.len(), 2, "{python:?}");
+        assert!(vs.iter().all(|v| v["kind"] == "pass"), "{python:?}: {vs:?}");
+        assert!(has_feature(&vs[0], &format!("ddp:dp2:cp:{order}")) && has_feature(&vs[1], &format!("ddp:dp1:cp:{rotation}")), "{vs:?}");
+    }
+}

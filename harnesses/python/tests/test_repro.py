@@ -488,7 +488,7 @@ class RefusalTest(unittest.TestCase):
             rc, out, err = generate("torch-ddp", case, inputs, model_bounds(case, inputs), folder)
             self.assertEqual((rc, out), (2, ""))
             self.assertIn("case.parallel", err)
-            self.assertIn("DDP expresses data parallelism only", err)
+            self.assertIn("DDP expresses data (and torch's context) parallelism only", err)
             self.assertFalse(os.path.exists(os.path.join(folder, "repro.py")))
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -78,7 +78,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-ddp",
-        description: "PyTorch DistributedDataParallel over the data-parallel ranks",
+        description: "PyTorch DistributedDataParallel over the data-parallel ranks, torch's context parallelism (ring attention under context_parallel, DDP over dp x cp)",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss",
             "reduce_bucket",
@@ -90,6 +90,8 @@ pub const TARGETS: &[TargetInfo] = &[
             "sync_every_microbatch",
             "frozen",
             "activation_checkpointing", "layer_passes",
+            "context_parallel",
+            "cp_all_to_all",
         ],
         create: |o| python("torch-ddp", MAIN, o),
     },

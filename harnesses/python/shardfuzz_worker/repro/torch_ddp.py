@@ -2,13 +2,15 @@
 each training on its rows of the batch, under torchrun."""
 
 from ..targets.base import dtype_name, parallel, reduce_dtype_name
-from .torch_dp import generate_dp
+from .torch_dp import generate_dp, torch_context_parallel
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-ddp"
 
-IMPORTS = TORCH_IMPORTS + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+IMPORTS = (TORCH_IMPORTS.replace("import contextlib\n", "import contextlib\nimport functools\n")
+           + "from torch.distributed.device_mesh import init_device_mesh\n"
+           + "from torch.nn.parallel import DistributedDataParallel as DDP\n")
 
 
 def check(case):
@@ -32,4 +34,8 @@ def generate(case, inputs, bounds, dropped):
                 f"FIND_UNUSED = {unused}",
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, False)}  # False: no_sync() on all but the last",
                 f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {reduce_dtype_name(case)}"]
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS)
+    cp_setting, cp_sources = torch_context_parallel(case)
+    if cp_sources:
+        what += f" x cp={p['cp']} ranks of torch's context parallelism (ring attention under context_parallel)"
+        settings.append(cp_setting)
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, cp_sources)

@@ -4,7 +4,7 @@ script runs the worker's own training loop on each rank's rows of the batch unde
 results as the worker does and compares them with the same loop in float64 on one rank."""
 
 from ..targets.base import dtype_name, parallel
-from .common import assemble, embed, header, literal, rule, template
+from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import TORCH_DTYPES, model_about, model_arrays, model_line, model_source, training_source
 from .torch_model import producible as model_producible
 
@@ -45,3 +45,18 @@ def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports, 
     about = [f"{what}, dtype {dtype_name(case)}.", *model_about(case)]
     head = header(f"{target}, model", about, command, dropped, case.get("name", ""))
     return assemble(head, imports, sections, embed(arrays)), command
+
+
+def torch_context_parallel(case):
+    """(setting line, sources) a torch target's script needs for the case's context parallelism as torch's own (the
+    worker's torch_context_parallel helpers); ("", "") without cp."""
+    from ..targets.torch_context_parallel import rotate_method
+
+    if parallel(case)["cp"] == 1:
+        return "", ""
+    setting = f"ROTATE = {rotate_method(case)!r}  # ring attention's key/value rotation (context parallelism)"
+    sources = (worker_source("targets/torch_context_parallel.py", "install_cpu_flash_kernels",
+                             "scaled_dot_product_attention", "ring_attention", "TorchSequenceSplit", "install")
+               + "\n\n" + worker_source("targets/torch_release.py", "context_parallel_module", "cp_load_balances",
+                                          "cp_rotate_methods", "cp_unshard"))
+    return setting, sources

@@ -4,7 +4,7 @@ data-parallel ranks, each training on its rows of the batch, under torchrun."""
 from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, vocab_sharded_loss, zero_offloaded
 from .common import ReproError, worker_source
 from .torch_tp import plan_source, tp_imports
-from .torch_dp import generate_dp
+from .torch_dp import generate_dp, torch_context_parallel
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
 
@@ -53,17 +53,16 @@ def generate(case, inputs, bounds, dropped):
                 " on all but the last micro-batch",
                 f"TP = {p['tp']}  # tensor parallel over the last mesh dimension (torch-tp's plan), before fully_shard\n"
                 f"SEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}\n"
-                f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards\n"
-                f"ROTATE = {rotate_method(case)!r}  # ring attention's key/value rotation under context parallelism (CP > 1)"]
+                f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards"]
     sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync", "save_checkpoint",
                              "load_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     imports = IMPORTS
-    if p["cp"] > 1:
-        sources += "\n\n" + worker_source("targets/torch_context_parallel.py", "install_cpu_flash_kernels",
-                                            "scaled_dot_product_attention", "ring_attention", "TorchSequenceSplit",
-                                            "install")
+    cp_setting, cp_sources = torch_context_parallel(case)
+    if cp_sources:
+        settings.append(cp_setting)
+        sources += "\n\n" + cp_sources
     if p["tp"] > 1:
         sources += "\n\n" + plan_source(case) + "\n\n" + worker_source("targets/torch_tp.py", "replicas_per_rank",
                                                                            "replicated_norms")

@@ -1,10 +1,11 @@
 """The case's context parallelism (`parallel.cp`) as torch's own: `torch.distributed.tensor.experimental.context_parallel`
 (torchtitan's CP). Each micro-batch's token ids and targets are sharded along the sequence by the context manager
-itself (head-tail load balanced where 2 x cp divides the sequence, as torch chooses, else contiguous parts), and every
-attention core calls `F.scaled_dot_product_attention`, which the context manager replaces with its ring attention
-(DTensor dispatch of the flash-attention op: key/value shards rotated by all-gather, or by all-to-all with the case's
-`cp_all_to_all`; blocks merged by log-sum-exp; the causal mask per block). Forward and backward run inside the
-context. The logits come back to whole sequences through `context_parallel_unshard`.
+itself (head-tail load balanced where 2 x cp divides the sequence, as torch 2.15 chooses, else contiguous parts), and
+every attention core calls `F.scaled_dot_product_attention`, which the context manager replaces with its ring
+attention (DTensor dispatch of the flash-attention op: key/value shards rotated by all-gather, or by all-to-all with
+the case's `cp_all_to_all`; blocks merged by log-sum-exp; the causal mask per block). Forward and backward run inside
+the context. The logits come back to whole sequences through `context_parallel_unshard`. (What older releases lack,
+torch_release says.)
 
 CPU shim: torch's ring attention dispatches the CUDA flash-attention ops (`aten::_scaled_dot_product_flash_attention`
 and its backward), and the CPU's `F.scaled_dot_product_attention` takes `_scaled_dot_product_flash_attention_for_cpu`,
@@ -17,6 +18,7 @@ import functools
 import math
 
 from .base import parallel
+from .torch_release import context_parallel_module, cp_load_balances, cp_rotate_methods, cp_unshard
 
 
 def context_parallel(case):
@@ -41,13 +43,17 @@ def unsupported_context_parallel(case):
     if p["tp"] > 1 or p["pp"] > 1 or "moe" in m.get("layers", ()):
         return "torch's context parallelism is expressed beside data parallelism only (no tp, pp or MoE)"
     if p["zero_shard_group"] is not None:
-        return "torch's context parallelism shards FSDP2 over the data and context ranks together (no HSDP group)"
+        return "torch's context parallelism here reduces over the data and context ranks together (no HSDP group)"
+    if p["cp_all_to_all"] is not None and not cp_rotate_methods():
+        return "this torch's ring attention has one rotation (it permutes the key/value shards): no cp_all_to_all choice"
     return None
 
 
 def rotate_method(case):
     """The key/value rotation the case asks for: 'alltoall' with its `cp_all_to_all`, else torch's default
-    'allgather'."""
+    'allgather'; 'permute' on a torch without the choice."""
+    if not cp_rotate_methods():
+        return "permute"
     return "alltoall" if parallel(case)["cp_all_to_all"] else "allgather"
 
 
@@ -107,11 +113,11 @@ class TorchSequenceSplit:
     @contextlib.contextmanager
     def split(self, ids, tgt):
         import torch.nn.functional as F
-        from torch.distributed.tensor.experimental import context_parallel as cp_context
-        from torch.distributed.tensor.experimental._attention import set_rotate_method
 
+        cp_context = context_parallel_module().context_parallel  # (torch 2.5.1 does not export it yet)
         install_cpu_flash_kernels()
-        set_rotate_method(self.rotate)
+        if self.rotate != "permute":
+            context_parallel_module().set_rotate_method(self.rotate)
         ids, tgt = ids.clone(), tgt.clone()
         released, F.scaled_dot_product_attention = F.scaled_dot_product_attention, scaled_dot_product_attention
         try:
@@ -122,9 +128,7 @@ class TorchSequenceSplit:
 
     def whole(self, logits):
         """A micro-batch's logits [rows, this rank's tokens, vocab] as whole sequences in order."""
-        from torch.distributed.tensor.experimental._attention import context_parallel_unshard
-
-        return context_parallel_unshard(self.mesh, [logits.contiguous()], [1])[0]
+        return cp_unshard(self.mesh, logits, 1)
 
 
 def install(model):
@@ -140,7 +144,7 @@ def features(stage, case):
     if cp == 1:
         return []
     m = case["model"]
-    order = "load-balanced" if m["seq"] % (2 * cp) == 0 else "in-order"
+    order = "load-balanced" if m["seq"] % (2 * cp) == 0 and cp_load_balances() else "in-order"
     out = [f"{stage}:cp{cp}", f"{stage}:cp:{order}", f"{stage}:cp:rotate-{rotate_method(case)}"]
     if m["kv_heads"] < m["heads"]:
         out.append(f"{stage}:cp:gqa")

@@ -3,10 +3,12 @@ of the case's `reduce_bucket` elements (by default 1 MB), its gradients views in
 `contiguous_grads` (`gradient_as_bucket_view`), `static_graph` and `find_unused` (`find_unused_parameters`) as the
 case sets them, accumulated micro-batches under `no_sync` (reduced with the last) unless the case's
 `sync_every_microbatch` asks for every one reduced, and a `reduce_dtype` below
-the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_compress_hook`)."""
+the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_compress_hook`); with context
+parallelism (`parallel.cp`), torch's own (`torch_context_parallel`), DDP over the dp x cp ranks together."""
 
 from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, sync_every_microbatch, sync_feature
-from .torch_common import TorchTarget
+from . import torch_context_parallel as torch_cp
+from .torch_common import TorchTarget, mesh
 from .torch_model import build, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_release import clips_sparse_gradients
 from .torch_training import combine_dp, single_device, train
@@ -18,9 +20,9 @@ class TorchDdp(TorchTarget):
     smooths_labels = True
 
     def unsupported(self, case):
-        why = (unsupported_layout(case, ("dp",), "DDP expresses data parallelism only", loss_scaling=True,
-                                  moe="torch")
-               or unsupported_sparse_embedding(case))
+        why = (unsupported_layout(case, ("dp", "cp"), "DDP expresses data (and torch's context) parallelism only",
+                                  loss_scaling=True, moe="torch")
+               or unsupported_sparse_embedding(case) or torch_cp.unsupported_context_parallel(case))
         if why:
             return why
         p = parallel(case)
@@ -53,6 +55,11 @@ class TorchDdp(TorchTarget):
 
         model, dt = build(case, inputs, sparse_embedding(case))
         p = parallel(case)
+        cp = p["cp"]
+        seq = None
+        if cp > 1:  # DDP over the dp x cp ranks, torch's context parallelism over the cp ones
+            torch_cp.install(model)
+            seq = torch_cp.TorchSequenceSplit(mesh((world // cp, cp), ("dp", "cp"))["cp"], torch_cp.rotate_method(case))
         ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt), gradient_as_bucket_view=bool(p["contiguous_grads"]),
                   static_graph=bool(p["static_graph"]), find_unused_parameters=bool(p["find_unused"]))
         hook = compress_hook(case)
@@ -61,12 +68,13 @@ class TorchDdp(TorchTarget):
         named = list(model.named_parameters())
         # Accumulated micro-batches under no_sync, reduced with the last, unless the case asks for every one reduced.
         no_sync = None if sync_every_microbatch(case, False) else ddp.no_sync
-        out = train(case, inputs, ddp, [p for _, p in named], rank, world, no_sync=no_sync, named=named)
+        out = train(case, inputs, ddp, [p for _, p in named], rank // cp, world // cp, no_sync=no_sync, named=named,
+                    seq=seq)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
-        prefix = f"ddp:dp{len(outs)}"
+        prefix = f"ddp:dp{len(outs) // parallel(case)['cp']}"
         sparse = [f"{prefix}:sparse-embedding"] if sparse_embedding(case) else []
         p = parallel(case)
         view = [f"{prefix}:bucket-view"] if p["contiguous_grads"] else []
@@ -76,7 +84,8 @@ class TorchDdp(TorchTarget):
         rd = reduce_dtype_name(case)
         hook = [f"{prefix}:{dtype_name(case)}-compressed-to-{rd}"] if rd != dtype_name(case) else []
         sync = sync_feature(prefix, case, False)
-        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook, *sync])
+        cp = torch_cp.features(prefix, case)
+        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook, *sync, *cp])
 
 
 COMPRESS_HOOKS = {"bf16": "bf16_compress_hook", "f16": "fp16_compress_hook"}

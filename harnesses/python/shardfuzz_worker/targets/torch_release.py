@@ -63,3 +63,39 @@ def clips_sparse_gradients():
     except (NotImplementedError, RuntimeError):
         return False
     return True
+
+
+def context_parallel_module():
+    """The module of torch's `context_parallel` (torch.distributed.tensor.experimental._attention on every release
+    that has it: 2.5.1 and 2.15 measured)."""
+    import torch.distributed.tensor.experimental._attention as attention
+
+    return attention
+
+
+def cp_load_balances():
+    """Whether this torch's `context_parallel` reorders the sequence for causal load balance (2.15: head-tail where
+    2 x cp divides the sequence; 2.5.1 has no load balancing: contiguous parts)."""
+    options = getattr(context_parallel_module(), "_cp_options", None)
+    return bool(getattr(options, "enable_load_balance", False))
+
+
+def cp_rotate_methods():
+    """Whether this torch lets the user pick ring attention's key/value rotation (`set_rotate_method`: 2.15; 2.5.1
+    always permutes the shards around the ring)."""
+    return hasattr(context_parallel_module(), "set_rotate_method")
+
+
+def cp_unshard(mesh, t, seq_dim):
+    """`t`, a rank's part of every sequence along `seq_dim` under `context_parallel` over `mesh`, as whole sequences in
+    order: torch's `context_parallel_unshard` where it has one (undoing its load balancing), else (2.5.1: contiguous
+    parts, no reordering) the parts gathered in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    unshard = getattr(context_parallel_module(), "context_parallel_unshard", None)
+    if unshard is not None:
+        return unshard(mesh, [t.contiguous()], [seq_dim])[0]
+    parts = [torch.empty_like(t) for _ in range(mesh.size())]
+    dist.all_gather(parts, t.contiguous(), group=mesh.get_group())
+    return torch.cat(parts, dim=seq_dim)
