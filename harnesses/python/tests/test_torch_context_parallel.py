@@ -42,6 +42,26 @@ class TorchContextParallelTest(unittest.TestCase):
         for g, r in zip(got, want):
             torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
 
+    def test_blockwise_baseline_is_the_models_attention_up_to_float32_merges(self):
+        import torch
+
+        from shardfuzz_worker.targets.torch_context_parallel import blockwise_attention
+        from shardfuzz_worker.targets.torch_model import causal_attention
+
+        torch.manual_seed(0)
+        q = torch.randn(2, 4, 12, 3, dtype=torch.float64)
+        k, v = (torch.randn(2, 2, 12, 3, dtype=torch.float64) for _ in range(2))
+        w = torch.randn(2, 4, 12, 3, dtype=torch.float64)
+        for parts in (1, 2, 3, 4):
+            a = [t.clone().requires_grad_() for t in (q, k, v)]
+            b = [t.clone().requires_grad_() for t in (q, k, v)]
+            out, ref = blockwise_attention(*a, parts), causal_attention(*b)
+            torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # (torch's merge runs in float32)
+            (out * w).sum().backward()
+            (ref * w).sum().backward()
+            for x, y in zip(a, b):
+                torch.testing.assert_close(x.grad, y.grad, rtol=1e-6, atol=1e-6, msg=f"{parts} blocks")
+
     def test_refusals(self):
         from shardfuzz_worker.targets.torch_fsdp2 import TARGET
 

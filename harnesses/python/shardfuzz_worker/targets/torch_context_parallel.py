@@ -17,6 +17,9 @@ import contextlib
 import functools
 import math
 
+import torch
+import torch.nn.functional as F
+
 from .base import parallel
 from .torch_release import context_parallel_module, cp_load_balances, cp_rotate_methods, cp_unshard
 
@@ -61,8 +64,6 @@ def rotate_method(case):
 def install_cpu_flash_kernels():
     """CPU kernels for the CUDA flash-attention ops torch's ring attention calls, from the CPU flash ones (once per
     process; the library object is kept alive by the cache)."""
-    import torch
-
     aten = torch.ops.aten
     lib = torch.library.Library("aten", "IMPL")
 
@@ -85,8 +86,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """F.scaled_dot_product_attention as a GPU runs it: the flash-attention op (torch's CP patches this name: its
     replacement is looked up by `__name__`)."""
-    import torch
-
     if attn_mask is not None or enable_gqa:
         raise ValueError("the flash path takes no mask and no GQA (the model repeats the key/value heads)")
     return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, scale=scale)[0]
@@ -95,12 +94,76 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def ring_attention(q, k, v):
     """The model's attention core [batch, heads, seq, head_dim] through F.scaled_dot_product_attention, which torch's
     context manager replaces by its ring attention: causal, scale 1/sqrt(head_dim), GQA as repeated key/value heads."""
-    import torch.nn.functional as F
-
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]))
+
+
+def baseline_attention(case):
+    """The attention core of the case's single-device baseline under context parallelism (else None: the model's
+    own): the ring's arithmetic on one device (`blockwise_attention`), in blocks of the parts the sequence is split
+    into (2 x cp chunks where torch load balances). Measured (campaign 259, f32, "large" data): the ring's gradients
+    differ from the plain causal attention's by 10x the emulated noise, and from one flash call's by as much: a
+    log-sum-exp merged over blocks in float32 carries |lse| x u into every probability the backward recomputes."""
+    cp = context_parallel(case)
+    if cp == 1:
+        return None
+    parts = 2 * cp if case["model"]["seq"] % (2 * cp) == 0 and cp_load_balances() else cp
+    return lambda q, k, v: blockwise_attention(q, k, v, parts)
+
+
+def blockwise_attention(q, k, v, parts):
+    """Causal attention [batch, heads, seq, head_dim] as torch's ring computes it, on one device: each of `parts`
+    query blocks against every earlier key/value block (and its own, causally) by the flash kernel, merged by
+    log-sum-exp in float32 (torch's `_SDPAMerger` formula); the backward block by block from the merged log-sum-exp,
+    accumulated in float32 (torch's `_templated_ring_attention_backward`). GQA as repeated key/value heads."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return _Blockwise.apply(q, k, v, parts)
+
+
+def _block_pairs(parts):
+    """(query block, key/value block, causal) of a causal blockwise attention, in the ring's order: a query block's
+    own key/value block first (causally), then the earlier ones as they come round the ring (nearest first)."""
+    return [(i, j, i == j) for i in range(parts) for j in range(i, -1, -1)]
+
+
+class _Blockwise(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, parts):
+        aten, scale = torch.ops.aten, 1.0 / math.sqrt(q.shape[-1])
+        qs, ks, vs = (t.chunk(parts, dim=2) for t in (q, k, v))
+        merged = [None] * parts
+        for i, j, causal in _block_pairs(parts):
+            o, lse = aten._scaled_dot_product_flash_attention_for_cpu(qs[i], ks[j], vs[j], 0.0, causal, scale=scale)
+            lse_dtype = lse.dtype
+            o, lse = o.float(), lse.float().unsqueeze(-1)
+            if merged[i] is None:
+                merged[i] = (o, lse)
+            else:
+                out, total = merged[i]
+                merged[i] = (out - torch.sigmoid(lse - total) * (out - o), total - F.logsigmoid(total - lse))
+        out = torch.cat([o.to(q.dtype) for o, _ in merged], dim=2)
+        lse = torch.cat([lse.squeeze(-1) for _, lse in merged], dim=2).to(lse_dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.parts, ctx.scale = parts, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        aten = torch.ops.aten
+        qs, ks, vs, outs, lses, grads = (t.chunk(ctx.parts, dim=2) for t in (q, k, v, out, lse, grad.contiguous()))
+        dq, dk, dv = ([torch.zeros_like(b, dtype=torch.float32) for b in blocks] for blocks in (qs, ks, vs))
+        for i, j, causal in _block_pairs(ctx.parts):
+            a, b, c = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grads[i], qs[i], ks[j], vs[j], outs[i], lses[i].contiguous(), 0.0, causal, scale=ctx.scale)
+            dq[i] += a.float()
+            dk[j] += b.float()
+            dv[j] += c.float()
+        return (*(torch.cat(d, dim=2).to(t.dtype) for d, t in ((dq, q), (dk, k), (dv, v))), None)
 
 
 class TorchSequenceSplit:
@@ -112,8 +175,6 @@ class TorchSequenceSplit:
 
     @contextlib.contextmanager
     def split(self, ids, tgt):
-        import torch.nn.functional as F
-
         cp_context = context_parallel_module().context_parallel  # (torch 2.5.1 does not export it yet)
         install_cpu_flash_kernels()
         if self.rotate != "permute":

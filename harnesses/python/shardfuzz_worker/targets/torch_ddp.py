@@ -70,7 +70,7 @@ class TorchDdp(TorchTarget):
         no_sync = None if sync_every_microbatch(case, False) else ddp.no_sync
         out = train(case, inputs, ddp, [p for _, p in named], rank // cp, world // cp, no_sync=no_sync, named=named,
                     seq=seq)
-        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        out["baseline"] = single_device(case, inputs, torch_cp.baseline_attention(case)) if rank == 0 else None
         return out
 
     def combine(self, case, outs):

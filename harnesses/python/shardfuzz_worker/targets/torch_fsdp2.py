@@ -95,7 +95,7 @@ class TorchFsdp2(TorchTarget):
                     forward=lambda ids: now["model"](ids), resume=resume, seq=seq,
                     no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]),
                     **two_d)
-        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        out["baseline"] = single_device(case, inputs, torch_cp.baseline_attention(case)) if rank == 0 else None
         return out
 
     def combine(self, case, outs):

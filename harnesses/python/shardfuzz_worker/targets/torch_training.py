@@ -242,13 +242,18 @@ def combine_dp(case, outs, features):
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
 
-def single_device(case, inputs):
+def single_device(case, inputs, attend=None):
     """The case on one device in its dtype with plain PyTorch: the framework's own rounding, which the
     oracle takes as a noise baseline beside its emulated one. In f64 too: where the math cancels, the
-    framework's own rounding shows far above the f64 noise floor."""
+    framework's own rounding shows far above the f64 noise floor. `attend`: the attention core whose kernel the
+    sharded run computes with (its framework's, e.g. flash attention under context parallelism), else the model's."""
     from .torch_model import build
 
     model, _ = build(case, inputs)
+    if attend is not None:
+        for layer in model.layers:
+            if hasattr(layer, "attn"):
+                layer.attn.attend = attend
     named = list(model.named_parameters())
     out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named)
     tensors = {f"loss/step{k}": np.array(l) for k, l in enumerate(out["losses"])}
