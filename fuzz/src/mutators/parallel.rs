@@ -405,6 +405,15 @@ pub fn context_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Context parallelism switched on (cp 2 where it was off) for a mutation of one of its options, the sequence a
+/// multiple of cp.
+fn context_parallel_on(c: &mut Case) {
+    if c.parallel.cp == 1 {
+        c.parallel.cp = 2;
+    }
+    sequence_multiple_of_cp(c);
+}
+
 /// The model's sequence rounded up to a multiple of the case's cp.
 fn sequence_multiple_of_cp(c: &mut Case) {
     let cp = c.parallel.cp;
@@ -417,10 +426,7 @@ fn sequence_multiple_of_cp(c: &mut Case) {
 /// device mesh, or the target's choice; context parallelism switched on with it (cp 2, the sequence a multiple of it).
 pub fn ulysses_mpu(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.ulysses_mpu = another(c.parallel.ulysses_mpu, &ON_OFF_OR_TARGETS, rng);
-    if c.parallel.cp == 1 {
-        c.parallel.cp = 2;
-    }
-    sequence_multiple_of_cp(c);
+    context_parallel_on(c);
     true
 }
 
@@ -428,10 +434,7 @@ pub fn ulysses_mpu(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// parallelism switched on with it (cp 2, the sequence a multiple of it).
 pub fn cp_all_to_all(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.cp_all_to_all = another(c.parallel.cp_all_to_all, &ON_OFF_OR_TARGETS, rng);
-    if c.parallel.cp == 1 {
-        c.parallel.cp = 2;
-    }
-    sequence_multiple_of_cp(c);
+    context_parallel_on(c);
     true
 }
 

@@ -18,7 +18,7 @@ SHIMS_ABOUT = ("The worker's start-up shims stand in for what a CPU and gloo lac
                " reduce_scatter / all_to_all, ZeRO's CUDA check); they do not change what Colossal-AI computes.")
 COLOSSAL_SOURCE = ("_col", "_row", "Attention", "Mlp", "Block", "ColossalModel", "VOCAB_PARALLEL", "case_view",
                    "build", "loss_mode", "run", "is_distributed_tensor", "clip_global", "assemble_outputs")
-RELEASE_IMPORTS = "import ast\nimport functools\nimport importlib.util\nimport inspect\n"
+RELEASE_IMPORTS = "import ast\nimport importlib.util\nimport inspect\n"  # (functools: in the torch imports)
 RELEASE_OPTIONS = ("OPTIONS_OFF", "DEFINED_IN", "installed_version", "parameters", "missing_options", "options")
 
 

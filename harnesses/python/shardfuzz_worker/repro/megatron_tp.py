@@ -13,7 +13,7 @@ from .torch_model import producible, training_source  # noqa: F401 - producible:
 
 TARGET = "megatron-tp"
 
-IMPORTS = TORCH_IMPORTS.replace("import sys\n", "import functools\nimport sys\nimport types\n") + """
+IMPORTS = TORCH_IMPORTS.replace("import sys\n", "import sys\nimport types\n") + """
 from megatron.core import parallel_state
 """
 

@@ -8,8 +8,7 @@ from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-ddp"
 
-IMPORTS = (TORCH_IMPORTS.replace("import contextlib\n", "import contextlib\nimport functools\n")
-           + "from torch.distributed.device_mesh import init_device_mesh\n"
+IMPORTS = (TORCH_IMPORTS + "from torch.distributed.device_mesh import init_device_mesh\n"
            + "from torch.nn.parallel import DistributedDataParallel as DDP\n")
 
 

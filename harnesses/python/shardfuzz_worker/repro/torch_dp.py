@@ -56,7 +56,8 @@ def torch_context_parallel(case):
         return "", ""
     setting = f"ROTATE = {rotate_method(case)!r}  # ring attention's key/value rotation (context parallelism)"
     sources = (worker_source("targets/torch_context_parallel.py", "install_cpu_flash_kernels",
-                             "scaled_dot_product_attention", "ring_attention", "TorchSequenceSplit", "install")
+                             "scaled_dot_product_attention", "ring_attention", "query_heads", "TorchSequenceSplit",
+                             "install")
                + "\n\n" + worker_source("targets/torch_release.py", "context_parallel_module", "cp_load_balances",
                                           "cp_rotate_methods", "cp_unshard"))
     return setting, sources

@@ -10,7 +10,7 @@ from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-fsdp2"
 
-IMPORTS = TORCH_IMPORTS.replace("import contextlib\n", "import contextlib\nimport functools\n") + """from torch.distributed.device_mesh import init_device_mesh
+IMPORTS = TORCH_IMPORTS + """from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 """
 
@@ -32,7 +32,7 @@ def generate(case, inputs, bounds, dropped):
     p = parallel(case)
     g = p["zero_shard_group"] or p["dp"] * p["cp"]
     reshard = reshard_after_forward(p, g)
-    mesh = ((p["dp"],), ("dp",)) if g == p["dp"] else ((p["dp"] // g, g), ("replicate", "shard"))
+    mesh = ((p["dp"] * p["cp"],), ("dp",)) if g == p["dp"] * p["cp"] else ((p["dp"] // g, g), ("replicate", "shard"))
     offload, master = zero_offloaded(case), master_dtype_name(case)
     beside = "" if p["tp"] == 1 else (f" beside torch tensor parallelism over tp={p['tp']} (the last dimension of one "
                                      f"mesh{', sequence parallel' if p['sequence_parallel'] else ''})")

@@ -11,6 +11,7 @@ MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Blo
 IMPORTS = """
 import base64
 import contextlib
+import functools
 import gc
 import io
 import math

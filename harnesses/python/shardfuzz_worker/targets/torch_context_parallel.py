@@ -52,6 +52,13 @@ def unsupported_context_parallel(case):
     return None
 
 
+def load_balanced(case):
+    """Whether torch reorders the case's sequence head-tail before sharding it (where 2 x cp divides it, on a torch
+    that load balances), else contiguous parts."""
+    cp = context_parallel(case)
+    return case["model"]["seq"] % (2 * cp) == 0 and cp_load_balances()
+
+
 def rotate_method(case):
     """The key/value rotation the case asks for: 'alltoall' with its `cp_all_to_all`, else torch's default
     'allgather'; 'permute' on a torch without the choice."""
@@ -94,10 +101,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def ring_attention(q, k, v):
     """The model's attention core [batch, heads, seq, head_dim] through F.scaled_dot_product_attention, which torch's
     context manager replaces by its ring attention: causal, scale 1/sqrt(head_dim), GQA as repeated key/value heads."""
+    k, v = query_heads(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]))
+
+
+def query_heads(q, k, v):
+    """(k, v) with each key/value head repeated for the query heads that share it (GQA; the flash path takes equal
+    head counts)."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]))
+    return k, v
 
 
 def baseline_attention(case):
@@ -109,7 +123,7 @@ def baseline_attention(case):
     cp = context_parallel(case)
     if cp == 1:
         return None
-    parts = 2 * cp if case["model"]["seq"] % (2 * cp) == 0 and cp_load_balances() else cp
+    parts = 2 * cp if load_balanced(case) else cp
     return lambda q, k, v: blockwise_attention(q, k, v, parts)
 
 
@@ -118,10 +132,7 @@ def blockwise_attention(q, k, v, parts):
     query blocks against every earlier key/value block (and its own, causally) by the flash kernel, merged by
     log-sum-exp in float32 (torch's `_SDPAMerger` formula); the backward block by block from the merged log-sum-exp,
     accumulated in float32 (torch's `_templated_ring_attention_backward`). GQA as repeated key/value heads."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return _Blockwise.apply(q, k, v, parts)
+    return _Blockwise.apply(q, *query_heads(q, k, v), parts)
 
 
 def _block_pairs(parts):
@@ -168,7 +179,8 @@ class _Blockwise(torch.autograd.Function):
 
 class TorchSequenceSplit:
     """`train`'s `seq` for torch's CP over `cp_mesh`: the context manager shards each micro-batch's ids and targets and
-    is active through its forward and backward; FSDP2 averages gradients over dp x cp ranks (`averaged`)."""
+    is active through its forward and backward; the framework (FSDP2, DDP) averages gradients over dp x cp ranks
+    (`averaged`)."""
 
     def __init__(self, cp_mesh, rotate):
         self.mesh, self.rotate, self.averaged = cp_mesh, rotate, cp_mesh.size()
@@ -205,7 +217,7 @@ def features(stage, case):
     if cp == 1:
         return []
     m = case["model"]
-    order = "load-balanced" if m["seq"] % (2 * cp) == 0 and cp_load_balances() else "in-order"
+    order = "load-balanced" if load_balanced(case) else "in-order"
     out = [f"{stage}:cp{cp}", f"{stage}:cp:{order}", f"{stage}:cp:rotate-{rotate_method(case)}"]
     if m["kv_heads"] < m["heads"]:
         out.append(f"{stage}:cp:gqa")

@@ -66,7 +66,7 @@ class TorchFsdp2(TorchTarget):
         cp, tp = p["cp"], p["tp"]
         dp = world // (tp * cp)
         g = p["zero_shard_group"] or dp * cp
-        dm, tm = data_and_tensor_meshes(dp, g, tp) if cp == 1 else (mesh((dp * cp,), ("dp_cp",)), None)
+        dm, tm = data_and_tensor_meshes(dp * cp, g, tp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
         seq = None if cp == 1 else torch_cp.TorchSequenceSplit(mesh((dp, cp), ("dp", "cp"))["cp"],
                                                               torch_cp.rotate_method(case))
         now = {"model": None}  # what the hooks below reach, replaced when the run resumes

@@ -8,10 +8,9 @@ def run_sharded(data, rank):
     this rank trains on its rows of the batch.
     Parameters and gradients are DTensors: train() reports them gathered (full_tensor)."""
     seq = None
-    if CP > 1:  # FSDP2 over the dp x cp ranks together (torchtitan's dp_shard_cp); torch's CP over the cp ones
-        mesh = init_device_mesh("cpu", (DP * CP,), mesh_dim_names=("dp_cp",))
+    if CP > 1:  # FSDP2 over the dp x cp ranks together (MESH_SHAPE, torchtitan's dp_shard_cp); CP over the cp ones
         seq = TorchSequenceSplit(init_device_mesh("cpu", (DP, CP), mesh_dim_names=("dp", "cp"))["cp"], ROTATE)
-    elif TP == 1:
+    if TP == 1:
         mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
     else:  # one mesh whose last dimension is tp (torchtitan's 2-D layout): FSDP2 over the others
         whole = init_device_mesh("cpu", (*MESH_SHAPE, TP), mesh_dim_names=(*MESH_NAMES, "tp"))
