@@ -2204,6 +2204,15 @@ fn torch_fsdp2_context_parallel() {
     for (v, (name, feature, kind)) in vs.iter().zip(expected) {
         assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
     }
+    // The blockwise baseline keeps a wrong divisor visible (a test-only fault: FSDP2 averages over world + 1 ranks,
+    // gradients x0.8 on dp 2 x cp 2 in bf16, x0.75 on cp 3 in f32).
+    let faults = root().join("harnesses/python/tests/faults").display().to_string();
+    let env = [("PYTHONPATH", faults.as_str()), ("SHARDFUZZ_TEST_FAULT", "fsdp2-avg-off-by-one")];
+    for name in ["cp2-dp2-zero2-bf16.json", "cp3-gqa-accumulate-clip-f32.json"] {
+        let case = dir.join(name).display().to_string();
+        let v = &verdicts(&shardfuzz(&["run", "--json", "--target", "torch-fsdp2", &case], &env))[0];
+        assert!(v["kind"] == "divergent" && reason(v).contains("grad/"), "{name} with the fault: {v}");
+    }
 }
 
 /// torch-ddp's context parallelism (torch's ring attention, DDP over dp x cp) on torch 2.15 and, through `--python`,
