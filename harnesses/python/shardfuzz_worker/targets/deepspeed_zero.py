@@ -40,6 +40,7 @@ from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduc
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
 from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
+from . import deepspeed_autotp as autotp  # noqa: E402
 from . import deepspeed_ulysses as ulysses  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
@@ -83,11 +84,11 @@ class DeepSpeedZero(TorchTarget):
         return {"torch": torch.__version__.split("+")[0], "deepspeed": deepspeed.__version__, "backend": "gloo"}
 
     def unsupported(self, case):
-        why = (unsupported_layout(case, ("dp", "ep", "cp"),
-                                  "deepspeed-zero runs ZeRO data parallelism (and Ulysses context parallelism) only (no tp/pp)",
-                                  offload=True, moe=True)
+        why = (unsupported_layout(case, ("dp", "ep", "cp", "tp"),
+                                  "deepspeed-zero runs ZeRO data parallelism, AutoTP tensor parallelism and Ulysses context "
+                                  "parallelism (no pp)", offload=True, moe=True)
                or unsupported_sparse_embedding(case) or unsupported_moe(case) or unsupported_frozen_moe(case)
-               or ulysses.unsupported_ulysses(case))
+               or ulysses.unsupported_ulysses(case) or autotp.unsupported_autotp(case))
         if why:
             return why
         p = parallel(case)
@@ -181,7 +182,7 @@ class DeepSpeedZero(TorchTarget):
             cfg["data_types"] = {"grad_accum_dtype": ACCUMULATE[t["grad_accum_dtype"]]}
         if reduce_dtype_name(case) != dt:
             cfg["communication_data_type"] = COMMUNICATION[reduce_dtype_name(case)]
-        return ulysses.config(cfg, case)
+        return autotp.config(ulysses.config(cfg, case), case)
 
     def run_rank(self, rank, world, case, inputs):
         import deepspeed
@@ -211,6 +212,7 @@ class DeepSpeedZero(TorchTarget):
         # What the hooks below reach: the engine and its parameters, replaced when the run resumes.
         now = {"engine": fresh_engine()}
         names = [n for n, _ in now["engine"].module.named_parameters()]
+        shards = autotp.sharded_dims(now["engine"].module)
 
         def trained():
             now["params"] = dict(now["engine"].module.named_parameters())
@@ -252,16 +254,20 @@ class DeepSpeedZero(TorchTarget):
                 if v is None:
                     v = gathered(p)  # a frozen parameter has no fp32 copy in the optimizer
                 v = v.detach().to(dt)
-            return to_case_layout(name, v.detach().to(torch.float64, copy=True).reshape(
-                tuple(getattr(p, "ds_shape", p.shape)))).numpy()
+            v = v.detach().reshape(tuple(getattr(p, "ds_shape", p.shape)))
+            if name in shards:
+                v = autotp.gather_shards(v, *shards[name])  # replicated ones stay this rank's own copy
+            return to_case_layout(name, v.to(torch.float64, copy=True)).numpy()
 
         dp_index, sp_index = ulysses.rank_part(rank, case)
+        if autotp.tensor_parallel(case) > 1:
+            dp_index = autotp.dp_index(rank, case)
         seq = None if sp_index is None else SequencePart(sp_index, ulysses.context_parallel(case),
                                                          now["engine"].seq_parallel_group)
         out = train(case, inputs, now["engine"], [p for _, p in named], dp_index, parallel(case)["dp"],
                     backward=backward, step=step, clip=lambda: None, named=named, view=view,
                     grad=lambda name, p: safe_get_full_grad(p), forward=lambda ids: (aux.clear(), now["engine"](ids))[1],
-                    resume=resume, seq=seq)
+                    resume=resume, seq=seq, group=autotp.loss_group(case))
         now["engine"].destroy()
         if moe is not None:
             for kind in ("grads", "params"):
@@ -287,6 +293,7 @@ class DeepSpeedZero(TorchTarget):
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
         layout.extend(moe_features(stage, case))
         layout.extend(ulysses.features(stage, case))
+        layout.extend(autotp.features(stage, case))
         if p["framework_checkpoint"] is not None:
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
@@ -325,6 +332,7 @@ def forget_earlier_engines():
         groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
     # So do the device mesh, mpu and sequence-parallel groups of an engine with sequence parallelism (DeepSpeed-Ulysses).
     ulysses.forget()
+    autotp.forget()  # and those of an AutoTP engine
 
 
 def moe_groups(groups):

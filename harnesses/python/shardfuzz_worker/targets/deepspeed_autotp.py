@@ -1,0 +1,135 @@
+"""The case's tensor parallelism in deepspeed-zero as DeepSpeed's AutoTP training: `tensor_parallel.autotp_size` in
+the engine's config, with a `partition_config` naming the model's projections (column-parallel q / k / v / up / gate,
+row-parallel o / down: DeepSpeed replaces them by its LinearLayer / LinearAllreduce and shards their weights, unevenly
+where tp does not divide a width), so that `deepspeed.initialize` shards the model and ZeRO runs over the
+data-parallel ranks of DeepSpeed's (dp, tp) mesh (rank = dp index x tp + tp index).
+
+What a rank reports: a sharded parameter or gradient gathered over the tensor-parallel ranks (by the shard sizes its
+layer was built with, with our own all-gather, not DeepSpeed's), a replicated one (norms, embedding, LM head, a
+row-parallel bias) as its own local copy, so that a replicated gradient the tensor-parallel ranks disagree on shows
+as disagreeing replicas.
+"""
+
+from .base import parallel
+from .torch_model import model_defaults
+
+#: The model's projections by how AutoTP shards them (torch_model's names).
+LAYER_SPECS = (
+    {"patterns": [r".*\.(q|k|v|up|gate)\.(weight|bias)$"], "partition_type": "column"},
+    {"patterns": [r".*\.(o|down)\.(weight|bias)$"], "partition_type": "row"},
+)
+
+
+def tensor_parallel(case):
+    return parallel(case)["tp"]
+
+
+def unsupported_autotp(case):
+    """Why DeepSpeed's AutoTP training cannot express the case's tensor parallelism (None: it can, or tp is 1)."""
+    tp = tensor_parallel(case)
+    if tp == 1:
+        return None
+    p, m = parallel(case), model_defaults(case)
+    if not _has_partition_config():
+        return "this DeepSpeed release has no AutoTP partition_config (AutoTP training names layers by HF models only)"
+    if m["heads"] % tp or m["kv_heads"] % tp:
+        # Without a model config AutoTP splits q / k / v by width, not by head: a shard would cut a head.
+        return "AutoTP shards q / k / v by width here: heads and kv_heads must be multiples of tp"
+    if p["sequence_parallel"]:
+        return "AutoTP training has no sequence parallelism"
+    if p.get("cp", 1) > 1 or p.get("ep", 1) > 1 or "moe" in m["layers"]:
+        return "AutoTP beside Ulysses or MoE layers is not expressed"
+    if (case.get("model") or {}).get("sparse_embedding"):
+        return "AutoTP beside a sparse embedding gradient is not expressed"
+    return None
+
+
+def _has_partition_config():
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+
+    return "partition_config" in TPTrainingConfig.model_fields
+
+
+def config(cfg, case):
+    """The engine's config with AutoTP where the case's tp is above 1."""
+    tp = tensor_parallel(case)
+    if tp == 1:
+        return cfg
+    # DeepSpeed derives the global batch itself: it checks it against the whole world at stages 0-2 and against the
+    # data-parallel ranks at stage 3 (measured), so a value given here fails one or the other.
+    cfg.pop("train_batch_size", None)
+    cfg["tensor_parallel"] = {"autotp_size": tp,
+                              "partition_config": {"use_default_specs": False, "layer_specs": list(LAYER_SPECS)}}
+    return cfg
+
+
+def dp_index(rank, case):
+    return rank // tensor_parallel(case)
+
+
+def sharded_dims(module):
+    """{parameter name: (dim, shard sizes)} of the parameters AutoTP sharded in `module` (a row-parallel bias stays
+    whole)."""
+    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
+
+    out = {}
+    for name, mod in module.named_modules():
+        pre = f"{name}." if name else ""
+        if isinstance(mod, LinearAllreduce):
+            out[pre + "weight"] = (1, tuple(mod._partition_sizes))
+        elif isinstance(mod, LinearLayer):
+            out[pre + "weight"] = (0, tuple(mod._partition_sizes))
+            if mod.bias is not None:
+                out[pre + "bias"] = (0, tuple(mod._partition_sizes))
+    return out
+
+
+def gather_shards(t, dim, sizes):
+    """The whole tensor from every tensor-parallel rank's shard `t` along `dim` (`sizes`: every rank's width there;
+    uneven shards padded for the collective)."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    assert t.shape[dim] == sizes[groups.get_tensor_model_parallel_rank()], (t.shape, dim, sizes)
+    widest = max(sizes)
+    shape = list(t.shape)
+    shape[dim] = widest
+    padded = t.new_zeros(shape)
+    padded.narrow(dim, 0, t.shape[dim]).copy_(t)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded.contiguous(), group=groups.get_tensor_model_parallel_group())
+    return torch.cat([part.narrow(dim, 0, n) for part, n in zip(parts, sizes)], dim=dim)
+
+
+def features(stage, case):
+    """AutoTP's degree, and whether the MLP's projections are sharded unevenly (tp does not divide ffn; attention
+    widths are whole heads, so even)."""
+    tp = tensor_parallel(case)
+    if tp == 1:
+        return []
+    m = model_defaults(case)
+    uneven = m["ffn"] % tp != 0 and any(k == "mlp" for k in m["layers"])
+    return [f"{stage}:autotp{tp}", f"{stage}:autotp:{'uneven' if uneven else 'even'}-shards"]
+
+
+def forget():
+    """What a fresh process has: no tensor-parallel groups left by an earlier case's AutoTP engine (DeepSpeed keeps them
+    in module globals that no engine's teardown clears, and builds new ones only when none is set: a later case with
+    another tp, or none, would run with the earlier case's groups)."""
+    from deepspeed.utils import groups
+
+    for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
+                 "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
+        if getattr(groups, name, None) is not None:
+            setattr(groups, name, None)
+
+
+def loss_group(case):
+    """The group `train` sums a step's loss over: DeepSpeed's data-parallel ranks where AutoTP runs (the
+    tensor-parallel ranks of one data-parallel index compute the same loss), else None (every rank)."""
+    if tensor_parallel(case) == 1:
+        return None
+    from deepspeed.utils import groups
+
+    return groups.get_data_parallel_group()
