@@ -993,6 +993,37 @@ def _deepspeed_zero3_hpz_secondary_after_load():
     DeepSpeedZeroOptimizer_Stage3.checkpoint_event_epilogue = checkpoint_event_epilogue
 
 
+def _deepspeed_autotp_hpz_data_parallel_groups():
+    """DeepSpeed 0.19.8 (found by shardfuzz): ZeRO-3's hierarchical partitioning (ZeRO++ hpZ,
+    `zero_hpz_partition_size` > 1) beside AutoTP training builds its secondary-partition groups from consecutive
+    global ranks (`groups._create_zero_param_parallel_group`, which its own TODO says assumes no model parallelism),
+    while AutoTP's tensor-parallel ranks are the consecutive ones: a secondary partition then mixes the shards of
+    different tensor-parallel ranks and the forward computes with them
+    (docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py). Fix: the groups cut from
+    each rank's data-parallel ranks."""
+    import deepspeed.comm as dist
+    from deepspeed.utils import groups
+
+    original = groups._create_zero_param_parallel_group
+
+    def create_zero_param_parallel_group(group_size):
+        tp_group = groups._TENSOR_MODEL_PARALLEL_GROUP
+        if tp_group is None:
+            return original(group_size)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        tp = dist.get_world_size(group=tp_group)
+        size = min(group_size, world // tp)
+        for t in range(tp):  # (every rank creates every group, in the same order)
+            data_parallel_ranks = list(range(t, world, tp))
+            for i in range(0, len(data_parallel_ranks), size):
+                ranks = data_parallel_ranks[i:i + size]
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = group
+
+    groups._create_zero_param_parallel_group = create_zero_param_parallel_group
+
+
 def _torch_rms_norm_half_overflow():
     """torch 2.5.1 (and other releases before the fused CPU kernel that accumulates in float32; reported as
     pytorch/pytorch#133085 / #134106, 2024-08): `F.rms_norm` on a float16 input squares it in float16, so any element
@@ -1754,6 +1785,7 @@ FIXES = {
     "deepspeed-offload-accumulation-middle-micro-batches": (("deepspeed-zero",),
                                                             _deepspeed_offload_accumulation_middle_micro_batches),
     "deepspeed-zero3-hpz-secondary-after-load": (("deepspeed-zero",), _deepspeed_zero3_hpz_secondary_after_load),
+    "deepspeed-autotp-hpz-data-parallel-groups": (("deepspeed-zero",), _deepspeed_autotp_hpz_data_parallel_groups),
     "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-ddp", "colossalai-tp", "colossalai-zero"),
                                      _torch_rms_norm_half_overflow),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
