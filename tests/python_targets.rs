@@ -2179,6 +2179,32 @@ fn deepspeed_ulysses_context_parallel() {
     assert!(v["kind"] == "crash" && reason(&v).contains("stack expects a non-empty TensorList"), "{v}");
 }
 
+/// deepspeed-zero's tensor parallelism as DeepSpeed's AutoTP training: even and uneven shards, GQA, accumulation with
+/// clipping in bf16, its vocabulary-parallel head and loss (per micro-batch means), ZeRO 0, 1 and 3; ZeRO-3's hpZ groups crossing the tensor-parallel ranks (a DeepSpeed 0.19.8 bug,
+/// docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py) flagged without its fix.
+#[test]
+fn deepspeed_autotp_tensor_parallel() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-autotp");
+    let expected = [
+        ("dp2-tp2-zero1-uneven-ffn-sgd-clip-bf16.json", "deepspeed:dp2:zero1:autotp:uneven-shards", "pass"),
+        ("tp2-zero0-gqa-vocab-parallel-head-local-mean-f32.json", "deepspeed:dp1:zero0:autotp:vocab-parallel-head-uneven", "pass"),
+        ("dp2-tp2-zero3-hpz2-f32.json", "deepspeed:dp2:zero3:autotp:even-shards", "pass"),
+        ("tp2-odd-heads-unsupported.json", "", "unsupported"),
+    ];
+    let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-zero"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", "deepspeed-autotp-hpz-data-parallel-groups")]));
+    assert_eq!(vs.len(), expected.len());
+    for (v, (name, feature, kind)) in vs.iter().zip(expected) {
+        assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
+    }
+    let v = one_verdict("deepspeed-zero", &dir.join("dp2-tp2-zero3-hpz2-f32.json"), "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("logits"), "without the fix: {v}");
+}
+
 /// torch-fsdp2's context parallelism as torch's own (ring attention under `context_parallel`, FSDP2 over dp x cp):
 /// load-balanced and in-order sequences, all-gather and all-to-all rotation, GQA, accumulation with clipping, a
 /// resumed and recomputed mixed-precision run, dp 2 x cp 2; what it refuses.

@@ -120,7 +120,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "deepspeed-zero",
-        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, optional optimizer offload to the host, MoE blocks as its MoE layer (top-1) over expert-parallel ranks, context parallelism as DeepSpeed-Ulysses (DistributedAttention over its sequence-parallel ranks)",
+        description: "DeepSpeed ZeRO stages 0-3 over the data-parallel ranks, tensor parallelism as its AutoTP training, optional optimizer offload to the host, MoE blocks as its MoE layer (top-1) over expert-parallel ranks, context parallelism as DeepSpeed-Ulysses (DistributedAttention over its sequence-parallel ranks)",
         env: Some(MAIN),
         offers: &["label_smoothing", 
             "zero_offload",
@@ -146,6 +146,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "moe_pad_to_capacity",
             "context_parallel",
             "ulysses_mpu",
+            "vocab_loss",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

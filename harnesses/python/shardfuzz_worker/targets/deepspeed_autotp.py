@@ -10,7 +10,7 @@ row-parallel bias) as its own local copy, so that a replicated gradient the tens
 as disagreeing replicas.
 """
 
-from .base import parallel
+from .base import label_smoothing, loss_denominator, parallel, vocab_sharded_loss
 from .torch_model import model_defaults
 
 #: The model's projections by how AutoTP shards them (torch_model's names).
@@ -22,6 +22,12 @@ LAYER_SPECS = (
 
 def tensor_parallel(case):
     return parallel(case)["tp"]
+
+
+def vocab_sharded(case):
+    """Whether the LM head is AutoTP's vocabulary-parallel one (`vocab_parallel_lm_head`, the case's `vocab_loss`
+    `sharded`; by default DeepSpeed keeps a head without an HF plan replicated)."""
+    return tensor_parallel(case) > 1 and vocab_sharded_loss(case, False)
 
 
 def unsupported_autotp(case):
@@ -41,6 +47,11 @@ def unsupported_autotp(case):
         return "AutoTP beside Ulysses or MoE layers is not expressed"
     if (case.get("model") or {}).get("sparse_embedding"):
         return "AutoTP beside a sparse embedding gradient is not expressed"
+    if vocab_sharded(case):
+        if m.get("tied_embeddings"):
+            return "AutoTP's vocabulary-parallel head is an nn.Linear named lm_head: the case's tied head is the embedding"
+        if label_smoothing(case) or (case.get("data") or {}).get("class_weights"):
+            return "DeepSpeed's vocabulary-parallel loss has no label smoothing and no class weights"
     return None
 
 
@@ -60,7 +71,40 @@ def config(cfg, case):
     cfg.pop("train_batch_size", None)
     cfg["tensor_parallel"] = {"autotp_size": tp,
                               "partition_config": {"use_default_specs": False, "layer_specs": list(LAYER_SPECS)}}
+    if vocab_sharded(case):
+        cfg["tensor_parallel"]["vocab_parallel_lm_head"] = True
     return cfg
+
+
+def prepare(model, case):
+    """The model as AutoTP's vocabulary-parallel head needs it: a `loss_function` attribute (what transformers' models
+    have), which DeepSpeed replaces by its vocabulary-parallel causal-LM loss."""
+    if vocab_sharded(case):
+        model.loss_function = None
+    return model
+
+
+class VocabShard:
+    """`train`'s `vocab` for AutoTP's vocabulary-parallel head: each micro-batch's loss from the loss DeepSpeed
+    installed as the model's `loss_function` (given the targets as `shift_labels`: they are already the next tokens),
+    a sum (`num_items_in_batch` 1) or, with the case's `local_mean_loss`, its own mean; logits gathered over tp.
+    `module()`: the engine's model now (a resumed run has a new one)."""
+
+    def __init__(self, case, module):
+        self.local_mean = bool(case["train"].get("local_mean_loss"))
+        self.module = module
+
+    def loss(self, logits, targets):
+        loss = self.module().loss_function
+        if self.local_mean:
+            count = loss_denominator({"targets": targets.reshape(-1).numpy()})
+            if count > 0:
+                return loss(logits, shift_labels=targets), count
+        return loss(logits, shift_labels=targets, num_items_in_batch=1), 1.0
+
+    def whole(self, logits):
+        head = self.module().lm_head
+        return gather_shards(logits, logits.dim() - 1, tuple(head._partition_sizes))
 
 
 def dp_index(rank, case):
@@ -110,7 +154,11 @@ def features(stage, case):
         return []
     m = model_defaults(case)
     uneven = m["ffn"] % tp != 0 and any(k == "mlp" for k in m["layers"])
-    return [f"{stage}:autotp{tp}", f"{stage}:autotp:{'uneven' if uneven else 'even'}-shards"]
+    out = [f"{stage}:autotp{tp}", f"{stage}:autotp:{'uneven' if uneven else 'even'}-shards"]
+    if vocab_sharded(case):
+        vocab = "uneven" if m["vocab"] % tp else "even"
+        out.append(f"{stage}:autotp:vocab-parallel-head-{vocab}")
+    return out
 
 
 def forget():

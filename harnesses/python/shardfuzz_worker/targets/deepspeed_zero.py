@@ -200,6 +200,7 @@ class DeepSpeedZero(TorchTarget):
         def fresh_engine():
             forget_earlier_engines()
             model, _ = build(case, inputs, sparse_embedding(case))
+            autotp.prepare(model, case)
             if moe is not None:
                 install_moe(model, case, inputs, dt, aux)
             if block_checkpoint is not None:
@@ -267,7 +268,8 @@ class DeepSpeedZero(TorchTarget):
         out = train(case, inputs, now["engine"], [p for _, p in named], dp_index, parallel(case)["dp"],
                     backward=backward, step=step, clip=lambda: None, named=named, view=view,
                     grad=lambda name, p: safe_get_full_grad(p), forward=lambda ids: (aux.clear(), now["engine"](ids))[1],
-                    resume=resume, seq=seq, group=autotp.loss_group(case))
+                    resume=resume, seq=seq, group=autotp.loss_group(case),
+                    vocab=autotp.VocabShard(case, lambda: now["engine"].module) if autotp.vocab_sharded(case) else None)
         now["engine"].destroy()
         if moe is not None:
             for kind in ("grads", "params"):

@@ -49,7 +49,7 @@ def micro_batch_loss(case, inputs, logits, targets):
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
           forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None, finish=None,
-          seq=None):
+          seq=None, vocab=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `step()` may return whether the framework's own loss scaler skipped the step.
@@ -66,6 +66,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     the micro-batch's forward and backward run in and gives this rank's tokens of them, `seq.whole(logits)` the
     micro-batch's logits as whole sequences, and the framework divides gradients by `seq.averaged` x dp ranks
     (`SequencePart`: a contiguous part of every sequence).
+    `vocab` (a vocabulary-sharded LM head whose framework computes the loss on the shards): `vocab.loss(logits,
+    targets)` is the micro-batch's (loss, count) as micro_batch_loss's, `vocab.whole(logits)` the logits gathered.
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -101,7 +103,10 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
             parts = seq.split(ids[a:c], tgt[a:c]) if seq is not None else contextlib.nullcontext((ids[a:c], tgt[a:c]))
             with ctx, (loss_ctx() if loss_ctx is not None else contextlib.nullcontext()), parts as (mb_ids, mb_tgt):
                 logits = (forward or model)(mb_ids)
-                l, count = micro_batch_loss(case, inputs, logits, mb_tgt)
+                if vocab is not None:
+                    l, count = vocab.loss(logits, mb_tgt)
+                else:
+                    l, count = micro_batch_loss(case, inputs, logits, mb_tgt)
                 if loss_seed is not None:
                     scaled = loss_seed(l * count)
                 elif t.get("loss_scale") is None:
@@ -118,7 +123,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
                     scaled.backward()
             loss_sum += full(l) * count
             if k == 0:
-                rows.append((full(logits) if seq is None else seq.whole(full(logits))).reshape(-1, logits.shape[-1]))
+                whole = vocab.whole(full(logits)) if vocab is not None else full(logits)
+                rows.append((whole if seq is None else seq.whole(whole)).reshape(-1, whole.shape[-1]))
         if dp > 1 or seq is not None:
             dist.all_reduce(loss_sum, group=group)
         losses.append(float(loss_sum) / global_tokens)
