@@ -207,6 +207,12 @@ class DeepSpeedZero(TorchTarget):
                 model.block_checkpoint = block_checkpoint
             opt = make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None)
             engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg, **ulysses.initialize_kw(case))[0]
+            if block_checkpoint is not None and autotp.tensor_parallel(case) > 1:
+                # As a Megatron-DeepSpeed user configures it: activations partitioned over the tensor-parallel ranks
+                # of the engine's model-parallel unit (AutoTP's groups).
+                m = case["model"]
+                configure_deepspeed_checkpointing(parallel(case)["framework_checkpoint"],
+                                                  len(m["layers"]) * m.get("layer_passes", 1), mpu=engine.mpu)
             ulysses.install(engine, case)
             return engine
 
@@ -382,13 +388,17 @@ def deepspeed_block_checkpoint(case):
     return run
 
 
-def configure_deepspeed_checkpointing(mode, num_checkpoints):
-    """DeepSpeed's module-level activation-checkpointing settings for a case's `framework_checkpoint` (None: plain)."""
+def configure_deepspeed_checkpointing(mode, num_checkpoints, mpu=None):
+    """DeepSpeed's module-level activation-checkpointing settings for a case's `framework_checkpoint` (None: plain),
+    with the model-parallel unit `mpu` whose ranks partitioned activations are split over (None: none)."""
     from deepspeed.runtime.activation_checkpointing import checkpointing as ck
 
-    ck.configure(None, partition_activations=mode in ("partition", "partition_cpu", "contiguous"),
+    ck.configure(mpu, partition_activations=mode in ("partition", "partition_cpu", "contiguous"),
                  contiguous_checkpointing=mode == "contiguous", checkpoint_in_cpu=mode in ("cpu", "partition_cpu"),
                  num_checkpoints=num_checkpoints, synchronize=False, profile=False)
+    if mpu is None:
+        # (configure without a unit keeps the model-parallel ranks an earlier case's unit set)
+        ck.mpu, ck.mp_rank, ck.mp_size, ck.mp_group = None, 0, 1, None
     ck.reset()
     for first_forward_state in ("cuda_device", "transport_stream"):
         # Older releases (0.14-0.18) set these at the first checkpointed forward: one that failed there (the CPU
