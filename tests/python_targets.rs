@@ -2179,9 +2179,11 @@ fn deepspeed_ulysses_context_parallel() {
     assert!(v["kind"] == "crash" && reason(&v).contains("stack expects a non-empty TensorList"), "{v}");
 }
 
-/// deepspeed-zero's tensor parallelism as DeepSpeed's AutoTP training: even and uneven shards, GQA, accumulation with
-/// clipping in bf16, its vocabulary-parallel head and loss (per micro-batch means), ZeRO 0, 1 and 3; ZeRO-3's hpZ groups crossing the tensor-parallel ranks (a DeepSpeed 0.19.8 bug,
-/// docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py) flagged without its fix.
+/// deepspeed-zero's tensor parallelism as DeepSpeed's AutoTP training: uneven MLP shards and key-value head groups,
+/// accumulation with clipping in bf16, a rank without a head, its vocabulary-parallel head and loss (per micro-batch
+/// means), ZeRO 0, 1 and 3; two DeepSpeed 0.19.8 bugs: ZeRO-3's hpZ groups crossing the tensor-parallel ranks
+/// (docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py), flagged without its fix,
+/// and ZeRO-3 crashing on a rank without a head (docs/findings/deepspeed-0.19.8-autotp-zero3-empty-head-shard-crash.py).
 #[test]
 fn deepspeed_autotp_tensor_parallel() {
     if !python_ready() {
@@ -2189,10 +2191,11 @@ fn deepspeed_autotp_tensor_parallel() {
     }
     let dir = root().join("tests/python-autotp");
     let expected = [
-        ("dp2-tp2-zero1-uneven-ffn-sgd-clip-bf16.json", "deepspeed:dp2:zero1:autotp:uneven-shards", "pass"),
-        ("tp2-zero0-gqa-vocab-parallel-head-local-mean-f32.json", "deepspeed:dp1:zero0:autotp:vocab-parallel-head-uneven", "pass"),
+        ("dp2-tp2-zero1-uneven-ffn-uneven-heads-sgd-clip-bf16.json", "deepspeed:dp2:zero1:autotp:uneven-heads", "pass"),
+        ("tp2-zero0-one-kv-head-vocab-parallel-head-local-mean-f32.json", "deepspeed:dp1:zero0:autotp:empty-head-shards", "pass"),
         ("dp2-tp2-zero3-hpz2-f32.json", "deepspeed:dp2:zero3:autotp:even-shards", "pass"),
-        ("tp2-odd-heads-unsupported.json", "", "unsupported"),
+        ("tp2-one-kv-head-zero3-crash-f32.json", "", "crash"),
+        ("tp2-sequence-parallel-unsupported.json", "", "unsupported"),
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-zero"].into_iter().chain(files.iter().map(String::as_str)).collect();
@@ -2201,6 +2204,7 @@ fn deepspeed_autotp_tensor_parallel() {
     for (v, (name, feature, kind)) in vs.iter().zip(expected) {
         assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
     }
+    assert!(reason(&vs[3]).contains("NOT_AVAILABLE"), "ZeRO-3's empty head shard: {}", vs[3]);
     let v = one_verdict("deepspeed-zero", &dir.join("dp2-tp2-zero3-hpz2-f32.json"), "");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("logits"), "without the fix: {v}");
 }

@@ -47,7 +47,8 @@ class UlyssesTest(unittest.TestCase):
 
         self.assertIn("seq must be a multiple of cp", TARGET.unsupported(case("cp3-uneven-sequence-unsupported.json")))
         self.assertIsNone(TARGET.unsupported(case("cp3-uneven-heads-zero3-f32.json")))
-        self.assertIn("no tp/pp", TARGET.unsupported(case("cp2-f32.json", tp=2)))
+        self.assertIn("AutoTP beside Ulysses", TARGET.unsupported(case("cp2-f32.json", tp=2)))
+        self.assertIn("no pp", TARGET.unsupported(case("cp2-f32.json", pp=2)))
         self.assertEqual(features("s", case("cp3-uneven-heads-zero3-f32.json")),
                          ["s:ulysses-sp3", "s:ulysses:uneven-heads", "s:ulysses:config-mesh"])
         self.assertEqual(features("s", case("cp2-dp2-gqa-zero2-clip-bf16-sequence-parallel-unit.json")),

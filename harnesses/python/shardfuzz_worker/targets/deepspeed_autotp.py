@@ -38,9 +38,6 @@ def unsupported_autotp(case):
     p, m = parallel(case), model_defaults(case)
     if not _has_partition_config():
         return "this DeepSpeed release has no AutoTP partition_config (AutoTP training names layers by HF models only)"
-    if m["heads"] % tp or m["kv_heads"] % tp:
-        # Without a model config AutoTP splits q / k / v by width, not by head: a shard would cut a head.
-        return "AutoTP shards q / k / v by width here: heads and kv_heads must be multiples of tp"
     if p["sequence_parallel"]:
         return "AutoTP training has no sequence parallelism"
     if p.get("cp", 1) > 1 or p.get("ep", 1) > 1 or "moe" in m["layers"]:
@@ -77,8 +74,16 @@ def config(cfg, case):
 
 
 def prepare(model, case):
-    """The model as AutoTP's vocabulary-parallel head needs it: a `loss_function` attribute (what transformers' models
-    have), which DeepSpeed replaces by its vocabulary-parallel causal-LM loss."""
+    """The model as a transformers model meets AutoTP: a `config` with its head counts (from which AutoTP splits q / k
+    / v / o by key-value head groups, unevenly where tp does not divide kv_heads, and leaves ranks beyond kv_heads
+    without a head), and, for the vocabulary-parallel head, a `loss_function` attribute, which DeepSpeed replaces by
+    its vocabulary-parallel causal-LM loss."""
+    import types
+
+    if tensor_parallel(case) > 1:
+        m = model_defaults(case)
+        model.config = types.SimpleNamespace(num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
+                                             hidden_size=m["hidden"])
     if vocab_sharded(case):
         model.loss_function = None
     return model
@@ -147,14 +152,17 @@ def gather_shards(t, dim, sizes):
 
 
 def features(stage, case):
-    """AutoTP's degree, and whether the MLP's projections are sharded unevenly (tp does not divide ffn; attention
-    widths are whole heads, so even)."""
+    """AutoTP's degree, whether the MLP's projections are sharded unevenly (tp does not divide ffn), and how the
+    key-value head groups meet the tensor-parallel ranks."""
     tp = tensor_parallel(case)
     if tp == 1:
         return []
     m = model_defaults(case)
     uneven = m["ffn"] % tp != 0 and any(k == "mlp" for k in m["layers"])
     out = [f"{stage}:autotp{tp}", f"{stage}:autotp:{'uneven' if uneven else 'even'}-shards"]
+    if m["kv_heads"] % tp:
+        # AutoTP splits attention by key-value head group: unevenly, and with ranks that hold none beyond kv_heads.
+        out.append(f"{stage}:autotp:{'empty-head-shards' if tp > m['kv_heads'] else 'uneven-heads'}")
     if vocab_sharded(case):
         vocab = "uneven" if m["vocab"] % tp else "even"
         out.append(f"{stage}:autotp:vocab-parallel-head-{vocab}")

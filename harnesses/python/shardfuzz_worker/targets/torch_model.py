@@ -61,7 +61,7 @@ def causal_attention(q, k, v):
     """Causal softmax attention on [batch, heads, seq, head_dim]; kv heads shared by consecutive query
     heads (GQA: query head h reads kv head h // (heads / kv_heads)), scale 1/sqrt(head_dim)."""
     s, d = q.shape[2], q.shape[3]
-    rep = q.shape[1] // k.shape[1]
+    rep = q.shape[1] // k.shape[1] if k.shape[1] else 1  # (a tensor-parallel rank may hold no head)
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
