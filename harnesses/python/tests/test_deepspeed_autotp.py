@@ -55,6 +55,13 @@ class AutoTpTest(unittest.TestCase):
         smoothed["train"]["label_smoothing"] = 0.1
         self.assertIn("label smoothing", TARGET.unsupported(smoothed))
 
+    def test_no_standalone_script_trains_without_autotp(self):
+        from shardfuzz_worker.repro.common import ReproError
+        from shardfuzz_worker.repro.deepspeed_zero import check
+
+        with self.assertRaisesRegex(ReproError, "AutoTP is not carried"):
+            check(case("dp2-tp2-zero3-hpz2-f32.json"))
+
     def test_features(self):
         from shardfuzz_worker.targets.deepspeed_autotp import features
 
