@@ -2180,10 +2180,12 @@ fn deepspeed_ulysses_context_parallel() {
 }
 
 /// deepspeed-zero's tensor parallelism as DeepSpeed's AutoTP training: uneven MLP shards and key-value head groups,
-/// accumulation with clipping in bf16, a rank without a head, its vocabulary-parallel head and loss (per micro-batch
-/// means), ZeRO 0, 1 and 3; two DeepSpeed 0.19.8 bugs: ZeRO-3's hpZ groups crossing the tensor-parallel ranks
-/// (docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py), flagged without its fix,
-/// and ZeRO-3 crashing on a rank without a head (docs/findings/deepspeed-0.19.8-autotp-zero3-empty-head-shard-crash.py).
+/// accumulation with clipping in bf16, the overlapped input-gradient all-reduce, a rank without a head, its
+/// vocabulary-parallel head and loss (per micro-batch means), ZeRO 0, 1 and 3; three DeepSpeed 0.19.8 bugs: ZeRO-3's hpZ
+/// groups crossing the tensor-parallel ranks (docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py),
+/// flagged without its fix, the overlapped backward's `view` of a non-contiguous gradient
+/// (docs/findings/deepspeed-0.19.8-autotp-overlap-comm-noncontiguous-grad-crash.py), a crash without its fix, and ZeRO-3
+/// crashing on a rank without a head (docs/findings/deepspeed-0.19.8-autotp-zero3-empty-head-shard-crash.py).
 #[test]
 fn deepspeed_autotp_tensor_parallel() {
     if !python_ready() {
@@ -2191,7 +2193,8 @@ fn deepspeed_autotp_tensor_parallel() {
     }
     let dir = root().join("tests/python-autotp");
     let expected = [
-        ("dp2-tp2-zero1-uneven-ffn-uneven-heads-sgd-clip-bf16.json", "deepspeed:dp2:zero1:autotp:uneven-heads", "pass"),
+        ("dp2-tp2-zero1-overlap-comm-uneven-ffn-uneven-heads-sgd-clip-bf16.json", "deepspeed:dp2:zero1:autotp:uneven-heads", "pass"),
+        ("tp2-overlap-comm-two-sequences-f32.json", "deepspeed:dp1:zero0:autotp:overlapped-input-grad-reduce", "pass"),
         ("tp2-zero0-one-kv-head-vocab-parallel-head-local-mean-f32.json", "deepspeed:dp1:zero0:autotp:empty-head-shards", "pass"),
         ("dp2-tp2-zero3-hpz2-f32.json", "deepspeed:dp2:zero3:autotp:even-shards", "pass"),
         ("tp2-one-kv-head-zero3-crash-f32.json", "", "crash"),
@@ -2199,14 +2202,17 @@ fn deepspeed_autotp_tensor_parallel() {
     ];
     let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
     let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-zero"].into_iter().chain(files.iter().map(String::as_str)).collect();
-    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", "deepspeed-autotp-hpz-data-parallel-groups")]));
+    let fixes = "deepspeed-autotp-hpz-data-parallel-groups,deepspeed-async-column-parallel-noncontiguous-grad";
+    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
     assert_eq!(vs.len(), expected.len());
     for (v, (name, feature, kind)) in vs.iter().zip(expected) {
         assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
     }
-    assert!(reason(&vs[3]).contains("NOT_AVAILABLE"), "ZeRO-3's empty head shard: {}", vs[3]);
+    assert!(reason(&vs[4]).contains("NOT_AVAILABLE"), "ZeRO-3's empty head shard: {}", vs[4]);
     let v = one_verdict("deepspeed-zero", &dir.join("dp2-tp2-zero3-hpz2-f32.json"), "");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("logits"), "without the fix: {v}");
+    let v = one_verdict("deepspeed-zero", &dir.join("tp2-overlap-comm-two-sequences-f32.json"), "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("view size is not compatible"), "without the fix: {v}");
 }
 
 /// torch-fsdp2's context parallelism as torch's own (ring attention under `context_parallel`, FSDP2 over dp x cp):

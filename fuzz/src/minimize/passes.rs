@@ -92,6 +92,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.dual_pipe.is_some(),
         p.ulysses_mpu.is_some(),
         p.cp_all_to_all.is_some(),
+        p.tp_overlap_comm.is_some(),
         p.breadth_first.is_some(),
         p.param_shard_dim.is_some(),
         p.persist_below.is_some(),
@@ -179,6 +180,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.cp_all_to_all.is_some() {
         out.push(with(case, |c| c.parallel.cp_all_to_all = None));
+    }
+    if p.tp_overlap_comm.is_some() {
+        out.push(with(case, |c| c.parallel.tp_overlap_comm = None));
     }
     if p.breadth_first.is_some() {
         out.push(with(case, |c| c.parallel.breadth_first = None));
@@ -616,7 +620,7 @@ mod tests {
         (p.static_graph, p.reduce_to_owner, p.find_unused) = (Some(true), Some(true), Some(false));
         (p.overlap_param_gather, p.sync_every_microbatch, p.param_shard_dim) = (Some(true), Some(false), Some(1));
         (p.zero_bubble, p.dual_pipe, p.breadth_first, p.ulysses_mpu) = (Some(true), Some(true), Some(true), Some(true));
-        p.cp_all_to_all = Some(true);
+        (p.cp_all_to_all, p.tp_overlap_comm) = (Some(true), Some(true));
         (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         (p.prefetch_bucket, p.max_live_parameters, p.max_reuse_distance) = (Some(0), Some(9), Some(0));
         p.framework_checkpoint = Some(shardfuzz_harnesses::case::FrameworkCheckpoint::Contiguous);

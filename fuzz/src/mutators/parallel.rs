@@ -438,6 +438,16 @@ pub fn cp_all_to_all(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Column-parallel layers overlapping their input gradient's all-reduce with the weight gradient, not, or the target's
+/// own choice; tensor parallelism switched on with it (tp 2 where it was off).
+pub fn tp_overlap_comm(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.tp_overlap_comm = another(c.parallel.tp_overlap_comm, &ON_OFF_OR_TARGETS, rng);
+    if c.parallel.tp == 1 {
+        c.parallel.tp = 2;
+    }
+    true
+}
+
 /// A rank's interleaved stages run breadth first (looped BFS), depth first, or the target's own choice; pipeline
 /// parallelism switched on with it, under the interleaved schedule.
 pub fn breadth_first(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -1024,6 +1024,28 @@ def _deepspeed_autotp_hpz_data_parallel_groups():
     groups._create_zero_param_parallel_group = create_zero_param_parallel_group
 
 
+def _deepspeed_async_column_parallel_noncontiguous_grad():
+    """DeepSpeed 0.19.8 (found by shardfuzz): with AutoTP's `tp_overlap_comm`, a column-parallel layer's backward
+    (`AsyncColumnParallel.backward`, module_inject/layers.py:281) flattens its output gradient and input with `.view`,
+    which fails on a non-contiguous gradient: an attention projection whose output is viewed per head and transposed
+    gets one as soon as a micro-batch has two sequences ("view size is not compatible with input tensor's size and
+    stride") (docs/findings/deepspeed-0.19.8-autotp-overlap-comm-noncontiguous-grad-crash.py). Fix: `reshape`, as
+    apex's equivalent layer does since NVIDIA/apex#1573; the arithmetic otherwise unchanged."""
+    import deepspeed.comm as dist
+    from deepspeed.module_inject.layers import AsyncColumnParallel
+
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        grad_input = grad_output.matmul(weight)
+        handle = dist.all_reduce(grad_input.contiguous(), group=ctx.group, async_op=True)
+        grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(input.reshape(-1, input.shape[-1]))
+        grad_bias = grad_output.sum(0) if ctx.use_bias else None
+        handle.wait()
+        return None, grad_input, grad_weight, grad_bias
+
+    AsyncColumnParallel.backward = staticmethod(backward)
+
+
 def _torch_rms_norm_half_overflow():
     """torch 2.5.1 (and other releases before the fused CPU kernel that accumulates in float32; reported as
     pytorch/pytorch#133085 / #134106, 2024-08): `F.rms_norm` on a float16 input squares it in float16, so any element
@@ -1786,6 +1808,8 @@ FIXES = {
                                                             _deepspeed_offload_accumulation_middle_micro_batches),
     "deepspeed-zero3-hpz-secondary-after-load": (("deepspeed-zero",), _deepspeed_zero3_hpz_secondary_after_load),
     "deepspeed-autotp-hpz-data-parallel-groups": (("deepspeed-zero",), _deepspeed_autotp_hpz_data_parallel_groups),
+    "deepspeed-async-column-parallel-noncontiguous-grad": (("deepspeed-zero",),
+                                                           _deepspeed_async_column_parallel_noncontiguous_grad),
     "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-ddp", "colossalai-tp", "colossalai-zero"),
                                      _torch_rms_norm_half_overflow),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),

@@ -65,8 +65,9 @@ class AutoTpTest(unittest.TestCase):
     def test_features(self):
         from shardfuzz_worker.targets.deepspeed_autotp import features
 
-        self.assertEqual(features("s", case("dp2-tp2-zero1-uneven-ffn-uneven-heads-sgd-clip-bf16.json")),
-                         ["s:autotp2", "s:autotp:uneven-shards", "s:autotp:uneven-heads"])
+        self.assertEqual(features("s", case("dp2-tp2-zero1-overlap-comm-uneven-ffn-uneven-heads-sgd-clip-bf16.json")),
+                         ["s:autotp2", "s:autotp:uneven-shards", "s:autotp:uneven-heads",
+                          "s:autotp:overlapped-input-grad-reduce"])
         self.assertEqual(features("s", case("tp2-zero0-one-kv-head-vocab-parallel-head-local-mean-f32.json")),
                          ["s:autotp2", "s:autotp:even-shards", "s:autotp:empty-head-shards",
                           "s:autotp:vocab-parallel-head-uneven"])

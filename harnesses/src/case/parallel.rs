@@ -126,6 +126,12 @@ pub struct Parallel {
     /// the same result either way. Absent: the target's own choice. Read only with cp > 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cp_all_to_all: Option<bool>,
+    /// Under tensor parallelism (tp > 1), a column-parallel layer's backward all-reduces its input gradient
+    /// asynchronously, overlapped with its weight gradient's computation, where a framework offers the choice
+    /// (DeepSpeed AutoTP's `tp_overlap_comm`); the same result either way. Absent: the target's own choice. Read only
+    /// with tp > 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_overlap_comm: Option<bool>,
     /// Under the interleaved schedule, a pipeline rank's stages run breadth first (every ready micro-batch of its
     /// earlier stage before the later one: torch's `ScheduleLoopedBFS`) rather than depth first (interleaved 1F1B),
     /// where a framework offers the choice; the same result either way. Absent: the target's own choice. Read only
@@ -277,6 +283,7 @@ impl Default for Parallel {
             dual_pipe: None,
             ulysses_mpu: None,
             cp_all_to_all: None,
+            tp_overlap_comm: None,
             breadth_first: None,
             param_shard_dim: None,
             static_graph: None,

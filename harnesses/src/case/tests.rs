@@ -126,6 +126,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "dual_pipe",
         "ulysses_mpu",
         "cp_all_to_all",
+        "tp_overlap_comm",
         "breadth_first",
         "param_shard_dim",
         "persist_below",

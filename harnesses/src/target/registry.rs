@@ -147,6 +147,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "context_parallel",
             "ulysses_mpu",
             "vocab_loss",
+            "tp_overlap_comm",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

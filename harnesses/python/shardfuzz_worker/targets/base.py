@@ -173,6 +173,7 @@ def parallel(case):
         "dual_pipe": p.get("dual_pipe"),
         "ulysses_mpu": p.get("ulysses_mpu"),
         "cp_all_to_all": p.get("cp_all_to_all"),
+        "tp_overlap_comm": p.get("tp_overlap_comm"),
         "breadth_first": p.get("breadth_first"),
         "param_shard_dim": p.get("param_shard_dim"),
         "persist_below": p.get("persist_below"),

@@ -70,6 +70,9 @@ def config(cfg, case):
                               "partition_config": {"use_default_specs": False, "layer_specs": list(LAYER_SPECS)}}
     if vocab_sharded(case):
         cfg["tensor_parallel"]["vocab_parallel_lm_head"] = True
+    if parallel(case)["tp_overlap_comm"] is not None:
+        # Column-parallel backward through AsyncColumnParallel: the input gradient's all-reduce overlapped.
+        cfg["tensor_parallel"]["tp_overlap_comm"] = parallel(case)["tp_overlap_comm"]
     return cfg
 
 
@@ -163,6 +166,8 @@ def features(stage, case):
     if m["kv_heads"] % tp:
         # AutoTP splits attention by key-value head group: unevenly, and with ranks that hold none beyond kv_heads.
         out.append(f"{stage}:autotp:{'empty-head-shards' if tp > m['kv_heads'] else 'uneven-heads'}")
+    if parallel(case)["tp_overlap_comm"] is not None:
+        out.append(f"{stage}:autotp:{'overlapped' if parallel(case)['tp_overlap_comm'] else 'blocking'}-input-grad-reduce")
     if vocab_sharded(case):
         vocab = "uneven" if m["vocab"] % tp else "even"
         out.append(f"{stage}:autotp:vocab-parallel-head-{vocab}")
