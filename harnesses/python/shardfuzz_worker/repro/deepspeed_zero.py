@@ -44,7 +44,7 @@ def generate(case, inputs, bounds, dropped):
                 literal("DS_CONFIG", config)]
     sources = (worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("targets/deepspeed_zero.py", "gathered", "deepspeed_block_checkpoint",
-                                         "configure_deepspeed_checkpointing")
+                                         "checkpointed_blocks", "configure_deepspeed_checkpointing")
                + "\n\n" + worker_source("targets/deepspeed_ulysses.py", "attend_through_ulysses", "sequence_parallel_unit",
                                                 "release")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))

@@ -10,8 +10,8 @@ row-parallel bias) as its own local copy, so that a replicated gradient the tens
 as disagreeing replicas.
 """
 
-from .base import label_smoothing, loss_denominator, parallel, vocab_sharded_loss
-from .torch_model import model_defaults
+from .base import label_smoothing, parallel, vocab_sharded_loss
+from .torch_model import model_defaults, sparse_embedding
 
 #: The model's projections by how AutoTP shards them (torch_model's names).
 LAYER_SPECS = (
@@ -40,9 +40,9 @@ def unsupported_autotp(case):
         return "this DeepSpeed release has no AutoTP partition_config (AutoTP training names layers by HF models only)"
     if p["sequence_parallel"]:
         return "AutoTP training has no sequence parallelism"
-    if p.get("cp", 1) > 1 or p.get("ep", 1) > 1 or "moe" in m["layers"]:
+    if p["cp"] > 1 or p["ep"] > 1 or "moe" in m["layers"]:
         return "AutoTP beside Ulysses or MoE layers is not expressed"
-    if (case.get("model") or {}).get("sparse_embedding"):
+    if sparse_embedding(case):
         return "AutoTP beside a sparse embedding gradient is not expressed"
     if vocab_sharded(case):
         if m.get("tied_embeddings"):
@@ -60,7 +60,7 @@ def _has_partition_config():
 
 def config(cfg, case):
     """The engine's config with AutoTP where the case's tp is above 1."""
-    tp = tensor_parallel(case)
+    tp, overlap = tensor_parallel(case), parallel(case)["tp_overlap_comm"]
     if tp == 1:
         return cfg
     # DeepSpeed derives the global batch itself: it checks it against the whole world at stages 0-2 and against the
@@ -70,9 +70,9 @@ def config(cfg, case):
                               "partition_config": {"use_default_specs": False, "layer_specs": list(LAYER_SPECS)}}
     if vocab_sharded(case):
         cfg["tensor_parallel"]["vocab_parallel_lm_head"] = True
-    if parallel(case)["tp_overlap_comm"] is not None:
+    if overlap is not None:
         # Column-parallel backward through AsyncColumnParallel: the input gradient's all-reduce overlapped.
-        cfg["tensor_parallel"]["tp_overlap_comm"] = parallel(case)["tp_overlap_comm"]
+        cfg["tensor_parallel"]["tp_overlap_comm"] = overlap
     return cfg
 
 
@@ -95,19 +95,19 @@ def prepare(model, case):
 class VocabShard:
     """`train`'s `vocab` for AutoTP's vocabulary-parallel head: each micro-batch's loss from the loss DeepSpeed
     installed as the model's `loss_function` (given the targets as `shift_labels`: they are already the next tokens),
-    a sum (`num_items_in_batch` 1) or, with the case's `local_mean_loss`, its own mean; logits gathered over tp.
-    `module()`: the engine's model now (a resumed run has a new one)."""
+    a sum (`num_items_in_batch` 1) or, with the case's `local_mean_loss`, its own mean, as micro_batch_loss counts
+    them; logits gathered over tp. `module()`: the engine's model now (a resumed run has a new one)."""
 
-    def __init__(self, case, module):
-        self.local_mean = bool(case["train"].get("local_mean_loss"))
-        self.module = module
+    def __init__(self, case, inputs, module):
+        self.case, self.inputs, self.module = case, inputs, module
 
     def loss(self, logits, targets):
+        from .torch_training import local_mean_count
+
         loss = self.module().loss_function
-        if self.local_mean:
-            count = loss_denominator({"targets": targets.reshape(-1).numpy()})
-            if count > 0:
-                return loss(logits, shift_labels=targets), count
+        count = local_mean_count(self.case, self.inputs, targets)
+        if count is not None:
+            return loss(logits, shift_labels=targets), count
         return loss(logits, shift_labels=targets, num_items_in_batch=1), 1.0
 
     def whole(self, logits):
@@ -166,8 +166,9 @@ def features(stage, case):
     if m["kv_heads"] % tp:
         # AutoTP splits attention by key-value head group: unevenly, and with ranks that hold none beyond kv_heads.
         out.append(f"{stage}:autotp:{'empty-head-shards' if tp > m['kv_heads'] else 'uneven-heads'}")
-    if parallel(case)["tp_overlap_comm"] is not None:
-        out.append(f"{stage}:autotp:{'overlapped' if parallel(case)['tp_overlap_comm'] else 'blocking'}-input-grad-reduce")
+    overlap = parallel(case)["tp_overlap_comm"]
+    if overlap is not None:
+        out.append(f"{stage}:autotp:{'overlapped' if overlap else 'blocking'}-input-grad-reduce")
     if vocab_sharded(case):
         vocab = "uneven" if m["vocab"] % tp else "even"
         out.append(f"{stage}:autotp:vocab-parallel-head-{vocab}")
@@ -182,7 +183,7 @@ def forget():
 
     for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
                  "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK"):
-        if getattr(groups, name, None) is not None:
+        if hasattr(groups, name):
             setattr(groups, name, None)
 
 

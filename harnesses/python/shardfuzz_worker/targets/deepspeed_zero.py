@@ -210,9 +210,8 @@ class DeepSpeedZero(TorchTarget):
             if block_checkpoint is not None and autotp.tensor_parallel(case) > 1:
                 # As a Megatron-DeepSpeed user configures it: activations partitioned over the tensor-parallel ranks
                 # of the engine's model-parallel unit (AutoTP's groups).
-                m = case["model"]
-                configure_deepspeed_checkpointing(parallel(case)["framework_checkpoint"],
-                                                  len(m["layers"]) * m.get("layer_passes", 1), mpu=engine.mpu)
+                configure_deepspeed_checkpointing(parallel(case)["framework_checkpoint"], checkpointed_blocks(case),
+                                                  mpu=engine.mpu)
             ulysses.install(engine, case)
             return engine
 
@@ -277,7 +276,7 @@ class DeepSpeedZero(TorchTarget):
                     backward=backward, step=step, clip=lambda: None, named=named, view=view,
                     grad=lambda name, p: safe_get_full_grad(p), forward=lambda ids: (aux.clear(), now["engine"](ids))[1],
                     resume=resume, seq=seq, group=autotp.loss_group(case),
-                    vocab=autotp.VocabShard(case, lambda: now["engine"].module) if autotp.vocab_sharded(case) else None)
+                    vocab=autotp.VocabShard(case, inputs, lambda: now["engine"].module) if autotp.vocab_sharded(case) else None)
         now["engine"].destroy()
         if moe is not None:
             for kind in ("grads", "params"):
@@ -375,8 +374,7 @@ def deepspeed_block_checkpoint(case):
     import torch
     from deepspeed.runtime.activation_checkpointing import checkpointing as ck
 
-    m = case["model"]
-    configure_deepspeed_checkpointing(mode, len(m["layers"]) * m.get("layer_passes", 1))
+    configure_deepspeed_checkpointing(mode, checkpointed_blocks(case))
 
     def run(layer, x, recompute):
         if recompute is None or not torch.is_grad_enabled():
@@ -388,6 +386,12 @@ def deepspeed_block_checkpoint(case):
         return ck.checkpoint(layer, x)
 
     return run
+
+
+def checkpointed_blocks(case):
+    """How many block checkpoints a forward of the case's model takes (every block, once per layer pass)."""
+    m = case["model"]
+    return len(m["layers"]) * m.get("layer_passes", 1)
 
 
 def configure_deepspeed_checkpointing(mode, num_checkpoints, mpu=None):

@@ -33,6 +33,15 @@ def dense(t):
     return t.to_dense() if t.is_sparse else t
 
 
+def local_mean_count(case, inputs, targets):
+    """The micro-batch's own loss denominator where the case's `train.local_mean_loss` averages each micro-batch on its
+    own and the micro-batch counts a token; None where its loss stays a sum (a mean would be 0 / 0)."""
+    if not case["train"].get("local_mean_loss"):
+        return None
+    count = loss_denominator({"targets": targets.reshape(-1).numpy(), "class_weights": inputs.get("class_weights")})
+    return count if count > 0 else None
+
+
 def micro_batch_loss(case, inputs, logits, targets):
     """(loss, count): the micro-batch's token loss and what it stands for in units of the summed token loss.
     F.cross_entropy's sum (count 1), or with the case's `train.local_mean_loss` its mean (`reduction="mean"`, the
@@ -40,10 +49,9 @@ def micro_batch_loss(case, inputs, logits, targets):
     micro-batch's own denominator; a micro-batch with no counted token stays a sum (its mean would be 0 / 0)."""
     kw = dict(weight=class_weight(inputs, logits.dtype), label_smoothing=label_smoothing(case))
     flat, tgt = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    if case["train"].get("local_mean_loss"):
-        count = loss_denominator({"targets": tgt.numpy(), "class_weights": inputs.get("class_weights")})
-        if count > 0:
-            return F.cross_entropy(flat, tgt, reduction="mean", **kw), count
+    count = local_mean_count(case, inputs, tgt)
+    if count is not None:
+        return F.cross_entropy(flat, tgt, reduction="mean", **kw), count
     return F.cross_entropy(flat, tgt, reduction="sum", **kw), 1.0
 
 
