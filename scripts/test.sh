@@ -6,8 +6,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# The Rust builds (CPU) run while the Python environments are set up (mostly downloads): their output
+# is printed once both are done, and the steps below reuse what they built.
+mkdir -p target
+(
+  echo "== cargo fmt --check" && cargo fmt --all -- --check &&
+    echo "== cargo clippy" && cargo clippy --workspace --all-targets --release -- -D warnings &&
+    echo "== cargo test --no-run" && cargo test --workspace --release --no-run
+) > target/rust-build.log 2>&1 &
+rust_build=$!
 echo "== Python framework environment"
-scripts/setup-python.sh
+scripts/setup-python.sh || { pkill -P "$rust_build"; kill "$rust_build"; exit 1; } 2>/dev/null
+rust_status=0
+wait "$rust_build" || rust_status=$?
+cat target/rust-build.log
+[[ $rust_status == 0 ]] || { echo "the Rust build, formatting or lints failed" >&2; exit 1; }
 # The Python-target tests fail (instead of skipping) without the environment.
 export SHARDFUZZ_REQUIRE_PYTHON=1
 # JAX's persistent compilation cache, shared by every JAX worker the suite starts (the same programs compile in
@@ -19,10 +32,6 @@ echo "== Python worker unit tests"
 (cd harnesses/python && ../../.venv/bin/python -m unittest discover -s tests)
 echo "== Python worker unit tests in the colossalai environment"
 (cd harnesses/python && ../../.venv-colossalai/bin/python -m unittest tests.test_colossalai tests.test_mutants)
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
-echo "== cargo clippy"
-cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== cargo test"
 cargo test --workspace --release
 echo "== seed corpus through the native target"

@@ -2215,6 +2215,36 @@ fn deepspeed_autotp_tensor_parallel() {
     assert!(v["kind"] == "crash" && reason(&v).contains("view size is not compatible"), "without the fix: {v}");
 }
 
+/// deepspeed-zero's MoE blocks as DeepSpeed's AutoEP layers (`auto_ep`): ZeRO-3 with accumulation and a resumed run,
+/// top-1 gates in bf16, AutoEP folded onto AutoTP's ranks with a gated shared expert; what DeepSpeed refuses (folding
+/// with ep 1) and what is not expressed (gelu experts); and a DeepSpeed 0.19.8 bug: under folding the clipping norm
+/// leaves out the experts of every tensor-parallel rank but the first
+/// (docs/findings/deepspeed-0.19.8-autoep-autotp-folding-clip-norm-drops-experts-of-other-tp-lanes.py), flagged without
+/// its fix.
+#[test]
+fn deepspeed_autoep_expert_parallel() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-autoep");
+    let expected = [
+        ("dp2-ep2-zero3-accumulate-resume-f32.json", "deepspeed:dp2:zero3:autoep2", "pass"),
+        ("dp2-ep2-top1-zero0-bf16.json", "deepspeed:dp2:zero0:autoep2:top1", "pass"),
+        ("tp2-ep2-shared-gated-clip-f32.json", "deepspeed:dp1:zero0:autoep2:shared-expert-gated", "pass"),
+        ("tp2-ep1-rejected.json", "", "rejected"),
+        ("gelu-experts-unsupported.json", "", "unsupported"),
+    ];
+    let files: Vec<String> = expected.iter().map(|(name, ..)| dir.join(name).display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "deepspeed-zero"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", "deepspeed-autoep-folding-norm-every-tp-lane")]));
+    assert_eq!(vs.len(), expected.len());
+    for (v, (name, feature, kind)) in vs.iter().zip(expected) {
+        assert!(v["kind"] == kind && (feature.is_empty() || has_feature(v, feature)), "{name}: {v}");
+    }
+    let v = one_verdict("deepspeed-zero", &dir.join("tp2-ep2-shared-gated-clip-f32.json"), "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("param/"), "without the fix: {v}");
+}
+
 /// torch-fsdp2's context parallelism as torch's own (ring attention under `context_parallel`, FSDP2 over dp x cp):
 /// load-balanced and in-order sequences, all-gather and all-to-all rotation, GQA, accumulation with clipping, a
 /// resumed and recomputed mixed-precision run, dp 2 x cp 2; what it refuses.

@@ -64,6 +64,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         ulysses_mpu: None,
         cp_all_to_all: None,
         tp_overlap_comm: None,
+        auto_ep: None,
         breadth_first: None,
         param_shard_dim: None,
         persist_below: None,

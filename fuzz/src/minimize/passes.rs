@@ -93,6 +93,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.ulysses_mpu.is_some(),
         p.cp_all_to_all.is_some(),
         p.tp_overlap_comm.is_some(),
+        p.auto_ep.is_some(),
         p.breadth_first.is_some(),
         p.param_shard_dim.is_some(),
         p.persist_below.is_some(),
@@ -183,6 +184,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.tp_overlap_comm.is_some() {
         out.push(with(case, |c| c.parallel.tp_overlap_comm = None));
+    }
+    if p.auto_ep.is_some() {
+        out.push(with(case, |c| c.parallel.auto_ep = None));
     }
     if p.breadth_first.is_some() {
         out.push(with(case, |c| c.parallel.breadth_first = None));
@@ -620,7 +624,7 @@ mod tests {
         (p.static_graph, p.reduce_to_owner, p.find_unused) = (Some(true), Some(true), Some(false));
         (p.overlap_param_gather, p.sync_every_microbatch, p.param_shard_dim) = (Some(true), Some(false), Some(1));
         (p.zero_bubble, p.dual_pipe, p.breadth_first, p.ulysses_mpu) = (Some(true), Some(true), Some(true), Some(true));
-        (p.cp_all_to_all, p.tp_overlap_comm) = (Some(true), Some(true));
+        (p.cp_all_to_all, p.tp_overlap_comm, p.auto_ep) = (Some(true), Some(true), Some(true));
         (p.persist_below, p.optimizer_sub_group, p.reshard_group) = (Some(16), Some(100), Some(1));
         (p.prefetch_bucket, p.max_live_parameters, p.max_reuse_distance) = (Some(0), Some(9), Some(0));
         p.framework_checkpoint = Some(shardfuzz_harnesses::case::FrameworkCheckpoint::Contiguous);
@@ -632,7 +636,7 @@ mod tests {
         (m.sparse_embedding, m.activation_checkpointing) = (true, Some(shardfuzz_harnesses::case::Recompute::Reentrant));
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
-        assert!(candidates.len() >= 29, "{} candidates", candidates.len());
+        assert!(candidates.len() >= 30, "{} candidates", candidates.len());
         for c in candidates {
             assert!(Complexity::of(&c).strictly_simpler_than(&before), "{:?}", c.parallel);
         }

@@ -488,3 +488,13 @@ pub fn expert_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     c.parallel.ep = v;
     changed
 }
+
+/// The MoE blocks made expert parallel by the framework's replacement of the model's own MoE modules, by its MoE
+/// layer, or the target's own choice (a case with MoE blocks only).
+pub fn auto_ep(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.model.as_ref().and_then(|m| m.moe.as_ref()).is_none() {
+        return false;
+    }
+    c.parallel.auto_ep = another(c.parallel.auto_ep, &ON_OFF_OR_TARGETS, rng);
+    true
+}

@@ -1046,6 +1046,40 @@ def _deepspeed_async_column_parallel_noncontiguous_grad():
     AsyncColumnParallel.backward = staticmethod(backward)
 
 
+def _deepspeed_autoep_folding_norm_every_tp_lane():
+    """DeepSpeed 0.19.8 (found by shardfuzz): with AutoEP folded onto AutoTP's ranks (both degrees > 1) the tensor-parallel
+    ranks hold different routed experts, but the global gradient norm ZeRO-1/2 (`get_grad_norm_direct`) and the engine
+    without ZeRO (`runtime.utils.clip_grad_norm_`) clip by counts a parameter on model-parallel rank 0 only unless it is
+    marked model parallel, and AutoEP's experts are not: the experts of every other tensor-parallel rank are left out of
+    the norm (docs/findings/deepspeed-0.19.8-autoep-autotp-folding-clip-norm-drops-experts-of-other-tp-lanes.py). Fix:
+    the routed experts counted on every tensor-parallel rank (marked tensor-model-parallel while the norm is computed)."""
+    from deepspeed.moe.utils import is_moe_param
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from deepspeed.utils import groups
+
+    def counted_on_every_tp_rank(original, params_of):
+        def run(self, *args, **kwargs):
+            no_tp = getattr(groups, "_TENSOR_MODEL_PARALLEL_GROUP", None) is None
+            if no_tp or groups.get_tensor_model_parallel_world_size() <= 1:
+                return original(self, *args, **kwargs)
+            experts = [p for p in params_of(self) if is_moe_param(p) and not getattr(p, "tensor_model_parallel", False)]
+            for p in experts:
+                p.tensor_model_parallel = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                for p in experts:
+                    del p.tensor_model_parallel
+
+        return run
+
+    DeepSpeedZeroOptimizer.scaled_global_norm = counted_on_every_tp_rank(
+        DeepSpeedZeroOptimizer.scaled_global_norm, lambda opt: [p for group in opt.bit16_groups for p in group])
+    DeepSpeedEngine.clip_fp32_gradients = counted_on_every_tp_rank(
+        DeepSpeedEngine.clip_fp32_gradients, lambda engine: list(engine.module.parameters()))
+
+
 def _torch_rms_norm_half_overflow():
     """torch 2.5.1 (and other releases before the fused CPU kernel that accumulates in float32; reported as
     pytorch/pytorch#133085 / #134106, 2024-08): `F.rms_norm` on a float16 input squares it in float16, so any element
@@ -1810,6 +1844,7 @@ FIXES = {
     "deepspeed-autotp-hpz-data-parallel-groups": (("deepspeed-zero",), _deepspeed_autotp_hpz_data_parallel_groups),
     "deepspeed-async-column-parallel-noncontiguous-grad": (("deepspeed-zero",),
                                                            _deepspeed_async_column_parallel_noncontiguous_grad),
+    "deepspeed-autoep-folding-norm-every-tp-lane": (("deepspeed-zero",), _deepspeed_autoep_folding_norm_every_tp_lane),
     "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-ddp", "colossalai-tp", "colossalai-zero"),
                                      _torch_rms_norm_half_overflow),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),

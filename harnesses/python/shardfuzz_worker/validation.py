@@ -151,6 +151,12 @@ _DEEPSPEED = [
     # the sequence parallel size").
     ("deepspeed/sequence/layer.py", "_resolve_kv_heads", "must be at least the sequence parallel size"),
     ("deepspeed/sequence/layer.py", "_generate_layout_params", "must be divisible by the sequence parallel size"),
+    # AutoEP's checks of its section against the model and the other degrees ("AutoEP+AutoTP folding requires
+    # expert_parallel.autoep_size > 1"; "num_experts=3 must be divisible by autoep_size=2").
+    ("deepspeed/module_inject/auto_ep_config.py", "validate_autoep_config", None),
+    ("deepspeed/module_inject/auto_ep_config.py", "validate_autoep_post_detection", None),
+    ("deepspeed/module_inject/auto_ep_folding.py", "build_folding_spec", None),
+    ("deepspeed/module_inject/auto_ep_folding.py", "validate_folding_global", None),
 ]
 
 #: Its pipeline engine's: PipelineModule's partitioning and grid, the engine's and DualPipeV's asserts on the config

@@ -132,6 +132,12 @@ pub struct Parallel {
     /// with tp > 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp_overlap_comm: Option<bool>,
+    /// The case's MoE blocks made expert parallel by the framework replacing the model's own MoE modules at
+    /// initialisation (DeepSpeed's AutoEP: a dropless all-to-all of variable splits), rather than the model being built
+    /// from the framework's MoE layer (DeepSpeed's `deepspeed.moe.layer.MoE`: capacity buffers); the same result either
+    /// way. Absent: the target's own choice. Read only with MoE blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_ep: Option<bool>,
     /// Under the interleaved schedule, a pipeline rank's stages run breadth first (every ready micro-batch of its
     /// earlier stage before the later one: torch's `ScheduleLoopedBFS`) rather than depth first (interleaved 1F1B),
     /// where a framework offers the choice; the same result either way. Absent: the target's own choice. Read only
@@ -284,6 +290,7 @@ impl Default for Parallel {
             ulysses_mpu: None,
             cp_all_to_all: None,
             tp_overlap_comm: None,
+            auto_ep: None,
             breadth_first: None,
             param_shard_dim: None,
             static_graph: None,

@@ -127,6 +127,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "ulysses_mpu",
         "cp_all_to_all",
         "tp_overlap_comm",
+        "auto_ep",
         "breadth_first",
         "param_shard_dim",
         "persist_below",

@@ -148,6 +148,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "ulysses_mpu",
             "vocab_loss",
             "tp_overlap_comm",
+            "auto_ep",
         ],
         create: |o| python("deepspeed-zero", MAIN, o),
     },

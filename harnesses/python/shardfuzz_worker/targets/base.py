@@ -174,6 +174,7 @@ def parallel(case):
         "ulysses_mpu": p.get("ulysses_mpu"),
         "cp_all_to_all": p.get("cp_all_to_all"),
         "tp_overlap_comm": p.get("tp_overlap_comm"),
+        "auto_ep": p.get("auto_ep"),
         "breadth_first": p.get("breadth_first"),
         "param_shard_dim": p.get("param_shard_dim"),
         "persist_below": p.get("persist_below"),

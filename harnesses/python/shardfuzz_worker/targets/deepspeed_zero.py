@@ -15,8 +15,9 @@ without a model-parallel unit, as a data-parallel-only user calls it).
 The case's context parallelism (cp) runs as DeepSpeed-Ulysses over the engine's sequence-parallel groups
 (deepspeed_ulysses).
 
-The case's MoE blocks run as DeepSpeed's MoE layer over its expert-parallel groups (the case's ep), top-1 only
-(deepspeed_moe); its l_aux, times the case's coefficient, joins each micro-batch's loss.
+The case's MoE blocks run as DeepSpeed's MoE layer over its expert-parallel groups (the case's ep)
+(deepspeed_moe); its l_aux, times the case's coefficient, joins each micro-batch's loss. With `auto_ep` they run as
+the layers DeepSpeed's AutoEP puts in place of the model's own MoE modules (deepspeed_autoep).
 
 The engine owns backward, gradient reduction, clipping and the optimizer step (a torch optimizer from
 `make_optimizer`, which DeepSpeed wraps). Gradient accumulation is the engine's: `gradient_accumulation_steps`
@@ -41,6 +42,7 @@ from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
 from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
 from . import deepspeed_autotp as autotp  # noqa: E402
+from . import deepspeed_autoep as autoep  # noqa: E402
 from . import deepspeed_ulysses as ulysses  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
@@ -87,7 +89,9 @@ class DeepSpeedZero(TorchTarget):
         why = (unsupported_layout(case, ("dp", "ep", "cp", "tp"),
                                   "deepspeed-zero runs ZeRO data parallelism, AutoTP tensor parallelism and Ulysses context "
                                   "parallelism (no pp)", offload=True, moe=True)
-               or unsupported_sparse_embedding(case) or unsupported_moe(case) or unsupported_frozen_moe(case)
+               or unsupported_sparse_embedding(case)
+               or (autoep.unsupported_autoep(case) if autoep.enabled(case) else unsupported_moe(case))
+               or unsupported_frozen_moe(case)
                or ulysses.unsupported_ulysses(case) or autotp.unsupported_autotp(case))
         if why:
             return why
@@ -182,7 +186,7 @@ class DeepSpeedZero(TorchTarget):
             cfg["data_types"] = {"grad_accum_dtype": ACCUMULATE[t["grad_accum_dtype"]]}
         if reduce_dtype_name(case) != dt:
             cfg["communication_data_type"] = COMMUNICATION[reduce_dtype_name(case)]
-        return autotp.config(ulysses.config(cfg, case), case)
+        return autoep.config(autotp.config(ulysses.config(cfg, case), case), case)
 
     def run_rank(self, rank, world, case, inputs):
         import deepspeed
@@ -201,11 +205,14 @@ class DeepSpeedZero(TorchTarget):
             forget_earlier_engines()
             model, _ = build(case, inputs, sparse_embedding(case))
             autotp.prepare(model, case)
-            if moe is not None:
+            if autoep.enabled(case):
+                autoep.prepare(model, case)  # DeepSpeed replaces its MoE blocks
+            elif moe is not None:
                 install_moe(model, case, inputs, dt, aux)
             if block_checkpoint is not None:
                 model.block_checkpoint = block_checkpoint
-            opt = make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None)
+            opt = (autoep.optimizer(case, lambda params, split: make_optimizer(case, params, split_groups=split))
+                   or make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None))
             engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg, **ulysses.initialize_kw(case))[0]
             if block_checkpoint is not None and autotp.tensor_parallel(case) > 1:
                 # As a Megatron-DeepSpeed user configures it: activations partitioned over the tensor-parallel ranks
@@ -280,7 +287,8 @@ class DeepSpeedZero(TorchTarget):
         now["engine"].destroy()
         if moe is not None:
             for kind in ("grads", "params"):
-                out[kind] = moe_to_case_layout(out[kind], parallel(case)["ep"])
+                out[kind] = (autoep.to_case_layout(out[kind], case) if autoep.enabled(case)
+                             else moe_to_case_layout(out[kind], parallel(case)["ep"]))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -300,7 +308,7 @@ class DeepSpeedZero(TorchTarget):
         if case["train"].get("grad_accum_dtype") is not None:
             layout.append(f"{stage}:{dtype_name(case)}-accumulated-in-{case['train']['grad_accum_dtype']}")
         sparse = [f"{stage}:sparse-embedding"] if sparse_embedding(case) else []
-        layout.extend(moe_features(stage, case))
+        layout.extend(autoep.features(stage, case) if autoep.enabled(case) else moe_features(stage, case))
         layout.extend(ulysses.features(stage, case))
         layout.extend(autotp.features(stage, case))
         if p["framework_checkpoint"] is not None:
