@@ -165,6 +165,11 @@ def features(stage, case):
            f"{base}:{'grouped-mm' if grouped_mm(case) else 'expert-loop'}"]
     if moe.get("shared_ffn"):
         out.append(f"{base}:shared-expert{'-gated' if moe.get('shared_gate') else ''}")
+    tp = parallel(case)["tp"]
+    if tp > 1:
+        # Folded onto AutoTP's lanes; an expert-parallel group across them where ep does not divide dp.
+        lanes = "across-lanes" if parallel(case)["dp"] % parallel(case)["ep"] else "within-lanes"
+        out.append(f"{base}:folded-tp{tp}:{lanes}")
     return out
 
 

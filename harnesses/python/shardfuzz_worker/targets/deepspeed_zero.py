@@ -368,7 +368,7 @@ def unsupported_frozen_moe(case):
     for i, kind in enumerate(m.get("layers", ())):
         pre = f"layers.{i}.moe"
         if kind == "moe" and any(f == pre or f.startswith(pre + ".") or pre.startswith(f + ".") for f in frozen):
-            return "frozen parameters of a MoE block are not expressed with DeepSpeed's MoE layer"
+            return "frozen parameters of a MoE block are not expressed with DeepSpeed's MoE layer or AutoEP's"
     return None
 
 
