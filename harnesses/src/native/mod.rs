@@ -162,6 +162,12 @@ impl Target for NativeTarget {
                 format!("the native target realises sequence parallelism as split_gather only, not {}", p.sequence_parallel_mode.name());
             return Outcome::Unsupported { reason };
         }
+        if p.cp > 1 {
+            // Not a configuration the native target refuses but one it does not implement: `unsupported`, so a
+            // native-only campaign neither keeps nor mutates such a case (a rejection is cheap, and its mutants would
+            // take most of the schedule).
+            return Outcome::Unsupported { reason: "the native target has no context parallelism (cp > 1)".into() };
+        }
         if p.zero_offload && p.zero_stage > 0 {
             return Outcome::Unsupported { reason: "the native target has no ZeRO offloading".into() };
         }

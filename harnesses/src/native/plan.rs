@@ -52,9 +52,6 @@ impl<'a> Plan<'a> {
         let model = case.model.as_ref().expect("model case");
         let p = &case.parallel;
         let (dp, tp, pp, ep) = (p.dp as usize, p.tp as usize, p.pp as usize, p.ep as usize);
-        if p.cp > 1 {
-            return Err(Reject("context parallelism (cp > 1) is not implemented by the native target".into()));
-        }
         if dp % ep != 0 {
             return Err(Reject(format!("the expert-parallel degree ({ep}) must divide the data-parallel degree ({dp})")));
         }

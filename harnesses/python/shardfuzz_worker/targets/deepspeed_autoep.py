@@ -167,9 +167,11 @@ def features(stage, case):
         out.append(f"{base}:shared-expert{'-gated' if moe.get('shared_gate') else ''}")
     tp = parallel(case)["tp"]
     if tp > 1:
-        # Folded onto AutoTP's lanes; an expert-parallel group across them where ep does not divide dp.
-        lanes = "across-lanes" if parallel(case)["dp"] % parallel(case)["ep"] else "within-lanes"
-        out.append(f"{base}:folded-tp{tp}:{lanes}")
+        # Folded onto AutoTP's lanes (DeepSpeed lays the expert-parallel groups out lane-major); more expert-parallel
+        # ranks than data-parallel ones is folding that a data-parallel-only expert layout could not express.
+        out.append(f"{base}:folded-tp{tp}")
+        if parallel(case)["ep"] > parallel(case)["dp"]:
+            out.append(f"{base}:folded:ep-beyond-dp")
     return out
 
 
