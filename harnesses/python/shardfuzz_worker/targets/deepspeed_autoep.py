@@ -141,18 +141,11 @@ def prepare(model, case):
 
 
 def optimizer(case, make):
-    """What deepspeed.initialize gets as the optimizer: `make(params, split_groups)` as a callable DeepSpeed calls with
-    the replaced model's parameters, their expert ones split into groups of their own."""
+    """What deepspeed.initialize gets as the optimizer: `make(params)` as a callable DeepSpeed calls with the replaced
+    model's parameters (None: the case does not ask for AutoEP)."""
     if not enabled(case):
         return None
-
-    def split(groups):
-        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-        named = [{**g, "name": g.get("name", f"group{i}")} for i, g in enumerate(groups)]
-        return split_params_into_different_moe_groups_for_optimizer(named)
-
-    return lambda params: make(list(params), split)
+    return lambda params: make(list(params))
 
 
 def features(stage, case):

@@ -211,7 +211,7 @@ class DeepSpeedZero(TorchTarget):
                 install_moe(model, case, inputs, dt, aux)
             if block_checkpoint is not None:
                 model.block_checkpoint = block_checkpoint
-            opt = (autoep.optimizer(case, lambda params, split: make_optimizer(case, params, split_groups=split))
+            opt = (autoep.optimizer(case, lambda params: make_optimizer(case, params, split_groups=moe_groups))
                    or make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None))
             engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg, **ulysses.initialize_kw(case))[0]
             if block_checkpoint is not None and autotp.tensor_parallel(case) > 1:
