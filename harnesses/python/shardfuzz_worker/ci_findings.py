@@ -152,11 +152,20 @@ def passes(case_file, target, fixes):
     return kinds == ["pass"]
 
 
+#: The fix sets that explained an earlier finding of this process, tried first for the next one: one campaign's
+#: findings often share a cause, and each try is a `shardfuzz run` of its own (seconds).
+_EXPLAINED = []
+
+
 def known_fix(finding_dir, target):
     """The known fix(es) under which the finding's case passes, or None."""
     mine = sorted(n for n, (targets, _) in FIXES.items() if target in targets)
-    for fixes in [[n] for n in mine] + ([mine] if len(mine) > 1 else []):
+    candidates = [[n] for n in mine] + ([mine] if len(mine) > 1 else [])
+    earlier = [c for c in _EXPLAINED if c in candidates]
+    for fixes in earlier + [c for c in candidates if c not in earlier]:
         if passes(finding_dir / "case.json", target, fixes):
+            if fixes not in _EXPLAINED:
+                _EXPLAINED.append(fixes)
             return "+".join(fixes)
     return None
 

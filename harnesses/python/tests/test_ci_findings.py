@@ -70,3 +70,28 @@ class CrashSite(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class KnownFix(unittest.TestCase):
+    def test_a_fix_that_explained_an_earlier_finding_is_tried_first_and_the_answer_is_the_same(self):
+        import pathlib
+        from unittest import mock
+
+        names = sorted(n for n, (targets, _) in cf.FIXES.items() if "deepspeed-zero" in targets)
+        last = names[-1]
+        tried = []
+
+        def passes(case_file, target, fixes):
+            tried.append(fixes)
+            return fixes == [last]
+
+        with mock.patch.object(cf, "passes", passes), mock.patch.object(cf, "_EXPLAINED", []):
+            self.assertEqual(cf.known_fix(pathlib.Path("a"), "deepspeed-zero"), last)
+            first = len(tried)
+            self.assertEqual(first, len(names))  # every single fix in order, the last one passing
+            self.assertEqual(cf.known_fix(pathlib.Path("b"), "deepspeed-zero"), last)
+            self.assertEqual(len(tried), first + 1)  # the fix that explained the first finding, at once
+            tried.clear()
+            with mock.patch.object(cf, "passes", lambda *a: tried.append(a[2]) and False):
+                self.assertIsNone(cf.known_fix(pathlib.Path("c"), "deepspeed-zero"))
+            self.assertEqual(len(tried), len(names) + 1)  # nothing skipped for a finding no fix explains
