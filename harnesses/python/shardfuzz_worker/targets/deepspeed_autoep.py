@@ -8,9 +8,12 @@ to their experts' ranks by a dropless all-to-all of variable splits, experts com
 back. The case's optimizer is handed to DeepSpeed as a callable, so that it is built over the replaced parameters with
 the expert ones in groups of their own (what DeepSpeed's config-built optimizer does, and what ZeRO requires).
 
+With tp > 1 AutoEP is folded onto AutoTP's tensor-parallel ranks (deepspeed_autotp): the expert-parallel groups may
+span them.
+
 Not expressed (`unsupported`): experts other than SwiGLU ones, expert biases, a capacity (dropping or padded), the
-auxiliary loss (AutoEP computes none), tensor or sequence parallelism beside it, frozen MoE parameters, a DeepSpeed
-without AutoEP.
+auxiliary loss (AutoEP computes none), sequence parallelism beside it, frozen MoE parameters, a DeepSpeed without
+AutoEP.
 
 Reported parameters and gradients are in the case's layout: the router's weight transposed, each expert projection's
 local experts all-gathered over the expert-parallel group and transposed to [experts, in, out], the shared expert's
@@ -20,7 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import HarnessError, drops_tokens, moe_of, parallel
+from .base import HarnessError, drops_tokens, dtype_name, moe_of, parallel
+from .torch_common import torch_dtype
 
 #: Where the replaced layers' parameters sit in a block (`layers.{i}.moe.…`), and the case's names they hold.
 PREFIX = ".moe."
@@ -54,7 +58,7 @@ def unsupported_autoep(case):
         return "AutoEP dispatches every token (dropless): the case's capacity is not expressed"
     if moe.get("aux_loss"):
         return "AutoEP computes no auxiliary load-balancing loss"
-    if p.get("cp", 1) > 1 or p.get("sequence_parallel"):
+    if p["cp"] > 1 or p["sequence_parallel"]:
         return "AutoEP beside sequence parallelism is not expressed"
     if p["tp"] == 1 and p["dp"] % p["ep"]:
         return "DeepSpeed's expert-parallel groups come from the data-parallel ranks: ep must divide dp"
@@ -93,11 +97,6 @@ def grouped_mm(case):
     """Whether the experts run as torch._grouped_mm (DeepSpeed's default) or as its loop over the experts: grouped where
     the case's widths meet torch._grouped_mm's rule that every row stride is a multiple of 16 bytes (measured on CPU:
     "strides should be multiple of 16 bytes" otherwise; transformers' MoE widths meet it)."""
-    import torch
-
-    from .base import dtype_name
-    from .torch_common import torch_dtype
-
     size = torch.empty((), dtype=torch_dtype(dtype_name(case))).element_size()
     m = case["model"]
     return all(width * size % 16 == 0 for width in (m["hidden"], m["ffn"]))
@@ -189,12 +188,13 @@ def to_case_layout(tensors, case):
         t = torch.from_numpy(np.ascontiguousarray(t))
         if rest == "router.gate.weight":
             out[f"{block}.moe.router.weight"] = t.t().contiguous().numpy()
-        elif rest.startswith("experts.") and rest.split(".", 1)[1] in EXPERT_PROJECTIONS:
+        elif rest.removeprefix("experts.") in EXPERT_PROJECTIONS:
             if ep > 1:
                 parts = [torch.empty_like(t) for _ in range(ep)]
                 dist.all_gather(parts, t.contiguous(), group=groups._get_expert_parallel_group(f"ep_size_{ep}"))
                 t = torch.cat(parts)
-            out[f"{block}.moe.{EXPERT_PROJECTIONS[rest.split('.', 1)[1]]}.weight"] = t.transpose(1, 2).contiguous().numpy()
+            kind = EXPERT_PROJECTIONS[rest.removeprefix("experts.")]
+            out[f"{block}.moe.{kind}.weight"] = t.transpose(1, 2).contiguous().numpy()
         elif rest.startswith("shared_experts."):
             out[f"{block}.moe.shared.{rest.split('.', 1)[1]}"] = t.t().contiguous().numpy()
         elif rest == "shared_experts_gate.weight":
