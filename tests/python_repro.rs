@@ -77,7 +77,7 @@ fn finding_to_repro(target: &str, fault: &str, case: &str) {
     let o = shardfuzz(&["run", "--target", target, "--json", &case_arg], fault);
     assert_eq!(o.status.code(), Some(1), "the fault does not make the case diverge on {target}:\n{}", text(&o));
 
-    let o = shardfuzz(&["minimize", &case_arg, "--target", target, "--max-execs", "40", "--json"], fault);
+    let o = shardfuzz(&["minimize", &case_arg, "--target", target, "--max-execs", "20", "--json"], fault);
     assert!(o.status.success(), "{}", text(&o));
     let record: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(record["key"]["kind"], "divergent", "{record:#?}");
