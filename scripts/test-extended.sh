@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The extended Python-target tests, kept out of scripts/test.sh so that it finishes within CI's 90 min on 2 cores:
 # every seed case through every Python target against its list of known seed findings, and the end-to-end tests
-# of known framework bugs and training features that take over 170 s each (about 80 min in all on 2 cores); and the
+# of known framework bugs and training features that take over 110 s each (about 100 min in all on 2 cores); and the
 # repro-script unit tests of variants whose fault another class already catches (SHARDFUZZ_EXTENDED_TESTS=1).
 # Needs what scripts/test.sh sets up (run it first).
 set -euo pipefail
