@@ -250,6 +250,27 @@ fn a_hung_worker_is_a_hang_within_the_timeout() {
     assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
 }
 
+/// A model case that outlasts its timeout in the worker's own process (JAX's host devices, where compiling a large
+/// program on a loaded machine took over 60 s in CI) is run again with `HANG_PATIENCE` times the timeout before its
+/// hang stands: one that then finishes is judged as it ends, noted slow. The hook sleeps past the timeout in the
+/// first case only.
+#[test]
+fn an_in_process_model_case_that_is_only_slow_is_given_more_time_not_called_a_hang() {
+    if !python_ready() {
+        return;
+    }
+    let case = corpus("dp2-even.json");
+    let o = shardfuzz(
+        &["run", "--json", "--target", "jax-gspmd", "--timeout-ms", "8000", &case],
+        &[("SHARDFUZZ_TEST_HOOK", "slow-in-process")],
+    );
+    let vs = verdicts(&o);
+    assert_eq!(vs.len(), 1, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vs[0]["kind"], "pass", "{}", vs[0]);
+    let notes = vs[0]["notes"].to_string();
+    assert!(notes.contains("slow, not a hang: the first run did not finish in time (the case did not finish within 8.0 s"), "{notes}");
+}
+
 /// A hang report says where each stuck rank waits, and through which framework call our code got
 /// there: the smoke run uses that to tell a collective the framework issued from one we did.
 #[test]
@@ -371,6 +392,7 @@ fn loss_scaler_skips_travel_and_a_disagreement_between_ranks_diverges() {
 /// reference skips is skipped alike (the skips travel); without an overflow, step-0 gradients read from
 /// megatron's buffers are unscaled (read as they are, they are off by the scale: 1e6 ε).
 #[test]
+#[ignore = "extended suite (over 70 s each on 2 cores): scripts/test-extended.sh"]
 fn megatron_dynamic_loss_scaler_skips_like_the_reference() {
     if !python_ready() {
         return;
@@ -828,6 +850,7 @@ fn deepspeed_zero_layouts_offload_contiguous_and_round_robin() {
 /// (`contiguous_grads`, with accumulation under no_sync and 5-element buckets) and FSDP2 resharding to 2 of 4 ranks
 /// after the forward (`reshard_group`, `reshard_after_forward=2`), each with its feature.
 #[test]
+#[ignore = "extended suite (over 70 s each on 2 cores): scripts/test-extended.sh"]
 fn fsdp2_hybrid_sharding_and_offload_ddp_bucket_views() {
     if !python_ready() {
         return;
@@ -1009,6 +1032,7 @@ fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
 /// (pytorch/pytorch#143580); with the Python half of the proposed fix the crash is gone and the step after the first
 /// is silently wrong: the parameters and the ranks' replicas diverge while the step-0 gradients still pass.
 #[test]
+#[ignore = "extended suite (over 70 s each on 2 cores): scripts/test-extended.sh"]
 fn ddp_static_graph_and_narrower_reduce_dtypes() {
     if !python_ready() {
         return;
@@ -1040,6 +1064,7 @@ fn ddp_static_graph_and_narrower_reduce_dtypes() {
 /// accumulation, and Adam under f16 with loss scaling (its moments in f32, which torch-ddp cannot express): each
 /// passes with its feature.
 #[test]
+#[ignore = "extended suite (over 70 s each on 2 cores): scripts/test-extended.sh"]
 fn fsdp2_mixed_precision_with_f32_master_weights() {
     if !python_ready() {
         return;
@@ -1524,6 +1549,7 @@ fn megatron_ddp_and_its_distributed_optimizer_train_like_the_reference() {
 /// overlapped run's final parameters are stale on the ranks that do not own them, which the replica checks flag
 /// (measured 2026-11-30 with the sync patched out: 19.6 ε on `final_norm.bias`).
 #[test]
+#[ignore = "extended suite (over 70 s each on 2 cores): scripts/test-extended.sh"]
 fn megatron_partial_distributed_optimizer_overlapped_param_gather_and_fp32_accumulating_reduce_scatter_train_like_the_reference() {
     if !python_ready() {
         return;

@@ -175,3 +175,28 @@ fn the_minimizer_keeps_only_candidates_that_fail_in_fresh_processes() {
     assert_eq!(m.case.parallel.dp, 2, "one rank fails only in reused processes: {:?}", m.case.parallel);
     assert!(m.stale_candidates >= 1 && target.fresh_reruns > m.stale_candidates, "{} {}", m.stale_candidates, target.fresh_reruns);
 }
+
+/// A model case's hang is run again with more time where the target can (its own process: JAX's host devices). One
+/// that then finishes was slow, and says nothing of a later hang at the same site, which is given more time too; one
+/// that still hangs is confirmed, and speaks for later cases of its signature.
+#[test]
+fn a_model_cases_hang_gets_more_time_and_only_a_confirmed_one_speaks_for_its_signature() {
+    let prep = model_case();
+    let mut target = Scripted {
+        runs: VecDeque::from([hang(), hang(), hang()]),
+        real: VecDeque::from([Outcome::Unsupported { reason: "finished".into() }, hang()]),
+        ..Default::default()
+    };
+    let mut known = Confirmations::for_campaign();
+    let oracle = Oracle::default();
+    let slow = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
+    assert_eq!(slow.kind, VerdictKind::Unsupported, "{slow:?}");
+    assert!(slow.notes.iter().any(|n| n.starts_with("slow, not a hang")), "{:?}", slow.notes);
+    let hung = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
+    assert_eq!((hung.kind, target.confirmations), (VerdictKind::Hang, 2), "an earlier slow run is no verdict on this one");
+    let later = evaluate_confirming(&mut target, &prep, &oracle, &mut known);
+    assert_eq!((later.kind, target.confirmations), (VerdictKind::Hang, 2), "{:?}", later.notes);
+    assert!(later.notes.iter().any(|n| n.contains("still hung given 3 times the timeout")), "{:?}", later.notes);
+    let patience = shardfuzz_fuzz::oracle::HANG_PATIENCE;
+    assert_eq!(target.patience, vec![patience, patience]);
+}

@@ -282,8 +282,11 @@ pub fn evaluate_confirming(target: &mut dyn Target, prep: &Prepared, oracle: &Or
         Some(outcome) => {
             let real = judge_prepared(target.name(), target.versions(), prep, outcome, oracle);
             // Only an agreement, or a clean real run (the simulation's own failure), speaks for later
-            // cases of the signature: a different finding on real ranks belongs to this case alone.
-            if agrees(&v, &real) || !(real.kind.is_finding() || real.kind == VerdictKind::HarnessError) {
+            // cases of the signature: a different finding on real ranks belongs to this case alone. A
+            // model case's hang that finished given more time was slow on this machine at that moment,
+            // which says nothing of a later case's wait at the same site.
+            let simulation_only = prep.case.library_op.is_some() && !(real.kind.is_finding() || real.kind == VerdictKind::HarnessError);
+            if agrees(&v, &real) || simulation_only {
                 known.simulated.insert(sig, real.clone());
             }
             confirmed(v, real)
@@ -363,7 +366,11 @@ pub fn confirm_finding(target: &mut dyn Target, prep: &Prepared, v: Verdict, ora
 /// A simulated finding whose signature an earlier case already took to real ranks.
 fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
     if real.kind.is_finding() || real.kind == VerdictKind::HarnessError {
-        v.notes.push(format!("an earlier case with this signature gave on real process-group ranks: {} — {}", real.kind, real.reason));
+        v.notes.push(if v.kind == VerdictKind::Hang && real.kind == VerdictKind::Hang {
+            format!("an earlier case with this signature still hung given {HANG_PATIENCE} times the timeout: {}", real.reason)
+        } else {
+            format!("an earlier case with this signature gave on real process-group ranks: {} — {}", real.kind, real.reason)
+        });
         return v;
     }
     v.notes.push(format!("the in-process simulation gave: {} — {}", v.kind, v.reason));
@@ -375,9 +382,13 @@ fn judged_by_earlier(mut v: Verdict, real: &Verdict) -> Verdict {
     v
 }
 
-/// A library-op finding that did not run on real ranks already.
+/// A finding to run again before it stands: a library-op finding that did not run on real ranks
+/// already, and a hang of any case (a model case that a target ran in its own process, such as JAX's
+/// host devices, whose compilation alone can outlast the timeout on a loaded machine, gets more time
+/// where the target can give it: `Target::confirm`).
 fn needs_confirmation(v: &Verdict, prep: &Prepared) -> bool {
-    v.kind.is_finding() && prep.case.library_op.is_some() && !v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE))
+    let op = prep.case.library_op.is_some();
+    v.kind.is_finding() && (op || v.kind == VerdictKind::Hang) && !v.notes.iter().any(|n| n.starts_with(REAL_RANKS_NOTE))
 }
 
 /// A simulated run's finding against the same case on real ranks: kept (with the real run's
@@ -404,7 +415,7 @@ fn confirmed(simulated: Verdict, real: Verdict) -> Verdict {
         // Real ranks, given more time, finished: the case is slow, not hung, and its verdict is theirs.
         let mut v = real;
         v.notes.push(format!(
-            "slow, not a hang: the in-process simulation did not finish in time ({}); given {HANG_PATIENCE} times the timeout it finished",
+            "slow, not a hang: the first run did not finish in time ({}); given {HANG_PATIENCE} times the timeout it finished",
             simulated.reason
         ));
         return v;

@@ -77,7 +77,7 @@ class Coordinator:
             # Confirming a finding of an in-process simulation on real ranks.
             world = self.target.process_world(case)
         timeout = float(msg.get("timeout_s", 60))
-        job = {"case": case, "inputs": inputs, "test_hook": msg.get("test_hook")}
+        job = {"case": case, "inputs": inputs, "test_hook": msg.get("test_hook"), "timeout_s": timeout}
         if world == 0:
             return self.run_local(job, msg)
         try:
@@ -136,13 +136,14 @@ class Coordinator:
         try:
             test_raise(job.get("test_hook"))
             patient = msg.get("patient", False)
-            combined = run_with_alarm(lambda: self.target.run_local(job["case"], job["inputs"]), timeout,
-                                      cut_known=not patient)
+            combined = run_with_alarm(lambda: self.slow_hook(job) or self.target.run_local(job["case"], job["inputs"]),
+                                      timeout, cut_known=not patient)
             if patient:
                 forget_last_learned()
         except CaseTimedOut as e:
+            # Waited out in full (not cut at a known hang's site): the fuzzer may give the case more time.
             return {"status": "hang", "reason": hang_reason(e, timeout), "stuck": [0],
-                    "coverage": sorted(self.local_cov.take())}
+                    "waited_out_in_process": e.cut_after is None, "coverage": sorted(self.local_cov.take())}
         except Exception as e:  # noqa: BLE001
             if msg.get("patient", False):
                 forget_last_learned()
@@ -150,6 +151,16 @@ class Coordinator:
             reply["coverage"] = sorted(self.local_cov.take())
             return reply
         return self.completed(msg, combined, self.local_cov.take(), job["inputs"])
+
+    @staticmethod
+    def slow_hook(job):
+        """The `slow-in-process` test hook: the first case outlasts its timeout inside the alarm (as a long
+        compilation does), a patient rerun of it (a later request, without the hook) does not."""
+        if job.get("test_hook") == "slow-in-process":
+            import time
+
+            time.sleep(float(job.get("timeout_s", 60)) + 0.5)
+        return None
 
     def completed(self, msg, combined, coverage, inputs):
         status = combined.pop("status", "completed")

@@ -435,6 +435,7 @@ class MegatronTpPerTokenReproTest(ModelReproChecks, unittest.TestCase):
     options = {"vocab": 14, "grad_accumulation": 2, "per_token_loss": True}
 
 
+@extended_only
 @unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
 class MegatronDdpPerTokenReproTest(ModelReproChecks, unittest.TestCase):
     target = "megatron-ddp"

@@ -190,7 +190,8 @@ pub trait Target: Send {
     /// one process: a finding of the simulation is confirmed, or shown to be the simulation's.
     /// With `patience` above 1 (a hang), the case runs again with that many times its timeout
     /// where `run` ran it instead: a case that is only slow is then judged as it ends, one that
-    /// still does not finish is the hang confirmed. `None` when the target has no other way to run it.
+    /// still does not finish is the hang confirmed; a model case's hang is run again only that way,
+    /// where the target ran it in its own process. `None` when the target has no other way to run it.
     fn confirm(&mut self, _case: &Case, _inputs: &Inputs, _patience: u32) -> Option<Outcome> {
         None
     }

@@ -151,6 +151,9 @@ pub struct PythonTarget {
     /// Multiplies the timeouts while a hang is confirmed (1 otherwise); above 1 the worker also
     /// waits out a known hang's site instead of cutting it.
     patience: u32,
+    /// The last case hung in the worker's own process and was waited out in full (not cut at a
+    /// known hang's site): a model case there is given more time before its hang stands.
+    waited_out_in_process: bool,
     worker: Option<Worker>,
     versions: BTreeMap<String, String>,
     next_id: u64,
@@ -170,6 +173,7 @@ impl PythonTarget {
             timeout,
             op_timeout,
             patience: 1,
+            waited_out_in_process: false,
             worker: None,
             versions: BTreeMap::new(),
             next_id: 0,
@@ -371,7 +375,9 @@ impl Target for PythonTarget {
     }
 
     fn confirm(&mut self, case: &Case, inputs: &Inputs, patience: u32) -> Option<Outcome> {
-        case.library_op.as_ref()?;
+        if case.library_op.is_none() {
+            return self.patient_model_case(case, inputs, patience);
+        }
         // Only a worker that simulated its ranks in one process has real ones to confirm on (JAX's
         // host devices are real already).
         let simulated = self.versions.get("library-op-ranks").is_some_and(|v| v.starts_with("LocalTensorMode"));
@@ -458,12 +464,31 @@ impl PythonTarget {
         })
     }
 
+    /// A model case that hung in the worker's own process, waited out in full, run again with
+    /// `patience` times its timeout: compiling a large program there (JAX, host devices) is work on
+    /// the shared cores that a loaded machine can stretch past the timeout. A rank pool's hang is
+    /// the ranks' own report of where each waits, and a cut at a known site a hang already waited
+    /// out: both stand as they are.
+    fn patient_model_case(&mut self, case: &Case, inputs: &Inputs, patience: u32) -> Option<Outcome> {
+        if patience <= 1 || !self.waited_out_in_process {
+            return None;
+        }
+        let coverage = std::mem::take(&mut self.coverage);
+        self.patience = patience;
+        let outcome = self.run_in_worker(case, inputs, false);
+        self.patience = 1;
+        self.coverage = coverage;
+        Some(outcome)
+    }
+
     fn run_in_worker(&mut self, case: &Case, inputs: &Inputs, processes: bool) -> Outcome {
+        self.waited_out_in_process = false;
         let v = match self.request(case, inputs, processes) {
             Ok(v) => v,
             Err(outcome) => return outcome,
         };
         self.coverage = v["coverage"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
+        self.waited_out_in_process = v["waited_out_in_process"] == true;
         let features: Vec<String> = strings(&v["features"]);
         let reason = v["reason"].as_str().unwrap_or_default().to_string();
         let stats = match run_stats(&v) {
