@@ -52,8 +52,8 @@ grep -c '^case ' target/corpus-run.txt | xargs echo "seed cases run:"
 echo "== clean fuzzing, short (no finding may appear)"
 ./target/release/shardfuzz bench clean --cases 3000 --seed 1000
 echo "== fuzzing each Python framework target (no false positive may appear)"
-# Every seed case runs on every target first, whatever the time; then 15 s of search per target, a smoke test only
+# Every seed case runs on every target first, whatever the time; then 5 s of search per target, a smoke test only
 # (the suite must finish within CI's 90 min on 2 cores; longer runs: SECONDS_PER_TARGET=120
 # scripts/fuzz-python-targets.sh, or a campaign).
-SECONDS_PER_TARGET=${SECONDS_PER_TARGET:-15} scripts/fuzz-python-targets.sh
+SECONDS_PER_TARGET=${SECONDS_PER_TARGET:-5} scripts/fuzz-python-targets.sh
 echo "all tests passed"

@@ -355,6 +355,7 @@ class LibraryOpReproTest(unittest.TestCase):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
+    @unittest.skipUnless(os.environ.get("SHARDFUZZ_EXTENDED_TESTS") == "1", "extended suite: scripts/test-extended.sh")
     def test_the_repro_runs_the_redistribution_chain(self):
         import shutil
         import tempfile
@@ -379,6 +380,7 @@ class LibraryOpReproTest(unittest.TestCase):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
+    @unittest.skipUnless(os.environ.get("SHARDFUZZ_EXTENDED_TESTS") == "1", "extended suite: scripts/test-extended.sh")
     def test_the_repro_starts_arguments_at_their_sources_with_the_edited_sample(self):
         import shutil
         import tempfile
