@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The extended Python-target tests, kept out of scripts/test.sh so that it finishes within CI's 90 min on 2 cores:
 # every seed case through every Python target against its list of known seed findings, and the end-to-end tests
-# of known framework bugs and training features that take over 40 s each (about 2 h in all on 2 cores); and the
+# of known framework bugs and training features that take over 34 s each (about 2 h in all on 2 cores); and the
 # repro-script unit tests of variants whose fault another class already catches (SHARDFUZZ_EXTENDED_TESTS=1).
 # Seven python_repro tests (a standalone script per target and bug, each over 100 s) run here too.
 # Needs what scripts/test.sh sets up (run it first).

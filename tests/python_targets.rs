@@ -659,6 +659,7 @@ fn vocab_loss_realisations_of_colossalai_hybrid_and_torch_tp() {
 /// ZeRO-2, split_gather and 2 accumulation steps diverges on the final norm's gradient (with the row-parallel bias
 /// fixed) and passes once the known fix takes the repeated share back; ZeRO-1 passes without it.
 #[test]
+#[ignore = "extended suite (over 34 s each on 2 cores): scripts/test-extended.sh"]
 fn colossalai_zero2_sequence_parallel_accumulation_reduces_earlier_micro_batches_again() {
     if !python_ready() {
         return;
@@ -902,6 +903,7 @@ fn colossalai_zero_extra_dp_groups_and_master_weights() {
 /// asynchronous all-gather without waiting for the inner one's. A race: divergent in at least one of three runs (every
 /// run so far), and passing with the known fix, with its feature.
 #[test]
+#[ignore = "extended suite (over 34 s each on 2 cores): scripts/test-extended.sh"]
 fn colossalai_zero_overlapped_parameter_gather_on_two_level_mesh_leaves_replicas_apart() {
     if !python_ready() {
         return;
@@ -965,6 +967,7 @@ fn colossalai_pipeline_stage_without_gradients_skips_the_clipping_norms_collecti
 /// torch-ddp reducing every micro-batch with a static graph (the known static-graph crash needs `no_sync`), each with
 /// its feature.
 #[test]
+#[ignore = "extended suite (over 34 s each on 2 cores): scripts/test-extended.sh"]
 fn accumulation_with_and_without_gradient_sync_on_fsdp2_and_ddp() {
     if !python_ready() {
         return;
@@ -1426,6 +1429,7 @@ fn deepspeed_activation_checkpointing_trains_like_the_reference_or_crashes_insid
 /// silently; shardfuzz reports the missing gradients as a divergence (the framework's outcome, not a harness error).
 /// Without the cache (the workaround) the run is right.
 #[test]
+#[ignore = "extended suite (over 34 s each on 2 cores): scripts/test-extended.sh"]
 fn colossalai_interleaved_pipeline_drops_every_layer_gradient_after_a_frozen_first_chunk() {
     if !python_ready() {
         return;
@@ -2344,6 +2348,7 @@ fn torch_fsdp2_context_parallel() {
 /// on torch 2.5.1 (the colossalai environment's), whose `context_parallel` has no load balancing, no choice of
 /// rotation and no unshard: the release differences torch_release handles.
 #[test]
+#[ignore = "extended suite (over 34 s each on 2 cores): scripts/test-extended.sh"]
 fn torch_ddp_context_parallel_on_two_releases() {
     if !python_ready() {
         return;
