@@ -28,18 +28,10 @@ export SHARDFUZZ_REQUIRE_PYTHON=1
 # coverage features are the same with it (README, "JAX model cases").
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$PWD/target/jax-compilation-cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-# The colossalai environment's unit tests (under a minute) run beside the main ones, which leave a core idle a quarter
-# of the time (waiting on the processes they start); their output is printed after.
-(cd harnesses/python && ../../.venv-colossalai/bin/python -m unittest tests.test_colossalai tests.test_mutants) \
-  > target/colossalai-unit-tests.log 2>&1 &
-colossalai_units=$!
 echo "== Python worker unit tests"
 (cd harnesses/python && ../../.venv/bin/python -m unittest discover -s tests)
 echo "== Python worker unit tests in the colossalai environment"
-colossalai_status=0
-wait "$colossalai_units" || colossalai_status=$?
-cat target/colossalai-unit-tests.log
-[[ $colossalai_status == 0 ]] || { echo "the colossalai environment's unit tests failed" >&2; exit 1; }
+(cd harnesses/python && ../../.venv-colossalai/bin/python -m unittest tests.test_colossalai tests.test_mutants)
 echo "== cargo test"
 cargo test --workspace --release
 echo "== seed corpus through the native target"

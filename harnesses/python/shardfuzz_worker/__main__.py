@@ -34,6 +34,15 @@ def main():
     return 0
 
 
+def slow_test_hook(job):
+    """The `slow-in-process` test hook: the first case outlasts its timeout inside the alarm (as a long compilation
+    does), a patient rerun of it (a later request, without the hook) does not."""
+    if job.get("test_hook") == "slow-in-process":
+        import time
+
+        time.sleep(job["timeout_s"] + 0.5)
+
+
 class Coordinator:
     """Keeps rank pools by world size, least recently used first out when the ranks they hold
     together would exceed MAX_POOLED_RANKS, and turns results into replies."""
@@ -136,8 +145,12 @@ class Coordinator:
         try:
             test_raise(job.get("test_hook"))
             patient = msg.get("patient", False)
-            combined = run_with_alarm(lambda: self.slow_hook(job) or self.target.run_local(job["case"], job["inputs"]),
-                                      timeout, cut_known=not patient)
+
+            def case():
+                slow_test_hook(job)
+                return self.target.run_local(job["case"], job["inputs"])
+
+            combined = run_with_alarm(case, timeout, cut_known=not patient)
             if patient:
                 forget_last_learned()
         except CaseTimedOut as e:
@@ -151,16 +164,6 @@ class Coordinator:
             reply["coverage"] = sorted(self.local_cov.take())
             return reply
         return self.completed(msg, combined, self.local_cov.take(), job["inputs"])
-
-    @staticmethod
-    def slow_hook(job):
-        """The `slow-in-process` test hook: the first case outlasts its timeout inside the alarm (as a long
-        compilation does), a patient rerun of it (a later request, without the hook) does not."""
-        if job.get("test_hook") == "slow-in-process":
-            import time
-
-            time.sleep(float(job.get("timeout_s", 60)) + 0.5)
-        return None
 
     def completed(self, msg, combined, coverage, inputs):
         status = combined.pop("status", "completed")

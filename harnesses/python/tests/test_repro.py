@@ -22,7 +22,7 @@ PKG_DIR = os.path.dirname(HERE)
 FAULTS_DIR = os.path.join(HERE, "faults")
 sys.path.insert(0, HERE)
 
-from driver import Worker, op_inputs, worst_error  # noqa: E402
+from driver import Worker, extended_only, op_inputs, worst_error  # noqa: E402
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_JAX = importlib.util.find_spec("jax") is not None
@@ -30,8 +30,6 @@ HAVE_DEEPSPEED = HAVE_TORCH and importlib.util.find_spec("deepspeed") is not Non
 HAVE_MEGATRON = HAVE_TORCH and importlib.util.find_spec("megatron") is not None
 #: Variants whose fault another class already catches on the same target (about 5 min on 2 cores) run only in the
 #: extended suite (scripts/test-extended.sh), so that scripts/test.sh fits CI's 90 min.
-EXTENDED = os.environ.get("SHARDFUZZ_EXTENDED_TESTS") == "1"
-extended_only = unittest.skipUnless(EXTENDED, "extended suite: scripts/test-extended.sh")
 ALLOWED_IMPORTS = {"torch", "jax", "numpy"} | set(sys.stdlib_module_names)
 TIGHT = {"max": 1e-6, "rms": 1e-6, "norm": 1e-6}
 

@@ -14,7 +14,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from driver import Worker  # noqa: E402
+from driver import Worker, extended_only  # noqa: E402
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -355,7 +355,7 @@ class LibraryOpReproTest(unittest.TestCase):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    @unittest.skipUnless(os.environ.get("SHARDFUZZ_EXTENDED_TESTS") == "1", "extended suite: scripts/test-extended.sh")
+    @extended_only
     def test_the_repro_runs_the_redistribution_chain(self):
         import shutil
         import tempfile
@@ -380,7 +380,7 @@ class LibraryOpReproTest(unittest.TestCase):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    @unittest.skipUnless(os.environ.get("SHARDFUZZ_EXTENDED_TESTS") == "1", "extended suite: scripts/test-extended.sh")
+    @extended_only
     def test_the_repro_starts_arguments_at_their_sources_with_the_edited_sample(self):
         import shutil
         import tempfile
