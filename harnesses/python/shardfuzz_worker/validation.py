@@ -187,6 +187,11 @@ VALIDATION = {
         ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_get_post_forward_mesh_info", None),
         ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_verify_managed_param", None),
     ],
+    "torch-fsdp1": [
+        # The constructor's and its initialisation's checks of its arguments and of the module.
+        ("torch/distributed/fsdp/fully_sharded_data_parallel.py", "__init__", None),
+        ("torch/distributed/fsdp/_init_utils.py", None, None),
+    ],
     "torch-ddp": [
         # The constructor's argument checks (raised through `_log_and_throw`, see THROW_HELPERS).
         ("torch/nn/parallel/distributed.py", "__init__", None),
@@ -225,6 +230,7 @@ FRAMEWORKS = {
     "torch-tp": ("torch",),
     "torch-fsdp2": ("torch",),
     "torch-ddp": ("torch",),
+    "torch-fsdp1": ("torch",),
     "torch-pp": ("torch",),
     "jax-gspmd": ("jax", "jaxlib"),
     "jax-shardmap": ("jax", "jaxlib"),

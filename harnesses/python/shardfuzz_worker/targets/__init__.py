@@ -7,6 +7,7 @@ REGISTRY = {
     "torch-tp": "torch_tp",
     "torch-fsdp2": "torch_fsdp2",
     "torch-ddp": "torch_ddp",
+    "torch-fsdp1": "torch_fsdp1",
     "torch-pp": "torch_pp",
     "jax-shardmap": "jax_shardmap",
     "jax-gspmd": "jax_gspmd",

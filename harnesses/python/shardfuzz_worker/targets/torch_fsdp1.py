@@ -1,0 +1,154 @@
+"""torch-fsdp1: the case's model in PyTorch's original FullyShardedDataParallel (FSDP1, `torch.distributed.fsdp.
+FullyShardedDataParallel`: flat parameters), one FSDP unit per block and one at the root, over the data-parallel
+ranks, with `use_orig_params=True` (the original parameters as views into the flat ones; frozen parameters allowed).
+The case's ZeRO stage is the sharding strategy: 0 `NO_SHARD` (DDP-like), 2 `SHARD_GRAD_OP`, 3 `FULL_SHARD`; with a
+`zero_shard_group` g dividing dp, sharded within each group of g consecutive ranks and replicated across the groups
+(`HYBRID_SHARD` at stage 3, `_HYBRID_SHARD_ZERO2` at stage 2, over a (dp / g, g) device mesh). A `master_dtype` wider
+than the compute dtype holds the model in it and computes in the case dtype (`MixedPrecision(param_dtype=...)`); a
+`reduce_dtype` other than the compute dtype reduces gradients in it (`MixedPrecision(reduce_dtype=...)`);
+`zero_offload` is `CPUOffload(offload_params=True)`. Accumulated micro-batches are reduced with the last under the
+root's `no_sync()` where the case's `sync_every_microbatch` is false. Clipping is FSDP1's own `clip_grad_norm_` (the
+norm over every rank's shard); `resume_after` checkpoints through torch.distributed.checkpoint's state-dict API.
+Full gradients and parameters are read with `summon_full_params`."""
+
+from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resume_feature, sync_every_microbatch,
+                   sync_feature, zero_offloaded)
+from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
+from .torch_fsdp2 import load_checkpoint, save_checkpoint
+from .torch_model import build, make_optimizer, to_case_layout, unsupported_layout
+from .torch_training import combine_dp, single_device, train
+
+#: The sharding strategy per ZeRO stage, and with a shard group smaller than the data-parallel ranks (hybrid).
+STRATEGIES = {(0, False): "NO_SHARD", (2, False): "SHARD_GRAD_OP", (3, False): "FULL_SHARD",
+              (2, True): "_HYBRID_SHARD_ZERO2", (3, True): "HYBRID_SHARD"}
+
+
+class TorchFsdp1(TorchTarget):
+    name = "torch-fsdp1"
+    freezes = True
+    smooths_labels = True
+
+    def unsupported(self, case):
+        why = unsupported_layout(case, ("dp",), "torch-fsdp1 shards over data-parallel ranks only", offload=True,
+                                 master_weights=True, moe="torch")
+        if why:
+            return why
+        p = parallel(case)
+        if p["zero_stage"] == 1:
+            return "FSDP1 has no stage sharding the optimizer state alone (SHARD_GRAD_OP is ZeRO-2)"
+        g = p["zero_shard_group"]
+        if g is not None and g != p["dp"]:
+            if p["zero_stage"] == 0:
+                return "FSDP1's NO_SHARD has no shard group"
+            if g == 1 or p["dp"] % g:
+                return f"FSDP1's hybrid sharding needs a shard group of 2 or more ranks dividing dp ({p['dp']}), not {g}"
+        for field in ("reshard_group", "param_shard_dim", "reduce_bucket", "static_graph", "find_unused"):
+            if p[field] is not None:
+                return f"`{field}` is not an FSDP1 option here"
+        if case["model"].get("sparse_embedding"):
+            return "FSDP1 flattens parameters: no sparse gradients"
+        return None
+
+    def run_rank(self, rank, world, case, inputs):
+        full = FullTensors()
+
+        def trained():
+            full.model, names = sharded_model(case, inputs, world)
+            params = {clean(n): q for n, q in full.model.named_parameters()}
+            return [(n, params[n]) for n in names]
+
+        def resume(opt):
+            with shared_tempdir() as path:
+                save_checkpoint(full.model, opt, path)
+                named = trained()
+                opt = make_optimizer(case, [q for _, q in named])
+                load_checkpoint(full.model, opt, path)
+            return named, opt
+
+        named = trained()
+        clip = case["train"].get("clip_grad_norm")
+        out = train(case, inputs, full.model, [q for _, q in named], rank, world, named=named,
+                    forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
+                    clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
+                    no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync())
+        out["baseline"] = single_device(case, inputs) if rank == 0 else None
+        return out
+
+    def combine(self, case, outs):
+        p = parallel(case)
+        dp = len(outs)
+        hybrid = p["zero_shard_group"] is not None and p["zero_shard_group"] != dp
+        stage = f"fsdp1:dp{dp}:{STRATEGIES[(p['zero_stage'], hybrid)].strip('_').lower().replace('_', '-')}"
+        layout = []
+        if master_dtype_name(case) != dtype_name(case):
+            layout.append(f"{stage}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
+        if reduce_dtype_name(case) != dtype_name(case):
+            layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
+        if hybrid:
+            layout.append(f"{stage}:shard-group{p['zero_shard_group']}")
+        layout += sync_feature(stage, case, True) + resume_feature(stage, case)
+        return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
+
+
+def clean(name):
+    """A parameter's name without FSDP1's wrapper prefixes."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+def sharded_model(case, inputs, dp):
+    """The case's model held in its master dtype, each block and the root wrapped in FSDP1 as the case asks; returns
+    (model, the parameter names before wrapping)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+
+    p = parallel(case)
+    g = p["zero_shard_group"]
+    hybrid = g is not None and g != dp
+    model, _ = build(case, inputs, dtype=master_dtype_name(case))
+    names = [n for n, _ in model.named_parameters()]
+    mixed = master_dtype_name(case) != dtype_name(case) or reduce_dtype_name(case) != dtype_name(case)
+    kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGIES[(p["zero_stage"], hybrid)]),
+          "device_id": torch.device("cpu"), "use_orig_params": True,
+          "mixed_precision": MixedPrecision(param_dtype=torch_dtype(dtype_name(case)),
+                                            reduce_dtype=torch_dtype(reduce_dtype_name(case))) if mixed else None,
+          "cpu_offload": CPUOffload(offload_params=True) if zero_offloaded(case) else None}
+    if hybrid:
+        kw["device_mesh"] = mesh((dp // g, g), ("replicate", "shard"))
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = FSDP(layer, **kw)
+    return FSDP(model, **kw), names
+
+
+class FullTensors:
+    """The run's full step-0 gradients and final parameters, each gathered once (every rank at once, in the same
+    order, as `train` asks for them) with FSDP1's `summon_full_params`: a parameter here is a view of this rank's
+    part of a flat parameter."""
+
+    def __init__(self):
+        self.model, self.grads, self.params = None, None, None
+
+    def gathered(self, with_grads):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(self.model, writeback=False, with_grads=with_grads):
+            named = [(clean(n), q) for n, q in self.model.named_parameters()]
+            if with_grads:
+                return {n: None if q.grad is None else q.grad.detach().clone() for n, q in named}
+            return {n: q.detach().clone() for n, q in named}
+
+    def grad(self, name, _param):
+        if self.grads is None:
+            self.grads = self.gathered(True)
+        return self.grads[name]
+
+    def view(self, name, t):
+        import torch
+
+        if isinstance(t, torch.nn.Parameter):  # a final parameter (gradients come from `grad`, full already)
+            if self.params is None:
+                self.params = self.gathered(False)
+            t = self.params[name]
+        return to_case_layout(name, t.detach().to(torch.float64, copy=True)).numpy()
+
+
+TARGET = TorchFsdp1()
