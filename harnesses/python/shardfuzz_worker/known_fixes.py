@@ -1100,6 +1100,44 @@ def _torch_rms_norm_half_overflow():
     F.rms_norm = rms_norm
 
 
+def _torch_fsdp1_summon_grads_zeros_dtype():
+    """torch 2.15 (and every release since `summon_full_params(with_grads=True)`, pytorch/pytorch#85738):
+    FlatParamHandle.unshard_grad all-gathers the flat gradient's shards, and a rank whose shard has no gradient (its
+    part of the flat parameter holds only frozen parameters, or parameters the step did not use) contributes
+    `torch.zeros(flat_param._sharded_size, device=...)`: float32 whatever the gradients' dtype. With bfloat16 or float16
+    gradients the ranks' all-gather inputs differ in size: gloo aborts the process ("Received data size doesn't match
+    expected size"). pytorch/pytorch#112717 (2023, closed) fixed the output buffer's dtype, not these zeros
+    (docs/findings/torch-2.15-fsdp1-summon-full-params-grads-zeros-dtype.py). Fix: the zeros in the flat parameter's
+    dtype."""
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    _replace_in_method(FlatParamHandle, "unshard_grad",
+                       "sharded_grad = torch.zeros(flat_param._sharded_size, device=self.device)",
+                       "sharded_grad = torch.zeros(flat_param._sharded_size, device=self.device, dtype=flat_param.dtype)",
+                       "torch-fsdp1-summon-grads-zeros-dtype")
+
+
+def _torch_fsdp1_clip_grad_norm_float64():
+    """torch 2.15: FSDP1's `clip_grad_norm_` with a sharded strategy computes each rank's norm by
+    `_get_grad_norm`, which asks `torch.linalg.vector_norm(grad, dtype=torch.float32)` of every gradient: for float64
+    gradients that raises "the dtype of the input (Double) should be convertible without narrowing to the specified
+    dtype (Float)", so clipping a float64 model crashes (NO_SHARD takes torch.nn.utils.clip_grad_norm_ and works)
+    (docs/findings/torch-2.15-fsdp1-clip-grad-norm-float64-crash.py). Fix: the norm in float32, or in float64 where a
+    gradient is float64."""
+    import torch
+    from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp
+
+    def _get_grad_norm(params, norm_type, zero, device):
+        grads = [param.grad for param in params if param.grad is not None]
+        if not grads:
+            return zero
+        dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+        norms = [torch.linalg.vector_norm(g.detach(), norm_type, dtype=dtype) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms), norm_type, dtype=dtype).to(device=device)
+
+    fsdp._get_grad_norm = _get_grad_norm
+
+
 def _torch_fsdp2_reentrant_reused_module():
     """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
     re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
@@ -1832,6 +1870,8 @@ FIXES = {
     "torch-pipelining-split-backward-frozen-input": (("torch-pp",), _torch_pipelining_split_backward_frozen_input),
     "torch-pipelining-fsdp-weight-backward-unshard": (("torch-pp",), _torch_pipelining_fsdp_weight_backward_unshard),
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
+    "torch-fsdp1-summon-grads-zeros-dtype": (("torch-fsdp1",), _torch_fsdp1_summon_grads_zeros_dtype),
+    "torch-fsdp1-clip-grad-norm-float64": (("torch-fsdp1",), _torch_fsdp1_clip_grad_norm_float64),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
@@ -1845,7 +1885,8 @@ FIXES = {
     "deepspeed-async-column-parallel-noncontiguous-grad": (("deepspeed-zero",),
                                                            _deepspeed_async_column_parallel_noncontiguous_grad),
     "deepspeed-autoep-folding-norm-every-tp-lane": (("deepspeed-zero",), _deepspeed_autoep_folding_norm_every_tp_lane),
-    "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-ddp", "colossalai-tp", "colossalai-zero"),
+    "torch-rms-norm-half-overflow": (("torch-tp", "torch-fsdp2", "torch-fsdp1", "torch-ddp", "colossalai-tp",
+                                      "colossalai-zero"),
                                      _torch_rms_norm_half_overflow),
     "megatron-vocab-parallel-label-smoothing": (("megatron-tp",), _megatron_vocab_parallel_label_smoothing),
     "megatron-label-smoothing-log-underflow": (("megatron-tp",), _megatron_label_smoothing_log_underflow),

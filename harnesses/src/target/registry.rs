@@ -97,10 +97,9 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-fsdp1",
-        description: "PyTorch FSDP1 (FullyShardedDataParallel, flat parameters, use_orig_params): NO_SHARD / SHARD_GRAD_OP / FULL_SHARD and hybrid sharding over the data-parallel ranks, mixed precision, CPU offload, no_sync",
+        description: "PyTorch FSDP1 (FullyShardedDataParallel, flat parameters, use_orig_params): NO_SHARD / SHARD_GRAD_OP / FULL_SHARD and hybrid sharding over the data-parallel ranks, mixed precision, no_sync, its clip_grad_norm_, DCP checkpoints",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss",
-            "zero_offload",
             "zero_shard_group",
             "reduce_dtype_below",
             "master_dtype",

@@ -6,7 +6,7 @@ The case's ZeRO stage is the sharding strategy: 0 `NO_SHARD` (DDP-like), 2 `SHAR
 (`HYBRID_SHARD` at stage 3, `_HYBRID_SHARD_ZERO2` at stage 2, over a (dp / g, g) device mesh). A `master_dtype` wider
 than the compute dtype holds the model in it and computes in the case dtype (`MixedPrecision(param_dtype=...)`); a
 `reduce_dtype` other than the compute dtype reduces gradients in it (`MixedPrecision(reduce_dtype=...)`);
-`zero_offload` is `CPUOffload(offload_params=True)`. Accumulated micro-batches are reduced with the last under the
+`zero_offload` would be `CPUOffload(offload_params=True)`, which pins memory and so needs CUDA: unsupported here. Accumulated micro-batches are reduced with the last under the
 root's `no_sync()` where the case's `sync_every_microbatch` is false. Clipping is FSDP1's own `clip_grad_norm_` (the
 norm over every rank's shard); `resume_after` checkpoints through torch.distributed.checkpoint's state-dict API.
 Full gradients and parameters are read with `summon_full_params`."""
@@ -33,6 +33,10 @@ class TorchFsdp1(TorchTarget):
                                  master_weights=True, moe="torch")
         if why:
             return why
+        if zero_offloaded(case):
+            # Measured (torch 2.15): FlatParamHandle.init_flat_param_attributes pins the offloaded shard and its
+            # gradient buffer (`pin_memory()`), which raises "Found no NVIDIA driver" without CUDA.
+            return "FSDP1's CPUOffload pins host memory, which needs CUDA"
         p = parallel(case)
         if p["zero_stage"] == 1:
             return "FSDP1 has no stage sharding the optimizer state alone (SHARD_GRAD_OP is ZeRO-2)"
