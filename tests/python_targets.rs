@@ -2368,3 +2368,40 @@ fn torch_ddp_context_parallel_on_two_releases() {
         assert!(has_feature(&vs[0], &format!("ddp:dp2:cp:{order}")) && has_feature(&vs[1], &format!("ddp:dp1:cp:{rotation}")), "{vs:?}");
     }
 }
+
+/// torch-fsdp1 (FSDP1's FullyShardedDataParallel): each sharding strategy the case's ZeRO stage and shard group pick
+/// (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, hybrid sharding) trains like the reference, with mixed precision, no_sync
+/// accumulation and a DCP checkpoint; the two FSDP1 crashes it found (docs/findings/torch-2.15-fsdp1-*) are crashes
+/// inside torch and pass with their known fixes; CPU offload is refused (its pinned memory needs CUDA).
+#[test]
+fn fsdp1_strategies_train_like_the_reference_and_its_crashes_pass_with_their_fixes() {
+    if !python_ready() {
+        return;
+    }
+    let tests = root().join("tests");
+    for (case, feature) in [
+        ("python-fsdp1/dp4-hybrid-zero2-no-sync-accumulation-f32.json", "fsdp1:dp4:hybrid-shard-zero2:sync-last-microbatch"),
+        ("python-mixed-precision/dp4-hsdp2-zero3-bf16-master-f32.json", "fsdp1:dp4:hybrid-shard:bf16-computed-from-f32"),
+        ("python-mixed-precision/dp2-zero3-bf16-master-f32-reduce-f32-accumulation.json", "fsdp1:dp2:full-shard:bf16-reduced-in-f32"),
+        ("python-zero-layout/dp2-zero0-bf16-accumulated-in-f32.json", "fsdp1:dp2:no-shard"),
+        ("python-resume/dp2-zero2-adam-clip-resume-after-1-f32.json", "fsdp1:dp2:shard-grad-op:resumed-from-checkpoint"),
+    ] {
+        let v = one_verdict("torch-fsdp1", &tests.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    for (case, fix, site) in [
+        (
+            tests.join("python-frozen/dp2-zero3-frozen-mlp-and-attention-adamw-clip-bf16.json"),
+            "torch-fsdp1-summon-grads-zeros-dtype",
+            "Received data size doesn't match expected size",
+        ),
+        (root().join("corpus/zero2-dp3-padded.json"), "torch-fsdp1-clip-grad-norm-float64", "_get_grad_norm"),
+    ] {
+        let v = one_verdict("torch-fsdp1", &case, "");
+        assert!(v["kind"] == "crash" && reason(&v).contains(site), "{}: {v}", case.display());
+        let v = one_verdict("torch-fsdp1", &case, fix);
+        assert_eq!(v["kind"], "pass", "{} with {fix}: {v}", case.display());
+    }
+    let v = one_verdict("torch-fsdp1", &tests.join("python-zero-layout/dp2-offload-zero2-bf16.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("pins host memory"), "{v}");
+}
