@@ -20,6 +20,7 @@ GENERATORS = {
     "torch-tp": "torch_tp",
     "torch-fsdp2": "torch_fsdp2",
     "torch-ddp": "torch_ddp",
+    "torch-fsdp1": "torch_fsdp1",
     "torch-pp": "torch_pp",
     "megatron-tp": "megatron_tp",
     "megatron-ddp": "megatron_ddp",
