@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardfuzz_worker.targets.base import label_smoothing, unsupported_label_smoothing  # noqa: E402
 
-SMOOTHING = {"torch-tp", "torch-ddp", "torch-fsdp2", "torch-pp", "deepspeed-zero", "deepspeed-pp", "megatron-tp", "megatron-ddp", "colossalai-zero"}
+SMOOTHING = {"torch-tp", "torch-ddp", "torch-fsdp2", "torch-fsdp1", "torch-pp", "deepspeed-zero", "deepspeed-pp", "megatron-tp", "megatron-ddp", "colossalai-zero"}
 
 
 def case(eps=None):
