@@ -1117,6 +1117,31 @@ def _torch_fsdp1_summon_grads_zeros_dtype():
                        "torch-fsdp1-summon-grads-zeros-dtype")
 
 
+def _torch_fsdp1_frozen_recomputed_unit_views():
+    """torch 2.15: FSDP1 with `use_orig_params=True` unregisters the parameters of a frozen unit whose forward is
+    recomputed in the backward (re-entrant activation checkpointing) after running more than once per step (shared
+    blocks): the recomputation's pre-forward sets each view on its module as a plain tensor (the BACKWARD_PRE branch of
+    `FlatParamHandle._use_unsharded_views(as_params=False)`), which the post-backward hook would register again as
+    parameters, but a frozen unit has no gradient and no post-backward hook; the final callback's `_catch_all_reshard`
+    then finds the flat parameter on its local shard (NO_SHARD: always) and returns without restoring the views. From
+    then on `model.parameters()`, state dicts and `summon_full_params` miss them (a checkpoint saved after the step
+    cannot be loaded: "FSDP assumes ... is in the state_dict") (docs/findings/torch-2.15-fsdp1-frozen-recomputed-unit-
+    parameters-unregistered.py). Fix: the catch-all also restores the views of a handle whose parameters are no longer
+    registered."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    released = _runtime_utils._catch_all_reshard
+
+    def _catch_all_reshard(state):
+        released(state)
+        handle = state._handle
+        if handle is not None and handle._use_orig_params and any(
+                name not in module._parameters for name, module, _ in handle.flat_param._param_infos):
+            handle._use_sharded_views()
+
+    _runtime_utils._catch_all_reshard = _catch_all_reshard
+
+
 def _torch_fsdp1_clip_grad_norm_float64():
     """torch 2.15: FSDP1's `clip_grad_norm_` with a sharded strategy computes each rank's norm by
     `_get_grad_norm`, which asks `torch.linalg.vector_norm(grad, dtype=torch.float32)` of every gradient: for float64
@@ -1872,6 +1897,7 @@ FIXES = {
     "torch-fsdp2-reentrant-reused-module": (("torch-fsdp2",), _torch_fsdp2_reentrant_reused_module),
     "torch-fsdp1-summon-grads-zeros-dtype": (("torch-fsdp1",), _torch_fsdp1_summon_grads_zeros_dtype),
     "torch-fsdp1-clip-grad-norm-float64": (("torch-fsdp1",), _torch_fsdp1_clip_grad_norm_float64),
+    "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),

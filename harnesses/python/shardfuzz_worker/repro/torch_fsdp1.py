@@ -38,7 +38,7 @@ def generate(case, inputs, bounds, dropped):
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed in DTYPE\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: the root's no_sync() on all but"
                 " the last micro-batch"]
-    sources = (worker_source("targets/torch_fsdp1.py", "clean", "FullTensors")
+    sources = (worker_source("targets/torch_fsdp1.py", "clean", "LostParameters", "FullTensors")
                + "\n\n" + worker_source("targets/torch_fsdp2.py", "save_checkpoint", "load_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))

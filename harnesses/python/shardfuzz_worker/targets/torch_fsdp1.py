@@ -57,7 +57,8 @@ class TorchFsdp1(TorchTarget):
         full = FullTensors()
 
         def trained():
-            full.model, names = sharded_model(case, inputs, world)
+            full.model, full.names = sharded_model(case, inputs, world)
+            names = full.names
             params = {clean(n): q for n, q in full.model.named_parameters()}
             return [(n, params[n]) for n in names]
 
@@ -71,14 +72,23 @@ class TorchFsdp1(TorchTarget):
 
         named = trained()
         clip = case["train"].get("clip_grad_norm")
-        out = train(case, inputs, full.model, [q for _, q in named], rank, world, named=named,
-                    forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
-                    clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
-                    no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync())
+        try:
+            out = train(case, inputs, full.model, [q for _, q in named], rank, world, named=named,
+                        forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
+                        clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
+                        no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync())
+        except LostParameters as lost:
+            return {"lost": lost.args[0]}
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
+        lost = next((o["lost"] for o in outs if o.get("lost")), None)
+        if lost:
+            return {"status": "divergent",
+                    "reason": f"FSDP1 no longer registers {len(lost)} of the model's parameters on their modules after "
+                              f"training ({', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}): model.parameters(), "
+                              "a state dict or summon_full_params no longer contain them"}
         p = parallel(case)
         dp = len(outs)
         hybrid = p["zero_shard_group"] is not None and p["zero_shard_group"] != dp
@@ -123,13 +133,17 @@ def sharded_model(case, inputs, dp):
     return FSDP(model, **kw), names
 
 
+class LostParameters(Exception):
+    """The wrapped model no longer lists parameters it was built with (their names): FSDP1 left them unregistered."""
+
+
 class FullTensors:
     """The run's full step-0 gradients and final parameters, each gathered once (every rank at once, in the same
     order, as `train` asks for them) with FSDP1's `summon_full_params`: a parameter here is a view of this rank's
     part of a flat parameter."""
 
     def __init__(self):
-        self.model, self.grads, self.params = None, None, None
+        self.model, self.names, self.grads, self.params = None, [], None, None
 
     def gathered(self, with_grads):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -143,7 +157,14 @@ class FullTensors:
     def grad(self, name, _param):
         if self.grads is None:
             self.grads = self.gathered(True)
-        return self.grads[name]
+        return self.found(self.grads, name)
+
+    def found(self, tensors, name):
+        """tensors[name]; where the model no longer lists `name` (FSDP1 unregistered it), LostParameters naming every
+        parameter it lost, raised on every rank alike (the ranks' models are wrapped alike)."""
+        if name not in tensors:
+            raise LostParameters([n for n in self.names if n not in tensors])
+        return tensors[name]
 
     def view(self, name, t):
         import torch
@@ -151,7 +172,7 @@ class FullTensors:
         if isinstance(t, torch.nn.Parameter):  # a final parameter (gradients come from `grad`, full already)
             if self.params is None:
                 self.params = self.gathered(False)
-            t = self.params[name]
+            t = self.found(self.params, name)
         return to_case_layout(name, t.detach().to(torch.float64, copy=True)).numpy()
 
 

@@ -6,7 +6,7 @@ def run_sharded(data, rank):
     block and on the root over the dp ranks (MESH_SHAPE: hybrid sharding's (replicate, shard) mesh; MixedPrecision
     where MASTER_DTYPE or REDUCE_DTYPE differ from DTYPE), as the fuzzer's torch-fsdp1 ranks run it; this rank trains on
     its rows of the batch, clipping with FSDP1's own clip_grad_norm_. Gradients and parameters are read whole with
-    summon_full_params (FullTensors)."""
+    summon_full_params (FullTensors: LostParameters where FSDP1 no longer registers some of them)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
 
     full = FullTensors()
@@ -25,7 +25,7 @@ def run_sharded(data, rank):
             kw["device_mesh"] = mesh
         for i, layer in enumerate(model.layers):
             model.layers[i] = FSDP(layer, **kw)
-        full.model = FSDP(model, **kw)
+        full.model, full.names = FSDP(model, **kw), names
         params = {clean(n): q for n, q in full.model.named_parameters()}
         return [(n, params[n]) for n in names]
 
