@@ -120,6 +120,8 @@ def sharded_model(case, inputs, dp):
     hybrid = g is not None and g != dp
     model, _ = build(case, inputs, dtype=master_dtype_name(case))
     names = [n for n, _ in model.named_parameters()]
+    for q in model.parameters():  # FSDP1 exposes them as 1-D views: the optimizer groups by these (make_optimizer)
+        q.case_ndim = q.dim()
     mixed = master_dtype_name(case) != dtype_name(case) or reduce_dtype_name(case) != dtype_name(case)
     kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGIES[(p["zero_stage"], hybrid)]),
           "device_id": torch.device("cpu"), "use_orig_params": True,

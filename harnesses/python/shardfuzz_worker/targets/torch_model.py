@@ -316,8 +316,10 @@ def make_optimizer(case, params, split_groups=None):
     groups = params
     if o.get("no_decay_vectors"):
         # nanoGPT's configure_optimizers: matrices decay, biases and norm weights (fewer than two dims) do not.
-        groups = [{"params": [p for p in params if p.dim() >= 2]},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        # (By the parameter's dimensions before a framework flattened it: FSDP1's are 1-D views, `case_ndim` set.)
+        ndim = {id(p): getattr(p, "case_ndim", p.dim()) for p in params}
+        groups = [{"params": [p for p in params if ndim[id(p)] >= 2]},
+                  {"params": [p for p in params if ndim[id(p)] < 2], "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
     if split_groups is not None:
         groups = split_groups(groups if isinstance(groups[0], dict) else [{"params": groups}])

@@ -17,6 +17,8 @@ def run_sharded(data, rank):
         load_case_params(model, data, MASTER_DTYPE)
         freeze(model, CASE)
         names = [n for n, _ in model.named_parameters()]
+        for q in model.parameters():  # FSDP1 exposes them as 1-D views: the optimizer groups by these (make_optimizer)
+            q.case_ndim = q.dim()
         mixed = MASTER_DTYPE != DTYPE or REDUCE_DTYPE != DTYPE
         kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGY), "device_id": torch.device("cpu"),
               "use_orig_params": True,
