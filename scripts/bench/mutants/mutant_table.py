@@ -410,4 +410,51 @@ MUTANTS = {
         '',
         "loss_parallel's log_softmax shifts each vocab shard by its own local max (the MAX all-reduce of x_max is gone) but still sums the shifted exponentials over the shards: the log-sum-exp mixes different shifts, so the loss and its gradients are wrong (a global quantity computed locally)",
     ),
+
+    # torch FSDP1 mutants, fixed blind on 2026-12-05 (the day torch-fsdp1 landed), from a reading of torch 2.15.0's
+    # fsdp/_runtime_utils.py and fully_sharded_data_parallel.py, before any of them was run.
+    'fsdp1-hybrid-no-postdivide': (
+        'torch-fsdp1',
+        'torch.distributed.fsdp._runtime_utils',
+        '                dist.all_reduce(new_sharded_grad, group=state._inter_node_pg)\n'
+        '                _div_if_needed(new_sharded_grad, state._gradient_postdivide_factor)\n',
+        '                dist.all_reduce(new_sharded_grad, group=state._inter_node_pg)\n',
+        "HYBRID_SHARD / _HYBRID_SHARD_ZERO2 all-reduce the reduce-scattered gradient across the replicas but skip the "
+        "post-divide: gradients come out postdivide-factor times too large (x2 on 4 ranks; a wrong divide factor)",
+    ),
+    'fsdp1-reduce-scatter-pad-front': (
+        'torch-fsdp1',
+        'torch.distributed.fsdp._runtime_utils',
+        'F.pad(unsharded_grad, [0, numel_to_pad])',
+        'F.pad(unsharded_grad, [numel_to_pad, 0])',
+        "the unsharded gradient is padded at the front instead of the back before the reduce-scatter: where the flat "
+        "parameter's size does not divide by the world size every rank's gradient shard is shifted by the padding "
+        "(an offset bug of uneven sharding)",
+    ),
+    'fsdp1-accumulate-overwrite': (
+        'torch-fsdp1',
+        'torch.distributed.fsdp._runtime_utils',
+        '        flat_param._saved_grad_shard += sharded_grad',
+        '        flat_param._saved_grad_shard = sharded_grad',
+        "a sharded strategy reducing every micro-batch keeps only the last micro-batch's reduced gradient instead of "
+        "accumulating them (dropped micro-batches under gradient accumulation)",
+    ),
+    'fsdp1-no-shard-no-postdivide': (
+        'torch-fsdp1',
+        'torch.distributed.fsdp._runtime_utils',
+        '        dist.all_reduce(flat_param.grad, group=state.process_group)\n'
+        '        _div_if_needed(flat_param.grad, state._gradient_postdivide_factor)\n',
+        '        dist.all_reduce(flat_param.grad, group=state.process_group)\n',
+        "NO_SHARD all-reduces gradients without the post-divide: on world sizes whose predivide factor is below the "
+        "world size (3 ranks: 1.5, 4 ranks: 2) every gradient is that factor too large",
+    ),
+    'fsdp1-clip-local-norm': (
+        'torch-fsdp1',
+        'torch.distributed.fsdp.fully_sharded_data_parallel',
+        '            total_norm = local_sharded_norm**norm_type\n'
+        '            dist.all_reduce(total_norm, group=self.process_group)\n',
+        '            total_norm = local_sharded_norm**norm_type\n',
+        "clip_grad_norm_ under a sharded strategy clips by each rank's local shard norm instead of the global norm "
+        "(the sum over ranks is never all-reduced: clipping on the local shard)",
+    ),
 }
