@@ -144,6 +144,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("no static graph: the reducer finds the step's parameters each step".into()),
             None => {}
         }
+        match p.flat_params {
+            Some(true) => out.push("each wrapped unit's parameters exposed as one flat parameter".into()),
+            Some(false) => out.push("the original parameters kept as views into the flat ones".into()),
+            None => {}
+        }
         match p.find_unused {
             Some(true) => out.push("the reducer searching each step's graph for parameters without a gradient".into()),
             Some(false) => out.push("the reducer expecting a gradient for every parameter".into()),

@@ -237,6 +237,14 @@ pub fn find_unused(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Each wrapped unit's parameters as one flat parameter, the original parameters as views into it, or the target's own
+/// choice (data parallelism switched on with it).
+pub fn flat_params(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.flat_params = another(c.parallel.flat_params, &ON_OFF_OR_TARGETS, rng);
+    ensure_data_parallel(c);
+    true
+}
+
 /// Bucket slices reduced to their owning rank only, the whole bucket all-reduced, or the target's own choice (a
 /// ZeRO stage and data parallelism switched on with it).
 pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -191,6 +191,9 @@ VALIDATION = {
         # The constructor's and its initialisation's checks of its arguments and of the module.
         ("torch/distributed/fsdp/fully_sharded_data_parallel.py", "__init__", None),
         ("torch/distributed/fsdp/_init_utils.py", None, None),
+        # Flat parameters (use_orig_params=False) refuse a unit mixing frozen and trainable parameters ("Must flatten
+        # tensors with uniform `requires_grad` when `use_orig_params=False`").
+        ("torch/distributed/fsdp/_flat_param.py", "_validate_tensors_to_flatten", None),
     ],
     "torch-ddp": [
         # The constructor's argument checks (raised through `_log_and_throw`, see THROW_HELPERS).

@@ -163,6 +163,12 @@ pub struct Parallel {
     /// choice. Read only with data parallelism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub find_unused: Option<bool>,
+    /// Each wrapped unit's parameters exposed as one flat parameter (true) or the original parameters kept as views
+    /// into it (false), where a framework offers the choice (FSDP1's `use_orig_params=False` / `True`: the optimizer
+    /// and every gradient then see the flat parameters); the same result either way. Absent: the target's own choice
+    /// (torch-fsdp1: the original parameters). Read only with data parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flat_params: Option<bool>,
     /// Parameters of at most this many elements kept whole on every data-parallel rank while the larger ones
     /// are partitioned, where a framework offers it (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`:
     /// persistent parameters are never gathered or released, and their gradients take another path to the
@@ -295,6 +301,7 @@ impl Default for Parallel {
             param_shard_dim: None,
             static_graph: None,
             find_unused: None,
+            flat_params: None,
             persist_below: None,
             optimizer_sub_group: None,
             reshard_group: None,

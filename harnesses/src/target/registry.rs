@@ -107,6 +107,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "resume_after",
             "frozen",
             "activation_checkpointing", "layer_passes",
+            "flat_params",
         ],
         create: |o| python("torch-fsdp1", MAIN, o),
     },

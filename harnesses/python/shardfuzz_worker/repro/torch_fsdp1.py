@@ -36,9 +36,10 @@ def generate(case, inputs, bounds, dropped):
                 f"MESH_SHAPE = {(p['dp'] // g, g) if hybrid else None!r}  # hybrid sharding's (replicate, shard) mesh\n"
                 f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed in DTYPE\n"
+                f"FLAT_PARAMS = {bool(p['flat_params'])}  # use_orig_params=False: the optimizer steps flat parameters\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: the root's no_sync() on all but"
                 " the last micro-batch"]
-    sources = (worker_source("targets/torch_fsdp1.py", "clean", "LostParameters", "FullTensors")
+    sources = (worker_source("targets/torch_fsdp1.py", "clean", "LostParameters", "FullTensors", "flat_gradients")
                + "\n\n" + worker_source("targets/torch_fsdp2.py", "save_checkpoint", "load_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))

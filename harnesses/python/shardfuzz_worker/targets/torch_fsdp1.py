@@ -51,6 +51,8 @@ class TorchFsdp1(TorchTarget):
                 return f"`{field}` is not an FSDP1 option here"
         if case["model"].get("sparse_embedding"):
             return "FSDP1 flattens parameters: no sparse gradients"
+        if p["flat_params"] and case["train"]["optimizer"].get("no_decay_vectors"):
+            return "with flat parameters (use_orig_params=False) the optimizer sees no per-parameter shapes to group by"
         return None
 
     def run_rank(self, rank, world, case, inputs):
@@ -58,22 +60,27 @@ class TorchFsdp1(TorchTarget):
 
         def trained():
             full.model, full.names = sharded_model(case, inputs, world)
-            names = full.names
+            if full.flat:  # the optimizer steps the flat parameters; `train` reads every tensor by name (FullTensors)
+                full.optimized = list(full.model.parameters())
+                return [(n, full.placeholder) for n in full.names]
             params = {clean(n): q for n, q in full.model.named_parameters()}
-            return [(n, params[n]) for n in names]
+            named = [(n, params[n]) for n in full.names]
+            full.optimized = [q for _, q in named]
+            return named
 
         def resume(opt):
             with shared_tempdir() as path:
                 save_checkpoint(full.model, opt, path)
                 named = trained()
-                opt = make_optimizer(case, [q for _, q in named])
+                opt = make_optimizer(case, full.optimized)
                 load_checkpoint(full.model, opt, path)
             return named, opt
 
+        full.flat = bool(parallel(case)["flat_params"])
         named = trained()
         clip = case["train"].get("clip_grad_norm")
         try:
-            out = train(case, inputs, full.model, [q for _, q in named], rank, world, named=named,
+            out = train(case, inputs, full.model, full.optimized, rank, world, named=named,
                         forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
                         clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
                         no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync())
@@ -101,6 +108,8 @@ class TorchFsdp1(TorchTarget):
         if hybrid:
             layout.append(f"{stage}:shard-group{p['zero_shard_group']}")
         layout += sync_feature(stage, case, True) + resume_feature(stage, case)
+        if p["flat_params"] is not None:
+            layout.append(f"{stage}:{'flat' if p['flat_params'] else 'original'}-params")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
 
 
@@ -124,7 +133,7 @@ def sharded_model(case, inputs, dp):
         q.case_ndim = q.dim()
     mixed = master_dtype_name(case) != dtype_name(case) or reduce_dtype_name(case) != dtype_name(case)
     kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGIES[(p["zero_stage"], hybrid)]),
-          "device_id": torch.device("cpu"), "use_orig_params": True,
+          "device_id": torch.device("cpu"), "use_orig_params": not p["flat_params"],
           "mixed_precision": MixedPrecision(param_dtype=torch_dtype(dtype_name(case)),
                                             reduce_dtype=torch_dtype(reduce_dtype_name(case))) if mixed else None,
           "cpu_offload": CPUOffload(offload_params=True) if zero_offloaded(case) else None}
@@ -142,14 +151,21 @@ class LostParameters(Exception):
 class FullTensors:
     """The run's full step-0 gradients and final parameters, each gathered once (every rank at once, in the same
     order, as `train` asks for them) with FSDP1's `summon_full_params`: a parameter here is a view of this rank's
-    part of a flat parameter."""
+    part of a flat parameter. With flat parameters (`flat`: use_orig_params=False, where summon_full_params gathers no
+    gradients) the gradients are the flat parameters' own, gathered and split by their metadata (`flat_gradients`),
+    and `train` gets a placeholder per name (`optimized`: what the optimizer steps)."""
 
     def __init__(self):
+        import torch
+
         self.model, self.names, self.grads, self.params = None, [], None, None
+        self.flat, self.optimized, self.placeholder = False, [], torch.nn.Parameter(torch.empty(0))
 
     def gathered(self, with_grads):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        if with_grads and self.flat:
+            return flat_gradients(self.model)
         with FSDP.summon_full_params(self.model, writeback=False, with_grads=with_grads):
             named = [(clean(n), q) for n, q in self.model.named_parameters()]
             if with_grads:
@@ -179,3 +195,30 @@ class FullTensors:
 
 
 TARGET = TorchFsdp1()
+
+
+def flat_gradients(model):
+    """Every trainable flat parameter's gradient (this rank's shard, or the whole one under NO_SHARD) all-gathered
+    over its unit's ranks and split into the original parameters' gradients by the flat parameter's own metadata
+    (`_fqns`, `_shapes`, `_numels`), named as before wrapping. Every rank calls it for the same units in the same
+    order."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    grads = {}
+    for prefix, unit in model.named_modules():
+        handle = unit._handle if isinstance(unit, FSDP) else None
+        if handle is None or not handle.flat_param.requires_grad:
+            continue
+        flat = handle.flat_param
+        g = flat.grad if flat.grad is not None else torch.zeros(flat._sharded_size, dtype=flat.dtype)
+        if handle.uses_sharded_strategy:
+            whole = torch.empty(flat._padded_unsharded_size, dtype=g.dtype)
+            dist.all_gather_into_tensor(whole, g.contiguous(), group=handle.process_group)
+            g = whole
+        g = g[:flat._unpadded_unsharded_size.numel()]
+        base = clean(prefix + ".") if prefix else ""
+        for fqn, piece, shape in zip(flat._fqns, torch.split(g, list(flat._numels)), flat._shapes):
+            grads[base + clean(fqn)] = piece.view(shape).detach().clone()
+    return grads

@@ -21,28 +21,34 @@ def run_sharded(data, rank):
             q.case_ndim = q.dim()
         mixed = MASTER_DTYPE != DTYPE or REDUCE_DTYPE != DTYPE
         kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGY), "device_id": torch.device("cpu"),
-              "use_orig_params": True,
+              "use_orig_params": not FLAT_PARAMS,
               "mixed_precision": MixedPrecision(param_dtype=DTYPE, reduce_dtype=REDUCE_DTYPE) if mixed else None}
         if mesh is not None:
             kw["device_mesh"] = mesh
         for i, layer in enumerate(model.layers):
             model.layers[i] = FSDP(layer, **kw)
         full.model, full.names = FSDP(model, **kw), names
+        if full.flat:  # the optimizer steps the flat parameters; train() reads every tensor by name (FullTensors)
+            full.optimized = list(full.model.parameters())
+            return [(n, full.placeholder) for n in names]
         params = {clean(n): q for n, q in full.model.named_parameters()}
-        return [(n, params[n]) for n in names]
+        named = [(n, params[n]) for n in names]
+        full.optimized = [q for _, q in named]
+        return named
 
     def resume(opt):
         # The case's resume_after: model and optimizer saved with torch.distributed.checkpoint, loaded into fresh ones.
         with shared_tempdir() as path:
             save_checkpoint(full.model, opt, path)
             named = sharded()
-            opt = make_optimizer(CASE, [p for _, p in named])
+            opt = make_optimizer(CASE, full.optimized)
             load_checkpoint(full.model, opt, path)
         return named, opt
 
+    full.flat = FLAT_PARAMS
     named = sharded()
     clip = CASE["train"].get("clip_grad_norm")
-    return train(CASE, data, full.model, [p for _, p in named], rank, DP, named=named,
+    return train(CASE, data, full.model, full.optimized, rank, DP, named=named,
                  forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
                  clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
                  no_sync=None if SYNC_EVERY_MICROBATCH else lambda: full.model.no_sync())
