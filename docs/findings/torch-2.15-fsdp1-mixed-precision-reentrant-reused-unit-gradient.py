@@ -14,15 +14,22 @@ agree to round-off. Found by shardfuzz's torch-fsdp1 target (2026-12-05, a 10-mi
 three other FSDP1 bugs' fixes on): four divergent signatures, each a block's gradients under re-entrant checkpointing,
 `layer_passes` 2-3 and a `master_dtype` above the compute dtype (f16 and bf16; FULL_SHARD, SHARD_GRAD_OP, NO_SHARD).
 torch-fsdp2 loses a use's gradient of such a module too, without mixed precision (shardfuzz's
-torch-fsdp2-reentrant-reused-module). Where it goes wrong, measured with a counter wrapped around
-`_runtime_utils._post_backward_hook`: in float32 the block's post-backward hook runs once per use (three times, each
-reducing that use's gradient, which `_saved_grad_shard` accumulates); with the bfloat16 parameter policy it runs once,
-after the first recomputation's backward, and the other uses' gradients never reach it. The root cause (why the later
-recomputations' gradients do not reach the flat parameter's AccumulateGrad hook once the first hook has resharded
-to the float32 shard) is not pinned down here. Also in torch 2.5.1 (MISMATCH, 0.6980).
+torch-fsdp2-reentrant-reused-module). Also in torch 2.5.1 (MISMATCH, 0.6980).
+
+Why: `_register_post_backward_hook` hooks the flat parameter's AccumulateGrad node once, in the first forward run with
+gradients enabled, and counts on later forwards reaching the same node, except under parameter mixed precision, where
+(its own NOTE) every forward gets a new node (each unshard swaps `.data` between the float32 shard and the bfloat16
+copy, and a dtype change resets the tensor's grad accumulator); there it relies on the first forward's use being the
+last to receive its gradient. Under re-entrant checkpointing the forward itself runs without gradients and the first
+forward with them is the backward's first recomputation, that of the *last* use: its hook reduces that use's gradient,
+and the earlier uses, recomputed afterwards with nodes of their own, are never reduced (a counter on
+`_post_backward_hook`: one call with bfloat16 parameters, three in float32). `--fixed`: a forward run inside a backward
+hooks its own node too when it is not the registered one (shardfuzz's known fix
+`torch-fsdp1-mixed-precision-reentrant-hook`): OK, 0.0024 (bfloat16 round-off: each use's gradient is now reduced in
+float32 and accumulated, where the reference adds the uses' bfloat16 gradients first; torch 2.5.1 the same).
 
 Run: torchrun --nproc_per_node 2 torch-2.15-fsdp1-mixed-precision-reentrant-reused-unit-gradient.py
-[--no-mixed-precision] [--non-reentrant] [--passes N] [--no-shard]   Prints MISMATCH or OK on rank 0.
+[--no-mixed-precision] [--non-reentrant] [--passes N] [--no-shard] [--fixed]   Prints MISMATCH or OK on rank 0.
 """
 
 import argparse
@@ -37,7 +44,28 @@ ap.add_argument("--no-mixed-precision", action="store_true")
 ap.add_argument("--non-reentrant", action="store_true")
 ap.add_argument("--passes", type=int, default=3)
 ap.add_argument("--no-shard", action="store_true")
+ap.add_argument("--fixed", action="store_true")
 args = ap.parse_args()
+if args.fixed:
+    import functools
+
+    from torch.distributed.fsdp import _runtime_utils
+
+    released = _runtime_utils._register_post_backward_hook
+
+    def _register_post_backward_hook(state, handle):
+        released(state, handle)
+        if handle is None or not torch.is_grad_enabled() or torch._C._current_graph_task_id() == -1:
+            return  # (only a forward run inside a backward: a re-entrant recomputation)
+        flat_param = handle.flat_param
+        registered = getattr(flat_param, "_post_backward_hook_state", None)
+        if registered is None or not flat_param.requires_grad:
+            return
+        acc_grad = flat_param.expand_as(flat_param).grad_fn.next_functions[0][0]
+        if acc_grad is not registered[0]:
+            acc_grad.register_hook(functools.partial(_runtime_utils._post_backward_hook, state, handle))
+
+    _runtime_utils._register_post_backward_hook = _register_post_backward_hook
 dist.init_process_group("gloo")
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
 LOW = torch.float32 if args.no_mixed_precision else torch.bfloat16

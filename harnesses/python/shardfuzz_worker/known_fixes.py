@@ -1117,6 +1117,38 @@ def _torch_fsdp1_summon_grads_zeros_dtype():
                        "torch-fsdp1-summon-grads-zeros-dtype")
 
 
+def _torch_fsdp1_mixed_precision_reentrant_hook():
+    """torch 2.15 (and 2.5.1): FSDP1 registers a unit's post-backward hook once, on the AccumulateGrad node of the first
+    forward run with gradients enabled (`_register_post_backward_hook`: "already_registered"), and with parameter mixed
+    precision each unshard changes the flat parameter's dtype (`.data` swapped between the float32 shard and the low-
+    precision unsharded copy), which gives every later forward a new AccumulateGrad node. Under re-entrant activation
+    checkpointing the first forward with gradients is the backward's first recomputation, that of the *last* use: its
+    hook reduces that use's gradient, and the earlier uses, recomputed afterwards, accumulate into nodes without a hook
+    and are never reduced (docs/findings/torch-2.15-fsdp1-mixed-precision-reentrant-reused-unit-gradient.py). Fix: a
+    forward run inside a backward (a re-entrant recomputation) hooks its own AccumulateGrad node as well when it is not
+    the registered one."""
+    import functools
+
+    import torch
+    from torch.distributed.fsdp import _runtime_utils
+
+    released = _runtime_utils._register_post_backward_hook
+
+    def _register_post_backward_hook(state, handle):
+        released(state, handle)
+        if handle is None or not torch.is_grad_enabled() or torch._C._current_graph_task_id() == -1:
+            return
+        flat_param = handle.flat_param
+        registered = getattr(flat_param, "_post_backward_hook_state", None)
+        if registered is None or not flat_param.requires_grad:  # (a frozen unit's state holds a reshard-only hook)
+            return
+        acc_grad = flat_param.expand_as(flat_param).grad_fn.next_functions[0][0]
+        if acc_grad is not registered[0]:
+            acc_grad.register_hook(functools.partial(_runtime_utils._post_backward_hook, state, handle))
+
+    _runtime_utils._register_post_backward_hook = _register_post_backward_hook
+
+
 def _torch_fsdp1_frozen_recomputed_unit_views():
     """torch 2.15: FSDP1 with `use_orig_params=True` unregisters the parameters of a frozen unit whose forward is
     recomputed in the backward (re-entrant activation checkpointing) after running more than once per step (shared
@@ -1898,6 +1930,7 @@ FIXES = {
     "torch-fsdp1-summon-grads-zeros-dtype": (("torch-fsdp1",), _torch_fsdp1_summon_grads_zeros_dtype),
     "torch-fsdp1-clip-grad-norm-float64": (("torch-fsdp1",), _torch_fsdp1_clip_grad_norm_float64),
     "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
+    "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
