@@ -30,7 +30,7 @@ class TorchFsdp1(TorchTarget):
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "torch-fsdp1 shards over data-parallel ranks only", offload=True,
-                                 master_weights=True, moe="torch")
+                                 master_weights=True, moe="torch", loss_scaling=True)
         if why:
             return why
         if zero_offloaded(case):
@@ -83,7 +83,8 @@ class TorchFsdp1(TorchTarget):
             out = train(case, inputs, full.model, full.optimized, rank, world, named=named,
                         forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
                         clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
-                        no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync())
+                        no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync(),
+                        scaler=sharded_grad_scaler)
         except LostParameters as lost:
             return {"lost": lost.args[0]}
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -142,6 +143,18 @@ def sharded_model(case, inputs, dp):
     for i, layer in enumerate(model.layers):
         model.layers[i] = FSDP(layer, **kw)
     return FSDP(model, **kw), names
+
+
+def sharded_grad_scaler(train_cfg):
+    """FSDP1's own dynamic loss scaler (`ShardedGradScaler`: it unscales float16 gradients and agrees on an overflow
+    over every rank) with the case's initial scale, halved on an overflow and never grown, as the reference's is."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    scale = train_cfg.get("loss_scale")
+    if scale is None:
+        return None
+    return ShardedGradScaler("cpu", init_scale=float(scale), growth_factor=2.0, backoff_factor=0.5,
+                             growth_interval=2**31 - 1)
 
 
 class LostParameters(Exception):
