@@ -7,7 +7,8 @@ The case's ZeRO stage is the sharding strategy: 0 `NO_SHARD` (DDP-like), 2 `SHAR
 than the compute dtype holds the model in it and computes in the case dtype (`MixedPrecision(param_dtype=...)`); a
 `reduce_dtype` other than the compute dtype reduces gradients in it (`MixedPrecision(reduce_dtype=...)`);
 `zero_offload` would be `CPUOffload(offload_params=True)`, which pins memory and so needs CUDA: unsupported here. Accumulated micro-batches are reduced with the last under the
-root's `no_sync()` where the case's `sync_every_microbatch` is false. Clipping is FSDP1's own `clip_grad_norm_` (the
+root's `no_sync()` where the case's `sync_every_microbatch` is false; a `loss_scale` is FSDP1's `ShardedGradScaler`.
+Clipping is FSDP1's own `clip_grad_norm_` (the
 norm over every rank's shard); `resume_after` checkpoints through torch.distributed.checkpoint's state-dict API.
 Full gradients and parameters are read with `summon_full_params`."""
 
