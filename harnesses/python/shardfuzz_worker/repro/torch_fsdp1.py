@@ -39,7 +39,8 @@ def generate(case, inputs, bounds, dropped):
                 f"FLAT_PARAMS = {bool(p['flat_params'])}  # use_orig_params=False: the optimizer steps flat parameters\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: the root's no_sync() on all but"
                 " the last micro-batch"]
-    sources = (worker_source("targets/torch_fsdp1.py", "clean", "LostParameters", "FullTensors", "flat_gradients")
+    sources = (worker_source("targets/torch_fsdp1.py", "clean", "sharded_grad_scaler", "LostParameters", "FullTensors",
+                             "flat_gradients")
                + "\n\n" + worker_source("targets/torch_fsdp2.py", "save_checkpoint", "load_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))

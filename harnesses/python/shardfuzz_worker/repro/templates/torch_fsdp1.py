@@ -51,4 +51,5 @@ def run_sharded(data, rank):
     return train(CASE, data, full.model, full.optimized, rank, DP, named=named,
                  forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
                  clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
-                 no_sync=None if SYNC_EVERY_MICROBATCH else lambda: full.model.no_sync())
+                 no_sync=None if SYNC_EVERY_MICROBATCH else lambda: full.model.no_sync(),
+                 scaler=sharded_grad_scaler)
