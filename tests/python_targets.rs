@@ -2377,7 +2377,8 @@ fn torch_ddp_context_parallel_on_two_releases() {
 /// accumulation and a DCP checkpoint; two FSDP1 crashes it found (docs/findings/torch-2.15-fsdp1-*) are crashes inside
 /// torch, a frozen unit recomputed by a re-entrant checkpoint losing its parameters is a divergence, and all three
 /// pass with their known fixes; mixed precision with a block reused under re-entrant checkpointing diverges and passes
-/// with its known fix; flat parameters (`flat_params`) train like the reference; CPU offload is refused.
+/// with its known fix; flat parameters (`flat_params`) and FSDP1's loss scaler train like the reference; CPU offload is
+/// refused.
 #[test]
 fn fsdp1_strategies_train_like_the_reference_and_its_crashes_pass_with_their_fixes() {
     if !python_ready() {
@@ -2393,6 +2394,8 @@ fn fsdp1_strategies_train_like_the_reference_and_its_crashes_pass_with_their_fix
         ("python-zero-layout/dp2-zero0-bf16-accumulated-in-f32.json", "fsdp1:dp2:no-shard"),
         ("python-resume/dp2-zero2-adam-clip-resume-after-1-f32.json", "fsdp1:dp2:shard-grad-op:resumed-from-checkpoint"),
         ("python-fsdp1/dp2-full-shard-flat-params-adam-clip-accumulation-bf16.json", "fsdp1:dp2:full-shard:flat-params"),
+        // FSDP1's ShardedGradScaler: every rank overflows, the step is skipped and the scale halved.
+        ("python-loss-scale/zero2-f16-overflow-every-rank.json", "loss-scale:overflow"),
     ] {
         let v = one_verdict("torch-fsdp1", &tests.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
