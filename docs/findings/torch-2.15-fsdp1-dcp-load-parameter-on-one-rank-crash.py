@@ -6,8 +6,12 @@ local shard is supported"). The same model under FSDP2 (`fully_shard`) saves and
 Setup: 3 ranks, FSDP1 (FULL_SHARD, use_orig_params=True) over nn.Sequential(Linear(4, 2), Linear(2, 2)) without
 biases, Adam, one step; the torchtitan recipe: `get_state_dict`, `dcp.save`; a fresh model and optimizer,
 `get_state_dict`, `dcp.load`, `set_state_dict`. The flat parameter's 12 elements split 4 / 4 / 4: ranks 0 and 1 hold
-the first weight, rank 2 the whole second weight. With `6,6,6` as argument (each weight on two ranks) it loads. The
-root cause inside the optimizer state-dict conversion is not pinned down.
+the first weight, rank 2 the whole second weight. With `6,6,6` as argument (each weight on two ranks) it loads. A
+clue, not a root cause: the failing rank is the one whose sharded optimizer state of a parameter has no local shard
+(rank 2 here: nothing of the first weight), and the load plan it builds holds `optim.param_groups` as one leaf (a list
+of dicts, wrapped around create_default_local_load_plan), where the checkpoint's metadata and the other ranks have it
+flattened (`optim.param_groups.0.lr`, ...); `_flatten_sharded_tensors` drops a ShardedTensor without local shards
+(`if len(shards) == 0: return`), which may leave the rank's state dict flattened by other rules.
 
 Found by shardfuzz's torch-fsdp1 target (2026-12-05) on
 `tests/python-resume/dp3-zero3-persistent-sub-groups-adam-accumulation-resume-after-1-f32.json` (dp 3, `resume_after`
