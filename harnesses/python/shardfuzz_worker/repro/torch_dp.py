@@ -1,11 +1,11 @@
-"""What the generators of the data-parallel torch targets (torch-fsdp2, torch-ddp, deepspeed-zero; colossalai-zero
-takes its comparison) share: the
-script runs the worker's own training loop on each rank's rows of the batch under torchrun, gathers the ranks'
+"""What the generators of the data-parallel torch targets (torch-fsdp2, torch-fsdp1, torch-ddp, deepspeed-zero;
+colossalai-zero takes its comparison) share: the script runs the worker's own training loop on each rank's rows of the batch under torchrun, gathers the ranks'
 results as the worker does and compares them with the same loop in float64 on one rank."""
 
-from ..targets.base import dtype_name, parallel
-from .common import assemble, embed, header, literal, rule, template, worker_source
-from .torch_model import TORCH_DTYPES, model_about, model_arrays, model_line, model_source, training_source
+from ..targets.base import dtype_name, parallel, reduce_dtype_name
+from .common import ReproError, assemble, embed, header, literal, rule, template, worker_source
+from .torch_model import (TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line, model_source,
+                          training_source)
 from .torch_model import producible as model_producible
 
 
@@ -14,6 +14,13 @@ def producible(case):
     each rank's against the first's, as the fuzzer compares them)."""
     tensors = model_producible(case)
     return tensors | {f"replicas/{n}" for n in tensors if n.startswith(("grad/", "param/"))}
+
+
+def check_reduced_model_case(case, target, worker):
+    """check_model_case, and the case's gradient reduction dtype one torch has (FSDP's reduce_dtype)."""
+    check_model_case(case, target, worker, "case.model / case.parallel / case.train")
+    if reduce_dtype_name(case) not in TORCH_DTYPES:
+        raise ReproError(f"{target}: case.train.reduce_dtype {reduce_dtype_name(case)!r} has no torch dtype")
 
 
 def generate_dp(target, case, inputs, bounds, dropped, what, settings, imports, sources=""):

@@ -2,10 +2,10 @@
 data-parallel ranks, each training on its rows of the batch, under torchrun."""
 
 from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, vocab_sharded_loss, zero_offloaded
-from .common import ReproError, worker_source
+from .common import worker_source
 from .torch_tp import plan_source, tp_imports
-from .torch_dp import generate_dp, torch_context_parallel
-from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES, check_model_case
+from .torch_dp import check_reduced_model_case, generate_dp, torch_context_parallel
+from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES
 from .torch_dp import producible  # noqa: F401 - the generator's interface
 
 TARGET = "torch-fsdp2"
@@ -18,9 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 def check(case):
     from ..targets.torch_fsdp2 import TARGET as WORKER
 
-    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
-    if reduce_dtype_name(case) not in TORCH_DTYPES:
-        raise ReproError(f"{TARGET}: case.train.reduce_dtype {reduce_dtype_name(case)!r} has no torch dtype")
+    check_reduced_model_case(case, TARGET, WORKER)
 
 
 def generate(case, inputs, bounds, dropped):

@@ -5,12 +5,13 @@ The case's ZeRO stage is the sharding strategy: 0 `NO_SHARD` (DDP-like), 2 `SHAR
 `zero_shard_group` g dividing dp, sharded within each group of g consecutive ranks and replicated across the groups
 (`HYBRID_SHARD` at stage 3, `_HYBRID_SHARD_ZERO2` at stage 2, over a (dp / g, g) device mesh). A `master_dtype` wider
 than the compute dtype holds the model in it and computes in the case dtype (`MixedPrecision(param_dtype=...)`); a
-`reduce_dtype` other than the compute dtype reduces gradients in it (`MixedPrecision(reduce_dtype=...)`);
-`zero_offload` would be `CPUOffload(offload_params=True)`, which pins memory and so needs CUDA: unsupported here. Accumulated micro-batches are reduced with the last under the
-root's `no_sync()` where the case's `sync_every_microbatch` is false; a `loss_scale` is FSDP1's `ShardedGradScaler`.
-Clipping is FSDP1's own `clip_grad_norm_` (the
-norm over every rank's shard); `resume_after` checkpoints through torch.distributed.checkpoint's state-dict API.
-Full gradients and parameters are read with `summon_full_params`."""
+`reduce_dtype` other than the compute dtype reduces gradients in it (`MixedPrecision(reduce_dtype=...)`). With
+`flat_params`, `use_orig_params=False`: the optimizer steps the flat parameters. Accumulated micro-batches are reduced
+with the last under the root's `no_sync()` where the case's `sync_every_microbatch` is false; a `loss_scale` is
+FSDP1's `ShardedGradScaler`; clipping is FSDP1's own `clip_grad_norm_` (the norm over every rank's shard);
+`resume_after` checkpoints through torch.distributed.checkpoint's state-dict API. Full gradients and parameters are
+read with `summon_full_params` (`Fsdp1Run`). `zero_offload` (`CPUOffload(offload_params=True)`) pins memory, which
+needs CUDA: unsupported here."""
 
 from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resume_feature, sync_every_microbatch,
                    sync_feature, zero_offloaded)
@@ -57,35 +58,15 @@ class TorchFsdp1(TorchTarget):
         return None
 
     def run_rank(self, rank, world, case, inputs):
-        full = FullTensors()
+        run = Fsdp1Run(bool(parallel(case)["flat_params"]))
 
-        def trained():
-            full.model, full.names = sharded_model(case, inputs, world)
-            if full.flat:  # the optimizer steps the flat parameters; `train` reads every tensor by name (FullTensors)
-                full.optimized = list(full.model.parameters())
-                return [(n, full.placeholder) for n in full.names]
-            params = {clean(n): q for n, q in full.model.named_parameters()}
-            named = [(n, params[n]) for n in full.names]
-            full.optimized = [q for _, q in named]
-            return named
+        def built():
+            return run.adopt(*sharded_model(case, inputs, world))
 
-        def resume(opt):
-            with shared_tempdir() as path:
-                save_checkpoint(full.model, opt, path)
-                named = trained()
-                opt = make_optimizer(case, full.optimized)
-                load_checkpoint(full.model, opt, path)
-            return named, opt
-
-        full.flat = bool(parallel(case)["flat_params"])
-        named = trained()
-        clip = case["train"].get("clip_grad_norm")
+        named = built()
         try:
-            out = train(case, inputs, full.model, full.optimized, rank, world, named=named,
-                        forward=lambda ids: full.model(ids), resume=resume, grad=full.grad, view=full.view,
-                        clip=None if clip is None else lambda: full.model.clip_grad_norm_(clip),
-                        no_sync=None if sync_every_microbatch(case, True) else lambda: full.model.no_sync(),
-                        scaler=sharded_grad_scaler)
+            out = train(case, inputs, run.model, run.optimized, rank, world, named=named,
+                        **run.hooks(case, built, sync_every_microbatch(case, True)))
         except LostParameters as lost:
             return {"lost": lost.args[0]}
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
@@ -100,19 +81,18 @@ class TorchFsdp1(TorchTarget):
                               "a state dict or summon_full_params no longer contain them"}
         p = parallel(case)
         dp = len(outs)
-        hybrid = p["zero_shard_group"] is not None and p["zero_shard_group"] != dp
-        stage = f"fsdp1:dp{dp}:{STRATEGIES[(p['zero_stage'], hybrid)].strip('_').lower().replace('_', '-')}"
+        stage = f"fsdp1:dp{dp}:{strategy(p, dp).strip('_').lower().replace('_', '-')}"
         layout = []
         if master_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
         if reduce_dtype_name(case) != dtype_name(case):
             layout.append(f"{stage}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
-        if hybrid:
+        if hybrid_group(p, dp):
             layout.append(f"{stage}:shard-group{p['zero_shard_group']}")
         layout += sync_feature(stage, case, True) + resume_feature(stage, case)
         if p["flat_params"] is not None:
             layout.append(f"{stage}:{'flat' if p['flat_params'] else 'original'}-params")
-        return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
+        return combine_dp(case, outs, [stage, *layout])
 
 
 def clean(name):
@@ -120,27 +100,45 @@ def clean(name):
     return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
+def hybrid_group(p, dp):
+    """The case's shard group where it is smaller than the data-parallel ranks (hybrid sharding), else None."""
+    g = p["zero_shard_group"]
+    return g if g is not None and g != dp else None
+
+
+def strategy(p, dp):
+    """FSDP1's sharding strategy (a ShardingStrategy name) for the case's ZeRO stage and shard group."""
+    return STRATEGIES[(p["zero_stage"], hybrid_group(p, dp) is not None)]
+
+
 def sharded_model(case, inputs, dp):
     """The case's model held in its master dtype, each block and the root wrapped in FSDP1 as the case asks; returns
-    (model, the parameter names before wrapping)."""
+    wrap_units's (model, the parameter names before wrapping)."""
     import torch
-    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
     p = parallel(case)
-    g = p["zero_shard_group"]
-    hybrid = g is not None and g != dp
     model, _ = build(case, inputs, dtype=master_dtype_name(case))
-    names = [n for n, _ in model.named_parameters()]
-    for q in model.parameters():  # FSDP1 exposes them as 1-D views: the optimizer groups by these (make_optimizer)
-        q.case_ndim = q.dim()
     mixed = master_dtype_name(case) != dtype_name(case) or reduce_dtype_name(case) != dtype_name(case)
-    kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGIES[(p["zero_stage"], hybrid)]),
+    kw = {"sharding_strategy": getattr(ShardingStrategy, strategy(p, dp)),
           "device_id": torch.device("cpu"), "use_orig_params": not p["flat_params"],
           "mixed_precision": MixedPrecision(param_dtype=torch_dtype(dtype_name(case)),
-                                            reduce_dtype=torch_dtype(reduce_dtype_name(case))) if mixed else None,
-          "cpu_offload": CPUOffload(offload_params=True) if zero_offloaded(case) else None}
-    if hybrid:
+                                            reduce_dtype=torch_dtype(reduce_dtype_name(case))) if mixed else None}
+    g = hybrid_group(p, dp)
+    if g:
         kw["device_mesh"] = mesh((dp // g, g), ("replicate", "shard"))
+    return wrap_units(model, **kw)
+
+
+def wrap_units(model, **kw):
+    """FSDP1 with the options `kw` on every block of `model` and on its root; returns (the wrapped root, the parameter
+    names before wrapping). Each parameter keeps its dimensions before flattening as `case_ndim`: FSDP1 exposes it as a
+    1-D view, and make_optimizer groups by these."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    names = [n for n, _ in model.named_parameters()]
+    for q in model.parameters():
+        q.case_ndim = q.dim()
     for i, layer in enumerate(model.layers):
         model.layers[i] = FSDP(layer, **kw)
     return FSDP(model, **kw), names
@@ -162,18 +160,52 @@ class LostParameters(Exception):
     """The wrapped model no longer lists parameters it was built with (their names): FSDP1 left them unregistered."""
 
 
-class FullTensors:
-    """The run's full step-0 gradients and final parameters, each gathered once (every rank at once, in the same
-    order, as `train` asks for them) with FSDP1's `summon_full_params`: a parameter here is a view of this rank's
-    part of a flat parameter. With flat parameters (`flat`: use_orig_params=False, where summon_full_params gathers no
-    gradients) the gradients are the flat parameters' own, gathered and split by their metadata (`flat_gradients`),
-    and `train` gets a placeholder per name (`optimized`: what the optimizer steps)."""
+class Fsdp1Run:
+    """One rank's run of an FSDP1-wrapped model as `train` drives it: the model (replaced when the run resumes), what
+    its optimizer steps (`optimized`) and the hooks `train` takes (`hooks`). The step-0 gradients and final parameters
+    are each gathered once (every rank at once, in the same order, as `train` asks for them) with FSDP1's
+    `summon_full_params`: a parameter here is a view of this rank's part of a flat parameter. With flat parameters
+    (`flat`: use_orig_params=False, where summon_full_params gathers no gradients) the gradients are the flat
+    parameters' own, gathered and split by their metadata (`flat_gradients`), and `train` gets a placeholder per
+    name."""
 
-    def __init__(self):
+    def __init__(self, flat):
         import torch
 
         self.model, self.names, self.grads, self.params = None, [], None, None
-        self.flat, self.optimized, self.placeholder = False, [], torch.nn.Parameter(torch.empty(0))
+        self.flat, self.optimized, self.placeholder = flat, [], torch.nn.Parameter(torch.empty(0))
+
+    def adopt(self, model, names):
+        """Takes the wrapped `model`, built with the parameters `names` (wrap_units); returns `train`'s (name,
+        parameter) pairs and sets `optimized`: the flat parameters, or the original ones (views into them)."""
+        self.model, self.names = model, names
+        if self.flat:
+            self.optimized = list(model.parameters())
+            return [(n, self.placeholder) for n in names]
+        params = {clean(n): q for n, q in model.named_parameters()}
+        named = [(n, params[n]) for n in names]
+        self.optimized = [q for _, q in named]
+        return named
+
+    def hooks(self, case, rebuild, sync_every_microbatch):
+        """`train`'s keyword arguments for the run: the forward, FSDP1's clipping and loss scaler, its `no_sync()` on
+        all but a step's last micro-batch unless `sync_every_microbatch`, the readers below, and resuming: the model
+        and optimizer saved with torch.distributed.checkpoint, `rebuild()` (a fresh model through `adopt`) and a
+        fresh optimizer loaded from it."""
+        clip = case["train"].get("clip_grad_norm")
+
+        def resume(opt):
+            with shared_tempdir() as path:
+                save_checkpoint(self.model, opt, path)
+                named = rebuild()
+                opt = make_optimizer(case, self.optimized)
+                load_checkpoint(self.model, opt, path)
+            return named, opt
+
+        return {"forward": lambda ids: self.model(ids), "resume": resume, "grad": self.grad, "view": self.view,
+                "clip": None if clip is None else lambda: self.model.clip_grad_norm_(clip),
+                "no_sync": None if sync_every_microbatch else lambda: self.model.no_sync(),
+                "scaler": sharded_grad_scaler}
 
     def gathered(self, with_grads):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
