@@ -78,6 +78,7 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         static_graph: None,
         find_unused: None,
         flat_params: None,
+        param_buckets: None,
         microbatches: if u.ratio(1, 2)? { 1 } else { u.int_in_range(1..=(8 / dp).clamp(1, 4))? },
         pipeline_schedule: pick(u, &[PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB])?,
         // (Interleaving comes from the `schedule` mutator, for the reason given above.)

@@ -149,6 +149,11 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("the original parameters kept as views into the flat ones".into()),
             None => {}
         }
+        match p.param_buckets {
+            Some(true) => out.push("each rank's optimizer partition packed into one contiguous parameter bucket".into()),
+            Some(false) => out.push("each rank's optimizer partition kept as separate parameters".into()),
+            None => {}
+        }
         match p.find_unused {
             Some(true) => out.push("the reducer searching each step's graph for parameters without a gradient".into()),
             Some(false) => out.push("the reducer expecting a gradient for every parameter".into()),

@@ -86,6 +86,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.static_graph.is_some(),
         p.find_unused.is_some(),
         p.flat_params.is_some(),
+        p.param_buckets.is_some(),
         p.reduce_to_owner.is_some(),
         p.overlap_param_gather.is_some(),
         p.sync_every_microbatch.is_some(),
@@ -164,6 +165,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.flat_params.is_some() {
         out.push(with(case, |c| c.parallel.flat_params = None));
+    }
+    if p.param_buckets.is_some() {
+        out.push(with(case, |c| c.parallel.param_buckets = None));
     }
     if p.reduce_to_owner.is_some() {
         out.push(with(case, |c| c.parallel.reduce_to_owner = None));
@@ -626,6 +630,7 @@ mod tests {
         (p.reduce_bucket, p.overlap_comm, p.reduce_scatter, p.grad_predivide) = (Some(5), Some(true), Some(false), Some(2));
         (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
         (p.static_graph, p.reduce_to_owner, p.find_unused, p.flat_params) = (Some(true), Some(true), Some(false), Some(true));
+        p.param_buckets = Some(true);
         (p.overlap_param_gather, p.sync_every_microbatch, p.param_shard_dim) = (Some(true), Some(false), Some(1));
         (p.zero_bubble, p.dual_pipe, p.breadth_first, p.ulysses_mpu) = (Some(true), Some(true), Some(true), Some(true));
         (p.cp_all_to_all, p.tp_overlap_comm, p.auto_ep) = (Some(true), Some(true), Some(true));

@@ -251,6 +251,12 @@ pub fn reduce_to_owner(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     zero_choice(c, rng, &ON_OFF_OR_TARGETS, |p| &mut p.reduce_to_owner)
 }
 
+/// Each rank's optimizer partition packed into one parameter bucket, kept as separate parameters, or the target's own
+/// choice (a ZeRO stage and data parallelism switched on with it).
+pub fn param_buckets(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    zero_choice(c, rng, &ON_OFF_OR_TARGETS, |p| &mut p.param_buckets)
+}
+
 /// Parameter partitions all-gathered asynchronously after the step (waited for at their first use), before the
 /// step returns, or the target's own choice (a ZeRO stage and data parallelism switched on with it).
 pub fn overlap_param_gather(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -198,6 +198,9 @@ VALIDATION = {
     "torch-ddp": [
         # The constructor's argument checks (raised through `_log_and_throw`, see THROW_HELPERS).
         ("torch/nn/parallel/distributed.py", "__init__", None),
+        # ZeroRedundancyOptimizer's checks of the parameters it is given (ZeRO 1).
+        ("torch/distributed/optim/zero_redundancy_optimizer.py", "_verify_and_init_params", None),
+        ("torch/distributed/optim/zero_redundancy_optimizer.py", "_verify_same_dense_param_type", None),
     ],
     "torch-pp": [
         # The schedules' and stages' checks of their arguments (micro-batch counts the schedule cannot order, stages

@@ -169,6 +169,13 @@ pub struct Parallel {
     /// (torch-fsdp1: the original parameters). Read only with data parallelism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flat_params: Option<bool>,
+    /// Under a ZeRO stage, the parameters of each rank's optimizer partition packed into one contiguous buffer
+    /// they are views of (true) or kept as separate tensors (false), where a framework offers the choice (torch's
+    /// ZeroRedundancyOptimizer `parameters_as_bucket_view`: the updated partitions broadcast as whole buckets
+    /// instead of parameter by parameter); the same result either way. Absent: the target's own choice
+    /// (torch-ddp: separate tensors). Read only with a ZeRO stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param_buckets: Option<bool>,
     /// Parameters of at most this many elements kept whole on every data-parallel rank while the larger ones
     /// are partitioned, where a framework offers it (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`:
     /// persistent parameters are never gathered or released, and their gradients take another path to the
@@ -302,6 +309,7 @@ impl Default for Parallel {
             static_graph: None,
             find_unused: None,
             flat_params: None,
+            param_buckets: None,
             persist_below: None,
             optimizer_sub_group: None,
             reshard_group: None,

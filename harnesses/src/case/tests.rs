@@ -92,6 +92,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
     assert_eq!((c.parallel.persist_below, c.parallel.optimizer_sub_group), (Some(0), Some(7)));
     assert_eq!(c.parallel.find_unused, Some(true));
     assert_eq!(Case::from_json(&with(r#""flat_params": true"#)).unwrap().parallel.flat_params, Some(true));
+    assert_eq!(Case::from_json(&with(r#""param_buckets": false"#)).unwrap().parallel.param_buckets, Some(false));
     let e = error_of(&with(r#""reshard_group": 3"#));
     assert!(e.contains("parallel.reshard_group") && e.contains("must divide dp"), "{e}");
     let e = error_of(&with(r#""optimizer_sub_group": 0"#));
@@ -136,6 +137,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "reshard_group",
         "find_unused",
         "flat_params",
+        "param_buckets",
         "prefetch_bucket",
         "max_live_parameters",
         "max_reuse_distance",

@@ -78,7 +78,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-ddp",
-        description: "PyTorch DistributedDataParallel over the data-parallel ranks, torch's context parallelism (ring attention under context_parallel, DDP over dp x cp)",
+        description: "PyTorch DistributedDataParallel over the data-parallel ranks, torch's ZeroRedundancyOptimizer under ZeRO 1 (shard groups, parameter buckets), resume from rank 0's state dicts, torch's context parallelism (ring attention under context_parallel, DDP over dp x cp)",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss",
             "reduce_bucket",
@@ -92,6 +92,9 @@ pub const TARGETS: &[TargetInfo] = &[
             "activation_checkpointing", "layer_passes",
             "context_parallel",
             "cp_all_to_all",
+            "zero_shard_group",
+            "param_buckets",
+            "resume_after",
         ],
         create: |o| python("torch-ddp", MAIN, o),
     },

@@ -167,6 +167,7 @@ def parallel(case):
         "static_graph": p.get("static_graph"),
         "find_unused": p.get("find_unused"),
         "flat_params": p.get("flat_params"),
+        "param_buckets": p.get("param_buckets"),
         "reduce_to_owner": p.get("reduce_to_owner"),
         "overlap_param_gather": p.get("overlap_param_gather"),
         "sync_every_microbatch": p.get("sync_every_microbatch"),

@@ -4,12 +4,17 @@ of the case's `reduce_bucket` elements (by default 1 MB), its gradients views in
 case sets them, accumulated micro-batches under `no_sync` (reduced with the last) unless the case's
 `sync_every_microbatch` asks for every one reduced, and a `reduce_dtype` below
 the compute dtype as DDP's own compression hooks (`bf16_compress_hook`, `fp16_compress_hook`); with context
-parallelism (`parallel.cp`), torch's own (`torch_context_parallel`), DDP over the dp x cp ranks together."""
+parallelism (`parallel.cp`), torch's own (`torch_context_parallel`), DDP over the dp x cp ranks together. Under
+`zero_stage` 1 the optimizer is torch's ZeroRedundancyOptimizer (`torch_zero_redundancy`). `resume_after` saves the
+model's and the optimizer's state dicts on rank 0 (a ZeroRedundancyOptimizer's consolidated there first), as torch's
+DDP tutorial does, and loads them on every rank into a fresh model, DDP wrapper and optimizer."""
 
-from .base import dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, sync_every_microbatch, sync_feature
+from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature,
+                   sync_every_microbatch, sync_feature)
 from . import torch_context_parallel as torch_cp
-from .torch_common import TorchTarget, mesh
-from .torch_model import build, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
+from . import torch_zero_redundancy as zero
+from .torch_common import TorchTarget, mesh, shared_tempdir
+from .torch_model import build, make_optimizer, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_release import clips_sparse_gradients
 from .torch_training import combine_dp, single_device, train
 
@@ -26,8 +31,8 @@ class TorchDdp(TorchTarget):
         if why:
             return why
         p = parallel(case)
-        if p["zero_stage"] > 0:
-            return "ZeRO stages are not DDP (see torch-fsdp2, deepspeed-zero)"
+        if p["zero_stage"] > 1:
+            return "torch's ZeroRedundancyOptimizer beside DDP shards optimizer states only (ZeRO 1; see torch-fsdp2)"
         rd = reduce_dtype_name(case)
         if rd != dtype_name(case) and rd not in COMPRESS_HOOKS:
             return f"DDP reduces gradients in their own dtype or, through a compression hook, in {' / '.join(COMPRESS_HOOKS)}"
@@ -51,25 +56,14 @@ class TorchDdp(TorchTarget):
         return None
 
     def run_rank(self, rank, world, case, inputs):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model, dt = build(case, inputs, sparse_embedding(case))
         p = parallel(case)
         cp = p["cp"]
-        seq = None
-        if cp > 1:  # DDP over the dp x cp ranks, torch's context parallelism over the cp ones
-            torch_cp.install(model)
-            seq = torch_cp.TorchSequenceSplit(mesh((world // cp, cp), ("dp", "cp"))["cp"], torch_cp.rotate_method(case))
-        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt), gradient_as_bucket_view=bool(p["contiguous_grads"]),
-                  static_graph=bool(p["static_graph"]), find_unused_parameters=bool(p["find_unused"]))
-        hook = compress_hook(case)
-        if hook is not None:
-            ddp.register_comm_hook(state=None, hook=hook)
-        named = list(model.named_parameters())
+        run = DdpRun(case, inputs, world, zero.shard_group(case, world, rank) if p["zero_stage"] == 1 else None)
+        named = run.wrap()
         # Accumulated micro-batches under no_sync, reduced with the last, unless the case asks for every one reduced.
-        no_sync = None if sync_every_microbatch(case, False) else ddp.no_sync
-        out = train(case, inputs, ddp, [p for _, p in named], rank // cp, world // cp, no_sync=no_sync, named=named,
-                    seq=seq)
+        no_sync = None if sync_every_microbatch(case, False) else lambda: run.ddp.no_sync()
+        out = train(case, inputs, run.ddp, [p for _, p in named], rank // cp, world // cp, no_sync=no_sync, named=named,
+                    seq=run.seq, forward=lambda ids: run.ddp(ids), resume=run.resume, optimizer=run.optimizer)
         out["baseline"] = single_device(case, inputs, torch_cp.baseline_attention(case)) if rank == 0 else None
         return out
 
@@ -85,7 +79,75 @@ class TorchDdp(TorchTarget):
         hook = [f"{prefix}:{dtype_name(case)}-compressed-to-{rd}"] if rd != dtype_name(case) else []
         sync = sync_feature(prefix, case, False)
         cp = torch_cp.features(prefix, case)
-        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook, *sync, *cp])
+        return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook, *sync, *cp,
+                                       *zero_features(prefix, case, len(outs)), *resume_feature(prefix, case)])
+
+
+class DdpRun:
+    """One rank's DDP-wrapped model as `train` drives it: the wrapper (`ddp`, replaced when the run resumes), its
+    context-parallel split (`seq`) and the optimizer the case asks for (`optimizer`: make_optimizer's, or under ZeRO 1
+    a ZeroRedundancyOptimizer over `zero_group`, None: every rank)."""
+
+    def __init__(self, case, inputs, world, zero_group):
+        p = parallel(case)
+        self.case, self.inputs, self.ddp, self.seq = case, inputs, None, None
+        if p["cp"] > 1:  # DDP over the dp x cp ranks, torch's context parallelism over the cp ones
+            self.seq = torch_cp.TorchSequenceSplit(mesh((world // p["cp"], p["cp"]), ("dp", "cp"))["cp"],
+                                                   torch_cp.rotate_method(case))
+        self.optimizer = zero.sharded_optimizer(case, zero_group) if p["zero_stage"] == 1 else None
+
+    def wrap(self, state=None):
+        """A fresh model (its parameters from `state`, a state dict, where given) in DDP as the case asks; returns its
+        (name, parameter) pairs."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        case, p = self.case, parallel(self.case)
+        model, dt = build(case, self.inputs, sparse_embedding(case))
+        if state is not None:
+            model.load_state_dict(state)
+        if p["cp"] > 1:
+            torch_cp.install(model)
+        self.ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(case, dt), gradient_as_bucket_view=bool(p["contiguous_grads"]),
+                       static_graph=bool(p["static_graph"]), find_unused_parameters=bool(p["find_unused"]))
+        hook = compress_hook(case)
+        if hook is not None:
+            self.ddp.register_comm_hook(state=None, hook=hook)
+        return list(model.named_parameters())
+
+    def resume(self, opt):
+        """`train`'s `resume`: the model's and optimizer's state dicts saved by rank 0 (torch.save), loaded on every
+        rank into a fresh model, wrapper and optimizer."""
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        state = {"model": self.ddp.module.state_dict(), "optim": zero.optimizer_state(opt)}
+        with shared_tempdir() as path:
+            file = os.path.join(path, "checkpoint.pt")
+            if dist.get_rank() == 0:
+                torch.save(state, file)
+            dist.barrier()
+            saved = torch.load(file)
+        named = self.wrap(saved["model"])
+        params = [q for _, q in named]
+        opt = self.optimizer(params) if self.optimizer is not None else make_optimizer(self.case, params)
+        opt.load_state_dict(saved["optim"])
+        return named, opt
+
+
+def zero_features(prefix, case, world):
+    """The ZeRO-1 layout: `prefix:zero1` and its shard group and parameter buckets where the case sets them."""
+    p = parallel(case)
+    if p["zero_stage"] != 1:
+        return []
+    out = [f"{prefix}:zero1"]
+    g = p["zero_shard_group"]
+    if g is not None and g != world:
+        out.append(f"{prefix}:zero1:shard-group{g}")
+    if p["param_buckets"] is not None:
+        out.append(f"{prefix}:zero1:{'param-buckets' if p['param_buckets'] else 'separate-params'}")
+    return out
 
 
 COMPRESS_HOOKS = {"bf16": "bf16_compress_hook", "f16": "fp16_compress_hook"}

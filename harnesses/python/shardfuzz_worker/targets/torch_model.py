@@ -304,6 +304,13 @@ def make_optimizer(case, params, split_groups=None):
     """The case's optimizer over the trainable ones of `params` (a frozen parameter is left out, as fine-tuning
     scripts do); `split_groups` maps its parameter groups (dicts) to the ones the optimizer gets (a framework's own
     grouping)."""
+    cls, groups, kw = optimizer_parts(case, params, split_groups)
+    return cls(groups, **kw)
+
+
+def optimizer_parts(case, params, split_groups=None):
+    """(optimizer class, parameter groups, keyword arguments) of make_optimizer's optimizer: what a wrapper building
+    the optimizer itself (torch's ZeroRedundancyOptimizer) takes."""
     params = [p for p in params if p.requires_grad]
     o = case["train"]["optimizer"]
     lr, wd = o["lr"], o.get("weight_decay", 0.0)
@@ -325,6 +332,6 @@ def make_optimizer(case, params, split_groups=None):
         groups = split_groups(groups if isinstance(groups[0], dict) else [{"params": groups}])
     if o["kind"] == "sgd":
         # SGD's update is one rounding of w - lr * g either way.
-        return torch.optim.SGD(groups, lr=lr, weight_decay=wd, foreach=False)
+        return torch.optim.SGD, groups, {"lr": lr, "weight_decay": wd, "foreach": False}
     cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
-    return cls(groups, lr=lr, betas=betas, eps=eps, weight_decay=wd, **impl)
+    return cls, groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": wd, **impl}

@@ -57,7 +57,7 @@ def micro_batch_loss(case, inputs, logits, targets):
 
 def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None, no_sync=None, clip=None, group=None,
           forward=None, named=None, loss_ctx=None, view=None, grad=None, resume=None, loss_seed=None, finish=None,
-          seq=None, vocab=None, scaler=None):
+          seq=None, vocab=None, scaler=None, optimizer=None):
     """Runs the case's steps. `model` maps ids [b, s] to logits; `params` are the trainable tensors;
     hooks let a framework own backward/step (DeepSpeed's engine) or gradient sync (DDP's no_sync).
     `step()` may return whether the framework's own loss scaler skipped the step.
@@ -77,7 +77,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     `vocab` (a vocabulary-sharded LM head whose framework computes the loss on the shards): `vocab.loss(logits,
     targets)` is the micro-batch's (loss, count) as micro_batch_loss's, `vocab.whole(logits)` the logits gathered.
     `scaler(train_cfg)`: the framework's own dynamic loss scaler for the case (FSDP1's ShardedGradScaler) in place of
-    torch.amp's (`loss_scaler`).
+    torch.amp's (`loss_scaler`). `optimizer(params)`: the optimizer stepping `params` where a framework wraps its own
+    (torch's ZeroRedundancyOptimizer) in place of make_optimizer's.
     Returns local logits rows, losses, step-0 gradients and final parameters (case layout)."""
     view = view or (lambda name, t: to_case_layout(name, full(t)).numpy())
     grad = grad or (lambda name, p: p.grad)
@@ -95,7 +96,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga)]
     # The MoE auxiliary loss (averaged over the batch's sequences) in the units of this loop's loss seed.
     set_aux_unit(dp / (b * s))
-    opt = None if step is not None else make_optimizer(case, params)
+    opt = None if step is not None else (optimizer or (lambda ps: make_optimizer(case, ps)))(params)
     scaler = (scaler or loss_scaler)(t) if step is None else None
     named = named or []
     losses, logits0, grads0, skipped = [], None, {}, []
