@@ -2,6 +2,7 @@
 each training on its rows of the batch, under torchrun."""
 
 from ..targets.base import dtype_name, parallel, reduce_dtype_name
+from .common import worker_source
 from .torch_dp import generate_dp, torch_context_parallel
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -33,8 +34,20 @@ def generate(case, inputs, bounds, dropped):
                 f"FIND_UNUSED = {unused}",
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, False)}  # False: no_sync() on all but the last",
                 f"COMPRESS_HOOK = {hook!r}  # a default_hooks name: gradients reduced in {reduce_dtype_name(case)}"]
+    if p["zero_stage"] == 1:
+        g = p["zero_shard_group"]
+        what += (f", torch's ZeroRedundancyOptimizer (ZeRO 1{f', partitions within groups of {g} ranks' if g else ''}"
+                 f", parameters_as_bucket_view={bool(p['param_buckets'])})")
+    settings += [f"ZERO_STAGE = {p['zero_stage']}  # 1: torch's ZeroRedundancyOptimizer",
+                 f"ZERO_SHARD_GROUP = {p['zero_shard_group']!r}  # its partitions within groups of this many ranks",
+                 f"PARAM_BUCKETS = {bool(p['param_buckets'])}  # parameters_as_bucket_view"]
     cp_setting, cp_sources = torch_context_parallel(case)
     if cp_sources:
         what += f" x cp={p['cp']} ranks of torch's context parallelism (ring attention under context_parallel)"
         settings.append(cp_setting)
-    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, cp_sources)
+    sources = (worker_source("targets/torch_zero_redundancy.py", "shard_group", "zero_redundancy_optimizer",
+                             "saved_and_loaded")
+               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
+               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
+    return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS,
+                       sources + (f"\n\n{cp_sources}" if cp_sources else ""))

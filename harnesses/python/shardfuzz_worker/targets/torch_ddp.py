@@ -13,7 +13,7 @@ from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduc
                    sync_every_microbatch, sync_feature)
 from . import torch_context_parallel as torch_cp
 from . import torch_zero_redundancy as zero
-from .torch_common import TorchTarget, mesh, shared_tempdir
+from .torch_common import TorchTarget, mesh
 from .torch_model import build, make_optimizer, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_release import clips_sparse_gradients
 from .torch_training import combine_dp, single_device, train
@@ -58,7 +58,7 @@ class TorchDdp(TorchTarget):
     def run_rank(self, rank, world, case, inputs):
         p = parallel(case)
         cp = p["cp"]
-        run = DdpRun(case, inputs, world, zero.shard_group(case, world, rank) if p["zero_stage"] == 1 else None)
+        run = DdpRun(case, inputs, world, rank)
         named = run.wrap()
         # Accumulated micro-batches under no_sync, reduced with the last, unless the case asks for every one reduced.
         no_sync = None if sync_every_microbatch(case, False) else lambda: run.ddp.no_sync()
@@ -88,13 +88,21 @@ class DdpRun:
     context-parallel split (`seq`) and the optimizer the case asks for (`optimizer`: make_optimizer's, or under ZeRO 1
     a ZeroRedundancyOptimizer over `zero_group`, None: every rank)."""
 
-    def __init__(self, case, inputs, world, zero_group):
+    def __init__(self, case, inputs, world, rank):
         p = parallel(case)
-        self.case, self.inputs, self.ddp, self.seq = case, inputs, None, None
+        self.case, self.inputs, self.ddp, self.seq, self.group = case, inputs, None, None, None
         if p["cp"] > 1:  # DDP over the dp x cp ranks, torch's context parallelism over the cp ones
             self.seq = torch_cp.TorchSequenceSplit(mesh((world // p["cp"], p["cp"]), ("dp", "cp"))["cp"],
                                                    torch_cp.rotate_method(case))
-        self.optimizer = zero.sharded_optimizer(case, zero_group) if p["zero_stage"] == 1 else None
+        if p["zero_stage"] == 1:
+            self.group = zero.shard_group(p["zero_shard_group"], world, rank)
+
+    def optimizer(self, params):
+        """`train`'s `optimizer`: make_optimizer's, or under ZeRO 1 a ZeroRedundancyOptimizer over `group`."""
+        p = parallel(self.case)
+        if p["zero_stage"] == 1:
+            return zero.zero_redundancy_optimizer(self.case, params, self.group, bool(p["param_buckets"]))
+        return make_optimizer(self.case, params)
 
     def wrap(self, state=None):
         """A fresh model (its parameters from `state`, a state dict, where given) in DDP as the case asks; returns its
@@ -115,23 +123,11 @@ class DdpRun:
         return list(model.named_parameters())
 
     def resume(self, opt):
-        """`train`'s `resume`: the model's and optimizer's state dicts saved by rank 0 (torch.save), loaded on every
-        rank into a fresh model, wrapper and optimizer."""
-        import os
-
-        import torch
-        import torch.distributed as dist
-
-        state = {"model": self.ddp.module.state_dict(), "optim": zero.optimizer_state(opt)}
-        with shared_tempdir() as path:
-            file = os.path.join(path, "checkpoint.pt")
-            if dist.get_rank() == 0:
-                torch.save(state, file)
-            dist.barrier()
-            saved = torch.load(file)
+        """`train`'s `resume`: the model's and optimizer's state dicts saved by rank 0, loaded on every rank into a
+        fresh model, wrapper and optimizer."""
+        saved = zero.saved_and_loaded(self.ddp.module, opt)
         named = self.wrap(saved["model"])
-        params = [q for _, q in named]
-        opt = self.optimizer(params) if self.optimizer is not None else make_optimizer(self.case, params)
+        opt = self.optimizer([q for _, q in named])
         opt.load_state_dict(saved["optim"])
         return named, opt
 

@@ -5,42 +5,47 @@ case's `zero_shard_group` g, the partitions split within each group of g consecu
 `process_group`) and are replicated across the groups; with `param_buckets`, each partition is one contiguous bucket
 the parameters are views of (`parameters_as_bucket_view`)."""
 
-from .base import parallel
+from .torch_common import shared_tempdir
+
+from .torch_model import optimizer_parts
 
 
-def shard_group(case, world, rank):
-    """The process group of `rank`'s g consecutive ranks for the case's `zero_shard_group` g below `world` (every rank
-    creates every group, in the same order), or None: the optimizer partitions over all ranks."""
+def shard_group(g, world, rank):
+    """The process group of `rank`'s g consecutive ranks (the case's `zero_shard_group`) where g is below `world`
+    (every rank creates every group, in the same order), or None: the optimizer partitions over all ranks."""
     import torch.distributed as dist
 
-    g = parallel(case)["zero_shard_group"]
     if g is None or g == world:
         return None
     groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
     return groups[rank // g]
 
 
-def sharded_optimizer(case, group):
-    """`train`'s `optimizer`: the case's optimizer (make_optimizer's class, parameter groups and settings) as each
-    rank's partition of a ZeroRedundancyOptimizer over `group` (None: every rank)."""
+def zero_redundancy_optimizer(case, params, group, buckets):
+    """The case's optimizer (make_optimizer's class, parameter groups and settings) as this rank's partition of a
+    ZeroRedundancyOptimizer over `group` (None: every rank), its partitions parameter buckets where `buckets`."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from .torch_model import optimizer_parts
-
-    def make(params):
-        cls, groups, kw = optimizer_parts(case, params)
-        return ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group,
-                                       parameters_as_bucket_view=bool(parallel(case)["param_buckets"]), **kw)
-
-    return make
+    cls, groups, kw = optimizer_parts(case, params)
+    return ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, parameters_as_bucket_view=buckets,
+                                   **kw)
 
 
-def optimizer_state(opt):
-    """The optimizer's whole state dict on global rank 0 (None elsewhere): a ZeroRedundancyOptimizer's consolidated
-    there first, as its documentation asks before saving (every rank calls this)."""
+def saved_and_loaded(module, opt):
+    """The module's and the optimizer's state dicts (`model`, `optim`) saved by global rank 0 with torch.save, as
+    torch's DDP tutorial checkpoints, and loaded by every rank; a ZeroRedundancyOptimizer is consolidated on rank 0
+    first, as its documentation asks (every rank calls this)."""
+    import os
+
+    import torch
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     if isinstance(opt, ZeroRedundancyOptimizer):
-        opt.consolidate_state_dict(to=0)  # (rank 0 of its group: global rank 0's group holds it)
-    return opt.state_dict() if dist.get_rank() == 0 else None
+        opt.consolidate_state_dict(to=0)  # (rank 0 of each group: global rank 0's group holds it)
+    with shared_tempdir() as path:
+        file = os.path.join(path, "checkpoint.pt")
+        if dist.get_rank() == 0:
+            torch.save({"model": module.state_dict(), "optim": opt.state_dict()}, file)
+        dist.barrier()
+        return torch.load(file)
