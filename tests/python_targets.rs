@@ -2400,9 +2400,9 @@ fn torch_ddp_context_parallel_on_two_releases() {
 /// torch-fsdp1 (FSDP1's FullyShardedDataParallel): each sharding strategy the case's ZeRO stage and shard group pick
 /// (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, hybrid sharding) trains like the reference, with mixed precision, no_sync
 /// accumulation and a DCP checkpoint; two FSDP1 crashes it found (docs/findings/torch-2.15-fsdp1-*) are crashes inside
-/// torch, a frozen unit recomputed by a re-entrant checkpoint losing its parameters is a divergence, and all three
-/// pass with their known fixes; mixed precision with a block reused under re-entrant checkpointing diverges and passes
-/// with its known fix; flat parameters (`flat_params`) and FSDP1's loss scaler train like the reference; CPU offload is
+/// torch, a frozen unit recomputed by a re-entrant checkpoint losing its parameters is a divergence, a DCP checkpoint
+/// with a rank holding no chunk of a parameter cannot be loaded, and all four pass with their known fixes; mixed
+/// precision with a block reused under re-entrant checkpointing diverges and passes with its known fix; flat parameters (`flat_params`) and FSDP1's loss scaler train like the reference; CPU offload is
 /// refused.
 #[test]
 fn fsdp1_strategies_train_like_the_reference_and_its_crashes_pass_with_their_fixes() {
@@ -2432,6 +2432,12 @@ fn fsdp1_strategies_train_like_the_reference_and_its_crashes_pass_with_their_fix
             "Received data size doesn't match expected size",
         ),
         (root().join("corpus/zero2-dp3-padded.json"), "torch-fsdp1-clip-grad-norm-float64", "_get_grad_norm"),
+        // A DCP checkpoint on 3 ranks: a rank without a torch.chunk piece of a parameter cannot load it.
+        (
+            tests.join("python-resume/dp3-zero3-persistent-sub-groups-adam-accumulation-resume-after-1-f32.json"),
+            "torch-dcp-load-unheld-sharded-tensor",
+            "Missing key in checkpoint state_dict: optim.param_groups.",
+        ),
         (
             tests.join("python-fsdp1/dp1-no-shard-frozen-layers-reentrant-passes2-bf16.json"),
             "torch-fsdp1-frozen-recomputed-unit-views",

@@ -1195,6 +1195,35 @@ def _torch_fsdp1_clip_grad_norm_float64():
     fsdp._get_grad_norm = _get_grad_norm
 
 
+def _torch_dcp_load_unheld_sharded_tensor():
+    """torch 2.15: a torch.distributed.checkpoint of an FSDP1 model and optimizer (`get_state_dict`, sharded) cannot be
+    loaded where a parameter's first dimension splits into fewer torch.chunk pieces than there are ranks (FSDP1's
+    sharded state dict chunks each parameter along dim 0: the last ranks get a ShardedTensor with no local shard):
+    "Missing key in checkpoint state_dict: optim.param_groups." DefaultLoadPlanner.set_up_planner drops such a
+    ShardedTensor (`_flatten_sharded_tensors`: `if len(shards) == 0: return`), create_local_plan then finds the
+    checkpoint's keys of it missing, takes the checkpoint for a pre-2.4 one and flattens the state dict by the 2.3
+    rules, under which `optim.param_groups` is one leaf the checkpoint does not have
+    (docs/findings/torch-2.15-fsdp1-dcp-load-rank-without-chunk-crash.py). Fix: keep such a ShardedTensor in the
+    flattened state dict (it plans no read: it has no local chunk)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.checkpoint import default_planner
+    from torch.distributed.checkpoint._traverse import set_element, traverse_state_dict
+
+    drop_unheld = default_planner._flatten_sharded_tensors
+
+    def flatten_sharded_tensors(state_dict):
+        out = drop_unheld(state_dict)
+
+        def keep(path, value):
+            if isinstance(value, ShardedTensor) and not value.local_shards():
+                set_element(out, path, value)
+
+        traverse_state_dict(state_dict, keep)
+        return out
+
+    default_planner._flatten_sharded_tensors = flatten_sharded_tensors
+
+
 def _torch_fsdp2_reentrant_reused_module():
     """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
     re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
@@ -1931,6 +1960,7 @@ FIXES = {
     "torch-fsdp1-clip-grad-norm-float64": (("torch-fsdp1",), _torch_fsdp1_clip_grad_norm_float64),
     "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
     "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
+    "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
