@@ -121,6 +121,7 @@ fn train_needs(case: &Case) -> Vec<String> {
         (!t.frozen.is_empty(), "frozen"),
         (t.per_token_loss, "per_token_loss"),
         (t.local_mean_loss, "local_mean_loss"),
+        (t.compiled, "compiled"),
         (t.label_smoothing.is_some(), "label_smoothing"),
         (t.optimizer.weight_decay.0 != 0.0, "weight_decay"),
         (t.optimizer.no_decay_vectors, "no_decay_vectors"),

@@ -189,6 +189,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         frozen: vec![],
         per_token_loss: false,
         local_mean_loss: false,
+        compiled: false,
         label_smoothing: None,
     })
 }

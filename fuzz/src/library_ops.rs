@@ -117,6 +117,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             frozen: vec![],
             per_token_loss: false,
             local_mean_loss: false,
+            compiled: false,
             label_smoothing: None,
         },
         data: Data { seed, distribution: Distribution::Normal, ignored: None, class_weights: false },

@@ -236,6 +236,9 @@ fn train_words(case: &Case) -> String {
     if t.local_mean_loss {
         s += ", each micro-batch's loss the mean over its own tokens (reduction=\"mean\"), weighted by their share of the global count";
     }
+    if t.compiled {
+        s += ", the model compiled (torch.compile, backend aot_eager)";
+    }
     if let Some(c) = &t.clip_grad_norm {
         s += &format!(", gradient clipping at {}", c.0);
     }

@@ -115,6 +115,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.optimizer.no_decay_vectors,
         t.per_token_loss,
         t.local_mean_loss,
+        t.compiled,
         t.label_smoothing.is_some(),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.pad_to_capacity),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.renormalize),
@@ -252,6 +253,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.local_mean_loss {
         out.push(with(case, |c| c.train.local_mean_loss = false));
+    }
+    if case.train.compiled {
+        out.push(with(case, |c| c.train.compiled = false));
     }
     if case.train.label_smoothing.is_some() {
         out.push(with(case, |c| c.train.label_smoothing = None));

@@ -182,6 +182,12 @@ pub fn local_mean_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The model compiled by the framework's graph compiler, or eager again.
+pub fn compiled(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    c.train.compiled = !c.train.compiled;
+    true
+}
+
 /// Label smoothing switched on (ε drawn from `generate::LABEL_SMOOTHINGS`), moved to another ε, or off; class weights go,
 /// since a weighted smoothed loss is not modelled (model cases).
 pub fn label_smoothing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

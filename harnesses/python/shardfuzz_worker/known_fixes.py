@@ -1224,6 +1224,49 @@ def _torch_dcp_load_unheld_sharded_tensor():
     default_planner._flatten_sharded_tensors = flatten_sharded_tensors
 
 
+def _torch_compile_async_collective_input_grad():
+    """torch 2.15: a compiled module whose input is the local tensor of a DTensor redistributed by a functional
+    collective (an AsyncCollectiveTensor: `to_local()` of a vocabulary-parallel embedding's output under tensor
+    parallelism, as torchtitan compiles its blocks after an embedding in RowwiseParallel) gets no gradient to that
+    input: AOTAutograd resolves AsyncCollectiveTensor inputs with `trigger_wait()`, whose result has no autograd
+    history, so `_ToTorchTensor.backward` receives None; the engine then hands the redistribution's backward a plain
+    zero tensor, and it fails with "'Tensor' object has no attribute '_local_tensor'"
+    (docs/findings/torch-2.15-compile-tp-async-collective-input-gradient-lost.py). Fix: `to_local()` waits for an
+    AsyncCollectiveTensor itself, so the compiled module's input is a plain tensor with its autograd edge."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import _api
+
+    to_local = _api._ToTorchTensor.forward
+
+    def forward(ctx, input, grad_placements):
+        local = input._local_tensor
+        if isinstance(local, AsyncCollectiveTensor):
+            input = type(input)(local.trigger_wait(), input._spec, requires_grad=False)
+        return to_local(ctx, input, grad_placements)
+
+    _api._ToTorchTensor.forward = staticmethod(forward)
+
+
+def _torch_ddp_compile_first_bucket_cap():
+    """torch 2.15: `torch.compile` of a DistributedDataParallel module with `bucket_cap_mb` below 1 MiB fails at its
+    first forward: Dynamo builds its DDPOptimizer from the module's `bucket_bytes_cap` alone, DDPOptimizer takes the
+    first bucket's cap as `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB) and asserts "First bucket should be
+    smaller/equal to other buckets to get comms warmed up ASAP", where DDP itself (its BucketCapacityConfig) caps the
+    first bucket at the given size (docs/findings/torch-2.15-ddp-compile-bucket-below-1-mib-crash.py). Fix: the first
+    bucket's cap no larger than the other buckets'."""
+    import torch.distributed as dist
+    from torch._dynamo.backends import distributed
+
+    init = distributed.DDPOptimizer.__init__
+
+    def __init__(self, bucket_bytes_cap, backend_compile_fn, first_bucket_cap=None):
+        if first_bucket_cap is None:
+            first_bucket_cap = min(dist._DEFAULT_FIRST_BUCKET_BYTES, bucket_bytes_cap)
+        init(self, bucket_bytes_cap, backend_compile_fn, first_bucket_cap)
+
+    distributed.DDPOptimizer.__init__ = __init__
+
+
 def _torch_fsdp2_reentrant_reused_module():
     """torch 2.15: FSDP2 (`fully_shard`) loses a gradient of a module that runs more than once per step under
     re-entrant activation checkpointing (shared blocks, `model.layer_passes` > 1 with use_reentrant=True), silently:
@@ -1961,6 +2004,8 @@ FIXES = {
     "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
     "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
+    "torch-compile-async-collective-input-grad": (("torch-tp",), _torch_compile_async_collective_input_grad),
+    "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),

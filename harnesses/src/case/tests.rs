@@ -144,6 +144,7 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "vocab_divisible_by",
         "per_token_loss",
         "local_mean_loss",
+        "compiled",
         "label_smoothing",
     ] {
         assert!(!plain.contains(field), "absent {field} is not written");

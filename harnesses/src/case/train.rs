@@ -69,6 +69,12 @@ pub struct Train {
     /// framework code the loss runs through (a mean's own division, e.g. in a vocab-parallel loss's backward).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub local_mean_loss: bool,
+    /// The model run through the framework's graph compiler, where a target offers it: `torch.compile` with the
+    /// `aot_eager` backend (Dynamo's graph capture and AOTAutograd's joint forward / backward graphs, run by the
+    /// eager kernels), over the framework's own compiler integration (DDP's DDPOptimizer, one subgraph per
+    /// gradient bucket; DTensor traced as a tensor subclass). The same result up to rounding. Absent (false): eager.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compiled: bool,
     /// Label smoothing ε of the cross-entropy, as torch's `label_smoothing` defines it: each counted token's
     /// target distribution is 1 − ε on its target plus ε / V on each of the V vocabulary entries, so its loss is
     /// (1 − ε)·(−log p_target) + ε·mean_j(−log p_j) (Megatron's `label_smoothing` α is the same distribution with

@@ -53,7 +53,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "torch-tp",
         description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
         env: Some(MAIN),
-        offers: &["label_smoothing", "local_mean_loss", "vocab_loss", "activation_checkpointing", "layer_passes"],
+        offers: &["label_smoothing", "local_mean_loss", "vocab_loss", "activation_checkpointing", "layer_passes", "compiled"],
         create: |o| python("torch-tp", MAIN, o),
     },
     TargetInfo {
@@ -95,6 +95,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "zero_shard_group",
             "param_buckets",
             "resume_after",
+            "compiled",
         ],
         create: |o| python("torch-ddp", MAIN, o),
     },

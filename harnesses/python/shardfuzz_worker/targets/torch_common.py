@@ -75,6 +75,44 @@ def mesh(shape, names):
     return _MESHES[key]
 
 
+def compiled(case, module):
+    """`module` under torch.compile where the case's `train.compiled` asks for it (backend aot_eager: Dynamo's graph
+    capture and AOTAutograd's joint graphs, run by the eager kernels), else `module` itself. Call compiling() once per
+    run first."""
+    import torch
+
+    return torch.compile(module, backend="aot_eager") if case["train"].get("compiled") else module
+
+
+def compiling(case):
+    """Dynamo's caches cleared where the case compiles: each case compiles afresh, and a worker that runs many never
+    reaches the recompile limit past which Dynamo would run its code eagerly, silently."""
+    if case["train"].get("compiled"):
+        import torch
+
+        torch._dynamo.reset()
+
+
+def check_compiled(case):
+    """Where the case compiles, that Dynamo captured a graph this run: a compiled run that captured none ran eagerly,
+    which is our harness's failure to test what the case asks (HarnessError), not a pass."""
+    if case["train"].get("compiled"):
+        from torch._dynamo.utils import counters
+
+        from .base import HarnessError
+
+        if not counters["stats"]["unique_graphs"]:
+            raise HarnessError("the case asks for torch.compile, but Dynamo captured no graph: the run was eager")
+
+
+def compile_blocks(case, model):
+    """Each block of the case's model under `compiled`, in place (as torchtitan compiles its transformer blocks, after
+    parallelising them); the blocks' parameter names gain `_orig_mod.`, so read them first."""
+    if case["train"].get("compiled"):
+        for i, block in enumerate(model.layers):
+            model.layers[i] = compiled(case, block)
+
+
 def to_numpy(t):
     import torch
 

@@ -13,7 +13,7 @@ from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduc
                    sync_every_microbatch, sync_feature)
 from . import torch_context_parallel as torch_cp
 from . import torch_zero_redundancy as zero
-from .torch_common import TorchTarget, mesh
+from .torch_common import TorchTarget, check_compiled, compiled, compiling, mesh
 from .torch_model import build, make_optimizer, sparse_embedding, unsupported_layout, unsupported_sparse_embedding
 from .torch_release import clips_sparse_gradients
 from .torch_training import combine_dp, single_device, train
@@ -58,12 +58,14 @@ class TorchDdp(TorchTarget):
     def run_rank(self, rank, world, case, inputs):
         p = parallel(case)
         cp = p["cp"]
+        compiling(case)
         run = DdpRun(case, inputs, world, rank)
         named = run.wrap()
         # Accumulated micro-batches under no_sync, reduced with the last, unless the case asks for every one reduced.
         no_sync = None if sync_every_microbatch(case, False) else lambda: run.ddp.no_sync()
         out = train(case, inputs, run.ddp, [p for _, p in named], rank // cp, world // cp, no_sync=no_sync, named=named,
-                    seq=run.seq, forward=lambda ids: run.ddp(ids), resume=run.resume, optimizer=run.optimizer)
+                    seq=run.seq, forward=lambda ids: run.forward(ids), resume=run.resume, optimizer=run.optimizer)
+        check_compiled(case)
         out["baseline"] = single_device(case, inputs, torch_cp.baseline_attention(case)) if rank == 0 else None
         return out
 
@@ -80,17 +82,19 @@ class TorchDdp(TorchTarget):
         sync = sync_feature(prefix, case, False)
         cp = torch_cp.features(prefix, case)
         return combine_dp(case, outs, [prefix, reduction_feature(prefix, case), *sparse, *view, *static, *hook, *sync, *cp,
-                                       *zero_features(prefix, case, len(outs)), *resume_feature(prefix, case)])
+                                       *zero_features(prefix, case, len(outs)), *resume_feature(prefix, case),
+                                       *([f"{prefix}:compiled"] if case["train"].get("compiled") else [])])
 
 
 class DdpRun:
     """One rank's DDP-wrapped model as `train` drives it: the wrapper (`ddp`, replaced when the run resumes), its
-    context-parallel split (`seq`) and the optimizer the case asks for (`optimizer`: make_optimizer's, or under ZeRO 1
-    a ZeroRedundancyOptimizer over `zero_group`, None: every rank)."""
+    forward (`forward`: the wrapper, or under the case's `compiled` the wrapper compiled), its context-parallel split
+    (`seq`) and the optimizer the case asks for (`optimizer`: make_optimizer's, or under ZeRO 1 a
+    ZeroRedundancyOptimizer over `group`, None: every rank)."""
 
     def __init__(self, case, inputs, world, rank):
         p = parallel(case)
-        self.case, self.inputs, self.ddp, self.seq, self.group = case, inputs, None, None, None
+        self.case, self.inputs, self.ddp, self.forward, self.seq, self.group = case, inputs, None, None, None, None
         if p["cp"] > 1:  # DDP over the dp x cp ranks, torch's context parallelism over the cp ones
             self.seq = torch_cp.TorchSequenceSplit(mesh((world // p["cp"], p["cp"]), ("dp", "cp"))["cp"],
                                                    torch_cp.rotate_method(case))
@@ -120,6 +124,7 @@ class DdpRun:
         hook = compress_hook(case)
         if hook is not None:
             self.ddp.register_comm_hook(state=None, hook=hook)
+        self.forward = compiled(case, self.ddp)  # (compiled whole: Dynamo's DDPOptimizer splits it at the buckets)
         return list(model.named_parameters())
 
     def resume(self, opt):

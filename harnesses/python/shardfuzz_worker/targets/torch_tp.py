@@ -9,7 +9,7 @@ replicas rather than being summed away by a gather.
 """
 
 from .base import label_smoothing, parallel, vocab_sharded_loss
-from .torch_common import TorchTarget, mesh
+from .torch_common import TorchTarget, check_compiled, compile_blocks, compiling, mesh
 from .torch_model import build, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -27,20 +27,25 @@ class TorchTp(TorchTarget):
         return unsupported_tensor_parallel(case)
 
     def run_rank(self, rank, world, case, inputs):
+        compiling(case)
         model, _ = build(case, inputs)  # frozen parameters set requires_grad=False first, as a user does
         names = [n for n, _ in model.named_parameters()]
         parallelize(model, mesh((world,), ("tp",)), case)
         params = dict(model.named_parameters())
         named = [(n, params[n]) for n in names]
+        compile_blocks(case, model)
         out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_context(case),
                     view=replicas_per_rank)
+        check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
     def combine(self, case, outs):
         p = parallel(case)
         loss = "sharded" if vocab_sharded_loss(case, True) else "gathered"
-        return combine_dp(case, outs, [f"tp:tp{p['tp']}:sp{int(p['sequence_parallel'])}", f"tp:loss:{loss}"])
+        compile_feature = ["tp:compiled-blocks"] if case["train"].get("compiled") else []
+        return combine_dp(case, outs, [f"tp:tp{p['tp']}:sp{int(p['sequence_parallel'])}", f"tp:loss:{loss}",
+                                       *compile_feature])
 
 
 def unsupported_tensor_parallel(case):
