@@ -1094,6 +1094,46 @@ fn ddp_zero1_through_zero_redundancy_optimizer_and_resume_train_like_the_referen
     assert!(v["kind"] == "unsupported" && reason(&v).contains("ZeroRedundancyOptimizer"), "{v}");
 }
 
+/// The case field `train.compiled`: torch-ddp compiles the DDP module (Dynamo's DDPOptimizer splits the graph at the
+/// buckets) and trains like the reference with ZeRO-1, accumulation and resume, and with bucket views and the search
+/// for unused parameters; with 5-element buckets torch 2.15's DDPOptimizer asserts on its first bucket, and passes
+/// with the known fix. torch-tp compiles its blocks after parallelize_module: torch 2.15 loses the gradient of the
+/// vocabulary-parallel embedding's output (an AsyncCollectiveTensor input) and crashes, and passes with the known fix.
+#[test]
+fn compiled_models_train_like_the_reference_and_two_torch_compile_regressions_pass_with_their_fixes() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-compile");
+    for case in [
+        "dp3-compiled-zero1-adamw-clip-accumulation-resume-after-1-f32.json",
+        "dp3-compiled-find-unused-bucket-view-accumulation-bf16-hook-f32.json",
+    ] {
+        let v = one_verdict("torch-ddp", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, "ddp:dp3:compiled"), "{case}: {v}");
+    }
+    for (target, case, fix, site) in [
+        (
+            "torch-ddp",
+            "dp2-compiled-bucket5-bucket-view-accumulation-f32.json",
+            "torch-ddp-compile-first-bucket-cap",
+            "First bucket should be smaller/equal",
+        ),
+        (
+            "torch-tp",
+            "tp2-compiled-blocks-adamw-clip-f32.json",
+            "torch-compile-async-collective-input-grad",
+            "has no attribute '_local_tensor'",
+        ),
+    ] {
+        let v = one_verdict(target, &dir.join(case), "");
+        assert!(v["kind"] == "crash" && reason(&v).contains(site), "{case}: {v}");
+        let v = one_verdict(target, &dir.join(case), fix);
+        assert_eq!(v["kind"], "pass", "{case} with {fix}: {v}");
+        assert!(v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().contains("compiled")), "{v}");
+    }
+}
+
 /// Mixed precision (`master_dtype` f32 under a bf16 or f16 compute dtype) on torch-fsdp2: the model held in f32,
 /// `MixedPrecisionPolicy(param_dtype=...)`, with ZeRO-2 and ZeRO-3 resharding, HSDP, gradients reduced in f32 under
 /// accumulation, and Adam under f16 with loss scaling (its moments in f32, which torch-ddp cannot express): each
