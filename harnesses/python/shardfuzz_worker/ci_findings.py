@@ -202,6 +202,9 @@ def crash_site(reason):
     call of ours that only hands it over (validation.NATIVE_CALLERS: a view of an op's output), names our
     line; the failure is not ours."""
     site = reason.split("Suspected Python Code Location:", 1)[0]
+    # Dynamo's errors quote the traced frames ("from user code:", the model's lines: ours) of an op that failed in
+    # the framework; the frame that raised stays in the reason's "(at ...)".
+    site = re.sub(r"from user code:.*?(?=\(at File |$)", "", site, flags=re.S)
     site = re.sub(r"\S+\.py:\d+:\d+: (error|warning|note):", "traced op:", site)
     return re.sub(r"\(raised in the framework's native code, called at [^\n]*", "", site)
 

@@ -66,6 +66,13 @@ class CrashSite(unittest.TestCase):
         self.assertNotIn("shardfuzz_worker", cf.crash_site(mlir))
         ours = 'KeyError: 3 (at File "shardfuzz_worker/targets/torch_tp.py", line 9)'
         self.assertIn("shardfuzz_worker", cf.crash_site(ours))
+        dynamo = ("TorchRuntimeError: RuntimeError when making fake tensor call\n  Explanation: Sharding propagation "
+                  "failed\n\nfrom user code:\n   File \"/x/shardfuzz_worker/targets/torch_model.py\", line 103, in "
+                  "forward\n    return x + inner(self.norm(x)) (at File \"/x/torch/nn/modules/linear.py\", line 134)")
+        self.assertNotIn("shardfuzz_worker", cf.crash_site(dynamo))
+        self.assertIn("linear.py", cf.crash_site(dynamo))
+        traced_ours = dynamo.replace("/x/torch/nn/modules/linear.py", "/x/shardfuzz_worker/targets/torch_model.py")
+        self.assertIn("shardfuzz_worker", cf.crash_site(traced_ours))
 
 
 

@@ -24,6 +24,8 @@ class TorchTp(TorchTarget):
                                  loss_scaling=True)
         if why:
             return why
+        if case["train"].get("compiled") and not model_defaults(case)["layers"]:
+            return "torch-tp compiles the model's blocks (as torchtitan): a model without blocks has none to compile"
         return unsupported_tensor_parallel(case)
 
     def run_rank(self, rank, world, case, inputs):
