@@ -40,7 +40,10 @@ def generate(case, inputs, bounds, dropped):
                  f", parameters_as_bucket_view={bool(p['param_buckets'])})")
     settings += [f"ZERO_STAGE = {p['zero_stage']}  # 1: torch's ZeroRedundancyOptimizer",
                  f"ZERO_SHARD_GROUP = {p['zero_shard_group']!r}  # its partitions within groups of this many ranks",
-                 f"PARAM_BUCKETS = {bool(p['param_buckets'])}  # parameters_as_bucket_view"]
+                 f"PARAM_BUCKETS = {bool(p['param_buckets'])}  # parameters_as_bucket_view",
+                 f"COMPILED = {bool(case['train'].get('compiled'))}  # the DDP module under torch.compile (aot_eager)"]
+    if case["train"].get("compiled"):
+        what += ", compiled with torch.compile (backend aot_eager)"
     cp_setting, cp_sources = torch_context_parallel(case)
     if cp_sources:
         what += f" x cp={p['cp']} ranks of torch's context parallelism (ring attention under context_parallel)"

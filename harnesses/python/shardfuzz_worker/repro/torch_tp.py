@@ -64,7 +64,8 @@ def describe(case):
     return [
         f"torch tensor parallelism (parallelize_module) over tp={p['tp']} ranks"
         f"{', sequence parallel' if p['sequence_parallel'] else ''}"
-        f"{'' if vocab_sharded_loss(case, True) else ', the LM head gathered before the loss'}, dtype {dtype_name(case)}.",
+        f"{'' if vocab_sharded_loss(case, True) else ', the LM head gathered before the loss'}"
+        f"{', each block compiled (torch.compile, aot_eager)' if case['train'].get('compiled') else ''}, dtype {dtype_name(case)}.",
         *model_about(case),
     ]
 
@@ -78,6 +79,7 @@ def generate(case, inputs, bounds, dropped):
         literal("CASE", case),
         f"TP = WORLD = {p['tp']}\nSEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}",
         f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards",
+        f"COMPILED = {bool(case['train'].get('compiled'))}  # each block under torch.compile (backend aot_eager)",
         f"DTYPE = {TORCH_DTYPES[dtype_name(case)]}\nGRAD_ACCUMULATION = {case['train'].get('grad_accumulation', 1)}",
         model_line(case),
         literal("BOUNDS", bounds),

@@ -8,7 +8,7 @@ def run_sharded(data, rank):
     but the last of a step (gradients are all-reduced once per step) unless SYNC_EVERY_MICROBATCH. With ZERO_STAGE 1
     the optimizer is torch's ZeroRedundancyOptimizer (partitions within groups of ZERO_SHARD_GROUP consecutive ranks,
     parameter buckets where PARAM_BUCKETS); RESUME_AFTER steps in, the run is saved by rank 0 and loaded by every rank
-    into a fresh model, DDP wrapper and optimizer."""
+    into a fresh model, DDP wrapper and optimizer. COMPILED: the DDP module under torch.compile (backend aot_eager)."""
     now = {"ddp": None}  # replaced when the run resumes
     seq = None
     if CP > 1:  # DDP over the dp x cp ranks; torch's context parallelism over the cp ones
@@ -45,5 +45,8 @@ def run_sharded(data, rank):
 
     named = wrapped()
     no_sync = None if SYNC_EVERY_MICROBATCH else lambda: now["ddp"].no_sync()
+    if COMPILED:  # the DDP module compiled (each time it is wrapped anew): Dynamo's DDPOptimizer splits it at the buckets
+        torch._dynamo.reset()
+    forward = lambda ids: (torch.compile(now["ddp"], backend="aot_eager") if COMPILED else now["ddp"])(ids)  # noqa: E731
     return train(CASE, data, now["ddp"], [p for _, p in named], rank // CP, DP, no_sync=no_sync, named=named, seq=seq,
-                 forward=lambda ids: now["ddp"](ids), resume=resume, optimizer=optimizer)
+                 forward=forward, resume=resume, optimizer=optimizer)

@@ -66,7 +66,7 @@ def train(model, data, loss_ctx, view):
 def run_sharded(data, rank):
     """The model under tensor parallelism, as the fuzzer's torch-tp ranks run it: parallelize_module with the
     plan above (and, without sequence parallelism, replicated norms fed local tensors), loss under loss_parallel
-    where the LM head's output stays sharded over the vocabulary.
+    where the LM head's output stays sharded over the vocabulary; with COMPILED each block under torch.compile.
     Replicated parameters are reported from this rank's local copy, sharded ones gathered."""
     model = Model(M).to(DTYPE)
     load_case_params(model, data, DTYPE)
@@ -75,6 +75,10 @@ def run_sharded(data, rank):
     parallelize_module(model, mesh, tp_plan())
     if not SEQUENCE_PARALLEL:
         replicated_norms(model, mesh)
+    if COMPILED:  # each block compiled after parallelize_module, as torchtitan does (in place: the names stay)
+        torch._dynamo.reset()
+        for block in model.layers:
+            block.compile(backend="aot_eager")
 
     def view(name, t):
         if isinstance(t, DTensor) and all(isinstance(pl, Replicate) for pl in t.placements):
