@@ -1098,7 +1098,9 @@ fn ddp_zero1_through_zero_redundancy_optimizer_and_resume_train_like_the_referen
 /// buckets) and trains like the reference with ZeRO-1, accumulation and resume, and with bucket views and the search
 /// for unused parameters; with 5-element buckets torch 2.15's DDPOptimizer asserts on its first bucket, and passes
 /// with the known fix. torch-tp compiles its blocks after parallelize_module: torch 2.15 loses the gradient of the
-/// vocabulary-parallel embedding's output (an AsyncCollectiveTensor input) and crashes, and passes with the known fix.
+/// vocabulary-parallel embedding's output (an AsyncCollectiveTensor input) and crashes, and passes with the known fix;
+/// torch-fsdp2 compiles its blocks before fully_shard: ZeRO-3 passes, and beside tensor parallelism the same loss is
+/// silent (the embedding's gradient zero) and passes with the same fix.
 #[test]
 fn compiled_models_train_like_the_reference_and_two_torch_compile_regressions_pass_with_their_fixes() {
     if !python_ready() {
@@ -1112,6 +1114,13 @@ fn compiled_models_train_like_the_reference_and_two_torch_compile_regressions_pa
         let v = one_verdict("torch-ddp", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, "ddp:dp3:compiled"), "{case}: {v}");
     }
+    let v = one_verdict("torch-fsdp2", &dir.join("dp3-compiled-blocks-zero3-adamw-clip-accumulation-resume-after-1-f32.json"), "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "fsdp2:dp3:zero3:compiled-blocks"), "{v}");
+    // The same lost input gradient under FSDP2 beside tensor parallelism: silent, the embedding's gradient zero.
+    let case = dir.join("dp2-tp2-compiled-blocks-zero2-adamw-clip-f32.json");
+    let v = one_verdict("torch-fsdp2", &case, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/embed.weight: norm error 1.000e0"), "{v}");
+    assert_eq!(one_verdict("torch-fsdp2", &case, "torch-compile-async-collective-input-grad")["kind"], "pass");
     for (target, case, fix, site) in [
         (
             "torch-ddp",

@@ -22,7 +22,10 @@ gradient then equals the eager run's (the script compares its norm).
 
 Found by shardfuzz's torch-tp target (2026-12-05) on its first case with the case field `train.compiled`
 (`tests/python-compile/tp2-compiled-blocks-adamw-clip-f32.json`, tp 2, with or without sequence parallelism); with
-the fix (known fix `torch-compile-async-collective-input-grad`) it passes.
+the fix (known fix `torch-compile-async-collective-input-grad`) it passes. Under FSDP2 beside tensor parallelism
+(torchtitan's 2-D layout, blocks compiled before fully_shard; torch-fsdp2 on
+`tests/python-compile/dp2-tp2-compiled-blocks-zero2-adamw-clip-f32.json`) the same loss is **silent**: no crash, the
+embedding's gradient is zero (norm error 1.0, every other tensor within its bounds), and the fix restores it.
 
 Run: torchrun --nproc_per_node 2 torch-2.15-compile-tp-async-collective-input-gradient-lost.py [--fixed] [--linear]
 (CPU, gloo). Prints CRASH, MISMATCH (the embedding's gradient differs from the eager run's) or OK on rank 0.

@@ -1230,7 +1230,8 @@ def _torch_compile_async_collective_input_grad():
     parallelism, as torchtitan compiles its blocks after an embedding in RowwiseParallel) gets no gradient to that
     input: AOTAutograd resolves AsyncCollectiveTensor inputs with `trigger_wait()`, whose result has no autograd
     history, so `_ToTorchTensor.backward` receives None; the engine then hands the redistribution's backward a plain
-    zero tensor, and it fails with "'Tensor' object has no attribute '_local_tensor'"
+    zero tensor, and it fails with "'Tensor' object has no attribute '_local_tensor'"; under FSDP2 beside tensor
+    parallelism (blocks compiled before fully_shard) the loss is silent: the embedding's gradient is zero
     (docs/findings/torch-2.15-compile-tp-async-collective-input-gradient-lost.py). Fix: `to_local()` waits for an
     AsyncCollectiveTensor itself, so the compiled module's input is a plain tensor with its autograd edge."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
@@ -2004,7 +2005,7 @@ FIXES = {
     "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
     "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
-    "torch-compile-async-collective-input-grad": (("torch-tp",), _torch_compile_async_collective_input_grad),
+    "torch-compile-async-collective-input-grad": (("torch-tp", "torch-fsdp2"), _torch_compile_async_collective_input_grad),
     "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),

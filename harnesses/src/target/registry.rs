@@ -68,6 +68,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "reshard_group",
             "sync_every_microbatch",
             "param_shard_dim",
+            "compiled",
             "resume_after",
             "frozen",
             "activation_checkpointing", "layer_passes",

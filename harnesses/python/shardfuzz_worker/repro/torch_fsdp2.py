@@ -40,11 +40,13 @@ def generate(case, inputs, bounds, dropped):
     what = (f"torch FSDP2 (fully_shard on every block and on the root) over dp={p['dp']} ranks on a {mesh[0]} mesh{beside},"
             f" case ZeRO stage {p['zero_stage']}: reshard_after_forward={reshard}, gradients reduced in"
             f" {reduce_dtype_name(case)}{', CPU offload' if offload else ''}"
-            f"{f', parameters held in {master}' if master != dtype_name(case) else ''}")
+            f"{f', parameters held in {master}' if master != dtype_name(case) else ''}"
+            f"{', each block compiled (torch.compile, aot_eager)' if case['train'].get('compiled') else ''}")
     settings = [f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
                 f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3; an int: case.parallel.reshard_group\n"
                 f"MESH_SHAPE, MESH_NAMES = {mesh!r}  # HSDP where case.parallel.zero_shard_group < dp\n"
                 f"CPU_OFFLOAD = {offload}  # case.parallel.zero_offload\n"
+                f"COMPILED = {bool(case['train'].get('compiled'))}  # each block under torch.compile (aot_eager)\n"
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE\n"
                 f"SHARD_DIM = {p['param_shard_dim'] or 0}  # case.parallel.param_shard_dim: Shard(d) where d divides evenly\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: set_requires_gradient_sync(False)"

@@ -107,10 +107,22 @@ def check_compiled(case):
 
 def compile_blocks(case, model):
     """Each block of the case's model under `compiled`, in place (as torchtitan compiles its transformer blocks, after
-    parallelising them); the blocks' parameter names gain `_orig_mod.`, so read them first."""
+    parallelising them and before fully_shard); the blocks' parameter names gain `_orig_mod.` (uncompiled_name)."""
     if case["train"].get("compiled"):
         for i, block in enumerate(model.layers):
             model.layers[i] = compiled(case, block)
+
+
+def unsupported_compiled_blocks(case, name):
+    """Why target `name`, which compiles the model's blocks, cannot compile the case's model (it has none), or None."""
+    if case["train"].get("compiled") and not case["model"].get("layers"):
+        return f"{name} compiles the model's blocks (as torchtitan): a model without blocks has none to compile"
+    return None
+
+
+def uncompiled_name(name):
+    """A parameter's name without the `_orig_mod.` a compiled module (torch.compile's OptimizedModule) adds."""
+    return name.replace("._orig_mod.", ".")
 
 
 def to_numpy(t):

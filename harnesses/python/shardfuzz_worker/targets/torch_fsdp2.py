@@ -17,7 +17,8 @@ import contextlib
 from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature,
                    resume_feature, sync_every_microbatch, sync_feature, vocab_sharded_loss, zero_offloaded)
 from . import torch_context_parallel as torch_cp
-from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
+from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, shared_tempdir, torch_dtype,
+                           uncompiled_name, unsupported_compiled_blocks)
 from .torch_model import build, make_optimizer, model_defaults, unsupported_layout
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import combine_dp, single_device, train
@@ -45,7 +46,7 @@ class TorchFsdp2(TorchTarget):
         why = unsupported_layout(case, ("dp", "tp", "cp"),
                                  "torch-fsdp2 shards over data-parallel ranks, beside tensor or context parallelism",
                                  offload=True, loss_scaling=True, master_weights=True, moe="torch")
-        why = why or torch_cp.unsupported_context_parallel(case)
+        why = why or torch_cp.unsupported_context_parallel(case) or unsupported_compiled_blocks(case, self.name)
         p = parallel(case)
         if why is None and p["tp"] > 1:
             why = unsupported_tensor_parallel(case) or (
@@ -62,6 +63,7 @@ class TorchFsdp2(TorchTarget):
     def run_rank(self, rank, world, case, inputs):
         import torch
 
+        compiling(case)
         p = parallel(case)
         cp, tp = p["cp"], p["tp"]
         dp = world // (tp * cp)
@@ -73,7 +75,7 @@ class TorchFsdp2(TorchTarget):
 
         def trained():
             now["model"], names = sharded_model(case, inputs, dm, g, tm, ring_attention=cp > 1)
-            params = dict(now["model"].named_parameters())
+            params = {uncompiled_name(n): q for n, q in now["model"].named_parameters()}
             return [(n, params[n]) for n in names]
 
         def resume(opt):
@@ -95,6 +97,7 @@ class TorchFsdp2(TorchTarget):
                     forward=lambda ids: now["model"](ids), resume=resume, seq=seq,
                     no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]),
                     **two_d)
+        check_compiled(case)
         out["baseline"] = single_device(case, inputs, torch_cp.baseline_attention(case)) if rank == 0 else None
         return out
 
@@ -115,6 +118,8 @@ class TorchFsdp2(TorchTarget):
         if p["zero_stage"] == 3 and p["reshard_group"] is not None:
             layout.append(f"{stage}:{reshard_feature(p['reshard_group'], g or dp * p['cp'])}")
         layout += sync_feature(stage, case, True) + resume_feature(stage, case) + torch_cp.features(stage, case)
+        if case["train"].get("compiled"):
+            layout.append(f"{stage}:compiled-blocks")
         if p["param_shard_dim"] is not None:
             layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or dp * p['cp'])}")
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
@@ -148,6 +153,7 @@ def sharded_model(case, inputs, dm, g, tm=None, ring_attention=False):
         parallelize(model, tm, case)
     if ring_attention:
         torch_cp.install(model)
+    compile_blocks(case, model)  # (torchtitan's order: tensor parallel, compile each block, then fully_shard)
     param_dtype = torch_dtype(dtype_name(case)) if mixed else None
     kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch_dtype(reduce_dtype_name(case))),
           "reshard_after_forward": reshard_after_forward(p, g)}

@@ -9,7 +9,7 @@ replicas rather than being summed away by a gather.
 """
 
 from .base import label_smoothing, parallel, vocab_sharded_loss
-from .torch_common import TorchTarget, check_compiled, compile_blocks, compiling, mesh
+from .torch_common import TorchTarget, check_compiled, compile_blocks, compiling, mesh, unsupported_compiled_blocks
 from .torch_model import build, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -24,9 +24,7 @@ class TorchTp(TorchTarget):
                                  loss_scaling=True)
         if why:
             return why
-        if case["train"].get("compiled") and not model_defaults(case)["layers"]:
-            return "torch-tp compiles the model's blocks (as torchtitan): a model without blocks has none to compile"
-        return unsupported_tensor_parallel(case)
+        return unsupported_compiled_blocks(case, self.name) or unsupported_tensor_parallel(case)
 
     def run_rank(self, rank, world, case, inputs):
         compiling(case)

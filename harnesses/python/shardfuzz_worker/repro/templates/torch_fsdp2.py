@@ -16,6 +16,8 @@ def run_sharded(data, rank):
         whole = init_device_mesh("cpu", (*MESH_SHAPE, TP), mesh_dim_names=(*MESH_NAMES, "tp"))
         mesh, tp_mesh = whole[MESH_NAMES], whole["tp"]
     now = {}  # the sharded model, replaced when the run resumes from its checkpoint
+    if COMPILED:
+        torch._dynamo.reset()
 
     def sharded():
         model = Model(M).to(MASTER_DTYPE)
@@ -26,6 +28,9 @@ def run_sharded(data, rank):
             tensor_parallel(model, tp_mesh)
         if CP > 1:
             install(model)  # every attention core through torch's ring attention
+        if COMPILED:  # each block compiled before fully_shard, as torchtitan does
+            for i, layer in enumerate(model.layers):
+                model.layers[i] = torch.compile(layer, backend="aot_eager")
         mp = MixedPrecisionPolicy(param_dtype=DTYPE if MASTER_DTYPE != DTYPE else None, reduce_dtype=REDUCE_DTYPE)
         kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": RESHARD_AFTER_FORWARD}
         if SHARD_DIM:
@@ -38,7 +43,7 @@ def run_sharded(data, rank):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         now["model"] = model
-        params = dict(model.named_parameters())
+        params = {n.replace("._orig_mod.", "."): q for n, q in model.named_parameters()}  # (a compiled block's names)
         return [(n, params[n]) for n in names]
 
     def resume(opt):
