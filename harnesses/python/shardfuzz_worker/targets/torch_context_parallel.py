@@ -47,6 +47,11 @@ def unsupported_context_parallel(case):
         return "torch's context parallelism is expressed beside data parallelism only (no tp, pp or MoE)"
     if p["zero_shard_group"] is not None:
         return "torch's context parallelism here reduces over the data and context ranks together (no HSDP group)"
+    if case["train"].get("compiled"):
+        # A compiled case with cp 4 hung (campaign 273, README "Compiled models"), and what Dynamo traces here is this
+        # module's CPU shim, not the GPU path compiled CP runs: not expressed until that is settled.
+        return ("torch's context parallelism runs here through a CPU shim (CUDA flash-attention ops given CPU kernels, "
+                "scaled_dot_product_attention swapped within the context): not compiled")
     if p["cp_all_to_all"] is not None and not cp_rotate_methods():
         return "this torch's ring attention has one rotation (it permutes the key/value shards): no cp_all_to_all choice"
     return None
