@@ -6,7 +6,6 @@ case's `zero_shard_group` g, the partitions split within each group of g consecu
 the parameters are views of (`parameters_as_bucket_view`)."""
 
 from .torch_common import shared_tempdir
-
 from .torch_model import optimizer_parts
 
 

@@ -9,7 +9,7 @@ def run_sharded(data, rank):
     the optimizer is torch's ZeroRedundancyOptimizer (partitions within groups of ZERO_SHARD_GROUP consecutive ranks,
     parameter buckets where PARAM_BUCKETS); RESUME_AFTER steps in, the run is saved by rank 0 and loaded by every rank
     into a fresh model, DDP wrapper and optimizer. COMPILED: the DDP module under torch.compile (backend aot_eager)."""
-    now = {"ddp": None}  # replaced when the run resumes
+    now = {"ddp": None, "forward": None}  # replaced when the run resumes
     seq = None
     if CP > 1:  # DDP over the dp x cp ranks; torch's context parallelism over the cp ones
         seq = TorchSequenceSplit(init_device_mesh("cpu", (DP, CP), mesh_dim_names=("dp", "cp"))["cp"], ROTATE)
@@ -29,6 +29,8 @@ def run_sharded(data, rank):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             now["ddp"].register_comm_hook(state=None, hook=getattr(default_hooks, COMPRESS_HOOK))
+        # (Compiled whole, once per wrapper: Dynamo's DDPOptimizer splits it at the buckets.)
+        now["forward"] = torch.compile(now["ddp"], backend="aot_eager") if COMPILED else now["ddp"]
         return list(model.named_parameters())
 
     def optimizer(params):
@@ -43,10 +45,9 @@ def run_sharded(data, rank):
         opt.load_state_dict(saved["optim"])
         return named, opt
 
+    if COMPILED:
+        torch._dynamo.reset()
     named = wrapped()
     no_sync = None if SYNC_EVERY_MICROBATCH else lambda: now["ddp"].no_sync()
-    if COMPILED:  # the DDP module compiled (each time it is wrapped anew): Dynamo's DDPOptimizer splits it at the buckets
-        torch._dynamo.reset()
-    forward = lambda ids: (torch.compile(now["ddp"], backend="aot_eager") if COMPILED else now["ddp"])(ids)  # noqa: E731
     return train(CASE, data, now["ddp"], [p for _, p in named], rank // CP, DP, no_sync=no_sync, named=named, seq=seq,
-                 forward=forward, resume=resume, optimizer=optimizer)
+                 forward=lambda ids: now["forward"](ids), resume=resume, optimizer=optimizer)
