@@ -112,6 +112,9 @@ fn train_needs(case: &Case) -> Vec<String> {
     if t.optimizer.kind != OptimizerKind::Sgd {
         out.push(format!("optimizer={}", value_name(&t.optimizer.kind)));
     }
+    if let Some(i) = t.optimizer.implementation {
+        out.push(format!("optimizer_implementation={}", value_name(&i)));
+    }
     let flags = [
         (t.steps > 1, "steps>1"),
         (t.grad_accumulation > 1, "grad_accumulation>1"),

@@ -1,6 +1,8 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
-use shardfuzz_harnesses::case::{Case, FrameworkCheckpoint, OptimizerKind, PipelineSchedule, Recompute, VocabLoss};
+use shardfuzz_harnesses::case::{
+    Case, FrameworkCheckpoint, OptimizerImplementation, OptimizerKind, PipelineSchedule, Recompute, VocabLoss,
+};
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
     (d > 1).then(|| {
@@ -227,6 +229,12 @@ fn train_words(case: &Case) -> String {
             s += " on matrices only (biases and norm weights in a parameter group without it)";
         }
     }
+    s += match t.optimizer.implementation {
+        Some(OptimizerImplementation::ForLoop) => ", its for-loop implementation (foreach=False)",
+        Some(OptimizerImplementation::Foreach) => ", its foreach implementation (foreach=True; clipping's too)",
+        Some(OptimizerImplementation::Fused) => ", its fused implementation (fused=True)",
+        None => "",
+    };
     if t.grad_accumulation > 1 {
         s += &format!(", {} accumulation steps", t.grad_accumulation);
     }

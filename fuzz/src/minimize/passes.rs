@@ -116,6 +116,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.per_token_loss,
         t.local_mean_loss,
         t.compiled,
+        t.optimizer.implementation.is_some(),
         t.label_smoothing.is_some(),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.pad_to_capacity),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.renormalize),
@@ -247,6 +248,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.train.optimizer.no_decay_vectors {
         out.push(with(case, |c| c.train.optimizer.no_decay_vectors = false));
+    }
+    if case.train.optimizer.implementation.is_some() {
+        out.push(with(case, |c| c.train.optimizer.implementation = None));
     }
     if case.train.per_token_loss {
         out.push(with(case, |c| c.train.per_token_loss = false));

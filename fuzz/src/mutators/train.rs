@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Case, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerKind, Real};
+use shardfuzz_harnesses::case::{Case, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Real};
 use shardfuzz_kernels::DType;
 
 pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
@@ -186,6 +186,18 @@ pub fn local_mean_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
 pub fn compiled(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     c.train.compiled = !c.train.compiled;
     true
+}
+
+/// Another of the framework's optimizer implementations (for-loop, foreach, fused), or the target's default again.
+pub fn optimizer_implementation(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let o = &mut c.train.optimizer;
+    let next = match o.implementation {
+        Some(_) if rng.gen_bool(0.25) => None,
+        now => OptimizerImplementation::ALL.iter().copied().filter(|i| Some(*i) != now).collect::<Vec<_>>().choose(rng).copied(),
+    };
+    let changed = o.implementation != next;
+    o.implementation = next;
+    changed
 }
 
 /// Label smoothing switched on (ε drawn from `generate::LABEL_SMOOTHINGS`), moved to another ε, or off; class weights go,

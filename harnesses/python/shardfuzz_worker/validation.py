@@ -117,6 +117,13 @@ _MEGATRON_TRAINING = [
     ("megatron/core/optimizer/distrib_optimizer.py", "__init__", "currently supported"),
 ]
 
+#: DTensor's refusal of a fused optimizer kernel it has no sharding strategy for (torch 2.15 registers `_fused_adam_`
+#: and `_fused_adamw_`, not `_fused_sgd_`): `fused=True` over DTensor parameters, which the user fixes with
+#: `foreach=True` (train.optimizer.implementation).
+_DTENSOR_FUSED_OPTIMIZER = [
+    ("torch/distributed/tensor/_sharding_prop.py", "propagate_op_sharding_non_cached", "Operator aten._fused_"),
+]
+
 #: DeepSpeed's own checks of a configuration (deepspeed-zero, deepspeed-pp).
 _DEEPSPEED = [
     # The JSON config and its pydantic models (DeepSpeedConfigError, asserts, ValidationError).
@@ -179,14 +186,14 @@ VALIDATION = {
         ("torch/distributed/tensor/parallel/style.py", "_apply", "currently only support"),
         ("torch/distributed/tensor/parallel/loss.py", "_find_all_reduce_mesh_dim", None),
         ("torch/distributed/tensor/parallel/loss.py", None, "is only supported on one-dimensional DeviceMesh"),
-    ],
+    ] + _DTENSOR_FUSED_OPTIMIZER,
     "torch-fsdp2": [
         ("torch/distributed/fsdp/_fully_shard/_fully_shard.py", "fully_shard", None),
         ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_validate_module", None),
         ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_validate_mesh", None),
         ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_get_post_forward_mesh_info", None),
         ("torch/distributed/fsdp/_fully_shard/_fsdp_init.py", "_verify_managed_param", None),
-    ],
+    ] + _DTENSOR_FUSED_OPTIMIZER,
     "torch-fsdp1": [
         # The constructor's and its initialisation's checks of its arguments and of the module.
         ("torch/distributed/fsdp/fully_sharded_data_parallel.py", "__init__", None),
@@ -213,7 +220,7 @@ VALIDATION = {
         # (`torch.autograd.grad`, `backward(inputs=...)`): "When use_reentrant=True, torch.utils.checkpoint is
         # incompatible with .grad() or passing an `inputs` parameter to .backward()".
         ("torch/utils/checkpoint.py", "backward", "is incompatible with .grad()"),
-    ],
+    ] + _DTENSOR_FUSED_OPTIMIZER,
     "jax-gspmd": _JAX,
     "jax-shardmap": _JAX,
     "deepspeed-zero": _DEEPSPEED,

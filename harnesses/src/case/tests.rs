@@ -152,6 +152,23 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
 }
 
 #[test]
+fn optimizer_implementation_round_trips_and_names_its_values() {
+    let with = |v: &str| MINIMAL.replace(r#""lr": 0.1}"#, &format!(r#""lr": 0.1, "implementation": {v}}}"#));
+    for (v, want) in [
+        ("for_loop", OptimizerImplementation::ForLoop),
+        ("foreach", OptimizerImplementation::Foreach),
+        ("fused", OptimizerImplementation::Fused),
+    ] {
+        let c = Case::from_json(&with(&format!("\"{v}\""))).unwrap();
+        assert_eq!(c.train.optimizer.implementation, Some(want));
+        assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    }
+    let e = error_of(&with(r#""apex""#));
+    assert!(e.contains("implementation") && e.contains("for_loop"), "{e}");
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("implementation"), "absent is not written");
+}
+
+#[test]
 fn non_divisible_sizes_are_valid() {
     let t = MINIMAL.replace(r#""ffn": 12"#, r#""ffn": 13"#).replace(r#""tp": 2"#, r#""tp": 3"#);
     Case::from_json(&t).unwrap();

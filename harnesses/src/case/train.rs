@@ -133,6 +133,28 @@ pub struct Optimizer {
     /// second parameter group without it, as nanoGPT's `configure_optimizers` and most fine-tuning scripts do.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_decay_vectors: bool,
+    /// Which of the framework's implementations of the optimizer runs the update, where a target offers the choice
+    /// (torch's `foreach=False`, `foreach=True`, `fused=True`; with `foreach` gradient clipping takes the foreach
+    /// path too). The same update up to rounding. Absent: the target's default (torch targets: fused for
+    /// low-precision parameters, the for-loop otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implementation: Option<OptimizerImplementation>,
+}
+
+/// An optimizer implementation (`Optimizer::implementation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerImplementation {
+    /// One parameter at a time (torch's `foreach=False`).
+    ForLoop,
+    /// The multi-tensor `_foreach_*` ops over every parameter of a group (torch's `foreach=True`).
+    Foreach,
+    /// One fused kernel per group (torch's `fused=True`), its arithmetic in float32 whatever the parameters' dtype.
+    Fused,
+}
+
+impl OptimizerImplementation {
+    pub const ALL: [OptimizerImplementation; 3] = [Self::ForLoop, Self::Foreach, Self::Fused];
 }
 
 fn beta1() -> Real {
@@ -155,6 +177,7 @@ impl Optimizer {
             eps: eps(),
             weight_decay: Real(0.0),
             no_decay_vectors: false,
+            implementation: None,
         }
     }
 }

@@ -51,7 +51,7 @@ def sources():
                               "vocab_sharded_loss")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"))
-    plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
+    plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults").replace("HarnessError", "RuntimeError")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(
         "torch_model.py\n", "torch_model.py (Attention, Mlp, Block renamed Ref*)\n", 1)
     colossal = worker_source("targets/colossalai_model.py", *COLOSSAL_SOURCE)

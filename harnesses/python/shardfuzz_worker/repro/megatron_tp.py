@@ -57,7 +57,7 @@ def sources():
                + "\n\n" + worker_source("targets/megatron_moe.py", "is_moe_param", "patch_moe_host_copies")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda")
                + "\n\n" + megatron_release_source())
-    plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults")
+    plain = worker_source("targets/torch_model.py", *MODEL_SOURCE, "model_defaults").replace("HarnessError", "RuntimeError")
     plain = renamed(plain, {"Attention": "RefAttention", "Mlp": "RefMlp", "Block": "RefBlock"}).replace(
         "torch_model.py\n", "torch_model.py (Attention, Mlp, Block renamed Ref*)\n", 1)
     megatron = worker_source("targets/megatron_model.py", *MEGATRON_SOURCE)

@@ -7,7 +7,7 @@ from .common import ReproError, rule, worker_source
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
 MODEL_SOURCE = ("NORM_EPS", "Norm", "Attention", "causal_attention", "Mlp", "Block", "Model", "block_sequence",
                 "checkpointed_block", "is_linear_weight", "load_case_params", "freeze", "to_case_layout", "make_optimizer",
-                "optimizer_parts")
+                "optimizer_parts", "foreach_clip")
 
 IMPORTS = """
 import base64
@@ -91,13 +91,14 @@ MOE_SOURCE = ("slots", "ExpertLinear", "_AuxLossGradient", "Moe")
 
 def model_source():
     moe = worker_source("targets/torch_moe.py", *MOE_SOURCE).replace("HarnessError", "RuntimeError")
-    return rule("the model (as the worker's)") + "\n" + moe + "\n\n" + worker_source("targets/torch_model.py", *MODEL_SOURCE)
+    return rule("the model (as the worker's)") + "\n" + moe + "\n\n" + worker_source("targets/torch_model.py", *MODEL_SOURCE).replace(
+        "HarnessError", "RuntimeError")
 
 
 def training_source():
     """The worker's own training loop (torch_training.train, with what it calls) and its combine_dp."""
     base = worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail",
-                         "is_frozen", "setup_features", "moe_setup_features", "moe_of", "case_slots", "drops_tokens",
+                         "is_frozen", "setup_features", "moe_setup_features", "optimizer_features", "moe_of", "case_slots", "drops_tokens",
                          "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
     aux = worker_source("targets/torch_moe.py", "_AUX_UNIT", "set_aux_unit")
     loop = worker_source("targets/torch_training.py", "full", "dense", "local_mean_count", "micro_batch_loss", "train",

@@ -269,7 +269,14 @@ def setup_features(prefix, case):
     m = case.get("model") or {}
     recompute = m.get("activation_checkpointing")
     return ([f"{prefix}:frozen"] if case["train"].get("frozen") else []) + ([f"{prefix}:recompute-{recompute}"] if recompute else []) \
-        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else []) + moe_setup_features(prefix, m)
+        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else []) + moe_setup_features(prefix, m) \
+        + optimizer_features(prefix, case)
+
+
+def optimizer_features(prefix, case):
+    """The optimizer implementation a case asks for (`train.optimizer.implementation`), none for the default."""
+    implementation = case["train"]["optimizer"].get("implementation")
+    return [f"{prefix}:optimizer-{implementation}"] if implementation else []
 
 
 def moe_setup_features(prefix, m):

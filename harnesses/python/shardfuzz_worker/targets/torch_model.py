@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import is_frozen
+from .base import HarnessError, is_frozen
 from .torch_moe import Moe
 
 NORM_EPS = 1e-5
@@ -188,7 +188,13 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
     from .base import master_dtype_name
 
     held = master_dtype_name(case) if master_weights else case["train"]["dtype"]
-    if held == "f16" and case["train"]["optimizer"]["kind"] != "sgd" and not fp32_optimizer_state:
+    o = case["train"]["optimizer"]
+    if held in ("bf16", "f16") and o["kind"] != "sgd" and o.get("implementation") in ("for_loop", "foreach") \
+            and not fp32_optimizer_state:
+        # The for-loop and foreach updates round every intermediate (the moments, the denominator) to the
+        # parameter dtype; the fused kernel and the case's optimizer compute in float32.
+        return f"a {o['implementation']} Adam over {held} parameters (its arithmetic in {held}; the case's in float32)"
+    if held == "f16" and o["kind"] != "sgd" and not fp32_optimizer_state:
         # torch keeps Adam's moments in the parameter dtype; in f16 the second moment underflows
         # (0.001 g^2 < 6e-8) and the step blows up, where the case's optimizer keeps them in f32.
         return "Adam moments in f16 (torch keeps optimizer state in the parameter dtype)"
@@ -308,6 +314,12 @@ def make_optimizer(case, params, split_groups=None):
     return cls(groups, **kw)
 
 
+def foreach_clip(case):
+    """Whether gradient clipping takes torch's foreach path (`foreach=True`): where the case's optimizer does
+    (`train.optimizer.implementation` foreach), as torch's default on an accelerator does for both."""
+    return case["train"]["optimizer"].get("implementation") == "foreach"
+
+
 def optimizer_parts(case, params, split_groups=None):
     """(optimizer class, parameter groups, keyword arguments) of make_optimizer's optimizer: what a wrapper building
     the optimizer itself (torch's ZeroRedundancyOptimizer) takes."""
@@ -316,10 +328,15 @@ def optimizer_parts(case, params, split_groups=None):
     lr, wd = o["lr"], o.get("weight_decay", 0.0)
     betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))
     eps = o.get("eps", 1e-8)
+    low = params[0].dtype in (torch.float16, torch.bfloat16) if params else False
+    implementation = o.get("implementation")
+    if low and o["kind"] != "sgd" and implementation not in (None, "fused"):
+        raise HarnessError(f"a {implementation} Adam over low-precision parameters should have been refused "
+                           "(unsupported_model)")
     # Low-precision parameters: the fused kernels do the update arithmetic in float32 (as the
     # reference does) instead of in the parameter dtype, where eps and v underflow in f16.
-    low = params[0].dtype in (torch.float16, torch.bfloat16) if params else False
-    impl = {"fused": True} if low else {"foreach": False}
+    implementation = implementation or ("fused" if low else "for_loop")
+    impl = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[implementation]
     groups = params
     if o.get("no_decay_vectors"):
         # nanoGPT's configure_optimizers: matrices decay, biases and norm weights (fewer than two dims) do not.
@@ -332,6 +349,7 @@ def optimizer_parts(case, params, split_groups=None):
         groups = split_groups(groups if isinstance(groups[0], dict) else [{"params": groups}])
     if o["kind"] == "sgd":
         # SGD's update is one rounding of w - lr * g either way.
-        return torch.optim.SGD, groups, {"lr": lr, "weight_decay": wd, "foreach": False}
+        return torch.optim.SGD, groups, {"lr": lr, "weight_decay": wd,
+                                         **(impl if o.get("implementation") else {"foreach": False})}
     cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
     return cls, groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": wd, **impl}

@@ -27,7 +27,8 @@ import numpy as np
 from .base import (chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, master_dtype_name, parallel,
                    reduce_dtype_name, setup_features, vocab_sharded_loss, zero_offloaded)
 from .torch_common import TorchTarget, mesh, torch_dtype
-from .torch_model import build, checkpointed_block, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_model import (build, checkpointed_block, foreach_clip, make_optimizer, model_defaults, to_case_layout,
+                          unsupported_layout)
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import dense, full, micro_batch_loss, single_device
 
@@ -373,13 +374,14 @@ class Pipeline:
         from torch.distributed.tensor import DTensor
 
         grads = [distributed(q, q.grad) for q in self.params if q.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False) if grads else torch.zeros(())
+        foreach = foreach_clip(self.case)
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=foreach) if grads else torch.zeros(())
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         square = norm.to(torch.float64) ** 2
         dist.all_reduce(square, group=self.pp_group)
         total = square.sqrt().to(norm.dtype)
-        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=False)
+        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=foreach)
 
 
 def distributed(q, t):

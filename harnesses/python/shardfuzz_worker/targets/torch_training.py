@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .base import (chunk_range, class_weight, grad_or_fail, is_frozen, label_smoothing, loss_denominator, resume_after,
                    setup_features)
-from .torch_model import make_optimizer, to_case_layout
+from .torch_model import foreach_clip, make_optimizer, to_case_layout
 from .torch_moe import set_aux_unit
 
 
@@ -149,7 +149,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if clip is not None:
             clip()
         elif t.get("clip_grad_norm") is not None:
-            torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], foreach=False)
+            torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], foreach=foreach_clip(case))
         if step is not None:
             # A framework that owns the loss scaler says whether it skipped the step.
             was_skipped = step()
@@ -259,6 +259,15 @@ def combine_dp(case, outs, features):
     return {"tensors": tensors, "replicas": replicas, "features": features, "stats": stats}
 
 
+def baseline_optimizer(case):
+    """The case as the single-device baseline runs it: a for-loop or foreach Adam over its low-precision
+    parameters (the sharded run's are in a wider master_dtype) is the fused one (the arithmetic in float32)."""
+    o = case["train"]["optimizer"]
+    if case["train"]["dtype"] in ("bf16", "f16") and o["kind"] != "sgd" and o.get("implementation") not in (None, "fused"):
+        return {**case, "train": {**case["train"], "optimizer": {**o, "implementation": "fused"}}}
+    return case
+
+
 def single_device(case, inputs, attend=None):
     """The case on one device in its dtype with plain PyTorch: the framework's own rounding, which the
     oracle takes as a noise baseline beside its emulated one. In f64 too: where the math cancels, the
@@ -272,7 +281,7 @@ def single_device(case, inputs, attend=None):
             if hasattr(layer, "attn"):
                 layer.attn.attend = attend
     named = list(model.named_parameters())
-    out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named)
+    out = train(baseline_optimizer(case), inputs, model, [p for _, p in named], 0, 1, named=named)
     tensors = {f"loss/step{k}": np.array(l) for k, l in enumerate(out["losses"])}
     tensors["logits"] = out["logits"]
     tensors.update({f"grad/{n}": g for n, g in out["grads"].items()})
