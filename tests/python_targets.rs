@@ -1141,6 +1141,48 @@ fn compiled_models_train_like_the_reference_and_two_torch_compile_regressions_pa
         assert_eq!(v["kind"], "pass", "{case} with {fix}: {v}");
         assert!(v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().contains("compiled")), "{v}");
     }
+    // torch-pp compiles each stage's blocks: FSDP2 stages under the interleaved schedule pass; tensor parallelism inside
+    // the stages meets the same lost input gradient (a crash in the stage's backward) and passes with the same fix; the
+    // zero-bubble schedules refuse compiled stages themselves (they split each backward).
+    let v = one_verdict("torch-pp", &dir.join("pp2-dp2-zero2-compiled-blocks-interleaved2-f32.json"), "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "torch-pp:pp2:compiled-blocks"), "{v}");
+    let case = dir.join("pp2-tp2-sp-compiled-blocks-gpipe-f32.json");
+    let v = one_verdict("torch-pp", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("has no attribute '_local_tensor'"), "{v}");
+    assert_eq!(one_verdict("torch-pp", &case, "torch-compile-async-collective-input-grad")["kind"], "pass");
+    let v = one_verdict("torch-pp", &dir.join("pp2-zbv-compiled-blocks-refused-f32.json"), "");
+    assert!(v["kind"] == "rejected" && reason(&v).contains("not supported with stage modules that have used torch.compile"), "{v}");
+}
+
+/// The optimizer's implementation (`train.optimizer.implementation`): torch's foreach and fused optimizers (and foreach
+/// clipping) over DTensor parameters under tensor parallelism, FSDP2 beside it, FSDP1's flat parameters, DDP's ZeRO-1 and
+/// pipeline stages train like the reference, each with its feature; DTensor's missing fused-SGD strategy is a rejection.
+#[test]
+fn foreach_and_fused_optimizers_train_like_the_reference() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-optimizer");
+    for (target, case, fixes, feature) in [
+        ("torch-tp", "tp2-adamw-foreach-clip-f32.json", "", "optimizer-foreach"),
+        ("torch-tp", "tp2-adamw-fused-clip-f32.json", "", "optimizer-fused"),
+        ("torch-fsdp2", "dp2-tp2-zero2-adamw-foreach-clip-f32.json", "", "optimizer-foreach"),
+        ("torch-fsdp2", "dp2-tp2-sp-zero3-adamw-foreach-clip-accumulation-bf16-master-f32.json", "", "optimizer-foreach"),
+        ("torch-fsdp1", "dp2-fsdp1-flat-params-adam-foreach-clip-accumulation-bf16-master-f32.json", "", "optimizer-foreach"),
+        ("torch-ddp", "dp3-zero1-adamw-foreach-clip-accumulation-resume-after-1-f32.json", "", "optimizer-foreach"),
+        (
+            "torch-pp",
+            "pp2-dp2-tp2-ddp-1f1b-adam-foreach-clip-f32.json",
+            "torch-pipelining-ddp-metadata-inference,torch-ddp-tp-local-parameters",
+            "optimizer-foreach",
+        ),
+    ] {
+        let v = one_verdict(target, &dir.join(case), fixes);
+        assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
+        assert!(v["features"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().ends_with(feature)), "{case}: {v}");
+    }
+    let v = one_verdict("torch-fsdp2", &dir.join("dp4-hsdp2-tp2-zero3-sgd-fused-resume-f32.json"), "");
+    assert!(v["kind"] == "rejected" && reason(&v).contains("aten._fused_sgd_"), "{v}");
 }
 
 /// Mixed precision (`master_dtype` f32 under a bf16 or f16 compute dtype) on torch-fsdp2: the model held in f32,

@@ -220,6 +220,10 @@ VALIDATION = {
         # (`torch.autograd.grad`, `backward(inputs=...)`): "When use_reentrant=True, torch.utils.checkpoint is
         # incompatible with .grad() or passing an `inputs` parameter to .backward()".
         ("torch/utils/checkpoint.py", "backward", "is incompatible with .grad()"),
+        # The zero-bubble and DualPipeV schedules' refusal of compiled stage modules ("The ScheduleZBVZeroBubble
+        # schedule is not supported with stage modules that have used torch.compile"): they split each backward into
+        # input and weight gradients, which a compiled graph's backward does not.
+        ("torch/distributed/pipelining/schedules.py", "_check_torch_compile_compatibility", None),
     ] + _DTENSOR_FUSED_OPTIMIZER,
     "jax-gspmd": _JAX,
     "jax-shardmap": _JAX,

@@ -126,6 +126,7 @@ pub const TARGETS: &[TargetInfo] = &[
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "vocab_loss", "reduce_dtype_below", "master_dtype", "frozen",
             "activation_checkpointing", "zero_bubble", "dual_pipe", "breadth_first", "optimizer_implementation",
+            "compiled",
         ],
         create: |o| python("torch-pp", MAIN, o),
     },

@@ -40,7 +40,8 @@ def generate(case, inputs, bounds, dropped):
     tp = "" if p["tp"] == 1 else (f", torch's tensor-parallel plan over tp={p['tp']} ranks inside them"
                                   f"{' (sequence parallel)' if p['sequence_parallel'] else ''}")
     what = (f"torch.distributed.pipelining: {p['pp']} pipeline ranks under {schedule_words(p)}, {p['microbatches']} "
-            f"micro-batch(es) per step, stages{wrap} over dp={p['dp']} ranks{tp}")
+            f"micro-batch(es) per step, stages{wrap} over dp={p['dp']} ranks{tp}"
+            f"{', each block compiled (torch.compile, aot_eager)' if case['train'].get('compiled') else ''}")
     config = [
         rule("the case"),
         literal("CASE", case),
@@ -52,7 +53,7 @@ def generate(case, inputs, bounds, dropped):
     ]
     base = worker_source("targets/base.py", "parallel", "dtype_name", "reduce_dtype_name", "master_dtype_name",
                          "vocab_sharded_loss")
-    dtypes = worker_source("targets/torch_common.py", "torch_dtype")
+    dtypes = worker_source("targets/torch_common.py", "torch_dtype", "compiled", "uncompiled_name")
     # (torch-tp's plan and per-rank reporting, which the pipeline calls where tp > 1.)
     plan = (worker_source("targets/torch_model.py", "model_defaults") + "\n\n"
             + worker_source("targets/torch_tp.py", "parallelize", "replicated_norms", "loss_context", "replicas_per_rank"))

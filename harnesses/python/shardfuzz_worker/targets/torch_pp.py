@@ -26,7 +26,8 @@ import numpy as np
 
 from .base import (chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, master_dtype_name, parallel,
                    reduce_dtype_name, setup_features, vocab_sharded_loss, zero_offloaded)
-from .torch_common import TorchTarget, mesh, torch_dtype
+from .torch_common import (TorchTarget, check_compiled, compiled, compiling, mesh, torch_dtype, uncompiled_name,
+                           unsupported_compiled_blocks)
 from .torch_model import (build, checkpointed_block, foreach_clip, make_optimizer, model_defaults, to_case_layout,
                           unsupported_layout)
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
@@ -70,6 +71,8 @@ class TorchPp(TorchTarget):
             return f"DualPipeV needs at least as many micro-batches as its {2 * p['pp']} stages"
         if breadth_first(p) and p["zero_bubble"]:
             return "torch has no zero-bubble breadth-first schedule"
+        if why := unsupported_compiled_blocks(case, self.name):
+            return why
         if m.get("tied_embeddings"):
             return "pipeline stages share no parameter: a tied LM head sits on another stage than the embedding"
         if m.get("layer_passes", 1) > 1:
@@ -107,9 +110,11 @@ class TorchPp(TorchTarget):
         pp, tp = p["pp"], p["tp"]
         dp = world // (pp * tp)
         stage_mesh = mesh((pp, dp, tp), ("pp", "dp", "tp")) if tp > 1 else mesh((pp, dp), ("pp", "dp"))
+        compiling(case)
         run = Pipeline(case, inputs, rank // (dp * tp), rank // tp % dp, stage_mesh, self.deferred_finalize)
         torch.manual_seed(0)
         out = run.train()
+        check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -192,6 +197,8 @@ def features(case):
         out.append(f"{prefix}:{dtype_name(case)}-computed-from-{master_dtype_name(case)}")
     if reduce_dtype_name(case) != dtype_name(case):
         out.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
+    if case["train"].get("compiled"):
+        out.append(f"{prefix}:compiled-blocks")
     return out + setup_features(prefix, case)
 
 
@@ -244,9 +251,13 @@ class Pipeline:
         self.indices = rank_stages(self.p, pp_index)
         self.modules = [Stage(model, layers[c], c == 0, c == n - 1) for c in self.indices]
         self.first, self.last = 0 in self.indices, n - 1 in self.indices
+        for mod in self.modules:
+            # (torchtitan's order: tensor parallel, compile each block, then the data-parallel wrapper)
+            for key, layer in mod.layers.items():
+                mod.layers[key] = compiled(case, layer)
         wrapped = [self.wrap(mod) for mod in self.modules]
         # (After wrapping: FSDP2 replaces the parameters with sharded ones.)
-        self.named = [(name, q) for mod in self.modules for name, q in mod.named_parameters()]
+        self.named = [(uncompiled_name(name), q) for mod in self.modules for name, q in mod.named_parameters()]
         cpu = torch.device("cpu")
         self.stages = [PipelineStage(w, c, n, cpu, group=self.pp_group) for w, c in zip(wrapped, self.indices)]
         self.params = [q for _, q in self.named]
