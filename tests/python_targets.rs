@@ -1185,6 +1185,33 @@ fn foreach_and_fused_optimizers_train_like_the_reference() {
     assert!(v["kind"] == "rejected" && reason(&v).contains("aten._fused_sgd_"), "{v}");
 }
 
+/// Clipping by the L1 and infinity norms (`train.clip_norm_type`, torch's `norm_type`): DTensor's norms over tensor
+/// parallelism and FSDP2 beside it (foreach too), FSDP1's own `clip_grad_norm_`, ZeroRedundancyOptimizer beside DDP and
+/// torch-pp's norm combined over the pipeline ranks each clip (the case's clipping is active) and pass; a target
+/// whose clipping bounds the L2 norm only refuses the case.
+#[test]
+fn clipping_by_the_l1_and_infinity_norms_trains_like_the_reference() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-clip-norm");
+    for (target, case, fixes) in [
+        ("torch-tp", "tp2-adamw-foreach-clip-inf-f32.json", ""),
+        ("torch-tp", "tp2-adamw-clip-l1-f32.json", ""),
+        ("torch-fsdp2", "dp2-tp2-zero2-adamw-foreach-clip-inf-f32.json", ""),
+        ("torch-fsdp2", "dp2-tp2-zero2-sgd-clip-l1-f32.json", ""),
+        ("torch-fsdp1", "dp2-fsdp1-flat-params-sgd-clip-inf-accumulation-bf16-master-f32.json", ""),
+        ("torch-ddp", "dp3-zero1-sgd-clip-inf-accumulation-f32.json", ""),
+        ("torch-pp", "pp2-dp2-tp2-ddp-1f1b-sgd-clip-inf-f32.json", "torch-pipelining-ddp-metadata-inference,torch-ddp-tp-local-parameters"),
+        ("torch-pp", "pp2-dp2-zero2-interleaved2-sgd-clip-l1-f32.json", ""),
+    ] {
+        let v = one_verdict(target, &dir.join(case), fixes);
+        assert_eq!(v["kind"], "pass", "{target} {case}: {v}");
+    }
+    let v = one_verdict("jax-gspmd", &dir.join("tp2-adamw-clip-l1-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("clips by the l2 norm only"), "{v}");
+}
+
 /// Mixed precision (`master_dtype` f32 under a bf16 or f16 compute dtype) on torch-fsdp2: the model held in f32,
 /// `MixedPrecisionPolicy(param_dtype=...)`, with ZeRO-2 and ZeRO-3 resharding, HSDP, gradients reduced in f32 under
 /// accumulation, and Adam under f16 with loss scaling (its moments in f32, which torch-ddp cannot express): each

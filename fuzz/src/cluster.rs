@@ -112,6 +112,9 @@ fn train_needs(case: &Case) -> Vec<String> {
     if t.optimizer.kind != OptimizerKind::Sgd {
         out.push(format!("optimizer={}", value_name(&t.optimizer.kind)));
     }
+    if let Some(k) = t.clip_norm_type {
+        out.push(format!("clip_norm_type={}", value_name(&k)));
+    }
     if let Some(i) = t.optimizer.implementation {
         out.push(format!("optimizer_implementation={}", value_name(&i)));
     }

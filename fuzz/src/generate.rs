@@ -179,6 +179,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         steps: u.int_in_range(1..=2)?,
         optimizer: opt,
         clip_grad_norm: if u.ratio(1, 3)? { Some(Real(pick(u, &[0.1, 0.5, 1.0, 10.0])?)) } else { None },
+        clip_norm_type: None,
         grad_accumulation: pick(u, &[1, 1, 1, 2, 3])?,
         dtype,
         reduce_dtype: if dtype != DType::F64 && u.ratio(1, 5)? { Some(DType::F32) } else { None },

@@ -107,6 +107,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             steps: 1,
             optimizer: Optimizer::sgd(0.01),
             clip_grad_norm: None,
+            clip_norm_type: None,
             grad_accumulation: 1,
             dtype,
             reduce_dtype: None,

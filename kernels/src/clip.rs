@@ -8,6 +8,17 @@ pub fn sum_squares(p: Prec, xs: &[f64]) -> f64 {
     xs.iter().fold(0.0, |s, x| a.round(s + a.round(x * x)))
 }
 
+/// Σ |x|, accumulated in the accumulation dtype.
+pub fn sum_abs(p: Prec, xs: &[f64]) -> f64 {
+    let a = p.acc();
+    xs.iter().fold(0.0, |s, x| a.round(s + x.abs()))
+}
+
+/// max |x| (exact in every dtype; NaN if any element is NaN, as torch's max).
+pub fn max_abs(xs: &[f64]) -> f64 {
+    xs.iter().fold(0.0, |m: f64, x| if m.is_nan() || x.is_nan() { f64::NAN } else { m.max(x.abs()) })
+}
+
 /// min(1, max_norm / (total_norm + 1e-6)).
 pub fn clip_coefficient(total_norm: f64, max_norm: f64) -> f64 {
     (max_norm / (total_norm + 1e-6)).min(1.0)

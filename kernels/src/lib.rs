@@ -22,7 +22,7 @@ mod testutil;
 
 pub use activation::{gelu_bwd, gelu_fwd, relu_bwd, relu_fwd, sigmoid, silu_bwd, silu_fwd, swiglu_bwd, swiglu_fwd};
 pub use attention::{attention_bwd, attention_fwd, AttnCache, AttnShape};
-pub use clip::{clip_coefficient, scale_in_place, sum_squares};
+pub use clip::{clip_coefficient, max_abs, scale_in_place, sum_abs, sum_squares};
 pub use dtype::DType;
 pub use elementwise::{add, add_in_place, scale, sum_into};
 pub use embedding::{embedding_bwd, embedding_fwd};

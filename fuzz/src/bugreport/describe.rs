@@ -1,7 +1,7 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
 use shardfuzz_harnesses::case::{
-    Case, FrameworkCheckpoint, OptimizerImplementation, OptimizerKind, PipelineSchedule, Recompute, VocabLoss,
+    Case, ClipNorm, FrameworkCheckpoint, OptimizerImplementation, OptimizerKind, PipelineSchedule, Recompute, VocabLoss,
 };
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
@@ -249,6 +249,11 @@ fn train_words(case: &Case) -> String {
     }
     if let Some(c) = &t.clip_grad_norm {
         s += &format!(", gradient clipping at {}", c.0);
+        s += match t.clip_norm_type {
+            Some(ClipNorm::L1) => " of the L1 norm (norm_type=1)",
+            Some(ClipNorm::Inf) => " of the infinity norm (norm_type=inf, the largest |gradient|)",
+            _ => "",
+        };
     }
     if let Some(l) = &t.loss_scale {
         s += &format!(", loss scale {}", l.0);

@@ -117,6 +117,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.local_mean_loss,
         t.compiled,
         t.optimizer.implementation.is_some(),
+        t.clip_norm_type.is_some(),
         t.label_smoothing.is_some(),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.pad_to_capacity),
         case.model.as_ref().and_then(|m| m.moe.as_ref()).is_some_and(|moe| moe.renormalize),
@@ -581,7 +582,10 @@ fn drop_features(case: &Case) -> Vec<Case> {
     let mut out = vec![];
     let t = &case.train;
     if t.clip_grad_norm.is_some() {
-        out.push(with(case, |c| c.train.clip_grad_norm = None));
+        out.push(with(case, |c| (c.train.clip_grad_norm, c.train.clip_norm_type) = (None, None)));
+    }
+    if t.clip_norm_type.is_some() {
+        out.push(with(case, |c| c.train.clip_norm_type = None));
     }
     if t.loss_scale.is_some() {
         out.push(with(case, |c| c.train.loss_scale = None));

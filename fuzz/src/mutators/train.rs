@@ -3,7 +3,9 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Case, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Real};
+use shardfuzz_harnesses::case::{
+    Case, ClipNorm, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Real,
+};
 use shardfuzz_kernels::DType;
 
 pub fn dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
@@ -131,6 +133,9 @@ pub fn training_step(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
                 None
             } else {
                 Some(Real(*[0.01, 0.1, 1.0].choose(rng).unwrap_or(&0.1)))
+            };
+            if t.clip_grad_norm.is_none() {
+                t.clip_norm_type = None;
             }
         }
         _ => {
@@ -185,6 +190,20 @@ pub fn local_mean_loss(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
 /// The model compiled by the framework's graph compiler, or eager again.
 pub fn compiled(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
     c.train.compiled = !c.train.compiled;
+    true
+}
+
+/// Another norm for gradient clipping (l1, l2, inf; clipping switched on where the case had none), or l2 again.
+pub fn clip_norm_type(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let t = &mut c.train;
+    if t.clip_grad_norm.is_none() {
+        t.clip_grad_norm = Some(Real(*[0.01, 0.1, 1.0].choose(rng).unwrap_or(&0.1)));
+    }
+    let next = match t.clip_norm_type {
+        Some(_) if rng.gen_bool(0.25) => None,
+        now => ClipNorm::ALL.iter().copied().filter(|k| Some(*k) != now && *k != ClipNorm::L2).collect::<Vec<_>>().choose(rng).copied(),
+    };
+    t.clip_norm_type = next;
     true
 }
 

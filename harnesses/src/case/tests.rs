@@ -169,6 +169,21 @@ fn optimizer_implementation_round_trips_and_names_its_values() {
 }
 
 #[test]
+fn clip_norm_type_needs_clipping_and_names_its_values() {
+    let with = |extra: &str| MINIMAL.replace(r#""dtype": "f32"}"#, &format!(r#""dtype": "f32"{extra}}}"#));
+    for (v, want) in [("l1", ClipNorm::L1), ("l2", ClipNorm::L2), ("inf", ClipNorm::Inf)] {
+        let c = Case::from_json(&with(&format!(r#", "clip_grad_norm": 1.0, "clip_norm_type": "{v}""#))).unwrap();
+        assert_eq!((c.train.clip_norm_type, c.train.clip_norm()), (Some(want), want));
+        assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    }
+    let e = error_of(&with(r#", "clip_norm_type": "inf""#));
+    assert!(e.contains("train.clip_norm_type") && e.contains("only with train.clip_grad_norm"), "{e}");
+    let e = error_of(&with(r#", "clip_grad_norm": 1.0, "clip_norm_type": "l3""#));
+    assert!(e.contains("clip_norm_type") && e.contains("inf"), "{e}");
+    assert_eq!(Case::from_json(MINIMAL).unwrap().train.clip_norm(), ClipNorm::L2);
+}
+
+#[test]
 fn non_divisible_sizes_are_valid() {
     let t = MINIMAL.replace(r#""ffn": 12"#, r#""ffn": 13"#).replace(r#""tp": 2"#, r#""tp": 3"#);
     Case::from_json(&t).unwrap();

@@ -12,9 +12,14 @@ pub struct Train {
     /// Optimizer steps.
     pub steps: u32,
     pub optimizer: Optimizer,
-    /// Clip gradients to this global L2 norm; absent = no clipping.
+    /// Clip gradients to this global norm (`clip_norm_type`'s, L2 when absent); absent = no clipping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_grad_norm: Option<Real>,
+    /// The norm `clip_grad_norm` bounds, torch's `norm_type`: `l2` (√Σg²), `l1` (Σ|g|) or `inf` (max |g|), each over
+    /// every trained gradient element at once; a sharded run combines its ranks' parts by a sum (l1, l2 squared) or a
+    /// maximum (inf). Only with `clip_grad_norm`. Absent: l2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_norm_type: Option<ClipNorm>,
     /// Gradient-accumulation steps per optimizer step: the batch is processed this many times
     /// (the loss is divided by it), as a user accumulating over identical micro-steps would.
     #[serde(default = "one")]
@@ -97,6 +102,11 @@ impl Train {
         self.reduce_dtype.unwrap_or(self.dtype)
     }
 
+    /// The norm gradient clipping bounds (L2 unless `clip_norm_type` says otherwise).
+    pub fn clip_norm(&self) -> ClipNorm {
+        self.clip_norm_type.unwrap_or(ClipNorm::L2)
+    }
+
     /// The label smoothing ε (0 when absent).
     pub fn label_smoothing(&self) -> f64 {
         self.label_smoothing.map_or(0.0, |r| r.get())
@@ -139,6 +149,28 @@ pub struct Optimizer {
     /// low-precision parameters, the for-loop otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub implementation: Option<OptimizerImplementation>,
+}
+
+/// The norm gradient clipping bounds (`Train::clip_norm_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ClipNorm {
+    L1,
+    L2,
+    Inf,
+}
+
+impl ClipNorm {
+    pub const ALL: [ClipNorm; 3] = [Self::L1, Self::L2, Self::Inf];
+
+    /// torch's `norm_type` for it (Python source: `1.0`, `2.0`, `math.inf`).
+    pub fn torch_norm_type(self) -> &'static str {
+        match self {
+            Self::L1 => "1.0",
+            Self::L2 => "2.0",
+            Self::Inf => "math.inf",
+        }
+    }
 }
 
 /// An optimizer implementation (`Optimizer::implementation`).

@@ -419,6 +419,9 @@ fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
     if let Some(c) = t.clip_grad_norm {
         r.finite_at_least("train.clip_grad_norm", c.get(), 0.0, true);
     }
+    if t.clip_norm_type.is_some() && t.clip_grad_norm.is_none() {
+        r.fail("train.clip_norm_type", "only with train.clip_grad_norm (the norm that clipping bounds)");
+    }
     if let Some(s) = t.loss_scale {
         r.finite_at_least("train.loss_scale", s.get(), 0.0, true);
     }

@@ -9,13 +9,13 @@ use super::groups::Groups;
 use super::plan::{Piece, Plan};
 use super::sharding::{local_ranges, placement, shard, TpPlacement};
 use super::zero::Flat;
-use crate::case::{Axis, PipelineSchedule};
+use crate::case::{Axis, ClipNorm, PipelineSchedule};
 use crate::inputs::Inputs;
 use crate::model::{
     block_bwd, block_fwd, embed_bwd, embed_fwd, head_bwd, head_fwd, loss_sum, BlockCache, Bug, CResult, CommFailure, Ctx, Geom, GroupOps,
     HeadCache, Layout, Mat, ParamSet,
 };
-use crate::reference::{clip_coefficient_of, OptState};
+use crate::reference::{clip_coefficient_of, clip_measure, combine_measures, OptState};
 
 /// Step-0 logits of one micro-batch: (global token rows, vocab columns held, values).
 pub type LogitsPiece = (Range<usize>, Range<usize>, Mat);
@@ -53,7 +53,7 @@ struct Synced {
     grads: ParamSet,
     zero: Option<Vec<f64>>,
     /// With the tied-embedding fault: the norm's terms taken before the late tied reduction.
-    early_sum_squares: Option<f64>,
+    early_measure: Option<f64>,
 }
 
 struct PieceState {
@@ -287,13 +287,14 @@ impl<'a> Rank<'a> {
         (self.layout.heads.start % group) == 0
     }
 
-    /// Sum of squares of the gradient elements this rank owns.
-    fn owned_sum_squares(&self, grads: &ParamSet) -> f64 {
+    /// The clipping norm's measure (`clip_measure`: Σg², Σ|g| or max |g|) over the gradient elements this rank owns.
+    fn owned_measure(&self, grads: &ParamSet) -> f64 {
+        let kind = self.plan.case.train.clip_norm();
         grads
             .iter()
             .filter(|(n, _)| self.counts_in_norm(n, false))
-            .map(|(_, t)| k::sum_squares(self.p, &t.data))
-            .fold(0.0, |s, x| self.p.acc().round(s + x))
+            .map(|(_, t)| clip_measure(kind, self.p, &t.data))
+            .fold(0.0, |s, x| combine_measures(kind, s, x, |v| self.p.acc().round(v)))
     }
 
     /// Runs every step; returns what the target assembles.
@@ -414,11 +415,11 @@ impl<'a> Rank<'a> {
                 zg.iter_mut().for_each(|x| *x = self.p.r(*x / sc));
             }
         }
-        let early_sum_squares = (tied_late && plan.case.train.clip_grad_norm.is_some()).then(|| self.owned_sum_squares(&grads));
+        let early_measure = (tied_late && plan.case.train.clip_grad_norm.is_some()).then(|| self.owned_measure(&grads));
         if tied_late {
             self.sync_tied_embeddings(&mut grads)?;
         }
-        Ok(Synced { grads, zero, early_sum_squares })
+        Ok(Synced { grads, zero, early_measure })
     }
 
     /// 1 when some rank's gradients overflowed (the loss scaler skips the step on every rank), else 0.
@@ -439,17 +440,20 @@ impl<'a> Rank<'a> {
         let Some(max_norm) = self.plan.case.train.clip_grad_norm else {
             return Ok(1.0);
         };
-        let mut sq = [match (&synced.zero, synced.early_sum_squares) {
+        let kind = self.plan.case.train.clip_norm();
+        let mut measure = [match (&synced.zero, synced.early_measure) {
             (_, Some(early)) => early,
-            (Some(zg), None) => flat.owned_sum_squares(self, zg),
-            (None, None) => self.owned_sum_squares(&synced.grads),
+            (Some(zg), None) => flat.owned_measure(self, zg),
+            (None, None) => self.owned_measure(&synced.grads),
         }];
         // The injected fault's region: the norm of ZeRO-2/3's partitioned gradients.
         let local = self.plan.bug(Bug::ClipLocalNorm) && synced.zero.is_some();
-        if !local {
-            self.groups.world.all_reduce_sum(&mut sq)?;
+        if !local && kind == ClipNorm::Inf {
+            self.groups.world.all_reduce_max(&mut measure)?;
+        } else if !local {
+            self.groups.world.all_reduce_sum(&mut measure)?;
         }
-        let coef = clip_coefficient_of(sq[0], max_norm.get());
+        let coef = clip_coefficient_of(kind, measure[0], max_norm.get());
         if coef < 1.0 {
             self.features.push("clip:active".into());
         }
@@ -688,6 +692,8 @@ fn path_features(plan: &Plan, stage: usize, layout: &Layout, d: usize) -> Vec<St
         (plan.uneven_microbatches(d), "microbatches:uneven"),
         (t.steps > 1, "steps:multi"),
         (t.clip_grad_norm.is_some(), "clip"),
+        (t.clip_grad_norm.is_some() && t.clip_norm_type == Some(ClipNorm::L1), "clip:l1"),
+        (t.clip_grad_norm.is_some() && t.clip_norm_type == Some(ClipNorm::Inf), "clip:inf"),
         (t.loss_scale.is_some(), "loss-scale"),
         (t.reduce_dtype.is_some_and(|r| r != t.dtype), "reduce-dtype"),
         (plan.case.parallel.sequence_parallel && m.seq as usize % plan.tp != 0, "sp:seq:uneven"),

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::rank::Rank;
-use crate::case::Axis;
+use crate::case::{Axis, ClipNorm};
 use crate::model::{Bug, CResult, GroupOps, ParamSet};
 use crate::reference::OptState;
 
@@ -87,10 +87,11 @@ impl Flat {
         Ok(out)
     }
 
-    /// Sum of squares over the partition, counting each element once across the mesh.
-    pub fn owned_sum_squares(&self, rank: &Rank, part: &[f64]) -> f64 {
+    /// The clipping norm's measure (`clip_measure`) over the partition, counting each element once across the mesh.
+    pub fn owned_measure(&self, rank: &Rank, part: &[f64]) -> f64 {
         let r = self.range(rank);
         let count_padding = stale_padding(rank);
+        let kind = rank.plan.case.train.clip_norm();
         let acc = rank.p.acc();
         let mut total = 0.0;
         for (i, x) in r.clone().zip(part) {
@@ -99,7 +100,11 @@ impl Flat {
                 None => count_padding,
             };
             if owned {
-                total = acc.round(total + x * x);
+                total = match kind {
+                    ClipNorm::L2 => acc.round(total + x * x),
+                    ClipNorm::L1 => acc.round(total + x.abs()),
+                    ClipNorm::Inf => shardfuzz_kernels::max_abs(&[total, *x]),
+                };
             }
         }
         total

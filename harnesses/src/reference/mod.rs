@@ -3,7 +3,7 @@
 
 mod optim;
 
-pub use optim::{clip_coefficient_of, OptState};
+pub use optim::{clip_coefficient_of, clip_measure, combine_measures, OptState};
 
 use shardfuzz_kernels::{DType, Prec};
 
@@ -323,8 +323,9 @@ fn adjust_gradients(variant: &Variant, p: Prec, loss_scale: Option<f64>, step: u
 /// Gradient clipping (when the case asks for it) and the optimizer step.
 fn clip_and_update(case: &Case, p: Prec, order: &[String], grads: &mut ParamSet, params: &mut ParamSet, opt: &mut OptState, step: u32) {
     if let Some(max_norm) = case.train.clip_grad_norm {
-        let sq: f64 = order.iter().map(|n| shardfuzz_kernels::sum_squares(p, &grads[n].data)).sum();
-        let c = clip_coefficient_of(sq, max_norm.get());
+        let kind = case.train.clip_norm();
+        let measure = order.iter().map(|n| clip_measure(kind, p, &grads[n].data)).fold(0.0, |s, x| combine_measures(kind, s, x, |v| v));
+        let c = clip_coefficient_of(kind, measure, max_norm.get());
         for n in order {
             shardfuzz_kernels::scale_in_place(p, &mut grads.get_mut(n).expect("grad").data, c);
         }
@@ -338,6 +339,7 @@ fn clip_and_update(case: &Case, p: Prec, order: &[String], grads: &mut ParamSet,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::ClipNorm;
 
     /// A frozen parameter reports no gradient, keeps its value (weight decay included) and stays out of the
     /// clipping norm: each trained one moves by lr · c · g with c from the trained gradients alone.
@@ -358,7 +360,7 @@ mod tests {
         let trained: Vec<&String> = inputs.tensors.iter().map(|(n, _)| n).filter(|n| !case.train.is_frozen(n)).collect();
         let sum_squares: f64 =
             trained.iter().map(|n| out.tensor(&format!("grad/{n}")).unwrap().data.iter().map(|g| g * g).sum::<f64>()).sum();
-        let c = clip_coefficient_of(sum_squares, 0.01);
+        let c = clip_coefficient_of(ClipNorm::L2, sum_squares, 0.01);
         assert!(c < 0.5, "the case clips: {c}");
         for n in trained {
             let (w0, g, w1) =

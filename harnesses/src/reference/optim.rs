@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use shardfuzz_kernels::{self as k, Prec};
 
-use crate::case::{OptimizerKind, ParamSpec, Train};
+use crate::case::{ClipNorm, OptimizerKind, ParamSpec, Train};
 use crate::model::ParamSet;
 
 /// Adam moments per parameter name; SGD keeps none.
@@ -57,7 +57,25 @@ impl OptState {
     }
 }
 
-/// torch's clip coefficient from the squared global norm.
-pub fn clip_coefficient_of(sum_squares: f64, max_norm: f64) -> f64 {
-    k::clip_coefficient(sum_squares.sqrt(), max_norm)
+/// One set of gradient elements' part of the clipping norm's measure: Σx² (l2), Σ|x| (l1), max |x| (inf).
+pub fn clip_measure(kind: ClipNorm, p: Prec, xs: &[f64]) -> f64 {
+    match kind {
+        ClipNorm::L2 => k::sum_squares(p, xs),
+        ClipNorm::L1 => k::sum_abs(p, xs),
+        ClipNorm::Inf => k::max_abs(xs),
+    }
+}
+
+/// Two parts of the measure combined: their sum (`round` rounds it), for inf the larger (NaN if either is).
+pub fn combine_measures(kind: ClipNorm, a: f64, b: f64, round: impl Fn(f64) -> f64) -> f64 {
+    match kind {
+        ClipNorm::Inf => k::max_abs(&[a, b]),
+        _ => round(a + b),
+    }
+}
+
+/// torch's clip coefficient from the global measure (the squared norm for l2, the norm itself otherwise).
+pub fn clip_coefficient_of(kind: ClipNorm, measure: f64, max_norm: f64) -> f64 {
+    let norm = if kind == ClipNorm::L2 { measure.sqrt() } else { measure };
+    k::clip_coefficient(norm, max_norm)
 }

@@ -28,7 +28,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "native",
         description: "embedded sharded implementation: TP/SP, DP/ZeRO, PP, EP on simulated ranks (threads)",
         env: None,
-        offers: &["layer_passes", "label_smoothing"],
+        offers: &["layer_passes", "label_smoothing", "clip_norm_type"],
         create: |o| {
             let bugs = crate::model::Bugs::parse(&o.inject)?;
             let ms = if o.timeout_ms == 0 { 10_000 } else { o.timeout_ms };

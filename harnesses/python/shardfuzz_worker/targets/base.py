@@ -24,6 +24,8 @@ class Target:
     freezes = False
     #: Whether its loss smooths the labels as the case asks (`train.label_smoothing`; others refuse such cases).
     smooths_labels = False
+    #: The norms its gradient clipping can bound (`train.clip_norm_type`; others refuse such cases).
+    clip_norms = ("l2",)
 
     def versions(self):
         return {}
@@ -329,6 +331,19 @@ def unsupported_label_smoothing(target, case):
     smoothed loss (any other would compute the plain one, a different computation)."""
     if label_smoothing(case) and not target.smooths_labels:
         return f"{target.name} has no label smoothing (train.label_smoothing)"
+    return None
+
+
+def clip_norm(case):
+    """The norm the case's gradient clipping bounds: "l1", "l2" or "inf" (`train.clip_norm_type`, l2 when absent)."""
+    return case["train"].get("clip_norm_type") or "l2"
+
+
+def unsupported_clip_norm(target, case):
+    """Why `target` cannot clip by the case's norm, or None: only the norms in its `clip_norms` (a framework whose
+    clipping takes no norm type would bound the L2 norm, a different computation)."""
+    if case["train"].get("clip_grad_norm") is not None and clip_norm(case) not in target.clip_norms:
+        return f"{target.name} clips by the {' / '.join(target.clip_norms)} norm only (train.clip_norm_type {clip_norm(case)})"
     return None
 
 

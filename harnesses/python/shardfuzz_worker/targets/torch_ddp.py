@@ -23,6 +23,7 @@ class TorchDdp(TorchTarget):
     name = "torch-ddp"
     freezes = True
     smooths_labels = True
+    clip_norms = ("l1", "l2", "inf")
 
     def unsupported(self, case):
         why = (unsupported_layout(case, ("dp", "cp"), "DDP expresses data (and torch's context) parallelism only",

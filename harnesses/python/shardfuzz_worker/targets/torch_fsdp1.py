@@ -17,7 +17,7 @@ from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, r
                    sync_feature, zero_offloaded)
 from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
 from .torch_fsdp2 import load_checkpoint, save_checkpoint
-from .torch_model import build, make_optimizer, to_case_layout, unsupported_layout
+from .torch_model import build, clip_norm_type, make_optimizer, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 #: The sharding strategy per ZeRO stage, and with a shard group smaller than the data-parallel ranks (hybrid).
@@ -29,6 +29,7 @@ class TorchFsdp1(TorchTarget):
     name = "torch-fsdp1"
     freezes = True
     smooths_labels = True
+    clip_norms = ("l1", "l2", "inf")
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "torch-fsdp1 shards over data-parallel ranks only", offload=True,
@@ -203,7 +204,7 @@ class Fsdp1Run:
             return named, opt
 
         return {"forward": lambda ids: self.model(ids), "resume": resume, "grad": self.grad, "view": self.view,
-                "clip": None if clip is None else lambda: self.model.clip_grad_norm_(clip),
+                "clip": None if clip is None else lambda: self.model.clip_grad_norm_(clip, clip_norm_type(case)),
                 "no_sync": None if sync_every_microbatch else lambda: self.model.no_sync(),
                 "scaler": sharded_grad_scaler}
 

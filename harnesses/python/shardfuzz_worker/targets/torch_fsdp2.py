@@ -28,6 +28,7 @@ class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
     freezes = True
     smooths_labels = True
+    clip_norms = ("l1", "l2", "inf")
 
     def __init__(self):
         super().__init__()

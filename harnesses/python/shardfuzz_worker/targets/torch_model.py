@@ -320,6 +320,11 @@ def foreach_clip(case):
     return case["train"]["optimizer"].get("implementation") == "foreach"
 
 
+def clip_norm_type(case):
+    """torch's `norm_type` for the case's gradient clipping (`train.clip_norm_type`: 1, 2 or inf)."""
+    return {"l1": 1.0, "l2": 2.0, "inf": math.inf}[case["train"].get("clip_norm_type") or "l2"]
+
+
 def optimizer_parts(case, params, split_groups=None):
     """(optimizer class, parameter groups, keyword arguments) of make_optimizer's optimizer: what a wrapper building
     the optimizer itself (torch's ZeroRedundancyOptimizer) takes."""

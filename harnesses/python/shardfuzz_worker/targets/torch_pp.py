@@ -21,6 +21,7 @@ Gradient clipping is torchtitan's: the stage's norm (DTensor norms made full), s
 
 import contextlib
 import inspect
+import math
 
 import numpy as np
 
@@ -28,8 +29,8 @@ from .base import (chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denomi
                    reduce_dtype_name, setup_features, vocab_sharded_loss, zero_offloaded)
 from .torch_common import (TorchTarget, check_compiled, compiled, compiling, mesh, torch_dtype, uncompiled_name,
                            unsupported_compiled_blocks)
-from .torch_model import (build, checkpointed_block, foreach_clip, make_optimizer, model_defaults, to_case_layout,
-                          unsupported_layout)
+from .torch_model import (build, checkpointed_block, clip_norm_type, foreach_clip, make_optimizer, model_defaults,
+                          to_case_layout, unsupported_layout)
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import dense, full, micro_batch_loss, single_device
 
@@ -38,6 +39,7 @@ class TorchPp(TorchTarget):
     name = "torch-pp"
     freezes = True
     smooths_labels = True
+    clip_norms = ("l1", "l2", "inf")
 
     def __init__(self):
         super().__init__()
@@ -379,19 +381,20 @@ class Pipeline:
 
     def clip(self, max_norm):
         """torchtitan's clip_grad_norm_ under pipeline parallelism: this rank's gradient norm (a DTensor norm made
-        full over the data-parallel ranks), squared and summed over the pipeline ranks, every stage clipped by it."""
+        full over the data-parallel ranks) combined over the pipeline ranks (the squares summed for L2, the norms
+        summed for L1, their maximum for inf), every stage clipped by it."""
         import torch
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
         grads = [distributed(q, q.grad) for q in self.params if q.grad is not None]
-        foreach = foreach_clip(self.case)
-        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=foreach) if grads else torch.zeros(())
+        foreach, p = foreach_clip(self.case), clip_norm_type(self.case)
+        norm = torch.nn.utils.get_total_norm(grads, p, foreach=foreach) if grads else torch.zeros(())
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        square = norm.to(torch.float64) ** 2
-        dist.all_reduce(square, group=self.pp_group)
-        total = square.sqrt().to(norm.dtype)
+        part = norm.to(torch.float64) ** (2 if p == 2.0 else 1)
+        dist.all_reduce(part, op=dist.ReduceOp.MAX if p == math.inf else dist.ReduceOp.SUM, group=self.pp_group)
+        total = (part.sqrt() if p == 2.0 else part).to(norm.dtype)
         torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=foreach)
 
 

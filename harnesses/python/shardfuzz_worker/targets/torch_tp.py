@@ -17,6 +17,7 @@ from .torch_training import combine_dp, single_device, train
 class TorchTp(TorchTarget):
     name = "torch-tp"
     smooths_labels = True
+    clip_norms = ("l1", "l2", "inf")
     freezes = True
 
     def unsupported(self, case):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .base import (chunk_range, class_weight, grad_or_fail, is_frozen, label_smoothing, loss_denominator, resume_after,
                    setup_features)
-from .torch_model import foreach_clip, make_optimizer, to_case_layout
+from .torch_model import clip_norm_type, foreach_clip, make_optimizer, to_case_layout
 from .torch_moe import set_aux_unit
 
 
@@ -149,7 +149,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if clip is not None:
             clip()
         elif t.get("clip_grad_norm") is not None:
-            torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], foreach=foreach_clip(case))
+            torch.nn.utils.clip_grad_norm_(params, t["clip_grad_norm"], clip_norm_type(case), foreach=foreach_clip(case))
         if step is not None:
             # A framework that owns the loss scaler says whether it skipped the step.
             was_skipped = step()

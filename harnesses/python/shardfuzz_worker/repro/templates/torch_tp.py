@@ -51,7 +51,8 @@ def train(model, data, loss_ctx, view):
                 raise RuntimeError(f"no gradient came back for {', '.join(missing)}")
             out.update({f"grad/{n}": view(n, p.grad) for n, p in trained})
         if CASE["train"].get("clip_grad_norm") is not None:
-            torch.nn.utils.clip_grad_norm_(params, CASE["train"]["clip_grad_norm"], foreach=foreach_clip(CASE))
+            torch.nn.utils.clip_grad_norm_(params, CASE["train"]["clip_grad_norm"], clip_norm_type(CASE),
+                                           foreach=foreach_clip(CASE))
         if scaler is not None:
             skipped.append(scaled_step(scaler, opt))
         else:
