@@ -1150,6 +1150,14 @@ fn compiled_models_train_like_the_reference_and_two_torch_compile_regressions_pa
     let v = one_verdict("torch-pp", &case, "");
     assert!(v["kind"] == "crash" && reason(&v).contains("has no attribute '_local_tensor'"), "{v}");
     assert_eq!(one_verdict("torch-pp", &case, "torch-compile-async-collective-input-grad")["kind"], "pass");
+    // torch-fsdp1 compiles the wrapped model (as its users do): flat parameters and a DCP resume (recompiled) pass.
+    for (case, feature) in [
+        ("dp2-fsdp1-full-shard-compiled-flat-params-adam-clip-accumulation-bf16.json", "fsdp1:dp2:full-shard:compiled"),
+        ("dp2-fsdp1-zero2-compiled-adam-clip-resume-after-1-f32.json", "fsdp1:dp2:shard-grad-op:compiled"),
+    ] {
+        let v = one_verdict("torch-fsdp1", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
     let v = one_verdict("torch-pp", &dir.join("pp2-zbv-compiled-blocks-refused-f32.json"), "");
     assert!(v["kind"] == "rejected" && reason(&v).contains("not supported with stage modules that have used torch.compile"), "{v}");
 }

@@ -117,6 +117,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "activation_checkpointing", "layer_passes",
             "flat_params",
             "optimizer_implementation", "clip_norm_type",
+            "compiled",
         ],
         create: |o| python("torch-fsdp1", MAIN, o),
     },

@@ -15,7 +15,7 @@ needs CUDA: unsupported here."""
 
 from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resume_feature, sync_every_microbatch,
                    sync_feature, zero_offloaded)
-from .torch_common import TorchTarget, mesh, shared_tempdir, torch_dtype
+from .torch_common import TorchTarget, check_compiled, compiled, compiling, mesh, shared_tempdir, torch_dtype
 from .torch_fsdp2 import load_checkpoint, save_checkpoint
 from .torch_model import build, clip_norm_type, make_optimizer, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -59,7 +59,8 @@ class TorchFsdp1(TorchTarget):
         return None
 
     def run_rank(self, rank, world, case, inputs):
-        run = Fsdp1Run(bool(parallel(case)["flat_params"]))
+        compiling(case)
+        run = Fsdp1Run(bool(parallel(case)["flat_params"]), lambda model: compiled(case, model))
 
         def built():
             return run.adopt(*sharded_model(case, inputs, world))
@@ -70,6 +71,7 @@ class TorchFsdp1(TorchTarget):
                         **run.hooks(case, built, sync_every_microbatch(case, True)))
         except LostParameters as lost:
             return {"lost": lost.args[0]}
+        check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -93,6 +95,8 @@ class TorchFsdp1(TorchTarget):
         layout += sync_feature(stage, case, True) + resume_feature(stage, case)
         if p["flat_params"] is not None:
             layout.append(f"{stage}:{'flat' if p['flat_params'] else 'original'}-params")
+        if case["train"].get("compiled"):
+            layout.append(f"{stage}:compiled")
         return combine_dp(case, outs, [stage, *layout])
 
 
@@ -170,16 +174,20 @@ class Fsdp1Run:
     parameters' own, gathered and split by their metadata (`flat_gradients`), and `train` gets a placeholder per
     name."""
 
-    def __init__(self, flat):
+    def __init__(self, flat, compile_model=None):
         import torch
 
         self.model, self.names, self.grads, self.params = None, [], None, None
         self.flat, self.optimized, self.placeholder = flat, [], torch.nn.Parameter(torch.empty(0))
+        # (`compile_model`: the wrapped model as the forward runs it, torch.compile over FSDP1 as users compile it;
+        # the parameters are read from the wrapped model itself.)
+        self.compile_model, self.forward_model = compile_model or (lambda model: model), None
 
     def adopt(self, model, names):
         """Takes the wrapped `model`, built with the parameters `names` (wrap_units); returns `train`'s (name,
         parameter) pairs and sets `optimized`: the flat parameters, or the original ones (views into them)."""
         self.model, self.names = model, names
+        self.forward_model = self.compile_model(model)
         if self.flat:
             self.optimized = list(model.parameters())
             return [(n, self.placeholder) for n in names]
@@ -203,7 +211,7 @@ class Fsdp1Run:
                 load_checkpoint(self.model, opt, path)
             return named, opt
 
-        return {"forward": lambda ids: self.model(ids), "resume": resume, "grad": self.grad, "view": self.view,
+        return {"forward": lambda ids: self.forward_model(ids), "resume": resume, "grad": self.grad, "view": self.view,
                 "clip": None if clip is None else lambda: self.model.clip_grad_norm_(clip, clip_norm_type(case)),
                 "no_sync": None if sync_every_microbatch else lambda: self.model.no_sync(),
                 "scaler": sharded_grad_scaler}

@@ -9,7 +9,8 @@ def run_sharded(data, rank):
     longer registers some of them); this rank trains on its rows of the batch."""
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
-    run = Fsdp1Run(FLAT_PARAMS)
+    compiled = CASE["train"].get("compiled")  # the wrapped model under torch.compile (aot_eager), as the worker runs it
+    run = Fsdp1Run(FLAT_PARAMS, (lambda model: torch.compile(model, backend="aot_eager")) if compiled else None)
     mesh = None if MESH_SHAPE is None else init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=("replicate", "shard"))
 
     def built():
