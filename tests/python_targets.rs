@@ -1218,6 +1218,12 @@ fn clipping_by_the_l1_and_infinity_norms_trains_like_the_reference() {
     }
     let v = one_verdict("jax-gspmd", &dir.join("tp2-adamw-clip-l1-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("clips by the l2 norm only"), "{v}");
+    // torch's bug: DTensor's infinity norm of an empty local shard (ffn 1 on 2 FSDP2 ranks) raises; the known fix
+    // (docs/findings/torch-2.15-dtensor-inf-norm-empty-local-shard-crash.py) clips like the reference.
+    let case = dir.join("dp2-zero3-ffn1-sgd-clip-inf-empty-shard-f32.json");
+    let v = one_verdict("torch-fsdp2", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("cannot compute the inf norm on an empty tensor"), "{v}");
+    assert_eq!(one_verdict("torch-fsdp2", &case, "torch-dtensor-inf-norm-empty-shard")["kind"], "pass");
 }
 
 /// Mixed precision (`master_dtype` f32 under a bf16 or f16 compute dtype) on torch-fsdp2: the model held in f32,

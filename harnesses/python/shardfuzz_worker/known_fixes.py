@@ -629,6 +629,45 @@ def _dtensor_found_inf_placements():
     DTensor._op_dispatcher._custom_op_handlers[op] = handler
 
 
+def _torch_dtensor_inf_norm_empty_shard():
+    """torch 2.5.1 to 2.15: DTensor computes a vector norm (`linalg_vector_norm`, `_foreach_norm`) on each rank's
+    local shard and reduces the partial norms; of order inf (or -inf) the local norm of an empty shard raises
+    "cannot compute the inf norm on an empty tensor because the operation does not have an identity", so
+    `clip_grad_norm_(..., norm_type=inf)` over FSDP2 gradients crashes on every rank holding an empty shard of a
+    parameter with fewer rows than ranks (docs/findings/torch-2.15-dtensor-inf-norm-empty-local-shard-crash.py).
+    Fix: an empty local shard enters a full reduction of order ±inf as the identity of its maximum / minimum over
+    |x| (0 / inf)."""
+    import math
+
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+
+    def identity_shard(t, order):
+        if isinstance(t, DTensor) and abs(order) == math.inf and t.to_local().numel() == 0:
+            fill = 0.0 if order > 0 else math.inf
+            local = torch.full([1] * t.dim(), fill, dtype=t.dtype)
+            return DTensor(local, t._spec, requires_grad=False)
+        return t
+
+    def handler(op_call, args, kwargs):
+        order = args[1] if len(args) > 1 else kwargs.get("ord", kwargs.get("scalar", 2))
+        full_reduction = op_call is foreach or (len(args) < 3 and kwargs.get("dim") is None)
+        if full_reduction and isinstance(order, (int, float)):
+            first = [identity_shard(t, order) for t in args[0]] if op_call is foreach else identity_shard(args[0], order)
+            args = (first, *args[1:])
+        own = handlers.pop(op_call)
+        try:
+            return op_call(*args, **kwargs)
+        finally:
+            handlers[op_call] = own
+
+    foreach = torch.ops.aten._foreach_norm.Scalar
+    for op in (torch.ops.aten.linalg_vector_norm.default, foreach):
+        handlers[op] = handler
+
+
 def _colossalai_ce_mean_nonzero():
     """Colossal-AI 0.5.0: cross_entropy_1d's default mode "mean" divides the summed loss by
     `torch.sum(loss != 0.0)`, the targets whose loss is not exactly zero, instead of the targets it does not
@@ -2008,6 +2047,7 @@ FIXES = {
     "torch-compile-async-collective-input-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                                   _torch_compile_async_collective_input_grad),
     "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),
+    "torch-dtensor-inf-norm-empty-shard": (("torch-tp", "torch-fsdp2", "torch-pp"), _torch_dtensor_inf_norm_empty_shard),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
