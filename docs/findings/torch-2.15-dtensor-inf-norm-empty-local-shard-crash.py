@@ -17,6 +17,11 @@ empty local shard enters a full reduction of order inf as 0 (of -inf as inf), th
 the clipped gradients then equal one device's. torchrec filters empty gradients out of its own inf-norm clipping for
 the same reason (pytorch/torchrec#3809, #3891); torch's DTensor norm itself does not.
 
+The op itself, `torch.linalg.vector_norm(d, inf)` of a DTensor with an empty shard, was found crashing by shardfuzz's
+torch-dtensor op cases on 2026-11-26 (torch-2.15-dtensor-max-reductions-empty-shard-crash.py, beside max / amax /
+argmax); this script shows the training path users meet it on, gradient clipping over FSDP2, and `_foreach_norm`
+(foreach clipping) failing the same way.
+
 Found by shardfuzz's torch-fsdp2 target (2026-12-06, campaign 278) on a case with the new case field
 `train.clip_norm_type` "inf" (`tests/python-clip-norm/dp2-zero3-ffn1-sgd-clip-inf-empty-shard-f32.json`: ffn 1 on
 2 ranks); with the fix (known fix `torch-dtensor-inf-norm-empty-shard`) it passes.
