@@ -336,13 +336,13 @@ def unsupported_label_smoothing(target, case):
 
 def clip_norm(case):
     """The norm the case's gradient clipping bounds: "l1", "l2" or "inf" (`train.clip_norm_type`, l2 when absent)."""
-    return case["train"].get("clip_norm_type") or "l2"
+    return (case.get("train") or {}).get("clip_norm_type") or "l2"
 
 
 def unsupported_clip_norm(target, case):
     """Why `target` cannot clip by the case's norm, or None: only the norms in its `clip_norms` (a framework whose
     clipping takes no norm type would bound the L2 norm, a different computation)."""
-    if case["train"].get("clip_grad_norm") is not None and clip_norm(case) not in target.clip_norms:
+    if (case.get("train") or {}).get("clip_grad_norm") is not None and clip_norm(case) not in target.clip_norms:
         return f"{target.name} clips by the {' / '.join(target.clip_norms)} norm only (train.clip_norm_type {clip_norm(case)})"
     return None
 
