@@ -1191,6 +1191,12 @@ fn foreach_and_fused_optimizers_train_like_the_reference() {
     }
     let v = one_verdict("torch-fsdp2", &dir.join("dp4-hsdp2-tp2-zero3-sgd-fused-resume-f32.json"), "");
     assert!(v["kind"] == "rejected" && reason(&v).contains("aten._fused_sgd_"), "{v}");
+    // torch's bug: FSDP1's ShardedGradScaler records a [1]-shaped overflow flag, which a fused Adam stepped after
+    // unscale_ (the clipping recipe) cannot take (docs/findings/torch-2.15-fsdp1-sharded-grad-scaler-fused-optimizer-crash.py).
+    let case = dir.join("dp2-fsdp1-sharded-scaler-fused-adam-clip-f16-master-f32.json");
+    let v = one_verdict("torch-fsdp1", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("doesn't match the broadcast shape [1]"), "{v}");
+    assert_eq!(one_verdict("torch-fsdp1", &case, "torch-fsdp1-sharded-scaler-scalar-found-inf")["kind"], "pass");
 }
 
 /// Clipping by the L1 and infinity norms (`train.clip_norm_type`, torch's `norm_type`): DTensor's norms over tensor

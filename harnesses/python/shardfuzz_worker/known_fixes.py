@@ -668,6 +668,24 @@ def _torch_dtensor_inf_norm_empty_shard():
         handlers[op] = handler
 
 
+def _torch_fsdp1_sharded_scaler_scalar_found_inf():
+    """torch 2.5.1 to 2.15: `ShardedGradScaler.unscale_` records its overflow flags as one-element vectors
+    (`torch.full((1,), 0.0)`, where torch.amp.GradScaler uses a scalar); a fused optimizer stepped after `unscale_`
+    gets their sum as `found_inf` and its `_foreach_sub_(state_steps, [found_inf] * n)` fails: "output with shape []
+    doesn't match the broadcast shape [1]" (docs/findings/torch-2.15-fsdp1-sharded-grad-scaler-fused-optimizer-crash.py).
+    Fix: the recorded flags as scalars."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    unscale = ShardedGradScaler.unscale_
+
+    def unscale_(self, optimizer):
+        unscale(self, optimizer)
+        state = self._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = {d: t.reshape(()) for d, t in state["found_inf_per_device"].items()}
+
+    ShardedGradScaler.unscale_ = unscale_
+
+
 def _colossalai_ce_mean_nonzero():
     """Colossal-AI 0.5.0: cross_entropy_1d's default mode "mean" divides the summed loss by
     `torch.sum(loss != 0.0)`, the targets whose loss is not exactly zero, instead of the targets it does not
@@ -2048,6 +2066,7 @@ FIXES = {
                                                   _torch_compile_async_collective_input_grad),
     "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),
     "torch-dtensor-inf-norm-empty-shard": (("torch-tp", "torch-fsdp2", "torch-pp"), _torch_dtensor_inf_norm_empty_shard),
+    "torch-fsdp1-sharded-scaler-scalar-found-inf": (("torch-fsdp1",), _torch_fsdp1_sharded_scaler_scalar_found_inf),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
