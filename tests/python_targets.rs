@@ -1158,6 +1158,10 @@ fn compiled_models_train_like_the_reference_and_two_torch_compile_regressions_pa
         let v = one_verdict("torch-fsdp1", &dir.join(case), "");
         assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
     }
+    // A known fix that patches FSDP1's runtime runs eagerly under Dynamo, as FSDP1's own functions do (traced, it made
+    // a compiled mixed-precision model with a shared block crash in campaign 280).
+    let case = dir.join("dp2-fsdp1-zero3-compiled-bf16-master-f32-shared-block.json");
+    assert_eq!(one_verdict("torch-fsdp1", &case, "torch-fsdp1-mixed-precision-reentrant-hook")["kind"], "pass");
     let v = one_verdict("torch-pp", &dir.join("pp2-zbv-compiled-blocks-refused-f32.json"), "");
     assert!(v["kind"] == "rejected" && reason(&v).contains("not supported with stage modules that have used torch.compile"), "{v}");
 }

@@ -1191,6 +1191,9 @@ def _torch_fsdp1_mixed_precision_reentrant_hook():
 
     released = _runtime_utils._register_post_backward_hook
 
+    # (Run eagerly as FSDP1's own runtime functions are: Dynamo, compiling a model wrapped in FSDP1, would otherwise trace
+    # this function, a user-code frame, with fake tensors in place of the flat parameters.)
+    @torch._dynamo.disable
     def _register_post_backward_hook(state, handle):
         released(state, handle)
         if handle is None or not torch.is_grad_enabled() or torch._C._current_graph_task_id() == -1:
