@@ -9,7 +9,7 @@ from . import lifetime, protocol, tensors_io
 from .interrupt import CaseTimedOut, forget_last_learned, hang_reason, run_with_alarm
 from .pool import RankDied, RankPool, RanksFailedToStart, RanksHung, test_raise
 from .targets import REGISTRY, load
-from .targets.base import (HarnessError, expected_outputs, unsupported_clip_norm, unsupported_frozen,
+from .targets.base import (HarnessError, as_offered, expected_outputs, unsupported_clip_norm, unsupported_frozen,
                            unsupported_label_smoothing)
 from .validation import describe, short
 from .verdicts import classify_failures
@@ -76,7 +76,7 @@ class Coordinator:
             p.kill()
 
     def run(self, msg):
-        case = msg["case"]
+        case = as_offered(self.target, msg["case"])
         reason = (("op" in case and self.target.unsupported_op(case)) or unsupported_frozen(self.target, case)
                   or unsupported_label_smoothing(self.target, case) or unsupported_clip_norm(self.target, case)
                   or self.target.unsupported(case))

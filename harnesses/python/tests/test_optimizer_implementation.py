@@ -62,6 +62,31 @@ class OptimizerImplementationTest(unittest.TestCase):
         self.assertIsNone(unsupported_model(case("adam", "fused", "bf16")))
         self.assertIsNone(unsupported_model(case("sgd", "foreach", "bf16")))
 
+    def test_the_targets_that_choose_the_implementation_are_the_torch_ones(self):
+        from shardfuzz_worker.targets import REGISTRY
+
+        here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shardfuzz_worker", "targets")
+        for name, module in REGISTRY.items():
+            with open(os.path.join(here, module + ".py")) as f:  # (not imported: some need other environments)
+                chooses = "\n    optimizer_implementations = True\n" in f.read()
+            self.assertEqual(chooses, name in {"torch-tp", "torch-ddp", "torch-fsdp2", "torch-fsdp1", "torch-pp"}, name)
+
+    def test_a_target_that_does_not_choose_the_implementation_runs_the_case_without_it(self):
+        from shardfuzz_worker.targets.base import as_offered
+
+        class Plain:
+            optimizer_implementations = False
+
+        class Torch:
+            optimizer_implementations = True
+
+        c = case("adam", "foreach", "bf16")
+        self.assertNotIn("implementation", as_offered(Plain(), c)["train"]["optimizer"])
+        self.assertEqual(c["train"]["optimizer"]["implementation"], "foreach", "the case itself is unchanged")
+        self.assertIs(as_offered(Torch(), c), c)
+        plain = case()
+        self.assertIs(as_offered(Plain(), plain), plain)
+
     def test_the_single_device_baseline_in_low_precision_takes_the_fused_update(self):
         low = case("adamw", "foreach", "bf16", "f32")
         self.assertEqual(baseline_optimizer(low)["train"]["optimizer"]["implementation"], "fused")

@@ -26,6 +26,9 @@ class Target:
     smooths_labels = False
     #: The norms its gradient clipping can bound (`train.clip_norm_type`; others refuse such cases).
     clip_norms = ("l2",)
+    #: Whether it builds the optimizer implementation the case names (`train.optimizer.implementation`); for the
+    #: others the field is dropped before the run (`as_offered`): the same update, by the target's default.
+    optimizer_implementations = False
 
     def versions(self):
         return {}
@@ -332,6 +335,16 @@ def unsupported_label_smoothing(target, case):
     if label_smoothing(case) and not target.smooths_labels:
         return f"{target.name} has no label smoothing (train.label_smoothing)"
     return None
+
+
+def as_offered(target, case):
+    """The case as `target` runs it: without `train.optimizer.implementation` where the target does not choose one
+    (its own default implementation computes the same update)."""
+    o = (case.get("train") or {}).get("optimizer") or {}
+    if "implementation" not in o or target.optimizer_implementations:
+        return case
+    optimizer = {k: v for k, v in o.items() if k != "implementation"}
+    return {**case, "train": {**case["train"], "optimizer": optimizer}}
 
 
 def clip_norm(case):

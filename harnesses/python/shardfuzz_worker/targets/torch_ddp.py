@@ -24,6 +24,7 @@ class TorchDdp(TorchTarget):
     freezes = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    optimizer_implementations = True
 
     def unsupported(self, case):
         why = (unsupported_layout(case, ("dp", "cp"), "DDP expresses data (and torch's context) parallelism only",

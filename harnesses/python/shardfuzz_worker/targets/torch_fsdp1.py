@@ -30,6 +30,7 @@ class TorchFsdp1(TorchTarget):
     freezes = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    optimizer_implementations = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp",), "torch-fsdp1 shards over data-parallel ranks only", offload=True,

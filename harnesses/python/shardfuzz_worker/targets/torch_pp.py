@@ -40,6 +40,7 @@ class TorchPp(TorchTarget):
     freezes = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    optimizer_implementations = True
 
     def __init__(self):
         super().__init__()

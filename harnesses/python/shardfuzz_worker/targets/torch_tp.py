@@ -18,6 +18,7 @@ class TorchTp(TorchTarget):
     name = "torch-tp"
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    optimizer_implementations = True
     freezes = True
 
     def unsupported(self, case):
