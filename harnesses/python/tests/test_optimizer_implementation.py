@@ -60,6 +60,9 @@ class OptimizerImplementationTest(unittest.TestCase):
             with self.assertRaises(HarnessError):
                 optimizer_parts(case("adam", implementation, "bf16"), params(torch.bfloat16))
         self.assertIsNone(unsupported_model(case("adam", "fused", "bf16")))
+        sparse = case("sgd", "fused")
+        sparse["model"]["sparse_embedding"] = True
+        self.assertIn("fused optimizers take no sparse gradient", unsupported_model(sparse) or "")
         self.assertIsNone(unsupported_model(case("sgd", "foreach", "bf16")))
 
     def test_the_targets_that_choose_the_implementation_are_the_torch_ones(self):

@@ -194,6 +194,9 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
         # The for-loop and foreach updates round every intermediate (the moments, the denominator) to the
         # parameter dtype; the fused kernel and the case's optimizer compute in float32.
         return f"a {o['implementation']} Adam over {held} parameters (its arithmetic in {held}; the case's in float32)"
+    if o.get("implementation") == "fused" and m.get("sparse_embedding"):
+        # Measured (campaign 281): "`_fused_sgd` does not support sparse gradients", on one device too.
+        return "torch's fused optimizers take no sparse gradient (a sparse embedding's)"
     if held == "f16" and o["kind"] != "sgd" and not fp32_optimizer_state:
         # torch keeps Adam's moments in the parameter dtype; in f16 the second moment underflows
         # (0.001 g^2 < 6e-8) and the step blows up, where the case's optimizer keeps them in f32.
