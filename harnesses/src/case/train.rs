@@ -160,19 +160,6 @@ pub enum ClipNorm {
     Inf,
 }
 
-impl ClipNorm {
-    pub const ALL: [ClipNorm; 3] = [Self::L1, Self::L2, Self::Inf];
-
-    /// torch's `norm_type` for it (Python source: `1.0`, `2.0`, `math.inf`).
-    pub fn torch_norm_type(self) -> &'static str {
-        match self {
-            Self::L1 => "1.0",
-            Self::L2 => "2.0",
-            Self::Inf => "math.inf",
-        }
-    }
-}
-
 /// An optimizer implementation (`Optimizer::implementation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

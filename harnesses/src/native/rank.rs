@@ -448,10 +448,10 @@ impl<'a> Rank<'a> {
         }];
         // The injected fault's region: the norm of ZeRO-2/3's partitioned gradients.
         let local = self.plan.bug(Bug::ClipLocalNorm) && synced.zero.is_some();
-        if !local && kind == ClipNorm::Inf {
-            self.groups.world.all_reduce_max(&mut measure)?;
-        } else if !local {
-            self.groups.world.all_reduce_sum(&mut measure)?;
+        match (local, kind) {
+            (true, _) => {}
+            (false, ClipNorm::Inf) => self.groups.world.all_reduce_max(&mut measure)?,
+            (false, _) => self.groups.world.all_reduce_sum(&mut measure)?,
         }
         let coef = clip_coefficient_of(kind, measure[0], max_norm.get());
         if coef < 1.0 {

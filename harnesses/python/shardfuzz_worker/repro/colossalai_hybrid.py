@@ -54,7 +54,8 @@ def sources(case):
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "setup_features", "moe_setup_features", "optimizer_features", "moe_of", "drops_tokens", "case_slots", "micro_batches", "resume_after").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer",
-                                                 "optimizer_parts").replace("HarnessError", "RuntimeError")
+                                                 "optimizer_parts", "IMPLEMENTATION_KWARGS", "rounds_in_parameter_dtype",
+                                                 "implementation_kwargs").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",
                                           "skipped_steps_stats")
                + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled", "booster_resume")

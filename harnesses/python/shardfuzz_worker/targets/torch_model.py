@@ -189,10 +189,7 @@ def unsupported_model(case, loss_scaling=False, master_weights=False, fp32_optim
 
     held = master_dtype_name(case) if master_weights else case["train"]["dtype"]
     o = case["train"]["optimizer"]
-    if held in ("bf16", "f16") and o["kind"] != "sgd" and o.get("implementation") in ("for_loop", "foreach") \
-            and not fp32_optimizer_state:
-        # The for-loop and foreach updates round every intermediate (the moments, the denominator) to the
-        # parameter dtype; the fused kernel and the case's optimizer compute in float32.
+    if held in ("bf16", "f16") and rounds_in_parameter_dtype(o) and not fp32_optimizer_state:
         return f"a {o['implementation']} Adam over {held} parameters (its arithmetic in {held}; the case's in float32)"
     if o.get("implementation") == "fused" and m.get("sparse_embedding"):
         # Measured (campaign 281): "`_fused_sgd` does not support sparse gradients", on one device too.
@@ -317,6 +314,28 @@ def make_optimizer(case, params, split_groups=None):
     return cls(groups, **kw)
 
 
+#: torch's keyword for each optimizer implementation (`train.optimizer.implementation`).
+IMPLEMENTATION_KWARGS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def rounds_in_parameter_dtype(optimizer):
+    """Whether the case's optimizer is an Adam whose implementation (for-loop, foreach) rounds every intermediate (the
+    moments, the denominator) to the parameters' dtype, where the fused kernel and the case's optimizer compute in
+    float32: a different computation over low-precision parameters."""
+    return optimizer["kind"] != "sgd" and optimizer.get("implementation") in ("for_loop", "foreach")
+
+
+def implementation_kwargs(optimizer, low):
+    """torch's keyword for the case's optimizer implementation over low-precision parameters (`low`) or not: the
+    case's, else the default: fused for an Adam over low-precision parameters (its arithmetic in float32, as the
+    reference's, where eps and v underflow in f16 otherwise), the for-loop otherwise."""
+    if low and rounds_in_parameter_dtype(optimizer):
+        raise HarnessError(f"a {optimizer['implementation']} Adam over low-precision parameters should have been "
+                           "refused (unsupported_model)")
+    default = "fused" if low and optimizer["kind"] != "sgd" else "for_loop"
+    return IMPLEMENTATION_KWARGS[optimizer.get("implementation") or default]
+
+
 def foreach_clip(case):
     """Whether gradient clipping takes torch's foreach path (`foreach=True`): where the case's optimizer does
     (`train.optimizer.implementation` foreach), as torch's default on an accelerator does for both."""
@@ -337,14 +356,7 @@ def optimizer_parts(case, params, split_groups=None):
     betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))
     eps = o.get("eps", 1e-8)
     low = params[0].dtype in (torch.float16, torch.bfloat16) if params else False
-    implementation = o.get("implementation")
-    if low and o["kind"] != "sgd" and implementation not in (None, "fused"):
-        raise HarnessError(f"a {implementation} Adam over low-precision parameters should have been refused "
-                           "(unsupported_model)")
-    # Low-precision parameters: the fused kernels do the update arithmetic in float32 (as the
-    # reference does) instead of in the parameter dtype, where eps and v underflow in f16.
-    implementation = implementation or ("fused" if low else "for_loop")
-    impl = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[implementation]
+    impl = implementation_kwargs(o, low)
     groups = params
     if o.get("no_decay_vectors"):
         # nanoGPT's configure_optimizers: matrices decay, biases and norm weights (fewer than two dims) do not.
@@ -357,7 +369,6 @@ def optimizer_parts(case, params, split_groups=None):
         groups = split_groups(groups if isinstance(groups[0], dict) else [{"params": groups}])
     if o["kind"] == "sgd":
         # SGD's update is one rounding of w - lr * g either way.
-        return torch.optim.SGD, groups, {"lr": lr, "weight_decay": wd,
-                                         **(impl if o.get("implementation") else {"foreach": False})}
+        return torch.optim.SGD, groups, {"lr": lr, "weight_decay": wd, **impl}
     cls = torch.optim.AdamW if o["kind"] == "adamw" else torch.optim.Adam
     return cls, groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": wd, **impl}

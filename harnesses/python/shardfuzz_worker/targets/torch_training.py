@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .base import (chunk_range, class_weight, grad_or_fail, is_frozen, label_smoothing, loss_denominator, resume_after,
                    setup_features)
-from .torch_model import clip_norm_type, foreach_clip, make_optimizer, to_case_layout
+from .torch_model import clip_norm_type, foreach_clip, make_optimizer, rounds_in_parameter_dtype, to_case_layout
 from .torch_moe import set_aux_unit
 
 
@@ -263,7 +263,7 @@ def baseline_optimizer(case):
     """The case as the single-device baseline runs it: a for-loop or foreach Adam over its low-precision
     parameters (the sharded run's are in a wider master_dtype) is the fused one (the arithmetic in float32)."""
     o = case["train"]["optimizer"]
-    if case["train"]["dtype"] in ("bf16", "f16") and o["kind"] != "sgd" and o.get("implementation") not in (None, "fused"):
+    if case["train"]["dtype"] in ("bf16", "f16") and rounds_in_parameter_dtype(o):
         return {**case, "train": {**case["train"], "optimizer": {**o, "implementation": "fused"}}}
     return case
 
