@@ -270,8 +270,10 @@ fn train_words(case: &Case) -> String {
     if let Some(a) = t.grad_accum_dtype {
         s += &format!(" (gradients accumulated in {a})");
     }
-    if let Some(k) = t.resume_after {
-        s += &format!(", checkpointed after step {k} of {} and resumed from the checkpoint", t.steps);
+    match t.resume_after {
+        Some(0) => s += ", checkpointed before its first step (a seed checkpoint) and resumed from the checkpoint",
+        Some(k) => s += &format!(", checkpointed after step {k} of {} and resumed from the checkpoint", t.steps),
+        None => {}
     }
     if !t.frozen.is_empty() {
         s += &format!(", {} frozen (requires_grad=False)", t.frozen.join(", "));

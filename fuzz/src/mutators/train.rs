@@ -51,11 +51,12 @@ pub fn master_dtype(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// Checkpointed and resumed after another number of steps (at least two steps then), or run uninterrupted.
+/// Checkpointed and resumed after another number of steps (0: before the first, a seed checkpoint; at least two
+/// steps then, so that a resumed run also steps from a checkpoint with optimizer state), or run uninterrupted.
 pub fn resume_after(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let t = &mut c.train;
     t.steps = t.steps.max(2);
-    let choices: Vec<Option<u32>> = std::iter::once(None).chain((1..t.steps).map(Some)).collect();
+    let choices: Vec<Option<u32>> = std::iter::once(None).chain((0..t.steps).map(Some)).collect();
     t.resume_after = super::parallel::another(t.resume_after, &choices, rng);
     true
 }

@@ -1255,6 +1255,44 @@ def _torch_fsdp1_clip_grad_norm_float64():
     fsdp._get_grad_norm = _get_grad_norm
 
 
+def _torch_dcp_inert_optim_state_init():
+    """torch 2.15 (and 2.5.1): `get_state_dict` materialises an optimizer's lazy state (`_init_optim_state`,
+    torch/distributed/checkpoint/state_dict.py) with a step of zero gradients at a learning rate of 0, on the live
+    optimizer. That step is not inert: Adam's and AdamW's step count advances to 1, so a checkpoint taken before the
+    first step (a seed checkpoint) resumes, and the live run goes on, with the first real update bias-corrected as step
+    2 (pytorch#164929, open; docs/findings/torch-2.15-dcp-state-dict-before-first-step-advances-adam.py), and an
+    Adam's coupled weight decay fills its moments. And it returns early when a parameter holds a gradient, so an
+    optimizer whose first step a loss scaler skipped saves no state that its fresh loader's template asks for
+    (docs/findings/torch-2.15-dcp-checkpoint-before-first-optimizer-step-unloadable.py). Fix: the gradients set aside
+    and put back, the weight decay zero as well as the learning rate, and every step count back to zero after."""
+    import torch
+    from torch.distributed.checkpoint import state_dict
+
+    def init_optim_state(optim):
+        if optim.state:
+            return
+        params = [p for group in optim.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in optim.param_groups]
+        for group in optim.param_groups:
+            if "lr" in group:
+                group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+            if "weight_decay" in group:
+                group["weight_decay"] = 0.0
+        optim.step(closure=None)
+        for group, k in zip(optim.param_groups, kept):
+            group.update(k)
+        for s in optim.state.values():
+            if "step" in s:
+                s["step"] = torch.zeros_like(s["step"]) if isinstance(s["step"], torch.Tensor) else 0
+        for p, g in zip(params, grads):
+            p.grad = g
+
+    state_dict._init_optim_state = init_optim_state
+
+
 def _torch_dcp_load_unheld_sharded_tensor():
     """torch 2.15: a torch.distributed.checkpoint of an FSDP1 model and optimizer (`get_state_dict`, sharded) cannot be
     loaded where a parameter's first dimension splits into fewer torch.chunk pieces than there are ranks (FSDP1's
@@ -2065,6 +2103,7 @@ FIXES = {
     "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
     "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
+    "torch-dcp-inert-optim-state-init": (("torch-fsdp2", "torch-fsdp1"), _torch_dcp_inert_optim_state_init),
     "torch-compile-async-collective-input-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                                   _torch_compile_async_collective_input_grad),
     "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),

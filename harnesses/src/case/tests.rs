@@ -337,7 +337,9 @@ fn resume_after_is_a_step_before_the_last() {
     let c = Case::from_json(&with(3, 2)).unwrap();
     assert_eq!(c.train.resume_after, Some(2));
     assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
-    for (steps, k) in [(3, 0), (3, 3), (1, 1), (2, 5)] {
+    let seed_checkpoint = Case::from_json(&with(1, 0)).unwrap();
+    assert_eq!(seed_checkpoint.train.resume_after, Some(0), "0: checkpointed before the first step");
+    for (steps, k) in [(3, 3), (1, 1), (2, 5)] {
         let e = error_of(&with(steps, k));
         assert!(e.contains("train.resume_after") && e.contains("less than train.steps"), "{steps} {k}: {e}");
     }

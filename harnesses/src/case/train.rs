@@ -48,10 +48,12 @@ pub struct Train {
     /// Dynamic loss scaling (meant for f16): initial scale; absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<Real>,
-    /// The run checkpointed after this many optimizer steps (1 ≤ k < `steps`) with the framework's own save
+    /// The run checkpointed after this many optimizer steps (0 ≤ k < `steps`) with the framework's own save
     /// (model and optimizer state) and resumed from that checkpoint into a freshly built model, optimizer and
     /// framework state, where a target offers it; the same result as the uninterrupted run (up to one rounding of
-    /// the parameters to the compute dtype where a framework checkpoints its working copy). Absent: uninterrupted.
+    /// the parameters to the compute dtype where a framework checkpoints its working copy). 0 checkpoints the
+    /// initialised model and its optimizer before any step (a seed checkpoint, as torchtitan's
+    /// `create_seed_checkpoint` writes one): the optimizer has no state yet. Absent: uninterrupted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_after: Option<u32>,
     /// Parameters left out of training (`requires_grad=False`), by name prefix at a `.` boundary

@@ -432,8 +432,8 @@ fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
         }
     }
     if let Some(k) = t.resume_after {
-        if k == 0 || k >= t.steps {
-            r.fail("train.resume_after", format!("must be at least 1 and less than train.steps ({}) (got {k})", t.steps));
+        if k >= t.steps {
+            r.fail("train.resume_after", format!("must be less than train.steps ({}) (got {k})", t.steps));
         }
     }
     if let Some(m) = t.master_dtype {

@@ -362,13 +362,17 @@ def unsupported_clip_norm(target, case):
 
 def resume_after(case):
     """The step count after which the run is checkpointed and resumed into fresh objects (the case's
-    `train.resume_after`), or None for an uninterrupted run."""
+    `train.resume_after`; 0 before the first step), or None for an uninterrupted run."""
     return case["train"].get("resume_after")
 
 
 def resume_feature(prefix, case):
-    """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run."""
-    return [] if resume_after(case) is None else [f"{prefix}:resumed-from-checkpoint"]
+    """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run, and
+    `prefix:resumed-from-seed-checkpoint` where it does so before the first step (an optimizer without state)."""
+    k = resume_after(case)
+    if k is None:
+        return []
+    return [f"{prefix}:resumed-from-checkpoint"] + ([f"{prefix}:resumed-from-seed-checkpoint"] if k == 0 else [])
 
 
 def sync_every_microbatch(case, default):

@@ -16,7 +16,7 @@ needs CUDA: unsupported here."""
 from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resume_feature, sync_every_microbatch,
                    sync_feature, zero_offloaded)
 from .torch_common import TorchTarget, check_compiled, compiled, compiling, mesh, shared_tempdir, torch_dtype
-from .torch_fsdp2 import load_checkpoint, save_checkpoint
+from .torch_dcp import load_checkpoint, save_checkpoint
 from .torch_model import build, clip_norm_type, make_optimizer, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 

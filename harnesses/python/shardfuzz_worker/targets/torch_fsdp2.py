@@ -19,6 +19,7 @@ from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, r
 from . import torch_context_parallel as torch_cp
 from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, shared_tempdir, torch_dtype,
                            uncompiled_name, unsupported_compiled_blocks)
+from .torch_dcp import load_checkpoint, save_checkpoint
 from .torch_model import build, make_optimizer, model_defaults, unsupported_layout
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import combine_dp, single_device, train
@@ -169,26 +170,6 @@ def sharded_model(case, inputs, dm, g, tm=None, ring_attention=False):
         fully_shard(layer, mesh=dm, **kw)
     fully_shard(model, mesh=dm, **kw)
     return model, names
-
-
-def save_checkpoint(model, opt, path):
-    """The model's and optimizer's state dicts (DTensor shards) saved with torch.distributed.checkpoint."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, optim_state = get_state_dict(model, opt)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
-
-
-def load_checkpoint(model, opt, path):
-    """The checkpoint at `path` loaded into a fresh sharded model and its optimizer."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, optim_state = get_state_dict(model, opt)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def shard_placement(dim, shard_ranks):
