@@ -1262,8 +1262,9 @@ fn fsdp2_mixed_precision_with_f32_master_weights() {
 
 /// `resume_after` 0, a seed checkpoint (the initialised model and its optimizer, without state yet, saved and loaded into
 /// fresh objects before the first step): torch-ddp (rank 0's state dicts) trains like the reference with its feature;
-/// torch.distributed.checkpoint's `get_state_dict` advances Adam's step count as it materialises the state (pytorch
-/// #164929), so torch-fsdp2 and torch-fsdp1 diverge from step 1 on, and pass with the known fix; the same fix lets a
+/// torch-tp resumes its DTensor parameters through DCP after step 1 (tp 2, and tp 3 over uneven vocabulary and hidden
+/// shards); torch.distributed.checkpoint's `get_state_dict` advances Adam's step count as it materialises the state
+/// (pytorch#164929), so torch-fsdp2, torch-fsdp1 and torch-tp diverge from step 1 on, and pass with the known fix; the same fix lets a
 /// run whose first step the loss scaler skipped (gradients held, no optimizer state) load its checkpoint; and
 /// Colossal-AI's ZeRO save of an optimizer without state crashes before its first step as after a stateless one.
 #[test]
@@ -1275,8 +1276,19 @@ fn a_seed_checkpoint_resumes_like_the_uninterrupted_run_and_torch_dcp_advancing_
     let fix = "torch-dcp-inert-optim-state-init";
     let v = one_verdict("torch-ddp", &dir.join("dp2-zero1-adam-seed-checkpoint-f32.json"), "");
     assert!(v["kind"] == "pass" && has_feature(&v, "ddp:dp2:resumed-from-seed-checkpoint"), "{v}");
-    for (target, feature) in [("torch-fsdp2", "fsdp2:dp2:zero3"), ("torch-fsdp1", "fsdp1:dp2:full-shard")] {
-        let case = dir.join("dp2-zero3-adam-seed-checkpoint-f32.json");
+    for (case, feature) in [
+        ("tp2-adam-resume-after-1-f32.json", "tp:tp2:resumed-from-checkpoint"),
+        ("tp3-vocab15-hidden6-adam-resume-after-1-f32.json", "tp:tp3:resumed-from-checkpoint"),
+    ] {
+        let v = one_verdict("torch-tp", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    for (target, feature, case) in [
+        ("torch-fsdp2", "fsdp2:dp2:zero3", "dp2-zero3-adam-seed-checkpoint-f32.json"),
+        ("torch-fsdp1", "fsdp1:dp2:full-shard", "dp2-zero3-adam-seed-checkpoint-f32.json"),
+        ("torch-tp", "tp:tp2", "tp2-adam-seed-checkpoint-f32.json"),
+    ] {
+        let case = dir.join(case);
         let v = one_verdict(target, &case, "");
         assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{target}: {v}");
         let v = one_verdict(target, &case, fix);

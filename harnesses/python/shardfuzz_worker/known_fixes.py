@@ -2103,7 +2103,7 @@ FIXES = {
     "torch-fsdp1-frozen-recomputed-unit-views": (("torch-fsdp1",), _torch_fsdp1_frozen_recomputed_unit_views),
     "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
-    "torch-dcp-inert-optim-state-init": (("torch-fsdp2", "torch-fsdp1"), _torch_dcp_inert_optim_state_init),
+    "torch-dcp-inert-optim-state-init": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dcp_inert_optim_state_init),
     "torch-compile-async-collective-input-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                                   _torch_compile_async_collective_input_grad),
     "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),

@@ -54,6 +54,14 @@ class TorchFramesTest(unittest.TestCase):
         f = failure(("AssertionError", "", [fw("torch", "distributed/tensor/_tp_conv.py", "tp_convolution")]))
         self.assertEqual(classify("torch-dtensor", f)[0], "crash")
 
+    def test_dynamos_refusal_of_flat_fsdp1_parameters_is_rejected(self):
+        builder = fw("torch", "_dynamo/variables/builder.py", "wrap_module")
+        f = failure(("AssertionError", "Dynamo only supports FSDP with use_orig_params=True", [builder]))
+        self.assertEqual(classify("torch-fsdp1", f)[0], "rejected")
+        # Any other assertion of Dynamo's stays a crash.
+        f = failure(("AssertionError", "unexpected guard", [builder]))
+        self.assertEqual(classify("torch-fsdp1", f)[0], "crash")
+
     def test_the_same_type_elsewhere_in_the_framework_is_a_crash(self):
         f = failure(("NotImplementedError", "something deep",
                      [fw("torch", "distributed/tensor/_redistribute.py", "redistribute_local_tensor")]))

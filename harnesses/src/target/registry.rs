@@ -54,7 +54,7 @@ pub const TARGETS: &[TargetInfo] = &[
         description: "PyTorch tensor parallel: parallelize_module with Colwise/RowwiseParallel, SequenceParallel, loss_parallel",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "vocab_loss", "activation_checkpointing", "layer_passes", "compiled",
-            "optimizer_implementation", "clip_norm_type"],
+            "optimizer_implementation", "clip_norm_type", "resume_after"],
         create: |o| python("torch-tp", MAIN, o),
     },
     TargetInfo {

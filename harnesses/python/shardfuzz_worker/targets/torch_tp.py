@@ -1,16 +1,19 @@
 """torch-tp: the case's model with `parallelize_module` — ColwiseParallel / RowwiseParallel projections,
 a vocab-parallel embedding and LM head with `loss_parallel` (or, where the case's `vocab_loss` is `gathered`,
 the LM head's output replicated and a plain loss), and under sequence parallelism
-`SequenceParallel` norms with the residual stream sharded along the sequence (the torchtitan plan).
+`SequenceParallel` norms with the residual stream sharded along the sequence (the torchtitan plan). `resume_after`
+checkpoints the DTensor parameters and optimizer state through torch.distributed.checkpoint (`torch_dcp`).
 
 Replicated parameters (norms) are reported per rank, from each rank's local gradient and value, so
 that a gradient that was never reduced across the tensor-parallel ranks shows up as disagreeing
 replicas rather than being summed away by a gather.
 """
 
-from .base import label_smoothing, parallel, vocab_sharded_loss
-from .torch_common import TorchTarget, check_compiled, compile_blocks, compiling, mesh, unsupported_compiled_blocks
-from .torch_model import build, model_defaults, to_case_layout, unsupported_layout
+from .base import label_smoothing, parallel, resume_feature, vocab_sharded_loss
+from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, shared_tempdir,
+                           unsupported_compiled_blocks)
+from .torch_dcp import load_checkpoint, save_checkpoint
+from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 
@@ -30,14 +33,30 @@ class TorchTp(TorchTarget):
 
     def run_rank(self, rank, world, case, inputs):
         compiling(case)
-        model, _ = build(case, inputs)  # frozen parameters set requires_grad=False first, as a user does
-        names = [n for n, _ in model.named_parameters()]
-        parallelize(model, mesh((world,), ("tp",)), case)
-        params = dict(model.named_parameters())
-        named = [(n, params[n]) for n in names]
-        compile_blocks(case, model)
-        out = train(case, inputs, model, [p for _, p in named], 0, 1, named=named, loss_ctx=loss_context(case),
-                    view=replicas_per_rank)
+        tm = mesh((world,), ("tp",))
+        now = {"model": None}  # what the forward reaches, replaced when the run resumes
+
+        def tensor_parallel():
+            model, _ = build(case, inputs)  # frozen parameters set requires_grad=False first, as a user does
+            names = [n for n, _ in model.named_parameters()]
+            parallelize(model, tm, case)
+            params = dict(model.named_parameters())
+            compile_blocks(case, model)
+            now["model"] = model
+            return [(n, params[n]) for n in names]
+
+        def resume(opt):
+            # torch.distributed.checkpoint of the DTensor parameters and optimizer state, as torchtitan does it.
+            with shared_tempdir() as path:
+                save_checkpoint(now["model"], opt, path)
+                named = tensor_parallel()
+                opt = make_optimizer(case, [p for _, p in named])
+                load_checkpoint(now["model"], opt, path)
+            return named, opt
+
+        named = tensor_parallel()
+        out = train(case, inputs, now["model"], [p for _, p in named], 0, 1, named=named, loss_ctx=loss_context(case),
+                    view=replicas_per_rank, forward=lambda ids: now["model"](ids), resume=resume)
         check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
@@ -47,7 +66,7 @@ class TorchTp(TorchTarget):
         loss = "sharded" if vocab_sharded_loss(case, True) else "gathered"
         compile_feature = ["tp:compiled-blocks"] if case["train"].get("compiled") else []
         return combine_dp(case, outs, [f"tp:tp{p['tp']}:sp{int(p['sequence_parallel'])}", f"tp:loss:{loss}",
-                                       *compile_feature])
+                                       *compile_feature, *resume_feature(f"tp:tp{p['tp']}", case)])
 
 
 def unsupported_tensor_parallel(case):
