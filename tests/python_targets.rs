@@ -1304,6 +1304,41 @@ fn a_seed_checkpoint_resumes_like_the_uninterrupted_run_and_torch_dcp_advancing_
     assert_eq!(one_verdict("colossalai-zero", &case, "colossalai-zero-stateless-optimizer-checkpoint")["kind"], "pass");
 }
 
+/// megatron-ddp's `resume_after`: megatron's legacy checkpoint (the distributed optimizer's parameter state gathered to
+/// data-parallel rank 0, the state dicts from rank 0) loaded into a fresh model, DDP, optimizer and scheduler. Without
+/// the distributed optimizer it resumes like the uninterrupted run; with it, megatron-core (torch's Adam, no Apex or
+/// TE) cannot load it (KeyError 'step' in bf16; an in-place copy into an fp32 main parameter outside no_grad in f32),
+/// and behind that crash the loaded step count is one tensor for all parameters, advanced once per parameter (divergent
+/// with the copy fixed only); a seed checkpoint cannot even be saved (no `exp_avg` yet). Each passes with its fix.
+#[test]
+fn megatron_ddp_resumes_from_its_legacy_checkpoint_and_its_distributed_optimizer_bugs_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let (copy, shared_step, first_step) = (
+        "megatron-distopt-legacy-checkpoint-state-copy",
+        "megatron-distopt-shared-step-after-load",
+        "megatron-distopt-checkpoint-before-first-step",
+    );
+    let v = one_verdict("megatron-ddp", &dir.join("megatron-dp2-zero0-adam-resume-after-1-bf16.json"), "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:dp2:ddp:resumed-from-checkpoint"), "{v}");
+    let case = dir.join("megatron-dp2-zero1-adam-resume-after-1-f32.json");
+    let v = one_verdict("megatron-ddp", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("a view of a leaf Variable"), "{v}");
+    let v = one_verdict("megatron-ddp", &case, copy);
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step2"), "{v}");
+    let v = one_verdict("megatron-ddp", &case, &format!("{copy},{shared_step}"));
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:dp2:distributed-optimizer:resumed-from-checkpoint"), "{v}");
+    let v = one_verdict("megatron-ddp", &dir.join("megatron-dp2-zero1-adam-resume-after-1-bf16.json"), "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'step'"), "{v}");
+    let case = dir.join("megatron-dp2-zero1-adam-resume-after-0-f32.json");
+    let v = one_verdict("megatron-ddp", &case, &format!("{copy},{shared_step}"));
+    assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'exp_avg'"), "{v}");
+    let v = one_verdict("megatron-ddp", &case, &format!("{copy},{shared_step},{first_step}"));
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:dp2:distributed-optimizer:resumed-from-seed-checkpoint"), "{v}");
+}
+
 /// The case field `resume_after`: the run checkpointed with the booster's sharded save after step 1 and resumed into a
 /// fresh model and optimizer passes on colossalai-hybrid (pipeline + tensor parallel; ZeRO-1 + tensor parallel) and
 /// colossalai-zero (ZeRO-2 on a two-level mesh, Adam) and deepspeed-zero (ZeRO-2 with clipping; ZeRO-3 with persistent

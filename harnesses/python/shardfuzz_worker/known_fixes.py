@@ -1960,6 +1960,91 @@ def _megatron_moe_router_gemm_without_te():
         moe_utils.te_general_gemm = None
 
 
+def _megatron_distopt_legacy_checkpoint_state_copy():
+    """megatron-core 0.15.3 and 0.19.2: a distributed-optimizer checkpoint in the legacy format (`save_parameter_state`
+    beside the optimizer's state dict) cannot be loaded where megatron runs torch's Adam (no Apex or TE): its
+    `load_state_dict` gives every parameter's state a `step` tensor, and `_set_main_param_and_optimizer_states` copies
+    into every tensor of that state, looking each up among the checkpoint's `param`, `exp_avg`, `exp_avg_sq`
+    (KeyError: 'step'); with fp32 parameters its first copy, into the main parameter (a view of the model's parameter),
+    runs outside torch.no_grad() and fails ("a view of a leaf Variable that requires grad is being used in an in-place
+    operation") (docs/findings/megatron-core-0.19.2-distopt-legacy-checkpoint-unloadable-without-te.py). Fix: the
+    copies under torch.no_grad(), of the tensors the checkpoint has."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_main_param_and_optimizer_states(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        destinations = {"param": main_param, **self.optimizer.state[main_param]}
+        with torch.no_grad():
+            for key, value in tensors.items():
+                if isinstance(value, torch.Tensor) and isinstance(destinations.get(key), torch.Tensor):
+                    destinations[key].copy_(value)
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_main_param_and_optimizer_states
+
+
+def _megatron_distopt_shared_step_after_load():
+    """megatron-core 0.15.3 and 0.19.2: `DistributedOptimizer.load_state_dict`, where megatron runs torch's Adam (no
+    Apex or TE), gives every parameter's state the same `step` tensor (its HybridDeviceOptimizer branch clones it per
+    parameter), and torch's Adam advances it once per parameter: after loading, a rank whose shard holds n parameters
+    counts n steps per step, and every update is bias-corrected for the wrong step, silently (behind the load crash of
+    `megatron-distopt-legacy-checkpoint-state-copy`;
+    docs/findings/megatron-core-0.19.2-distopt-legacy-checkpoint-unloadable-without-te.py `--fixed-copy`). Fix: a step
+    tensor of its own for every parameter."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        original(self, state_dict)
+        for state in self.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+
+    DistributedOptimizer.load_state_dict = load_state_dict
+
+
+def _megatron_distopt_checkpoint_before_first_step():
+    """megatron-core 0.19.2: the distributed optimizer cannot checkpoint before its first step (a seed checkpoint, or a
+    first fp16 step its loss scaler skipped) where megatron runs torch's Adam: the inner optimizer has no state yet,
+    so `get_parameter_state_dp_zero` (the legacy format's `save_parameter_state`) reads a missing `exp_avg` (KeyError)
+    and `state_dict` asserts one step count among none. Fix: before either, the state materialised inertly (a step
+    over zero gradients at learning rate and weight decay 0, the step counts back to zero after), as the fresh
+    optimizer's `load_state_dict` materialises it."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    def materialised(method):
+        def call(self, *args, **kwargs):
+            inner = self.optimizer
+            if not inner.state and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+                params = [q for g in inner.param_groups for q in g["params"]]
+                kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in inner.param_groups]
+                for g in inner.param_groups:
+                    g["lr"], g["weight_decay"] = 0.0, 0.0
+                for q in params:
+                    q.grad = torch.zeros_like(q)
+                inner.step()
+                for g, k in zip(inner.param_groups, kept):
+                    g.update(k)
+                for q in params:
+                    q.grad = None
+                    if "step" in inner.state[q]:
+                        inner.state[q]["step"] = torch.zeros_like(inner.state[q]["step"])
+            return method(self, *args, **kwargs)
+
+        return call
+
+    DistributedOptimizer.get_parameter_state_dp_zero = materialised(DistributedOptimizer.get_parameter_state_dp_zero)
+    DistributedOptimizer.state_dict = materialised(DistributedOptimizer.state_dict)
+
+
 def _megatron_tp_attributes_without_initialization():
     """megatron-core 0.15.3: ColumnParallelLinear, RowParallelLinear and VocabParallelEmbedding mark their weight
     `tensor_model_parallel` (with its partition dim) only inside the initialisation they skip under
@@ -2135,6 +2220,9 @@ FIXES = {
     "megatron-moe-position-drop-topk-ties": (("megatron-tp",), _megatron_moe_position_drop_topk_ties),
     "megatron-moe-router-gemm-without-te": (("megatron-tp",), _megatron_moe_router_gemm_without_te),
     "megatron-tp-attributes-without-initialization": (("megatron-tp",), _megatron_tp_attributes_without_initialization),
+    "megatron-distopt-legacy-checkpoint-state-copy": (("megatron-ddp",), _megatron_distopt_legacy_checkpoint_state_copy),
+    "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp",), _megatron_distopt_checkpoint_before_first_step),
+    "megatron-distopt-shared-step-after-load": (("megatron-ddp",), _megatron_distopt_shared_step_after_load),
 }
 
 

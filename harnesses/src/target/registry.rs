@@ -221,6 +221,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "grad_accum_dtype",
             "frozen",
             "per_token_loss",
+            "resume_after",
             "activation_checkpointing",
             "layer_passes",
         ],

@@ -32,17 +32,24 @@ default leaves biases and other vectors undecayed (the case's `no_decay_vectors`
 every parameter.
 
 Step-0 gradients are megatron's reduced gradients (`main_grad`; under the distributed optimizer each rank's reduced
-slice of the buffer, all-gathered for the report); final parameters are the model's.
+slice of the buffer, all-gathered for the report); final parameters are the model's. `resume_after` saves megatron's
+legacy checkpoint (`--ckpt-format torch`: the distributed optimizer's parameter state gathered to data-parallel rank 0,
+the model, optimizer and scheduler state dicts from rank 0) and loads it into a fresh model, DDP, optimizer and
+scheduler in megatron's order.
 
 megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `param.type() ==
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
-from .base import chunk_range, dtype_name, loss_denominator, parallel, reduce_dtype_name, reduction_feature
+import os
+
+from .base import (chunk_range, dtype_name, loss_denominator, parallel, reduce_dtype_name, reduction_feature,
+                   resume_feature)
 from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, data_parallel_features, ddp_settings,
                               loss_scale_of, megatron_step, megatron_training, model_parallel, optimizer_instances,
                               optimizer_settings, patch_cuda, per_token_loss, reduced_grads, scales_loss,
                               sync_parameters, transformer_config, unsupported_training, weight_decay_overrides)
+from .torch_common import shared_tempdir
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
@@ -82,7 +89,7 @@ class MegatronDdp(MegatronTarget):
             features.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
         if per_token_loss(case):
             features.append(f"{prefix}:per-token-loss")
-        return combine_dp(case, outs, features + data_parallel_features(prefix, case))
+        return combine_dp(case, outs, features + data_parallel_features(prefix, case) + resume_feature(prefix, case))
 
 
 def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
@@ -97,7 +104,18 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
     per_token = per_token_loss(case)
     config = transformer_config(next(model.parameters()).dtype, per_token_loss=per_token)
     ddp, opt, schedule = megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides)
+    now = {"ddp": ddp, "opt": opt, "schedule": schedule}  # what the hooks below reach, replaced when the run resumes
     named = list(model.named_parameters())
+
+    def resume(_opt):
+        # megatron's legacy checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler.
+        with shared_tempdir() as path:
+            save_legacy_checkpoint(path, now, ddp_kwargs)
+            fresh, _ = build(case, inputs)
+            now["ddp"], now["opt"], now["schedule"] = megatron_training(case, fresh, config, ddp_kwargs,
+                                                                        optimizer_kwargs, overrides)
+            load_legacy_checkpoint(path, now, ddp_kwargs)
+        return list(fresh.named_parameters()), None
     ga = case["train"].get("grad_accumulation", 1)
     state = {"micro": 0, "grads": None}
     # Per-token: each rank's summed loss unscaled, and its count of loss tokens for megatron to all-reduce.
@@ -105,20 +123,20 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
 
     def backward(loss):
         if state["micro"] % ga == 0:
-            ddp.zero_grad_buffer()
-            opt.zero_grad()
+            now["ddp"].zero_grad_buffer()
+            now["opt"].zero_grad()
         loss.backward()
         state["micro"] += 1
         if state["micro"] % ga == 0:
             # megatron's own step: finish_grad_sync and what follows it (per-token: the division by all tokens)
-            finalize_model_grads([ddp], None if tokens is None else torch.tensor(tokens, dtype=torch.int))
+            finalize_model_grads([now["ddp"]], None if tokens is None else torch.tensor(tokens, dtype=torch.int))
 
     def grad(name, _p):
         if state["grads"] is None:
             # (megatron's buffers hold the gradients of the scaled loss: its optimizer unscales them in its step)
-            scale = loss_scale_of(opt)
+            scale = loss_scale_of(now["opt"])
             state["grads"] = {n: g / scale for n, g in
-                              reduced_grads(ddp, ddp_kwargs["use_distributed_optimizer"]).items()}
+                              reduced_grads(now["ddp"], ddp_kwargs["use_distributed_optimizer"]).items()}
         return state["grads"][name]
 
     scaled = scales_loss(case)
@@ -130,12 +148,56 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
         if scaled:
             loss = loss.float()
         seed = loss if per_token else loss * share
-        return opt.scale_loss(seed) if scaled else seed
+        return now["opt"].scale_loss(seed) if scaled else seed
 
     return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward,
-                 step=lambda: megatron_step(opt, schedule, case), clip=lambda: None, no_sync=ddp.no_sync, named=named,
-                 grad=grad, forward=lambda ids: ddp(ids), loss_seed=loss_seed,
-                 finish=lambda: sync_parameters([ddp], ddp_kwargs))
+                 step=lambda: megatron_step(now["opt"], now["schedule"], case), clip=lambda: None,
+                 no_sync=lambda: now["ddp"].no_sync(), named=named, grad=grad, forward=lambda ids: now["ddp"](ids),
+                 loss_seed=loss_seed, finish=lambda: sync_parameters([now["ddp"]], ddp_kwargs), resume=resume)
+
+
+def save_legacy_checkpoint(path, now, ddp_kwargs):
+    """megatron's legacy checkpoint (`--ckpt-format torch`, training/checkpointing.py's save_checkpoint) of `now`'s DDP,
+    optimizer and scheduler: the parameters synced first (the forced all-gather of `overlap_param_gather`), the
+    distributed optimizer's parameter state gathered to data-parallel rank 0 (`save_parameter_state`), then rank 0's
+    model state, optimizer state dict (its parameter groups, the loss scaler, a mixed-precision optimizer's fp32 main
+    parameters) and scheduler."""
+    import torch
+    import torch.distributed as dist
+
+    sync_parameters([now["ddp"]], ddp_kwargs)
+    if ddp_kwargs["use_distributed_optimizer"]:
+        gloo_copies_of_data_parallel_groups(now["opt"])
+        now["opt"].save_parameter_state(os.path.join(path, "distrib_optim.pt"))
+    if dist.get_rank() == 0:
+        torch.save({"model": now["ddp"].module.state_dict(), "optimizer": now["opt"].state_dict(),
+                    "opt_param_scheduler": now["schedule"].state_dict()}, os.path.join(path, "model_optim_rng.pt"))
+    dist.barrier()
+
+
+def load_legacy_checkpoint(path, now, ddp_kwargs):
+    """The checkpoint at `path` loaded in megatron's order (training/checkpointing.py's load_checkpoint): the model,
+    the optimizer's state dict, the distributed optimizer's parameter state (read on data-parallel rank 0 and
+    scattered), the scheduler."""
+    import torch
+
+    state = torch.load(os.path.join(path, "model_optim_rng.pt"), weights_only=False)
+    now["ddp"].module.load_state_dict(state["model"])
+    now["opt"].load_state_dict(state["optimizer"])
+    if ddp_kwargs["use_distributed_optimizer"]:
+        gloo_copies_of_data_parallel_groups(now["opt"])
+        now["opt"].load_parameter_state(os.path.join(path, "distrib_optim.pt"))
+    now["schedule"].load_state_dict(state["opt_param_scheduler"])
+
+
+
+def gloo_copies_of_data_parallel_groups(opt):
+    """megatron's legacy checkpoint gathers and scatters the distributed optimizer's state over gloo copies of its
+    data-parallel groups (`data_parallel_group_gloo`), which megatron_common does not create (every group here is a
+    gloo group already): each optimizer's data-parallel group itself serves as its gloo copy."""
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        if hasattr(o, "data_parallel_group_gloo") and o.data_parallel_group_gloo is None:
+            o.data_parallel_group_gloo = o.data_parallel_group
 
 
 TARGET = MegatronDdp()
