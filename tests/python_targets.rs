@@ -1304,14 +1304,14 @@ fn a_seed_checkpoint_resumes_like_the_uninterrupted_run_and_torch_dcp_advancing_
     assert_eq!(one_verdict("colossalai-zero", &case, "colossalai-zero-stateless-optimizer-checkpoint")["kind"], "pass");
 }
 
-/// megatron-ddp's `resume_after`: megatron's legacy checkpoint (the distributed optimizer's parameter state gathered to
+/// megatron-ddp's and megatron-tp's `resume_after`: megatron's legacy checkpoint (the distributed optimizer's parameter state gathered to
 /// data-parallel rank 0, the state dicts from rank 0) loaded into a fresh model, DDP, optimizer and scheduler. Without
 /// the distributed optimizer it resumes like the uninterrupted run; with it, megatron-core (torch's Adam, no Apex or
 /// TE) cannot load it (KeyError 'step' in bf16; an in-place copy into an fp32 main parameter outside no_grad in f32),
 /// and behind that crash the loaded step count is one tensor for all parameters, advanced once per parameter (divergent
 /// with the copy fixed only); a seed checkpoint cannot even be saved (no `exp_avg` yet). Each passes with its fix.
 #[test]
-fn megatron_ddp_resumes_from_its_legacy_checkpoint_and_its_distributed_optimizer_bugs_are_known_findings() {
+fn megatron_resumes_from_its_legacy_checkpoint_and_its_distributed_optimizer_bugs_are_known_findings() {
     if !python_ready() {
         return;
     }
@@ -1337,6 +1337,20 @@ fn megatron_ddp_resumes_from_its_legacy_checkpoint_and_its_distributed_optimizer
     assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'exp_avg'"), "{v}");
     let v = one_verdict("megatron-ddp", &case, &format!("{copy},{shared_step},{first_step}"));
     assert!(v["kind"] == "pass" && has_feature(&v, "megatron:dp2:distributed-optimizer:resumed-from-seed-checkpoint"), "{v}");
+    // megatron-tp: one checkpoint directory per model-parallel rank. tp 2 x pp 2 without the distributed optimizer
+    // resumes; tp 2 x dp 2 with it meets the load crash and passes with the fixes; a MoE model whose first pipeline
+    // stage holds no expert (its expert-parallel optimizer empty) cannot write its state dict, and passes with that fix.
+    let v = one_verdict("megatron-tp", &dir.join("megatron-tp2-pp2-1f1b-accumulation-clip-adam-resume-after-1-f32.json"), "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:tp2:resumed-from-checkpoint"), "{v}");
+    let case = dir.join("megatron-tp2-dp2-tied-embeddings-sp-distributed-optimizer-resume-after-1-bf16.json");
+    let v = one_verdict("megatron-tp", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'step'"), "{v}");
+    assert_eq!(one_verdict("megatron-tp", &case, &format!("{copy},{shared_step}"))["kind"], "pass");
+    let case = dir.join("megatron-moe-pp2-dp2-ep2-zero1-dense-first-stage-resume-after-1-f32.json");
+    let v = one_verdict("megatron-tp", &case, &format!("{copy},{shared_step},{first_step}"));
+    assert!(v["kind"] == "crash" && reason(&v).contains("in state_dict"), "{v}");
+    let all = format!("{copy},{shared_step},{first_step},megatron-distopt-empty-optimizer-state-dict");
+    assert_eq!(one_verdict("megatron-tp", &case, &all)["kind"], "pass");
 }
 
 /// The case field `resume_after`: the run checkpointed with the booster's sharded save after step 1 and resumed into a

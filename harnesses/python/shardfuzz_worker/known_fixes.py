@@ -2010,6 +2010,35 @@ def _megatron_distopt_shared_step_after_load():
     DistributedOptimizer.load_state_dict = load_state_dict
 
 
+def _megatron_distopt_empty_optimizer_state_dict():
+    """megatron-core 0.19.2: where megatron runs torch's Adam (no Apex or TE), the state dict of a distributed optimizer
+    holding no parameters (the expert-parallel one of a pipeline stage without MoE layers, which megatron builds with
+    an empty parameter group rather than as a stub) asserts one step count among none (`state_dict`, and
+    `load_state_dict` likewise), so such a model cannot be checkpointed; the Apex / TE branch allows none. Fix: such an
+    optimizer's state dict is its parameter groups and loss scaler only."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    state_dict, load_state_dict = DistributedOptimizer.state_dict, DistributedOptimizer.load_state_dict
+
+    def empty(self):
+        return not self.is_stub_optimizer and not any(g["params"] for g in self.optimizer.param_groups)
+
+    def state_dict_of_empty(self):
+        if not empty(self):
+            return state_dict(self)
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        scaler = {"grad_scaler": self.grad_scaler.state_dict()} if self.grad_scaler else {}
+        return {"optimizer": {"param_groups": groups}} | scaler
+
+    def load_state_dict_of_empty(self, saved):
+        if not empty(self):
+            return load_state_dict(self, saved)
+        if self.grad_scaler and "grad_scaler" in saved:
+            self.grad_scaler.load_state_dict(saved["grad_scaler"])
+
+    DistributedOptimizer.state_dict, DistributedOptimizer.load_state_dict = state_dict_of_empty, load_state_dict_of_empty
+
+
 def _megatron_distopt_checkpoint_before_first_step():
     """megatron-core 0.19.2: the distributed optimizer cannot checkpoint before its first step (a seed checkpoint, or a
     first fp16 step its loss scaler skipped) where megatron runs torch's Adam: the inner optimizer has no state yet,
@@ -2220,9 +2249,10 @@ FIXES = {
     "megatron-moe-position-drop-topk-ties": (("megatron-tp",), _megatron_moe_position_drop_topk_ties),
     "megatron-moe-router-gemm-without-te": (("megatron-tp",), _megatron_moe_router_gemm_without_te),
     "megatron-tp-attributes-without-initialization": (("megatron-tp",), _megatron_tp_attributes_without_initialization),
-    "megatron-distopt-legacy-checkpoint-state-copy": (("megatron-ddp",), _megatron_distopt_legacy_checkpoint_state_copy),
-    "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp",), _megatron_distopt_checkpoint_before_first_step),
-    "megatron-distopt-shared-step-after-load": (("megatron-ddp",), _megatron_distopt_shared_step_after_load),
+    "megatron-distopt-legacy-checkpoint-state-copy": (("megatron-ddp", "megatron-tp"), _megatron_distopt_legacy_checkpoint_state_copy),
+    "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_distopt_checkpoint_before_first_step),
+    "megatron-distopt-shared-step-after-load": (("megatron-ddp", "megatron-tp"), _megatron_distopt_shared_step_after_load),
+    "megatron-distopt-empty-optimizer-state-dict": (("megatron-tp",), _megatron_distopt_empty_optimizer_state_dict),
 }
 
 

@@ -201,6 +201,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "overlap_param_gather",
             "grad_accum_dtype",
             "per_token_loss",
+            "resume_after",
             "moe_pad_to_capacity",
             "frozen",
             "activation_checkpointing",

@@ -44,7 +44,7 @@ def sources():
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
-                             "reduce_dtype_name", "label_smoothing", "overlap_param_gather")
+                             "reduce_dtype_name", "label_smoothing", "overlap_param_gather", "resume_after")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
                                           "_uneven_collectives",
@@ -54,6 +54,10 @@ def sources():
                                           "optimizer_instances", "param_gather_overlapped", "sync_parameters",
                                           "reduced_grads", "per_token_loss", "loss_scaling_settings",
                                           "scales_loss", "loss_scale_of", "megatron_step")
+               + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
+               + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs")
+               + "\n\n" + worker_source("targets/megatron_checkpoint.py", "model_parallel_dir", "save_legacy_checkpoint",
+                                          "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups")
                + "\n\n" + worker_source("targets/megatron_moe.py", "is_moe_param", "patch_moe_host_copies")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda")
                + "\n\n" + megatron_release_source())

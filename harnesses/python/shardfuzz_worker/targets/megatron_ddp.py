@@ -41,14 +41,13 @@ megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `par
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
 """
 
-import os
-
 from .base import (chunk_range, dtype_name, loss_denominator, parallel, reduce_dtype_name, reduction_feature,
                    resume_feature)
 from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, data_parallel_features, ddp_settings,
                               loss_scale_of, megatron_step, megatron_training, model_parallel, optimizer_instances,
                               optimizer_settings, patch_cuda, per_token_loss, reduced_grads, scales_loss,
                               sync_parameters, transformer_config, unsupported_training, weight_decay_overrides)
+from .megatron_checkpoint import load_legacy_checkpoint, save_legacy_checkpoint
 from .torch_common import shared_tempdir
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -110,11 +109,11 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
     def resume(_opt):
         # megatron's legacy checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler.
         with shared_tempdir() as path:
-            save_legacy_checkpoint(path, now, ddp_kwargs)
+            save_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
             fresh, _ = build(case, inputs)
             now["ddp"], now["opt"], now["schedule"] = megatron_training(case, fresh, config, ddp_kwargs,
                                                                         optimizer_kwargs, overrides)
-            load_legacy_checkpoint(path, now, ddp_kwargs)
+            load_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
         return list(fresh.named_parameters()), None
     ga = case["train"].get("grad_accumulation", 1)
     state = {"micro": 0, "grads": None}
@@ -154,50 +153,6 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
                  step=lambda: megatron_step(now["opt"], now["schedule"], case), clip=lambda: None,
                  no_sync=lambda: now["ddp"].no_sync(), named=named, grad=grad, forward=lambda ids: now["ddp"](ids),
                  loss_seed=loss_seed, finish=lambda: sync_parameters([now["ddp"]], ddp_kwargs), resume=resume)
-
-
-def save_legacy_checkpoint(path, now, ddp_kwargs):
-    """megatron's legacy checkpoint (`--ckpt-format torch`, training/checkpointing.py's save_checkpoint) of `now`'s DDP,
-    optimizer and scheduler: the parameters synced first (the forced all-gather of `overlap_param_gather`), the
-    distributed optimizer's parameter state gathered to data-parallel rank 0 (`save_parameter_state`), then rank 0's
-    model state, optimizer state dict (its parameter groups, the loss scaler, a mixed-precision optimizer's fp32 main
-    parameters) and scheduler."""
-    import torch
-    import torch.distributed as dist
-
-    sync_parameters([now["ddp"]], ddp_kwargs)
-    if ddp_kwargs["use_distributed_optimizer"]:
-        gloo_copies_of_data_parallel_groups(now["opt"])
-        now["opt"].save_parameter_state(os.path.join(path, "distrib_optim.pt"))
-    if dist.get_rank() == 0:
-        torch.save({"model": now["ddp"].module.state_dict(), "optimizer": now["opt"].state_dict(),
-                    "opt_param_scheduler": now["schedule"].state_dict()}, os.path.join(path, "model_optim_rng.pt"))
-    dist.barrier()
-
-
-def load_legacy_checkpoint(path, now, ddp_kwargs):
-    """The checkpoint at `path` loaded in megatron's order (training/checkpointing.py's load_checkpoint): the model,
-    the optimizer's state dict, the distributed optimizer's parameter state (read on data-parallel rank 0 and
-    scattered), the scheduler."""
-    import torch
-
-    state = torch.load(os.path.join(path, "model_optim_rng.pt"), weights_only=False)
-    now["ddp"].module.load_state_dict(state["model"])
-    now["opt"].load_state_dict(state["optimizer"])
-    if ddp_kwargs["use_distributed_optimizer"]:
-        gloo_copies_of_data_parallel_groups(now["opt"])
-        now["opt"].load_parameter_state(os.path.join(path, "distrib_optim.pt"))
-    now["schedule"].load_state_dict(state["opt_param_scheduler"])
-
-
-
-def gloo_copies_of_data_parallel_groups(opt):
-    """megatron's legacy checkpoint gathers and scatters the distributed optimizer's state over gloo copies of its
-    data-parallel groups (`data_parallel_group_gloo`), which megatron_common does not create (every group here is a
-    gloo group already): each optimizer's data-parallel group itself serves as its gloo copy."""
-    for o in getattr(opt, "chained_optimizers", [opt]):
-        if hasattr(o, "data_parallel_group_gloo") and o.data_parallel_group_gloo is None:
-            o.data_parallel_group_gloo = o.data_parallel_group
 
 
 TARGET = MegatronDdp()

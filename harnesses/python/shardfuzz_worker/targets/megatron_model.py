@@ -10,12 +10,13 @@ import torch.nn.functional as F
 
 from .. import known_fixes
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, label_smoothing, loss_denominator,
-                   micro_batches, parallel, vocab_sharded_loss)
+                   micro_batches, parallel, resume_after, vocab_sharded_loss)
+from .megatron_checkpoint import load_legacy_checkpoint, save_legacy_checkpoint
 from .megatron_moe import Moe, frozen_moe_param, is_moe_param, load_moe, moe_config, moe_of, to_case_layout
 from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
                               optimizer_settings, per_token_loss, reduced_grads, scales_loss, sync_parameters,
                               transformer_config, weight_decay_overrides)
-from .torch_common import torch_dtype
+from .torch_common import shared_tempdir, torch_dtype
 from .torch_model import Norm, block_sequence, causal_attention, checkpointed_block, model_defaults
 
 #: Case-layout dimension along which each kind of parameter is sharded (None: replicated on every rank).
@@ -258,20 +259,24 @@ def run(case, inputs):
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
     moe_cfg = moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case) else None
-    chunks = []
-    for c in range(vs):
-        model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs), moe_cfg).to(dt)  # (plain norms: default dtype)
-        load_local(model, inputs, tp_rank, tp, dt, m["activation"] == "swiglu")
-        for name, p in model.named_parameters():  # (before megatron's DDP wraps it: no gradient buffer for these)
-            p.requires_grad_(not (frozen_moe_param(case, name) if is_moe_param(name)
-                                  else is_frozen(case, case_name(model, name))))
-        chunks.append(model)
+
+    def chunks():
+        out = []
+        for c in range(vs):
+            model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs), moe_cfg).to(dt)  # (plain norms: default dtype)
+            load_local(model, inputs, tp_rank, tp, dt, m["activation"] == "swiglu")
+            for name, p in model.named_parameters():  # (before megatron's DDP wraps it: no gradient buffer for these)
+                p.requires_grad_(not (frozen_moe_param(case, name) if is_moe_param(name)
+                                      else is_frozen(case, case_name(model, name))))
+            out.append(model)
+        return out
+
     with cuda_on_cpu():
-        out = train_megatron(case, inputs, chunks if vs > 1 else chunks[0], gathered, moe_cfg)
+        out = train_megatron(case, inputs, chunks, vs > 1, gathered, moe_cfg)
     return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
 
 
-def train_megatron(case, inputs, model, gathered, moe_cfg=None):
+def train_megatron(case, inputs, fresh_chunks, chunked, gathered, moe_cfg=None):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
     the other targets split it): megatron's schedule for the layout (forward_backward_no_pipelining; over pipeline
     stages 1F1B, forward_backward_pipelining_without_interleaving, or with virtual chunks (`model` a list of them)
@@ -279,14 +284,15 @@ def train_megatron(case, inputs, model, gathered, moe_cfg=None):
     accumulation steps (no_sync on every micro-batch but the last, the optimizer's loss scale, finalize_model_grads),
     then the optimizer and scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by
     dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
-    (`calculate_per_token_loss`)."""
+    (`calculate_per_token_loss`). `fresh_chunks()` builds this rank's model chunks (`chunked`: virtual ones, a list to
+    the schedule); with `resume_after` the run is saved in megatron's legacy checkpoint format and loaded into fresh
+    chunks, DDPs, optimizer and scheduler."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     t, s = case["train"], case["model"]["seq"]
     dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    chunked = isinstance(model, list)
-    ddps, opt, schedule, settings = megatron_setup(case, model if chunked else [model], moe_cfg)
+    ddps, opt, schedule, settings = megatron_setup(case, fresh_chunks(), moe_cfg)
     named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
     lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
     rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
@@ -295,6 +301,12 @@ def train_megatron(case, inputs, model, gathered, moe_cfg=None):
         known_fixes.batch_tokens(loss_denominator(inputs), dp * len(rows))
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
+        if k == resume_after(case):
+            with shared_tempdir() as path:
+                save_legacy_checkpoint(path, ddps, opt, schedule, settings)
+                ddps, opt, schedule, settings = megatron_setup(case, fresh_chunks(), moe_cfg)
+                load_legacy_checkpoint(path, ddps, opt, schedule, settings)
+            named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
         for d in ddps:
             d.zero_grad_buffer()
         opt.zero_grad()

@@ -23,13 +23,14 @@ megatron-ddp maps them), with megatron's optimizer for the case's
 `loss_scale`, applied by its schedule to the last stage's loss), its gradient norm over the model- and data-parallel groups
 (tensor-parallel parameters from every rank, replicated ones once) and its clipping, under its parameter scheduler,
 finalize_model_grads after the micro-batches; megatron's CUDA-only calls pointed at the CPU
-(megatron_common.cuda_on_cpu).
+(megatron_common.cuda_on_cpu). `resume_after` saves megatron's legacy checkpoint (megatron_checkpoint: one directory per
+model-parallel rank) and loads it into fresh chunks, DDPs, optimizer and scheduler.
 
 Sharded tensors are reported in full (each replica's tensor-parallel slices assembled in `combine`); replicated
 tensors (norms, row-parallel biases), and the assembled ones per replica, per rank as replicas.
 """
 
-from .base import dtype_name, parallel, reduction_feature, vocab_sharded_loss
+from .base import dtype_name, parallel, reduction_feature, resume_feature, vocab_sharded_loss
 from .megatron_common import (MegatronTarget, data_parallel_features, model_parallel, optimizer_instances, patch_cuda,
                               per_token_loss, unsupported_training)
 from .megatron_moe import expert_layout, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
@@ -108,7 +109,7 @@ class MegatronTp(MegatronTarget):
             features += [data, reduction_feature(data, case), *data_parallel_features(data, case)]
         if per_token_loss(case):
             features.append(f"megatron:tp{p['tp']}:dp{p['dp']}:per-token-loss")
-        features += moe_features(case)
+        features += moe_features(case) + resume_feature(f"megatron:tp{p['tp']}", case)
         return combine_dp(case, full, features)
 
 
