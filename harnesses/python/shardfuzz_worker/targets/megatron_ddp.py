@@ -74,9 +74,8 @@ class MegatronDdp(MegatronTarget):
     def run_rank(self, rank, world, case, inputs):
         model_parallel(1, instances=optimizer_instances(case))
         with cuda_on_cpu():
-            model, _ = build(case, inputs)
-            out = train_dp(case, inputs, model, rank, world, ddp_settings(case), optimizer_settings(case),
-                           weight_decay_overrides(case))
+            out = train_dp(case, inputs, lambda: build(case, inputs)[0], rank, world, ddp_settings(case),
+                           optimizer_settings(case), weight_decay_overrides(case))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -91,8 +90,9 @@ class MegatronDdp(MegatronTarget):
         return combine_dp(case, outs, features + data_parallel_features(prefix, case) + resume_feature(prefix, case))
 
 
-def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
-    """The case's training of `model` on this data-parallel rank, as megatron's loop runs it: megatron's DDP and
+def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
+    """The case's training of `fresh_model()` (a new model at the case's initial parameters: the one trained, and the
+    one a resumed run loads its checkpoint into) on this data-parallel rank, as megatron's loop runs it: megatron's DDP and
     optimizer from their configs' arguments (megatron_common.megatron_training), no_sync on every micro-batch but the last,
     finalize_model_grads after it, the scheduler stepped with the optimizer; with `overlap_param_gather` megatron's
     forced parameter sync before the final parameters are read. Step-0 gradients from megatron's buffers
@@ -101,6 +101,7 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
     from megatron.core.distributed import finalize_model_grads
 
     per_token = per_token_loss(case)
+    model = fresh_model()
     config = transformer_config(next(model.parameters()).dtype, per_token_loss=per_token)
     ddp, opt, schedule = megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides)
     now = {"ddp": ddp, "opt": opt, "schedule": schedule}  # what the hooks below reach, replaced when the run resumes
@@ -110,7 +111,7 @@ def train_dp(case, inputs, model, rank, world, ddp_kwargs, optimizer_kwargs, ove
         # megatron's legacy checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler.
         with shared_tempdir() as path:
             save_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
-            fresh, _ = build(case, inputs)
+            fresh = fresh_model()
             now["ddp"], now["opt"], now["schedule"] = megatron_training(case, fresh, config, ddp_kwargs,
                                                                         optimizer_kwargs, overrides)
             load_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)

@@ -12,8 +12,10 @@ def run_sharded(data, rank):
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=1,
         num_distributed_optimizer_instances=DDP_SETTINGS["num_distributed_optimizer_instances"])
-    with cuda_on_cpu():
+    def fresh_model():
         model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
         load_case_params(model, data, DTYPE)
-        freeze(model, CASE)
-        return train_dp(CASE, data, model, rank, WORLD, DDP_SETTINGS, OPTIMIZER_SETTINGS, WEIGHT_DECAY_OVERRIDES)
+        return freeze(model, CASE)
+
+    with cuda_on_cpu():
+        return train_dp(CASE, data, fresh_model, rank, WORLD, DDP_SETTINGS, OPTIMIZER_SETTINGS, WEIGHT_DECAY_OVERRIDES)
