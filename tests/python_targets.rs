@@ -1342,6 +1342,9 @@ fn megatron_resumes_from_its_legacy_checkpoint_and_its_distributed_optimizer_bug
     // stage holds no expert (its expert-parallel optimizer empty) cannot write its state dict, and passes with that fix.
     let v = one_verdict("megatron-tp", &dir.join("megatron-tp2-pp2-1f1b-accumulation-clip-adam-resume-after-1-f32.json"), "");
     assert!(v["kind"] == "pass" && has_feature(&v, "megatron:tp2:resumed-from-checkpoint"), "{v}");
+    // A MoE layer with shared experts rebuilt for the resumed run (campaign 286: its config must be a fresh one).
+    let v = one_verdict("megatron-tp", &dir.join("megatron-moe-shared-experts-resume-after-1-f32.json"), "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:tp1:resumed-from-checkpoint"), "{v}");
     let case = dir.join("megatron-tp2-dp2-tied-embeddings-sp-distributed-optimizer-resume-after-1-bf16.json");
     let v = one_verdict("megatron-tp", &case, "");
     assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'step'"), "{v}");

@@ -258,9 +258,11 @@ def run(case, inputs):
     # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
-    moe_cfg = moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case) else None
 
     def chunks():
+        # (A config of their own: megatron_setup sets the DDP's hooks on it, which a rebuilt MoE layer's deepcopy of
+        # the config could not copy.)
+        moe_cfg = moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case) else None
         out = []
         for c in range(vs):
             model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs), moe_cfg).to(dt)  # (plain norms: default dtype)
@@ -269,14 +271,14 @@ def run(case, inputs):
                 p.requires_grad_(not (frozen_moe_param(case, name) if is_moe_param(name)
                                       else is_frozen(case, case_name(model, name))))
             out.append(model)
-        return out
+        return out, moe_cfg
 
     with cuda_on_cpu():
-        out = train_megatron(case, inputs, chunks, vs > 1, gathered, moe_cfg)
+        out = train_megatron(case, inputs, chunks, vs > 1, gathered)
     return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
 
 
-def train_megatron(case, inputs, fresh_chunks, chunked, gathered, moe_cfg=None):
+def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
     the other targets split it): megatron's schedule for the layout (forward_backward_no_pipelining; over pipeline
     stages 1F1B, forward_backward_pipelining_without_interleaving, or with virtual chunks (`model` a list of them)
@@ -285,14 +287,14 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered, moe_cfg=None):
     then the optimizer and scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by
     dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
     (`calculate_per_token_loss`). `fresh_chunks()` builds this rank's model chunks (`chunked`: virtual ones, a list to
-    the schedule); with `resume_after` the run is saved in megatron's legacy checkpoint format and loaded into fresh
+    the schedule) and their MoE config (None without MoE blocks); with `resume_after` the run is saved in megatron's legacy checkpoint format and loaded into fresh
     chunks, DDPs, optimizer and scheduler."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     t, s = case["train"], case["model"]["seq"]
     dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    ddps, opt, schedule, settings = megatron_setup(case, fresh_chunks(), moe_cfg)
+    ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks())
     named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
     lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
     rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
@@ -304,7 +306,7 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered, moe_cfg=None):
         if k == resume_after(case):
             with shared_tempdir() as path:
                 save_legacy_checkpoint(path, ddps, opt, schedule, settings)
-                ddps, opt, schedule, settings = megatron_setup(case, fresh_chunks(), moe_cfg)
+                ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks())
                 load_legacy_checkpoint(path, ddps, opt, schedule, settings)
             named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
         for d in ddps:
