@@ -116,6 +116,7 @@ def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwarg
                                                                         optimizer_kwargs, overrides)
             load_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
         return list(fresh.named_parameters()), None
+
     ga = case["train"].get("grad_accumulation", 1)
     state = {"micro": 0, "grads": None}
     # Per-token: each rank's summed loss unscaled, and its count of loss tokens for megatron to all-reduce.

@@ -262,7 +262,8 @@ def run(case, inputs):
     def chunks():
         # (A config of their own: megatron_setup sets the DDP's hooks on it, which a rebuilt MoE layer's deepcopy of
         # the config could not copy.)
-        moe_cfg = moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case) else None
+        moe_cfg = (moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case)
+                   else None)
         out = []
         for c in range(vs):
             model = MegatronModel(m, cfg, tp, gathered, (*stage, c, vs), moe_cfg).to(dt)  # (plain norms: default dtype)
@@ -287,8 +288,8 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
     then the optimizer and scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by
     dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
     (`calculate_per_token_loss`). `fresh_chunks()` builds this rank's model chunks (`chunked`: virtual ones, a list to
-    the schedule) and their MoE config (None without MoE blocks); with `resume_after` the run is saved in megatron's legacy checkpoint format and loaded into fresh
-    chunks, DDPs, optimizer and scheduler."""
+    the schedule) and their MoE config (None without MoE blocks); with `resume_after` the run is saved in megatron's
+    legacy checkpoint format and loaded into fresh chunks, DDPs, optimizer and scheduler."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
