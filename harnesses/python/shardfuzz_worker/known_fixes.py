@@ -2011,11 +2011,12 @@ def _megatron_distopt_shared_step_after_load():
 
 
 def _megatron_distopt_empty_optimizer_state_dict():
-    """megatron-core 0.19.2: where megatron runs torch's Adam (no Apex or TE), the state dict of a distributed optimizer
-    holding no parameters (the expert-parallel one of a pipeline stage without MoE layers, which megatron builds with
-    an empty parameter group rather than as a stub) asserts one step count among none (`state_dict`, and
-    `load_state_dict` likewise), so such a model cannot be checkpointed; the Apex / TE branch allows none. Fix: such an
-    optimizer's state dict is its parameter groups and loss scaler only."""
+    """megatron-core 0.15.3 and 0.19.2: where megatron runs torch's Adam (no Apex or TE), the state dict of a
+    distributed optimizer holding no parameters (the expert-parallel one of a pipeline stage without MoE layers, which
+    megatron builds with an empty parameter group rather than as a stub) asserts one step count among none
+    (`state_dict`, and `load_state_dict` likewise), so such a model cannot be checkpointed; the Apex / TE branch
+    allows none (docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py
+    `--dense-stage`). Fix: such an optimizer's state dict is its parameter groups and loss scaler only."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     state_dict, load_state_dict = DistributedOptimizer.state_dict, DistributedOptimizer.load_state_dict
@@ -2040,12 +2041,13 @@ def _megatron_distopt_empty_optimizer_state_dict():
 
 
 def _megatron_distopt_checkpoint_before_first_step():
-    """megatron-core 0.19.2: the distributed optimizer cannot checkpoint before its first step (a seed checkpoint, or a
-    first fp16 step its loss scaler skipped) where megatron runs torch's Adam: the inner optimizer has no state yet,
-    so `get_parameter_state_dp_zero` (the legacy format's `save_parameter_state`) reads a missing `exp_avg` (KeyError)
-    and `state_dict` asserts one step count among none. Fix: before either, the state materialised inertly (a step
-    over zero gradients at learning rate and weight decay 0, the step counts back to zero after), as the fresh
-    optimizer's `load_state_dict` materialises it."""
+    """megatron-core 0.15.3 and 0.19.2: the distributed optimizer cannot checkpoint before its first step (a seed
+    checkpoint, or a first fp16 step its loss scaler skipped) where megatron runs torch's Adam: the inner optimizer
+    has no state yet, so `get_parameter_state_dp_zero` (the legacy format's `save_parameter_state`) reads a missing
+    `exp_avg` (KeyError) and `state_dict` asserts one step count among none
+    (docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py). Fix: before
+    either, the state materialised inertly (a step over zero gradients at learning rate and weight decay 0, the step
+    counts back to zero after), as the fresh optimizer's `load_state_dict` materialises it."""
     import torch
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
