@@ -1265,32 +1265,40 @@ def _torch_dcp_inert_optim_state_init():
     optimizer whose first step a loss scaler skipped saves no state that its fresh loader's template asks for
     (docs/findings/torch-2.15-dcp-checkpoint-before-first-optimizer-step-unloadable.py). Fix: the gradients set aside
     and put back, the weight decay zero as well as the learning rate, and every step count back to zero after."""
-    import torch
     from torch.distributed.checkpoint import state_dict
 
     def init_optim_state(optim):
-        if optim.state:
-            return
-        params = [p for group in optim.param_groups for p in group["params"]]
-        grads = [p.grad for p in params]
-        for p in params:
-            p.grad = torch.zeros_like(p) if p.requires_grad else None
-        kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in optim.param_groups]
-        for group in optim.param_groups:
-            if "lr" in group:
-                group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
-            if "weight_decay" in group:
-                group["weight_decay"] = 0.0
-        optim.step(closure=None)
-        for group, k in zip(optim.param_groups, kept):
-            group.update(k)
-        for s in optim.state.values():
-            if "step" in s:
-                s["step"] = torch.zeros_like(s["step"]) if isinstance(s["step"], torch.Tensor) else 0
-        for p, g in zip(params, grads):
-            p.grad = g
+        if not optim.state:
+            _materialise_optimizer_state_inertly(optim, lambda p: p.requires_grad)
 
     state_dict._init_optim_state = init_optim_state
+
+
+def _materialise_optimizer_state_inertly(optim, stepped):
+    """An optimizer's lazy state (Adam's moments and step counts) created without training anything: one step over
+    zero gradients for the parameters `stepped(p)` selects (none for the others) at learning rate and weight decay 0,
+    then every step count back to zero and each parameter's gradient as it was. (torch's DCP and megatron each
+    materialise the state with such a step, but leave it counted.)"""
+    import torch
+
+    params = [p for group in optim.param_groups for p in group["params"]]
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p) if stepped(p) else None
+    kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in optim.param_groups]
+    for group in optim.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+        if "weight_decay" in group:
+            group["weight_decay"] = 0.0
+    optim.step()
+    for group, k in zip(optim.param_groups, kept):
+        group.update(k)
+    for s in optim.state.values():
+        if "step" in s:
+            s["step"] = torch.zeros_like(s["step"]) if isinstance(s["step"], torch.Tensor) else 0
+    for p, g in zip(params, grads):
+        p.grad = g
 
 
 def _torch_dcp_load_unheld_sharded_tensor():
@@ -2048,26 +2056,12 @@ def _megatron_distopt_checkpoint_before_first_step():
     (docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py). Fix: before
     either, the state materialised inertly (a step over zero gradients at learning rate and weight decay 0, the step
     counts back to zero after), as the fresh optimizer's `load_state_dict` materialises it."""
-    import torch
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     def materialised(method):
         def call(self, *args, **kwargs):
-            inner = self.optimizer
-            if not inner.state and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
-                params = [q for g in inner.param_groups for q in g["params"]]
-                kept = [{k: g[k] for k in ("lr", "weight_decay") if k in g} for g in inner.param_groups]
-                for g in inner.param_groups:
-                    g["lr"], g["weight_decay"] = 0.0, 0.0
-                for q in params:
-                    q.grad = torch.zeros_like(q)
-                inner.step()
-                for g, k in zip(inner.param_groups, kept):
-                    g.update(k)
-                for q in params:
-                    q.grad = None
-                    if "step" in inner.state[q]:
-                        inner.state[q]["step"] = torch.zeros_like(inner.state[q]["step"])
+            if not self.optimizer.state and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+                _materialise_optimizer_state_inertly(self.optimizer, lambda _p: True)
             return method(self, *args, **kwargs)
 
         return call

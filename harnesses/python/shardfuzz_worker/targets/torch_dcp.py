@@ -1,5 +1,8 @@
 """Checkpoints through torch.distributed.checkpoint's state-dict API, as torchtitan writes and reads them (the
-torch-fsdp2 and torch-fsdp1 targets' `resume_after`)."""
+torch-tp, torch-fsdp2 and torch-fsdp1 targets' `resume_after`)."""
+
+from .torch_common import shared_tempdir
+from .torch_model import make_optimizer
 
 
 def save_checkpoint(model, opt, path):
@@ -20,3 +23,15 @@ def load_checkpoint(model, opt, path):
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def resumed(case, now, rebuild, opt):
+    """`train`'s `resume` through torch.distributed.checkpoint, as torchtitan does it: `now["model"]` and `opt`
+    saved, a fresh model built by `rebuild()` (which sets `now["model"]` and returns its named trainable parameters)
+    and a fresh optimizer over them, loaded from the checkpoint; returns (named parameters, optimizer)."""
+    with shared_tempdir() as path:
+        save_checkpoint(now["model"], opt, path)
+        named = rebuild()
+        opt = make_optimizer(case, [p for _, p in named])
+        load_checkpoint(now["model"], opt, path)
+    return named, opt

@@ -17,10 +17,10 @@ import contextlib
 from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature,
                    resume_feature, sync_every_microbatch, sync_feature, vocab_sharded_loss, zero_offloaded)
 from . import torch_context_parallel as torch_cp
-from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, shared_tempdir, torch_dtype,
-                           uncompiled_name, unsupported_compiled_blocks)
-from .torch_dcp import load_checkpoint, save_checkpoint
-from .torch_model import build, make_optimizer, model_defaults, unsupported_layout
+from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, torch_dtype, uncompiled_name,
+                           unsupported_compiled_blocks)
+from .torch_dcp import resumed
+from .torch_model import build, model_defaults, unsupported_layout
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
 from .torch_training import combine_dp, single_device, train
 
@@ -82,14 +82,8 @@ class TorchFsdp2(TorchTarget):
             return [(n, params[n]) for n in names]
 
         def resume(opt):
-            # torch.distributed.checkpoint, as torchtitan does it: the model's and optimizer's sharded state dicts
-            # saved, a fresh sharded model and optimizer built, loaded from it.
-            with shared_tempdir() as path:
-                save_checkpoint(now["model"], opt, path)
-                named = trained()
-                opt = make_optimizer(case, [p for _, p in named])
-                load_checkpoint(now["model"], opt, path)
-            return named, opt
+            # The model's and optimizer's sharded state dicts saved, a fresh sharded model and optimizer loaded.
+            return resumed(case, now, trained, opt)
 
         named = trained()
         torch.manual_seed(0)

@@ -10,10 +10,9 @@ replicas rather than being summed away by a gather.
 """
 
 from .base import label_smoothing, parallel, resume_feature, vocab_sharded_loss
-from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, shared_tempdir,
-                           unsupported_compiled_blocks)
-from .torch_dcp import load_checkpoint, save_checkpoint
-from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout
+from .torch_common import TorchTarget, check_compiled, compile_blocks, compiling, mesh, unsupported_compiled_blocks
+from .torch_dcp import resumed
+from .torch_model import build, model_defaults, to_case_layout, unsupported_layout
 from .torch_training import combine_dp, single_device, train
 
 
@@ -45,18 +44,10 @@ class TorchTp(TorchTarget):
             now["model"] = model
             return [(n, params[n]) for n in names]
 
-        def resume(opt):
-            # torch.distributed.checkpoint of the DTensor parameters and optimizer state, as torchtitan does it.
-            with shared_tempdir() as path:
-                save_checkpoint(now["model"], opt, path)
-                named = tensor_parallel()
-                opt = make_optimizer(case, [p for _, p in named])
-                load_checkpoint(now["model"], opt, path)
-            return named, opt
-
         named = tensor_parallel()
         out = train(case, inputs, now["model"], [p for _, p in named], 0, 1, named=named, loss_ctx=loss_context(case),
-                    view=replicas_per_rank, forward=lambda ids: now["model"](ids), resume=resume)
+                    view=replicas_per_rank, forward=lambda ids: now["model"](ids),
+                    resume=lambda opt: resumed(case, now, tensor_parallel, opt))
         check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
