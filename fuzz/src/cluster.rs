@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use serde_json::Value;
-use shardfuzz_harnesses::case::{Case, Distribution, OptimizerKind, Parallel};
+use shardfuzz_harnesses::case::{Case, CheckpointLayout, Distribution, OptimizerKind, Parallel};
 use shardfuzz_kernels::DType;
 
 use crate::findings::{Finding, MINIMIZATION};
@@ -124,6 +124,7 @@ fn train_needs(case: &Case) -> Vec<String> {
         (t.clip_grad_norm.is_some(), "clip_grad_norm"),
         (t.loss_scale.is_some(), "loss_scale"),
         (t.resume_after.is_some(), "resume"),
+        (t.checkpoint_layout == Some(CheckpointLayout::Gathered), "gathered_checkpoint"),
         (!t.frozen.is_empty(), "frozen"),
         (t.per_token_loss, "per_token_loss"),
         (t.local_mean_loss, "local_mean_loss"),

@@ -115,6 +115,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             master_dtype: None,
             loss_scale: None,
             resume_after: None,
+            checkpoint_layout: None,
             frozen: vec![],
             per_token_loss: false,
             local_mean_loss: false,

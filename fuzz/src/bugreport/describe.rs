@@ -1,7 +1,7 @@
 //! A case in plain words, with the divisibility facts a maintainer looks for first.
 
 use shardfuzz_harnesses::case::{
-    Case, ClipNorm, FrameworkCheckpoint, OptimizerImplementation, OptimizerKind, PipelineSchedule, Recompute, VocabLoss,
+    Case, CheckpointLayout, ClipNorm, FrameworkCheckpoint, OptimizerImplementation, OptimizerKind, PipelineSchedule, Recompute, VocabLoss,
 };
 
 fn divides(what: &str, x: u32, by: &str, d: u32) -> Option<String> {
@@ -273,6 +273,11 @@ fn train_words(case: &Case) -> String {
     match t.resume_after {
         Some(0) => s += ", checkpointed before its first step (a seed checkpoint) and resumed from the checkpoint",
         Some(k) => s += &format!(", checkpointed after step {k} of {} and resumed from the checkpoint", t.steps),
+        None => {}
+    }
+    match t.checkpoint_layout {
+        Some(CheckpointLayout::Sharded) => s += " (sharded: each rank writes and reads its own shards)",
+        Some(CheckpointLayout::Gathered) => s += " (gathered to one rank to write, scattered from it on load)",
         None => {}
     }
     if !t.frozen.is_empty() {

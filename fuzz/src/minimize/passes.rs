@@ -111,6 +111,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
+        t.checkpoint_layout.is_some(),
         !t.frozen.is_empty(),
         t.optimizer.no_decay_vectors,
         t.per_token_loss,
@@ -245,7 +246,10 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
         out.push(with(case, |c| c.train.master_dtype = None));
     }
     if case.train.resume_after.is_some() {
-        out.push(with(case, |c| c.train.resume_after = None));
+        out.push(with(case, |c| (c.train.resume_after, c.train.checkpoint_layout) = (None, None)));
+    }
+    if case.train.checkpoint_layout.is_some() {
+        out.push(with(case, |c| c.train.checkpoint_layout = None));
     }
     if case.train.optimizer.no_decay_vectors {
         out.push(with(case, |c| c.train.optimizer.no_decay_vectors = false));

@@ -4,7 +4,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Case, ClipNorm, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Real,
+    Case, CheckpointLayout, ClipNorm, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Real,
 };
 use shardfuzz_kernels::DType;
 
@@ -58,6 +58,24 @@ pub fn resume_after(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     t.steps = t.steps.max(2);
     let choices: Vec<Option<u32>> = std::iter::once(None).chain((0..t.steps).map(Some)).collect();
     t.resume_after = super::parallel::another(t.resume_after, &choices, rng);
+    if t.resume_after.is_none() {
+        t.checkpoint_layout = None;
+    }
+    true
+}
+
+/// The resumed run's checkpoint laid out another way (sharded, gathered, or the target's default); a run that does
+/// not resume first resumes after a random step.
+pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.train.resume_after.is_none() {
+        resume_after(c, rng);
+    }
+    let t = &mut c.train;
+    if t.resume_after.is_none() {
+        return false;
+    }
+    let choices = [None, Some(CheckpointLayout::Sharded), Some(CheckpointLayout::Gathered)];
+    t.checkpoint_layout = super::parallel::another(t.checkpoint_layout, &choices, rng);
     true
 }
 
@@ -120,7 +138,7 @@ pub fn training_step(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         0 => {
             t.steps = rng.gen_range(1..=3);
             if t.resume_after.is_some_and(|k| k >= t.steps) {
-                t.resume_after = None;
+                (t.resume_after, t.checkpoint_layout) = (None, None);
             }
         }
         1 => {

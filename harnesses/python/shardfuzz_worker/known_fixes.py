@@ -1975,8 +1975,10 @@ def _megatron_distopt_legacy_checkpoint_state_copy():
     into every tensor of that state, looking each up among the checkpoint's `param`, `exp_avg`, `exp_avg_sq`
     (KeyError: 'step'); with fp32 parameters its first copy, into the main parameter (a view of the model's parameter),
     runs outside torch.no_grad() and fails ("a view of a leaf Variable that requires grad is being used in an in-place
-    operation") (docs/findings/megatron-core-0.19.2-distopt-legacy-checkpoint-unloadable-without-te.py). Fix: the
-    copies under torch.no_grad(), of the tensors the checkpoint has."""
+    operation") (docs/findings/megatron-core-0.19.2-distopt-legacy-checkpoint-unloadable-without-te.py). The fp32 copy
+    fails alike loading megatron's distributed checkpoint (`torch_dist`, `load_parameter_state_from_dp_reshardable`;
+    docs/findings/megatron-core-0.19.2-distopt-torch-dist-resume-without-te.py). Fix: the copies under
+    torch.no_grad(), of the tensors the checkpoint has."""
     import torch
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
@@ -2053,7 +2055,10 @@ def _megatron_distopt_checkpoint_before_first_step():
     checkpoint, or a first fp16 step its loss scaler skipped) where megatron runs torch's Adam: the inner optimizer
     has no state yet, so `get_parameter_state_dp_zero` (the legacy format's `save_parameter_state`) reads a missing
     `exp_avg` (KeyError) and `state_dict` asserts one step count among none
-    (docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py). Fix: before
+    (docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py). The same
+    assertion stops every resume from megatron's default distributed checkpoint (`torch_dist`): the fresh optimizer's
+    `sharded_state_dict(is_loading=True)` calls `state_dict` before anything is loaded
+    (docs/findings/megatron-core-0.19.2-distopt-torch-dist-resume-without-te.py). Fix: before
     either, the state materialised inertly (a step over zero gradients at learning rate and weight decay 0, the step
     counts back to zero after), as the fresh optimizer's `load_state_dict` materialises it."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -2068,6 +2073,32 @@ def _megatron_distopt_checkpoint_before_first_step():
 
     DistributedOptimizer.get_parameter_state_dp_zero = materialised(DistributedOptimizer.get_parameter_state_dp_zero)
     DistributedOptimizer.state_dict = materialised(DistributedOptimizer.state_dict)
+
+
+def _megatron_distopt_dp_reshardable_step_overwritten():
+    """megatron-core 0.15.3 and 0.19.2: loading megatron's default distributed checkpoint (`torch_dist`, the distributed
+    optimizer's state `dp_reshardable`) where megatron runs torch's Adam (no Apex or TE) puts back the fresh
+    optimizer's own step count in place of the checkpoint's: `sharded_param_state_dp_reshardable` keeps each
+    parameter's `step` as a LocalNonpersistentObject (the live tensor, not read from the checkpoint), `load_state_dict`
+    sets the checkpoint's step, and `load_parameter_state_from_dp_reshardable` then copies the non-persistent one over
+    it (`_set_main_param_and_optimizer_states`), where the fully-reshardable and model-space loaders skip `step`; every
+    update after a resume is bias-corrected as if training had just begun, silently
+    (docs/findings/megatron-core-0.19.2-distopt-torch-dist-resume-without-te.py). Fix: the dp_reshardable loader skips
+    `step` as the others do."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer.load_parameter_state_from_dp_reshardable
+
+    def load_parameter_state_from_dp_reshardable(self, state_dict):
+        for key, per_dtype in state_dict.items():
+            if isinstance(key, int):
+                for buckets in per_dtype.values():
+                    for bucket in buckets:
+                        for tensors in bucket:
+                            tensors.pop("step", None)
+        return original(self, state_dict)
+
+    DistributedOptimizer.load_parameter_state_from_dp_reshardable = load_parameter_state_from_dp_reshardable
 
 
 def _megatron_tp_attributes_without_initialization():
@@ -2249,6 +2280,7 @@ FIXES = {
     "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_distopt_checkpoint_before_first_step),
     "megatron-distopt-shared-step-after-load": (("megatron-ddp", "megatron-tp"), _megatron_distopt_shared_step_after_load),
     "megatron-distopt-empty-optimizer-state-dict": (("megatron-tp",), _megatron_distopt_empty_optimizer_state_dict),
+    "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
 }
 
 

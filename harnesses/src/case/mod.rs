@@ -18,7 +18,7 @@ pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, Pa
 pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, FrameworkCheckpoint, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode, VocabLoss};
 pub use real::Real;
-pub use train::{ClipNorm, Optimizer, OptimizerImplementation, OptimizerKind, Train};
+pub use train::{CheckpointLayout, ClipNorm, Optimizer, OptimizerImplementation, OptimizerKind, Train};
 pub use validate::{Limits, Violation, MAX_GRAD_PREDIVIDE, MAX_REDISTRIBUTIONS, MAX_REDUCE_BUCKET, MAX_VOCAB_DIVISOR};
 
 use schemars::JsonSchema;

@@ -169,6 +169,22 @@ fn optimizer_implementation_round_trips_and_names_its_values() {
 }
 
 #[test]
+fn checkpoint_layout_needs_a_resume_and_names_its_values() {
+    let with = |extra: &str| MINIMAL.replace(r#""dtype": "f32"}"#, &format!(r#""dtype": "f32"{extra}}}"#));
+    for (v, want) in [("sharded", CheckpointLayout::Sharded), ("gathered", CheckpointLayout::Gathered)] {
+        let c = Case::from_json(&with(&format!(r#", "resume_after": 0, "checkpoint_layout": "{v}""#)));
+        let c = c.unwrap();
+        assert_eq!(c.train.checkpoint_layout, Some(want));
+        assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    }
+    let e = error_of(&with(r#", "checkpoint_layout": "gathered""#));
+    assert!(e.contains("train.checkpoint_layout") && e.contains("only with train.resume_after"), "{e}");
+    let e = error_of(&with(r#", "resume_after": 0, "checkpoint_layout": "torch_dist""#));
+    assert!(e.contains("checkpoint_layout") && e.contains("gathered"), "{e}");
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("checkpoint_layout"), "absent is not written");
+}
+
+#[test]
 fn clip_norm_type_needs_clipping_and_names_its_values() {
     let with = |extra: &str| MINIMAL.replace(r#""dtype": "f32"}"#, &format!(r#""dtype": "f32"{extra}}}"#));
     for (v, want) in [("l1", ClipNorm::L1), ("l2", ClipNorm::L2), ("inf", ClipNorm::Inf)] {

@@ -56,6 +56,13 @@ pub struct Train {
     /// `create_seed_checkpoint` writes one): the optimizer has no state yet. Absent: uninterrupted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_after: Option<u32>,
+    /// How `resume_after`'s checkpoint is laid out, where a target offers the choice: `sharded`, each rank writing
+    /// and reading its own shards (megatron's distributed checkpoint, `--ckpt-format torch_dist`; torch's
+    /// distributed checkpoint of sharded state dicts), or `gathered`, the state gathered to one rank to write and
+    /// scattered from it on load (megatron's legacy `--ckpt-format torch`, the distributed optimizer's state by
+    /// `save_parameter_state`). Only with `resume_after`. Absent: sharded, the frameworks' default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_layout: Option<CheckpointLayout>,
     /// Parameters left out of training (`requires_grad=False`), by name prefix at a `.` boundary
     /// (`embed`, `layers.0`, `layers.1.attn`, `final_norm.weight`), as in fine-tuning with a frozen backbone:
     /// their gradients are neither computed nor reduced nor counted in the clipping norm, and the optimizer
@@ -151,6 +158,16 @@ pub struct Optimizer {
     /// low-precision parameters, the for-loop otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub implementation: Option<OptimizerImplementation>,
+}
+
+/// How a checkpoint is laid out (`Train::checkpoint_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointLayout {
+    /// Each rank writes and reads its own shards.
+    Sharded,
+    /// Gathered to one rank to write, scattered from it on load.
+    Gathered,
 }
 
 /// The norm gradient clipping bounds (`Train::clip_norm_type`).

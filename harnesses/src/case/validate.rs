@@ -436,6 +436,9 @@ fn validate_train(t: &Train, limits: &Limits, r: &mut Report) {
             r.fail("train.resume_after", format!("must be less than train.steps ({}) (got {k})", t.steps));
         }
     }
+    if t.checkpoint_layout.is_some() && t.resume_after.is_none() {
+        r.fail("train.checkpoint_layout", "only with train.resume_after (the checkpoint it lays out)");
+    }
     if let Some(m) = t.master_dtype {
         let wider = matches!(m, DType::F32 | DType::F64) && m.unit_roundoff() < t.dtype.unit_roundoff();
         if m != t.dtype && !wider {

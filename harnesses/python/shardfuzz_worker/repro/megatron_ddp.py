@@ -3,6 +3,7 @@ megatron-core's optimizer (plain or distributed) under its parameter scheduler o
 CPU with gloo, each rank training on its rows of the batch, under torchrun."""
 
 from ..targets.base import parallel
+from ..targets.megatron_checkpoint import FUNCTIONS as CHECKPOINT_FUNCTIONS
 from .common import megatron_release_source, literal, worker_source
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
@@ -30,7 +31,7 @@ def generate(case, inputs, bounds, dropped):
     settings = ["# megatron's configuration, as the worker's ddp_settings() / optimizer_settings() write it for this case.",
                 literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
                 f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
-    sources = (worker_source("targets/base.py", "dtype_name", "resume_after")
+    sources = (worker_source("targets/base.py", "dtype_name", "resume_after", "checkpoint_layout")
                + "\n\n" + worker_source("targets/torch_common.py", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
                                           "_uneven_collectives",
@@ -40,8 +41,7 @@ def generate(case, inputs, bounds, dropped):
                                           "sync_parameters")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs")
-               + "\n\n" + worker_source("targets/megatron_checkpoint.py", "model_parallel_dir", "save_legacy_checkpoint",
-                                          "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups")
+               + "\n\n" + worker_source("targets/megatron_checkpoint.py", *CHECKPOINT_FUNCTIONS)
                + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp")
                + "\n\n" + megatron_release_source())
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

@@ -6,6 +6,7 @@ import re
 
 from ..targets.base import dtype_name, parallel
 from ..targets.megatron_common import optimizer_instances
+from ..targets.megatron_checkpoint import FUNCTIONS as CHECKPOINT_FUNCTIONS
 from .common import megatron_release_source, ReproError, assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
@@ -44,7 +45,8 @@ def sources():
     worker's torch training loop (the reference's) and megatron_model.py (its `run` renamed run_megatron)."""
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
-                             "reduce_dtype_name", "label_smoothing", "overlap_param_gather", "resume_after")
+                             "reduce_dtype_name", "label_smoothing", "overlap_param_gather", "resume_after",
+                             "checkpoint_layout")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
                                           "_uneven_collectives",
@@ -56,8 +58,7 @@ def sources():
                                           "scales_loss", "loss_scale_of", "megatron_step")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs")
-               + "\n\n" + worker_source("targets/megatron_checkpoint.py", "model_parallel_dir", "save_legacy_checkpoint",
-                                          "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups")
+               + "\n\n" + worker_source("targets/megatron_checkpoint.py", *CHECKPOINT_FUNCTIONS)
                + "\n\n" + worker_source("targets/megatron_moe.py", "is_moe_param", "patch_moe_host_copies")
                + "\n\n" + worker_source("targets/megatron_tp.py", "_patch_cuda")
                + "\n\n" + megatron_release_source())

@@ -26,6 +26,8 @@ class Target:
     smooths_labels = False
     #: The norms its gradient clipping can bound (`train.clip_norm_type`; others refuse such cases).
     clip_norms = ("l2",)
+    #: The layouts of `resume_after`'s checkpoint this target writes (`train.checkpoint_layout`; absent: sharded).
+    checkpoint_layouts = ("sharded",)
     #: Whether it builds the optimizer implementation the case names (`train.optimizer.implementation`); for the
     #: others the field is dropped before the run (`as_offered`): the same update, by the target's default.
     optimizer_implementations = False
@@ -366,13 +368,28 @@ def resume_after(case):
     return case["train"].get("resume_after")
 
 
+def checkpoint_layout(case):
+    """How the case's resume checkpoint is laid out: "sharded" (absent too: the frameworks' default) or "gathered"."""
+    return case["train"].get("checkpoint_layout") or "sharded"
+
+
+def unsupported_checkpoint_layout(target, case):
+    """Why `target` cannot write the case's checkpoint layout, or None: only those in its `checkpoint_layouts`."""
+    if resume_after(case) is not None and checkpoint_layout(case) not in target.checkpoint_layouts:
+        return (f"{target.name} writes {' / '.join(target.checkpoint_layouts)} checkpoints only "
+                f"(train.checkpoint_layout {checkpoint_layout(case)})")
+    return None
+
+
 def resume_feature(prefix, case):
-    """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run, and
-    `prefix:resumed-from-seed-checkpoint` where it does so before the first step (an optimizer without state)."""
+    """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run,
+    `prefix:resumed-from-seed-checkpoint` where it does so before the first step (an optimizer without state), and
+    `prefix:resumed-from-gathered-checkpoint` where the checkpoint is gathered to one rank (`train.checkpoint_layout`)."""
     k = resume_after(case)
     if k is None:
         return []
-    return [f"{prefix}:resumed-from-checkpoint"] + ([f"{prefix}:resumed-from-seed-checkpoint"] if k == 0 else [])
+    return ([f"{prefix}:resumed-from-checkpoint"] + ([f"{prefix}:resumed-from-seed-checkpoint"] if k == 0 else [])
+            + ([f"{prefix}:resumed-from-gathered-checkpoint"] if checkpoint_layout(case) == "gathered" else []))
 
 
 def sync_every_microbatch(case, default):

@@ -1,12 +1,39 @@
-"""megatron's legacy checkpoint (`--ckpt-format torch`, Megatron-LM's training/checkpointing.py), as the megatron
-targets' `resume_after` writes and reads it: one directory per model-parallel rank (tensor, pipeline and expert
-rank), the distributed optimizer's parameter state gathered to data-parallel rank 0 of each optimizer
-(`save_parameter_state`), the models' (one per virtual chunk), optimizer's and scheduler's state dicts from the
-model-parallel rank's first data-parallel rank; loaded into fresh objects in megatron's order."""
+"""megatron's checkpoints, as the megatron targets' `resume_after` writes and reads them, in the case's
+`train.checkpoint_layout`:
+
+- sharded (the default): megatron's distributed checkpoint (`--ckpt-format torch_dist`, Megatron-LM's default), the
+  sharded state dicts of the unwrapped models and of the optimizer built on them (the distributed optimizer's state
+  `dp_reshardable`, Megatron-LM's default) written by `dist_checkpointing.save` in parallel and read by
+  `dist_checkpointing.load`;
+- gathered: megatron's legacy checkpoint (`--ckpt-format torch`, Megatron-LM's training/checkpointing.py): one
+  directory per model-parallel rank (tensor, pipeline and expert rank), the distributed optimizer's parameter state
+  gathered to data-parallel rank 0 of each optimizer (`save_parameter_state`), the models' (one per virtual chunk),
+  optimizer's and scheduler's state dicts from the model-parallel rank's first data-parallel rank.
+
+Either is loaded into fresh objects in megatron's order."""
 
 import os
 
+from .base import checkpoint_layout
 from .megatron_common import sync_parameters
+
+#: This module's functions, in the order a standalone repro script embeds them.
+FUNCTIONS = ("save_checkpoint", "load_checkpoint", "model_parallel_dir", "save_legacy_checkpoint",
+             "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups", "distributed_metadata",
+             "model_sharded_state_dict", "sharded_state", "save_distributed_checkpoint", "load_distributed_checkpoint",
+             "in_process_write_results")
+
+
+def save_checkpoint(case, path, ddps, opt, schedule, settings):
+    """The case's checkpoint of `ddps`, `opt` and `schedule` under `path`, in its layout."""
+    save = save_distributed_checkpoint if checkpoint_layout(case) == "sharded" else save_legacy_checkpoint
+    save(path, ddps, opt, schedule, settings)
+
+
+def load_checkpoint(case, path, ddps, opt, schedule, settings):
+    """The case's checkpoint under `path` loaded into fresh `ddps`, `opt` and `schedule`, in its layout."""
+    load = load_distributed_checkpoint if checkpoint_layout(case) == "sharded" else load_legacy_checkpoint
+    load(path, ddps, opt, schedule, settings)
 
 
 def model_parallel_dir(path):
@@ -64,3 +91,90 @@ def gloo_copies_of_data_parallel_groups(opt):
     for o in getattr(opt, "chained_optimizers", [opt]):
         if hasattr(o, "data_parallel_group_gloo") and o.data_parallel_group_gloo is None:
             o.data_parallel_group_gloo = o.data_parallel_group
+
+
+def distributed_metadata():
+    """The sharded state dict metadata Megatron-LM's training passes with its default distributed checkpoint
+    (`--ckpt-format torch_dist`, `_build_sharded_state_dict_metadata`): the distributed optimizer's state in its
+    bucket layout (`dp_reshardable`)."""
+    from megatron.core import parallel_state as ps
+
+    return {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+            "chained_optim_avoid_prefix": True, "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+
+
+def model_sharded_state_dict(module, metadata, prefix=""):
+    """`module`'s sharded state dict (the unwrapped model's, as Megatron-LM takes it): a megatron module's own (its
+    tensor-parallel layers shard their weights), any other's tensors replicated (megatron's default for modules that
+    are not megatron's, `make_sharded_tensors_for_checkpoint` without a tensor-parallel axis), its children's alike.
+    Block names are the case's global ones (`layers.{i}`), so pipeline stages do not collide."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    if hasattr(module, "sharded_state_dict"):
+        return module.sharded_state_dict(prefix=prefix, metadata=metadata)
+    own = {}
+    module._save_to_state_dict(own, "", keep_vars=True)
+    state = make_sharded_tensors_for_checkpoint(own, prefix, tp_group=ps.get_tensor_model_parallel_group(),
+                                                dp_cp_group=metadata["dp_cp_group"])
+    for name, child in module.named_children():
+        state.update(model_sharded_state_dict(child, metadata, f"{prefix}{name}."))
+    return state
+
+
+def sharded_state(ddps, opt, schedule, metadata, is_loading):
+    """Megatron-LM's `generate_state_dict` for `torch_dist`: each model chunk's sharded state dict (`model`, or
+    `model{i}` with virtual chunks), the optimizer's built on them, the scheduler's."""
+    state = {}
+    for i, ddp in enumerate(ddps):
+        state["model" if len(ddps) == 1 else f"model{i}"] = model_sharded_state_dict(ddp.module, metadata)
+    state["optimizer"] = opt.sharded_state_dict(state, is_loading=is_loading, metadata=metadata)
+    state["opt_param_scheduler"] = schedule.state_dict()
+    return state
+
+
+def save_distributed_checkpoint(path, ddps, opt, schedule, settings):
+    """megatron's distributed checkpoint of `ddps`, `opt` and `schedule` under `path`, as Megatron-LM's
+    `save_checkpoint` writes it by default: the parameters synced first, then `dist_checkpointing.save` with the
+    torch_dist strategy, fully parallel over the data-parallel (with context) group."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    sync_parameters(ddps, settings)
+    in_process_write_results()
+    metadata = distributed_metadata()
+    state = sharded_state(ddps, opt, schedule, metadata, is_loading=False)
+    strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(),
+                                                ps.get_data_parallel_group(with_context_parallel=True))
+    content = {k: v for k, v in metadata.items() if k != "dp_cp_group"}
+    dist_checkpointing.save(state, path, strategy, content_metadata=content)
+
+
+def load_distributed_checkpoint(path, ddps, opt, schedule, settings):
+    """The distributed checkpoint under `path` loaded into fresh `ddps`, `opt`, `schedule` as Megatron-LM's
+    `load_checkpoint` does: the sharded state dict generated for loading from the checkpoint's content metadata,
+    `dist_checkpointing.load`, then the models (strict), the optimizer, the scheduler."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    metadata = dict(dist_checkpointing.load_content_metadata(path) or {})
+    metadata["dp_cp_group"] = ps.get_data_parallel_group(with_context_parallel=True)
+    state = dist_checkpointing.load(sharded_state(ddps, opt, schedule, metadata, is_loading=True), path)
+    for i, ddp in enumerate(ddps):
+        ddp.load_state_dict(state["model" if len(ddps) == 1 else f"model{i}"], strict=True)
+    opt.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["opt_param_scheduler"])
+
+
+def in_process_write_results():
+    """megatron's writer hands its results back through one queue per process, a `multiprocessing.Manager` queue (a
+    server process) made on the first save, which a daemonic rank may not start and which a killed rank would leave
+    behind. A synchronous save puts and takes them in the rank's own process, where a thread queue serves."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()

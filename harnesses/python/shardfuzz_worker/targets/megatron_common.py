@@ -17,6 +17,8 @@ class MegatronTarget(TorchTarget):
     """A megatron-core target: megatron's modules imported once, before ranks are forked (a missing megatron-core
     makes the target unavailable), its package as the coverage prefix, its version recorded."""
 
+    checkpoint_layouts = ("sharded", "gathered")  # (megatron_checkpoint: torch_dist, or the legacy torch format)
+
     def __init__(self):
         super().__init__()
         import megatron.core

@@ -33,9 +33,9 @@ every parameter.
 
 Step-0 gradients are megatron's reduced gradients (`main_grad`; under the distributed optimizer each rank's reduced
 slice of the buffer, all-gathered for the report); final parameters are the model's. `resume_after` saves megatron's
-legacy checkpoint (`--ckpt-format torch`: the distributed optimizer's parameter state gathered to data-parallel rank 0,
-the model, optimizer and scheduler state dicts from rank 0) and loads it into a fresh model, DDP, optimizer and
-scheduler in megatron's order.
+checkpoint (megatron_checkpoint: by default its distributed checkpoint, `--ckpt-format torch_dist`; with
+`train.checkpoint_layout` gathered its legacy one, `--ckpt-format torch`, the distributed optimizer's parameter state
+gathered to data-parallel rank 0) and loads it into a fresh model, DDP, optimizer and scheduler in megatron's order.
 
 megatron-core asks for CUDA in its optimizers and buffers (`device='cuda'`, `param.type() ==
 'torch.cuda.FloatTensor'`, `torch.cuda.current_stream()`): megatron_common points those at the CPU.
@@ -47,7 +47,7 @@ from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, data_
                               loss_scale_of, megatron_step, megatron_training, model_parallel, optimizer_instances,
                               optimizer_settings, patch_cuda, per_token_loss, reduced_grads, scales_loss,
                               sync_parameters, transformer_config, unsupported_training, weight_decay_overrides)
-from .megatron_checkpoint import load_legacy_checkpoint, save_legacy_checkpoint
+from .megatron_checkpoint import load_checkpoint, save_checkpoint
 from .torch_common import shared_tempdir
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train
@@ -108,13 +108,13 @@ def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwarg
     named = list(model.named_parameters())
 
     def resume(_opt):
-        # megatron's legacy checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler.
+        # megatron's checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler.
         with shared_tempdir() as path:
-            save_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
+            save_checkpoint(case, path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
             fresh = fresh_model()
             now["ddp"], now["opt"], now["schedule"] = megatron_training(case, fresh, config, ddp_kwargs,
                                                                         optimizer_kwargs, overrides)
-            load_legacy_checkpoint(path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
+            load_checkpoint(case, path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
         return list(fresh.named_parameters()), None
 
     ga = case["train"].get("grad_accumulation", 1)

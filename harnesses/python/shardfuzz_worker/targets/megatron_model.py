@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from .. import known_fixes
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, label_smoothing, loss_denominator,
                    micro_batches, parallel, resume_after, vocab_sharded_loss)
-from .megatron_checkpoint import load_legacy_checkpoint, save_legacy_checkpoint
+from .megatron_checkpoint import load_checkpoint, save_checkpoint
 from .megatron_moe import Moe, frozen_moe_param, is_moe_param, load_moe, moe_config, moe_of, to_case_layout
 from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
                               optimizer_settings, per_token_loss, reduced_grads, scales_loss, sync_parameters,
@@ -289,7 +289,7 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
     dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
     (`calculate_per_token_loss`). `fresh_chunks()` builds this rank's model chunks (`chunked`: virtual ones, a list to
     the schedule) and their MoE config (None without MoE blocks); with `resume_after` the run is saved in megatron's
-    legacy checkpoint format and loaded into fresh chunks, DDPs, optimizer and scheduler."""
+    checkpoint (megatron_checkpoint, in the case's layout) and loaded into fresh chunks, DDPs, optimizer and scheduler."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -306,9 +306,9 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
     for k in range(t["steps"]):
         if k == resume_after(case):
             with shared_tempdir() as path:
-                save_legacy_checkpoint(path, ddps, opt, schedule, settings)
+                save_checkpoint(case, path, ddps, opt, schedule, settings)
                 ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks())
-                load_legacy_checkpoint(path, ddps, opt, schedule, settings)
+                load_checkpoint(case, path, ddps, opt, schedule, settings)
             named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
         for d in ddps:
             d.zero_grad_buffer()

@@ -23,8 +23,9 @@ megatron-ddp maps them), with megatron's optimizer for the case's
 `loss_scale`, applied by its schedule to the last stage's loss), its gradient norm over the model- and data-parallel groups
 (tensor-parallel parameters from every rank, replicated ones once) and its clipping, under its parameter scheduler,
 finalize_model_grads after the micro-batches; megatron's CUDA-only calls pointed at the CPU
-(megatron_common.cuda_on_cpu). `resume_after` saves megatron's legacy checkpoint (megatron_checkpoint: one directory per
-model-parallel rank) and loads it into fresh chunks, DDPs, optimizer and scheduler.
+(megatron_common.cuda_on_cpu). `resume_after` saves megatron's checkpoint (megatron_checkpoint: by default its distributed
+checkpoint, `torch_dist`; with `train.checkpoint_layout` gathered its legacy one, a directory per model-parallel rank)
+and loads it into fresh chunks, DDPs, optimizer and scheduler.
 
 Sharded tensors are reported in full (each replica's tensor-parallel slices assembled in `combine`); replicated
 tensors (norms, row-parallel biases), and the assembled ones per replica, per rank as replicas.
