@@ -1301,6 +1301,55 @@ def _materialise_optimizer_state_inertly(optim, stepped):
         p.grad = g
 
 
+def _torch_dsd_broadcast_from_rank0_set_state_dict():
+    """torch 2.15: `set_state_dict` with `broadcast_from_rank0` hangs where the ranks other than 0 hand in empty state
+    dicts, as that option asks ("rank0 should receive a full state_dict and will broadcast the tensors ... Other ranks
+    will receive the tensors"): it decides `optim_only=not model_state_dict` on each rank, so rank 0 loads the model
+    (broadcasting its tensors) and the others skip it and wait elsewhere
+    (docs/findings/torch-2.15-dsd-set-state-dict-broadcast-from-rank0-hang.py). Fix: under `broadcast_from_rank0` the
+    ranks follow rank 0's decision, loading the optimizer's state dict and then the model's as rank 0 does."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import state_dict
+
+    original = state_dict.set_state_dict
+
+    def set_state_dict(model, optimizers, *, model_state_dict, optim_state_dict, options=None):
+        if options is not None and options.broadcast_from_rank0:
+            loads_model = [bool(model_state_dict)]
+            dist.broadcast_object_list(loads_model, src=0)
+            if loads_model[0] and not model_state_dict:
+                state_dict.set_optimizer_state_dict(model, optimizers, optim_state_dict, options=options)
+                return state_dict.set_model_state_dict(model, model_state_dict, options=options)
+        return original(model, optimizers, model_state_dict=model_state_dict, optim_state_dict=optim_state_dict,
+                        options=options)
+
+    state_dict.set_state_dict = set_state_dict
+
+
+def _torch_fsdp1_full_optim_state_cpu_alias():
+    """torch 2.15: FSDP1's full optimizer state dict (`FSDP.optim_state_dict` under FULL_STATE_DICT, and the state-dict
+    API's `get_state_dict(..., full_state_dict=True, cpu_offload=True)`) of a model on the CPU (`device_id` cpu) gives
+    every state the values of the last one gathered: `_allgather_orig_param_states` all-gathers each state (`exp_avg`,
+    then `exp_avg_sq`) into one reused buffer, and `_unflatten_orig_param_states` keeps views of it, copied only
+    without offloading (`value.detach().clone()`); offloaded it takes `value.cpu()`, no copy on the CPU, so the next
+    all-gather overwrites it. Adam's `exp_avg` is saved as its `exp_avg_sq`, and the resumed run diverges silently
+    (docs/findings/torch-2.15-fsdp1-cpu-full-optim-state-dict-moments-aliased.py). Fix: the offloaded state a copy."""
+    import torch
+    from torch.distributed.fsdp import _optim_utils
+
+    original = _optim_utils._unflatten_orig_param_states
+
+    def unflatten_orig_param_states(fsdp_param_info, output_states, state_name, shard_state, to_save, cpu_offload):
+        original(fsdp_param_info, output_states, state_name, shard_state, to_save, cpu_offload)
+        if cpu_offload and not shard_state:
+            for states in output_states.values():
+                value = states.get(state_name)
+                if torch.is_tensor(value) and value.dim() > 0:
+                    states[state_name] = value.clone()
+
+    _optim_utils._unflatten_orig_param_states = unflatten_orig_param_states
+
+
 def _torch_dcp_load_unheld_sharded_tensor():
     """torch 2.15: a torch.distributed.checkpoint of an FSDP1 model and optimizer (`get_state_dict`, sharded) cannot be
     loaded where a parameter's first dimension splits into fewer torch.chunk pieces than there are ranks (FSDP1's
@@ -2075,6 +2124,33 @@ def _megatron_distopt_checkpoint_before_first_step():
     DistributedOptimizer.state_dict = materialised(DistributedOptimizer.state_dict)
 
 
+def _megatron_sgd_torch_dist_load_init_state():
+    """megatron-core 0.19.2: an SGD optimizer (`optimizer='sgd'`: megatron's FP32Optimizer or
+    Float16OptimizerWithFloat16Params, the distributed optimizer being Adam-family only) cannot be resumed from megatron's
+    default distributed checkpoint: `get_megatron_optimizer` builds it with `init_state_fn=None` (only Adam and Lion get
+    one), and `sharded_state_dict(..., is_loading=True)`, which Megatron-LM's `load_checkpoint` calls on the fresh
+    optimizer, calls `self.init_state_fn(self.optimizer, self.config)`: TypeError: 'NoneType' object is not callable
+    (docs/findings/megatron-core-0.19.2-sgd-torch-dist-resume-typeerror.py). Fix: an SGD optimizer's state initialised
+    as torch's SGD would hold it (a zero momentum buffer per parameter where the momentum is not 0; nothing else)."""
+    import torch
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    def init_sgd_state(opt, config=None):
+        for group in opt.param_groups:
+            if group.get("momentum", 0) != 0:
+                for p in group["params"]:
+                    opt.state[p].setdefault("momentum_buffer", torch.zeros_like(p.data))
+
+    original = MegatronOptimizer.__init__
+
+    def init(self, optimizer, *args, **kwargs):
+        original(self, optimizer, *args, **kwargs)
+        if getattr(self, "init_state_fn", False) is None and isinstance(optimizer, torch.optim.SGD):
+            self.init_state_fn = init_sgd_state
+
+    MegatronOptimizer.__init__ = init
+
+
 def _megatron_distopt_dp_reshardable_step_overwritten():
     """megatron-core 0.15.3 and 0.19.2: loading megatron's default distributed checkpoint (`torch_dist`, the distributed
     optimizer's state `dp_reshardable`) where megatron runs torch's Adam (no Apex or TE) puts back the fresh
@@ -2245,6 +2321,8 @@ FIXES = {
     "torch-fsdp1-mixed-precision-reentrant-hook": (("torch-fsdp1",), _torch_fsdp1_mixed_precision_reentrant_hook),
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
     "torch-dcp-inert-optim-state-init": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dcp_inert_optim_state_init),
+    "torch-fsdp1-full-optim-state-cpu-alias": (("torch-fsdp1",), _torch_fsdp1_full_optim_state_cpu_alias),
+    "torch-dsd-broadcast-from-rank0-set-state-dict": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dsd_broadcast_from_rank0_set_state_dict),
     "torch-compile-async-collective-input-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                                   _torch_compile_async_collective_input_grad),
     "torch-ddp-compile-first-bucket-cap": (("torch-ddp",), _torch_ddp_compile_first_bucket_cap),
@@ -2280,6 +2358,7 @@ FIXES = {
     "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_distopt_checkpoint_before_first_step),
     "megatron-distopt-shared-step-after-load": (("megatron-ddp", "megatron-tp"), _megatron_distopt_shared_step_after_load),
     "megatron-distopt-empty-optimizer-state-dict": (("megatron-tp",), _megatron_distopt_empty_optimizer_state_dict),
+    "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
 }
 

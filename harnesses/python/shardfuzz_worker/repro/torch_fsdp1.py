@@ -39,7 +39,8 @@ def generate(case, inputs, bounds, dropped):
                 " the last micro-batch"]
     sources = (worker_source("targets/torch_fsdp1.py", "clean", "wrap_units", "sharded_grad_scaler", "LostParameters",
                              "Fsdp1Run", "flat_gradients")
-               + "\n\n" + worker_source("targets/torch_dcp.py", "save_checkpoint", "load_checkpoint")
+               + "\n\n" + worker_source("targets/torch_dcp.py", "save_checkpoint", "load_checkpoint", "save_full_checkpoint",
+                                          "load_full_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)

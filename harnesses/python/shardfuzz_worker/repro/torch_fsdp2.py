@@ -55,7 +55,8 @@ def generate(case, inputs, bounds, dropped):
                 f"SEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}\n"
                 f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards"]
     sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync")
-               + "\n\n" + worker_source("targets/torch_dcp.py", "save_checkpoint", "load_checkpoint")
+               + "\n\n" + worker_source("targets/torch_dcp.py", "save_checkpoint", "load_checkpoint", "save_full_checkpoint",
+                                          "load_full_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     imports = IMPORTS

@@ -50,7 +50,9 @@ def model_parallel_dir(path):
 def save_legacy_checkpoint(path, ddps, opt, schedule, settings):
     """The checkpoint of `ddps`' models, `opt` and `schedule` under `path`: the parameters synced first (the forced
     all-gather of `overlap_param_gather`), the distributed optimizer's parameter state (`settings`: the DDP
-    config's), then the state dicts, written by the rank whose expert-data-parallel rank is 0 (megatron's rule)."""
+    config's), then the state dicts, written by the ranks whose data-parallel or expert-data-parallel rank is 0
+    (Megatron-LM's rule since it found that the expert-data-parallel rank alone misses a tensor-parallel rank's
+    directory where tp > ep x etp; campaign 289 met that: tp 2, a MoE layer at etp 1)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -60,7 +62,7 @@ def save_legacy_checkpoint(path, ddps, opt, schedule, settings):
     if settings["use_distributed_optimizer"]:
         gloo_copies_of_data_parallel_groups(opt)
         opt.save_parameter_state(os.path.join(d, "distrib_optim.pt"))
-    if ps.get_expert_data_parallel_rank() == 0:
+    if ps.get_data_parallel_rank() == 0 or ps.get_expert_data_parallel_rank() == 0:
         state = {f"model{i}": ddp.module.state_dict() for i, ddp in enumerate(ddps)}
         torch.save(state | {"optimizer": opt.state_dict(), "opt_param_scheduler": schedule.state_dict()},
                    os.path.join(d, "model_optim_rng.pt"))

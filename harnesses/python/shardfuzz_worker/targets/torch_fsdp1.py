@@ -30,6 +30,7 @@ class TorchFsdp1(TorchTarget):
     freezes = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
     optimizer_implementations = True
 
     def unsupported(self, case):
@@ -205,11 +206,14 @@ class Fsdp1Run:
         clip = case["train"].get("clip_grad_norm")
 
         def resume(opt):
+            # (gathered: full state dicts saved by rank 0 and read by every rank; torch's broadcast from rank 0 is
+            # documented for DTensor only)
+            gathered = case["train"].get("checkpoint_layout") == "gathered"
             with shared_tempdir() as path:
-                save_checkpoint(self.model, opt, path)
+                save_checkpoint(self.model, opt, path, gathered)
                 named = rebuild()
                 opt = make_optimizer(case, self.optimized)
-                load_checkpoint(self.model, opt, path)
+                load_checkpoint(self.model, opt, path, gathered, broadcast=False)
             return named, opt
 
         return {"forward": lambda ids: self.forward_model(ids), "resume": resume, "grad": self.grad, "view": self.view,

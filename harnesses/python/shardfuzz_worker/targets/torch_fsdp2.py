@@ -30,6 +30,7 @@ class TorchFsdp2(TorchTarget):
     freezes = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
     optimizer_implementations = True
 
     def __init__(self):

@@ -20,6 +20,7 @@ class TorchTp(TorchTarget):
     name = "torch-tp"
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
+    checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
     optimizer_implementations = True
     freezes = True
 

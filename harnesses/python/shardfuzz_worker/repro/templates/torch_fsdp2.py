@@ -47,12 +47,14 @@ def run_sharded(data, rank):
         return [(n, params[n]) for n in names]
 
     def resume(opt):
-        # The case's resume_after: model and optimizer saved with torch.distributed.checkpoint, loaded into fresh ones.
+        # The case's resume_after: model and optimizer saved with torch.distributed.checkpoint, loaded into fresh ones
+        # (checkpoint_layout gathered: full state dicts through rank 0).
+        gathered = CASE["train"].get("checkpoint_layout") == "gathered"
         with shared_tempdir() as path:
-            save_checkpoint(now["model"], opt, path)
+            save_checkpoint(now["model"], opt, path, gathered)
             named = sharded()
             opt = make_optimizer(CASE, [p for _, p in named])
-            load_checkpoint(now["model"], opt, path)
+            load_checkpoint(now["model"], opt, path, gathered)
         return named, opt
 
     named = sharded()
