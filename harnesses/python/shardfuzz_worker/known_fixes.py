@@ -2130,7 +2130,7 @@ def _megatron_sgd_torch_dist_load_init_state():
     default distributed checkpoint: `get_megatron_optimizer` builds it with `init_state_fn=None` (only Adam and Lion get
     one), and `sharded_state_dict(..., is_loading=True)`, which Megatron-LM's `load_checkpoint` calls on the fresh
     optimizer, calls `self.init_state_fn(self.optimizer, self.config)`: TypeError: 'NoneType' object is not callable
-    (docs/findings/megatron-core-0.19.2-sgd-torch-dist-resume-typeerror.py). Fix: an SGD optimizer's state initialised
+    (docs/findings/megatron-core-0.19.2-non-distributed-optimizer-torch-dist-resume.py). Fix: an SGD optimizer's state initialised
     as torch's SGD would hold it (a zero momentum buffer per parameter where the momentum is not 0; nothing else)."""
     import torch
     from megatron.core.optimizer.optimizer import MegatronOptimizer
@@ -2149,6 +2149,38 @@ def _megatron_sgd_torch_dist_load_init_state():
             self.init_state_fn = init_sgd_state
 
     MegatronOptimizer.__init__ = init
+
+
+def _megatron_torch_dist_checkpoint_before_first_step():
+    """megatron-core 0.19.2: megatron's non-distributed optimizers (FP32Optimizer, Float16OptimizerWithFloat16Params)
+    write a distributed checkpoint (`torch_dist`) taken before their first step (a seed checkpoint, or a first fp16
+    step its loss scaler skipped) that they cannot load: the inner optimizer has no state yet, so `sharded_state_dict`
+    writes none, while the fresh optimizer's `sharded_state_dict(..., is_loading=True)` first runs `init_state_fn`
+    (Adam's moments) and asks the checkpoint for them: "optimizer.state.exp_avg.<param> from model not in state dict"
+    (docs/findings/megatron-core-0.19.2-non-distributed-optimizer-torch-dist-resume.py `--adam-seed`).
+    Fix: before such a save, the state materialised inertly (a step over zero gradients at learning rate and weight
+    decay 0, the step counts back to zero after), and its step count of 0 saved (`sharded_state_dict` saves the common
+    step only `if step:`)."""
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
+
+    for cls in (FP32Optimizer, Float16OptimizerWithFloat16Params):
+        original = cls.sharded_state_dict
+
+        def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, *args, _original=original,
+                               **kwargs):
+            inner = getattr(self, "optimizer", None)
+            fresh = not is_loading and inner is not None and not inner.state and self.init_state_fn is not None
+            if fresh:
+                _materialise_optimizer_state_inertly(inner, lambda _p: True)
+            state = _original(self, model_sharded_state_dict, is_loading, *args, **kwargs)
+            steps = [s["step"] for s in inner.state.values() if "step" in s] if fresh else []
+            saved = state["optimizer"]["state"] if "optimizer" in state else state["state"]  # (FP32Optimizer's is flat)
+            if steps and "common_step" not in saved:
+                # (its `if step:` drops a step count of 0, which the load then misses: KeyError 'step')
+                saved["common_step"] = steps[0]
+            return state
+
+        cls.sharded_state_dict = sharded_state_dict
 
 
 def _megatron_distopt_dp_reshardable_step_overwritten():
@@ -2358,6 +2390,7 @@ FIXES = {
     "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_distopt_checkpoint_before_first_step),
     "megatron-distopt-shared-step-after-load": (("megatron-ddp", "megatron-tp"), _megatron_distopt_shared_step_after_load),
     "megatron-distopt-empty-optimizer-state-dict": (("megatron-tp",), _megatron_distopt_empty_optimizer_state_dict),
+    "megatron-torch-dist-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_torch_dist_checkpoint_before_first_step),
     "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
 }
