@@ -2183,6 +2183,62 @@ def _megatron_torch_dist_checkpoint_before_first_step():
         cls.sharded_state_dict = sharded_state_dict
 
 
+def _megatron_distopt_dp_reshardable_bucket_padding():
+    """megatron-core 0.19.2: the distributed optimizer cannot write megatron's default distributed checkpoint
+    (`torch_dist`, its state `dp_reshardable`) where the padding it writes around a data-parallel rank's parameters
+    does not fit the bucket's unpadded size. `sharded_param_state_dp_reshardable` covers each rank's slice of a bucket
+    with its parameters and the gaps between them, each gap a ShardedTensor piece of the tensor of the bucket's
+    unpadded size; the gap after the slice's last parameter runs to the end of the slice even where the unpadded size
+    ends inside it (the alignment padding before the next bucket's first parameter counts into it, the padding to a
+    data-parallel multiple does not): torch's planner refuses the piece ("Failed to validate global plan ... out of
+    bounds chunk"); and a slice holding no parameter at all stops the save first ("empty bucket encountered").
+    Both met by campaign 289 on fp16 pipeline stages whose buckets hold a few small parameters
+    (docs/findings/megatron-core-0.19.2-distopt-dp-reshardable-bucket-padding.py). Fix: each gap ends at the unpadded
+    size, and a slice without parameters is one padding entry of length 0, from which the function's own gap filling
+    covers it (the loader skips padding)."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    anchor = """                    if (
+                        next_param_start != cur_param_end
+                        and world_param_end < gbuf_world_numel_unpadded
+                    ):"""  # (as the method's dedented source has it)
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    clipped = ("                    next_param_start = min(next_param_start, gbuf_world_numel_unpadded"
+               " - data_parallel_rank * gbuf_local_numel)\n" + anchor)
+    _replace_in_method(DistributedOptimizer, "sharded_param_state_dp_reshardable", anchor, clipped,
+                       "megatron-distopt-dp-reshardable-bucket-padding")
+    original = DistributedOptimizer.get_parameter_state_dp_reshardable
+
+    def get_parameter_state_dp_reshardable(self):
+        state = original(self)
+        for key, per_dtype in state.items():
+            if not isinstance(key, int):
+                continue
+            for buckets in per_dtype.values():
+                for bucket in buckets:
+                    if not bucket:
+                        empty = {k: torch.empty(0, dtype=self._get_state_key_dtype(k))
+                                 for k in ("param",) + tuple(self.optimizer_state_keys)}
+                        bucket.append({**empty, "gbuf_local_start": 0, "gbuf_local_end": 0, "padding": True})
+        return state
+
+    DistributedOptimizer.get_parameter_state_dp_reshardable = get_parameter_state_dp_reshardable
+    sharded = DistributedOptimizer.sharded_param_state_dp_reshardable
+
+    def sharded_param_state_dp_reshardable(self, *args, **kwargs):
+        state = sharded(self, *args, **kwargs)
+        for key, per_dtype in state.items():
+            for bucket in (b for buckets in per_dtype.values() for b in buckets) if isinstance(key, int) else ():
+                for tensors in bucket:  # (a piece of length 0 covers nothing: the planner may find it out of bounds)
+                    for name in [n for n, v in tensors.items() if isinstance(v, ShardedTensor) and v.data.numel() == 0]:
+                        del tensors[name]
+        return state
+
+    DistributedOptimizer.sharded_param_state_dp_reshardable = sharded_param_state_dp_reshardable
+
+
 def _megatron_distopt_dp_reshardable_step_overwritten():
     """megatron-core 0.15.3 and 0.19.2: loading megatron's default distributed checkpoint (`torch_dist`, the distributed
     optimizer's state `dp_reshardable`) where megatron runs torch's Adam (no Apex or TE) puts back the fresh
@@ -2392,6 +2448,7 @@ FIXES = {
     "megatron-distopt-empty-optimizer-state-dict": (("megatron-tp",), _megatron_distopt_empty_optimizer_state_dict),
     "megatron-torch-dist-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_torch_dist_checkpoint_before_first_step),
     "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
+    "megatron-distopt-dp-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_bucket_padding),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
 }
 
