@@ -1452,7 +1452,8 @@ fn megatron_distributed_checkpoint_campaign_findings_are_known_and_the_legacy_di
 /// `train.checkpoint_layout` gathered on torch's targets: full state dicts gathered to rank 0 and saved there. Loaded
 /// by `set_state_dict(..., broadcast_from_rank0=True)` with empty dicts on the other ranks, as the option asks, the
 /// load hangs (rank 0 alone loads the model; known fix `torch-dsd-broadcast-from-rank0-set-state-dict`); FSDP1 on the
-/// CPU saves Adam's `exp_avg` as its `exp_avg_sq` (known fix `torch-fsdp1-full-optim-state-cpu-alias`): divergent.
+/// CPU saves Adam's `exp_avg` as its `exp_avg_sq` (known fix `torch-fsdp1-full-optim-state-cpu-alias`): divergent; an
+/// optimizer without tensor state cannot load a full state dict (`torch-dsd-full-optim-state-without-tensors`).
 #[test]
 fn a_gathered_checkpoint_resumes_on_torch_targets_and_its_torch_bugs_are_known_findings() {
     if !python_ready() {
@@ -1470,6 +1471,12 @@ fn a_gathered_checkpoint_resumes_on_torch_targets_and_its_torch_bugs_are_known_f
     let v = one_verdict("torch-fsdp1", &case, "");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step2"), "{v}");
     assert_eq!(one_verdict("torch-fsdp1", &case, "torch-fsdp1-full-optim-state-cpu-alias")["kind"], "pass");
+    // Campaign 290: an optimizer without tensor state (SGD) cannot load a full state dict.
+    let case = dir.join("dp1-sgd-f16-gathered-resume-after-1.json");
+    let v = one_verdict("torch-fsdp2", &case, broadcast);
+    assert!(v["kind"] == "crash" && reason(&v).contains("Expected device to be set"), "{v}");
+    let fixed = format!("{broadcast},torch-dsd-full-optim-state-without-tensors");
+    assert_eq!(one_verdict("torch-fsdp2", &case, &fixed)["kind"], "pass");
 }
 
 /// The case field `resume_after`: the run checkpointed with the booster's sharded save after step 1 and resumed into a

@@ -1350,6 +1350,40 @@ def _torch_fsdp1_full_optim_state_cpu_alias():
     _optim_utils._unflatten_orig_param_states = unflatten_orig_param_states
 
 
+def _torch_dsd_full_optim_state_without_tensors():
+    """torch 2.15: `set_state_dict` / `set_optimizer_state_dict` with `full_state_dict=True` cannot load the state of an
+    optimizer that holds no tensor state (SGD without momentum: its state is empty): `_load_optim_state_dict` takes
+    the device to distribute the full state to from the optimizer's own state tensors of at least one dimension, finds
+    none, and raises "Expected device to be set" (state_dict.py:1146-1157), where the model's path falls back to the
+    process group's device; past it, the empty state flattens to nothing and the unflattened dict has no "state"
+    (KeyError in `Optimizer.load_state_dict`) (docs/findings/torch-2.15-dsd-full-optim-state-sgd-device-unset.py).
+    Found by campaign 290 (torch-fsdp2, 46 of its crashes: SGD with `train.checkpoint_layout` gathered). Fix: the same
+    fallback, and the state key kept."""
+    from torch.distributed.checkpoint import state_dict
+
+    unflatten = "optim_state_dict = _unflatten_state_dict(\n                flatten_local_osd, local_osd_mapping\n            )"
+    _replace_in_function(state_dict, "_load_optim_state_dict", [
+        ('raise AssertionError("Expected device to be set")', "device = dist.distributed_c10d._get_pg_default_device()"),
+        # (an empty state flattens to nothing and comes back without its key)
+        (unflatten, unflatten + "\n            optim_state_dict.setdefault(_STATE, {})"),
+    ], "torch-dsd-full-optim-state-without-tensors")
+
+
+def _replace_in_function(module, name, replacements, fix):
+    """`_replace_in_method` for a function of `module` (its decorators kept), each (old, new) of `replacements`."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(getattr(module, name)))
+    for old, new in replacements:
+        if source.count(old) != 1:
+            raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
+        source = source.replace(old, new)
+    namespace = {}
+    exec(compile(source, inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
+    setattr(module, name, namespace[name])
+
+
 def _torch_dcp_load_unheld_sharded_tensor():
     """torch 2.15: a torch.distributed.checkpoint of an FSDP1 model and optimizer (`get_state_dict`, sharded) cannot be
     loaded where a parameter's first dimension splits into fewer torch.chunk pieces than there are ranks (FSDP1's
@@ -2410,6 +2444,7 @@ FIXES = {
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
     "torch-dcp-inert-optim-state-init": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dcp_inert_optim_state_init),
     "torch-fsdp1-full-optim-state-cpu-alias": (("torch-fsdp1",), _torch_fsdp1_full_optim_state_cpu_alias),
+    "torch-dsd-full-optim-state-without-tensors": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dsd_full_optim_state_without_tensors),
     "torch-dsd-broadcast-from-rank0-set-state-dict": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dsd_broadcast_from_rank0_set_state_dict),
     "torch-compile-async-collective-input-grad": (("torch-tp", "torch-fsdp2", "torch-pp"),
                                                   _torch_compile_async_collective_input_grad),
