@@ -2281,8 +2281,9 @@ def _megatron_distopt_dp_reshardable_step_overwritten():
     sets the checkpoint's step, and `load_parameter_state_from_dp_reshardable` then copies the non-persistent one over
     it (`_set_main_param_and_optimizer_states`), where the fully-reshardable and model-space loaders skip `step`; every
     update after a resume is bias-corrected as if training had just begun, silently
-    (docs/findings/megatron-core-0.19.2-distopt-torch-dist-resume-without-te.py). Fix: the dp_reshardable loader skips
-    `step` as the others do."""
+    (docs/findings/megatron-core-0.19.2-distopt-torch-dist-resume-without-te.py; a review comment on a fork's port of
+    the `step` special case, radixark/Megatron-LM#69, describes the same reset under `--optimizer-cpu-offload`). Fix:
+    the dp_reshardable loader skips `step` as the others do."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     original = DistributedOptimizer.load_parameter_state_from_dp_reshardable
