@@ -132,9 +132,10 @@ def to_numpy(t):
 
 
 @contextlib.contextmanager
-def shared_tempdir():
+def shared_tempdir(read_by_rank0_only=False):
     """A fresh directory every rank of the default group sees (rank 0 makes it, in memory-backed /dev/shm where
-    there is one, and removes it once every rank is done). A rank that raises inside leaves at once (its peers may
+    there is one, and removes it once every rank is done; `read_by_rank0_only`: once it is, without waiting for the
+    others, who do not read it). A rank that raises inside leaves at once (its peers may
     be anywhere: a barrier could pair with one of theirs); what such runs leave, or a killed process's, is removed
     by rank 0's next call (the directory names the process that made it)."""
     import shutil
@@ -149,7 +150,8 @@ def shared_tempdir():
     path = [tempfile.mkdtemp(prefix=orphan_dir_prefix("shardfuzz-ckpt"), dir=where) if rank0 else None]
     dist.broadcast_object_list(path, src=0)
     yield path[0]
-    dist.barrier()
+    if not read_by_rank0_only:
+        dist.barrier()
     if rank0:
         shutil.rmtree(path[0], ignore_errors=True)
 

@@ -72,7 +72,9 @@ def resumed(case, now, rebuild, opt):
     saved, a fresh model built by `rebuild()` (which sets `now["model"]` and returns its named trainable parameters)
     and a fresh optimizer over them, loaded from the checkpoint; returns (named parameters, optimizer)."""
     gathered = checkpoint_layout(case) == "gathered"
-    with shared_tempdir() as path:
+    # (gathered: written and read by rank 0 alone, the save ending in a barrier; a load the others leave early, as
+    # torch's set_state_dict lets them, then leaves them waiting in the framework, not in a barrier of ours)
+    with shared_tempdir(read_by_rank0_only=gathered) as path:
         save_checkpoint(now["model"], opt, path, gathered)
         named = rebuild()
         opt = make_optimizer(case, [p for _, p in named])
