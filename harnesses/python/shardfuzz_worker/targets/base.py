@@ -370,12 +370,14 @@ def resume_after(case):
 
 def checkpoint_layout(case):
     """How the case's resume checkpoint is laid out: "sharded" (absent too: the frameworks' default) or "gathered"."""
-    return case["train"].get("checkpoint_layout") or "sharded"
+    return (case.get("train") or {}).get("checkpoint_layout") or "sharded"
 
 
 def unsupported_checkpoint_layout(target, case):
-    """Why `target` cannot write the case's checkpoint layout, or None: only those in its `checkpoint_layouts`."""
-    if resume_after(case) is not None and checkpoint_layout(case) not in target.checkpoint_layouts:
+    """Why `target` cannot write the case's checkpoint layout, or None: only those in its `checkpoint_layouts` (an op
+    case has no training, nor a checkpoint)."""
+    resumes = (case.get("train") or {}).get("resume_after") is not None
+    if resumes and checkpoint_layout(case) not in target.checkpoint_layouts:
         return (f"{target.name} writes {' / '.join(target.checkpoint_layouts)} checkpoints only "
                 f"(train.checkpoint_layout {checkpoint_layout(case)})")
     return None
