@@ -1454,8 +1454,9 @@ fn megatron_distributed_checkpoint_campaign_findings_are_known_and_the_legacy_di
 /// load hangs (rank 0 alone loads the model; known fix `torch-dsd-broadcast-from-rank0-set-state-dict`); FSDP1 on the
 /// CPU saves Adam's `exp_avg` as its `exp_avg_sq` (known fix `torch-fsdp1-full-optim-state-cpu-alias`): divergent; an
 /// optimizer without tensor state cannot load a full state dict (`torch-dsd-full-optim-state-without-tensors`).
+/// Colossal-AI's gathered layout is its booster's `shard=False`.
 #[test]
-fn a_gathered_checkpoint_resumes_on_torch_targets_and_its_torch_bugs_are_known_findings() {
+fn a_gathered_checkpoint_resumes_on_torch_and_colossalai_targets_and_their_bugs_are_known_findings() {
     if !python_ready() {
         return;
     }
@@ -1477,6 +1478,14 @@ fn a_gathered_checkpoint_resumes_on_torch_targets_and_its_torch_bugs_are_known_f
     assert!(v["kind"] == "crash" && reason(&v).contains("Expected device to be set"), "{v}");
     let fixed = format!("{broadcast},torch-dsd-full-optim-state-without-tensors");
     assert_eq!(one_verdict("torch-fsdp2", &case, &fixed)["kind"], "pass");
+    // Colossal-AI's unsharded booster checkpoints (`shard=False`): colossalai-zero resumes; colossalai-hybrid's
+    // `model.state_dict()` meets the padded-vocabulary bug its sharded save meets (the known fix covers both paths).
+    let case = dir.join("dp2-colossalai-zero2-offload-sgd-gathered-resume-after-1-bf16.json");
+    let v = one_verdict("colossalai-zero", &case, "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai:dp2:zero2:offload:resumed-from-gathered-checkpoint"), "{v}");
+    let v = one_verdict("colossalai-hybrid", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("_unpad_detach"), "{v}");
+    assert_eq!(one_verdict("colossalai-hybrid", &case, "colossalai-padded-detached-param-save")["kind"], "pass");
 }
 
 /// The case field `resume_after`: the run checkpointed with the booster's sharded save after step 1 and resumed into a

@@ -1809,9 +1809,12 @@ def _colossalai_padded_detached_param_save():
     parallelism's all_to_all) is such a parameter, and its hijacked `detach` copies the padding attributes onto the
     copy but not the saved original methods, so `_hijack_back_detach_and_clone` raises `AttributeError: 'Tensor'
     object has no attribute '_unpad_detach'`: a sharded `save_model` fails on every rank
-    (docs/findings/colossalai-0.5.0-hybrid-checkpoint-padded-vocabulary-crash.py). Fix: a detached copy is
-    unpadded by slicing it."""
+    (docs/findings/colossalai-0.5.0-hybrid-checkpoint-padded-vocabulary-crash.py). The unsharded save
+    (`save_model(..., shard=False)`: `model.state_dict()`, ParallelModule's `_save_to_state_dict`) fails the same way
+    (found 2026-12-06 through `train.checkpoint_layout` gathered). Fix: a detached copy is unpadded by slicing it,
+    wherever it is unpadded."""
     from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as io
+    from colossalai.shardformer.layer import parallel_module
 
     original = io.to_unpadded_tensor
 
@@ -1822,7 +1825,7 @@ def _colossalai_padded_detached_param_save():
             return ptensor.data[tuple(keep)]
         return original(ptensor)
 
-    io.to_unpadded_tensor = to_unpadded_tensor
+    io.to_unpadded_tensor = parallel_module.to_unpadded_tensor = to_unpadded_tensor
 
 
 def _colossalai_padded_vocab_optimizer_save():

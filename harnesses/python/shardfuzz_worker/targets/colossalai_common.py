@@ -213,20 +213,23 @@ def fp16_scaler(opt):
     return None
 
 
-def booster_resume(booster, boosted, opt, fresh):
+def booster_resume(booster, boosted, opt, fresh, gathered=False):
     """The run checkpointed and resumed as a Colossal-AI user does it: the booster's sharded model and optimizer
-    checkpoints saved, `fresh()` -> (model, optimizer) built anew, boosted by the same booster and loaded from
-    them; returns the new (boosted model, optimizer)."""
+    checkpoints saved (`gathered`: its unsharded ones, `shard=False`, gathered into one file each), `fresh()` ->
+    (model, optimizer) built anew, boosted by the same booster and loaded from them; returns the new (boosted model,
+    optimizer)."""
     import torch.distributed as dist
 
     with shared_tempdir() as path:
-        booster.save_model(boosted, f"{path}/model", shard=True)
-        booster.save_optimizer(opt, f"{path}/optimizer", shard=True)
+        model_path, optimizer_path = (f"{path}/model.pt", f"{path}/optimizer.pt") if gathered else (
+            f"{path}/model", f"{path}/optimizer")
+        booster.save_model(boosted, model_path, shard=not gathered)
+        booster.save_optimizer(opt, optimizer_path, shard=not gathered)
         dist.barrier()
         model, new_opt = fresh()
         boosted, opt, *_ = booster.boost(model, new_opt)
-        booster.load_model(boosted, f"{path}/model")
-        booster.load_optimizer(opt, f"{path}/optimizer")
+        booster.load_model(boosted, model_path)
+        booster.load_optimizer(opt, optimizer_path)
     return boosted, opt
 
 

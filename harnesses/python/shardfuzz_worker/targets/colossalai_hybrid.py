@@ -44,6 +44,7 @@ SP_MODES = ("split_gather", "ring", "all_to_all")
 class ColossalHybrid(ColossalTarget):
     name = "colossalai-hybrid"
     freezes = True
+    checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
 
     def __init__(self):
         super().__init__()

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .base import (IGNORE_INDEX, chunk_range, class_weight, grad_or_fail, is_frozen, loss_denominator, micro_batches,
-                   resume_after, setup_features)
+from .base import (IGNORE_INDEX, checkpoint_layout, chunk_range, class_weight, grad_or_fail, is_frozen,
+                   loss_denominator, micro_batches, resume_after, setup_features)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
 from .megatron_model import shard_dim
@@ -197,7 +197,7 @@ def run(plugin, case, inputs, dt):
     views = model_views()
     for k in range(t["steps"]):
         if k == resume_after(case):
-            boosted, zopt = booster_resume(booster, boosted, zopt, fresh)
+            boosted, zopt = booster_resume(booster, boosted, zopt, fresh, checkpoint_layout(case) == "gathered")
             input_grads(boosted.unwrap(), m)
             views = model_views()
         raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))

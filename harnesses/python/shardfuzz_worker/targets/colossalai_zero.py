@@ -19,8 +19,8 @@ case dtype). As for DeepSpeed, the reference rounds parameters to the case dtype
 plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
-from .base import (dtype_name, master_dtype_name, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
-                   reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
+from .base import (checkpoint_layout, dtype_name, master_dtype_name, overlap_comm, overlap_param_gather,
+                   param_gather_feature, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
 from . import colossalai_release
 from .colossalai_common import ColossalTarget, booster_resume, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_model import build, make_optimizer, to_case_layout, unsupported_layout
@@ -32,6 +32,7 @@ PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 class ColossalZero(ColossalTarget):
     name = "colossalai-zero"
     freezes = True
+    checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     smooths_labels = True
 
     def __init__(self):
@@ -101,7 +102,8 @@ class ColossalZero(ColossalTarget):
             return [(n, now["params"][n]) for n in names]
 
         def resume(_opt):
-            now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh)
+            now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh,
+                                                        checkpoint_layout(case) == "gathered")
             return trained(), None
 
         def view(name, t):

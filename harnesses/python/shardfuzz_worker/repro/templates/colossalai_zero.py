@@ -27,8 +27,10 @@ def run_sharded(data, rank):
         return [(n, now["params"][n]) for n in names]
 
     def resume(_opt):
-        # The case's resume_after: the booster's sharded checkpoints saved and loaded into a fresh model and optimizer.
-        now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh)
+        # The case's resume_after: the booster's checkpoints (sharded, or gathered with checkpoint_layout) saved and
+        # loaded into a fresh model and optimizer.
+        gathered = CASE["train"].get("checkpoint_layout") == "gathered"
+        now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh, gathered)
         return trained(), None
 
     def view(name, t):
