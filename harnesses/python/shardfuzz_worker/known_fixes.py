@@ -2220,6 +2220,15 @@ def _megatron_torch_dist_checkpoint_before_first_step():
         cls.sharded_state_dict = sharded_state_dict
 
 
+def _dp_reshardable_buckets(state):
+    """The per-bucket lists of a distributed optimizer's `dp_reshardable` parameter state (its integer keys are
+    gradient buffers, each holding a list of buckets per dtype; the others are metadata)."""
+    for key, per_dtype in state.items():
+        if isinstance(key, int):
+            for buckets in per_dtype.values():
+                yield from buckets
+
+
 def _megatron_distopt_dp_reshardable_bucket_padding():
     """megatron-core 0.19.2: the distributed optimizer cannot write megatron's default distributed checkpoint
     (`torch_dist`, its state `dp_reshardable`) where the padding it writes around a data-parallel rank's parameters
@@ -2250,15 +2259,11 @@ def _megatron_distopt_dp_reshardable_bucket_padding():
 
     def get_parameter_state_dp_reshardable(self):
         state = original(self)
-        for key, per_dtype in state.items():
-            if not isinstance(key, int):
-                continue
-            for buckets in per_dtype.values():
-                for bucket in buckets:
-                    if not bucket:
-                        empty = {k: torch.empty(0, dtype=self._get_state_key_dtype(k))
-                                 for k in ("param",) + tuple(self.optimizer_state_keys)}
-                        bucket.append({**empty, "gbuf_local_start": 0, "gbuf_local_end": 0, "padding": True})
+        for bucket in _dp_reshardable_buckets(state):
+            if not bucket:
+                empty = {k: torch.empty(0, dtype=self._get_state_key_dtype(k))
+                         for k in ("param",) + tuple(self.optimizer_state_keys)}
+                bucket.append({**empty, "gbuf_local_start": 0, "gbuf_local_end": 0, "padding": True})
         return state
 
     DistributedOptimizer.get_parameter_state_dp_reshardable = get_parameter_state_dp_reshardable
@@ -2266,11 +2271,10 @@ def _megatron_distopt_dp_reshardable_bucket_padding():
 
     def sharded_param_state_dp_reshardable(self, *args, **kwargs):
         state = sharded(self, *args, **kwargs)
-        for key, per_dtype in state.items():
-            for bucket in (b for buckets in per_dtype.values() for b in buckets) if isinstance(key, int) else ():
-                for tensors in bucket:  # (a piece of length 0 covers nothing: the planner may find it out of bounds)
-                    for name in [n for n, v in tensors.items() if isinstance(v, ShardedTensor) and v.data.numel() == 0]:
-                        del tensors[name]
+        for bucket in _dp_reshardable_buckets(state):
+            for tensors in bucket:  # (a piece of length 0 covers nothing: the planner may find it out of bounds)
+                for name in [n for n, v in tensors.items() if isinstance(v, ShardedTensor) and v.data.numel() == 0]:
+                    del tensors[name]
         return state
 
     DistributedOptimizer.sharded_param_state_dp_reshardable = sharded_param_state_dp_reshardable
@@ -2292,12 +2296,9 @@ def _megatron_distopt_dp_reshardable_step_overwritten():
     original = DistributedOptimizer.load_parameter_state_from_dp_reshardable
 
     def load_parameter_state_from_dp_reshardable(self, state_dict):
-        for key, per_dtype in state_dict.items():
-            if isinstance(key, int):
-                for buckets in per_dtype.values():
-                    for bucket in buckets:
-                        for tensors in bucket:
-                            tensors.pop("step", None)
+        for bucket in _dp_reshardable_buckets(state_dict):
+            for tensors in bucket:
+                tensors.pop("step", None)
         return original(self, state_dict)
 
     DistributedOptimizer.load_parameter_state_from_dp_reshardable = load_parameter_state_from_dp_reshardable
