@@ -118,6 +118,9 @@ fn train_needs(case: &Case) -> Vec<String> {
     if let Some(i) = t.optimizer.implementation {
         out.push(format!("optimizer_implementation={}", value_name(&i)));
     }
+    if let Some(q) = &t.resume_parallel {
+        out.extend(q.differing_fields(&case.parallel).into_iter().map(|name| format!("resumed_{name}")));
+    }
     let flags = [
         (t.steps > 1, "steps>1"),
         (t.grad_accumulation > 1, "grad_accumulation>1"),

@@ -188,6 +188,7 @@ fn train(u: &mut Unstructured) -> Result<Train> {
         loss_scale: if dtype == DType::F16 && u.ratio(1, 2)? { Some(Real(pick(u, &[128.0, 1024.0, 65536.0])?)) } else { None },
         resume_after: None,
         checkpoint_layout: None,
+        resume_parallel: None,
         frozen: vec![],
         per_token_loss: false,
         local_mean_loss: false,

@@ -116,6 +116,7 @@ pub fn library_case(op: LibraryOp, dtype: DType, seed: u64) -> Case {
             loss_scale: None,
             resume_after: None,
             checkpoint_layout: None,
+            resume_parallel: None,
             frozen: vec![],
             per_token_loss: false,
             local_mean_loss: false,

@@ -280,6 +280,11 @@ fn train_words(case: &Case) -> String {
         Some(CheckpointLayout::Gathered) => s += " (gathered to one rank to write, scattered from it on load)",
         None => {}
     }
+    if let Some(q) = &t.resume_parallel {
+        let changes: Vec<String> =
+            q.differing_fields(&case.parallel).iter().map(|name| format!("{name} {}", parallel_field_value(q, name))).collect();
+        s += &format!(", resumed into another parallel layout ({})", changes.join(", "));
+    }
     if !t.frozen.is_empty() {
         s += &format!(", {} frozen (requires_grad=False)", t.frozen.join(", "));
     }
@@ -333,4 +338,12 @@ pub fn describe(case: &Case) -> Vec<String> {
     lines.push(if par.is_empty() { "no parallelism".into() } else { par.join("; ") });
     lines.push(train_words(case));
     lines
+}
+
+/// The JSON value of the parallel layout `p`'s field `name` ("unset" where absent).
+fn parallel_field_value(p: &shardfuzz_harnesses::case::Parallel, name: &str) -> String {
+    match serde_json::to_value(p).ok().and_then(|v| v.get(name).cloned()) {
+        Some(v) => v.to_string(),
+        None => "unset".to_string(),
+    }
 }

@@ -112,6 +112,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
         t.checkpoint_layout.is_some(),
+        t.resume_parallel.is_some(),
         !t.frozen.is_empty(),
         t.optimizer.no_decay_vectors,
         t.per_token_loss,
@@ -246,10 +247,18 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
         out.push(with(case, |c| c.train.master_dtype = None));
     }
     if case.train.resume_after.is_some() {
-        out.push(with(case, |c| (c.train.resume_after, c.train.checkpoint_layout) = (None, None)));
+        out.push(with(case, |c| (c.train.resume_after, c.train.checkpoint_layout, c.train.resume_parallel) = (None, None, None)));
     }
     if case.train.checkpoint_layout.is_some() {
         out.push(with(case, |c| c.train.checkpoint_layout = None));
+    }
+    if let Some(q) = &case.train.resume_parallel {
+        out.push(with(case, |c| c.train.resume_parallel = None));
+        // (each field the resumed layout changes set back to the saved layout's, one at a time)
+        for name in q.differing_fields(&case.parallel) {
+            let back = q.with_field_of(&case.parallel, &name);
+            out.push(with(case, |c| c.train.resume_parallel = Some(back)));
+        }
     }
     if case.train.optimizer.no_decay_vectors {
         out.push(with(case, |c| c.train.optimizer.no_decay_vectors = false));

@@ -69,6 +69,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("master-dtype", train::master_dtype),
     ("resume-after", train::resume_after),
     ("checkpoint-layout", train::checkpoint_layout),
+    ("resume-parallel", train::resume_parallel),
     ("frozen", train::frozen),
     ("no-decay-vectors", train::no_decay_vectors),
     ("per-token-loss", train::per_token_loss),
@@ -131,6 +132,15 @@ fn keep_aux_loss_judgeable(c: &mut Case) {
     }
 }
 
+/// A resumed layout (`train.resume_parallel`) is dropped where the saved run's mesh degrees, micro-batches or
+/// schedule changed under it (the resumed run keeps those, `train::resume_parallel`) or the case no longer resumes:
+/// a mutation of the saved layout then still gives a valid case.
+fn keep_resumed_layout_consistent(c: &mut Case) {
+    if c.train.resume_after.is_none() || c.train.resume_parallel.as_ref().is_some_and(|q| !q.same_degrees(&c.parallel)) {
+        c.train.resume_parallel = None;
+    }
+}
+
 /// Applies one random library-op mutation to a copy of `case` until a valid one results.
 pub fn mutate_library_case(case: &Case, vocab: &Vocabulary, rng: &mut ChaCha8Rng, limits: &Limits) -> Option<(Case, &'static str)> {
     for _ in 0..8 {
@@ -186,6 +196,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("sparse-embedding", "sparse_embedding"),
     ("resume-after", "resume_after"),
     ("checkpoint-layout", "checkpoint_layout"),
+    ("resume-parallel", "resume_parallel"),
     ("frozen", "frozen"),
     ("per-token-loss", "per_token_loss"),
     ("local-mean-loss", "local_mean_loss"),
@@ -224,6 +235,7 @@ pub fn mutate_case_with(
         let mutated = f(&mut c, rng);
         keep_batch_supported(&mut c, rng);
         keep_aux_loss_judgeable(&mut c);
+        keep_resumed_layout_consistent(&mut c);
         if mutated && c != *case && c.validate(limits).is_ok() {
             return Some((c, name));
         }
@@ -249,6 +261,7 @@ pub fn crossover(a: &Case, b: &Case, rng: &mut ChaCha8Rng, limits: &Limits) -> O
     }
     keep_batch_supported(&mut c, rng);
     keep_aux_loss_judgeable(&mut c);
+    keep_resumed_layout_consistent(&mut c);
     (c != *a && c != *b && c.validate(limits).is_ok()).then_some(c)
 }
 
@@ -430,6 +443,29 @@ mod tests {
                 seen.insert(case.train.reduce_dtype.map(|r| r.to_string()));
             }
             assert_eq!(seen.len(), expected.len() + 1, "{dtype}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_layout_keeps_the_degrees_and_is_dropped_when_they_change() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(11), Limits::default());
+        let mut fields = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let mut case = random_case(seed);
+            if !train::resume_parallel(&mut case, &mut rng) {
+                continue;
+            }
+            case.validate(&limits).unwrap();
+            let Some(q) = case.train.resume_parallel.clone() else { continue };
+            assert!(q.same_degrees(&case.parallel) && q != case.parallel, "{q:?}");
+            fields.extend(q.differing_fields(&case.parallel));
+            let mut other = case.clone();
+            other.parallel.tp += 1;
+            keep_resumed_layout_consistent(&mut other);
+            assert!(other.train.resume_parallel.is_none(), "a resumed layout of other degrees is dropped");
+        }
+        for field in ["zero_stage", "zero_shard_group", "param_shard_dim", "reduce_bucket", "sequence_parallel"] {
+            assert!(fields.contains(field), "no resumed layout changed {field}: {fields:?}");
         }
     }
 

@@ -59,7 +59,7 @@ pub fn resume_after(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices: Vec<Option<u32>> = std::iter::once(None).chain((0..t.steps).map(Some)).collect();
     t.resume_after = super::parallel::another(t.resume_after, &choices, rng);
     if t.resume_after.is_none() {
-        t.checkpoint_layout = None;
+        (t.checkpoint_layout, t.resume_parallel) = (None, None);
     }
     true
 }
@@ -77,6 +77,50 @@ pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices = [None, Some(CheckpointLayout::Sharded), Some(CheckpointLayout::Gathered)];
     t.checkpoint_layout = super::parallel::another(t.checkpoint_layout, &choices, rng);
     true
+}
+
+/// The parallel-layout mutations a resumed run's layout draws from: those that reshard the model and optimizer
+/// state (ZeRO stage, shard and reshard groups, shard dimension, offload, buckets, overlap, sequence parallelism).
+const RESUMED_LAYOUT_MUTATIONS: &[super::MutationFn] = &[
+    super::parallel::zero_stage,
+    super::parallel::zero_shard_group,
+    super::parallel::reshard_group,
+    super::parallel::param_shard_dim,
+    super::parallel::zero_offload,
+    super::parallel::reduce_bucket,
+    super::parallel::overlap_comm,
+    super::parallel::overlap_param_gather,
+    super::parallel::toggle_sequence_parallel,
+];
+
+/// The run resumes into another parallel layout: one layout mutation applied to the resumed run's layout (the
+/// mesh degrees, micro-batches and schedule kept, so the world size and each rank's data are the saved run's), or
+/// back into the saved run's own; a run that does not resume first resumes after a random step.
+pub fn resume_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.train.resume_after.is_none() {
+        resume_after(c, rng);
+    }
+    if c.train.resume_after.is_none() {
+        return false;
+    }
+    if c.train.resume_parallel.is_some() && rng.gen_ratio(1, 4) {
+        c.train.resume_parallel = None;
+        return true;
+    }
+    let mut scratch = c.clone();
+    scratch.parallel = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
+    let Some(mutate) = RESUMED_LAYOUT_MUTATIONS.choose(rng) else { return false };
+    if !mutate(&mut scratch, rng) {
+        return false;
+    }
+    let q = scratch.parallel;
+    if !q.same_degrees(&c.parallel) {
+        return false;
+    }
+    let next = (q != c.parallel).then_some(q);
+    let changed = next != c.train.resume_parallel;
+    c.train.resume_parallel = next;
+    changed
 }
 
 /// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype
@@ -138,7 +182,7 @@ pub fn training_step(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         0 => {
             t.steps = rng.gen_range(1..=3);
             if t.resume_after.is_some_and(|k| k >= t.steps) {
-                (t.resume_after, t.checkpoint_layout) = (None, None);
+                (t.resume_after, t.checkpoint_layout, t.resume_parallel) = (None, None, None);
             }
         }
         1 => {

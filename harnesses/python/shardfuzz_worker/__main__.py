@@ -10,6 +10,7 @@ from .interrupt import CaseTimedOut, forget_last_learned, hang_reason, run_with_
 from .pool import RankDied, RankPool, RanksFailedToStart, RanksHung, test_raise
 from .targets import REGISTRY, load
 from .targets.base import (HarnessError, as_offered, expected_outputs, unsupported_checkpoint_layout,
+                           unsupported_resume_parallel,
                            unsupported_clip_norm, unsupported_frozen, unsupported_label_smoothing)
 from .validation import describe, short
 from .verdicts import classify_failures
@@ -79,7 +80,7 @@ class Coordinator:
         case = as_offered(self.target, msg["case"])
         reason = (("op" in case and self.target.unsupported_op(case)) or unsupported_frozen(self.target, case)
                   or unsupported_label_smoothing(self.target, case) or unsupported_clip_norm(self.target, case)
-                  or unsupported_checkpoint_layout(self.target, case)
+                  or unsupported_checkpoint_layout(self.target, case) or unsupported_resume_parallel(self.target, case)
                   or self.target.unsupported(case))
         if reason:
             return {"status": "unsupported", "reason": reason}

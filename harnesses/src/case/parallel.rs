@@ -332,6 +332,40 @@ impl Parallel {
         self.dp as u64 * self.tp as u64 * self.pp as u64 * self.cp as u64
     }
 
+    /// Whether `other` has the same mesh degrees, micro-batches and pipeline schedule: what decides the world and
+    /// each rank's share of the data, which a resumed layout (`Train::resume_parallel`) keeps.
+    pub fn same_degrees(&self, other: &Parallel) -> bool {
+        let key = |p: &Parallel| (p.dp, p.tp, p.pp, p.cp, p.ep, p.microbatches, p.pipeline_schedule, p.virtual_stages);
+        key(self) == key(other)
+    }
+
+    /// The fields, by their JSON names, whose values differ between `self` and `other` (an absent one reads as null).
+    pub fn differing_fields(&self, other: &Parallel) -> Vec<String> {
+        let (a, b) = (self.json_fields(), other.json_fields());
+        let mut names: Vec<String> = a.keys().chain(b.keys()).cloned().collect();
+        names.sort();
+        names.dedup();
+        names.retain(|n| a.get(n) != b.get(n));
+        names
+    }
+
+    /// `self` with its field `name` (JSON name) set to `other`'s value of it.
+    pub fn with_field_of(&self, other: &Parallel, name: &str) -> Parallel {
+        let mut fields = self.json_fields();
+        match other.json_fields().remove(name) {
+            Some(v) => fields.insert(name.to_string(), v),
+            None => fields.remove(name),
+        };
+        serde_json::from_value(serde_json::Value::Object(fields)).unwrap_or_else(|_| self.clone())
+    }
+
+    fn json_fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
+
     pub fn degree(&self, axis: Axis) -> u32 {
         match axis {
             Axis::Tp => self.tp,

@@ -185,6 +185,30 @@ fn checkpoint_layout_needs_a_resume_and_names_its_values() {
 }
 
 #[test]
+fn resume_parallel_needs_a_resume_keeps_the_world_and_is_validated_as_parallel() {
+    let with = |extra: &str| {
+        MINIMAL.replace(r#""dtype": "f32"}"#, &format!(r#""dtype": "f32", "steps": 2{extra}}}"#)).replace(r#""steps": 1, "#, "")
+    };
+    let c = Case::from_json(&with(r#", "resume_after": 1, "resume_parallel": {"dp": 2, "tp": 1, "pp": 1, "zero_stage": 3}"#));
+    let c = c.unwrap();
+    let q = c.train.resume_parallel.clone().unwrap();
+    assert_eq!((q.dp, q.tp, q.zero_stage), (2, 1, 3));
+    assert_eq!(q.differing_fields(&c.parallel), ["dp", "tp", "zero_stage"]);
+    assert_eq!(q.with_field_of(&c.parallel, "zero_stage").zero_stage, 0);
+    assert!(!q.same_degrees(&c.parallel));
+    assert_eq!(Case::from_json(&c.to_json()).unwrap(), c);
+    let e = error_of(&with(r#", "resume_parallel": {"dp": 1, "tp": 2, "pp": 1}"#));
+    assert!(e.contains("train.resume_parallel") && e.contains("only with train.resume_after"), "{e}");
+    let e = error_of(&with(r#", "resume_after": 0, "resume_parallel": {"dp": 4, "tp": 2, "pp": 1}"#));
+    assert!(e.contains("train.resume_parallel") && e.contains("world size") && e.contains("= 2 "), "{e}");
+    let e = error_of(&with(r#", "resume_after": 0, "resume_parallel": {"dp": 1, "tp": 2, "pp": 1, "zero_stage": 5}"#));
+    assert!(e.contains("train.resume_parallel.zero_stage") && e.contains("0, 1, 2 or 3"), "{e}");
+    let e = error_of(&with(r#", "resume_after": 0, "resume_parallel": {"dp": 2, "tp": 1, "pp": 1, "zero_shard_group": 3}"#));
+    assert!(e.contains("train.resume_parallel.zero_shard_group") && e.contains("divide dp = 2"), "{e}");
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("resume_parallel"), "absent is not written");
+}
+
+#[test]
 fn clip_norm_type_needs_clipping_and_names_its_values() {
     let with = |extra: &str| MINIMAL.replace(r#""dtype": "f32"}"#, &format!(r#""dtype": "f32"{extra}}}"#));
     for (v, want) in [("l1", ClipNorm::L1), ("l2", ClipNorm::L2), ("inf", ClipNorm::Inf)] {

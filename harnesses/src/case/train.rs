@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use shardfuzz_kernels::DType;
 
-use super::Real;
+use super::{Parallel, Real};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -63,6 +63,12 @@ pub struct Train {
     /// `save_parameter_state`). Only with `resume_after`. Absent: sharded, the frameworks' default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_layout: Option<CheckpointLayout>,
+    /// The parallel layout the run resumes into from `resume_after`'s checkpoint, where a target can load its
+    /// checkpoint into another one (a user resuming with HSDP where FSDP saved, another ZeRO stage, bucket size or
+    /// shard dimension): every field as `parallel`'s, over the same world size. The same result as the uninterrupted
+    /// run (every parallel layout computes the single-device result). Only with `resume_after`. Absent: `parallel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_parallel: Option<Parallel>,
     /// Parameters left out of training (`requires_grad=False`), by name prefix at a `.` boundary
     /// (`embed`, `layers.0`, `layers.1.attn`, `final_norm.weight`), as in fine-tuning with a frozen backbone:
     /// their gradients are neither computed nor reduced nor counted in the clipping norm, and the optimizer

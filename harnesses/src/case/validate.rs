@@ -3,7 +3,7 @@
 use shardfuzz_kernels::DType;
 
 use super::{
-    Case, LayerKind, LibraryOp, Model, OpCase, OpKind, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS,
+    Case, LayerKind, LibraryOp, Model, OpCase, OpKind, Parallel, PipelineSchedule, Placement, Reduce, Train, MAX_MESH_DIMS, MAX_MESH_RANKS,
     MAX_SAMPLE_EDITS, MAX_VIEWS,
 };
 
@@ -64,77 +64,19 @@ impl Case {
         if self.schema != super::SCHEMA_VERSION {
             r.fail("schema", format!("must be {} (got {})", super::SCHEMA_VERSION, self.schema));
         }
-        let p = &self.parallel;
-        for (name, v) in [("dp", p.dp), ("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep), ("microbatches", p.microbatches)] {
-            r.at_least_one(&format!("parallel.{name}"), v as u64);
-        }
-        match (p.pipeline_schedule, p.virtual_stages) {
-            (PipelineSchedule::Interleaved, v) if !(2..=8).contains(&v) => {
-                r.fail("parallel.virtual_stages", format!("must be 2 to 8 under the interleaved schedule (got {v})"))
+        let checkpointed = self.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some());
+        validate_parallel(&self.parallel, "parallel", checkpointed, limits, &mut r);
+        if let Some(q) = &self.train.resume_parallel {
+            validate_parallel(q, "train.resume_parallel", checkpointed, limits, &mut r);
+            if self.train.resume_after.is_none() {
+                r.fail("train.resume_parallel", "only with train.resume_after (the checkpoint it resumes from)");
             }
-            (s, v) if s != PipelineSchedule::Interleaved && v != 1 => {
-                r.fail("parallel.virtual_stages", format!("must be 1 unless pipeline_schedule is interleaved (got {v})"))
-            }
-            _ => {}
-        }
-        if let Some(b) = p.reduce_bucket {
-            if !(1..=MAX_REDUCE_BUCKET).contains(&b) {
-                r.fail("parallel.reduce_bucket", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {b})"));
-            }
-        }
-        if let Some(b) = p.persist_below {
-            if b > MAX_REDUCE_BUCKET {
-                r.fail("parallel.persist_below", format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {b})"));
-            }
-        }
-        if let Some(d) = p.param_shard_dim.filter(|&d| d > 3) {
-            r.fail("parallel.param_shard_dim", format!("must be 0 to 3 (got {d})"));
-        }
-        if let Some(n) = p.vocab_divisible_by.filter(|n| !(1..=MAX_VOCAB_DIVISOR).contains(n)) {
-            r.fail("parallel.vocab_divisible_by", format!("must be 1 to {MAX_VOCAB_DIVISOR} (got {n})"));
-        }
-        for (field, value) in [
-            ("parallel.prefetch_bucket", p.prefetch_bucket),
-            ("parallel.max_live_parameters", p.max_live_parameters),
-            ("parallel.max_reuse_distance", p.max_reuse_distance),
-        ] {
-            if let Some(n) = value.filter(|&n| n > MAX_REDUCE_BUCKET) {
-                r.fail(field, format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {n})"));
-            }
-        }
-        if let Some(g) = p.optimizer_sub_group {
-            if !(1..=MAX_REDUCE_BUCKET).contains(&g) {
-                r.fail("parallel.optimizer_sub_group", format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {g})"));
-            }
-        }
-        if let Some(f) = p.grad_predivide {
-            if !(1..=MAX_GRAD_PREDIVIDE).contains(&f) {
-                r.fail("parallel.grad_predivide", format!("must be 1 to {MAX_GRAD_PREDIVIDE} (got {f})"));
-            }
-        }
-        if let Some(g) = p.zero_shard_group {
-            if g == 0 || p.dp % g != 0 {
-                r.fail("parallel.zero_shard_group", format!("must divide dp = {} (got {g})", p.dp));
-            }
-        }
-        if let Some(g) = p.reshard_group {
-            if g == 0 || p.dp % g != 0 {
-                r.fail("parallel.reshard_group", format!("must divide dp = {} (got {g})", p.dp));
-            }
-        }
-        if let Some(f) = p.framework_checkpoint {
-            if self.model.as_ref().is_none_or(|m| m.activation_checkpointing.is_none()) {
+            if q.world() != self.parallel.world() {
                 r.fail(
-                    "parallel.framework_checkpoint",
-                    format!("needs model.activation_checkpointing: the blocks it checkpoints (got \"{}\")", f.name()),
+                    "train.resume_parallel",
+                    format!("must keep the world size dp*tp*pp*cp = {} of `parallel` (got {})", self.parallel.world(), q.world()),
                 );
             }
-        }
-        if p.zero_stage > 3 {
-            r.fail("parallel.zero_stage", format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
-        }
-        if p.world() > limits.max_world {
-            r.fail("parallel", format!("world dp*tp*pp*cp = {} exceeds the maximum of {} ranks", p.world(), limits.max_world));
         }
         match (&self.model, &self.op, &self.library_op) {
             (Some(m), None, None) => validate_model(m, &mut r),
@@ -208,6 +150,82 @@ impl Case {
         };
         // reference, perturbed reference, dtype baseline, sharded target (+ per-rank copies)
         elems * 8 * (3 + self.parallel.world().min(8))
+    }
+}
+
+/// The rules of a parallel layout (`parallel`, or `train.resume_parallel`: `prefix` names it); `checkpointed`: the
+/// model has activation checkpointing for `framework_checkpoint` to run.
+fn validate_parallel(p: &Parallel, prefix: &str, checkpointed: bool, limits: &Limits, r: &mut Report) {
+    for (name, v) in [("dp", p.dp), ("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep), ("microbatches", p.microbatches)] {
+        r.at_least_one(&format!("{prefix}.{name}"), v as u64);
+    }
+    match (p.pipeline_schedule, p.virtual_stages) {
+        (PipelineSchedule::Interleaved, v) if !(2..=8).contains(&v) => {
+            r.fail(format!("{prefix}.virtual_stages"), format!("must be 2 to 8 under the interleaved schedule (got {v})"))
+        }
+        (s, v) if s != PipelineSchedule::Interleaved && v != 1 => {
+            r.fail(format!("{prefix}.virtual_stages"), format!("must be 1 unless pipeline_schedule is interleaved (got {v})"))
+        }
+        _ => {}
+    }
+    if let Some(b) = p.reduce_bucket {
+        if !(1..=MAX_REDUCE_BUCKET).contains(&b) {
+            r.fail(format!("{prefix}.reduce_bucket"), format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {b})"));
+        }
+    }
+    if let Some(b) = p.persist_below {
+        if b > MAX_REDUCE_BUCKET {
+            r.fail(format!("{prefix}.persist_below"), format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {b})"));
+        }
+    }
+    if let Some(d) = p.param_shard_dim.filter(|&d| d > 3) {
+        r.fail(format!("{prefix}.param_shard_dim"), format!("must be 0 to 3 (got {d})"));
+    }
+    if let Some(n) = p.vocab_divisible_by.filter(|n| !(1..=MAX_VOCAB_DIVISOR).contains(n)) {
+        r.fail(format!("{prefix}.vocab_divisible_by"), format!("must be 1 to {MAX_VOCAB_DIVISOR} (got {n})"));
+    }
+    for (field, value) in [
+        ("prefetch_bucket", p.prefetch_bucket),
+        ("max_live_parameters", p.max_live_parameters),
+        ("max_reuse_distance", p.max_reuse_distance),
+    ] {
+        if let Some(n) = value.filter(|&n| n > MAX_REDUCE_BUCKET) {
+            r.fail(format!("{prefix}.{field}"), format!("must be 0 to {MAX_REDUCE_BUCKET} elements (got {n})"));
+        }
+    }
+    if let Some(g) = p.optimizer_sub_group {
+        if !(1..=MAX_REDUCE_BUCKET).contains(&g) {
+            r.fail(format!("{prefix}.optimizer_sub_group"), format!("must be 1 to {MAX_REDUCE_BUCKET} elements (got {g})"));
+        }
+    }
+    if let Some(f) = p.grad_predivide {
+        if !(1..=MAX_GRAD_PREDIVIDE).contains(&f) {
+            r.fail(format!("{prefix}.grad_predivide"), format!("must be 1 to {MAX_GRAD_PREDIVIDE} (got {f})"));
+        }
+    }
+    if let Some(g) = p.zero_shard_group {
+        if g == 0 || p.dp % g != 0 {
+            r.fail(format!("{prefix}.zero_shard_group"), format!("must divide dp = {} (got {g})", p.dp));
+        }
+    }
+    if let Some(g) = p.reshard_group {
+        if g == 0 || p.dp % g != 0 {
+            r.fail(format!("{prefix}.reshard_group"), format!("must divide dp = {} (got {g})", p.dp));
+        }
+    }
+    if let Some(f) = p.framework_checkpoint {
+        if !checkpointed {
+            r.fail(
+                format!("{prefix}.framework_checkpoint"),
+                format!("needs model.activation_checkpointing: the blocks it checkpoints (got \"{}\")", f.name()),
+            );
+        }
+    }
+    if p.zero_stage > 3 {
+        r.fail(format!("{prefix}.zero_stage"), format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage));
+    }
+    if p.world() > limits.max_world {
+        r.fail(prefix, format!("world dp*tp*pp*cp = {} exceeds the maximum of {} ranks", p.world(), limits.max_world));
     }
 }
 

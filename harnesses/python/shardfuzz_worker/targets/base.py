@@ -28,6 +28,8 @@ class Target:
     clip_norms = ("l2",)
     #: The layouts of `resume_after`'s checkpoint this target writes (`train.checkpoint_layout`; absent: sharded).
     checkpoint_layouts = ("sharded",)
+    #: The parallel fields a resumed run may change (`train.resume_parallel`; cases changing others are refused).
+    resumes_into = ()
     #: Whether it builds the optimizer implementation the case names (`train.optimizer.implementation`); for the
     #: others the field is dropped before the run (`as_offered`): the same update, by the target's default.
     optimizer_implementations = False
@@ -383,15 +385,47 @@ def unsupported_checkpoint_layout(target, case):
     return None
 
 
+def resumed_case(case):
+    """The case as the run resumed from its checkpoint builds it: its `parallel` the case's `train.resume_parallel`
+    where it has one (the case itself otherwise)."""
+    q = (case.get("train") or {}).get("resume_parallel")
+    return case if q is None else {**case, "parallel": q}
+
+
+def resumed_layout_changes(case):
+    """The parallel fields whose values the resumed run's layout changes (`train.resume_parallel`), sorted."""
+    saved, resumed = parallel(case), parallel(resumed_case(case))
+    raw_saved, raw_resumed = case["parallel"], resumed_case(case)["parallel"]
+    return sorted(k for k in set(saved) | set(raw_saved) | set(raw_resumed)
+                  if (saved.get(k, raw_saved.get(k)) != resumed.get(k, raw_resumed.get(k))))
+
+
+def unsupported_resume_parallel(target, case):
+    """Why `target` cannot resume the case into its `train.resume_parallel`, or None: only its `resumes_into`
+    fields may change, and the resumed layout must be one it runs."""
+    if (case.get("train") or {}).get("resume_parallel") is None:
+        return None
+    changed = [k for k in resumed_layout_changes(case) if k not in target.resumes_into]
+    if changed:
+        offered = ", ".join(target.resumes_into) or "none"
+        return (f"{target.name} resumes into another layout of {offered} only "
+                f"(train.resume_parallel changes {', '.join(changed)})")
+    why = target.unsupported(resumed_case(case))
+    return None if why is None else f"the resumed layout (train.resume_parallel): {why}"
+
+
 def resume_feature(prefix, case):
     """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run,
     `prefix:resumed-from-seed-checkpoint` where it does so before the first step (an optimizer without state), and
-    `prefix:resumed-from-gathered-checkpoint` where the checkpoint is gathered to one rank (`train.checkpoint_layout`)."""
+    `prefix:resumed-from-gathered-checkpoint` where the checkpoint is gathered to one rank (`train.checkpoint_layout`),
+    `prefix:resumed-into-another-FIELD` for each parallel field the resumed run's layout changes
+    (`train.resume_parallel`)."""
     k = resume_after(case)
     if k is None:
         return []
     return ([f"{prefix}:resumed-from-checkpoint"] + ([f"{prefix}:resumed-from-seed-checkpoint"] if k == 0 else [])
-            + ([f"{prefix}:resumed-from-gathered-checkpoint"] if checkpoint_layout(case) == "gathered" else []))
+            + ([f"{prefix}:resumed-from-gathered-checkpoint"] if checkpoint_layout(case) == "gathered" else [])
+            + [f"{prefix}:resumed-into-another-{field}" for field in resumed_layout_changes(case)])
 
 
 def sync_every_microbatch(case, default):

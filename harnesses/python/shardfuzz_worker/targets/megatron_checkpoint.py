@@ -3,8 +3,8 @@
 
 - sharded (the default): megatron's distributed checkpoint (`--ckpt-format torch_dist`, Megatron-LM's default), the
   sharded state dicts of the unwrapped models and of the optimizer built on them (the distributed optimizer's state
-  `dp_reshardable`, Megatron-LM's default) written by `dist_checkpointing.save` in parallel and read by
-  `dist_checkpointing.load`;
+  `dp_reshardable`, Megatron-LM's default, or `fully_reshardable` for a run resuming into another layout:
+  optimizer_sharding_type) written by `dist_checkpointing.save` in parallel and read by `dist_checkpointing.load`;
 - gathered: megatron's legacy checkpoint (`--ckpt-format torch`, Megatron-LM's training/checkpointing.py): one
   directory per model-parallel rank (tensor, pipeline and expert rank), the distributed optimizer's parameter state
   gathered to data-parallel rank 0 of each optimizer (`save_parameter_state`), the models' (one per virtual chunk),
@@ -14,11 +14,11 @@ Either is loaded into fresh objects in megatron's order."""
 
 import os
 
-from .base import checkpoint_layout
+from .base import checkpoint_layout, resumed_layout_changes
 from .megatron_common import sync_parameters
 
 #: This module's functions, in the order a standalone repro script embeds them.
-FUNCTIONS = ("save_checkpoint", "load_checkpoint", "model_parallel_dir", "save_legacy_checkpoint",
+FUNCTIONS = ("save_checkpoint", "optimizer_sharding_type", "load_checkpoint", "model_parallel_dir", "save_legacy_checkpoint",
              "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups", "distributed_metadata",
              "model_sharded_state_dict", "sharded_state", "save_distributed_checkpoint", "load_distributed_checkpoint",
              "in_process_write_results")
@@ -26,8 +26,20 @@ FUNCTIONS = ("save_checkpoint", "load_checkpoint", "model_parallel_dir", "save_l
 
 def save_checkpoint(case, path, ddps, opt, schedule, settings):
     """The case's checkpoint of `ddps`, `opt` and `schedule` under `path`, in its layout."""
-    save = save_distributed_checkpoint if checkpoint_layout(case) == "sharded" else save_legacy_checkpoint
-    save(path, ddps, opt, schedule, settings)
+    if checkpoint_layout(case) == "sharded":
+        save_distributed_checkpoint(path, ddps, opt, schedule, settings, optimizer_sharding_type(case))
+    else:
+        save_legacy_checkpoint(path, ddps, opt, schedule, settings)
+
+
+def optimizer_sharding_type(case):
+    """The distributed optimizer's state format in the case's distributed checkpoint, as a Megatron-LM user picks it:
+    `dp_reshardable` (the default, the optimizer's bucket layout, which "allows checkpoint resharding only in DP
+    dimension") unless the run resumes into a layout that changes more than the distributed optimizer's instances
+    (`train.resume_parallel`: its buckets, overlap, the distributed optimizer switched on or off), which asks for
+    `fully_reshardable` (`--dist-ckpt-optim-fully-reshardable`: the state in the model's parameter space)."""
+    changes = resumed_layout_changes(case)
+    return "fully_reshardable" if any(c != "zero_shard_group" for c in changes) else "dp_reshardable"
 
 
 def load_checkpoint(case, path, ddps, opt, schedule, settings):
@@ -95,13 +107,15 @@ def gloo_copies_of_data_parallel_groups(opt):
             o.data_parallel_group_gloo = o.data_parallel_group
 
 
-def distributed_metadata():
+def distributed_metadata(sharding_type="dp_reshardable"):
     """The sharded state dict metadata Megatron-LM's training passes with its default distributed checkpoint
-    (`--ckpt-format torch_dist`, `_build_sharded_state_dict_metadata`): the distributed optimizer's state in its
-    bucket layout (`dp_reshardable`)."""
+    (`--ckpt-format torch_dist`, `_build_sharded_state_dict_metadata`): the distributed optimizer's state in
+    `sharding_type` (by default its bucket layout, `dp_reshardable`; `fully_reshardable` without the memory-efficient
+    variant, Megatron-LM's defaults for `--dist-ckpt-optim-fully-reshardable`)."""
     from megatron.core import parallel_state as ps
 
-    return {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+    extra = {"distrib_optim_fully_reshardable_mem_efficient": False} if sharding_type == "fully_reshardable" else {}
+    return {"distrib_optim_sharding_type": sharding_type, **extra, "singleton_local_shards": False,
             "chained_optim_avoid_prefix": True, "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
 
 
@@ -135,7 +149,7 @@ def sharded_state(ddps, opt, schedule, metadata, is_loading):
     return state
 
 
-def save_distributed_checkpoint(path, ddps, opt, schedule, settings):
+def save_distributed_checkpoint(path, ddps, opt, schedule, settings, sharding_type="dp_reshardable"):
     """megatron's distributed checkpoint of `ddps`, `opt` and `schedule` under `path`, as Megatron-LM's
     `save_checkpoint` writes it by default: the parameters synced first, then `dist_checkpointing.save` with the
     torch_dist strategy, fully parallel over the data-parallel (with context) group."""
@@ -146,7 +160,7 @@ def save_distributed_checkpoint(path, ddps, opt, schedule, settings):
 
     sync_parameters(ddps, settings)
     in_process_write_results()
-    metadata = distributed_metadata()
+    metadata = distributed_metadata(sharding_type)
     state = sharded_state(ddps, opt, schedule, metadata, is_loading=False)
     strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(),
                                                 ps.get_data_parallel_group(with_context_parallel=True))

@@ -45,7 +45,8 @@ from .base import (chunk_range, dtype_name, loss_denominator, parallel, reduce_d
                    resume_feature)
 from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, data_parallel_features, ddp_settings,
                               loss_scale_of, megatron_step, megatron_training, model_parallel, optimizer_instances,
-                              optimizer_settings, patch_cuda, per_token_loss, reduced_grads, scales_loss,
+                              optimizer_settings, patch_cuda, per_token_loss, reduced_grads, RESUMES_INTO,
+                              resumed_training, scales_loss, unsupported_resumed_layout,
                               sync_parameters, transformer_config, unsupported_training, weight_decay_overrides)
 from .megatron_checkpoint import load_checkpoint, save_checkpoint
 from .torch_common import shared_tempdir
@@ -56,6 +57,7 @@ from .torch_training import combine_dp, single_device, train
 class MegatronDdp(MegatronTarget):
     name = "megatron-ddp"
     freezes = True
+    resumes_into = RESUMES_INTO
     smooths_labels = True
 
     def unsupported(self, case):
@@ -65,7 +67,7 @@ class MegatronDdp(MegatronTarget):
             return why
         if case["model"].get("sparse_embedding"):
             return "megatron's gradient buffers are dense: no sparse embedding gradient"
-        return unsupported_training(case)
+        return unsupported_training(case) or unsupported_resumed_layout(case)
 
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
@@ -75,7 +77,7 @@ class MegatronDdp(MegatronTarget):
         model_parallel(1, instances=optimizer_instances(case))
         with cuda_on_cpu():
             out = train_dp(case, inputs, lambda: build(case, inputs)[0], rank, world, ddp_settings(case),
-                           optimizer_settings(case), weight_decay_overrides(case))
+                           optimizer_settings(case), weight_decay_overrides(case), resumed_training(case, 1))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
@@ -90,13 +92,15 @@ class MegatronDdp(MegatronTarget):
         return combine_dp(case, outs, features + data_parallel_features(prefix, case) + resume_feature(prefix, case))
 
 
-def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwargs, overrides):
+def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwargs, overrides, resumed=None):
     """The case's training of `fresh_model()` (a new model at the case's initial parameters: the one trained, and the
     one a resumed run loads its checkpoint into) on this data-parallel rank, as megatron's loop runs it: megatron's DDP and
     optimizer from their configs' arguments (megatron_common.megatron_training), no_sync on every micro-batch but the last,
     finalize_model_grads after it, the scheduler stepped with the optimizer; with `overlap_param_gather` megatron's
     forced parameter sync before the final parameters are read. Step-0 gradients from megatron's buffers
-    (reduced_grads)."""
+    (reduced_grads). `resumed`: where the run resumes into another layout (`train.resume_parallel`), (relayout(), its
+    ddp_kwargs, optimizer_kwargs): relayout() switches megatron's parallel state to it before the fresh objects are
+    built."""
     import torch
     from megatron.core.distributed import finalize_model_grads
 
@@ -104,17 +108,24 @@ def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwarg
     model = fresh_model()
     config = transformer_config(next(model.parameters()).dtype, per_token_loss=per_token)
     ddp, opt, schedule = megatron_training(case, model, config, ddp_kwargs, optimizer_kwargs, overrides)
-    now = {"ddp": ddp, "opt": opt, "schedule": schedule}  # what the hooks below reach, replaced when the run resumes
+    # (what the hooks below reach, replaced when the run resumes)
+    now = {"ddp": ddp, "opt": opt, "schedule": schedule, "settings": ddp_kwargs}
     named = list(model.named_parameters())
 
     def resume(_opt):
-        # megatron's checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler.
+        # megatron's checkpoint, saved and loaded into a fresh model, DDP, optimizer and scheduler (in the resumed
+        # layout where the case has one).
         with shared_tempdir() as path:
-            save_checkpoint(case, path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
+            save_checkpoint(case, path, [now["ddp"]], now["opt"], now["schedule"], now["settings"])
+            settings, opt_settings = ddp_kwargs, optimizer_kwargs
+            if resumed is not None:
+                relayout, settings, opt_settings = resumed
+                relayout()
             fresh = fresh_model()
-            now["ddp"], now["opt"], now["schedule"] = megatron_training(case, fresh, config, ddp_kwargs,
-                                                                        optimizer_kwargs, overrides)
-            load_checkpoint(case, path, [now["ddp"]], now["opt"], now["schedule"], ddp_kwargs)
+            now["ddp"], now["opt"], now["schedule"] = megatron_training(case, fresh, config, settings, opt_settings,
+                                                                        overrides)
+            now["settings"] = settings
+            load_checkpoint(case, path, [now["ddp"]], now["opt"], now["schedule"], settings)
         return list(fresh.named_parameters()), None
 
     ga = case["train"].get("grad_accumulation", 1)
@@ -137,7 +148,7 @@ def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwarg
             # (megatron's buffers hold the gradients of the scaled loss: its optimizer unscales them in its step)
             scale = loss_scale_of(now["opt"])
             state["grads"] = {n: g / scale for n, g in
-                              reduced_grads(now["ddp"], ddp_kwargs["use_distributed_optimizer"]).items()}
+                              reduced_grads(now["ddp"], now["settings"]["use_distributed_optimizer"]).items()}
         return state["grads"][name]
 
     scaled = scales_loss(case)
@@ -154,7 +165,7 @@ def train_dp(case, inputs, fresh_model, rank, world, ddp_kwargs, optimizer_kwarg
     return train(case, inputs, ddp, [p for _, p in named], rank, world, backward=backward,
                  step=lambda: megatron_step(now["opt"], now["schedule"], case), clip=lambda: None,
                  no_sync=lambda: now["ddp"].no_sync(), named=named, grad=grad, forward=lambda ids: now["ddp"](ids),
-                 loss_seed=loss_seed, finish=lambda: sync_parameters([now["ddp"]], ddp_kwargs), resume=resume)
+                 loss_seed=loss_seed, finish=lambda: sync_parameters([now["ddp"]], now["settings"]), resume=resume)
 
 
 TARGET = MegatronDdp()

@@ -238,13 +238,13 @@ def case_view(name, t):
     return t.contiguous().numpy()
 
 
-def run(case, inputs):
+def run(case, inputs, resumed=None):
     """The case's training on this rank, under megatron's parallel state (megatron_common.model_parallel): the
     megatron model's slices of this tensor-parallel rank in megatron's DistributedDataParallel over the data-parallel
     replicas, trained by megatron's optimizer (its gradient norm, its clipping) under its parameter scheduler,
     finalize_model_grads after the micro-batches (the sequence-parallel norms' partial gradients summed over tp
     there); with pipeline stages, the blocks of this rank's stage. Returns this rank's slices, its tensor-, pipeline-
-    and data-parallel ranks."""
+    and data-parallel ranks. `resumed`: train_megatron's."""
     from megatron.core import ModelParallelConfig, parallel_state as ps
 
     m = model_defaults(case)
@@ -275,11 +275,11 @@ def run(case, inputs):
         return out, moe_cfg
 
     with cuda_on_cpu():
-        out = train_megatron(case, inputs, chunks, vs > 1, gathered)
+        out = train_megatron(case, inputs, chunks, vs > 1, gathered, resumed)
     return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
 
 
-def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
+def train_megatron(case, inputs, fresh_chunks, chunked, gathered, resumed=None):
     """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
     the other targets split it): megatron's schedule for the layout (forward_backward_no_pipelining; over pipeline
     stages 1F1B, forward_backward_pipelining_without_interleaving, or with virtual chunks (`model` a list of them)
@@ -289,7 +289,9 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
     dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
     (`calculate_per_token_loss`). `fresh_chunks()` builds this rank's model chunks (`chunked`: virtual ones, a list to
     the schedule) and their MoE config (None without MoE blocks); with `resume_after` the run is saved in megatron's
-    checkpoint (megatron_checkpoint, in the case's layout) and loaded into fresh chunks, DDPs, optimizer and scheduler."""
+    checkpoint (megatron_checkpoint, in the case's layout) and loaded into fresh chunks, DDPs, optimizer and scheduler;
+    `resumed` (megatron_common.resumed_training: the case resumes into another layout) switches megatron's parallel
+    state and gives the fresh DDPs' and optimizer's settings."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -307,7 +309,10 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
         if k == resume_after(case):
             with shared_tempdir() as path:
                 save_checkpoint(case, path, ddps, opt, schedule, settings)
-                ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks())
+                if resumed is not None:
+                    resumed[0]()
+                ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks(),
+                                                               settings=None if resumed is None else resumed[1:])
                 load_checkpoint(case, path, ddps, opt, schedule, settings)
             named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
         for d in ddps:
@@ -343,9 +348,10 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered):
             "skipped": skipped if scales_loss(case) else None}
 
 
-def megatron_setup(case, chunks, moe_cfg=None):
+def megatron_setup(case, chunks, moe_cfg=None, settings=None):
     """(DDP chunks, optimizer, scheduler, DDP settings) for the model chunks of this rank, and the config megatron's
-    schedules read set as its training loop sets it (no_sync, finalize_model_grads, the optimizer's loss scale)."""
+    schedules read set as its training loop sets it (no_sync, finalize_model_grads, the optimizer's loss scale);
+    `settings`: (DDP settings, optimizer settings) in place of the case's."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
 
@@ -355,9 +361,8 @@ def megatron_setup(case, chunks, moe_cfg=None):
     config = moe_cfg or transformer_config(next(chunks[0].parameters()).dtype, tp,
                                            bool(parallel(case)["sequence_parallel"]) and tp > 1, per_token_loss(case),
                                            pp, len(chunks))
-    settings = ddp_settings(case)
-    ddps, opt, schedule = megatron_training(case, chunks, config, settings, optimizer_settings(case),
-                                            weight_decay_overrides(case))
+    settings, opt_settings = settings or (ddp_settings(case), optimizer_settings(case))
+    ddps, opt, schedule = megatron_training(case, chunks, config, settings, opt_settings, weight_decay_overrides(case))
     config.no_sync_func = [d.no_sync for d in ddps] if len(ddps) > 1 else ddps[0].no_sync
     config.finalize_model_grads_func, config.grad_scale_func = finalize_model_grads, opt.scale_loss
     # As Megatron-LM's training loop sets them with its defaults (`--no-align-grad-reduce` and

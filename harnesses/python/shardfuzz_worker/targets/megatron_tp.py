@@ -32,7 +32,8 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 """
 
 from .base import dtype_name, parallel, reduction_feature, resume_feature, vocab_sharded_loss
-from .megatron_common import (MegatronTarget, data_parallel_features, model_parallel, optimizer_instances, patch_cuda,
+from .megatron_common import (MegatronTarget, RESUMES_INTO, data_parallel_features, model_parallel, optimizer_instances,
+                              patch_cuda, resumed_training, unsupported_resumed_layout,
                               per_token_loss, unsupported_training)
 from .megatron_moe import expert_layout, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
 from .torch_model import unsupported_layout
@@ -53,6 +54,7 @@ def _patch_cuda():
 class MegatronTp(MegatronTarget):
     name = "megatron-tp"
     freezes = True
+    resumes_into = RESUMES_INTO
     smooths_labels = True
 
     def unsupported(self, case):
@@ -75,10 +77,7 @@ class MegatronTp(MegatronTarget):
             # (measured: f64 cases diverge by ~3e-8 in loss and every gradient; with the cast patched out the
             # same cases pass at 0.04x the f64 noise, so the rest of the f64 path is exact).
             return "megatron's vocab_parallel_cross_entropy computes in fp32: f64 training is not expressed"
-        why = unsupported_training(case)
-        if why:
-            return why
-        return None
+        return unsupported_training(case) or unsupported_resumed_layout(case)
 
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
@@ -88,9 +87,9 @@ class MegatronTp(MegatronTarget):
         from .megatron_model import run
 
         p = parallel(case)
-        model_parallel(p["tp"], p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1,
-                       optimizer_instances(case), *expert_layout(case))
-        out = run(case, inputs)
+        vs = p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1
+        model_parallel(p["tp"], p["pp"], vs, optimizer_instances(case), *expert_layout(case))
+        out = run(case, inputs, resumed_training(case, p["tp"], p["pp"], vs, *expert_layout(case)))
         # The plain torch model on one device in the case dtype: the oracle's noise baseline (it has no MoE block:
         # there the oracle's own ensemble alone).
         out["baseline"] = single_device(case, inputs) if rank == 0 and not moe_of(case) else None

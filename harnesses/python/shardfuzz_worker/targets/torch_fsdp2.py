@@ -9,12 +9,13 @@ accumulated micro-batch reduced unless the case's `sync_every_microbatch` is fal
 (`set_requires_gradient_sync(False)` on all but the last); with `param_shard_dim` d, `shard_placement_fn` sharding each
 parameter along d where it divides evenly over its shard group (the others along 0); with `resume_after`, the model's
 and optimizer's sharded state dicts saved with torch.distributed.checkpoint and loaded into a fresh sharded model and
-optimizer; with context parallelism (`parallel.cp`), torch's own (`torch_context_parallel`: ring attention under
+optimizer (with `train.resume_parallel`, one in another FSDP layout of the same ranks: ZeRO stage, shard group, reshard
+group, shard dimension, offload; DCP reshards the checkpoint on load); with context parallelism (`parallel.cp`), torch's own (`torch_context_parallel`: ring attention under
 `context_parallel`), FSDP2 sharding over the dp x cp ranks together as torchtitan does."""
 
 import contextlib
 
-from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature,
+from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, reshard_feature, resumed_case,
                    resume_feature, sync_every_microbatch, sync_feature, vocab_sharded_loss, zero_offloaded)
 from . import torch_context_parallel as torch_cp
 from .torch_common import (TorchTarget, check_compiled, compile_blocks, compiling, mesh, torch_dtype, uncompiled_name,
@@ -31,6 +32,8 @@ class TorchFsdp2(TorchTarget):
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
+    # (torch.distributed.checkpoint reshards on load: a run resumes into another FSDP layout of the same ranks)
+    resumes_into = ("zero_stage", "zero_shard_group", "reshard_group", "param_shard_dim", "zero_offload")
     optimizer_implementations = True
 
     def __init__(self):
@@ -71,25 +74,27 @@ class TorchFsdp2(TorchTarget):
         p = parallel(case)
         cp, tp = p["cp"], p["tp"]
         dp = world // (tp * cp)
-        g = p["zero_shard_group"] or dp * cp
-        dm, tm = data_and_tensor_meshes(dp * cp, g, tp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
         seq = None if cp == 1 else torch_cp.TorchSequenceSplit(mesh((dp, cp), ("dp", "cp"))["cp"],
                                                               torch_cp.rotate_method(case))
         now = {"model": None}  # what the hooks below reach, replaced when the run resumes
 
-        def trained():
-            now["model"], names = sharded_model(case, inputs, dm, g, tm, ring_attention=cp > 1)
+        def trained(layout):
+            # (`layout`: the case, or the case as resumed into its train.resume_parallel: its shard group and meshes)
+            g = parallel(layout)["zero_shard_group"] or dp * cp
+            dm, tm = data_and_tensor_meshes(dp * cp, g, tp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
+            now["model"], names = sharded_model(layout, inputs, dm, g, tm, ring_attention=cp > 1)
             params = {uncompiled_name(n): q for n, q in now["model"].named_parameters()}
             return [(n, params[n]) for n in names]
 
         def resume(opt):
-            # The model's and optimizer's sharded state dicts saved, a fresh sharded model and optimizer loaded.
-            return resumed(case, now, trained, opt)
+            # The model's and optimizer's sharded state dicts saved, a fresh sharded model (in the resumed layout)
+            # and optimizer loaded.
+            return resumed(case, now, lambda: trained(resumed_case(case)), opt)
 
-        named = trained()
+        named = trained(case)
         torch.manual_seed(0)
         # (The loss is summed over a rank's data-parallel peers: those holding the same tensor-parallel part.)
-        two_d = {} if tm is None else {"loss_ctx": loss_context(case), "view": replicas_per_rank,
+        two_d = {} if tp == 1 else {"loss_ctx": loss_context(case), "view": replicas_per_rank,
                                        "group": mesh((dp, tp), ("dp", "tp")).get_group("dp")}
         out = train(case, inputs, now["model"], [p for _, p in named], rank // (tp * cp), dp, named=named,
                     forward=lambda ids: now["model"](ids), resume=resume, seq=seq,
