@@ -1391,6 +1391,49 @@ fn megatron_resumes_from_its_distributed_checkpoint_and_its_step_count_bugs_are_
     assert_eq!(one_verdict("megatron-tp", &case, &fixed)["kind"], "pass");
 }
 
+/// `train.resume_parallel`: a run resumes from its checkpoint into another layout of the same ranks. torch-fsdp2
+/// (torch.distributed.checkpoint reshards on load): FSDP into HSDP, HSDP into FSDP sharding dimension 1, ZeRO-2 into
+/// ZeRO-3 with CPU offload; each passes, with its `resumed-into-another-FIELD` feature. megatron: the distributed
+/// optimizer's instances (its default `dp_reshardable` format, which reshards the DP split) and its buckets (written
+/// `fully_reshardable`, Megatron-LM's format for another layout) pass with the known fixes of the distributed
+/// checkpoint; the legacy (gathered) format keeps the buckets, so a bucket change is refused; a MoE model whose first
+/// pipeline stage is dense cannot resume from a fully reshardable checkpoint (the stage with experts loads rank 0's
+/// stepless expert groups: KeyError 'step'; known fix `megatron-fully-reshardable-stage-param-groups`).
+#[test]
+fn runs_resume_into_another_parallel_layout_and_megatrons_fully_reshardable_stage_groups_are_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    for (case, field) in [
+        ("dp4-zero3-adam-clip-accumulation-resumed-into-hsdp2-f32.json", "zero_shard_group"),
+        ("dp4-hsdp2-zero3-adam-clip-accumulation-resumed-into-fsdp-shard-dim1-f32.json", "param_shard_dim"),
+        ("dp4-zero2-adam-clip-accumulation-resumed-into-zero3-offload-f32.json", "zero_offload"),
+    ] {
+        let v = one_verdict("torch-fsdp2", &dir.join(case), "");
+        let stage = if case.starts_with("dp4-zero2") { "fsdp2:dp4:zero2" } else { "fsdp2:dp4:zero3" };
+        assert!(v["kind"] == "pass" && has_feature(&v, &format!("{stage}:resumed-into-another-{field}")), "{case}: {v}");
+    }
+    let megatron = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
+                    megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
+                    megatron-distopt-empty-optimizer-state-dict";
+    for case in [
+        "megatron-dp4-zero1-two-instances-adam-torch-dist-resumed-into-one-f32.json",
+        "megatron-dp4-zero1-overlap-adam-torch-dist-resumed-into-bucket64-f32.json",
+    ] {
+        let v = one_verdict("megatron-ddp", &dir.join(case), megatron);
+        assert_eq!(v["kind"], "pass", "{case}: {v}");
+    }
+    let v = one_verdict("megatron-ddp", &dir.join("megatron-dp4-zero1-overlap-adam-gathered-resumed-into-bucket64-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("legacy checkpoint"), "{v}");
+    let case = dir.join("megatron-moe-pp2-dp2-ep2-zero1-dense-first-stage-torch-dist-resumed-into-overlap-f32.json");
+    let v = one_verdict("megatron-tp", &case, megatron);
+    assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'step'"), "{v}");
+    let fixed = format!("{megatron},megatron-fully-reshardable-stage-param-groups");
+    let v = one_verdict("megatron-tp", &case, &fixed);
+    assert!(v["kind"] == "pass" && has_feature(&v, "megatron:tp1:resumed-into-another-overlap_comm"), "{v}");
+}
+
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot
 /// load one (`init_state_fn` None); a seed checkpoint of the non-distributed optimizer writes no state the load asks
 /// for; the distributed optimizer's bucket padding runs past the unpadded size (a tied embedding's own bucket on fp16

@@ -2304,6 +2304,32 @@ def _megatron_distopt_dp_reshardable_step_overwritten():
     DistributedOptimizer.load_parameter_state_from_dp_reshardable = load_parameter_state_from_dp_reshardable
 
 
+def _megatron_fully_reshardable_stage_param_groups():
+    """megatron-core 0.19.2: a distributed checkpoint whose distributed-optimizer state is `fully_reshardable`
+    (`--dist-ckpt-optim-fully-reshardable`) keeps the optimizers' parameter groups, with the step count, as common
+    state, written by global rank 0 and read by every rank, so every pipeline stage resumes with stage 0's groups.
+    Where stage 0 has no MoE layer its expert-parallel optimizer is empty and its groups carry no step: a stage with
+    experts then loads groups without one, KeyError: 'step' without Apex / TE (with them, read from the code: the
+    expert step count silently starts again) (docs/findings/megatron-core-0.19.2-fully-reshardable-rank0-param-groups-on-
+    every-stage.py). Fix: the chained optimizer's groups without a step take the chain's before they are written."""
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
+
+    original = ChainedOptimizer.sharded_state_dict
+
+    def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, **kwargs):
+        state = original(self, model_sharded_state_dict, is_loading, **kwargs)
+        subs = state.values() if len(self.chained_optimizers) > 1 else [state]
+        groups = [g for sub in subs if isinstance(sub, dict) for g in sub.get("optimizer", {}).get("param_groups", [])]
+        steps = {g["step"] for g in groups if "step" in g}
+        if len(steps) == 1:
+            step = steps.pop()
+            for g in groups:
+                g.setdefault("step", step)
+        return state
+
+    ChainedOptimizer.sharded_state_dict = sharded_state_dict
+
+
 def _megatron_tp_attributes_without_initialization():
     """megatron-core 0.15.3: ColumnParallelLinear, RowParallelLinear and VocabParallelEmbedding mark their weight
     `tensor_model_parallel` (with its partition dim) only inside the initialisation they skip under
@@ -2490,6 +2516,7 @@ FIXES = {
     "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
     "megatron-distopt-dp-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_bucket_padding),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
+    "megatron-fully-reshardable-stage-param-groups": (("megatron-tp",), _megatron_fully_reshardable_stage_param_groups),
 }
 
 
