@@ -349,7 +349,24 @@ class TorchFsdp2ReproTest(ModelReproChecks, unittest.TestCase):
             status, _, err = generate(self.target, case, inputs, model_bounds(case, inputs), out)
             self.assertEqual(status, 0, err)
             with open(os.path.join(out, "repro.py")) as f:
-                self.assertIn("RESHARD_AFTER_FORWARD = 2", f.read())
+                self.assertIn("'RESHARD_AFTER_FORWARD': 2,", f.read())
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    def test_the_script_resumes_into_the_cases_resumed_layout(self):
+        case = model_case("dp4-resumed-into-hsdp2-f32", {"dp": 4, "zero_stage": 3}, steps=2)
+        case["train"] |= {"resume_after": 1, "resume_parallel": {**case["parallel"], "zero_shard_group": 2}}
+        inputs = model_inputs(case)
+        out = tempfile.mkdtemp(prefix="shardfuzz-repro-resumed-")
+        try:
+            status, _, err = generate(self.target, case, inputs, model_bounds(case, inputs), out)
+            self.assertEqual(status, 0, err)
+            with open(os.path.join(out, "repro.py")) as f:
+                script = f.read()
+            layouts = script.split("RESUMED_LAYOUT = ", 1)
+            self.assertIn("'MESH_SHAPE': (4,),", layouts[0])
+            self.assertIn("'MESH_SHAPE': (2, 2),", layouts[1].split("}", 1)[0])
+            self.assertIn("named = sharded(RESUMED_LAYOUT or LAYOUT)", script)
         finally:
             shutil.rmtree(out, ignore_errors=True)
 

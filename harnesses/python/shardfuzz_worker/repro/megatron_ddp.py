@@ -4,7 +4,7 @@ CPU with gloo, each rank training on its rows of the batch, under torchrun."""
 
 from ..targets.base import parallel
 from ..targets.megatron_checkpoint import FUNCTIONS as CHECKPOINT_FUNCTIONS
-from .common import megatron_release_source, literal, worker_source
+from .common import megatron_release_source, literal, template, worker_source
 from .torch_dp import generate_dp
 from .torch_model import IMPORTS as TORCH_IMPORTS, check_model_case
 from .torch_dp import producible  # noqa: F401 - the generator's interface
@@ -30,8 +30,10 @@ def generate(case, inputs, bounds, dropped):
     what = f"megatron-core DistributedDataParallel + {kind} (CPU, gloo) over dp={p['dp']} ranks"
     settings = ["# megatron's configuration, as the worker's ddp_settings() / optimizer_settings() write it for this case.",
                 literal("DDP_SETTINGS", ddp_settings(case)), literal("OPTIMIZER_SETTINGS", optimizer_settings(case)),
-                f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups"]
-    sources = (worker_source("targets/base.py", "dtype_name", "resume_after", "checkpoint_layout")
+                f"WEIGHT_DECAY_OVERRIDES = {weight_decay_overrides(case)!r}  # None: megatron's default groups",
+                *resumed_settings(case)]
+    sources = (worker_source("targets/base.py", "dtype_name", "resume_after", "checkpoint_layout", "parallel",
+                             "resumed_case", "resumed_layout_changes")
                + "\n\n" + worker_source("targets/torch_common.py", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
                                           "_uneven_collectives",
@@ -43,5 +45,18 @@ def generate(case, inputs, bounds, dropped):
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs")
                + "\n\n" + worker_source("targets/megatron_checkpoint.py", *CHECKPOINT_FUNCTIONS)
                + "\n\n" + worker_source("targets/megatron_ddp.py", "train_dp")
+               + "\n\n" + template("megatron_resume")
                + "\n\n" + megatron_release_source())
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, IMPORTS, sources)
+
+
+def resumed_settings(case):
+    """The settings of the layout the case's run resumes into (`train.resume_parallel`; None: its own): megatron's DDP
+    and optimizer configuration as ddp_settings() / optimizer_settings() write it for that layout."""
+    from ..targets.base import resumed_case
+    from ..targets.megatron_common import ddp_settings, optimizer_settings
+
+    resumed = resumed_case(case) if case["train"].get("resume_parallel") is not None else None
+    return ["# the layout the run resumes into (case.train.resume_parallel; None: the run's own)",
+            literal("RESUMED_DDP_SETTINGS", None if resumed is None else ddp_settings(resumed)),
+            literal("RESUMED_OPTIMIZER_SETTINGS", None if resumed is None else optimizer_settings(resumed))]

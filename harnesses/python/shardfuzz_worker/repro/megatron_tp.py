@@ -8,6 +8,7 @@ from ..targets.base import dtype_name, parallel
 from ..targets.megatron_common import optimizer_instances
 from ..targets.megatron_checkpoint import FUNCTIONS as CHECKPOINT_FUNCTIONS
 from .common import megatron_release_source, ReproError, assemble, embed, header, literal, rule, template, worker_source
+from .megatron_ddp import resumed_settings
 from .torch_model import IMPORTS as TORCH_IMPORTS
 from .torch_model import MODEL_SOURCE, TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line
 from .torch_model import producible, training_source  # noqa: F401 - producible: the generator's interface
@@ -46,7 +47,7 @@ def sources():
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "parallel", "is_frozen",
                              "vocab_sharded_loss", "dtype_name", "micro_batches", "chunk_range", "reduce_bucket",
                              "reduce_dtype_name", "label_smoothing", "overlap_param_gather", "resume_after",
-                             "checkpoint_layout")
+                             "checkpoint_layout", "resumed_case", "resumed_layout_changes")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype", "_Done", "_reduce_scatter_list")
                + "\n\n" + worker_source("targets/megatron_common.py", "cuda_on_cpu", "patch_cuda", "_NoStream", "_NoEvent",
                                           "_uneven_collectives",
@@ -101,6 +102,7 @@ def generate(case, inputs, bounds, dropped):
         literal("CASE", case),
         f"TP = {p['tp']}\nPP = {p['pp']}\nVS = {p['virtual_stages'] if p['pipeline_schedule'] == 'interleaved' else 1}\nWORLD = {p['tp'] * p['dp'] * p['pp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         f"INSTANCES = {optimizer_instances(case)}  # megatron's num_distributed_optimizer_instances",
+        *resumed_settings(case),
         model_line(case),
         literal("BOUNDS", bounds),
     ]
@@ -110,6 +112,7 @@ def generate(case, inputs, bounds, dropped):
         *sources(),
         template("torch_reference"),
         template("megatron_tp"),
+        template("megatron_resume"),
         template("torch_main"),
     ]
     head = header(f"{TARGET}, model", describe(case), command, dropped, case.get("name", ""))

@@ -1,8 +1,9 @@
 """Repro of a torch-fsdp2 model case: the case's model with fully_shard on every block and on the root over the
 data-parallel ranks, each training on its rows of the batch, under torchrun."""
 
-from ..targets.base import dtype_name, master_dtype_name, parallel, reduce_dtype_name, vocab_sharded_loss, zero_offloaded
-from .common import worker_source
+from ..targets.base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resumed_case, vocab_sharded_loss,
+                            zero_offloaded)
+from .common import literal, worker_source
 from .torch_tp import plan_source, tp_imports
 from .torch_dp import check_reduced_model_case, generate_dp, torch_context_parallel
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES
@@ -23,15 +24,12 @@ def check(case):
 
 def generate(case, inputs, bounds, dropped):
     from ..targets.base import sync_every_microbatch
-    from ..targets.torch_fsdp2 import reshard_after_forward
-
     from ..targets.torch_context_parallel import rotate_method
 
     p = parallel(case)
-    g = p["zero_shard_group"] or p["dp"] * p["cp"]
-    reshard = reshard_after_forward(p, g)
-    mesh = ((p["dp"] * p["cp"],), ("dp",)) if g == p["dp"] * p["cp"] else ((p["dp"] // g, g), ("replicate", "shard"))
-    offload, master = zero_offloaded(case), master_dtype_name(case)
+    layout = fsdp_layout(case)
+    reshard, mesh, offload = layout["RESHARD_AFTER_FORWARD"], (layout["MESH_SHAPE"], layout["MESH_NAMES"]), layout["CPU_OFFLOAD"]
+    master = master_dtype_name(case)
     beside = "" if p["tp"] == 1 else (f" beside torch tensor parallelism over tp={p['tp']} (the last dimension of one "
                                      f"mesh{', sequence parallel' if p['sequence_parallel'] else ''})")
     if p["cp"] > 1:
@@ -42,13 +40,16 @@ def generate(case, inputs, bounds, dropped):
             f" {reduce_dtype_name(case)}{', CPU offload' if offload else ''}"
             f"{f', parameters held in {master}' if master != dtype_name(case) else ''}"
             f"{', each block compiled (torch.compile, aot_eager)' if case['train'].get('compiled') else ''}")
+    resumed = fsdp_layout(resumed_case(case)) if case["train"].get("resume_parallel") is not None else None
     settings = [f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
-                f"RESHARD_AFTER_FORWARD = {reshard}  # ZeRO-3; an int: case.parallel.reshard_group\n"
-                f"MESH_SHAPE, MESH_NAMES = {mesh!r}  # HSDP where case.parallel.zero_shard_group < dp\n"
-                f"CPU_OFFLOAD = {offload}  # case.parallel.zero_offload\n"
-                f"COMPILED = {bool(case['train'].get('compiled'))}  # each block under torch.compile (aot_eager)\n"
+                "# RESHARD_AFTER_FORWARD: ZeRO-3 (an int: case.parallel.reshard_group); MESH_SHAPE, MESH_NAMES: HSDP where\n"
+                "# case.parallel.zero_shard_group < dp; CPU_OFFLOAD: case.parallel.zero_offload; SHARD_DIM:\n"
+                "# case.parallel.param_shard_dim (Shard(d) where d divides evenly)\n"
+                + literal("LAYOUT", layout)
+                + "# the layout the run resumes into (case.train.resume_parallel; None: LAYOUT)\n"
+                + literal("RESUMED_LAYOUT", resumed)
+                + f"COMPILED = {bool(case['train'].get('compiled'))}  # each block under torch.compile (aot_eager)\n"
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed on a copy in DTYPE\n"
-                f"SHARD_DIM = {p['param_shard_dim'] or 0}  # case.parallel.param_shard_dim: Shard(d) where d divides evenly\n"
                 f"SYNC_EVERY_MICROBATCH = {sync_every_microbatch(case, True)}  # False: set_requires_gradient_sync(False)"
                 " on all but the last micro-batch",
                 f"TP = {p['tp']}  # tensor parallel over the last mesh dimension (torch-tp's plan), before fully_shard\n"
@@ -69,3 +70,15 @@ def generate(case, inputs, bounds, dropped):
                                                                            "replicated_norms")
         imports += tp_imports(p["sequence_parallel"])
     return generate_dp(TARGET, case, inputs, bounds, dropped, what, settings, imports, sources)
+
+
+def fsdp_layout(case):
+    """The case's FSDP2 layout as the script's LAYOUT names it: reshard_after_forward, the mesh FSDP2 shards over,
+    CPU offload, the shard dimension."""
+    from ..targets.torch_fsdp2 import reshard_after_forward
+
+    p = parallel(case)
+    g = p["zero_shard_group"] or p["dp"] * p["cp"]
+    mesh = ((p["dp"] * p["cp"],), ("dp",)) if g == p["dp"] * p["cp"] else ((p["dp"] // g, g), ("replicate", "shard"))
+    return {"RESHARD_AFTER_FORWARD": reshard_after_forward(p, g), "MESH_SHAPE": mesh[0], "MESH_NAMES": mesh[1],
+            "CPU_OFFLOAD": zero_offloaded(case), "SHARD_DIM": p["param_shard_dim"] or 0}

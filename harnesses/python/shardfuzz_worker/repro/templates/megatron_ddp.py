@@ -18,4 +18,6 @@ def run_sharded(data, rank):
         return freeze(model, CASE)
 
     with cuda_on_cpu():
-        return train_dp(CASE, data, fresh_model, rank, WORLD, DDP_SETTINGS, OPTIMIZER_SETTINGS, WEIGHT_DECAY_OVERRIDES)
+        return train_dp(CASE, data, fresh_model, rank, WORLD, DDP_SETTINGS, OPTIMIZER_SETTINGS, WEIGHT_DECAY_OVERRIDES,
+                        resumed_layout(1, 1, 1))
+

@@ -3,23 +3,25 @@
 
 def run_sharded(data, rank):
     """The model (held in MASTER_DTYPE) with fully_shard on every block and on the root over the dp ranks
-    (MESH_SHAPE: HSDP on two dims; gradients reduced in REDUCE_DTYPE; with CP > 1 over the dp x cp ranks, each cp rank
+    (LAYOUT's mesh: HSDP on two dims; gradients reduced in REDUCE_DTYPE; with CP > 1 over the dp x cp ranks, each cp rank
     holding the part of every sequence torch's context_parallel gives it), as the fuzzer's torch-fsdp2 ranks run it;
     this rank trains on its rows of the batch.
     Parameters and gradients are DTensors: train() reports them gathered (full_tensor)."""
     seq = None
-    if CP > 1:  # FSDP2 over the dp x cp ranks together (MESH_SHAPE, torchtitan's dp_shard_cp); CP over the cp ones
+    if CP > 1:  # FSDP2 over the dp x cp ranks together (LAYOUT's mesh, torchtitan's dp_shard_cp); CP over the cp ones
         seq = TorchSequenceSplit(init_device_mesh("cpu", (DP, CP), mesh_dim_names=("dp", "cp"))["cp"], ROTATE)
-    if TP == 1:
-        mesh = init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=MESH_NAMES)
-    else:  # one mesh whose last dimension is tp (torchtitan's 2-D layout): FSDP2 over the others
-        whole = init_device_mesh("cpu", (*MESH_SHAPE, TP), mesh_dim_names=(*MESH_NAMES, "tp"))
-        mesh, tp_mesh = whole[MESH_NAMES], whole["tp"]
     now = {}  # the sharded model, replaced when the run resumes from its checkpoint
     if COMPILED:
         torch._dynamo.reset()
 
-    def sharded():
+    def sharded(layout=LAYOUT):
+        # (`layout`: LAYOUT, or RESUMED_LAYOUT, the one the run resumes into)
+        mesh_shape, mesh_names = layout["MESH_SHAPE"], layout["MESH_NAMES"]
+        if TP == 1:
+            mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=mesh_names)
+        else:  # one mesh whose last dimension is tp (torchtitan's 2-D layout): FSDP2 over the others
+            whole = init_device_mesh("cpu", (*mesh_shape, TP), mesh_dim_names=(*mesh_names, "tp"))
+            mesh, tp_mesh = whole[mesh_names], whole["tp"]
         model = Model(M).to(MASTER_DTYPE)
         load_case_params(model, data, MASTER_DTYPE)
         freeze(model, CASE)
@@ -32,10 +34,10 @@ def run_sharded(data, rank):
             for i, layer in enumerate(model.layers):
                 model.layers[i] = torch.compile(layer, backend="aot_eager")
         mp = MixedPrecisionPolicy(param_dtype=DTYPE if MASTER_DTYPE != DTYPE else None, reduce_dtype=REDUCE_DTYPE)
-        kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": RESHARD_AFTER_FORWARD}
-        if SHARD_DIM:
-            kw["shard_placement_fn"] = shard_placement(SHARD_DIM, MESH_SHAPE[-1])  # over the ranks a parameter is sharded over
-        if CPU_OFFLOAD:
+        kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": layout["RESHARD_AFTER_FORWARD"]}
+        if layout["SHARD_DIM"]:  # over the ranks a parameter is sharded over
+            kw["shard_placement_fn"] = shard_placement(layout["SHARD_DIM"], mesh_shape[-1])
+        if layout["CPU_OFFLOAD"]:
             from torch.distributed.fsdp import CPUOffloadPolicy
 
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
@@ -48,11 +50,11 @@ def run_sharded(data, rank):
 
     def resume(opt):
         # The case's resume_after: model and optimizer saved with torch.distributed.checkpoint, loaded into fresh ones
-        # (checkpoint_layout gathered: full state dicts through rank 0).
+        # (checkpoint_layout gathered: full state dicts through rank 0), in RESUMED_LAYOUT where the case has one.
         gathered = CASE["train"].get("checkpoint_layout") == "gathered"
         with shared_tempdir() as path:
             save_checkpoint(now["model"], opt, path, gathered)
-            named = sharded()
+            named = sharded(RESUMED_LAYOUT or LAYOUT)
             opt = make_optimizer(CASE, [p for _, p in named])
             load_checkpoint(now["model"], opt, path, gathered)
         return named, opt
