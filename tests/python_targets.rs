@@ -2150,10 +2150,13 @@ fn megatron_moe_capacity_drops_tokens_by_position_and_megatrons_topk_ties_are_a_
     assert_eq!(v["kind"], "unsupported", "{v}");
     assert!(reason(&v).contains("micro-batches of [2] sequences are routed together"), "{v}");
     // A padded capacity above a router call's tokens (capacity factor 4, top-2 of 4): megatron's all-to-all
-    // dispatcher's `permute` cannot fill it (campaign 200; docs/findings/megatron-core-0.19.2-moe-pad-to-capacity-…).
-    let v = one_verdict("megatron-tp", &dir.join("moe-pad-capacity-above-tokens-dp2-ep2-crash-f32.json"), "");
+    // dispatcher's `permute` cannot fill it (campaign 200; docs/findings/megatron-core-0.19.2-moe-pad-to-capacity-…);
+    // with the capacity at most the tokens (known fix) it matches the reference.
+    let above = dir.join("moe-pad-capacity-above-tokens-dp2-ep2-crash-f32.json");
+    let v = one_verdict("megatron-tp", &above, "");
     assert_eq!(v["kind"], "crash", "{v}");
     assert!(reason(&v).contains("is invalid for input of size"), "{v}");
+    assert_eq!(one_verdict("megatron-tp", &above, "megatron-moe-pad-to-capacity-above-tokens")["kind"], "pass");
     // `pad_to_capacity`: megatron's drop-and-pad dispatch, the same ties where tokens drop, none where none do.
     let padded = dir.join("moe-capacity-position-pad-dp2-ep2-aux-f32.json");
     let v = one_verdict("megatron-tp", &padded, "");

@@ -155,7 +155,8 @@ if "--fixed" in sys.argv:
     def with_the_chains_step(self, model_sharded_state_dict, is_loading=False, **kwargs):
         state = sharded_state_dict(self, model_sharded_state_dict, is_loading, **kwargs)
         groups = [g for sub in (state.values() if len(self.chained_optimizers) > 1 else [state])
-                  if isinstance(sub, dict) for g in sub.get("optimizer", {}).get("param_groups", [])]
+                  if isinstance(sub, dict) and isinstance(sub.get("optimizer"), dict)
+                  for g in sub["optimizer"].get("param_groups", [])]
         steps = {g["step"] for g in groups if "step" in g}
         if len(steps) == 1:
             step = steps.pop()

@@ -2319,7 +2319,8 @@ def _megatron_fully_reshardable_stage_param_groups():
     def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, **kwargs):
         state = original(self, model_sharded_state_dict, is_loading, **kwargs)
         subs = state.values() if len(self.chained_optimizers) > 1 else [state]
-        groups = [g for sub in subs if isinstance(sub, dict) for g in sub.get("optimizer", {}).get("param_groups", [])]
+        groups = [g for sub in subs if isinstance(sub, dict) and isinstance(sub.get("optimizer"), dict)
+                  for g in sub["optimizer"].get("param_groups", [])]
         steps = {g["step"] for g in groups if "step" in g}
         if len(steps) == 1:
             step = steps.pop()
@@ -2328,6 +2329,28 @@ def _megatron_fully_reshardable_stage_param_groups():
         return state
 
     ChainedOptimizer.sharded_state_dict = sharded_state_dict
+
+
+def _megatron_moe_pad_to_capacity_above_tokens():
+    """megatron-core 0.19.2: the all-to-all token dispatcher cannot pad expert inputs to a capacity above the rank's
+    token count (`moe_pad_expert_input_to_capacity` with `moe_expert_capacity_factor` over experts / top_k, or few
+    tokens per rank): `permute`'s drop-and-pad branch keeps the first `capacity` of each expert's argsorted token
+    indices, which are only as many as the tokens, then views them as [experts, capacity]: "shape '[E, C]' is invalid
+    for input of size E x tokens". The router's own token-drop code (`apply_router_token_dropping`) handles the case
+    ("No need to drop tokens if capacity exceeds the number of tokens"); the dispatcher does not (campaign 200, again
+    289 and 293; docs/findings/megatron-core-0.19.2-moe-pad-to-capacity-above-tokens-permute-crash.py). Fix: the dispatcher's capacity at
+    most the rank's token count (an expert receives each token once at most: nothing more is dropped, only fewer
+    zero-weighted padding rows computed)."""
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    old = """            capacity_factor=self.moe_expert_capacity_factor,
+        )
+        self.num_out_tokens = self.capacity * self.num_experts"""  # (in the dedented method)
+    new = """            capacity_factor=self.moe_expert_capacity_factor,
+        )
+        self.capacity = min(self.capacity, routing_map.size(0))
+        self.num_out_tokens = self.capacity * self.num_experts"""
+    _replace_in_method(MoEAlltoAllTokenDispatcher, "preprocess", old, new, "megatron-moe-pad-to-capacity-above-tokens")
 
 
 def _megatron_tp_attributes_without_initialization():
@@ -2517,6 +2540,7 @@ FIXES = {
     "megatron-distopt-dp-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_bucket_padding),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
     "megatron-fully-reshardable-stage-param-groups": (("megatron-tp",), _megatron_fully_reshardable_stage_param_groups),
+    "megatron-moe-pad-to-capacity-above-tokens": (("megatron-tp",), _megatron_moe_pad_to_capacity_above_tokens),
 }
 
 
