@@ -1397,10 +1397,11 @@ fn megatron_resumes_from_its_distributed_checkpoint_and_its_step_count_bugs_are_
 /// optimizer's instances (its default `dp_reshardable` format, which reshards the DP split) and its buckets (written
 /// `fully_reshardable`, Megatron-LM's format for another layout) pass with the known fixes of the distributed
 /// checkpoint; the legacy (gathered) format keeps the buckets, so a bucket change is refused; a MoE model whose first
-/// pipeline stage is dense cannot resume from a fully reshardable checkpoint (the stage with experts loads rank 0's
-/// stepless expert groups: KeyError 'step'; known fix `megatron-fully-reshardable-stage-param-groups`).
+/// pipeline stage is dense cannot resume from a fully reshardable checkpoint, nor with the non-distributed optimizer
+/// from the default one (the stage with experts loads rank 0's stepless expert optimizer state: KeyError 'step'; known
+/// fix `megatron-chained-optimizer-rank0-common-step`).
 #[test]
-fn runs_resume_into_another_parallel_layout_and_megatrons_fully_reshardable_stage_groups_are_a_known_finding() {
+fn runs_resume_into_another_parallel_layout_and_megatrons_rank0_optimizer_common_state_is_a_known_finding() {
     if !python_ready() {
         return;
     }
@@ -1429,9 +1430,14 @@ fn runs_resume_into_another_parallel_layout_and_megatrons_fully_reshardable_stag
     let case = dir.join("megatron-moe-pp2-dp2-ep2-zero1-dense-first-stage-torch-dist-resumed-into-overlap-f32.json");
     let v = one_verdict("megatron-tp", &case, megatron);
     assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'step'"), "{v}");
-    let fixed = format!("{megatron},megatron-fully-reshardable-stage-param-groups");
+    let fixed = format!("{megatron},megatron-chained-optimizer-rank0-common-step");
     let v = one_verdict("megatron-tp", &case, &fixed);
     assert!(v["kind"] == "pass" && has_feature(&v, "megatron:tp1:resumed-into-another-overlap_comm"), "{v}");
+    // Campaign 294: the same with the non-distributed optimizer from megatron's default checkpoint, no resharding.
+    let case = dir.join("megatron-moe-pp2-dp2-ep2-zero0-dense-first-stage-torch-dist-resume-after-1-f32.json");
+    let v = one_verdict("megatron-tp", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("KeyError: 'step'") && reason(&v).contains("adam.py"), "{v}");
+    assert_eq!(one_verdict("megatron-tp", &case, "megatron-chained-optimizer-rank0-common-step")["kind"], "pass");
 }
 
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot

@@ -2304,28 +2304,40 @@ def _megatron_distopt_dp_reshardable_step_overwritten():
     DistributedOptimizer.load_parameter_state_from_dp_reshardable = load_parameter_state_from_dp_reshardable
 
 
-def _megatron_fully_reshardable_stage_param_groups():
-    """megatron-core 0.19.2: a distributed checkpoint whose distributed-optimizer state is `fully_reshardable`
-    (`--dist-ckpt-optim-fully-reshardable`) keeps the optimizers' parameter groups, with the step count, as common
-    state, written by global rank 0 and read by every rank, so every pipeline stage resumes with stage 0's groups.
-    Where stage 0 has no MoE layer its expert-parallel optimizer is empty and its groups carry no step: a stage with
-    experts then loads groups without one, KeyError: 'step' without Apex / TE (with them, read from the code: the
-    expert step count silently starts again) (docs/findings/megatron-core-0.19.2-fully-reshardable-rank0-param-groups-on-
-    every-stage.py). Fix: the chained optimizer's groups without a step take the chain's before they are written."""
+def _megatron_chained_optimizer_rank0_common_step():
+    """megatron-core 0.19.2: megatron's distributed checkpoint keeps an optimizer's non-tensor state (its parameter
+    groups, and its step count: the groups' `step` for the distributed optimizer, the state's `common_step` for the
+    others) as common state, written by global rank 0 and read by every rank, wherever that state is not wrapped in
+    ShardedObjects per model-parallel group: the non-distributed optimizers in the default format, the distributed one
+    in `fully_reshardable`. Every pipeline stage thus resumes with stage 0's. Where stage 0 has no MoE layer its
+    expert-parallel optimizer is empty and has no step to write, so a stage with experts loads its expert optimizer
+    without one: KeyError: 'step' (torch's Adam `__setstate__`, or the distributed optimizer's `load_state_dict`
+    without Apex / TE; with them, read from the code, the expert step count restarts silently)
+    (docs/findings/megatron-core-0.19.2-rank0-optimizer-common-state-on-every-stage.py). Fix: before they are written,
+    the chained optimizer's sub-optimizers without a step take the chain's (as `_synchronize_steps` aligns the
+    others)."""
+    import copy
+
     from megatron.core.optimizer.optimizer import ChainedOptimizer
 
     original = ChainedOptimizer.sharded_state_dict
 
+    def torch_style(sub):
+        # (a sub-optimizer's torch-style dict: its groups, and for the non-distributed ones its state)
+        inner = sub.get("optimizer", sub) if isinstance(sub, dict) else None
+        return inner if isinstance(inner, dict) and isinstance(inner.get("param_groups"), list) else None
+
     def sharded_state_dict(self, model_sharded_state_dict, is_loading=False, **kwargs):
         state = original(self, model_sharded_state_dict, is_loading, **kwargs)
         subs = state.values() if len(self.chained_optimizers) > 1 else [state]
-        groups = [g for sub in subs if isinstance(sub, dict) and isinstance(sub.get("optimizer"), dict)
-                  for g in sub["optimizer"].get("param_groups", [])]
-        steps = {g["step"] for g in groups if "step" in g}
-        if len(steps) == 1:
-            step = steps.pop()
-            for g in groups:
-                g.setdefault("step", step)
+        inners = [i for i in map(torch_style, subs) if i is not None]
+        group_steps = [g["step"] for i in inners for g in i["param_groups"] if "step" in g]
+        common = [i["state"]["common_step"] for i in inners if "common_step" in (i.get("state") or {})]
+        for inner in inners:
+            for g in inner["param_groups"] if group_steps else []:
+                g.setdefault("step", group_steps[0])
+            if common and isinstance(inner.get("state"), dict) and "common_step" not in inner["state"]:
+                inner["state"]["common_step"] = copy.deepcopy(common[0])
         return state
 
     ChainedOptimizer.sharded_state_dict = sharded_state_dict
@@ -2539,7 +2551,7 @@ FIXES = {
     "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
     "megatron-distopt-dp-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_bucket_padding),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
-    "megatron-fully-reshardable-stage-param-groups": (("megatron-tp",), _megatron_fully_reshardable_stage_param_groups),
+    "megatron-chained-optimizer-rank0-common-step": (("megatron-tp",), _megatron_chained_optimizer_rank0_common_step),
     "megatron-moe-pad-to-capacity-above-tokens": (("megatron-tp",), _megatron_moe_pad_to_capacity_above_tokens),
 }
 

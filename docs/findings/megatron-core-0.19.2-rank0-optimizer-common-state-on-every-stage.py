@@ -1,40 +1,48 @@
-"""megatron-core 0.19.2: a distributed checkpoint whose distributed-optimizer state is `fully_reshardable` (Megatron-LM's
-`--dist-ckpt-optim-fully-reshardable`, the format for resuming into another layout) keeps the optimizers' parameter
-groups, and with them the step count, as common state: written by global rank 0 alone and read by every rank. Each
-pipeline stage builds its own optimizers, so every stage resumes with stage 0's groups. Where stage 0 has no MoE
-layer (DeepSeek's `first_k_dense_replace`, megatron's `moe_layer_freq`), its expert-parallel optimizer holds no
-parameters and its groups carry no step, so a stage that has experts loads groups without one:
+"""megatron-core 0.19.2: megatron's distributed checkpoint keeps an optimizer's non-tensor state (its parameter groups
+and its step count) as common state, written by global rank 0 alone and read by every rank, wherever it does not
+wrap that state in ShardedObjects per model-parallel group: the non-distributed optimizers (FP32Optimizer,
+Float16OptimizerWithFloat16Params) in the default format, and the distributed optimizer in `fully_reshardable`
+(Megatron-LM's `--dist-ckpt-optim-fully-reshardable`, the format for resuming into another layout). Each pipeline
+stage builds its own optimizers, so every stage resumes with stage 0's. Where stage 0 has no MoE layer (DeepSeek's
+`first_k_dense_replace`, megatron's `moe_layer_freq`), its expert-parallel optimizer holds no parameters and has no
+step to write (the distributed optimizer's groups carry none; the others write no `common_step`), so a stage that
+has experts loads its expert optimizer without one:
 
-- with torch's Adam (no Apex or Transformer Engine), `DistributedOptimizer.load_state_dict` reads `g["step"]`:
-  KeyError: 'step' (distrib_optimizer.py:1026), and the run cannot resume;
-- with Apex or TE (read from the code, not run here: this machine has no GPU), the same groups load without a step,
+- the non-distributed optimizer, default format: torch's Adam `__setstate__` reads each parameter's step:
+  KeyError: 'step' (adam.py:128), and the run cannot resume;
+- the distributed optimizer, fully_reshardable, with torch's Adam (no Apex or Transformer Engine):
+  `DistributedOptimizer.load_state_dict` reads `g["step"]`: KeyError: 'step' (distrib_optimizer.py:1026);
+- with Apex or TE (read from the code, not run here: this machine has no GPU), the groups load without a step,
   `ChainedOptimizer._synchronize_steps` aligns only groups that have one, and FusedAdam starts the expert
   parameters' step count again at 1: their bias correction after a resume is that of a fresh run, silently.
 
-dp_reshardable (the default format) is not affected: it writes the groups as ShardedObjects per model-parallel group
-(shardfuzz's case tests/python-resume/megatron-moe-pp2-dp2-ep2-zero1-dense-first-stage-torch-dist-resume-after-1-f32.json
-resumes from it with its known fixes).
-megatron's MimoOptimizer met the same rank-0 common state for modules on disjoint ranks (NVIDIA/Megatron-LM#4791,
-#4801, fixed there); ChainedOptimizer across pipeline stages is not covered by them. Not found reported.
+The distributed optimizer's default format (dp_reshardable) is not affected: it writes the groups as ShardedObjects
+per model-parallel group (shardfuzz's case tests/python-resume/megatron-moe-pp2-dp2-ep2-zero1-dense-first-stage-torch-
+dist-resume-after-1-f32.json resumes from it with its known fixes). megatron's MimoOptimizer met the same rank-0
+common state for modules on disjoint ranks (NVIDIA/Megatron-LM#4791, #4801, fixed there); ChainedOptimizer across
+pipeline stages is not covered by them. Not found reported.
 
-Found by shardfuzz's megatron-tp target (2026-12-06, `train.resume_parallel`: a MoE model on pp 2 x dp 2 x ep 2, its
-attention block on stage 0 and its MoE block on stage 1, resumed with overlapped buckets from a fully reshardable
-checkpoint).
+Found by shardfuzz's megatron-tp target (2026-12-06): `train.resume_parallel`, a MoE model on pp 2 x dp 2 x ep 2 with
+its attention block on stage 0 and its MoE block on stage 1, resumed with overlapped buckets from a fully reshardable
+checkpoint; then campaign 294, the non-distributed optimizer on pp 3 x dp 2 x ep 2 with two dense stages, resumed from
+megatron's default checkpoint.
 
-This script: 2 ranks, pp 2; each stage a Linear in megatron's DDP with the distributed optimizer (Adam); on stage 1
-the weight is an expert parameter (`allreduce = False`, as megatron's expert layers mark them), so stage 0's expert
-optimizer is empty. One step, a fully reshardable distributed checkpoint (`dist_checkpointing.save`), then fresh
-DDPs and optimizers load it. An empty optimizer's `state_dict` asserts on this path first (megatron's other bug,
-docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py `--dense-stage`): its
-fix is applied here, writing what the Apex / TE branch writes (the groups without a step). `--fixed`: the chained
-optimizer's groups without a step take the chain's (as `_synchronize_steps` aligns the others) before they are
-written; the loaded expert step is then checked against the saved one.
+This script: 2 ranks, pp 2; each stage a Linear in megatron's DDP and optimizer (Adam); on stage 1 the weight is an
+expert parameter (`allreduce = False`, as megatron's expert layers mark them), so stage 0's expert optimizer is empty.
+One step, a distributed checkpoint (`dist_checkpointing.save`), then fresh DDPs and optimizers load it. Default: the
+distributed optimizer, fully_reshardable; `--non-distributed`: the non-distributed optimizer, the default format.
+The distributed optimizer's other bugs on this path (an empty or unstepped optimizer's `state_dict` asserts; the
+loader's `step` copy) have their fixes applied first, writing what the Apex / TE branch writes; the
+non-distributed run meets none of them: its crash is megatron's code alone. `--fixed`: before
+they are written, the chained optimizer's sub-optimizers without a step take the chain's (as `_synchronize_steps`
+aligns the others); the loaded expert step is then checked against the saved one.
 
-Run: torchrun --nproc_per_node 2 megatron-core-0.19.2-fully-reshardable-rank0-param-groups-on-every-stage.py [--fixed]
-(CPU, gloo). Prints CRASH (exit 1), MISMATCH (exit 1) or OK.
+Run: torchrun --nproc_per_node 2 megatron-core-0.19.2-rank0-optimizer-common-state-on-every-stage.py
+[--non-distributed] [--fixed] (CPU, gloo). Prints CRASH (exit 1), MISMATCH (exit 1) or OK on each rank.
 """
 
 import contextlib
+import copy
 import os
 import queue
 import sys
@@ -149,19 +157,27 @@ def set_main_param_and_optimizer_states(self, model_param, tensors):
 DistributedOptimizer.state_dict, DistributedOptimizer.load_state_dict = state_dict_of_empty, load_state_dict_of_empty
 DistributedOptimizer._set_main_param_and_optimizer_states = set_main_param_and_optimizer_states
 
+DISTRIBUTED = "--non-distributed" not in sys.argv
+
 if "--fixed" in sys.argv:
     sharded_state_dict = ChainedOptimizer.sharded_state_dict
 
+    def torch_style(sub):
+        # (a sub-optimizer's torch-style dict: its groups, and for the non-distributed ones its state)
+        inner = sub.get("optimizer", sub) if isinstance(sub, dict) else None
+        return inner if isinstance(inner, dict) and isinstance(inner.get("param_groups"), list) else None
+
     def with_the_chains_step(self, model_sharded_state_dict, is_loading=False, **kwargs):
         state = sharded_state_dict(self, model_sharded_state_dict, is_loading, **kwargs)
-        groups = [g for sub in (state.values() if len(self.chained_optimizers) > 1 else [state])
-                  if isinstance(sub, dict) and isinstance(sub.get("optimizer"), dict)
-                  for g in sub["optimizer"].get("param_groups", [])]
-        steps = {g["step"] for g in groups if "step" in g}
-        if len(steps) == 1:
-            step = steps.pop()
-            for g in groups:
-                g.setdefault("step", step)
+        inners = [i for i in map(torch_style, state.values() if len(self.chained_optimizers) > 1 else [state])
+                  if i is not None]
+        group_steps = [g["step"] for i in inners for g in i["param_groups"] if "step" in g]
+        common = [i["state"]["common_step"] for i in inners if "common_step" in (i.get("state") or {})]
+        for inner in inners:
+            for g in inner["param_groups"] if group_steps else []:
+                g.setdefault("step", group_steps[0])
+            if common and isinstance(inner.get("state"), dict) and "common_step" not in inner["state"]:
+                inner["state"]["common_step"] = copy.deepcopy(common[0])
         return state
 
     ChainedOptimizer.sharded_state_dict = with_the_chains_step
@@ -177,13 +193,15 @@ METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_f
 
 
 def built():
-    """This stage's Linear (stage 1's weight an expert parameter) in DDP, and its optimizer (a chain: dense, expert)."""
+    """This stage's Linear (stage 1's weight an expert parameter) in DDP, and its optimizer (a chain: dense, expert),
+    distributed unless `--non-distributed`."""
     torch.manual_seed(rank)
     model = torch.nn.Linear(8, 8)
     if rank == 1:
         model.weight.allreduce = False
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, use_distributed_optimizer=True), [ddp])
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=DISTRIBUTED), model)
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.01, use_distributed_optimizer=DISTRIBUTED),
+                                 [ddp])
     return model, ddp, opt
 
 
