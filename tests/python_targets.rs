@@ -1425,6 +1425,14 @@ fn runs_resume_into_another_parallel_layout_and_megatrons_rank0_optimizer_common
         let v = one_verdict("megatron-ddp", &dir.join(case), megatron);
         assert_eq!(v["kind"], "pass", "{case}: {v}");
     }
+    // Campaign 295: a data-parallel rank whose distributed optimizer holds no parameter (one-element buckets over two
+    // ranks, the embedding frozen) cannot write its state dict: the empty-optimizer bug, met on megatron-ddp too
+    // (then its empty bucket slice, the bucket-padding bug).
+    let empty = dir.join("megatron-dp2-zero1-bucket1-frozen-tied-embedding-empty-rank-optimizer-resume-after-1-bf16.json");
+    let v = one_verdict("megatron-ddp", &empty, &megatron.replace(",megatron-distopt-empty-optimizer-state-dict", ""));
+    assert!(v["kind"] == "crash" && reason(&v).contains("in state_dict"), "{v}");
+    let padded = format!("{megatron},megatron-distopt-dp-reshardable-bucket-padding");
+    assert_eq!(one_verdict("megatron-ddp", &empty, &padded)["kind"], "pass");
     let v = one_verdict("megatron-ddp", &dir.join("megatron-dp4-zero1-overlap-adam-gathered-resumed-into-bucket64-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("legacy checkpoint"), "{v}");
     let case = dir.join("megatron-moe-pp2-dp2-ep2-zero1-dense-first-stage-torch-dist-resumed-into-overlap-f32.json");

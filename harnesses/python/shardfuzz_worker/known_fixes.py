@@ -2109,7 +2109,8 @@ def _megatron_distopt_shared_step_after_load():
 def _megatron_distopt_empty_optimizer_state_dict():
     """megatron-core 0.15.3 and 0.19.2: where megatron runs torch's Adam (no Apex or TE), the state dict of a
     distributed optimizer holding no parameters (the expert-parallel one of a pipeline stage without MoE layers, which
-    megatron builds with an empty parameter group rather than as a stub) asserts one step count among none
+    megatron builds with an empty parameter group rather than as a stub; or, on megatron-ddp, campaign 295, a
+    data-parallel rank whose slice of every bucket holds no parameter) asserts one step count among none
     (`state_dict`, and `load_state_dict` likewise), so such a model cannot be checkpointed; the Apex / TE branch
     allows none (docs/findings/megatron-core-0.19.2-distopt-checkpoint-before-first-step-or-on-a-dense-stage.py
     `--dense-stage`). Fix: such an optimizer's state dict is its parameter groups and loss scaler only."""
@@ -2546,7 +2547,7 @@ FIXES = {
     "megatron-distopt-legacy-checkpoint-state-copy": (("megatron-ddp", "megatron-tp"), _megatron_distopt_legacy_checkpoint_state_copy),
     "megatron-distopt-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_distopt_checkpoint_before_first_step),
     "megatron-distopt-shared-step-after-load": (("megatron-ddp", "megatron-tp"), _megatron_distopt_shared_step_after_load),
-    "megatron-distopt-empty-optimizer-state-dict": (("megatron-tp",), _megatron_distopt_empty_optimizer_state_dict),
+    "megatron-distopt-empty-optimizer-state-dict": (("megatron-ddp", "megatron-tp"), _megatron_distopt_empty_optimizer_state_dict),
     "megatron-torch-dist-checkpoint-before-first-step": (("megatron-ddp", "megatron-tp"), _megatron_torch_dist_checkpoint_before_first_step),
     "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
     "megatron-distopt-dp-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_bucket_padding),
