@@ -281,8 +281,11 @@ fn train_words(case: &Case) -> String {
         None => {}
     }
     if let Some(q) = &t.resume_parallel {
-        let changes: Vec<String> =
-            q.differing_fields(&case.parallel).iter().map(|name| format!("{name} {}", parallel_field_value(q, name))).collect();
+        let changes: Vec<String> = q
+            .differing_fields(&case.parallel)
+            .iter()
+            .map(|name| format!("{name} {}", q.json_field(name).map_or("unset".to_string(), |v| v.to_string())))
+            .collect();
         s += &format!(", resumed into another parallel layout ({})", changes.join(", "));
     }
     if !t.frozen.is_empty() {
@@ -338,12 +341,4 @@ pub fn describe(case: &Case) -> Vec<String> {
     lines.push(if par.is_empty() { "no parallelism".into() } else { par.join("; ") });
     lines.push(train_words(case));
     lines
-}
-
-/// The JSON value of the parallel layout `p`'s field `name` ("unset" where absent).
-fn parallel_field_value(p: &shardfuzz_harnesses::case::Parallel, name: &str) -> String {
-    match serde_json::to_value(p).ok().and_then(|v| v.get(name).cloned()) {
-        Some(v) => v.to_string(),
-        None => "unset".to_string(),
-    }
 }

@@ -359,6 +359,11 @@ impl Parallel {
         serde_json::from_value(serde_json::Value::Object(fields)).unwrap_or_else(|_| self.clone())
     }
 
+    /// The JSON value of the field `name` (JSON name), None where it is absent (unset).
+    pub fn json_field(&self, name: &str) -> Option<serde_json::Value> {
+        self.json_fields().remove(name)
+    }
+
     fn json_fields(&self) -> serde_json::Map<String, serde_json::Value> {
         match serde_json::to_value(self) {
             Ok(serde_json::Value::Object(m)) => m,

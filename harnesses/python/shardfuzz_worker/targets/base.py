@@ -393,11 +393,13 @@ def resumed_case(case):
 
 
 def resumed_layout_changes(case):
-    """The parallel fields whose values the resumed run's layout changes (`train.resume_parallel`), sorted."""
-    saved, resumed = parallel(case), parallel(resumed_case(case))
-    raw_saved, raw_resumed = case["parallel"], resumed_case(case)["parallel"]
-    return sorted(k for k in set(saved) | set(raw_saved) | set(raw_resumed)
-                  if (saved.get(k, raw_saved.get(k)) != resumed.get(k, raw_resumed.get(k))))
+    """The parallel fields whose values the resumed run's layout changes (`train.resume_parallel`), sorted: each
+    compared with its default filled in (parallel()), a field parallel() does not know as written."""
+    def layout(c):
+        return {**c["parallel"], **parallel(c)}
+
+    saved, resumed = layout(case), layout(resumed_case(case))
+    return sorted(k for k in saved.keys() | resumed.keys() if saved.get(k) != resumed.get(k))
 
 
 def unsupported_resume_parallel(target, case):

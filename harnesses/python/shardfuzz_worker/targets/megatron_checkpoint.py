@@ -18,8 +18,8 @@ from .base import checkpoint_layout, resumed_layout_changes
 from .megatron_common import sync_parameters
 
 #: This module's functions, in the order a standalone repro script embeds them.
-FUNCTIONS = ("save_checkpoint", "optimizer_sharding_type", "load_checkpoint", "model_parallel_dir", "save_legacy_checkpoint",
-             "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups", "distributed_metadata",
+FUNCTIONS = ("save_checkpoint", "optimizer_sharding_type", "reshards_beyond_data_parallel", "load_checkpoint",
+             "model_parallel_dir", "save_legacy_checkpoint", "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups", "distributed_metadata",
              "model_sharded_state_dict", "sharded_state", "save_distributed_checkpoint", "load_distributed_checkpoint",
              "in_process_write_results")
 
@@ -38,8 +38,23 @@ def optimizer_sharding_type(case):
     dimension") unless the run resumes into a layout that changes more than the distributed optimizer's instances
     (`train.resume_parallel`: its buckets, overlap, the distributed optimizer switched on or off), which asks for
     `fully_reshardable` (`--dist-ckpt-optim-fully-reshardable`: the state in the model's parameter space)."""
-    changes = resumed_layout_changes(case)
-    return "fully_reshardable" if any(c != "zero_shard_group" for c in changes) else "dp_reshardable"
+    return "fully_reshardable" if reshards_beyond_data_parallel(case) else "dp_reshardable"
+
+
+def reshards_beyond_data_parallel(case):
+    """Whether the case resumes into a layout (`train.resume_parallel`) that changes more than the distributed
+    optimizer's instances (`zero_shard_group`, the data-parallel split of its state)."""
+    return any(c != "zero_shard_group" for c in resumed_layout_changes(case))
+
+
+def unsupported_resumed_layout(case):
+    """Why megatron cannot resume the case into its `train.resume_parallel`, or None: its legacy checkpoint (the
+    `gathered` layout) holds the distributed optimizer's state in its bucket layout, gathered per bucket, so only
+    the data-parallel split of it (the optimizer's instances) may change; megatron's load asserts so."""
+    if checkpoint_layout(case) == "gathered" and reshards_beyond_data_parallel(case):
+        return ("megatron's legacy checkpoint (train.checkpoint_layout gathered) keeps the distributed optimizer's "
+                "bucket layout: a run resumes from it into other optimizer instances (zero_shard_group) only")
+    return None
 
 
 def load_checkpoint(case, path, ddps, opt, schedule, settings):

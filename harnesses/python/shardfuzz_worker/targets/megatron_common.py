@@ -9,7 +9,7 @@ import os
 
 from . import megatron_release
 from .base import (IGNORE_INDEX, dtype_name, overlap_param_gather, param_gather_feature, parallel, reduce_bucket,
-                   reduce_dtype_name, checkpoint_layout, resumed_case, resumed_layout_changes)
+                   reduce_dtype_name, resumed_case)
 from .torch_common import TorchTarget, _Done, _reduce_scatter_list
 
 
@@ -289,17 +289,6 @@ def ddp_settings(case):
 #: (the distributed and the non-distributed one write different formats: measured, loading one's distributed
 #: checkpoint into the other fails on its keys, "optimizer.state.param" against "optimizer.state.fp32_param").
 RESUMES_INTO = ("zero_shard_group", "reduce_bucket", "overlap_comm", "overlap_param_gather")
-
-
-def unsupported_resumed_layout(case):
-    """Why megatron cannot resume the case into its `train.resume_parallel`, or None: its legacy checkpoint (the
-    `gathered` layout) holds the distributed optimizer's state in its bucket layout, gathered per bucket, so only
-    the data-parallel split of it (the optimizer's instances) may change; megatron's load asserts so."""
-    changes = resumed_layout_changes(case)
-    if checkpoint_layout(case) == "gathered" and any(c != "zero_shard_group" for c in changes):
-        return ("megatron's legacy checkpoint (train.checkpoint_layout gathered) keeps the distributed optimizer's "
-                "bucket layout: a run resumes from it into other optimizer instances (zero_shard_group) only")
-    return None
 
 
 def resumed_training(case, tp, pp=1, vs=1, ep=1, etp=None):

@@ -46,9 +46,9 @@ from .base import (chunk_range, dtype_name, loss_denominator, parallel, reduce_d
 from .megatron_common import (MegatronTarget, counted_tokens, cuda_on_cpu, data_parallel_features, ddp_settings,
                               loss_scale_of, megatron_step, megatron_training, model_parallel, optimizer_instances,
                               optimizer_settings, patch_cuda, per_token_loss, reduced_grads, RESUMES_INTO,
-                              resumed_training, scales_loss, unsupported_resumed_layout,
+                              resumed_training, scales_loss,
                               sync_parameters, transformer_config, unsupported_training, weight_decay_overrides)
-from .megatron_checkpoint import load_checkpoint, save_checkpoint
+from .megatron_checkpoint import load_checkpoint, save_checkpoint, unsupported_resumed_layout
 from .torch_common import shared_tempdir
 from .torch_model import build, unsupported_layout
 from .torch_training import combine_dp, single_device, train

@@ -33,8 +33,9 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 
 from .base import dtype_name, parallel, reduction_feature, resume_feature, vocab_sharded_loss
 from .megatron_common import (MegatronTarget, RESUMES_INTO, data_parallel_features, model_parallel, optimizer_instances,
-                              patch_cuda, resumed_training, unsupported_resumed_layout,
+                              patch_cuda, resumed_training,
                               per_token_loss, unsupported_training)
+from .megatron_checkpoint import unsupported_resumed_layout
 from .megatron_moe import expert_layout, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
 from .torch_model import unsupported_layout
 from .torch_training import combine_dp, single_device
