@@ -128,6 +128,7 @@ fn train_needs(case: &Case) -> Vec<String> {
         (t.loss_scale.is_some(), "loss_scale"),
         (t.resume_after.is_some(), "resume"),
         (t.checkpoint_layout == Some(CheckpointLayout::Gathered), "gathered_checkpoint"),
+        (t.checkpoint_layout == Some(CheckpointLayout::Universal), "universal_checkpoint"),
         (!t.frozen.is_empty(), "frozen"),
         (t.per_token_loss, "per_token_loss"),
         (t.local_mean_loss, "local_mean_loss"),

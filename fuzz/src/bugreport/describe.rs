@@ -278,6 +278,9 @@ fn train_words(case: &Case) -> String {
     match t.checkpoint_layout {
         Some(CheckpointLayout::Sharded) => s += " (sharded: each rank writes and reads its own shards)",
         Some(CheckpointLayout::Gathered) => s += " (gathered to one rank to write, scattered from it on load)",
+        Some(CheckpointLayout::Universal) => {
+            s += " (written sharded, converted to a universal checkpoint, one file per parameter and state, and loaded from that)"
+        }
         None => {}
     }
     if let Some(q) = &t.resume_parallel {

@@ -64,7 +64,7 @@ pub fn resume_after(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
-/// The resumed run's checkpoint laid out another way (sharded, gathered, or the target's default); a run that does
+/// The resumed run's checkpoint laid out another way (sharded, gathered, universal, or the target's default); a run that does
 /// not resume first resumes after a random step.
 pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.train.resume_after.is_none() {
@@ -74,7 +74,7 @@ pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if t.resume_after.is_none() {
         return false;
     }
-    let choices = [None, Some(CheckpointLayout::Sharded), Some(CheckpointLayout::Gathered)];
+    let choices = [None, Some(CheckpointLayout::Sharded), Some(CheckpointLayout::Gathered), Some(CheckpointLayout::Universal)];
     t.checkpoint_layout = super::parallel::another(t.checkpoint_layout, &choices, rng);
     true
 }

@@ -982,6 +982,23 @@ def _deepspeed_round_robin_hp_link():
     DeepSpeedZeroOptimizer._link_all_hp_params = _link_all_hp_params
 
 
+def _deepspeed_zero3_universal_step_per_sub_group():
+    """DeepSpeed 0.19.8 (found 2026-12-06 through `train.checkpoint_layout` universal): ZeRO-3's universal checkpoint
+    loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) reads one `step` from the checkpoint and sets that
+    object as the state of every optimizer sub-group (`sub_group_size`); torch's Adam keeps `step` as a tensor it
+    increments in place, so each step after the resume advances the count once per sub-group and every sub-group's
+    update is bias-corrected for the wrong step: silently wrong training whenever a rank's partition spans more than
+    one sub-group (docs/findings/deepspeed-0.19.8-zero3-universal-checkpoint-shared-step-across-sub-groups.py).
+    Fix: each sub-group its own copy."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    _replace_in_method(DeepSpeedZeroOptimizer_Stage3, "load_hp_checkpoint_state_from_checkpoint_dir_stage3",
+                       "self.optimizer.state[fp32_param]['step'] = state_step",
+                       "self.optimizer.state[fp32_param]['step'] = (state_step.clone() if torch.is_tensor(state_step)"
+                       " else state_step)",
+                       "deepspeed-zero3-universal-step-per-sub-group")
+
+
 def _deepspeed_zero2_accumulation_last_micro_batch():
     """DeepSpeed 0.17.6 to 0.18.2 (introduced by deepspeedai/DeepSpeed#7509, fixed by #7665 in 0.18.3; reported as
     #7718): ZeRO-1/2 without offload keep only the last micro-batch's gradient under gradient accumulation.
@@ -2486,6 +2503,7 @@ FIXES = {
     "deepspeed-sparse-predivide": (("deepspeed-zero",), _deepspeed_sparse_predivide),
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
+    "deepspeed-zero3-universal-step-per-sub-group": (("deepspeed-zero",), _deepspeed_zero3_universal_step_per_sub_group),
     "deepspeed-ulysses-mesh-gradient-group": (("deepspeed-zero",), _deepspeed_ulysses_mesh_gradient_group),
     "deepspeed-zero3-reduce-scatter-sequence-parallel": (("deepspeed-zero",),
                                                          _deepspeed_zero3_reduce_scatter_sequence_parallel),

@@ -171,7 +171,9 @@ fn optimizer_implementation_round_trips_and_names_its_values() {
 #[test]
 fn checkpoint_layout_needs_a_resume_and_names_its_values() {
     let with = |extra: &str| MINIMAL.replace(r#""dtype": "f32"}"#, &format!(r#""dtype": "f32"{extra}}}"#));
-    for (v, want) in [("sharded", CheckpointLayout::Sharded), ("gathered", CheckpointLayout::Gathered)] {
+    for (v, want) in
+        [("sharded", CheckpointLayout::Sharded), ("gathered", CheckpointLayout::Gathered), ("universal", CheckpointLayout::Universal)]
+    {
         let c = Case::from_json(&with(&format!(r#", "resume_after": 0, "checkpoint_layout": "{v}""#)));
         let c = c.unwrap();
         assert_eq!(c.train.checkpoint_layout, Some(want));

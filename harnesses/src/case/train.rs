@@ -174,6 +174,9 @@ pub enum CheckpointLayout {
     Sharded,
     /// Gathered to one rank to write, scattered from it on load.
     Gathered,
+    /// Written sharded, then converted to a layout-free form (one file per parameter and optimizer state) that any
+    /// layout loads: DeepSpeed's universal checkpoint (`ds_to_universal`, `checkpoint.load_universal`).
+    Universal,
 }
 
 /// The norm gradient clipping bounds (`Train::clip_norm_type`).

@@ -371,7 +371,8 @@ def resume_after(case):
 
 
 def checkpoint_layout(case):
-    """How the case's resume checkpoint is laid out: "sharded" (absent too: the frameworks' default) or "gathered"."""
+    """How the case's resume checkpoint is laid out: "sharded" (absent too: the frameworks' default), "gathered" or
+    "universal"."""
     return (case.get("train") or {}).get("checkpoint_layout") or "sharded"
 
 
@@ -419,14 +420,16 @@ def unsupported_resume_parallel(target, case):
 def resume_feature(prefix, case):
     """`prefix:resumed-from-checkpoint` where the case checkpoints and resumes its run,
     `prefix:resumed-from-seed-checkpoint` where it does so before the first step (an optimizer without state), and
-    `prefix:resumed-from-gathered-checkpoint` where the checkpoint is gathered to one rank (`train.checkpoint_layout`),
+    `prefix:resumed-from-LAYOUT-checkpoint` where the checkpoint is gathered to one rank or universal
+    (`train.checkpoint_layout`),
     `prefix:resumed-into-another-FIELD` for each parallel field the resumed run's layout changes
     (`train.resume_parallel`)."""
     k = resume_after(case)
     if k is None:
         return []
     return ([f"{prefix}:resumed-from-checkpoint"] + ([f"{prefix}:resumed-from-seed-checkpoint"] if k == 0 else [])
-            + ([f"{prefix}:resumed-from-gathered-checkpoint"] if checkpoint_layout(case) == "gathered" else [])
+            + ([f"{prefix}:resumed-from-{checkpoint_layout(case)}-checkpoint"] if checkpoint_layout(case) != "sharded"
+               else [])
             + [f"{prefix}:resumed-into-another-{field}" for field in resumed_layout_changes(case)])
 
 

@@ -36,14 +36,15 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
-                   resume_feature, zero_offloaded)
+from .base import (checkpoint_layout, dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature,  # noqa: E402
+                   reshard_feature, resume_feature, resumed_case, zero_offloaded)
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
 from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
 from . import deepspeed_autotp as autotp  # noqa: E402
 from . import deepspeed_autoep as autoep  # noqa: E402
 from . import deepspeed_ulysses as ulysses  # noqa: E402
+from . import deepspeed_checkpoint  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
 from .torch_training import SequencePart, combine_dp, single_device, train  # noqa: E402
@@ -59,6 +60,13 @@ COMMUNICATION = ACCUMULATE
 BUCKET = 1000
 
 
+#: The parallel fields a run resumed from DeepSpeed's checkpoint may change (`train.resume_parallel`): the ZeRO
+#: configuration; the degrees stay (the training loop keeps each rank's data).
+RESUMES_INTO = ("zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "reduce_scatter", "contiguous_grads",
+                "round_robin_grads", "reduce_to_owner", "reshard_group", "persist_below", "optimizer_sub_group",
+                "prefetch_bucket", "max_live_parameters", "max_reuse_distance", "grad_predivide")
+
+
 def micro_batches(case):
     """Micro-batches per optimizer step: `train` runs exactly grad_accumulation on every rank
     (unsupported_model refuses cases where a rank would have fewer rows than that)."""
@@ -69,6 +77,8 @@ class DeepSpeedZero(TorchTarget):
     name = "deepspeed-zero"
     freezes = True
     smooths_labels = True
+    checkpoint_layouts = ("sharded", "universal")  # (DeepSpeed's own checkpoint, or that converted by ds_to_universal)
+    resumes_into = RESUMES_INTO
 
     def __init__(self):
         super().__init__()
@@ -107,6 +117,9 @@ class DeepSpeedZero(TorchTarget):
             return why
         if p["zero_stage"] == 3 and p["reshard_group"] == 1:
             return "DeepSpeed's hpZ partition size 1 turns the secondary partition off; it keeps no whole copies"
+        why = deepspeed_checkpoint.unsupported_checkpoint(case)
+        if why:
+            return why
         rd = reduce_dtype_name(case)
         if rd not in COMMUNICATION:
             return f"DeepSpeed communicates gradients in {' / '.join(COMMUNICATION)} only, not {rd}"
@@ -201,25 +214,25 @@ class DeepSpeedZero(TorchTarget):
         aux = []  # the l_aux of each MoE block in the micro-batch's forward (DeepSpeed's MoE layer returns it)
         moe = moe_of(case)
 
-        def fresh_engine():
+        def fresh_engine(c=case, cfg=cfg):
             forget_earlier_engines()
             model, _ = build(case, inputs, sparse_embedding(case))
-            autotp.prepare(model, case)
-            if autoep.enabled(case):
-                autoep.prepare(model, case)  # DeepSpeed replaces its MoE blocks
+            autotp.prepare(model, c)
+            if autoep.enabled(c):
+                autoep.prepare(model, c)  # DeepSpeed replaces its MoE blocks
             elif moe is not None:
-                install_moe(model, case, inputs, dt, aux)
+                install_moe(model, c, inputs, dt, aux)
             if block_checkpoint is not None:
                 model.block_checkpoint = block_checkpoint
-            opt = (autoep.optimizer(case, lambda params: make_optimizer(case, params, split_groups=moe_groups))
-                   or make_optimizer(case, list(model.parameters()), split_groups=moe_groups if moe is not None else None))
-            engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg, **ulysses.initialize_kw(case))[0]
-            if block_checkpoint is not None and autotp.tensor_parallel(case) > 1:
+            opt = (autoep.optimizer(c, lambda params: make_optimizer(c, params, split_groups=moe_groups))
+                   or make_optimizer(c, list(model.parameters()), split_groups=moe_groups if moe is not None else None))
+            engine = deepspeed.initialize(model=model, optimizer=opt, config=cfg, **ulysses.initialize_kw(c))[0]
+            if block_checkpoint is not None and autotp.tensor_parallel(c) > 1:
                 # As a Megatron-DeepSpeed user configures it: activations partitioned over the tensor-parallel ranks
                 # of the engine's model-parallel unit (AutoTP's groups).
-                configure_deepspeed_checkpointing(parallel(case)["framework_checkpoint"], checkpointed_blocks(case),
+                configure_deepspeed_checkpointing(parallel(c)["framework_checkpoint"], checkpointed_blocks(c),
                                                   mpu=engine.mpu)
-            ulysses.install(engine, case)
+            ulysses.install(engine, c)
             return engine
 
         # What the hooks below reach: the engine and its parameters, replaced when the run resumes.
@@ -232,11 +245,14 @@ class DeepSpeedZero(TorchTarget):
             return [(n, now["params"][n]) for n in names]
 
         def resume(_opt):
-            # DeepSpeed's own checkpoint (module, ZeRO partitions, optimizer states) loaded into a fresh engine.
+            # DeepSpeed's own checkpoint (module, ZeRO partitions, optimizer states), or the universal checkpoint
+            # converted from it, loaded into a fresh engine of the resumed layout.
+            resumed = resumed_case(case)
             with shared_tempdir() as path:
-                now["engine"].save_checkpoint(path, tag="resume")
-                old, now["engine"] = now["engine"], fresh_engine()
-                now["engine"].load_checkpoint(path, tag="resume")
+                tag = deepspeed_checkpoint.save(now["engine"], path, case)
+                old = now["engine"]
+                now["engine"] = fresh_engine(resumed, deepspeed_checkpoint.load_config(self.config(resumed, world), case))
+                now["engine"].load_checkpoint(path, tag=tag)
                 old.destroy()
             return trained(), None
 

@@ -1,0 +1,76 @@
+"""DeepSpeed's checkpoints for `train.resume_after`, in the case's `train.checkpoint_layout`:
+
+- sharded (the default): the engine's own checkpoint (`save_checkpoint` / `load_checkpoint`: the module, each
+  rank's ZeRO partitions and optimizer states), which loads into the layout that wrote it;
+- universal: that checkpoint converted by DeepSpeed's `ds_to_universal` (one folder per parameter holding its fp32
+  value and optimizer states, as a user runs `python -m deepspeed.checkpoint.ds_to_universal --input_folder ...
+  --output_folder ... --inject_missing_state`) and loaded with `checkpoint.load_universal`, the path DeepSpeed gives
+  for resuming under another ZeRO stage or parallel layout.
+"""
+
+import argparse
+import os
+
+from .base import checkpoint_layout, parallel, resume_after, resumed_case
+
+TAG = "resume"
+
+
+def universal(case):
+    return resume_after(case) is not None and checkpoint_layout(case) == "universal"
+
+
+def family(stage):
+    """The checkpoint family of a ZeRO stage: DeepSpeed lays out stage 0's (the optimizer's state dict beside the
+    module), stages 1-2's (flat partitions: DeepSpeedZeroOptimizer, BF16_Optimizer) and stage 3's (per-rank model
+    files, sub-groups) checkpoints, universal ones included, differently."""
+    return "stage 0" if stage == 0 else "stages 1-2" if stage in (1, 2) else "stage 3"
+
+
+def unsupported_checkpoint(case):
+    """Why DeepSpeed cannot write the case's resume checkpoint or load it into the resumed layout, or None (measured
+    on 0.19.8: a universal checkpoint of stage 0 fails in ds_to_universal, "can't find *_optim_states.pt files"; a
+    load into another family fails in DeepSpeed's loader: stage 3 from stages 1-2 and back, universal or not,
+    "assert len(self.ckpt_list) > 0" in check_ckpt_list (the model files are named per stage; with them renamed,
+    KeyError 'optimizer_state_dict' or "Empty ds_version"), stage 0 from stages 1-2 "'NoneType' object has no
+    attribute 'copy'" in the torch optimizer's load_state_dict, and stages 1-2 from stage 0 FileNotFoundError of the
+    partitions)."""
+    if resume_after(case) is None:
+        return None
+    saved, resumed = parallel(case)["zero_stage"], parallel(resumed_case(case))["zero_stage"]
+    if universal(case) and saved == 0:
+        return "DeepSpeed's universal checkpoint converts ZeRO partitions (stages 1-3); stage 0 writes none"
+    if family(saved) != family(resumed):
+        return (f"DeepSpeed's checkpoints load into the ZeRO stages that wrote them ({family(saved)}), universal ones "
+                f"too (train.resume_parallel zero_stage {resumed})")
+    return None
+
+
+def save(engine, path, case):
+    """Write the engine's checkpoint under `path` (every rank); with a universal layout rank 0 converts it while the
+    others wait. Returns the tag to load."""
+    import torch.distributed as dist
+
+    engine.save_checkpoint(path, tag=TAG)
+    if not universal(case):
+        return TAG
+    out = f"{TAG}_universal"
+    if dist.get_rank() == 0:
+        convert_to_universal(os.path.join(path, TAG), os.path.join(path, out))
+    dist.barrier()
+    return out
+
+
+def convert_to_universal(source, target):
+    """ds_to_universal's main with its command line's defaults, in this process (one worker: a rank is a daemonic
+    process, which cannot start a pool)."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = argparse.Namespace(input_folder=source, output_folder=target, num_extract_workers=1, num_merge_workers=1,
+                              keep_temp_folder=False, strict=True, inject_missing_state=True)
+    ds_to_universal.main(args)
+
+
+def load_config(cfg, case):
+    """The resumed engine's config: `checkpoint.load_universal` where the checkpoint is universal."""
+    return {**cfg, "checkpoint": {"load_universal": True}} if universal(case) else cfg
