@@ -80,7 +80,8 @@ pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 }
 
 /// The parallel-layout mutations a resumed run's layout draws from: those that reshard the model and optimizer
-/// state (ZeRO stage, shard and reshard groups, shard dimension, offload, buckets, overlap, sequence parallelism).
+/// state (ZeRO stage, shard and reshard groups, shard dimension, offload, buckets, overlap, sequence parallelism, the
+/// order and grouping of ZeRO's flat partitions).
 const RESUMED_LAYOUT_MUTATIONS: &[super::MutationFn] = &[
     super::parallel::zero_stage,
     super::parallel::zero_shard_group,
@@ -91,6 +92,9 @@ const RESUMED_LAYOUT_MUTATIONS: &[super::MutationFn] = &[
     super::parallel::overlap_comm,
     super::parallel::overlap_param_gather,
     super::parallel::toggle_sequence_parallel,
+    super::parallel::round_robin_grads,
+    super::parallel::persist_below,
+    super::parallel::optimizer_sub_group,
 ];
 
 /// The run resumes into another parallel layout: one layout mutation applied to the resumed run's layout (the
