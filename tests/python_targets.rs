@@ -1448,6 +1448,37 @@ fn runs_resume_into_another_parallel_layout_and_megatrons_rank0_optimizer_common
     assert_eq!(one_verdict("megatron-tp", &case, "megatron-chained-optimizer-rank0-common-step")["kind"], "pass");
 }
 
+/// deepspeed-zero's checkpoint layouts and resumed layouts (`train.checkpoint_layout` universal: DeepSpeed's
+/// ds_to_universal and `checkpoint.load_universal`; `train.resume_parallel`): the BF16_Optimizer's universal
+/// checkpoint resumes into ZeRO-2; another stage family is refused (DeepSpeed's loaders fail); two new DeepSpeed
+/// bugs are known findings: ZeRO-3's universal loader sharing one step tensor across optimizer sub-groups, and ZeRO-1/2
+/// loading their own checkpoint verbatim into a run with `round_robin_gradients` toggled.
+#[test]
+fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_checkpoint_bugs_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-bf16-optimizer-adam-universal-resumed-into-zero2.json"), "");
+    assert!(
+        v["kind"] == "pass"
+            && has_feature(&v, "deepspeed:dp2:zero1:resumed-from-universal-checkpoint")
+            && has_feature(&v, "deepspeed:dp2:zero1:resumed-into-another-zero_stage"),
+        "{v}"
+    );
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-zero1-adam-universal-resumed-into-zero3-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("stages 1-2"), "{v}");
+    let case = dir.join("deepspeed-dp2-zero3-sub-groups-adam-universal-resume-after-1-f32.json");
+    let v = one_verdict("deepspeed-zero", &case, "");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("loss/step2"), "{v}");
+    assert_eq!(one_verdict("deepspeed-zero", &case, "deepspeed-zero3-universal-step-per-sub-group")["kind"], "pass");
+    let case = dir.join("deepspeed-dp2-zero2-adam-clip-resumed-into-round-robin-f32.json");
+    let v = one_verdict("deepspeed-zero", &case, "deepspeed-round-robin-hp-link");
+    assert!(v["kind"] == "divergent" && reason(&v).contains("loss/step2"), "{v}");
+    let fixed = "deepspeed-round-robin-hp-link,deepspeed-zero12-checkpoint-round-robin-order";
+    assert_eq!(one_verdict("deepspeed-zero", &case, fixed)["kind"], "pass");
+}
+
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot
 /// load one (`init_state_fn` None); a seed checkpoint of the non-distributed optimizer writes no state the load asks
 /// for; the distributed optimizer's bucket padding runs past the unpadded size (a tied embedding's own bucket on fp16

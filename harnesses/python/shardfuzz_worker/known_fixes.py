@@ -821,7 +821,8 @@ def _replace_in_method(cls, name, old, new, fix, requires=()):
     import textwrap
 
     static = isinstance(inspect.getattr_static(cls, name), staticmethod)
-    source = textwrap.dedent(inspect.getsource(getattr(cls, name)))
+    # (A method another fix has already patched: its patched source, so that both fixes apply.)
+    source = getattr(getattr(cls, name), "__patched_source__", None) or textwrap.dedent(inspect.getsource(getattr(cls, name)))
     if source.count(old) != 1 or not all(passage in source for passage in requires):
         raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
     if static:
@@ -829,6 +830,7 @@ def _replace_in_method(cls, name, old, new, fix, requires=()):
     module = sys.modules[cls.__module__]
     namespace = {}
     exec(compile(source.replace(old, new), inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
+    namespace[name].__patched_source__ = ("@staticmethod\n" if static else "") + source.replace(old, new)
     setattr(cls, name, staticmethod(namespace[name]) if static else namespace[name])
 
 
@@ -999,6 +1001,93 @@ def _deepspeed_zero3_universal_step_per_sub_group():
                        "deepspeed-zero3-universal-step-per-sub-group")
 
 
+def _deepspeed_zero3_universal_param_group_hyperparameters():
+    """DeepSpeed 0.19.8 (found 2026-12-06 by campaign 296, `train.checkpoint_layout` universal): ZeRO-3's universal
+    checkpoint loader (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) sets every optimizer parameter group's
+    hyperparameters from the checkpoint's first group ("Generally, the hyperparameters of each parameter should be
+    the same"), so a run with groups that differ (no weight decay on norms and biases, the usual recipe; per-group
+    learning rates) resumes with the first group's weight decay and learning rate everywhere: silently wrong
+    training (docs/findings/deepspeed-0.19.8-zero3-universal-checkpoint-first-param-group-everywhere.py). ZeRO-1/2's
+    universal loader and DeepSpeed's own checkpoints keep each group's. Fix: each group its own saved group."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    _replace_in_method(DeepSpeedZeroOptimizer_Stage3, "load_hp_checkpoint_state_from_checkpoint_dir_stage3",
+                       "for param_group in self.optimizer.param_groups:\n"
+                       "        # Generally, the hyperparameters of each parameter should be the same, we can obtain from any "
+                       "parameter.\n"
+                       "        for key, value in optim_sd[OPTIMIZER_STATE_DICT][\"param_groups\"][0].items():",
+                       "for group_index, param_group in enumerate(self.optimizer.param_groups):\n"
+                       "        for key, value in optim_sd[OPTIMIZER_STATE_DICT][\"param_groups\"][group_index].items():",
+                       "deepspeed-zero3-universal-param-group-hyperparameters")
+
+
+def _deepspeed_zero12_checkpoint_round_robin_order():
+    """DeepSpeed 0.19.8 (found 2026-12-06 through `train.resume_parallel`): ZeRO-1/2 lay each parameter group's flat
+    partitions out in round-robin order under `round_robin_gradients` and in model order otherwise, and their own
+    checkpoint stores the flat fp32 partitions and optimizer states without the order; `_load_legacy_checkpoint`
+    refuses a changed parameter-alignment layout but copies a changed order verbatim, so a run resumed with the
+    option toggled trains every parameter from another parameter's master weights and moments, silently
+    (docs/findings/deepspeed-0.19.8-zero12-checkpoint-round-robin-order-loaded-verbatim.py). Fix: the state dict
+    records the order; a load into another order moves each parameter's slice of the saved flat state (every rank's
+    partition, gathered from its rank) to its offset in the current layout. (The script's `--fixed` refuses such a
+    load instead, as DeepSpeed refuses another alignment layout; this fix lets the case's run go on.)"""
+    import torch
+    import deepspeed.comm as dist
+    from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, PARAM_ALIGNMENT_PADDINGS,
+                                                SINGLE_PARTITION_OF_FP32_GROUPS)
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    key = "shardfuzz_round_robin_indices"
+    state_dict, load = DeepSpeedZeroOptimizer.state_dict, DeepSpeedZeroOptimizer._load_legacy_checkpoint
+
+    def with_order(self):
+        return {**state_dict(self), key: [list(ix) for ix in self.round_robin_bit16_indices]}
+
+    def offsets(order, paddings, numels):
+        out, at = {}, 0
+        for k, pad in zip(order, paddings):
+            out[k], at = at, at + numels[k] + pad
+        return out
+
+    def moved(self, i, pieces, saved_order, saved_padding):
+        numels = [p.numel() for p in self.bit16_groups[i]]
+        full, size = torch.cat([t.reshape(-1) for t in pieces]), pieces[0].numel()
+        out = torch.zeros(size * len(pieces), dtype=full.dtype)
+        old = offsets(saved_order, saved_padding, numels)
+        new = offsets(self.round_robin_bit16_indices[i], self.round_robin_bit16_padding[i], numels)
+        for k, n in enumerate(numels):
+            out[new[k]:new[k] + n] = full[old[k]:old[k] + n]
+        rank = dist.get_rank(group=self.real_dp_process_group[i])
+        return out[rank * size:(rank + 1) * size]
+
+    def every_ranks(self, i, t):
+        # (The engine reads only this rank's file of a rigid checkpoint: the others' partitions come from their ranks.)
+        out = [None] * dist.get_world_size(group=self.real_dp_process_group[i])
+        torch.distributed.all_gather_object(out, t, group=self.real_dp_process_group[i])
+        return out
+
+    def _load_legacy_checkpoint(self, state_dict_list, load_optimizer_states=True, load_from_fp32_weights=False):
+        sd = state_dict_list[dist.get_rank(group=self.dp_process_group)]
+        saved = sd.get(key)
+        if saved is not None and saved != [list(ix) for ix in self.round_robin_bit16_indices] and \
+                isinstance(sd[BASE_OPTIMIZER_STATE], dict) and not self.has_moe_layers:
+            for i in range(len(self.bit16_groups)):
+                padding = sd[PARAM_ALIGNMENT_PADDINGS][i]
+                size = self.single_partition_of_fp32_groups[i].numel()
+                fp32 = sd[SINGLE_PARTITION_OF_FP32_GROUPS][i]  # (saved without the group's trailing padding)
+                fp32 = torch.cat([fp32.reshape(-1), fp32.new_zeros(size - fp32.numel())])
+                sd[SINGLE_PARTITION_OF_FP32_GROUPS][i] = moved(self, i, every_ranks(self, i, fp32), saved[i], padding)
+                state = sd[BASE_OPTIMIZER_STATE]["state"].get(i, {})
+                for name in sorted(state):
+                    if torch.is_tensor(state[name]) and state[name].dim() > 0:
+                        state[name] = moved(self, i, every_ranks(self, i, state[name]), saved[i], padding)
+            sd[PARAM_ALIGNMENT_PADDINGS] = self.round_robin_bit16_padding
+        return load(self, state_dict_list, load_optimizer_states, load_from_fp32_weights)
+
+    DeepSpeedZeroOptimizer.state_dict = with_order
+    DeepSpeedZeroOptimizer._load_legacy_checkpoint = _load_legacy_checkpoint
+
+
 def _deepspeed_zero2_accumulation_last_micro_batch():
     """DeepSpeed 0.17.6 to 0.18.2 (introduced by deepspeedai/DeepSpeed#7509, fixed by #7665 in 0.18.3; reported as
     #7718): ZeRO-1/2 without offload keep only the last micro-batch's gradient under gradient accumulation.
@@ -1104,12 +1193,18 @@ def _deepspeed_async_column_parallel_noncontiguous_grad():
     which fails on a non-contiguous gradient: an attention projection whose output is viewed per head and transposed
     gets one as soon as a micro-batch has two sequences ("view size is not compatible with input tensor's size and
     stride") (docs/findings/deepspeed-0.19.8-autotp-overlap-comm-noncontiguous-grad-crash.py). Fix: `reshape`, as
-    apex's equivalent layer does since NVIDIA/apex#1573; the arithmetic otherwise unchanged."""
+    apex's equivalent layer does since NVIDIA/apex#1573; the arithmetic otherwise unchanged. A rank whose shard has
+    no columns (fewer kv heads than tp) runs the released backward, which fails there with `view` as `reshape`
+    would (another bug, not this fix's)."""
     import deepspeed.comm as dist
     from deepspeed.module_inject.layers import AsyncColumnParallel
 
+    released = AsyncColumnParallel.backward
+
     def backward(ctx, grad_output):
         input, weight = ctx.saved_tensors
+        if grad_output.numel() == 0 or input.numel() == 0:
+            return released(ctx, grad_output)
         grad_input = grad_output.matmul(weight)
         handle = dist.all_reduce(grad_input.contiguous(), group=ctx.group, async_op=True)
         grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(input.reshape(-1, input.shape[-1]))
@@ -2504,6 +2599,9 @@ FIXES = {
     "deepspeed-sparse-clip": (("deepspeed-zero",), _deepspeed_sparse_clip),
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
     "deepspeed-zero3-universal-step-per-sub-group": (("deepspeed-zero",), _deepspeed_zero3_universal_step_per_sub_group),
+    "deepspeed-zero12-checkpoint-round-robin-order": (("deepspeed-zero",), _deepspeed_zero12_checkpoint_round_robin_order),
+    "deepspeed-zero3-universal-param-group-hyperparameters": (("deepspeed-zero",),
+                                                              _deepspeed_zero3_universal_param_group_hyperparameters),
     "deepspeed-ulysses-mesh-gradient-group": (("deepspeed-zero",), _deepspeed_ulysses_mesh_gradient_group),
     "deepspeed-zero3-reduce-scatter-sequence-parallel": (("deepspeed-zero",),
                                                          _deepspeed_zero3_reduce_scatter_sequence_parallel),

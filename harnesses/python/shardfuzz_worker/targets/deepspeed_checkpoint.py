@@ -43,6 +43,12 @@ def unsupported_checkpoint(case):
     if family(saved) != family(resumed):
         return (f"DeepSpeed's checkpoints load into the ZeRO stages that wrote them ({family(saved)}), universal ones "
                 f"too (train.resume_parallel zero_stage {resumed})")
+    groups = parallel(case)["optimizer_sub_group"], parallel(resumed_case(case))["optimizer_sub_group"]
+    if saved == 3 and not universal(case) and groups[0] != groups[1]:
+        # Measured: torch's load_state_dict, "loaded state dict contains a parameter group that doesn't match the size
+        # of optimizer's group".
+        return ("DeepSpeed's own ZeRO-3 checkpoint keeps the optimizer's sub-groups: another sub_group_size needs the "
+                "universal checkpoint (train.checkpoint_layout universal)")
     return None
 
 
