@@ -52,6 +52,17 @@ class ReplaceInMethodTest(unittest.TestCase):
         self.assertIsInstance(vars(Released)["twice"], staticmethod)
         self.assertEqual(Released.twice(3), 6)
 
+    def test_two_fixes_of_one_method_both_apply(self):
+        known_fixes._replace_in_method(Released, "epilogue", 'return "fresh"', 'return "fixed"', "f")
+        known_fixes._replace_in_method(Released, "epilogue", 'return "again"', 'return "fixed again"', "g")
+        known_fixes._replace_in_method(Released, "twice", "x + x", "2 * x", "h")
+        known_fixes._replace_in_method(Released, "twice", "2 * x", "x * 2", "i")
+        r = Released()
+        r.seen, r.done = {}, {1: True}
+        self.assertEqual((r.epilogue(0), r.epilogue(1)), ("fixed", "fixed again"))
+        self.assertIsInstance(vars(Released)["twice"], staticmethod)
+        self.assertEqual(Released.twice(3), 6)
+
     def test_a_release_without_the_passage_or_what_the_fix_requires_is_refused(self):
         with self.assertRaisesRegex(RuntimeError, "known fix f: the released code it patches has changed"):
             known_fixes._replace_in_method(Released, "epilogue", "no such line", "x", "f")
