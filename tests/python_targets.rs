@@ -1477,6 +1477,16 @@ fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_
     assert!(v["kind"] == "divergent" && reason(&v).contains("loss/step2"), "{v}");
     let fixed = "deepspeed-round-robin-hp-link,deepspeed-zero12-checkpoint-round-robin-order";
     assert_eq!(one_verdict("deepspeed-zero", &case, fixed)["kind"], "pass");
+    // Campaign 296: ZeRO-3's universal loader also gives every param group the first group's hyperparameters (no weight
+    // decay on vectors, two groups: two sub-groups as well, so both fixes are needed); a seed checkpoint cannot be
+    // converted at all.
+    let case = dir.join("deepspeed-dp2-zero3-adamw-no-decay-vectors-universal-resume-after-1-f32.json");
+    let step = "deepspeed-zero3-universal-step-per-sub-group";
+    assert_eq!(one_verdict("deepspeed-zero", &case, step)["kind"], "divergent");
+    let both = format!("{step},deepspeed-zero3-universal-param-group-hyperparameters");
+    assert_eq!(one_verdict("deepspeed-zero", &case, &both)["kind"], "pass");
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-zero3-adam-universal-seed-checkpoint-f32.json"), &both);
+    assert!(v["kind"] == "crash" && reason(&v).contains("extract_zero_shards_stage3"), "{v}");
 }
 
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot
