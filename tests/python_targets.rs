@@ -1466,6 +1466,11 @@ fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_
             && has_feature(&v, "deepspeed:dp2:zero1:resumed-into-another-zero_stage"),
         "{v}"
     );
+    // A pipeline's universal checkpoint (Megatron-DeepSpeed's recipe: bf16, ZeRO-1 with fp32 accumulation, the
+    // BF16_Optimizer) resumes too.
+    let pp = root().join("tests/python-deepspeed-pp/pp2-dp2-bf16-optimizer-no-decay-vectors-universal-resume.json");
+    let v = one_verdict("deepspeed-pp", &pp, "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:resumed-from-universal-checkpoint"), "{v}");
     let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-zero1-adam-universal-resumed-into-zero3-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("stages 1-2"), "{v}");
     let case = dir.join("deepspeed-dp2-zero3-sub-groups-adam-universal-resume-after-1-f32.json");

@@ -29,6 +29,7 @@ from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, paralle
                    resume_after, resume_feature, setup_features)
 from .deepspeed_zero import DeepSpeedZero, configure_deepspeed_checkpointing, unsupported_data_types  # noqa: E402
 from .torch_common import shared_tempdir, torch_dtype  # noqa: E402
+from . import deepspeed_checkpoint  # noqa: E402
 from .torch_model import build, make_optimizer, model_defaults, to_case_layout, unsupported_layout  # noqa: E402
 from .torch_pp import combine_stages  # noqa: E402
 from .torch_training import micro_batch_loss, single_device  # noqa: E402
@@ -38,6 +39,7 @@ class DeepSpeedPp(DeepSpeedZero):
     name = "deepspeed-pp"
     freezes = True
     smooths_labels = True
+    checkpoint_layouts = ("sharded", "universal")  # (deepspeed_checkpoint: its own, or converted by ds_to_universal)
 
     def __init__(self):
         super().__init__()
@@ -54,6 +56,9 @@ class DeepSpeedPp(DeepSpeedZero):
     def unsupported(self, case):
         why = (unsupported_layout(case, ("pp", "dp"), "deepspeed-pp runs pipeline stages beside data parallelism "
                                   "(no tp/cp/ep)") or unsupported_schedule(case))
+        if why:
+            return why
+        why = deepspeed_checkpoint.unsupported_checkpoint(case)
         if why:
             return why
         p, m = parallel(case), model_defaults(case)
@@ -249,8 +254,9 @@ class PipelineRun:
         self.logits, self.grads, self.no_grad, self.loss_calls = [], None, [], 0
         self.build()
 
-    def build(self):
-        """A fresh PipelineModule and engine over the case's initial parameters (`self.named`, `self.engine`)."""
+    def build(self, resumed=False):
+        """A fresh PipelineModule and engine over the case's initial parameters (`self.named`, `self.engine`);
+        `resumed`: the engine that loads the case's checkpoint (a universal one needs its config to say so)."""
         import deepspeed
         from deepspeed.pipe import PipelineModule
 
@@ -268,6 +274,8 @@ class PipelineRun:
         lo, hi = chunk_range(self.case["model"]["batch"], self.dp, module._grid.get_data_parallel_id())
         self.rows = (lo, hi)
         cfg = self.target.config(self.case, self.world)
+        if resumed:
+            cfg = deepspeed_checkpoint.load_config(cfg, self.case)
         cfg["train_micro_batch_size_per_gpu"] = max(1, (hi - lo) // cfg["gradient_accumulation_steps"])
         cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * self.dp
         self.engine = deepspeed.initialize(model=module, optimizer=opt, config=cfg)[0]
@@ -275,12 +283,13 @@ class PipelineRun:
 
     def resume(self):
         """DeepSpeed's own checkpoint of the run (each stage's layer files, the optimizer's states or ZeRO-1
-        partitions) loaded into a fresh module and engine, which run the remaining steps."""
+        partitions), or the universal checkpoint converted from it, loaded into a fresh module and engine, which run
+        the remaining steps."""
         with shared_tempdir() as path:
-            self.engine.save_checkpoint(path, tag="resume")
+            tag = deepspeed_checkpoint.save(self.engine, path, self.case)
             old = self.engine
-            self.build()
-            self.engine.load_checkpoint(path, tag="resume")
+            self.build(resumed=True)
+            self.engine.load_checkpoint(path, tag=tag)
             old.destroy()
 
     def loss_fn(self, logits, target):
