@@ -482,6 +482,32 @@ class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
     parallel = {"dp": 2, "zero_stage": 2}
     options = {"grad_accumulation": 2}
 
+    def test_the_script_resumes_through_a_universal_checkpoint_into_the_resumed_layout(self):
+        """ZeRO-2 into ZeRO-1 through ds_to_universal: OK; ZeRO-3 with optimizer sub-groups through it: the shared
+        step count of docs/findings/deepspeed-0.19.8-zero3-universal-checkpoint-shared-step-across-sub-groups.py."""
+        # (No biases: Adam would turn the key bias's round-off gradient, zero in exact arithmetic, into a whole step.)
+        adam = {"kind": "adam", "lr": 0.01}
+        into = model_case("dp2-zero2-universal-into-zero1", {"dp": 2, "zero_stage": 2}, steps=3, optimizer=adam,
+                          bias=False)
+        into["train"] |= {"resume_after": 1, "checkpoint_layout": "universal",
+                          "resume_parallel": {**into["parallel"], "zero_stage": 1}}
+        groups = model_case("dp2-zero3-sub-groups-universal", {"dp": 2, "zero_stage": 3, "optimizer_sub_group": 100},
+                            steps=3, optimizer=adam, bias=False)
+        groups["train"] |= {"resume_after": 1, "checkpoint_layout": "universal"}
+        for case, verdict in ((into, "OK"), (groups, "MISMATCH")):
+            inputs = model_inputs(case)
+            out = tempfile.mkdtemp(prefix="shardfuzz-repro-universal-")
+            try:
+                status, command, err = generate(self.target, case, inputs, model_bounds(case, inputs), out)
+                self.assertEqual(status, 0, err)
+                with open(os.path.join(out, "repro.py")) as f:
+                    resumed = f.read().split("RESUMED_DS_CONFIG = ", 1)[1].split("\n\n", 1)[0]
+                self.assertIn("'load_universal': True", resumed)
+                run = run_script(out, command.strip())
+                self.assertIn(verdict, run.stdout, run.stdout[-3000:] + run.stderr[-3000:])
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+
 
 class RefusalTest(unittest.TestCase):
     def test_a_target_or_case_it_cannot_express_exits_2(self):

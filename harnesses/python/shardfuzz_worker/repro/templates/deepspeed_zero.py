@@ -15,7 +15,7 @@ def run_sharded(data, rank):
     # The case's parallel.framework_checkpoint: DeepSpeed's own activation checkpoint instead of torch's.
     block_checkpoint = deepspeed_block_checkpoint(CASE)
 
-    def fresh_engine():
+    def fresh_engine(config=DS_CONFIG):
         model = Model(M, M.get("sparse_embedding", False)).to(DTYPE)
         if block_checkpoint is not None:
             model.block_checkpoint = block_checkpoint
@@ -24,7 +24,7 @@ def run_sharded(data, rank):
         # The case's ulysses_mpu: the sequence-parallel groups from DeepSpeed's own unit, not DS_CONFIG's mesh.
         unit = sequence_parallel_unit(CP) if CP > 1 and CASE["parallel"].get("ulysses_mpu") else {}
         engine = deepspeed.initialize(model=model, optimizer=make_optimizer(CASE, list(model.parameters())),
-                                      config=DS_CONFIG, **unit)[0]
+                                      config=config, **unit)[0]
         if CP > 1:  # the case's context parallelism: DeepSpeed-Ulysses over the engine's sequence-parallel group
             attend_through_ulysses(engine)
         return engine
@@ -37,11 +37,13 @@ def run_sharded(data, rank):
         return [(n, now["params"][n]) for n in names]
 
     def resume(_opt):
-        # The case's resume_after: DeepSpeed's own checkpoint loaded into a fresh engine.
+        # The case's resume_after: DeepSpeed's own checkpoint (converted by ds_to_universal where the case's
+        # train.checkpoint_layout is universal) loaded into a fresh engine of RESUMED_DS_CONFIG (its
+        # train.resume_parallel, where it has one).
         with shared_tempdir() as path:
-            now["engine"].save_checkpoint(path, tag="resume")
-            old, now["engine"] = now["engine"], fresh_engine()
-            now["engine"].load_checkpoint(path, tag="resume")
+            tag = save(now["engine"], path, CASE)
+            old, now["engine"] = now["engine"], fresh_engine(RESUMED_DS_CONFIG)
+            now["engine"].load_checkpoint(path, tag=tag)
             old.destroy()
         return trained(), None
 
