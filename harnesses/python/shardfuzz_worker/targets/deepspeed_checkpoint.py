@@ -45,7 +45,12 @@ def unsupported_checkpoint(case):
     if family(saved) != family(resumed):
         return (f"DeepSpeed's checkpoints load into the ZeRO stages that wrote them ({family(saved)}), universal ones "
                 f"too (train.resume_parallel zero_stage {resumed})")
-    groups = parallel(case)["optimizer_sub_group"], parallel(resumed_case(case))["optimizer_sub_group"]
+    p = parallel(case)
+    if universal(case) and p.get("auto_ep") and p["tp"] > 1:
+        # Measured: ZeRO-1/2 fail ds_to_universal's strict check of the tensor-parallel patterns first ("Unused
+        # patterns=[...experts.w1...]"), its own NotImplementedError after it; ZeRO-3 raises a NotImplementedError.
+        return "DeepSpeed's universal checkpoint does not convert AutoEP folded onto AutoTP (its NotImplementedError)"
+    groups = p["optimizer_sub_group"], parallel(resumed_case(case))["optimizer_sub_group"]
     if saved == 3 and not universal(case) and groups[0] != groups[1]:
         # Measured: torch's load_state_dict, "loaded state dict contains a parameter group that doesn't match the size
         # of optimizer's group".
