@@ -1492,6 +1492,9 @@ fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_
     assert_eq!(one_verdict("deepspeed-zero", &case, &both)["kind"], "pass");
     let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-zero3-adam-universal-seed-checkpoint-f32.json"), &both);
     assert!(v["kind"] == "crash" && reason(&v).contains("extract_zero_shards_stage3"), "{v}");
+    // Nor a ZeRO-1/2 one of DeepSpeed's MoE layer under expert parallelism (the ep ranks' experts merged as ZeRO shards).
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-ep2-moe-zero2-adam-universal-resume-after-1-f32.json"), "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("_merge_zero_shards"), "{v}");
 }
 
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot
