@@ -509,6 +509,28 @@ class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
                 shutil.rmtree(out, ignore_errors=True)
 
 
+@unittest.skipUnless(HAVE_DEEPSPEED, "deepspeed is not installed")
+class DeepSpeedPpReproTest(unittest.TestCase):
+    def test_the_script_runs_the_workers_pipeline_through_a_universal_checkpoint(self):
+        """The script embeds the worker's PipelineRun, whose resume writes and converts the checkpoint through the
+        worker's deepspeed_checkpoint module (embedded too): pp 2 x dp 2 at ZeRO-1, OK."""
+        case = model_case("pp2-dp2-zero1-universal", {"dp": 2, "pp": 2, "zero_stage": 1, "microbatches": 2,
+                                                     "pipeline_schedule": "1f1b"}, steps=3,
+                          optimizer={"kind": "adam", "lr": 0.01}, bias=False)
+        case["train"] |= {"resume_after": 1, "checkpoint_layout": "universal"}
+        inputs = model_inputs(case)
+        out = tempfile.mkdtemp(prefix="shardfuzz-repro-pp-universal-")
+        try:
+            status, command, err = generate("deepspeed-pp", case, inputs, model_bounds(case, inputs), out)
+            self.assertEqual(status, 0, err)
+            run = run_script(out, command.strip())
+            self.assertIn("Converting DeepSpeed checkpoint", run.stdout + run.stderr)
+            self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+            self.assertIn("OK: all tensors within the fuzzer's noise bounds", run.stdout)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+
 class RefusalTest(unittest.TestCase):
     def test_a_target_or_case_it_cannot_express_exits_2(self):
         case = op_case("m", "matmul", [2, 3, 2], {})

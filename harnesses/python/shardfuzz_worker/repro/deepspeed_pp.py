@@ -3,7 +3,7 @@ engine (its 1F1B TrainSchedule or DualPipeV) over pp x dp ranks, under torchrun;
 own."""
 
 from ..targets.base import dtype_name, parallel
-from .common import assemble, embed, header, literal, rule, template, worker_source
+from .common import assemble, embed, header, literal, module_source, rule, template, worker_source
 from .deepspeed_zero import IMPORTS
 from .torch_dp import producible  # noqa: F401 - the generator's interface (the dp replicas included)
 from .torch_model import TORCH_DTYPES, check_model_case, model_about, model_arrays, model_line, model_source
@@ -47,7 +47,11 @@ def generate(case, inputs, bounds, dropped):
                + worker_source("targets/torch_common.py", "torch_dtype", "shared_tempdir") + "\n\n"
                + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs") + "\n\n"
                + worker_source("targets/deepspeed_zero.py", "configure_deepspeed_checkpointing") + "\n\n"
-               + worker_source("targets/torch_pp.py", "combine_stages"))
+               + worker_source("targets/torch_pp.py", "combine_stages") + "\n\n"
+               + worker_source("targets/base.py", "checkpoint_layout") + "\n\n"
+               # (The pipeline's resume writes, and converts, its checkpoint through the worker's module.)
+               + module_source("targets/deepspeed_checkpoint.py", "TAG", "universal", "save", "convert_to_universal",
+                               "load_config"))
     pipeline = worker_source("targets/deepspeed_pp.py", *PIPELINE_SOURCE)
     sections = [
         "\n".join(c.rstrip("\n") for c in config),
