@@ -1471,6 +1471,10 @@ fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_
     let pp = root().join("tests/python-deepspeed-pp/pp2-dp2-bf16-optimizer-no-decay-vectors-universal-resume.json");
     let v = one_verdict("deepspeed-pp", &pp, "");
     assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:resumed-from-universal-checkpoint"), "{v}");
+    // The pipeline rebuilds the case's own layout when it resumes: another one is refused, not run as the saved one.
+    let other = root().join("tests/python-deepspeed-pp/pp2-dp2-zero1-resumed-into-bucket7-f32.json");
+    let v = one_verdict("deepspeed-pp", &other, "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("train.resume_parallel"), "{v}");
     let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-zero1-adam-universal-resumed-into-zero3-f32.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("stages 1-2"), "{v}");
     let case = dir.join("deepspeed-dp2-zero3-sub-groups-adam-universal-resume-after-1-f32.json");

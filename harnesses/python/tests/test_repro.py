@@ -494,7 +494,7 @@ class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
         groups = model_case("dp2-zero3-sub-groups-universal", {"dp": 2, "zero_stage": 3, "optimizer_sub_group": 100},
                             steps=3, optimizer=adam, bias=False)
         groups["train"] |= {"resume_after": 1, "checkpoint_layout": "universal"}
-        for case, verdict in ((into, "OK"), (groups, "MISMATCH")):
+        for case, verdict, rc in ((into, "OK: all tensors within the fuzzer's noise bounds", 0), (groups, "\nMISMATCH: ", 1)):
             inputs = model_inputs(case)
             out = tempfile.mkdtemp(prefix="shardfuzz-repro-universal-")
             try:
@@ -505,6 +505,7 @@ class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
                 self.assertIn("'load_universal': True", resumed)
                 run = run_script(out, command.strip())
                 self.assertIn(verdict, run.stdout, run.stdout[-3000:] + run.stderr[-3000:])
+                self.assertEqual(run.returncode, rc, run.stdout[-3000:] + run.stderr[-3000:])
             finally:
                 shutil.rmtree(out, ignore_errors=True)
 

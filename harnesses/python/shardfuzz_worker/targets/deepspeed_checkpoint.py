@@ -37,7 +37,8 @@ def unsupported_checkpoint(case):
     partitions)."""
     if resume_after(case) is None:
         return None
-    saved, resumed = parallel(case)["zero_stage"], parallel(resumed_case(case))["zero_stage"]
+    p, q = parallel(case), parallel(resumed_case(case))
+    saved, resumed = p["zero_stage"], q["zero_stage"]
     if universal(case) and saved == 0:
         # (Measured as well: a bf16 pipeline without ZeRO, whose BF16_Optimizer writes fp32 partitions but no
         # param_shapes beside the module, "DeepSpeed checkpoint param_shapes must contain dictionaries".)
@@ -45,13 +46,11 @@ def unsupported_checkpoint(case):
     if family(saved) != family(resumed):
         return (f"DeepSpeed's checkpoints load into the ZeRO stages that wrote them ({family(saved)}), universal ones "
                 f"too (train.resume_parallel zero_stage {resumed})")
-    p = parallel(case)
     if universal(case) and p.get("auto_ep") and p["tp"] > 1:
         # Measured: ZeRO-1/2 fail ds_to_universal's strict check of the tensor-parallel patterns first ("Unused
         # patterns=[...experts.w1...]"), its own NotImplementedError after it; ZeRO-3 raises a NotImplementedError.
         return "DeepSpeed's universal checkpoint does not convert AutoEP folded onto AutoTP (its NotImplementedError)"
-    groups = p["optimizer_sub_group"], parallel(resumed_case(case))["optimizer_sub_group"]
-    if saved == 3 and not universal(case) and groups[0] != groups[1]:
+    if saved == 3 and not universal(case) and p["optimizer_sub_group"] != q["optimizer_sub_group"]:
         # Measured: torch's load_state_dict, "loaded state dict contains a parameter group that doesn't match the size
         # of optimizer's group".
         return ("DeepSpeed's own ZeRO-3 checkpoint keeps the optimizer's sub-groups: another sub_group_size needs the "

@@ -39,7 +39,9 @@ class DeepSpeedPp(DeepSpeedZero):
     name = "deepspeed-pp"
     freezes = True
     smooths_labels = True
-    checkpoint_layouts = ("sharded", "universal")  # (deepspeed_checkpoint: its own, or converted by ds_to_universal)
+    # (DeepSpeedZero's checkpoint layouts, written by deepspeed_checkpoint too; but the pipeline resumes into the layout
+    # that saved it only: PipelineRun rebuilds the case's own.)
+    resumes_into = ()
 
     def __init__(self):
         super().__init__()

@@ -36,8 +36,8 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from .base import (checkpoint_layout, dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature,  # noqa: E402
-                   reshard_feature, resume_feature, resumed_case, zero_offloaded)
+from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
+                   resume_feature, resumed_case, zero_offloaded)
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
 from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
