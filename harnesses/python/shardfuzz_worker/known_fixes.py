@@ -1021,6 +1021,23 @@ def _deepspeed_zero3_universal_param_group_hyperparameters():
                        "deepspeed-zero3-universal-param-group-hyperparameters")
 
 
+def _deepspeed_zero3_universal_autotp_from_bare_tensors():
+    """DeepSpeed 0.19.8 (found 2026-12-06 through `train.resume_parallel` with other degrees): ds_to_universal writes
+    a ZeRO-3 checkpoint without tensor parallelism as bare tensors (`merge_zero3_slices` saves `slices[0]`), one with
+    AutoTP as `{"param": tensor}` dicts (`merge_tp_slices`), and ZeRO-3's universal loader (`load_hp_checkpoint_state`)
+    cuts a parameter's tensor-parallel shard out of the full one only from a dict: a plain ZeRO-3 run resumed under
+    AutoTP, the universal checkpoint's purpose, partitions every sharded layer's whole weight over the data-parallel
+    ranks and overruns the rank's flat partition ("start + length exceeds dimension size")
+    (docs/findings/deepspeed-0.19.8-zero3-universal-checkpoint-into-autotp-whole-weights.py). Fix: resolve the shard
+    for a bare tensor as for a dict."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    _replace_in_method(DeepSpeedZeroOptimizer_Stage3, "load_hp_checkpoint_state",
+                       "if param is not None and isinstance(ckpt_dict, dict):",
+                       "if param is not None and (isinstance(ckpt_dict, dict) or torch.is_tensor(ckpt_dict)):",
+                       "deepspeed-zero3-universal-autotp-from-bare-tensors")
+
+
 def _deepspeed_zero12_checkpoint_round_robin_order():
     """DeepSpeed 0.19.8 (found 2026-12-06 through `train.resume_parallel`): ZeRO-1/2 lay each parameter group's flat
     partitions out in round-robin order under `round_robin_gradients` and in model order otherwise, and their own
@@ -2600,6 +2617,8 @@ FIXES = {
     "deepspeed-round-robin-hp-link": (("deepspeed-zero",), _deepspeed_round_robin_hp_link),
     "deepspeed-zero3-universal-step-per-sub-group": (("deepspeed-zero",), _deepspeed_zero3_universal_step_per_sub_group),
     "deepspeed-zero12-checkpoint-round-robin-order": (("deepspeed-zero",), _deepspeed_zero12_checkpoint_round_robin_order),
+    "deepspeed-zero3-universal-autotp-from-bare-tensors": (("deepspeed-zero",),
+                                                           _deepspeed_zero3_universal_autotp_from_bare_tensors),
     "deepspeed-zero3-universal-param-group-hyperparameters": (("deepspeed-zero",),
                                                               _deepspeed_zero3_universal_param_group_hyperparameters),
     "deepspeed-ulysses-mesh-gradient-group": (("deepspeed-zero",), _deepspeed_ulysses_mesh_gradient_group),

@@ -47,7 +47,7 @@ from . import deepspeed_ulysses as ulysses  # noqa: E402
 from . import deepspeed_checkpoint  # noqa: E402
 from .torch_model import (build, make_optimizer, sparse_embedding, to_case_layout, unsupported_layout,  # noqa: E402
                           unsupported_sparse_embedding)
-from .torch_training import SequencePart, combine_dp, single_device, train  # noqa: E402
+from .torch_training import DataPart, SequencePart, combine_dp, single_device, train  # noqa: E402
 
 
 #: DeepSpeed's names of the dtypes it accumulates gradients in (`data_types.grad_accum_dtype`).
@@ -61,8 +61,9 @@ BUCKET = 1000
 
 
 #: The parallel fields a run resumed from DeepSpeed's checkpoint may change (`train.resume_parallel`): the ZeRO
-#: configuration; the degrees stay (the training loop keeps each rank's data).
-RESUMES_INTO = ("zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "reduce_scatter", "contiguous_grads",
+#: configuration, and the data- and tensor-parallel degrees over the same ranks (the training loop splits the data
+#: anew; deepspeed_checkpoint says which checkpoints load into other degrees).
+RESUMES_INTO = ("dp", "tp", "zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "reduce_scatter", "contiguous_grads",
                 "round_robin_grads", "reduce_to_owner", "reshard_group", "persist_below", "optimizer_sub_group",
                 "prefetch_bucket", "max_live_parameters", "max_reuse_distance", "grad_predivide")
 
@@ -238,7 +239,7 @@ class DeepSpeedZero(TorchTarget):
         # What the hooks below reach: the engine and its parameters, replaced when the run resumes.
         now = {"engine": fresh_engine()}
         names = [n for n, _ in now["engine"].module.named_parameters()]
-        shards = autotp.sharded_dims(now["engine"].module)
+        now["shards"] = autotp.sharded_dims(now["engine"].module)
 
         def trained():
             now["params"] = dict(now["engine"].module.named_parameters())
@@ -254,7 +255,10 @@ class DeepSpeedZero(TorchTarget):
                 now["engine"] = fresh_engine(resumed, deepspeed_checkpoint.load_config(self.config(resumed, world), case))
                 now["engine"].load_checkpoint(path, tag=tag)
                 old.destroy()
-            return trained(), None
+            now["shards"] = autotp.sharded_dims(now["engine"].module)
+            if degrees(resumed) == degrees(case):
+                return trained(), None
+            return trained(), None, data_part(rank, resumed, inputs, now["engine"], lambda: now["engine"].module)
 
         named = trained()
         ga = cfg["gradient_accumulation_steps"]
@@ -286,20 +290,15 @@ class DeepSpeedZero(TorchTarget):
             # (In float64 before any gather over tp: the ranks' copies need not share a dtype; measured: bf16 ZeRO 1-2
             # cases with ranks holding no head aborted gloo in this gather, "512 vs 256" bytes.)
             v = v.detach().to(torch.float64, copy=True).reshape(tuple(getattr(p, "ds_shape", p.shape)))
-            if name in shards:
-                v = autotp.gather_shards(v, *shards[name])  # replicated ones stay this rank's own copy
+            if name in now["shards"]:
+                v = autotp.gather_shards(v, *now["shards"][name])  # replicated ones stay this rank's own copy
             return to_case_layout(name, v).numpy()
 
-        dp_index, sp_index = ulysses.rank_part(rank, case)
-        if autotp.tensor_parallel(case) > 1:
-            dp_index = autotp.dp_index(rank, case)
-        seq = None if sp_index is None else SequencePart(sp_index, ulysses.context_parallel(case),
-                                                         now["engine"].seq_parallel_group)
-        out = train(case, inputs, now["engine"], [p for _, p in named], dp_index, parallel(case)["dp"],
+        part = data_part(rank, case, inputs, now["engine"], lambda: now["engine"].module)
+        out = train(case, inputs, now["engine"], [p for _, p in named], part.dp_index, part.dp,
                     backward=backward, step=step, clip=lambda: None, named=named, view=view,
                     grad=lambda name, p: safe_get_full_grad(p), forward=lambda ids: (aux.clear(), now["engine"](ids))[1],
-                    resume=resume, seq=seq, group=autotp.loss_group(case),
-                    vocab=autotp.VocabShard(case, inputs, lambda: now["engine"].module) if autotp.vocab_sharded(case) else None)
+                    resume=resume, seq=part.seq, group=part.group, vocab=part.vocab)
         now["engine"].destroy()
         if moe is not None:
             for kind in ("grads", "params"):
@@ -331,6 +330,24 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
                                        *resume_feature(stage, case)])
+
+
+def degrees(case):
+    p = parallel(case)
+    return p["dp"], p["tp"], p["cp"]
+
+
+def data_part(rank, case, inputs, engine, module):
+    """The rows `rank` trains on in the case's layout (`engine`: the DeepSpeed engine of that layout; `module()`: the
+    engine's model now, which a resume replaces): its data-parallel index over DeepSpeed's (dp, sp) or (dp, tp) mesh,
+    its part of each sequence under Ulysses, the group a step's loss sums over, and AutoTP's vocabulary-parallel
+    loss."""
+    dp_index, sp_index = ulysses.rank_part(rank, case)
+    if autotp.tensor_parallel(case) > 1:
+        dp_index = autotp.dp_index(rank, case)
+    seq = None if sp_index is None else SequencePart(sp_index, ulysses.context_parallel(case), engine.seq_parallel_group)
+    vocab = autotp.VocabShard(case, inputs, module) if autotp.vocab_sharded(case) else None
+    return DataPart(dp_index, parallel(case)["dp"], autotp.loss_group(case), seq, vocab)
 
 
 def unsupported_data_types(case):

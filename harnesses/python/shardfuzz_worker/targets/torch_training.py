@@ -66,8 +66,8 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     gradient (default: p.grad; None is a harness error, never a zero). `resume(opt)` checkpoints the run after the
     case's `resume_after` steps (the model, and `opt`, this loop's optimizer, or the framework's own when `step` is
     given and `opt` is None), reloads it into fresh objects (which `forward`, `backward`, `step` and `no_sync` then
-    reach) and returns the new (`named` parameters, optimizer or None); a target without one runs the case
-    uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
+    reach) and returns the new (`named` parameters, optimizer or None), and a `DataPart` where the resumed layout
+    splits the data another way (another dp); a target without one runs the case uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
     loss (default: l x dp / global tokens; a framework that normalises the loss itself takes it unscaled).
     `finish()` runs after the last step, before the final parameters are read (a framework that gathers them lazily).
     `seq` (context parallelism; its framework attends over the whole sequence): `seq.split(ids, targets)` enters what
@@ -86,24 +86,21 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
-    lo, hi = chunk_range(b, dp, dp_index)
     global_tokens = loss_denominator(inputs)  # F.cross_entropy's sum leaves the ignored targets out
-    averaged = dp * (seq.averaged if seq is not None else 1)  # the ranks the framework's gradient average divides by
-    ga = t.get("grad_accumulation", 1)
-    # Every rank runs exactly `ga` micro-steps (their collectives must pair up across ranks):
-    # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.
-    bounds = np.linspace(lo, hi, ga + 1).round().astype(int) if hi > lo else np.full(ga + 1, lo)
-    chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga)]
-    # The MoE auxiliary loss (averaged over the batch's sequences) in the units of this loop's loss seed.
-    set_aux_unit(dp / (b * s))
+    part = DataPart(dp_index, dp, group, seq, vocab)
+    lo, hi, averaged, chunks = part.split(case)
     opt = None if step is not None else (optimizer or (lambda ps: make_optimizer(case, ps)))(params)
     scaler = (scaler or loss_scaler)(t) if step is None else None
     named = named or []
     losses, logits0, grads0, skipped = [], None, {}, []
     for k in range(t["steps"]):
         if resume is not None and k == resume_after(case):
-            named, opt = resume(opt)
+            named, opt, *relaid = resume(opt)
             params = [p for _, p in named]
+            if relaid:  # the resumed layout's data-parallel degree: each rank's data split anew
+                part = relaid[0]
+                dp, group, seq, vocab = part.dp, part.group, part.seq, part.vocab
+                lo, hi, averaged, chunks = part.split(case)
         if opt is not None:
             opt.zero_grad()
         loss_sum = torch.zeros((), dtype=torch.float64)
@@ -142,7 +139,7 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
         if scaler is not None:
             scaler.unscale_(opt)
         if k == 0:
-            logits0 = torch.cat(rows).numpy() if rows else None
+            logits0, rows0 = torch.cat(rows).numpy() if rows else None, (lo * s, hi * s)
             for name, p in named:
                 if not is_frozen(case, name):  # a frozen parameter has no gradient to report
                     grads0[name] = view(name, dense(grad_or_fail(name, grad(name, p))))
@@ -162,8 +159,31 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     if finish is not None:
         finish()
     final = {name: view(name, p) for name, p in named}
-    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
+    return {"rows": rows0, "logits": logits0, "losses": losses, "grads": grads0, "params": final,
             "skipped": skipped if t.get("loss_scale") is not None or skipped else None}
+
+
+class DataPart:
+    """Which rows of the batch a rank trains on: data-parallel index `dp_index` of `dp`, with `train`'s `group`, `seq`
+    and `vocab` (a resumed run may bring another)."""
+
+    def __init__(self, dp_index, dp, group=None, seq=None, vocab=None):
+        self.dp_index, self.dp, self.group, self.seq, self.vocab = dp_index, dp, group, seq, vocab
+
+    def split(self, case):
+        """(lo, hi, averaged, chunks): the rank's rows [lo, hi), the ranks the framework's gradient average divides by,
+        and its micro-batches' row ranges; sets the MoE auxiliary loss's unit for them."""
+        m, ga = case["model"], case["train"].get("grad_accumulation", 1)
+        b, s = m["batch"], m["seq"]
+        lo, hi = chunk_range(b, self.dp, self.dp_index)
+        averaged = self.dp * (self.seq.averaged if self.seq is not None else 1)
+        # Every rank runs exactly `ga` micro-steps (their collectives must pair up across ranks):
+        # sizes differ by at most one row; unsupported_model() refuses cases where one would be empty.
+        bounds = np.linspace(lo, hi, ga + 1).round().astype(int) if hi > lo else np.full(ga + 1, lo)
+        chunks = [(int(bounds[i]), int(bounds[i + 1])) for i in range(ga)]
+        # The MoE auxiliary loss (averaged over the batch's sequences) in the units of this loop's loss seed.
+        set_aux_unit(self.dp / (b * s))
+        return lo, hi, averaged, chunks
 
 
 class SequencePart:
