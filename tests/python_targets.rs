@@ -1501,6 +1501,33 @@ fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_
     assert!(v["kind"] == "crash" && reason(&v).contains("_merge_zero_shards"), "{v}");
 }
 
+/// deepspeed-zero resumes into other data- and tensor-parallel degrees over the same ranks through DeepSpeed's universal
+/// checkpoint (dp 4 into dp 2 x AutoTP 2, and back), its own checkpoint refusing them; a plain ZeRO-3 run resumed under
+/// AutoTP is a known finding (ZeRO-3's universal loader cuts no tensor-parallel shard from a bare tensor), passing with
+/// its fix.
+#[test]
+fn deepspeed_resumes_into_other_data_and_tensor_parallel_degrees_and_zero3_into_autotp_is_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp4-zero1-adam-universal-resumed-into-dp2-tp2-bf16.json"), "");
+    assert!(
+        v["kind"] == "pass"
+            && has_feature(&v, "deepspeed:dp4:zero1:resumed-into-another-dp")
+            && has_feature(&v, "deepspeed:dp4:zero1:resumed-into-another-tp"),
+        "{v}"
+    );
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp2-tp2-zero3-adam-universal-resumed-into-dp4-f32.json"), "");
+    assert_eq!(v["kind"], "pass", "{v}");
+    let v = one_verdict("deepspeed-zero", &dir.join("deepspeed-dp4-zero1-adam-own-checkpoint-resumed-into-dp2-tp2-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("universal checkpoint"), "{v}");
+    let case = dir.join("deepspeed-dp4-zero3-adam-universal-resumed-into-dp2-tp2-f32.json");
+    let v = one_verdict("deepspeed-zero", &case, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("exceeds dimension size"), "{v}");
+    assert_eq!(one_verdict("deepspeed-zero", &case, "deepspeed-zero3-universal-autotp-from-bare-tensors")["kind"], "pass");
+}
+
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot
 /// load one (`init_state_fn` None); a seed checkpoint of the non-distributed optimizer writes no state the load asks
 /// for; the distributed optimizer's bucket padding runs past the unpadded size (a tied embedding's own bucket on fp16

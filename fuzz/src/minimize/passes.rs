@@ -259,6 +259,11 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
             let back = q.with_field_of(&case.parallel, &name);
             out.push(with(case, |c| c.train.resume_parallel = Some(back)));
         }
+        if (q.dp, q.tp) != (case.parallel.dp, case.parallel.tp) {
+            // (the degrees, traded against each other, only set back together)
+            let back = q.with_field_of(&case.parallel, "dp").with_field_of(&case.parallel, "tp");
+            out.push(with(case, |c| c.train.resume_parallel = Some(back)));
+        }
     }
     if case.train.optimizer.no_decay_vectors {
         out.push(with(case, |c| c.train.optimizer.no_decay_vectors = false));

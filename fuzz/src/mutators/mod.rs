@@ -70,6 +70,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("resume-after", train::resume_after),
     ("checkpoint-layout", train::checkpoint_layout),
     ("resume-parallel", train::resume_parallel),
+    ("resume-degrees", train::resume_degrees),
     ("frozen", train::frozen),
     ("no-decay-vectors", train::no_decay_vectors),
     ("per-token-loss", train::per_token_loss),
@@ -132,11 +133,11 @@ fn keep_aux_loss_judgeable(c: &mut Case) {
     }
 }
 
-/// A resumed layout (`train.resume_parallel`) is dropped where the saved run's mesh degrees, micro-batches or
-/// schedule changed under it (the resumed run keeps those, `train::resume_parallel`) or the case no longer resumes:
-/// a mutation of the saved layout then still gives a valid case.
+/// A resumed layout (`train.resume_parallel`) is dropped where the saved run's world, degrees (but for dp and tp
+/// traded against each other), micro-batches or schedule changed under it (`Parallel::resumable_from`) or the case no
+/// longer resumes: a mutation of the saved layout then still gives a valid case.
 fn keep_resumed_layout_consistent(c: &mut Case) {
-    if c.train.resume_after.is_none() || c.train.resume_parallel.as_ref().is_some_and(|q| !q.same_degrees(&c.parallel)) {
+    if c.train.resume_after.is_none() || c.train.resume_parallel.as_ref().is_some_and(|q| !q.resumable_from(&c.parallel)) {
         c.train.resume_parallel = None;
     }
 }
@@ -197,6 +198,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("resume-after", "resume_after"),
     ("checkpoint-layout", "checkpoint_layout"),
     ("resume-parallel", "resume_parallel"),
+    ("resume-degrees", "resume_degrees"),
     ("frozen", "frozen"),
     ("per-token-loss", "per_token_loss"),
     ("local-mean-loss", "local_mean_loss"),
@@ -462,11 +464,34 @@ mod tests {
             let mut other = case.clone();
             other.parallel.tp += 1;
             keep_resumed_layout_consistent(&mut other);
-            assert!(other.train.resume_parallel.is_none(), "a resumed layout of other degrees is dropped");
+            assert!(other.train.resume_parallel.is_none(), "a resumed layout of another world is dropped");
         }
         for field in ["zero_stage", "zero_shard_group", "param_shard_dim", "reduce_bucket", "sequence_parallel"] {
             assert!(fields.contains(field), "no resumed layout changed {field}: {fields:?}");
         }
+    }
+
+    #[test]
+    fn resumed_degrees_trade_dp_for_tp_over_the_same_ranks_and_survive_mutations_that_keep_them() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(12), Limits::default());
+        let mut pairs = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let mut case = random_case(seed);
+            if !train::resume_degrees(&mut case, &mut rng) || case.validate(&limits).is_err() {
+                continue;
+            }
+            let Some(q) = case.train.resume_parallel.clone() else { continue };
+            let p = &case.parallel;
+            assert!(q.resumable_from(p) && q.dp * q.tp == p.dp * p.tp && q.dp != p.dp, "{p:?} into {q:?}");
+            assert!(case.model.as_ref().is_none_or(|m| m.batch >= q.dp * q.microbatches * case.train.grad_accumulation));
+            pairs.insert(((p.dp, p.tp), (q.dp, q.tp)));
+            let mut kept = case.clone();
+            kept.train.steps += 1;
+            keep_resumed_layout_consistent(&mut kept);
+            assert_eq!(kept.train.resume_parallel.as_ref(), Some(&q), "a resumed layout of other degrees over the same ranks stays");
+        }
+        assert!(pairs.iter().any(|(p, q)| p.1 == 1 && q.1 > 1), "no dp-only run resumed under tp: {pairs:?}");
+        assert!(pairs.iter().any(|(p, q)| p.1 > 1 && q.1 == 1), "no tp run resumed without it: {pairs:?}");
     }
 
     #[test]

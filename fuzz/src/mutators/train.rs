@@ -113,18 +113,51 @@ pub fn resume_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     }
     let mut scratch = c.clone();
     scratch.parallel = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
+    let start = scratch.parallel.clone();
     let Some(mutate) = RESUMED_LAYOUT_MUTATIONS.choose(rng) else { return false };
     if !mutate(&mut scratch, rng) {
         return false;
     }
     let q = scratch.parallel;
-    if !q.same_degrees(&c.parallel) {
+    if !q.same_degrees(&start) {
         return false;
     }
     let next = (q != c.parallel).then_some(q);
     let changed = next != c.train.resume_parallel;
     c.train.resume_parallel = next;
     changed
+}
+
+/// The run resumes with its data- and tensor-parallel degrees traded against each other over the same ranks (dp 4
+/// into dp 2 x tp 2, tp 2 into dp 2, ...), the rest of its resumed layout kept: what a checkpoint that reshards
+/// across degrees is for. A group that no longer divides dp is dropped, the batch grown to give every data-parallel
+/// rank its micro-batches; a run that does not resume first resumes after a random step.
+pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if c.train.resume_after.is_none() {
+        resume_after(c, rng);
+    }
+    if c.train.resume_after.is_none() {
+        return false;
+    }
+    let mut q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
+    let ranks = q.dp * q.tp;
+    let others: Vec<u32> = (1..=ranks).filter(|d| ranks % d == 0 && *d != q.dp).collect();
+    let Some(&dp) = others.choose(rng) else { return false };
+    (q.dp, q.tp) = (dp, ranks / dp);
+    if q.zero_shard_group.is_some_and(|g| dp % g != 0) {
+        q.zero_shard_group = None;
+    }
+    if q.reshard_group.is_some_and(|g| dp % g != 0) {
+        q.reshard_group = None;
+    }
+    if q.tp == 1 {
+        q.sequence_parallel = false;
+    }
+    if let Some(m) = c.model.as_mut() {
+        m.batch = m.batch.max(dp * q.microbatches * c.train.grad_accumulation);
+    }
+    c.train.resume_parallel = (q != c.parallel).then_some(q);
+    true
 }
 
 /// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype

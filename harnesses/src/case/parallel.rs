@@ -339,6 +339,14 @@ impl Parallel {
         key(self) == key(other)
     }
 
+    /// Whether a run saved in layout `saved` may resume into `self`: the same world, pipeline, context and expert
+    /// degrees, micro-batches and schedule; the data- and tensor-parallel degrees may trade against each other (a
+    /// target whose checkpoint reshards across them splits the data anew).
+    pub fn resumable_from(&self, saved: &Parallel) -> bool {
+        let key = |p: &Parallel| (p.dp * p.tp, p.pp, p.cp, p.ep, p.microbatches, p.pipeline_schedule, p.virtual_stages);
+        key(self) == key(saved)
+    }
+
     /// The fields, by their JSON names, whose values differ between `self` and `other` (an absent one reads as null).
     pub fn differing_fields(&self, other: &Parallel) -> Vec<String> {
         let (a, b) = (self.json_fields(), other.json_fields());

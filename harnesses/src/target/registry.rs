@@ -167,7 +167,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "prefetch_bucket",
             "max_live_parameters",
             "max_reuse_distance",
-            "resume_after", "checkpoint_layout", "resume_parallel",
+            "resume_after", "checkpoint_layout", "resume_parallel", "resume_degrees",
             "frozen",
             "activation_checkpointing", "layer_passes", "framework_checkpoint",
             "moe_pad_to_capacity",

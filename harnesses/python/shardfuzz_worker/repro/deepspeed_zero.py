@@ -27,7 +27,7 @@ def check(case):
         # (The script trains the plain torch model; DeepSpeed's MoE layer and its expert groups are not carried.)
         raise ReproError(f"{TARGET}: no standalone script for a case with MoE blocks (DeepSpeed's MoE layer is not "
                          "carried into the script)")
-    if parallel(case)["tp"] > 1:
+    if parallel(case)["tp"] > 1 or parallel(resumed_case(case))["tp"] > 1:
         # (AutoTP's sharding, its groups and the gathers over tp are not in the script; docs/findings/ has
         # standalone scripts for the AutoTP bugs found.)
         raise ReproError(f"{TARGET}: no standalone script for a tensor-parallel case (DeepSpeed's AutoTP is not carried "

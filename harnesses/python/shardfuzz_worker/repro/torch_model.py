@@ -103,7 +103,7 @@ def training_source():
                          "resume_after", "label_smoothing").replace("HarnessError", "RuntimeError")
     aux = worker_source("targets/torch_moe.py", "_AUX_UNIT", "set_aux_unit")
     loop = worker_source("targets/torch_training.py", "full", "dense", "local_mean_count", "micro_batch_loss", "train",
-                         "SequencePart", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step", "skipped_steps_stats",
+                         "DataPart", "SequencePart", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step", "skipped_steps_stats",
                          "combine_dp")
     return rule("training (the worker's loop)") + "\n" + base + "\n\n" + aux + "\n\n" + loop
 
