@@ -1528,6 +1528,24 @@ fn deepspeed_resumes_into_other_data_and_tensor_parallel_degrees_and_zero3_into_
     assert_eq!(one_verdict("deepspeed-zero", &case, "deepspeed-zero3-universal-autotp-from-bare-tensors")["kind"], "pass");
 }
 
+/// torch-fsdp2 resumes into other data- and tensor-parallel degrees over the same ranks: DCP reshards FSDP's (and
+/// HSDP's) checkpoint onto an FSDP x TP mesh (sequence parallel too) and back, the data split anew.
+#[test]
+fn fsdp2_resumes_into_other_data_and_tensor_parallel_degrees_through_dcp() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    for (case, feature) in [
+        ("fsdp2-dp4-zero3-adam-resumed-into-dp2-tp2-sp-bf16.json", "fsdp2:dp4:zero3:resumed-into-another-tp"),
+        ("fsdp2-dp2-tp2-sp-zero2-adam-resumed-into-dp4-f32.json", "fsdp2:dp2:zero2:resumed-into-another-sequence_parallel"),
+        ("fsdp2-dp4-hsdp2-zero3-adam-resumed-into-dp2-tp2-f32.json", "fsdp2:dp4:zero3:resumed-into-another-zero_shard_group"),
+    ] {
+        let v = one_verdict("torch-fsdp2", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+}
+
 /// Campaign 289's findings in megatron's distributed checkpoint, each a known finding passing with its fix: SGD cannot
 /// load one (`init_state_fn` None); a seed checkpoint of the non-distributed optimizer writes no state the load asks
 /// for; the distributed optimizer's bucket padding runs past the unpadded size (a tied embedding's own bucket on fp16

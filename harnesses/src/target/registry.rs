@@ -71,7 +71,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "param_shard_dim",
             "compiled",
             "optimizer_implementation", "clip_norm_type",
-            "resume_after", "checkpoint_layout", "resume_parallel",
+            "resume_after", "checkpoint_layout", "resume_parallel", "resume_degrees",
             "frozen",
             "activation_checkpointing", "layer_passes",
             "context_parallel",

@@ -3,7 +3,7 @@ data-parallel ranks, each training on its rows of the batch, under torchrun."""
 
 from ..targets.base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resumed_case, vocab_sharded_loss,
                             zero_offloaded)
-from .common import literal, worker_source
+from .common import ReproError, literal, worker_source
 from .torch_tp import plan_source, tp_imports
 from .torch_dp import check_reduced_model_case, generate_dp, torch_context_parallel
 from .torch_model import IMPORTS as TORCH_IMPORTS, TORCH_DTYPES
@@ -20,6 +20,11 @@ def check(case):
     from ..targets.torch_fsdp2 import TARGET as WORKER
 
     check_reduced_model_case(case, TARGET, WORKER)
+    if any(parallel(resumed_case(case))[k] != parallel(case)[k] for k in ("dp", "tp")):
+        # (The script's resume rebuilds the model in the resumed FSDP layout of the same degrees; the worker's split of
+        # the data anew and its meshes of other degrees are not carried.)
+        raise ReproError(f"{TARGET}: no standalone script for a case resumed into other data- and tensor-parallel "
+                         "degrees (train.resume_parallel dp / tp)")
 
 
 def generate(case, inputs, bounds, dropped):

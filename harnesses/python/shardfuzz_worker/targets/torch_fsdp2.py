@@ -10,8 +10,9 @@ accumulated micro-batch reduced unless the case's `sync_every_microbatch` is fal
 parameter along d where it divides evenly over its shard group (the others along 0); with `resume_after`, the model's
 and optimizer's sharded state dicts saved with torch.distributed.checkpoint and loaded into a fresh sharded model and
 optimizer (with `train.resume_parallel`, one in another FSDP layout of the same ranks: ZeRO stage, shard group, reshard
-group, shard dimension, offload; DCP reshards the checkpoint on load); with context parallelism (`parallel.cp`), torch's own (`torch_context_parallel`: ring attention under
-`context_parallel`), FSDP2 sharding over the dp x cp ranks together as torchtitan does."""
+group, shard dimension, offload, or other data- and tensor-parallel degrees over the same ranks; DCP reshards the
+checkpoint on load); with context parallelism (`parallel.cp`), torch's own (`torch_context_parallel`: ring attention
+under `context_parallel`), FSDP2 sharding over the dp x cp ranks together as torchtitan does."""
 
 import contextlib
 
@@ -23,7 +24,7 @@ from .torch_common import (TorchTarget, check_compiled, compile_blocks, compilin
 from .torch_dcp import resumed
 from .torch_model import build, model_defaults, unsupported_layout
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
-from .torch_training import combine_dp, single_device, train
+from .torch_training import DataPart, combine_dp, single_device, train
 
 
 class TorchFsdp2(TorchTarget):
@@ -32,8 +33,10 @@ class TorchFsdp2(TorchTarget):
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
-    # (torch.distributed.checkpoint reshards on load: a run resumes into another FSDP layout of the same ranks)
-    resumes_into = ("zero_stage", "zero_shard_group", "reshard_group", "param_shard_dim", "zero_offload")
+    # (torch.distributed.checkpoint reshards on load: a run resumes into another FSDP layout of the same ranks, and
+    # into other data- and tensor-parallel degrees over them)
+    resumes_into = ("zero_stage", "zero_shard_group", "reshard_group", "param_shard_dim", "zero_offload", "dp", "tp",
+                    "sequence_parallel")
     optimizer_implementations = True
 
     def __init__(self):
@@ -71,33 +74,52 @@ class TorchFsdp2(TorchTarget):
         import torch
 
         compiling(case)
-        p = parallel(case)
-        cp, tp = p["cp"], p["tp"]
-        dp = world // (tp * cp)
+        cp = parallel(case)["cp"]
+        later = resumed_case(case)
+
+        def degrees(layout):
+            """(dp, tp) of the case's layout or of the one it resumes into (cp stays)."""
+            tp = parallel(layout)["tp"]
+            return world // (tp * cp), tp
+
+        dp, tp = degrees(case)
         seq = None if cp == 1 else torch_cp.TorchSequenceSplit(mesh((dp, cp), ("dp", "cp"))["cp"],
                                                               torch_cp.rotate_method(case))
-        now = {"model": None}  # what the hooks below reach, replaced when the run resumes
+        now = {"model": None, "layout": case}  # what the hooks below reach, replaced when the run resumes
 
         def trained(layout):
-            # (`layout`: the case, or the case as resumed into its train.resume_parallel: its shard group and meshes)
-            g = parallel(layout)["zero_shard_group"] or dp * cp
-            dm, tm = data_and_tensor_meshes(dp * cp, g, tp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
+            # (`layout`: the case, or the case as resumed into its train.resume_parallel: its degrees, shard group and
+            # meshes)
+            ldp, ltp = degrees(layout)
+            g = parallel(layout)["zero_shard_group"] or ldp * cp
+            dm, tm = data_and_tensor_meshes(ldp * cp, g, ltp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
             now["model"], names = sharded_model(layout, inputs, dm, g, tm, ring_attention=cp > 1)
+            now["layout"] = layout
             params = {uncompiled_name(n): q for n, q in now["model"].named_parameters()}
             return [(n, params[n]) for n in names]
 
+        def part(layout):
+            # (The loss is summed over a rank's data-parallel peers: those holding the same tensor-parallel part.)
+            ldp, ltp = degrees(layout)
+            group = None if ltp == 1 else mesh((ldp, ltp), ("dp", "tp")).get_group("dp")
+            return DataPart(rank // (ltp * cp), ldp, group, seq)
+
         def resume(opt):
-            # The model's and optimizer's sharded state dicts saved, a fresh sharded model (in the resumed layout)
-            # and optimizer loaded.
-            return resumed(case, now, lambda: trained(resumed_case(case)), opt)
+            # The model's and optimizer's sharded state dicts saved, a fresh sharded model (in the resumed layout, DCP
+            # resharding into its degrees too) and optimizer loaded.
+            named, opt = resumed(case, now, lambda: trained(later), opt)
+            return (named, opt) if degrees(later) == (dp, tp) else (named, opt, part(later))
+
+        def loss_ctx():
+            ctx = loss_context(now["layout"]) if parallel(now["layout"])["tp"] > 1 else None
+            return ctx() if ctx is not None else contextlib.nullcontext()
 
         named = trained(case)
         torch.manual_seed(0)
-        # (The loss is summed over a rank's data-parallel peers: those holding the same tensor-parallel part.)
-        two_d = {} if tp == 1 else {"loss_ctx": loss_context(case), "view": replicas_per_rank,
-                                       "group": mesh((dp, tp), ("dp", "tp")).get_group("dp")}
-        out = train(case, inputs, now["model"], [p for _, p in named], rank // (tp * cp), dp, named=named,
-                    forward=lambda ids: now["model"](ids), resume=resume, seq=seq,
+        first = part(case)
+        two_d = {} if max(tp, degrees(later)[1]) == 1 else {"loss_ctx": loss_ctx, "view": replicas_per_rank}
+        out = train(case, inputs, now["model"], [p for _, p in named], first.dp_index, dp, named=named,
+                    forward=lambda ids: now["model"](ids), resume=resume, seq=seq, group=first.group,
                     no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]),
                     **two_d)
         check_compiled(case)

@@ -67,8 +67,9 @@ def train(case, inputs, model, params, dp_index, dp, *, backward=None, step=None
     case's `resume_after` steps (the model, and `opt`, this loop's optimizer, or the framework's own when `step` is
     given and `opt` is None), reloads it into fresh objects (which `forward`, `backward`, `step` and `no_sync` then
     reach) and returns the new (`named` parameters, optimizer or None), and a `DataPart` where the resumed layout
-    splits the data another way (another dp); a target without one runs the case uninterrupted (the same result). `loss_seed(l)` is what backward starts from, given the micro-batch's summed token
-    loss (default: l x dp / global tokens; a framework that normalises the loss itself takes it unscaled).
+    splits the data another way (another dp); a target without one runs the case uninterrupted (the same result).
+    `loss_seed(l)` is what backward starts from, given the micro-batch's summed token loss (default: l x dp / global
+    tokens; a framework that normalises the loss itself takes it unscaled).
     `finish()` runs after the last step, before the final parameters are read (a framework that gathers them lazily).
     `seq` (context parallelism; its framework attends over the whole sequence): `seq.split(ids, targets)` enters what
     the micro-batch's forward and backward run in and gives this rank's tokens of them, `seq.whole(logits)` the
