@@ -259,9 +259,10 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
             let back = q.with_field_of(&case.parallel, &name);
             out.push(with(case, |c| c.train.resume_parallel = Some(back)));
         }
-        if (q.dp, q.tp) != (case.parallel.dp, case.parallel.tp) {
+        let p = &case.parallel;
+        if (q.dp, q.tp, q.cp) != (p.dp, p.tp, p.cp) {
             // (the degrees, traded against each other, only set back together)
-            let back = q.with_field_of(&case.parallel, "dp").with_field_of(&case.parallel, "tp");
+            let back = q.with_field_of(p, "dp").with_field_of(p, "tp").with_field_of(p, "cp");
             out.push(with(case, |c| c.train.resume_parallel = Some(back)));
         }
     }

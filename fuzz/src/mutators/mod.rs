@@ -472,7 +472,7 @@ mod tests {
     }
 
     #[test]
-    fn resumed_degrees_trade_dp_for_tp_over_the_same_ranks_and_survive_mutations_that_keep_them() {
+    fn resumed_degrees_trade_dp_tp_and_cp_over_the_same_ranks_and_survive_mutations_that_keep_them() {
         let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(12), Limits::default());
         let mut pairs = std::collections::BTreeSet::new();
         for seed in 0..200 {
@@ -482,9 +482,10 @@ mod tests {
             }
             let Some(q) = case.train.resume_parallel.clone() else { continue };
             let p = &case.parallel;
-            assert!(q.resumable_from(p) && q.dp * q.tp == p.dp * p.tp && q.dp != p.dp, "{p:?} into {q:?}");
+            assert!(q.resumable_from(p) && q.dp * q.tp * q.cp == p.dp * p.tp * p.cp, "{p:?} into {q:?}");
+            assert_ne!((q.dp, q.tp, q.cp), (p.dp, p.tp, p.cp));
             assert!(case.model.as_ref().is_none_or(|m| m.batch >= q.dp * q.microbatches * case.train.grad_accumulation));
-            pairs.insert(((p.dp, p.tp), (q.dp, q.tp)));
+            pairs.insert(((p.dp, p.tp, p.cp), (q.dp, q.tp, q.cp)));
             let mut kept = case.clone();
             kept.train.steps += 1;
             keep_resumed_layout_consistent(&mut kept);
@@ -492,6 +493,7 @@ mod tests {
         }
         assert!(pairs.iter().any(|(p, q)| p.1 == 1 && q.1 > 1), "no dp-only run resumed under tp: {pairs:?}");
         assert!(pairs.iter().any(|(p, q)| p.1 > 1 && q.1 == 1), "no tp run resumed without it: {pairs:?}");
+        assert!(pairs.iter().any(|(p, q)| p.2 == 1 && q.2 > 1), "no run resumed under context parallelism: {pairs:?}");
     }
 
     #[test]

@@ -128,10 +128,10 @@ pub fn resume_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     changed
 }
 
-/// The run resumes with its data- and tensor-parallel degrees traded against each other over the same ranks (dp 4
-/// into dp 2 x tp 2, tp 2 into dp 2, ...), the rest of its resumed layout kept: what a checkpoint that reshards
-/// across degrees is for. A group that no longer divides dp is dropped, the batch grown to give every data-parallel
-/// rank its micro-batches; a run that does not resume first resumes after a random step.
+/// The run resumes with its data-, tensor- and context-parallel degrees traded against each other over the same ranks
+/// (dp 4 into dp 2 x tp 2, tp 2 into dp 2, dp 2 into cp 2, ...), the rest of its resumed layout kept: what a checkpoint
+/// that reshards across degrees is for. A group that no longer divides dp is dropped, the batch grown to give every
+/// data-parallel rank its micro-batches; a run that does not resume first resumes after a random step.
 pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.train.resume_after.is_none() {
         resume_after(c, rng);
@@ -140,17 +140,21 @@ pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         return false;
     }
     let mut q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
-    let ranks = q.dp * q.tp;
-    let others: Vec<u32> = (1..=ranks).filter(|d| ranks % d == 0 && *d != q.dp).collect();
-    let Some(&dp) = others.choose(rng) else { return false };
-    (q.dp, q.tp) = (dp, ranks / dp);
+    let ranks = q.dp * q.tp * q.cp;
+    let divisors = |n: u32| (1..=n).filter(move |d| n % d == 0);
+    let others: Vec<(u32, u32, u32)> = divisors(ranks)
+        .flat_map(|dp| divisors(ranks / dp).map(move |tp| (dp, tp, ranks / dp / tp)))
+        .filter(|&d| d != (q.dp, q.tp, q.cp))
+        .collect();
+    let Some(&(dp, tp, cp)) = others.choose(rng) else { return false };
+    (q.dp, q.tp, q.cp) = (dp, tp, cp);
     if q.zero_shard_group.is_some_and(|g| dp % g != 0) {
         q.zero_shard_group = None;
     }
     if q.reshard_group.is_some_and(|g| dp % g != 0) {
         q.reshard_group = None;
     }
-    if q.tp == 1 {
+    if tp == 1 {
         q.sequence_parallel = false;
     }
     if let Some(m) = c.model.as_mut() {

@@ -339,11 +339,11 @@ impl Parallel {
         key(self) == key(other)
     }
 
-    /// Whether a run saved in layout `saved` may resume into `self`: the same world, pipeline, context and expert
-    /// degrees, micro-batches and schedule; the data- and tensor-parallel degrees may trade against each other (a
+    /// Whether a run saved in layout `saved` may resume into `self`: the same world, pipeline and expert degrees,
+    /// micro-batches and schedule; the data-, tensor- and context-parallel degrees may trade against each other (a
     /// target whose checkpoint reshards across them splits the data anew).
     pub fn resumable_from(&self, saved: &Parallel) -> bool {
-        let key = |p: &Parallel| (p.dp * p.tp, p.pp, p.cp, p.ep, p.microbatches, p.pipeline_schedule, p.virtual_stages);
+        let key = |p: &Parallel| (p.dp * p.tp * p.cp, p.pp, p.ep, p.microbatches, p.pipeline_schedule, p.virtual_stages);
         key(self) == key(saved)
     }
 

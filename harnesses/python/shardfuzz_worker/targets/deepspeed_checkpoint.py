@@ -50,7 +50,7 @@ def unsupported_checkpoint(case):
         # Measured: ZeRO-1/2 fail ds_to_universal's strict check of the tensor-parallel patterns first ("Unused
         # patterns=[...experts.w1...]"), its own NotImplementedError after it; ZeRO-3 raises a NotImplementedError.
         return "DeepSpeed's universal checkpoint does not convert AutoEP folded onto AutoTP (its NotImplementedError)"
-    if (p["dp"], p["tp"]) != (q["dp"], q["tp"]):
+    if (p["dp"], p["tp"], p["cp"]) != (q["dp"], q["tp"], q["cp"]):
         why = unsupported_degree_change(case, p, q)
         if why:
             return why
@@ -63,19 +63,18 @@ def unsupported_checkpoint(case):
 
 
 def unsupported_degree_change(case, saved, resumed):
-    """Why the run cannot resume into other data- and tensor-parallel degrees (`saved`, `resumed`: the two layouts), or
-    None: only through the universal checkpoint, which stores every parameter whole (measured on 0.19.8: DeepSpeed's
-    own checkpoint fails to load into another tensor-parallel degree, the module's state dict on its shapes, "size
-    mismatch for layers.0.attn.q.weight", or its model-parallel resizing on Megatron's names, "key:
-    attention.dense.weight is not found in the checkpoint")."""
-    if not universal(case):
-        return ("DeepSpeed's own checkpoint loads into the data- and tensor-parallel degrees that wrote it: other "
-                "degrees need the universal checkpoint (train.checkpoint_layout universal)")
+    """Why the run cannot resume into other data-, tensor- and context-parallel degrees (`saved`, `resumed`: the two
+    layouts), or None. Another tensor-parallel degree only through the universal checkpoint, which stores every
+    parameter whole (measured on 0.19.8: DeepSpeed's own checkpoint fails to load into one, the module's state dict on
+    its shapes, "size mismatch for layers.0.attn.q.weight", or its model-parallel resizing on Megatron's names, "key:
+    attention.dense.weight is not found in the checkpoint"); data-parallel ranks traded for Ulysses' sequence-parallel
+    ones from either (ZeRO partitions over both)."""
+    if not universal(case) and saved["tp"] != resumed["tp"]:
+        return ("DeepSpeed's own checkpoint loads into the tensor-parallel degree that wrote it: another needs the "
+                "universal checkpoint (train.checkpoint_layout universal)")
     m = case.get("model") or {}
     if saved["ep"] > 1 or resumed["ep"] > 1 or "moe" in m.get("layers", ()):
         return "resuming a MoE model into other degrees is not expressed (the experts' layout would change with them)"
-    if saved["cp"] > 1 or resumed["cp"] > 1:
-        return "resuming a Ulysses run into other degrees is not expressed"
     return None
 
 

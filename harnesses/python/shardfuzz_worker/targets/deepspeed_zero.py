@@ -61,9 +61,9 @@ BUCKET = 1000
 
 
 #: The parallel fields a run resumed from DeepSpeed's checkpoint may change (`train.resume_parallel`): the ZeRO
-#: configuration, and the data- and tensor-parallel degrees over the same ranks (the training loop splits the data
-#: anew; deepspeed_checkpoint says which checkpoints load into other degrees).
-RESUMES_INTO = ("dp", "tp", "zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "reduce_scatter", "contiguous_grads",
+#: configuration, and the data-, tensor- and context-parallel (Ulysses) degrees over the same ranks (the training loop
+#: splits the data anew; deepspeed_checkpoint says which checkpoints load into other degrees).
+RESUMES_INTO = ("dp", "tp", "cp", "zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "reduce_scatter", "contiguous_grads",
                 "round_robin_grads", "reduce_to_owner", "reshard_group", "persist_below", "optimizer_sub_group",
                 "prefetch_bucket", "max_live_parameters", "max_reuse_distance", "grad_predivide")
 

@@ -35,8 +35,8 @@ class TorchFsdp2(TorchTarget):
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
     # (torch.distributed.checkpoint reshards on load: a run resumes into another FSDP layout of the same ranks, and
     # into other data- and tensor-parallel degrees over them)
-    resumes_into = ("zero_stage", "zero_shard_group", "reshard_group", "param_shard_dim", "zero_offload", "dp", "tp",
-                    "sequence_parallel")
+    resumes_into = ("zero_stage", "zero_shard_group", "reshard_group", "param_shard_dim", "zero_offload", "dp", "tp", "cp",
+                    "sequence_parallel", "cp_all_to_all")
     optimizer_implementations = True
 
     def __init__(self):
@@ -74,41 +74,40 @@ class TorchFsdp2(TorchTarget):
         import torch
 
         compiling(case)
-        cp = parallel(case)["cp"]
         later = resumed_case(case)
 
         def degrees(layout):
-            """(dp, tp) of the case's layout or of the one it resumes into (cp stays)."""
-            tp = parallel(layout)["tp"]
-            return world // (tp * cp), tp
+            """(dp, tp, cp) of the case's layout or of the one it resumes into."""
+            q = parallel(layout)
+            return world // (q["tp"] * q["cp"]), q["tp"], q["cp"]
 
-        dp, tp = degrees(case)
-        seq = None if cp == 1 else torch_cp.TorchSequenceSplit(mesh((dp, cp), ("dp", "cp"))["cp"],
-                                                              torch_cp.rotate_method(case))
+        dp, tp, cp = degrees(case)
         now = {"model": None, "layout": case}  # what the hooks below reach, replaced when the run resumes
 
         def trained(layout):
             # (`layout`: the case, or the case as resumed into its train.resume_parallel: its degrees, shard group and
             # meshes)
-            ldp, ltp = degrees(layout)
-            g = parallel(layout)["zero_shard_group"] or ldp * cp
-            dm, tm = data_and_tensor_meshes(ldp * cp, g, ltp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
-            now["model"], names = sharded_model(layout, inputs, dm, g, tm, ring_attention=cp > 1)
+            ldp, ltp, lcp = degrees(layout)
+            g = parallel(layout)["zero_shard_group"] or ldp * lcp
+            dm, tm = data_and_tensor_meshes(ldp * lcp, g, ltp)  # (cp > 1 has tp 1: FSDP2 over all dp x cp ranks)
+            now["model"], names = sharded_model(layout, inputs, dm, g, tm, ring_attention=lcp > 1)
             now["layout"] = layout
             params = {uncompiled_name(n): q for n, q in now["model"].named_parameters()}
             return [(n, params[n]) for n in names]
 
         def part(layout):
             # (The loss is summed over a rank's data-parallel peers: those holding the same tensor-parallel part.)
-            ldp, ltp = degrees(layout)
+            ldp, ltp, lcp = degrees(layout)
             group = None if ltp == 1 else mesh((ldp, ltp), ("dp", "tp")).get_group("dp")
-            return DataPart(rank // (ltp * cp), ldp, group, seq)
+            seq = None if lcp == 1 else torch_cp.TorchSequenceSplit(mesh((ldp, lcp), ("dp", "cp"))["cp"],
+                                                                   torch_cp.rotate_method(layout))
+            return DataPart(rank // (ltp * lcp), ldp, group, seq)
 
         def resume(opt):
             # The model's and optimizer's sharded state dicts saved, a fresh sharded model (in the resumed layout, DCP
             # resharding into its degrees too) and optimizer loaded.
             named, opt = resumed(case, now, lambda: trained(later), opt)
-            return (named, opt) if degrees(later) == (dp, tp) else (named, opt, part(later))
+            return (named, opt) if degrees(later) == (dp, tp, cp) else (named, opt, part(later))
 
         def loss_ctx():
             ctx = loss_context(now["layout"]) if parallel(now["layout"])["tp"] > 1 else None
@@ -119,7 +118,7 @@ class TorchFsdp2(TorchTarget):
         first = part(case)
         two_d = {} if max(tp, degrees(later)[1]) == 1 else {"loss_ctx": loss_ctx, "view": replicas_per_rank}
         out = train(case, inputs, now["model"], [p for _, p in named], first.dp_index, dp, named=named,
-                    forward=lambda ids: now["model"](ids), resume=resume, seq=seq, group=first.group,
+                    forward=lambda ids: now["model"](ids), resume=resume, seq=first.seq, group=first.group,
                     no_sync=None if sync_every_microbatch(case, True) else lambda: without_gradient_sync(now["model"]),
                     **two_d)
         check_compiled(case)
