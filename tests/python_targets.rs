@@ -2817,7 +2817,9 @@ fn deepspeed_ulysses_context_parallel() {
 /// groups crossing the tensor-parallel ranks (docs/findings/deepspeed-0.19.8-autotp-zero3-hpz-groups-cross-tensor-parallel-ranks.py),
 /// flagged without its fix, the overlapped backward's `view` of a non-contiguous gradient
 /// (docs/findings/deepspeed-0.19.8-autotp-overlap-comm-noncontiguous-grad-crash.py), a crash without its fix, and ZeRO-3
-/// crashing on a rank without a head (docs/findings/deepspeed-0.19.8-autotp-zero3-empty-head-shard-crash.py).
+/// crashing on a rank without a head (docs/findings/deepspeed-0.19.8-autotp-zero3-empty-head-shard-crash.py); and ZeRO-3
+/// hanging in the step where uneven shards give the tensor-parallel ranks different numbers of optimizer sub-groups
+/// (docs/findings/deepspeed-0.19.8-autotp-zero3-uneven-shards-sub-group-norm-hang.py).
 #[test]
 #[ignore = "extended suite (over 40 s each on 2 cores): scripts/test-extended.sh"]
 fn deepspeed_autotp_tensor_parallel() {
@@ -2846,6 +2848,11 @@ fn deepspeed_autotp_tensor_parallel() {
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("logits"), "without the fix: {v}");
     let v = one_verdict("deepspeed-zero", &dir.join("tp2-overlap-comm-two-sequences-f32.json"), "");
     assert!(v["kind"] == "crash" && reason(&v).contains("view size is not compatible"), "without the fix: {v}");
+    // Campaign 301: uneven shards give the tensor-parallel ranks different numbers of ZeRO-3 optimizer sub-groups, and
+    // the step's per-sub-group norm all-reduces over tp no longer pair up (a hang, no fix).
+    let hang = dir.join("dp2-tp2-zero3-sub-groups8-uneven-ffn3-frozen-head-hang-f32.json");
+    let v = one_verdict_with("deepspeed-zero", &hang, "", &["--timeout-ms", "20000"]);
+    assert!(v["kind"] == "hang" && reason(&v).contains("in step"), "{v}");
 }
 
 /// deepspeed-zero's MoE blocks as DeepSpeed's AutoEP layers (`auto_ep`): ZeRO-3 with accumulation and a resumed run,
