@@ -62,6 +62,14 @@ class TorchFramesTest(unittest.TestCase):
         f = failure(("AssertionError", "unexpected guard", [builder]))
         self.assertEqual(classify("torch-fsdp1", f)[0], "crash")
 
+    @unittest.skipUnless(installed("deepspeed"), "deepspeed is not installed")
+    def test_autotps_check_of_vocabulary_shards_is_rejected_and_its_sharding_a_crash(self):
+        message = "vocab_parallel_lm_head requires nonempty vocabulary shards for tp_size=4, but 'lm_head' has 3 rows"
+        f = failure(("ValueError", message, [fw("deepspeed", "module_inject/auto_tp.py", "_validate_vocab_parallel_layer")]))
+        self.assertEqual(classify("deepspeed-zero", f)[0], "rejected")
+        f = failure(("ValueError", "bad shard", [fw("deepspeed", "module_inject/auto_tp.py", "_replace")]))
+        self.assertEqual(classify("deepspeed-zero", f)[0], "crash")
+
     def test_the_same_type_elsewhere_in_the_framework_is_a_crash(self):
         f = failure(("NotImplementedError", "something deep",
                      [fw("torch", "distributed/tensor/_redistribute.py", "redistribute_local_tensor")]))
