@@ -66,14 +66,19 @@ pub fn resume_after(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 
 /// The resumed run's checkpoint laid out another way (sharded, gathered, universal, or the target's default); a run that does
 /// not resume first resumes after a random step.
-pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+/// Whether the case resumes after some step, a random one drawn where it did not (which may still draw none).
+fn resumes(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if c.train.resume_after.is_none() {
         resume_after(c, rng);
     }
-    let t = &mut c.train;
-    if t.resume_after.is_none() {
+    c.train.resume_after.is_some()
+}
+
+pub fn checkpoint_layout(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if !resumes(c, rng) {
         return false;
     }
+    let t = &mut c.train;
     let choices = [None, Some(CheckpointLayout::Sharded), Some(CheckpointLayout::Gathered), Some(CheckpointLayout::Universal)];
     t.checkpoint_layout = super::parallel::another(t.checkpoint_layout, &choices, rng);
     true
@@ -101,10 +106,7 @@ const RESUMED_LAYOUT_MUTATIONS: &[super::MutationFn] = &[
 /// mesh degrees, micro-batches and schedule kept, so the world size and each rank's data are the saved run's), or
 /// back into the saved run's own; a run that does not resume first resumes after a random step.
 pub fn resume_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    if c.train.resume_after.is_none() {
-        resume_after(c, rng);
-    }
-    if c.train.resume_after.is_none() {
+    if !resumes(c, rng) {
         return false;
     }
     if c.train.resume_parallel.is_some() && rng.gen_ratio(1, 4) {
@@ -133,10 +135,7 @@ pub fn resume_parallel(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// that reshards across degrees is for. A group that no longer divides dp is dropped, the batch grown to give every
 /// data-parallel rank its micro-batches; a run that does not resume first resumes after a random step.
 pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
-    if c.train.resume_after.is_none() {
-        resume_after(c, rng);
-    }
-    if c.train.resume_after.is_none() {
+    if !resumes(c, rng) {
         return false;
     }
     let mut q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());

@@ -50,7 +50,7 @@ def unsupported_checkpoint(case):
         # Measured: ZeRO-1/2 fail ds_to_universal's strict check of the tensor-parallel patterns first ("Unused
         # patterns=[...experts.w1...]"), its own NotImplementedError after it; ZeRO-3 raises a NotImplementedError.
         return "DeepSpeed's universal checkpoint does not convert AutoEP folded onto AutoTP (its NotImplementedError)"
-    if (p["dp"], p["tp"], p["cp"]) != (q["dp"], q["tp"], q["cp"]):
+    if degrees(case) != degrees(resumed_case(case)):
         why = unsupported_degree_change(case, p, q)
         if why:
             return why
@@ -60,6 +60,12 @@ def unsupported_checkpoint(case):
         return ("DeepSpeed's own ZeRO-3 checkpoint keeps the optimizer's sub-groups: another sub_group_size needs the "
                 "universal checkpoint (train.checkpoint_layout universal)")
     return None
+
+
+def degrees(case):
+    """The case's data-, tensor- and context-parallel degrees (what a resume into other degrees trades)."""
+    p = parallel(case)
+    return p["dp"], p["tp"], p["cp"]
 
 
 def unsupported_degree_change(case, saved, resumed):

@@ -256,7 +256,7 @@ class DeepSpeedZero(TorchTarget):
                 now["engine"].load_checkpoint(path, tag=tag)
                 old.destroy()
             now["shards"] = autotp.sharded_dims(now["engine"].module)
-            if degrees(resumed) == degrees(case):
+            if deepspeed_checkpoint.degrees(resumed) == deepspeed_checkpoint.degrees(case):
                 return trained(), None
             return trained(), None, data_part(rank, resumed, inputs, now["engine"], lambda: now["engine"].module)
 
@@ -330,11 +330,6 @@ class DeepSpeedZero(TorchTarget):
             layout.append(f"{stage}:checkpoint-{p['framework_checkpoint']}")
         return combine_dp(case, outs, [stage, reduction_feature(stage, case), *layout, *sparse,
                                        *resume_feature(stage, case)])
-
-
-def degrees(case):
-    p = parallel(case)
-    return p["dp"], p["tp"], p["cp"]
 
 
 def data_part(rank, case, inputs, engine, module):
