@@ -2410,6 +2410,30 @@ def _megatron_distopt_dp_reshardable_bucket_padding():
     DistributedOptimizer.sharded_param_state_dp_reshardable = sharded_param_state_dp_reshardable
 
 
+def _megatron_distopt_fully_reshardable_bucket_padding():
+    """megatron-core 0.19.2: the distributed optimizer's `fully_reshardable` checkpoint (the format Megatron-LM writes
+    for a run resuming into another layout, `--dist-ckpt-optim-fully-reshardable`) misplaces the state of every
+    parameter after a buffer's first padded bucket. `get_parameter_state_dp_zero` packs each buffer's buckets one after
+    another with each bucket's end padding stripped, but `sharded_param_state_fully_reshardable` slices every
+    parameter's state out of (and, loading, into) that packed tensor at its `param_index_map` offsets, which count the
+    padding: such a parameter is written from the wrong offset (its tail past the end zero-filled, "param range exceeds
+    unpadded buffer ... data corruption") and read back into whatever the new layout puts there, so a run resumed
+    under other tensor- or data-parallel degrees trains from corrupted weights and moments. Found with a tied
+    embedding over pipeline stages (its own bucket) and with small buckets, resumed from dp 2 into tp 2
+    (docs/findings/megatron-core-0.19.2-distopt-fully-reshardable-bucket-padding.py). Fixed upstream by
+    NVIDIA/Megatron-LM#5077 (merged 2026-05-31, not in the 0.19.2 release): the padding stripped before the
+    parameter's bucket is subtracted from its offsets."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    old = "                    state_ten = world_tensors[state_key][param_world_start:param_world_end]\n"
+    new = ("                    _stripped = sum(b.grad_data.numel() - b.numel_unpadded\n"
+           "                                    for b in buffer.buckets[:buffer.param_index_map[model_param][2]])\n"
+           "                    state_ten = world_tensors[state_key][param_world_start - _stripped:"
+           "param_world_end - _stripped]\n")
+    _replace_in_method(DistributedOptimizer, "sharded_param_state_fully_reshardable", old, new,
+                       "megatron-distopt-fully-reshardable-bucket-padding")
+
+
 def _megatron_distopt_dp_reshardable_step_overwritten():
     """megatron-core 0.15.3 and 0.19.2: loading megatron's default distributed checkpoint (`torch_dist`, the distributed
     optimizer's state `dp_reshardable`) where megatron runs torch's Adam (no Apex or TE) puts back the fresh
@@ -2687,6 +2711,7 @@ FIXES = {
     "megatron-sgd-torch-dist-load-init-state": (("megatron-ddp", "megatron-tp"), _megatron_sgd_torch_dist_load_init_state),
     "megatron-distopt-dp-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_bucket_padding),
     "megatron-distopt-dp-reshardable-step-overwritten": (("megatron-ddp", "megatron-tp"), _megatron_distopt_dp_reshardable_step_overwritten),
+    "megatron-distopt-fully-reshardable-bucket-padding": (("megatron-ddp", "megatron-tp"), _megatron_distopt_fully_reshardable_bucket_padding),
     "megatron-chained-optimizer-rank0-common-step": (("megatron-tp",), _megatron_chained_optimizer_rank0_common_step),
     "megatron-moe-pad-to-capacity-above-tokens": (("megatron-tp",), _megatron_moe_pad_to_capacity_above_tokens),
 }

@@ -11,11 +11,14 @@ see), nor a refusal where another rank crashed.
 #: What gloo raises on a rank whose peer died: never the cause of a crash.
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
+import os
+
 from .validation import causes, classify, is_native_caller, recomputing, short
 
 
 def classify_failures(target, failed, world):
     real = [f for f in failed if f[1]["type"] != "Stranded"] or failed
+    keep_tracebacks(real)
     verdicts = [(rank, f, *classify(target.name, f)) for rank, f in real]
     for rank, f, kind, frame in verdicts:
         if kind == "harness_error":
@@ -35,6 +38,15 @@ def classify_failures(target, failed, world):
         where, site = "in the model code recomputed by", f'File "{frame[0]}", line {frame[1]}, in {frame[2]}'
     reason = message if not site else f"{message} ({where} {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
+
+
+def keep_tracebacks(failed):
+    """Appends the failed ranks' tracebacks to the file SHARDFUZZ_TRACEBACKS names, if set: the whole story of a
+    crash, for whoever turns it into a bug report (the verdict keeps its innermost frame only)."""
+    path = os.environ.get("SHARDFUZZ_TRACEBACKS")
+    if path:
+        with open(path, "a") as out:
+            out.writelines(f"--- rank {rank}\n{f.get('traceback', '')}\n" for rank, f in failed)
 
 
 def failure_message(f):

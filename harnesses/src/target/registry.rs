@@ -203,7 +203,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "per_token_loss",
             "resume_after",
             "checkpoint_layout",
-            "resume_parallel",
+            "resume_parallel", "resume_degrees",
             "moe_pad_to_capacity",
             "frozen",
             "activation_checkpointing",

@@ -290,14 +290,21 @@ def ddp_settings(case):
 #: checkpoint into the other fails on its keys, "optimizer.state.param" against "optimizer.state.fp32_param").
 RESUMES_INTO = ("zero_shard_group", "reduce_bucket", "overlap_comm", "overlap_param_gather")
 
+#: What a model built of megatron's tensor-parallel layers (megatron-tp) resumes into besides: other data- and
+#: tensor-parallel degrees over the same ranks, sequence parallelism switched, through megatron's distributed
+#: checkpoint, whose sharded tensors are resharded on load (its distributed optimizer's state `fully_reshardable`,
+#: megatron_checkpoint.optimizer_sharding_type).
+RESUMES_INTO_DEGREES = RESUMES_INTO + ("dp", "tp", "sequence_parallel")
 
-def resumed_training(case, tp, pp=1, vs=1, ep=1, etp=None):
+
+def resumed_training(case, pp=1, vs=1, ep=1, etp=None):
     """Where the case resumes into another layout (`train.resume_parallel`): (relayout(), which switches megatron's
-    parallel state to its distributed-optimizer instances over the degrees given, its DDP settings, its optimizer
-    settings); None otherwise."""
+    parallel state to the resumed layout's tensor-parallel degree and distributed-optimizer instances over the
+    pipeline and expert degrees given, its DDP settings, its optimizer settings); None otherwise."""
     if case["train"].get("resume_parallel") is None:
         return None
     resumed = resumed_case(case)
+    tp = parallel(resumed)["tp"]
     return (lambda: model_parallel(tp, pp, vs, optimizer_instances(resumed), ep, etp), ddp_settings(resumed),
             optimizer_settings(resumed))
 

@@ -77,7 +77,7 @@ class MegatronDdp(MegatronTarget):
         model_parallel(1, instances=optimizer_instances(case))
         with cuda_on_cpu():
             out = train_dp(case, inputs, lambda: build(case, inputs)[0], rank, world, ddp_settings(case),
-                           optimizer_settings(case), weight_decay_overrides(case), resumed_training(case, 1))
+                           optimizer_settings(case), weight_decay_overrides(case), resumed_training(case))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 

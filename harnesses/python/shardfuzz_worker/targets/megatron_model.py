@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .. import known_fixes
 from .base import (IGNORE_INDEX, chunk_range, dtype_name, grad_or_fail, is_frozen, label_smoothing, loss_denominator,
-                   micro_batches, parallel, resume_after, vocab_sharded_loss)
+                   micro_batches, parallel, resume_after, resumed_case, vocab_sharded_loss)
 from .megatron_checkpoint import load_checkpoint, save_checkpoint
 from .megatron_moe import Moe, frozen_moe_param, is_moe_param, load_moe, moe_config, moe_of, to_case_layout
 from .megatron_common import (cuda_on_cpu, ddp_settings, loss_scale_of, megatron_step, megatron_training,
@@ -244,24 +244,26 @@ def run(case, inputs, resumed=None):
     replicas, trained by megatron's optimizer (its gradient norm, its clipping) under its parameter scheduler,
     finalize_model_grads after the micro-batches (the sequence-parallel norms' partial gradients summed over tp
     there); with pipeline stages, the blocks of this rank's stage. Returns this rank's slices, its tensor-, pipeline-
-    and data-parallel ranks. `resumed`: train_megatron's."""
+    and data-parallel ranks (the final layout's; `first`: those of the first step's, where the run resumed into other
+    degrees). `resumed`: train_megatron's."""
     from megatron.core import ModelParallelConfig, parallel_state as ps
 
     m = model_defaults(case)
-    sp = parallel(case)["sequence_parallel"]
-    tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     stage = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
     vs = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     dt = torch_dtype(dtype_name(case))
-    cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
-                              perform_initialization=False, params_dtype=dt)
     # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
 
-    def chunks():
-        # (A config of their own: megatron_setup sets the DDP's hooks on it, which a rebuilt MoE layer's deepcopy of
-        # the config could not copy.)
+    def chunks(layout):
+        # (The tensor-parallel degree and sequence parallelism of megatron's parallel state now, `layout` the case as
+        # laid out now. A config of their own: megatron_setup sets the DDP's hooks on it, which a rebuilt MoE layer's
+        # deepcopy of the config could not copy.)
+        tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        sp = parallel(layout)["sequence_parallel"]
+        cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
+                                  perform_initialization=False, params_dtype=dt)
         moe_cfg = (moe_config(case, dt, tp, sp and tp > 1, stage[1], vs, per_token_loss(case)) if moe_of(case)
                    else None)
         out = []
@@ -276,76 +278,118 @@ def run(case, inputs, resumed=None):
 
     with cuda_on_cpu():
         out = train_megatron(case, inputs, chunks, vs > 1, gathered, resumed)
-    return out | {"tp_rank": tp_rank, "pp_rank": stage[0], "dp_rank": ps.get_data_parallel_rank()}
+    return out | coordinates()
+
+
+def coordinates():
+    """This rank's tensor-, pipeline- and data-parallel ranks in megatron's parallel state now."""
+    from megatron.core import parallel_state as ps
+
+    return {"tp_rank": ps.get_tensor_model_parallel_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank(),
+            "dp_rank": ps.get_data_parallel_rank()}
+
+
+class RankRows:
+    """This rank's rows of the batch in megatron's parallel state now (torch.chunk over the data-parallel replicas,
+    as the other targets split it), its micro-batches of them, and the `MicroBatches` that feed them to megatron's
+    schedule (without the case's `per_token_loss` each summed token loss scaled by dp / global tokens: megatron's DDP
+    averages over the replicas)."""
+
+    def __init__(self, case, inputs, gathered):
+        from megatron.core import parallel_state as ps
+
+        self.dp = ps.get_data_parallel_world_size()
+        self.lo, self.hi = chunk_range(case["model"]["batch"], self.dp, ps.get_data_parallel_rank())
+        self.rows = [(self.lo + a, self.lo + c) for a, c in micro_batches(self.hi - self.lo, micro_batch_count(case))]
+        self.batch = MicroBatches(case, inputs, gathered, per_token_loss(case),
+                                  self.dp * len(self.rows) / loss_denominator(inputs))
 
 
 def train_megatron(case, inputs, fresh_chunks, chunked, gathered, resumed=None):
-    """Megatron's training loop on this rank's rows of the batch (torch.chunk over the data-parallel replicas, as
-    the other targets split it): megatron's schedule for the layout (forward_backward_no_pipelining; over pipeline
-    stages 1F1B, forward_backward_pipelining_without_interleaving, or with virtual chunks (`model` a list of them)
-    the interleaved one; shapes sent between stages: `variable_seq_lengths`) over the case's micro-batches times its
-    accumulation steps (no_sync on every micro-batch but the last, the optimizer's loss scale, finalize_model_grads),
-    then the optimizer and scheduler steps. Without the case's `per_token_loss` each summed token loss is scaled by
-    dp / global tokens (megatron's DDP averages over the replicas); with it megatron normalises
-    (`calculate_per_token_loss`). `fresh_chunks()` builds this rank's model chunks (`chunked`: virtual ones, a list to
-    the schedule) and their MoE config (None without MoE blocks); with `resume_after` the run is saved in megatron's
-    checkpoint (megatron_checkpoint, in the case's layout) and loaded into fresh chunks, DDPs, optimizer and scheduler;
+    """Megatron's training loop on this rank's rows of the batch (RankRows): megatron's schedule for the layout
+    (forward_backward_no_pipelining; over pipeline stages 1F1B, forward_backward_pipelining_without_interleaving, or
+    with virtual chunks (`model` a list of them) the interleaved one; shapes sent between stages:
+    `variable_seq_lengths`) over the case's micro-batches times its accumulation steps (no_sync on every micro-batch
+    but the last, the optimizer's loss scale, finalize_model_grads), then the optimizer and scheduler steps; with the
+    case's `per_token_loss` megatron normalises (`calculate_per_token_loss`). `fresh_chunks(layout)` builds this
+    rank's model chunks for the case as laid out (`chunked`: virtual ones, a list to the schedule) and their MoE
+    config (None without MoE blocks); with `resume_after` the run is saved in megatron's checkpoint
+    (megatron_checkpoint, in the case's layout) and loaded into fresh chunks, DDPs, optimizer and scheduler (resume);
     `resumed` (megatron_common.resumed_training: the case resumes into another layout) switches megatron's parallel
     state and gives the fresh DDPs' and optimizer's settings."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     t, s = case["train"], case["model"]["seq"]
-    dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
-    ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks())
-    named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
-    lo, hi = chunk_range(case["model"]["batch"], dp, ps.get_data_parallel_rank())
-    rows = [(lo + a, lo + c) for a, c in micro_batches(hi - lo, micro_batch_count(case))]
-    batch = MicroBatches(case, inputs, gathered, per_token_loss(case), dp * len(rows) / loss_denominator(inputs))
+    pp = ps.get_pipeline_model_parallel_world_size()
+    ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks(case))
+    part = RankRows(case, inputs, gathered)
     if moe_of(case):  # (what the known fix megatron-moe-aux-loss-per-token-counted needs and the router cannot know)
-        known_fixes.batch_tokens(loss_denominator(inputs), dp * len(rows))
-    losses, logits0, grads0, skipped = [], None, {}, []
+        known_fixes.batch_tokens(loss_denominator(inputs), part.dp * len(part.rows))
+    losses, first, skipped = [], {}, []
     for k in range(t["steps"]):
         if k == resume_after(case):
-            with shared_tempdir() as path:
-                save_checkpoint(case, path, ddps, opt, schedule, settings)
-                if resumed is not None:
-                    resumed[0]()
-                ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks(),
-                                                               settings=None if resumed is None else resumed[1:])
-                load_checkpoint(case, path, ddps, opt, schedule, settings)
-            named = [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
+            ddps, opt, schedule, settings = resume(case, ddps, opt, schedule, settings, fresh_chunks, resumed)
+            part = RankRows(resumed_case(case), inputs, gathered)
         for d in ddps:
             d.zero_grad_buffer()
         opt.zero_grad()
+        batch = part.batch
         batch.start(keep_logits=k == 0)
-        get_forward_backward_func()(forward_step_func=batch.forward_step, num_microbatches=len(rows), seq_length=s,
-                                    data_iterator=[iter(rows) for _ in ddps] if chunked else iter(rows),
-                                    model=ddps if chunked else ddps[0], micro_batch_size=rows[0][1] - rows[0][0])
+        get_forward_backward_func()(forward_step_func=batch.forward_step, num_microbatches=len(part.rows),
+                                    seq_length=s, data_iterator=[iter(part.rows) for _ in ddps] if chunked
+                                    else iter(part.rows), model=ddps if chunked else ddps[0],
+                                    micro_batch_size=part.rows[0][1] - part.rows[0][0])
         loss_sum = torch.stack(batch.sums).sum() if batch.sums else torch.zeros((), dtype=torch.float64)
-        if dp > 1:
+        if part.dp > 1:
             torch.distributed.all_reduce(loss_sum, group=ps.get_data_parallel_group())
         if pp > 1:  # (the loss is the last stage's)
             torch.distributed.broadcast(loss_sum, src=ps.get_pipeline_model_parallel_last_rank(),
                                         group=ps.get_pipeline_model_parallel_group())
         losses.append(float(loss_sum) / loss_denominator(inputs))
         if k == 0:
-            logits0 = torch.cat(batch.rows).numpy() if batch.rows else None
-            scale = loss_scale_of(opt)  # (the buffers hold the scaled loss's gradients: megatron unscales in its step)
-            reduced = {case_name(d.module, n): g / scale for d in ddps
-                       for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
-            grads0 = {name: case_view(name, grad_or_fail(name, reduced.get(name)))
-                      for name, p in named if p.requires_grad}
+            first = first_step(case, ddps, opt, settings, part)
         # megatron's unscaling and overflow check, its clipping (its norm over the model- and data-parallel groups)
         # and step; the scheduler after a successful update
         skipped.append(megatron_step(opt, schedule, case))
     sync_parameters(ddps, settings)
-    final = {name: case_view(name, p) for name, p in named}
+    final = {case_name(d.module, n): case_view(case_name(d.module, n), p) for d in ddps
+             for n, p in d.module.named_parameters()}
+    grads0 = first.pop("grads")
     if moe_of(case):  # (megatron's expert slices -> the case's full [experts, in, out] tensors)
         swiglu = case["model"].get("activation") == "swiglu"
         grads0, final = to_case_layout(grads0, swiglu), to_case_layout(final, swiglu)
-    return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses, "grads": grads0, "params": final,
-            "skipped": skipped if scales_loss(case) else None}
+    return first | {"losses": losses, "grads": grads0, "params": final,
+                    "skipped": skipped if scales_loss(case) else None}
+
+
+def resume(case, ddps, opt, schedule, settings, fresh_chunks, resumed):
+    """The run saved in megatron's checkpoint (megatron_checkpoint, in the case's layout) and loaded into fresh chunks,
+    DDPs, optimizer and scheduler: (DDPs, optimizer, scheduler, DDP settings). `resumed`: resumed_training's (the
+    layout switched after the save), None where the run resumes into its own layout."""
+    layout = case if resumed is None else resumed_case(case)
+    with shared_tempdir() as path:
+        save_checkpoint(case, path, ddps, opt, schedule, settings)
+        if resumed is not None:
+            resumed[0]()
+        out = megatron_setup(layout, *fresh_chunks(layout), settings=None if resumed is None else resumed[1:])
+        load_checkpoint(case, path, *out)
+    return out
+
+
+def first_step(case, ddps, opt, settings, part):
+    """What the first step leaves to compare: this rank's rows of the batch (flattened tokens), its logits, its
+    reduced gradients (unscaled: the buffers hold the scaled loss's, megatron unscales in its step) in the case
+    layout, and its coordinates then (`first`: a run may resume into other degrees)."""
+    s = case["model"]["seq"]
+    scale = loss_scale_of(opt)
+    reduced = {case_name(d.module, n): g / scale for d in ddps
+               for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
+    trained = [case_name(d.module, n) for d in ddps for n, p in d.module.named_parameters() if p.requires_grad]
+    rows = part.batch.rows
+    return {"rows": (part.lo * s, part.hi * s), "logits": torch.cat(rows).numpy() if rows else None,
+            "grads": {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name in trained},
+            "first": coordinates()}
 
 
 def megatron_setup(case, chunks, moe_cfg=None, settings=None):
@@ -459,27 +503,36 @@ def token_loss_sum(logits, target, gathered, smoothing=0.0, vocab=1):
 def assemble_outputs(case, outs):
     """Per-rank slices -> per-rank results holding full tensors (sharded ones assembled from the slices of the
     rank's data-parallel replica, every stage's; replicated ones the rank's own copy, or, for another stage's, that
-    of the same tensor-parallel rank there), the shape combine_dp expects."""
-    replicas = {}
-    for o in outs:
-        replicas.setdefault(o["dp_rank"], []).append(o)
+    of the same tensor-parallel rank there), the shape combine_dp expects. The first step's logits and gradients
+    are assembled over the ranks as laid out then (`first`), the final parameters as laid out at the end: a run may
+    resume into other degrees."""
+    first = [o | o.get("first", {}) for o in outs]
     full = [dict(o) for o in outs]
-    for r, o in enumerate(outs):
-        group = sorted(replicas[o["dp_rank"]], key=lambda x: (x.get("pp_rank", 0), x["tp_rank"]))
-        full[r].update(assembled(case, group, o))
+    for r in range(len(outs)):
+        full[r].update(assembled(case, replica_of(first, r), first[r], ("grads",)))
+        full[r].update(assembled(case, replica_of(outs, r), outs[r], ("params",)))
     full[0]["baseline"] = outs[0].get("baseline")
     return full
 
 
-def assembled(case, group, own):
-    """Logits, gradients and parameters of one rank from its replica's ranks (`group`, in stage and tp order):
-    sharded tensors concatenated over the tensor-parallel ranks of the stage holding them, replicated ones from
-    `own` or the same tensor-parallel rank of their stage."""
-    last = [o for o in group if o["logits"] is not None]
-    # (Gathered logits are the whole vocabulary on every rank.)
-    logits = np.concatenate([o["logits"] for o in last], axis=1) if vocab_sharded_loss(case, True) else last[0]["logits"]
-    out = {"logits": logits, "rows": last[0]["rows"]}
-    for kind in ("grads", "params"):
+def replica_of(outs, r):
+    """The ranks of rank `r`'s data-parallel replica, in stage and tensor-parallel order."""
+    group = [o for o in outs if o["dp_rank"] == outs[r]["dp_rank"]]
+    return sorted(group, key=lambda x: (x.get("pp_rank", 0), x["tp_rank"]))
+
+
+def assembled(case, group, own, kinds):
+    """Of one rank, its `kinds` (grads, params) and, with its gradients, its logits, from its replica's ranks
+    (`group`, in stage and tp order): sharded tensors concatenated over the tensor-parallel ranks of the stage
+    holding them, replicated ones from `own` or the same tensor-parallel rank of their stage."""
+    out = {}
+    if "grads" in kinds:
+        last = [o for o in group if o["logits"] is not None]
+        # (Gathered logits are the whole vocabulary on every rank.)
+        out["logits"] = (np.concatenate([o["logits"] for o in last], axis=1) if vocab_sharded_loss(case, True)
+                         else last[0]["logits"])
+        out["rows"] = last[0]["rows"]
+    for kind in kinds:
         out[kind] = {}
         names = dict.fromkeys(n for o in group for n in o[kind] if o["tp_rank"] == 0)
         for name in names:

@@ -31,8 +31,9 @@ Sharded tensors are reported in full (each replica's tensor-parallel slices asse
 tensors (norms, row-parallel biases), and the assembled ones per replica, per rank as replicas.
 """
 
-from .base import dtype_name, parallel, reduction_feature, resume_feature, vocab_sharded_loss
-from .megatron_common import (MegatronTarget, RESUMES_INTO, data_parallel_features, model_parallel, optimizer_instances,
+from .base import (dtype_name, parallel, reduction_feature, resume_feature, resumed_layout_changes,
+                   vocab_sharded_loss)
+from .megatron_common import (MegatronTarget, RESUMES_INTO_DEGREES, data_parallel_features, model_parallel, optimizer_instances,
                               patch_cuda, resumed_training,
                               per_token_loss, unsupported_training)
 from .megatron_checkpoint import unsupported_resumed_layout
@@ -55,7 +56,7 @@ def _patch_cuda():
 class MegatronTp(MegatronTarget):
     name = "megatron-tp"
     freezes = True
-    resumes_into = RESUMES_INTO
+    resumes_into = RESUMES_INTO_DEGREES
     smooths_labels = True
 
     def unsupported(self, case):
@@ -78,7 +79,7 @@ class MegatronTp(MegatronTarget):
             # (measured: f64 cases diverge by ~3e-8 in loss and every gradient; with the cast patched out the
             # same cases pass at 0.04x the f64 noise, so the rest of the f64 path is exact).
             return "megatron's vocab_parallel_cross_entropy computes in fp32: f64 training is not expressed"
-        return unsupported_training(case) or unsupported_resumed_layout(case)
+        return unsupported_training(case) or unsupported_resumed_layout(case) or unsupported_degree_change(case)
 
     def init_rank(self, rank, world, timeout_s):
         super().init_rank(rank, world, timeout_s)
@@ -90,7 +91,7 @@ class MegatronTp(MegatronTarget):
         p = parallel(case)
         vs = p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1
         model_parallel(p["tp"], p["pp"], vs, optimizer_instances(case), *expert_layout(case))
-        out = run(case, inputs, resumed_training(case, p["tp"], p["pp"], vs, *expert_layout(case)))
+        out = run(case, inputs, resumed_training(case, p["pp"], vs, *expert_layout(case)))
         # The plain torch model on one device in the case dtype: the oracle's noise baseline (it has no MoE block:
         # there the oracle's own ensemble alone).
         out["baseline"] = single_device(case, inputs) if rank == 0 and not moe_of(case) else None
@@ -112,6 +113,16 @@ class MegatronTp(MegatronTarget):
             features.append(f"megatron:tp{p['tp']}:dp{p['dp']}:per-token-loss")
         features += moe_features(case) + resume_feature(f"megatron:tp{p['tp']}", case)
         return combine_dp(case, full, features)
+
+
+def unsupported_degree_change(case):
+    """Why the case cannot resume into its other data- or tensor-parallel degrees (None: it can, or keeps them): the
+    experts' layout (expert-tensor and expert-data parallelism, which follow the tensor-parallel degree) is not
+    resharded here."""
+    changes = set(resumed_layout_changes(case)) & {"dp", "tp"}
+    if changes and moe_of(case):
+        return "megatron-tp resumes MoE blocks under their own data- and tensor-parallel degrees only"
+    return None
 
 
 def unsupported_pipeline(case):

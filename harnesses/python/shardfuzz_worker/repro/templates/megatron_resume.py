@@ -1,16 +1,17 @@
 # -------------------------------------------------------------- the layout the run resumes into
 
 
-def resumed_layout(tp, pp, vs):
+def resumed_layout(pp, vs):
     """Where the case resumes into another layout (RESUMED_DDP_SETTINGS): (relayout(), which rebuilds megatron's
-    parallel state for its distributed-optimizer instances, its DDP settings, its optimizer settings); else None."""
+    parallel state for its tensor-parallel degree (RESUMED_TP) and distributed-optimizer instances, its DDP settings,
+    its optimizer settings); else None."""
     if RESUMED_DDP_SETTINGS is None:
         return None
 
     def relayout():
         parallel_state.destroy_model_parallel()
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            tensor_model_parallel_size=RESUMED_TP, pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vs if vs > 1 else None,
             num_distributed_optimizer_instances=RESUMED_DDP_SETTINGS["num_distributed_optimizer_instances"])
 
