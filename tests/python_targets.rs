@@ -3008,3 +3008,41 @@ fn fsdp1_strategies_train_like_the_reference_and_its_crashes_pass_with_their_fix
     let v = one_verdict("torch-fsdp1", &tests.join("python-zero-layout/dp2-offload-zero2-bf16.json"), "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("pins host memory"), "{v}");
 }
+
+/// megatron-tp resumes into other data- and tensor-parallel degrees (sequence parallelism switched too) through
+/// megatron's distributed checkpoint, its distributed optimizer's state written `fully_reshardable`: dp 4 into dp 2 x
+/// tp 2 and dp 2 x tp 2 with sequence parallelism into dp 4 pass (with the known fixes of megatron's distributed
+/// checkpoint), each with its `resumed-into-another-FIELD` features; from the legacy (gathered) checkpoint it is
+/// refused. A tied embedding over two pipeline stages resumed from dp 2 into tp 2 trains from a corrupted embedding
+/// (its own bucket follows a padded one: the fully reshardable format reads the packed state at padded offsets),
+/// and passes with the upstream fix `megatron-distopt-fully-reshardable-bucket-padding` (NVIDIA/Megatron-LM#5077).
+#[test]
+fn megatron_resumes_into_other_data_and_tensor_parallel_degrees_and_fully_reshardable_bucket_padding_is_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let megatron = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
+                    megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
+                    megatron-distopt-empty-optimizer-state-dict";
+    for (case, features) in [
+        (
+            "megatron-dp4-zero1-adam-torch-dist-resumed-into-dp2-tp2-f32.json",
+            &["megatron:tp1:resumed-into-another-dp", "megatron:tp1:resumed-into-another-tp"][..],
+        ),
+        (
+            "megatron-dp2-tp2-sp-zero1-adam-torch-dist-resumed-into-dp4-f32.json",
+            &["megatron:tp2:resumed-into-another-tp", "megatron:tp2:resumed-into-another-sequence_parallel"][..],
+        ),
+    ] {
+        let v = one_verdict("megatron-tp", &dir.join(case), megatron);
+        assert!(v["kind"] == "pass" && features.iter().all(|f| has_feature(&v, f)), "{case}: {v}");
+    }
+    let v = one_verdict("megatron-tp", &dir.join("megatron-dp4-zero1-adam-gathered-resumed-into-dp2-tp2-f32.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("legacy checkpoint"), "{v}");
+    let tied = dir.join("megatron-pp2-dp2-tied-embeddings-zero1-adamw-torch-dist-resumed-into-pp2-tp2-f32.json");
+    let v = one_verdict("megatron-tp", &tied, megatron);
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
+    let fixed = format!("{megatron},megatron-distopt-fully-reshardable-bucket-padding");
+    assert_eq!(one_verdict("megatron-tp", &tied, &fixed)["kind"], "pass");
+}
