@@ -3046,3 +3046,25 @@ fn megatron_resumes_into_other_data_and_tensor_parallel_degrees_and_fully_reshar
     let fixed = format!("{megatron},megatron-distopt-fully-reshardable-bucket-padding");
     assert_eq!(one_verdict("megatron-tp", &tied, &fixed)["kind"], "pass");
 }
+
+/// colossalai-zero resumes into another LowLevelZeroPlugin (`train.resume_parallel`: its stage, offload, buckets,
+/// overlap, `extra_dp_size`): the booster's checkpoints hold whole tensors, which a booster of the resumed layout's
+/// plugin loads. Two resumes pass against the reference with their `resumed-into-another-FIELD` features.
+#[test]
+fn colossalai_zero_resumes_into_another_plugin_layout() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let fixes = "colossalai-overlap-allgather-nd,colossalai-zero-stateless-optimizer-checkpoint";
+    for (case, feature) in [
+        (
+            "colossalai-dp6-zero2-group3-adam-resumed-into-group2-accumulation-bf16.json",
+            "colossalai:dp6:zero2:resumed-into-another-zero_shard_group",
+        ),
+        ("colossalai-dp4-zero2-adam-clip-gathered-resumed-into-zero1-f32.json", "colossalai:dp4:zero2:resumed-into-another-zero_stage"),
+    ] {
+        let v = one_verdict("colossalai-zero", &dir.join(case), fixes);
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+}

@@ -250,7 +250,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "master_dtype",
             "zero_shard_group",
             "overlap_param_gather",
-            "resume_after", "checkpoint_layout",
+            "resume_after", "checkpoint_layout", "resume_parallel",
             "frozen",
             "activation_checkpointing", "layer_passes",
         ],

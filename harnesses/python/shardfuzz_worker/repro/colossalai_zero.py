@@ -4,7 +4,7 @@ each rank training on its rows of the batch, under torchrun."""
 
 from unittest import mock
 
-from ..targets.base import dtype_name, parallel
+from ..targets.base import dtype_name, parallel, resumed_case
 from .colossalai_tp import SHIMS_ABOUT, shims_source
 from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
@@ -40,12 +40,15 @@ def generate(case, inputs, bounds, dropped):
     p = parallel(case)
     command = f"torchrun --nproc_per_node {p['dp']} repro.py"
     plugin = plugin_arguments(case)
+    resumed = resumed_case(case)
     config = [
         rule("the case"),
         literal("CASE", case),
         f"DP = WORLD = {p['dp']}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         "# LowLevelZeroPlugin's arguments, as the worker's ColossalZero.plugin() passes them for this case.",
         literal("PLUGIN", plugin),
+        "# ... and for the layout the run resumes into (case.train.resume_parallel; None: the run's own).",
+        literal("RESUMED_PLUGIN", None if resumed is case else plugin_arguments(resumed)),
         model_line(case),
         literal("BOUNDS", bounds),
     ]

@@ -213,11 +213,11 @@ def fp16_scaler(opt):
     return None
 
 
-def booster_resume(booster, boosted, opt, fresh, gathered=False):
+def booster_resume(booster, boosted, opt, fresh, gathered=False, into=None):
     """The run checkpointed and resumed as a Colossal-AI user does it: the booster's sharded model and optimizer
     checkpoints saved (`gathered`: its unsharded ones, `shard=False`, gathered into one file each), `fresh()` ->
-    (model, optimizer) built anew, boosted by the same booster and loaded from them; returns the new (boosted model,
-    optimizer)."""
+    (model, optimizer) built anew, boosted by the same booster (or by `into`, another plugin's: the run resumes into
+    another layout) and loaded from them; returns the new (boosted model, optimizer)."""
     import torch.distributed as dist
 
     with shared_tempdir() as path:
@@ -227,9 +227,10 @@ def booster_resume(booster, boosted, opt, fresh, gathered=False):
         booster.save_optimizer(opt, optimizer_path, shard=not gathered)
         dist.barrier()
         model, new_opt = fresh()
-        boosted, opt, *_ = booster.boost(model, new_opt)
-        booster.load_model(boosted, model_path)
-        booster.load_optimizer(opt, optimizer_path)
+        into = into or booster
+        boosted, opt, *_ = into.boost(model, new_opt)
+        into.load_model(boosted, model_path)
+        into.load_optimizer(opt, optimizer_path)
     return boosted, opt
 
 

@@ -20,7 +20,8 @@ plugin keeps fp32 masters: a difference of the order of one rounding per step.
 """
 
 from .base import (checkpoint_layout, dtype_name, master_dtype_name, overlap_comm, overlap_param_gather,
-                   param_gather_feature, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature)
+                   param_gather_feature, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, resume_feature,
+                   resumed_case)
 from . import colossalai_release
 from .colossalai_common import ColossalTarget, booster_resume, loss_scaling, plugin_step, unscaled, unsupported_loss_scale
 from .torch_model import build, make_optimizer, to_case_layout, unsupported_layout
@@ -34,6 +35,10 @@ class ColossalZero(ColossalTarget):
     freezes = True
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     smooths_labels = True
+    # (A run resumes into another plugin: the booster's checkpoints hold whole tensors, the optimizer's states
+    # gathered from their partitions, which another stage, bucket or group split loads.)
+    resumes_into = ("zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "overlap_param_gather",
+                    "zero_shard_group")
 
     def __init__(self):
         super().__init__()
@@ -94,16 +99,20 @@ class ColossalZero(ColossalTarget):
         names = [n for n, _ in model.named_parameters()]
         booster = Booster(plugin=self.plugin(case))
         boosted, zero_opt, *_ = booster.boost(model, opt)
-        # What the hooks below reach: the boosted model and its optimizer, replaced when the run resumes.
-        now = {"boosted": boosted, "opt": zero_opt}
+        # What the hooks below reach: the booster, its boosted model and optimizer, replaced when the run resumes
+        # (by a booster of the resumed layout's plugin where the case resumes into another: `train.resume_parallel`).
+        now = {"booster": booster, "boosted": boosted, "opt": zero_opt}
 
         def trained():
             now["params"] = dict(now["boosted"].unwrap().named_parameters())
             return [(n, now["params"][n]) for n in names]
 
         def resume(_opt):
-            now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh,
-                                                        checkpoint_layout(case) == "gathered")
+            resumed = resumed_case(case)
+            into = now["booster"] if resumed is case else Booster(plugin=self.plugin(resumed))
+            now["boosted"], now["opt"] = booster_resume(now["booster"], now["boosted"], now["opt"], fresh,
+                                                        checkpoint_layout(case) == "gathered", into=into)
+            now["booster"] = into
             return trained(), None
 
         def view(name, t):
@@ -116,7 +125,7 @@ class ColossalZero(ColossalTarget):
 
         named = trained()
         out = train(case, inputs, boosted, [p for _, p in named], rank, world, forward=lambda ids: now["boosted"](ids),
-                    backward=lambda loss: booster.backward(loss, now["opt"]), step=lambda: plugin_step(now["opt"]),
+                    backward=lambda loss: now["booster"].backward(loss, now["opt"]), step=lambda: plugin_step(now["opt"]),
                     clip=lambda: None, named=named, view=view, resume=resume,
                     grad=lambda name, p: unscaled(now["opt"], now["opt"].get_param_grad(p)))
         out["baseline"] = single_device(case, inputs) if rank == 0 else None

@@ -20,7 +20,8 @@ def run_sharded(data, rank):
     names = [n for n, _ in model.named_parameters()]
     booster = Booster(plugin=LowLevelZeroPlugin(**PLUGIN))
     boosted, zero_opt, *_ = booster.boost(model, opt)
-    now = {"boosted": boosted, "opt": zero_opt}  # replaced when the run resumes from its checkpoint
+    # (replaced when the run resumes from its checkpoint; the booster by one of RESUMED_PLUGIN where it has one)
+    now = {"booster": booster, "boosted": boosted, "opt": zero_opt}
 
     def trained():
         now["params"] = dict(now["boosted"].unwrap().named_parameters())
@@ -28,9 +29,12 @@ def run_sharded(data, rank):
 
     def resume(_opt):
         # The case's resume_after: the booster's checkpoints (sharded, or gathered with checkpoint_layout) saved and
-        # loaded into a fresh model and optimizer.
+        # loaded into a fresh model and optimizer (boosted by RESUMED_PLUGIN's booster where the case has one).
         gathered = CASE["train"].get("checkpoint_layout") == "gathered"
-        now["boosted"], now["opt"] = booster_resume(booster, now["boosted"], now["opt"], fresh, gathered)
+        into = now["booster"] if RESUMED_PLUGIN is None else Booster(plugin=LowLevelZeroPlugin(**RESUMED_PLUGIN))
+        now["boosted"], now["opt"] = booster_resume(now["booster"], now["boosted"], now["opt"], fresh, gathered,
+                                                    into=into)
+        now["booster"] = into
         return trained(), None
 
     def view(name, t):
@@ -40,6 +44,6 @@ def run_sharded(data, rank):
 
     named = trained()
     return train(CASE, data, boosted, [p for _, p in named], rank, WORLD, forward=lambda ids: now["boosted"](ids),
-                 backward=lambda loss: booster.backward(loss, now["opt"]), step=lambda: plugin_step(now["opt"]),
+                 backward=lambda loss: now["booster"].backward(loss, now["opt"]), step=lambda: plugin_step(now["opt"]),
                  clip=lambda: None, named=named, view=view, resume=resume,
                  grad=lambda name, p: unscaled(now["opt"], now["opt"].get_param_grad(p)))
