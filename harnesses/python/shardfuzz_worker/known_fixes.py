@@ -1983,6 +1983,53 @@ def _colossalai_padded_vocab_optimizer_save():
     io.search_tp_partition_dim = search_tp_partition_dim
 
 
+def _colossalai_fused_qkv_optimizer_state():
+    """Colossal-AI 0.5.0: HybridParallelCheckpointIO writes a fused column-parallel parameter's optimizer states in its
+    shards' order, not the parameter's. Its weights it gathers with the layer's own `gather_fn` (GPT-2's `c_attn`,
+    GPT2FusedLinearConv1D_Col: rank r holds [q_r | k_r | v_r], the whole is [q | k | v]); its Adam moments
+    `gather_from_sharded_optimizer_state` concatenates over the tp group (checkpoint_io/hybrid_parallel_checkpoint_io.py
+    :1061-1065), so the saved states run [q_0 k_0 v_0 q_1 k_1 v_1], and `shard_from_complete_optimizer_state` (:1110-
+    1126) cuts the loaded ones into equal slices. The two cancel only for the same tp degree: a run resumed under
+    another one (or into a model without tp) steps every q, k and v column with another column's moments, silently
+    (docs/findings/colossalai-0.5.0-hybrid-fused-qkv-optimizer-state-tp-order.py). Fix: the layer's gather_fn gathers
+    the states as it gathers the weights; on load each rank's slice of a fused state is the layer's `shard_fn` of the
+    whole one (the states are put in the shards' order that the equal slicing expects)."""
+    import torch
+    import torch.distributed as dist
+    from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as io
+
+    cls = io.HybridParallelCheckpointIO
+    old = """            if partition_dim is not None:
+                gather_tensor = [torch.zeros_like(v) for _ in range(tp_size)]"""
+    new = """            if partition_dim is not None and getattr(param, "gather_fn", None) is not None:
+                v = param.gather_fn(v)
+            elif partition_dim is not None:
+                gather_tensor = [torch.zeros_like(v) for _ in range(tp_size)]"""
+    _replace_in_method(cls, "gather_from_sharded_optimizer_state", old, new, "colossalai-fused-qkv-optimizer-state")
+
+    def in_shard_order(state, param, tp_group, original_shape):
+        """A fused parameter's complete states as its shards concatenated (what the equal slicing expects)."""
+        tp = dist.get_world_size(tp_group)
+        dim = io.search_tp_partition_dim(param.shape, original_shape, tp)
+        if getattr(param, "shard_fn", None) is None or dim is None:
+            return state
+        out = dict(state)
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                mine = param.shard_fn(v.to(param.device)).contiguous()
+                pieces = [torch.empty_like(mine) for _ in range(tp)]
+                dist.all_gather(pieces, mine, group=tp_group)
+                out[k] = torch.cat(pieces, dim=dim).to(v.device)
+        return out
+
+    io._shardfuzz_in_shard_order = in_shard_order
+    old = """            new_states[param] = self.shard_from_complete_optimizer_state(
+                state,"""
+    new = """            new_states[param] = self.shard_from_complete_optimizer_state(
+                _shardfuzz_in_shard_order(state, working_param, self.tp_group, original_shape),"""
+    _replace_in_method(cls, "load_states_into_optimizer", old, new, "colossalai-fused-qkv-optimizer-state")
+
+
 #: Which of the two megatron label-smoothing fixes are on: they patch the same forward, so either alone or both.
 _MEGATRON_SMOOTHING = {"global_vocab": False, "log_softmax": False}
 
@@ -2626,6 +2673,7 @@ FIXES = {
     "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
     "colossalai-coloparam-inplace-ce-grad": (("colossalai-hybrid",), _colossalai_coloparam_inplace_ce_grad),
     "colossalai-padded-detached-param-save": (("colossalai-hybrid",), _colossalai_padded_detached_param_save),
+    "colossalai-fused-qkv-optimizer-state": (("colossalai-hybrid",), _colossalai_fused_qkv_optimizer_state),
     "colossalai-padded-vocab-optimizer-save": (("colossalai-hybrid",), _colossalai_padded_vocab_optimizer_save),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),

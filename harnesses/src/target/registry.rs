@@ -268,7 +268,7 @@ pub const TARGETS: &[TargetInfo] = &[
             "overlap_comm",
             "vocab_divisible_by",
             "overlap_param_gather",
-            "resume_after", "checkpoint_layout",
+            "resume_after", "checkpoint_layout", "resume_parallel", "resume_degrees",
             "frozen",
             "activation_checkpointing",
         ],

@@ -6,7 +6,7 @@ its training code, under torchrun; against the same Llama on one device in float
 import re
 from unittest import mock
 
-from ..targets.base import dtype_name, parallel
+from ..targets.base import dtype_name, parallel, resumed_case
 from .colossalai_tp import RELEASE_IMPORTS, SHIMS_ABOUT, release_source, shims_source
 from .common import assemble, embed, header, literal, rule, template, worker_source
 from .torch_model import IMPORTS as TORCH_IMPORTS
@@ -28,7 +28,7 @@ FAMILIES = {
                         "shardformer_loss"),
 }
 RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
-       "batches", "model_labels", "run", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
+       "batches", "model_labels", "Layout", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "combine")
 
 
@@ -105,6 +105,8 @@ def generate(case, inputs, bounds, dropped):
         f"WORLD = {world}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
         "# HybridParallelPlugin's arguments, as the worker's ColossalHybrid.plugin() passes them for this case.",
         literal("PLUGIN", plugin),
+        "# ... and for the layout the run resumes into (case.train.resume_parallel; None: the run's own).",
+        literal("RESUMED_PLUGIN", None if resumed_case(case) is case else plugin_arguments(resumed_case(case))),
         literal("BOUNDS", bounds),
     ]
     sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), *sources(case), template("colossalai_hybrid"),

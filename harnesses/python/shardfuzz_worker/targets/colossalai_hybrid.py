@@ -31,7 +31,8 @@ data-parallel copy as a replica.
 """
 
 from .base import (dtype_name, loss_denominator, overlap_comm, overlap_param_gather, param_gather_feature, parallel,
-                   reduce_dtype_name, reduction_feature, resume_feature, vocab_padding_feature, vocab_sharded_loss)
+                   reduce_dtype_name, reduction_feature, resume_feature, resumed_case, vocab_padding_feature,
+                   vocab_sharded_loss)
 from . import colossalai_release
 from .colossalai_common import ColossalTarget, loss_scaling, unsupported_loss_scale
 from .torch_common import torch_dtype
@@ -45,6 +46,11 @@ class ColossalHybrid(ColossalTarget):
     name = "colossalai-hybrid"
     freezes = True
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
+    # A run resumes into another plugin (`train.resume_parallel`): HybridParallelCheckpointIO writes whole tensors
+    # (tensor-parallel shards gathered, the vocabulary unpadded, ZeRO's optimizer states gathered), which another
+    # data- or tensor-parallel degree, ZeRO stage, sequence-parallel mode or vocabulary padding loads.
+    resumes_into = ("dp", "tp", "zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "overlap_param_gather",
+                    "sequence_parallel", "sequence_parallel_mode", "vocab_divisible_by")
 
     def __init__(self):
         super().__init__()
@@ -128,10 +134,17 @@ class ColossalHybrid(ColossalTarget):
         # points on different ranks (pipeline stages) leaves the global index out of step across the pool's ranks,
         # and the next case's policy would fail Colossal-AI's check that it is the same everywhere (campaign 128).
         Randomizer.reset_index()
-        plugin = self.plugin(case)
-        micro = parallel(case)["microbatches"] if plugin.stage_manager is not None else 1
-        known_fixes.batch_tokens(loss_denominator(inputs), micro * plugin.dp_group.size())
-        out = run(plugin, case, inputs, torch_dtype(dtype_name(case)))
+
+        def laid_out(layout):
+            # (The plugin of the case as laid out, and what the known fixes that count the batch's tokens need.)
+            plugin = self.plugin(layout)
+            micro = parallel(layout)["microbatches"] if plugin.stage_manager is not None else 1
+            known_fixes.batch_tokens(loss_denominator(inputs), micro * plugin.dp_group.size())
+            return plugin, layout
+
+        resumed = resumed_case(case)
+        out = run(laid_out(case)[0], case, inputs, torch_dtype(dtype_name(case)),
+                  relayout=None if resumed is case else lambda: laid_out(resumed))
         if rank == 0:
             from .colossalai_hybrid_run import single_device
 

@@ -167,28 +167,51 @@ def model_labels(case, inputs, plugin):
     return torch.tensor(labels)
 
 
-def run(plugin, case, inputs, dt):
-    from colossalai.booster import Booster
+class Layout:
+    """A plugin's layout of the run on this rank: its booster, this rank's place and rows of the batch, the loss's
+    scale, the labels of the model's own loss (or None) and the step function that runs them. `case`: the case as
+    laid out (its `train.resume_parallel` once the run resumes into another layout)."""
 
+    def __init__(self, plugin, case, inputs):
+        from colossalai.booster import Booster
+
+        self.case, self.plugin, self.booster = case, plugin, Booster(plugin=plugin)
+        self.place = Place(plugin)
+        self.ids, self.tgt, self.rows = batches(case, inputs, self.place)
+        self.scale = self.place.dp / loss_denominator(inputs)
+        self.labels = model_labels(case, inputs, plugin)
+        if self.labels is not None:
+            self.tgt = self.labels[self.rows[0] // self.ids.shape[1]: self.rows[1] // self.ids.shape[1]]
+            self.step_fn = model_loss_pipeline_step if self.place.pipelined else model_loss_plain_step
+        else:
+            self.step_fn = pipeline_step if self.place.pipelined else plain_step
+
+    def step(self, boosted, zopt, keep_logits, weight):
+        return self.step_fn(self.booster, boosted, zopt, self.ids, self.tgt, self.scale, self.case, keep_logits, weight)
+
+    def reports_loss(self):
+        """Whether this rank reports its data-parallel replica's loss (the last stage's tensor- and sequence-parallel
+        rank 0)."""
+        return self.place.last and self.place.tp_rank == 0 and self.place.sp_rank == 0
+
+    def where(self):
+        p = self.place
+        return (p.dp_rank, p.stage, p.tp_rank, p.last, p.sp_rank)
+
+
+def run(plugin, case, inputs, dt, relayout=None):
+    """The case's training on this rank under `plugin`; `relayout()` -> (the plugin of the layout the run resumes
+    into, the case as laid out then), where the case resumes into another (`train.resume_parallel`)."""
     m, t = model_defaults(case), case["train"]
 
     def fresh():
         model = checkpointed(frozen_model(build(m, inputs, dt), case), m)
         return model, make_optimizer(case, list(model.parameters()))
 
-    booster = Booster(plugin=plugin)
-    boosted, zopt, *_ = booster.boost(*fresh())
+    now = Layout(plugin, case, inputs)
+    boosted, zopt, *_ = now.booster.boost(*fresh())
     input_grads(boosted.unwrap(), m)
-    place = Place(plugin)
-    ids, tgt, rows = batches(case, inputs, place)
-    scale = place.dp / loss_denominator(inputs)
-    labels = model_labels(case, inputs, plugin)
-    if labels is not None:
-        tgt = labels[rows[0] // ids.shape[1]: rows[1] // ids.shape[1]]
-        step_fn = model_loss_pipeline_step if place.pipelined else model_loss_plain_step
-    else:
-        step_fn = pipeline_step if place.pipelined else plain_step
-    losses, logits0, grads0, skipped, ungraded = [], None, {}, [], []
+    losses, reports, first, skipped = [], [], {}, []
 
     def model_views():
         # Every parameter's final value is reported; a frozen one's gradient is not (it has none).
@@ -197,42 +220,55 @@ def run(plugin, case, inputs, dt):
     views = model_views()
     for k in range(t["steps"]):
         if k == resume_after(case):
-            boosted, zopt = booster_resume(booster, boosted, zopt, fresh, checkpoint_layout(case) == "gathered")
+            later = now if relayout is None else Layout(*relayout(), inputs)
+            boosted, zopt = booster_resume(now.booster, boosted, zopt, fresh, checkpoint_layout(case) == "gathered",
+                                           into=later.booster)
+            now = later
             input_grads(boosted.unwrap(), m)
             views = model_views()
-        raw, logits = step_fn(booster, boosted, zopt, ids, tgt, scale, case, k == 0, class_weight(inputs, dt))
+        raw, logits = now.step(boosted, zopt, k == 0, class_weight(inputs, dt))
         losses.append(raw)
+        reports.append(now.reports_loss())
         if k == 0:
-            logits0 = logits
-            grad = getattr(zopt, "get_param_grad", None)
-            for name, hf, p, view in views:
-                if is_frozen(case, name):
-                    continue
-                g = grad(p) if grad is not None else p.grad
-                if g is None and p.requires_grad:
-                    # A parameter this rank holds and trains, yet the framework's backward gave it no gradient: it
-                    # will not train (the optimizer skips it), the framework's outcome (combine says so).
-                    ungraded.append(name)
-                    continue
-                grads0[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
+            first = first_step(case, now, zopt, views, logits)
         was_skipped = plugin_step(zopt)
         if was_skipped is not None:
             skipped.append(was_skipped)
     # With ZeRO's overlap_allgather the updated parameters arrive asynchronously (each waited for by the next
     # forward's op hook): read after the wait Colossal-AI's own checkpointing does first.
     boosted._force_wait_all_gather()
-    from colossalai.tensor.d_tensor import is_customized_distributed_tensor, is_distributed_tensor
-
-    return {
-        "place": (place.dp_rank, place.stage, place.tp_rank, place.last, place.sp_rank), "rows": rows, "losses": losses,
-        "denominator": loss_denominator(inputs),
-        "logits": logits0, "grads": grads0, "params": {n: local_view(view(p)) for n, _, p, view in views},
-        "sharded": {n: is_distributed_tensor(p) or is_customized_distributed_tensor(p) for n, _, p, _ in views},
-        "model_loss": labels is not None,
+    return first | {
+        "place": now.where(), "losses": losses, "reports": reports, "denominator": loss_denominator(inputs),
+        "params": {n: local_view(view(p)) for n, _, p, view in views}, "sharded": sharded_flags(views),
+        "model_loss": now.labels is not None,
         # Without loss scaling too where the framework checks for overflow (plugin_step: not None).
         "skipped": skipped if t.get("loss_scale") is not None or skipped else None,
-        "ungraded": ungraded,
     }
+
+
+def first_step(case, now, zopt, views, logits):
+    """What the first step leaves to compare, in its layout (`now`): this rank's rows, logits, reduced gradients
+    (`first_place` its place then, `first_sharded` which of them are distributed tensors), and the parameters this
+    rank holds and trains whose backward gave them no gradient (`ungraded`: they will not train, the optimizer skips
+    them; combine says so)."""
+    grad = getattr(zopt, "get_param_grad", None)
+    grads, ungraded = {}, []
+    for name, hf, p, view in views:
+        if is_frozen(case, name):
+            continue
+        g = grad(p) if grad is not None else p.grad
+        if g is None and p.requires_grad:
+            ungraded.append(name)
+            continue
+        grads[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
+    return {"first_place": now.where(), "rows": now.rows, "logits": logits, "grads": grads,
+            "first_sharded": sharded_flags(views), "ungraded": ungraded}
+
+
+def sharded_flags(views):
+    from colossalai.tensor.d_tensor import is_customized_distributed_tensor, is_distributed_tensor
+
+    return {n: is_distributed_tensor(p) or is_customized_distributed_tensor(p) for n, _, p, _ in views}
 
 
 def as_scaled_loss(case, loss):
@@ -379,10 +415,13 @@ def combine(case, outs, features):
         return {"status": "divergent", "reason": f"grad/{names[0]}: no gradient reached it on rank {r}, which holds and"
                 f" trains it (requires_grad=True): it does not train ({len(names)} parameter(s) so on that rank)"}
     tensors, replicas = {}, {}
-    for kind, prefix in (("grads", "grad"), ("params", "param")):
+    # (The first step's gradients as the ranks were laid out then, the final parameters as at the end: a run may
+    # resume into another layout.)
+    for kind, prefix, place, sharded in (("grads", "grad", "first_place", "first_sharded"),
+                                         ("params", "param", "place", "sharded")):
         names = sorted({n for o in outs for n in o[kind]})
         for name in names:
-            pieces = [(r, o["place"], o[kind][name], o["sharded"][name]) for r, o in enumerate(outs) if name in o[kind]]
+            pieces = [(r, o[place], o[kind][name], o[sharded][name]) for r, o in enumerate(outs) if name in o[kind]]
             copies = assemble(case, name, pieces)
             tensors[f"{prefix}/{name}"] = copies[0][1]
             if len(copies) > 1:
@@ -392,12 +431,13 @@ def combine(case, outs, features):
     if narrow is not None:
         return {"status": "divergent", "reason": f"logits: rank {narrow[0]} got {narrow[1]} columns for a vocabulary of"
                 f" {m['vocab']} (HybridParallelPlugin with parallel_output=False: whole-vocabulary logits)"}
-    # One rank per dp rank on the last stage (tensor- and sequence-parallel rank 0).
-    last = [o for o in outs if o["place"][3] and o["place"][2] == 0 and o["place"][4] == 0]
-    steps = len(last[0]["losses"])
+    # Each step's loss from one rank per dp rank on the last stage (tensor- and sequence-parallel rank 0) of the
+    # step's layout; the first step's logits from those of the first layout.
+    steps = len(outs[0]["losses"])
     total = m["batch"] * m["seq"]
     for k in range(steps):
-        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in last) / last[0]["denominator"])
+        tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in outs if o["reports"][k]) / outs[0]["denominator"])
+    last = [o for o in outs if o["first_place"][3] and o["first_place"][2] == 0 and o["first_place"][4] == 0]
     logits = np.zeros((total, m["vocab"]))
     for o in last:
         a, b = o["rows"]

@@ -1,11 +1,16 @@
 # -------------------------------------------------------------- the sharded run
 
 
-def make_plugin():
-    kw = dict(PLUGIN)
+def make_plugin(arguments):
+    kw = dict(arguments)
     if kw.get("communication_dtype"):
         kw["communication_dtype"] = getattr(torch, kw["communication_dtype"])
     return HybridParallelPlugin(**kw)
+
+
+def relayout():
+    """The plugin of the layout the run resumes into (RESUMED_PLUGIN), and the case as laid out then."""
+    return make_plugin(RESUMED_PLUGIN), {**CASE, "parallel": CASE["train"]["resume_parallel"]}
 
 
 def run(rank):
@@ -15,7 +20,7 @@ def run(rank):
     with the same Llama on one device in float64."""
     data = load_blob()
     install_shims()
-    mine = run_hybrid(make_plugin(), CASE, data, DTYPE)
+    mine = run_hybrid(make_plugin(PLUGIN), CASE, data, DTYPE, relayout=None if RESUMED_PLUGIN is None else relayout)
     outs = [None] * WORLD if rank == 0 else None
     dist.gather_object(mine, outs, dst=0)
     if rank != 0:
