@@ -51,7 +51,7 @@ def plugin_arguments(case):
 
 
 def sources(case):
-    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "setup_features", "moe_setup_features", "optimizer_features", "moe_of", "drops_tokens", "case_slots", "micro_batches", "resume_after").replace("HarnessError", "RuntimeError")
+    helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "setup_features", "moe_setup_features", "optimizer_features", "moe_of", "drops_tokens", "case_slots", "micro_batches", "resume_after", "checkpoint_layout").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
                + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer",
                                                  "optimizer_parts", "IMPLEMENTATION_KWARGS", "rounds_in_parameter_dtype",
@@ -99,6 +99,7 @@ def generate(case, inputs, bounds, dropped):
     world = p["dp"] * p["tp"] * p["pp"]
     command = f"torchrun --nproc_per_node {world} repro.py"
     plugin = plugin_arguments(case)
+    resumed = resumed_case(case)
     config = [
         rule("the case"),
         literal("CASE", case),
@@ -106,7 +107,7 @@ def generate(case, inputs, bounds, dropped):
         "# HybridParallelPlugin's arguments, as the worker's ColossalHybrid.plugin() passes them for this case.",
         literal("PLUGIN", plugin),
         "# ... and for the layout the run resumes into (case.train.resume_parallel; None: the run's own).",
-        literal("RESUMED_PLUGIN", None if resumed_case(case) is case else plugin_arguments(resumed_case(case))),
+        literal("RESUMED_PLUGIN", None if resumed is case else plugin_arguments(resumed)),
         literal("BOUNDS", bounds),
     ]
     sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), *sources(case), template("colossalai_hybrid"),

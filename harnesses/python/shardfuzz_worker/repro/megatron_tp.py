@@ -21,7 +21,7 @@ from megatron.core import parallel_state
 
 MEGATRON_SOURCE = ("COLUMN", "linear_kind", "shard_dim", "_init", "Attention", "Mlp", "Block", "MegatronModel",
                    "load_local", "case_name", "case_view", "run", "coordinates", "RankRows", "train_megatron", "resume",
-                   "first_step", "megatron_setup", "MicroBatches", "micro_batch_count", "GptLoss", "token_loss_sum",
+                   "first_step", "case_parameters", "megatron_setup", "MicroBatches", "micro_batch_count", "GptLoss", "token_loss_sum",
                    "assemble_outputs", "replica_of", "assembled")
 
 

@@ -175,7 +175,7 @@ class Layout:
     def __init__(self, plugin, case, inputs):
         from colossalai.booster import Booster
 
-        self.case, self.plugin, self.booster = case, plugin, Booster(plugin=plugin)
+        self.case, self.booster = case, Booster(plugin=plugin)
         self.place = Place(plugin)
         self.ids, self.tgt, self.rows = batches(case, inputs, self.place)
         self.scale = self.place.dp / loss_denominator(inputs)
@@ -437,7 +437,7 @@ def combine(case, outs, features):
     total = m["batch"] * m["seq"]
     for k in range(steps):
         tensors[f"loss/step{k}"] = np.array(sum(o["losses"][k] for o in outs if o["reports"][k]) / outs[0]["denominator"])
-    last = [o for o in outs if o["first_place"][3] and o["first_place"][2] == 0 and o["first_place"][4] == 0]
+    last = [o for o in outs if o["reports"][0]]
     logits = np.zeros((total, m["vocab"]))
     for o in last:
         a, b = o["rows"]

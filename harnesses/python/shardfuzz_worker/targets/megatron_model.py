@@ -353,8 +353,7 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered, resumed=None):
         # and step; the scheduler after a successful update
         skipped.append(megatron_step(opt, schedule, case))
     sync_parameters(ddps, settings)
-    final = {case_name(d.module, n): case_view(case_name(d.module, n), p) for d in ddps
-             for n, p in d.module.named_parameters()}
+    final = {name: case_view(name, p) for name, p in case_parameters(ddps)}
     grads0 = first.pop("grads")
     if moe_of(case):  # (megatron's expert slices -> the case's full [experts, in, out] tensors)
         swiglu = case["model"].get("activation") == "swiglu"
@@ -367,7 +366,7 @@ def resume(case, ddps, opt, schedule, settings, fresh_chunks, resumed):
     """The run saved in megatron's checkpoint (megatron_checkpoint, in the case's layout) and loaded into fresh chunks,
     DDPs, optimizer and scheduler: (DDPs, optimizer, scheduler, DDP settings). `resumed`: resumed_training's (the
     layout switched after the save), None where the run resumes into its own layout."""
-    layout = case if resumed is None else resumed_case(case)
+    layout = resumed_case(case)  # (the case itself where it has no resume_parallel: `resumed` is None)
     with shared_tempdir() as path:
         save_checkpoint(case, path, ddps, opt, schedule, settings)
         if resumed is not None:
@@ -385,11 +384,16 @@ def first_step(case, ddps, opt, settings, part):
     scale = loss_scale_of(opt)
     reduced = {case_name(d.module, n): g / scale for d in ddps
                for n, g in reduced_grads(d, settings["use_distributed_optimizer"]).items()}
-    trained = [case_name(d.module, n) for d in ddps for n, p in d.module.named_parameters() if p.requires_grad]
+    trained = [name for name, p in case_parameters(ddps) if p.requires_grad]
     rows = part.batch.rows
     return {"rows": (part.lo * s, part.hi * s), "logits": torch.cat(rows).numpy() if rows else None,
             "grads": {name: case_view(name, grad_or_fail(name, reduced.get(name))) for name in trained},
             "first": coordinates()}
+
+
+def case_parameters(ddps):
+    """(case name, parameter) of every parameter of the DDP chunks' models."""
+    return [(case_name(d.module, n), p) for d in ddps for n, p in d.module.named_parameters()]
 
 
 def megatron_setup(case, chunks, moe_cfg=None, settings=None):
