@@ -3047,6 +3047,62 @@ fn megatron_resumes_into_other_data_and_tensor_parallel_degrees_and_fully_reshar
     assert_eq!(one_verdict("megatron-tp", &tied, &fixed)["kind"], "pass");
 }
 
+/// megatron-tp resumes over another number of pipeline stages (`train.resume_parallel` trading pp against dp: pp 2 x dp
+/// 2 into dp 4, dp 4 under the interleaved schedule into pp 2 x dp 2): megatron's distributed checkpoint keeps the
+/// blocks' global names, and a tied LM head's copy on the last stage is saved as the embedding's replica, as
+/// megatron's GPTModel saves it. Both pass with their `resumed-into-another-pp` feature; a tied embedding over 2
+/// stages resumed as dp 4 meets megatron-core 0.19.2's fully_reshardable bucket padding (the embedding's own padded
+/// bucket on the first stage) and passes with its fix.
+#[test]
+fn megatron_resumes_over_other_pipeline_stages() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let megatron = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
+                    megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
+                    megatron-distopt-empty-optimizer-state-dict";
+    for case in [
+        "megatron-pp2-dp2-zero1-adamw-torch-dist-resumed-into-dp4-f32.json",
+        "megatron-dp4-interleaved-zero1-adamw-torch-dist-resumed-into-pp2-dp2-f32.json",
+    ] {
+        let v = one_verdict("megatron-tp", &dir.join(case), megatron);
+        assert!(v["kind"] == "pass" && has_feature(&v, "megatron:tp1:resumed-into-another-pp"), "{case}: {v}");
+    }
+    let tied = dir.join("megatron-pp2-dp2-tied-embeddings-zero1-adamw-torch-dist-resumed-into-dp4-f32.json");
+    let v = one_verdict("megatron-tp", &tied, megatron);
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
+    let fixed = format!("{megatron},megatron-distopt-fully-reshardable-bucket-padding");
+    assert_eq!(one_verdict("megatron-tp", &tied, &fixed)["kind"], "pass");
+}
+
+/// colossalai-hybrid resumes over another number of pipeline stages: HybridParallelCheckpointIO's whole tensors load
+/// into another plugin's stages (a bf16 Llama over pp 2 x dp 2 with ZeRO 1 into dp 4, and one over pp 2 x tp 2 with
+/// sequence parallelism into dp 2 x tp 2), each passing with its `resumed-into-another-pp` feature.
+#[test]
+fn colossalai_hybrid_resumes_over_other_pipeline_stages() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    let fixes = "colossalai-row-bias-sp,colossalai-ring-gather,colossalai-narrow-linear-sp,\
+                 colossalai-interleaved-metadata,colossalai-interleaved-metadata-requires-grad,\
+                 colossalai-frozen-shared-param-sync,colossalai-a2a-full-logits-shift,\
+                 colossalai-empty-vocab-shard,colossalai-dist-ce-batch-mean,colossalai-gpt2-lm-head-gather,\
+                 colossalai-gpt2-pipeline-loss-unbound,colossalai-clip-norm-customized-tensors,\
+                 colossalai-empty-grad-norm-collective,colossalai-zero2-sp-accumulated-sync,\
+                 colossalai-overlap-allgather-nd,colossalai-pp-sp-causal-mask,\
+                 colossalai-coloparam-inplace-ce-grad,colossalai-padded-detached-param-save,\
+                 colossalai-padded-vocab-optimizer-save";
+    for (case, stage) in [
+        ("colossalai-llama-pp2-dp2-zero1-resumed-into-dp4-bf16.json", "colossalai-hybrid:dp2:tp1:pp2:zero1:sp-none:1f1b"),
+        ("colossalai-llama-pp2-tp2-sp-resumed-into-dp2-tp2-f32.json", "colossalai-hybrid:dp1:tp2:pp2:zero0:sp-split_gather:1f1b"),
+    ] {
+        let v = one_verdict("colossalai-hybrid", &dir.join(case), fixes);
+        assert!(v["kind"] == "pass" && has_feature(&v, &format!("{stage}:resumed-into-another-pp")), "{case}: {v}");
+    }
+}
+
 /// colossalai-zero resumes into another LowLevelZeroPlugin (`train.resume_parallel`: its stage, offload, buckets,
 /// overlap, `extra_dp_size`): the booster's checkpoints hold whole tensors, which a booster of the resumed layout's
 /// plugin loads. Two resumes pass against the reference with their `resumed-into-another-FIELD` features.

@@ -230,6 +230,12 @@ impl FindingSource {
         recorded.map(|s| s.split(',').filter(|b| !b.is_empty()).map(String::from).collect()).unwrap_or_default()
     }
 
+    /// The fixes of known framework bugs the finding was found under (`SHARDFUZZ_KNOWN_FIXES`, as the worker
+    /// recorded them among its versions), comma-separated; None where it recorded none.
+    pub fn known_fixes(&self) -> Option<&str> {
+        self.finding.as_ref().and_then(|f| f.versions.get("known-fixes")).map(String::as_str).filter(|s| !s.is_empty())
+    }
+
     /// The stored case of the finding's smallest member (the finding's own case if none).
     pub fn smallest_case(&self) -> Case {
         let stored = self.finding.as_ref().and_then(|f| f.smallest_member()).zip(self.dir.as_ref());

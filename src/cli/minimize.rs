@@ -37,6 +37,7 @@ pub struct MinimizeArgs {
 
 pub fn run(a: MinimizeArgs) -> anyhow::Result<ExitCode> {
     let src = FindingSource::load(&a.input)?;
+    super::apply_recorded_known_fixes(&src);
     let name = src.target(a.target.as_deref());
     let opts = TargetOptions { inject: src.injected(&a.inject), timeout_ms: 0 };
     let mut target = registry::create(&name, &opts).map_err(|e| anyhow::anyhow!("--target: {e}"))?;

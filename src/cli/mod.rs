@@ -94,6 +94,16 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Re-runs of a finding (report, minimize) apply the fixes of known framework bugs it was found under, so that they
+/// meet the finding again and not a bug already known; `$SHARDFUZZ_KNOWN_FIXES`, where set, wins (empty: none).
+fn apply_recorded_known_fixes(src: &shardfuzz_fuzz::findings::FindingSource) {
+    const ENV: &str = "SHARDFUZZ_KNOWN_FIXES";
+    if let (None, Some(fixes)) = (std::env::var_os(ENV), src.known_fixes()) {
+        eprintln!("applying the fixes of known bugs the finding was found under ({ENV}={fixes})");
+        std::env::set_var(ENV, fixes);
+    }
+}
+
 /// The `--python` values as one `$SHARDFUZZ_PYTHON` list, each checked: a known Python target, an existing
 /// interpreter, at most one plain path.
 fn python_spec(values: &[String]) -> anyhow::Result<String> {

@@ -36,6 +36,7 @@ pub struct ReportArgs {
 
 pub fn run(a: ReportArgs) -> anyhow::Result<ExitCode> {
     let src = FindingSource::load(&a.input)?;
+    super::apply_recorded_known_fixes(&src);
     let name = src.target(a.target.as_deref());
     let injected = src.injected(&a.inject);
     let mut target = registry::create(&name, &TargetOptions { inject: injected.clone(), timeout_ms: 0 })

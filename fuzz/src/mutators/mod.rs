@@ -71,6 +71,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("checkpoint-layout", train::checkpoint_layout),
     ("resume-parallel", train::resume_parallel),
     ("resume-degrees", train::resume_degrees),
+    ("resume-stages", train::resume_stages),
     ("frozen", train::frozen),
     ("no-decay-vectors", train::no_decay_vectors),
     ("per-token-loss", train::per_token_loss),
@@ -133,8 +134,8 @@ fn keep_aux_loss_judgeable(c: &mut Case) {
     }
 }
 
-/// A resumed layout (`train.resume_parallel`) is dropped where the saved run's world, degrees (but for dp and tp
-/// traded against each other), micro-batches or schedule changed under it (`Parallel::resumable_from`) or the case no
+/// A resumed layout (`train.resume_parallel`) is dropped where the saved run's world, degrees (but for dp, tp, cp and
+/// pp traded against each other), micro-batches or schedule changed under it (`Parallel::resumable_from`) or the case no
 /// longer resumes: a mutation of the saved layout then still gives a valid case.
 fn keep_resumed_layout_consistent(c: &mut Case) {
     if c.train.resume_after.is_none() || c.train.resume_parallel.as_ref().is_some_and(|q| !q.resumable_from(&c.parallel)) {
@@ -199,6 +200,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("checkpoint-layout", "checkpoint_layout"),
     ("resume-parallel", "resume_parallel"),
     ("resume-degrees", "resume_degrees"),
+    ("resume-stages", "resume_stages"),
     ("frozen", "frozen"),
     ("per-token-loss", "per_token_loss"),
     ("local-mean-loss", "local_mean_loss"),
@@ -494,6 +496,31 @@ mod tests {
         assert!(pairs.iter().any(|(p, q)| p.1 == 1 && q.1 > 1), "no dp-only run resumed under tp: {pairs:?}");
         assert!(pairs.iter().any(|(p, q)| p.1 > 1 && q.1 == 1), "no tp run resumed without it: {pairs:?}");
         assert!(pairs.iter().any(|(p, q)| p.2 == 1 && q.2 > 1), "no run resumed under context parallelism: {pairs:?}");
+    }
+
+    #[test]
+    fn resumed_stages_trade_pp_against_dp_and_tp_over_the_same_ranks() {
+        let (mut rng, limits) = (ChaCha8Rng::seed_from_u64(13), Limits::default());
+        let mut pairs = std::collections::BTreeSet::new();
+        for seed in 0..300 {
+            let mut case = random_case(seed);
+            if !train::resume_stages(&mut case, &mut rng) || case.validate(&limits).is_err() {
+                continue;
+            }
+            let Some(q) = case.train.resume_parallel.clone() else { continue };
+            let p = &case.parallel;
+            assert!(q.resumable_from(p) && q.world() == p.world() && q.cp == p.cp, "{p:?} into {q:?}");
+            assert_ne!(q.pp, p.pp);
+            assert!(case.model.as_ref().is_none_or(|m| m.batch >= q.dp * q.microbatches * case.train.grad_accumulation));
+            pairs.insert(((p.dp, p.tp, p.pp), (q.dp, q.tp, q.pp)));
+            let mut kept = case.clone();
+            kept.train.steps += 1;
+            keep_resumed_layout_consistent(&mut kept);
+            assert_eq!(kept.train.resume_parallel.as_ref(), Some(&q), "a resumed layout over other stages stays");
+        }
+        assert!(pairs.iter().any(|(p, q)| p.2 == 1 && q.2 > 1), "no run resumed over pipeline stages: {pairs:?}");
+        assert!(pairs.iter().any(|(p, q)| p.2 > 1 && q.2 == 1), "no pipelined run resumed without stages: {pairs:?}");
+        assert!(pairs.iter().any(|(p, q)| p.1 != q.1), "no stages traded against tp: {pairs:?}");
     }
 
     #[test]

@@ -4,7 +4,8 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
-    Case, CheckpointLayout, ClipNorm, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Real,
+    Case, CheckpointLayout, ClipNorm, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Parallel,
+    Real,
 };
 use shardfuzz_kernels::DType;
 
@@ -138,15 +139,44 @@ pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if !resumes(c, rng) {
         return false;
     }
-    let mut q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
+    let q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
     let ranks = q.dp * q.tp * q.cp;
-    let divisors = |n: u32| (1..=n).filter(move |d| n % d == 0);
-    let others: Vec<(u32, u32, u32)> = divisors(ranks)
-        .flat_map(|dp| divisors(ranks / dp).map(move |tp| (dp, tp, ranks / dp / tp)))
-        .filter(|&d| d != (q.dp, q.tp, q.cp))
+    let others: Vec<(u32, u32, u32, u32)> = divisors(ranks)
+        .flat_map(|dp| divisors(ranks / dp).map(move |tp| (dp, tp, q.pp, ranks / dp / tp)))
+        .filter(|&(dp, tp, _, cp)| (dp, tp, cp) != (q.dp, q.tp, q.cp))
         .collect();
-    let Some(&(dp, tp, cp)) = others.choose(rng) else { return false };
-    (q.dp, q.tp, q.cp) = (dp, tp, cp);
+    let Some(&degrees) = others.choose(rng) else { return false };
+    resume_into_degrees(c, q, degrees);
+    true
+}
+
+/// The run resumes over another number of pipeline stages, traded against its data- and tensor-parallel degrees over
+/// the same ranks (pp 2 into dp 2, dp 2 x tp 2 into pp 2 x tp 2, pp 4 into pp 2 x tp 2, ...; context parallelism, the
+/// schedule and its micro-batches kept): what a checkpoint whose blocks keep their global names over any number of
+/// stages is for. As `resume_degrees`, groups that no longer divide dp are dropped and the batch grown.
+pub fn resume_stages(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    if !resumes(c, rng) {
+        return false;
+    }
+    let q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
+    let ranks = q.dp * q.tp * q.pp;
+    let others: Vec<(u32, u32, u32, u32)> = divisors(ranks)
+        .filter(|&pp| pp != q.pp)
+        .flat_map(|pp| divisors(ranks / pp).map(move |tp| (ranks / pp / tp, tp, pp, q.cp)))
+        .collect();
+    let Some(&degrees) = others.choose(rng) else { return false };
+    resume_into_degrees(c, q, degrees);
+    true
+}
+
+fn divisors(n: u32) -> impl Iterator<Item = u32> {
+    (1..=n).filter(move |d| n % d == 0)
+}
+
+/// The case resumes into `q` with degrees (dp, tp, pp, cp): the shard and reshard groups that no longer divide dp
+/// dropped, sequence parallelism off without tp, the batch grown to give every data-parallel rank its micro-batches.
+fn resume_into_degrees(c: &mut Case, mut q: Parallel, (dp, tp, pp, cp): (u32, u32, u32, u32)) {
+    (q.dp, q.tp, q.pp, q.cp) = (dp, tp, pp, cp);
     if q.zero_shard_group.is_some_and(|g| dp % g != 0) {
         q.zero_shard_group = None;
     }
@@ -160,7 +190,6 @@ pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         m.batch = m.batch.max(dp * q.microbatches * c.train.grad_accumulation);
     }
     c.train.resume_parallel = (q != c.parallel).then_some(q);
-    true
 }
 
 /// Another dtype to accumulate gradients in: f32 (above a reduced-precision compute dtype), the compute dtype

@@ -5,7 +5,7 @@ import os
 import sys
 import traceback
 
-from . import lifetime, protocol, tensors_io
+from . import known_fixes, lifetime, protocol, tensors_io
 from .interrupt import CaseTimedOut, forget_last_learned, hang_reason, run_with_alarm
 from .pool import RankDied, RankPool, RanksFailedToStart, RanksHung, test_raise
 from .targets import REGISTRY, load
@@ -31,6 +31,9 @@ def main():
         protocol.send({"event": "unavailable", "target": args.target, "reason": f"{type(e).__name__}: {e}"})
         return 0
     versions["python"] = sys.version.split()[0]
+    fixes = known_fixes.concerning(args.target)
+    if fixes:  # (the verdicts depend on them: every finding records them, and its report re-applies them)
+        versions["known-fixes"] = ",".join(fixes)
     protocol.send({"event": "ready", "target": args.target, "versions": versions, "known": sorted(REGISTRY)})
     serve(target)
     return 0

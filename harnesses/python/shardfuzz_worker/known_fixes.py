@@ -2774,6 +2774,12 @@ def requested():
     return [n for n in os.environ.get(ENV, "").split(",") if n]
 
 
+def concerning(target):
+    """The requested fixes that concern `target`, in the table's order."""
+    wanted = requested()
+    return [name for name, (targets, _) in FIXES.items() if name in wanted and target in targets]
+
+
 def apply(target):
     """Applies the requested fixes that concern `target`, in the table's order whatever the request's (an
     unknown name is our error, raised)."""

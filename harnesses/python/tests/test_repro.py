@@ -532,6 +532,51 @@ class DeepSpeedPpReproTest(unittest.TestCase):
             shutil.rmtree(out, ignore_errors=True)
 
 
+class KnownFixesTest(unittest.TestCase):
+    """A repro applies the fixes of known bugs the finding was found under (SHARDFUZZ_KNOWN_FIXES, those concerning
+    its target) before its run, so that it shows the finding rather than a bug already known; embedded worker code
+    that calls `known_fixes.batch_tokens` finds it."""
+
+    def section(self, fixes, target, script):
+        from shardfuzz_worker.repro.common import with_known_fixes
+
+        saved = os.environ.pop("SHARDFUZZ_KNOWN_FIXES", None)
+        try:
+            if fixes:
+                os.environ["SHARDFUZZ_KNOWN_FIXES"] = fixes
+            return with_known_fixes(target, script)
+        finally:
+            os.environ.pop("SHARDFUZZ_KNOWN_FIXES", None)
+            if saved is not None:
+                os.environ["SHARDFUZZ_KNOWN_FIXES"] = saved
+
+    def test_the_fixes_of_the_target_are_embedded_and_applied_before_the_entry_point(self):
+        script = 'import sys\n\n\ndef main():\n    return 0\n\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+        text = self.section("megatron-distopt-empty-optimizer-state-dict,colossalai-row-bias-sp", "megatron-tp", script)
+        ast.parse(text)
+        self.assertIn("def _megatron_distopt_empty_optimizer_state_dict():", text)
+        self.assertNotIn("_colossalai_row_bias_sp", text, "a fix of another target's framework")
+        self.assertIn("KNOWN_FIXES = ['megatron-distopt-empty-optimizer-state-dict']", text)
+        applied = text.index("    _megatron_distopt_empty_optimizer_state_dict()\n")
+        self.assertLess(applied, text.index('if __name__ == "__main__":'))
+        self.assertEqual(self.section("", "megatron-tp", script), script, "no fix, no call: the script as it was")
+
+    def test_a_fixes_helpers_come_along_and_batch_tokens_is_the_modules(self):
+        script = 'def f():\n    known_fixes.batch_tokens(3, 2)\n\n\nif __name__ == "__main__":\n    f()\n'
+        text = self.section("megatron-distopt-dp-reshardable-bucket-padding", "megatron-tp", script)
+        self.assertIn("def _dp_reshardable_buckets(", text)
+        plain = self.section("", "megatron-tp", script)
+        self.assertNotIn("KNOWN_FIXES", plain)
+        module = type(sys)("repro_under_test")
+        sys.modules["repro_under_test"] = module
+        try:
+            exec(compile(plain, "repro.py", "exec"), module.__dict__)
+            module.f()
+            self.assertEqual(module._BATCH, {"count": 3, "divided_by": 2})
+        finally:
+            del sys.modules["repro_under_test"]
+
+
 class RefusalTest(unittest.TestCase):
     def test_a_target_or_case_it_cannot_express_exits_2(self):
         case = op_case("m", "matmul", [2, 3, 2], {})

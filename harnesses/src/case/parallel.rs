@@ -339,11 +339,11 @@ impl Parallel {
         key(self) == key(other)
     }
 
-    /// Whether a run saved in layout `saved` may resume into `self`: the same world, pipeline and expert degrees,
-    /// micro-batches and schedule; the data-, tensor- and context-parallel degrees may trade against each other (a
-    /// target whose checkpoint reshards across them splits the data anew).
+    /// Whether a run saved in layout `saved` may resume into `self`: the same world, expert degree, micro-batches and
+    /// schedule; the data-, tensor-, context- and pipeline-parallel degrees may trade against each other (a target
+    /// whose checkpoint reshards across them splits the data and the blocks anew).
     pub fn resumable_from(&self, saved: &Parallel) -> bool {
-        let key = |p: &Parallel| (p.dp * p.tp * p.cp, p.pp, p.ep, p.microbatches, p.pipeline_schedule, p.virtual_stages);
+        let key = |p: &Parallel| (p.world(), p.ep, p.microbatches, p.pipeline_schedule, p.virtual_stages);
         key(self) == key(saved)
     }
 

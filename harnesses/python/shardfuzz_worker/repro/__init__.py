@@ -12,7 +12,7 @@ share and `templates/` the code the scripts are assembled from.
 import importlib
 import os
 
-from .common import ReproError, load_bounds, split_bounds
+from .common import ReproError, load_bounds, split_bounds, with_known_fixes
 
 GENERATORS = {
     "torch-dtensor": "torch_dtensor",
@@ -41,13 +41,15 @@ def generate(target, case, inputs, raw_bounds):
         module = torch_library_op if target == "torch-dtensor" else jax_library_op
         module.check(case)
         bounds, dropped = split_bounds(load_bounds(raw_bounds), module.producible(case))
-        return module.generate(case, inputs, bounds, dropped)
+        text, command = module.generate(case, inputs, bounds, dropped)
+        return with_known_fixes(target, text), command
     if target not in GENERATORS:
         raise ReproError(f"no repro generator for target {target!r} (supported: {', '.join(sorted(GENERATORS))})")
     module = importlib.import_module(f".{GENERATORS[target]}", __name__)
     module.check(case)
     bounds, dropped = split_bounds(load_bounds(raw_bounds), module.producible(case))
-    return module.generate(case, inputs, bounds, dropped)
+    text, command = module.generate(case, inputs, bounds, dropped)
+    return with_known_fixes(target, text), command
 
 
 def write(out_dir, text):

@@ -121,6 +121,53 @@ def module_source(relpath, *names):
             + f'\n\n{module} = __import__("sys").modules[__name__]  # (the functions above, as the worker\'s module)\n')
 
 
+def known_fixes_section(target, script):
+    """The fixes of known bugs the finding was found under (SHARDFUZZ_KNOWN_FIXES: those concerning `target`, in the
+    table's order), embedded from known_fixes.py with the top-level names they use and applied at import on every
+    rank, so that the script shows the finding rather than a bug already known; and the module's `batch_tokens`,
+    which embedded worker code calls as `known_fixes.batch_tokens`. Empty where the script needs neither."""
+    from .. import known_fixes
+
+    names = known_fixes.concerning(target)
+    if not names and "known_fixes." not in script:
+        return ""
+    functions = [known_fixes.FIXES[name][1].__name__ for name in names]
+    # (The table and the module's own request handling stay out: the script applies its fixes itself.)
+    needed = with_dependencies("known_fixes.py", functions + ["_BATCH", "batch_tokens"],
+                               exclude=("FIXES", "_APPLIED", "ENV", "requested", "apply"))
+    text = rule("fixes of known bugs, applied before the run") + module_source("known_fixes.py", *needed)
+    if names:
+        text += (f"\n# The fuzzer ran the case with these fixes of bugs already reported (docs/findings/ of shardfuzz)"
+                 f"\n# applied; delete a name to see that bug instead.\nKNOWN_FIXES = {names!r}\n"
+                 + "".join(f"if {name!r} in KNOWN_FIXES:\n    {fn}()\n" for name, fn in zip(names, functions)))
+    return text
+
+
+def with_known_fixes(target, script):
+    """`script` with its known_fixes_section inserted before its entry point (after every definition, so that the
+    fixes are applied at import, before main() runs)."""
+    section = known_fixes_section(target, script)
+    entry = '\n\nif __name__ == "__main__":'
+    if not section or entry not in script:
+        return script
+    head, tail = script.rsplit(entry, 1)
+    return f"{head}\n\n{section.rstrip()}\n{entry}{tail}"
+
+
+def with_dependencies(relpath, names, exclude=()):
+    """`names` and the top-level names of the worker module `relpath` they use, transitively, in the module's order
+    (`exclude` left out)."""
+    _, found = _top_level(relpath)
+    wanted, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in wanted or name in exclude or name not in found:
+            continue
+        wanted.add(name)
+        todo += [n.id for n in ast.walk(found[name]) if isinstance(n, ast.Name)]
+    return sorted(wanted, key=lambda n: (found[n].lineno, n))
+
+
 def public_dtensor_source():
     """The worker's torch release difference (targets/torch_release.py) run at import, so that the script's
     `from torch.distributed.tensor import DTensor, ...` works on torch 2.4 too."""
@@ -131,7 +178,8 @@ def public_dtensor_source():
 def megatron_release_source():
     """The worker's megatron-core release differences (targets/megatron_release.py)."""
     return module_source("targets/megatron_release.py", "OPTIONS_OFF", "installed_version", "config_class",
-                         "fields_of", "missing_options", "new_config", "new_optimizer", "grad_offset")
+                         "fields_of", "missing_options", "new_config", "new_optimizer", "grad_offset",
+                         "replicated_sharded_tensors", "in_process_checkpoint_writer")
 
 
 def worker_op_source(relpath, name, kind):

@@ -53,12 +53,14 @@ def generate(case, inputs, bounds, dropped):
 def resumed_settings(case):
     """The settings of the layout the case's run resumes into (`train.resume_parallel`; None: its own): megatron's DDP
     and optimizer configuration as ddp_settings() / optimizer_settings() write it for that layout, its
-    tensor-parallel degree."""
+    tensor-parallel degree, its pipeline stages and virtual stages per stage."""
     from ..targets.base import parallel, resumed_case
-    from ..targets.megatron_common import ddp_settings, optimizer_settings
+    from ..targets.megatron_common import ddp_settings, optimizer_settings, pipeline_degrees
 
     resumed = resumed_case(case) if case["train"].get("resume_parallel") is not None else None
+    pp, vs = (None, None) if resumed is None else pipeline_degrees(resumed)
     return ["# the layout the run resumes into (case.train.resume_parallel; None: the run's own)",
             literal("RESUMED_DDP_SETTINGS", None if resumed is None else ddp_settings(resumed)),
             literal("RESUMED_OPTIMIZER_SETTINGS", None if resumed is None else optimizer_settings(resumed)),
-            literal("RESUMED_TP", None if resumed is None else parallel(resumed)["tp"])]
+            literal("RESUMED_TP", None if resumed is None else parallel(resumed)["tp"]),
+            literal("RESUMED_PP", pp), literal("RESUMED_VS", vs)]

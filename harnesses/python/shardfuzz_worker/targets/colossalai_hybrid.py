@@ -47,9 +47,10 @@ class ColossalHybrid(ColossalTarget):
     freezes = True
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     # A run resumes into another plugin (`train.resume_parallel`): HybridParallelCheckpointIO writes whole tensors
-    # (tensor-parallel shards gathered, the vocabulary unpadded, ZeRO's optimizer states gathered), which another
-    # data- or tensor-parallel degree, ZeRO stage, sequence-parallel mode or vocabulary padding loads.
-    resumes_into = ("dp", "tp", "zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "overlap_param_gather",
+    # (tensor-parallel shards gathered, the vocabulary unpadded, ZeRO's optimizer states gathered) under their names,
+    # which another data-, tensor- or pipeline-parallel degree, ZeRO stage, sequence-parallel mode or vocabulary
+    # padding loads.
+    resumes_into = ("dp", "tp", "pp", "zero_stage", "zero_offload", "reduce_bucket", "overlap_comm", "overlap_param_gather",
                     "sequence_parallel", "sequence_parallel_mode", "vocab_divisible_by")
 
     def __init__(self):

@@ -15,12 +15,13 @@ Either is loaded into fresh objects in megatron's order."""
 import os
 
 from .base import checkpoint_layout, resumed_layout_changes
+from . import megatron_release
 from .megatron_common import sync_parameters
 
 #: This module's functions, in the order a standalone repro script embeds them.
 FUNCTIONS = ("save_checkpoint", "optimizer_sharding_type", "reshards_beyond_data_parallel", "load_checkpoint",
              "model_parallel_dir", "save_legacy_checkpoint", "load_legacy_checkpoint", "gloo_copies_of_data_parallel_groups", "distributed_metadata",
-             "model_sharded_state_dict", "sharded_state", "save_distributed_checkpoint", "load_distributed_checkpoint",
+             "model_sharded_state_dict", "tied_output_weight", "sharded_state", "save_distributed_checkpoint", "load_distributed_checkpoint",
              "in_process_write_results")
 
 
@@ -140,25 +141,40 @@ def model_sharded_state_dict(module, metadata, prefix=""):
     are not megatron's, `make_sharded_tensors_for_checkpoint` without a tensor-parallel axis), its children's alike.
     Block names are the case's global ones (`layers.{i}`), so pipeline stages do not collide."""
     from megatron.core import parallel_state as ps
-    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
     if hasattr(module, "sharded_state_dict"):
         return module.sharded_state_dict(prefix=prefix, metadata=metadata)
     own = {}
     module._save_to_state_dict(own, "", keep_vars=True)
-    state = make_sharded_tensors_for_checkpoint(own, prefix, tp_group=ps.get_tensor_model_parallel_group(),
-                                                dp_cp_group=metadata["dp_cp_group"])
+    state = megatron_release.replicated_sharded_tensors(own, prefix, ps.get_tensor_model_parallel_group(),
+                                                        metadata["dp_cp_group"])
     for name, child in module.named_children():
         state.update(model_sharded_state_dict(child, metadata, f"{prefix}{name}."))
     return state
 
 
+def tied_output_weight(module, state):
+    """`module`'s sharded state dict `state` with a tied LM head's copy on the last stage checkpointed as megatron's
+    GPTModel checkpoints it (LanguageModule.tie_embeddings_and_output_weights_state_dict): a replica of the first
+    stage's embedding, under its key (`embed.weight`), so that a checkpoint loads into any number of stages."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
+
+    if getattr(module, "tied", False) and getattr(module, "post_process", False) and not module.pre_process:
+        replica = (1, 0, ps.get_data_parallel_rank(with_context_parallel=True))  # (1: a copy of the first stage's)
+        state["lm_head.weight"] = make_tp_sharded_tensor_for_checkpoint(module.lm_head.weight, "embed.weight",
+                                                                        replica_id=replica, allow_shape_mismatch=True)
+    return state
+
+
 def sharded_state(ddps, opt, schedule, metadata, is_loading):
     """Megatron-LM's `generate_state_dict` for `torch_dist`: each model chunk's sharded state dict (`model`, or
-    `model{i}` with virtual chunks), the optimizer's built on them, the scheduler's."""
+    `model{i}` with virtual chunks; a tied LM head's copy as the embedding's replica), the optimizer's built on them,
+    the scheduler's."""
     state = {}
     for i, ddp in enumerate(ddps):
-        state["model" if len(ddps) == 1 else f"model{i}"] = model_sharded_state_dict(ddp.module, metadata)
+        state["model" if len(ddps) == 1 else f"model{i}"] = tied_output_weight(
+            ddp.module, model_sharded_state_dict(ddp.module, metadata))
     state["optimizer"] = opt.sharded_state_dict(state, is_loading=is_loading, metadata=metadata)
     state["opt_param_scheduler"] = schedule.state_dict()
     return state
@@ -180,7 +196,8 @@ def save_distributed_checkpoint(path, ddps, opt, schedule, settings, sharding_ty
     strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(),
                                                 ps.get_data_parallel_group(with_context_parallel=True))
     content = {k: v for k, v in metadata.items() if k != "dp_cp_group"}
-    dist_checkpointing.save(state, path, strategy, content_metadata=content)
+    with megatron_release.in_process_checkpoint_writer():
+        dist_checkpointing.save(state, path, strategy, content_metadata=content)
 
 
 def load_distributed_checkpoint(path, ddps, opt, schedule, settings):

@@ -290,23 +290,30 @@ def ddp_settings(case):
 #: checkpoint into the other fails on its keys, "optimizer.state.param" against "optimizer.state.fp32_param").
 RESUMES_INTO = ("zero_shard_group", "reduce_bucket", "overlap_comm", "overlap_param_gather")
 
-#: What a model built of megatron's tensor-parallel layers (megatron-tp) resumes into besides: other data- and
-#: tensor-parallel degrees over the same ranks, sequence parallelism switched, through megatron's distributed
+#: What a model built of megatron's tensor-parallel layers (megatron-tp) resumes into besides: other data-, tensor- and
+#: pipeline-parallel degrees over the same ranks, sequence parallelism switched, through megatron's distributed
 #: checkpoint, whose sharded tensors are resharded on load (its distributed optimizer's state `fully_reshardable`,
-#: megatron_checkpoint.optimizer_sharding_type).
-RESUMES_INTO_DEGREES = RESUMES_INTO + ("dp", "tp", "sequence_parallel")
+#: megatron_checkpoint.optimizer_sharding_type; blocks keep their global names over any number of stages).
+RESUMES_INTO_DEGREES = RESUMES_INTO + ("dp", "tp", "pp", "sequence_parallel")
 
 
-def resumed_training(case, pp=1, vs=1, ep=1, etp=None):
+def pipeline_degrees(case):
+    """(pp, virtual stages per stage) of megatron's parallel state for the case's layout: virtual stages under the
+    interleaved schedule over more than one stage only."""
+    p = parallel(case)
+    return p["pp"], p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1
+
+
+def resumed_training(case, ep=1, etp=None):
     """Where the case resumes into another layout (`train.resume_parallel`): (relayout(), which switches megatron's
-    parallel state to the resumed layout's tensor-parallel degree and distributed-optimizer instances over the
-    pipeline and expert degrees given, its DDP settings, its optimizer settings); None otherwise."""
+    parallel state to the resumed layout's tensor- and pipeline-parallel degrees and distributed-optimizer instances
+    over the expert degrees given, its DDP settings, its optimizer settings); None otherwise."""
     if case["train"].get("resume_parallel") is None:
         return None
     resumed = resumed_case(case)
     tp = parallel(resumed)["tp"]
-    return (lambda: model_parallel(tp, pp, vs, optimizer_instances(resumed), ep, etp), ddp_settings(resumed),
-            optimizer_settings(resumed))
+    return (lambda: model_parallel(tp, *pipeline_degrees(resumed), optimizer_instances(resumed), ep, etp),
+            ddp_settings(resumed), optimizer_settings(resumed))
 
 
 def fp32_accumulating_reduce_scatter(case):

@@ -249,18 +249,18 @@ def run(case, inputs, resumed=None):
     from megatron.core import ModelParallelConfig, parallel_state as ps
 
     m = model_defaults(case)
-    stage = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
-    vs = ps.get_virtual_pipeline_model_parallel_world_size() or 1
     dt = torch_dtype(dtype_name(case))
     # The case's vocab_loss: the LM head's vocabulary shards into vocab_parallel_cross_entropy (Megatron's
     # parallel_output, its default), or gathered (gather_output=True) into the plain loss.
     gathered = not vocab_sharded_loss(case, True)
 
     def chunks(layout):
-        # (The tensor-parallel degree and sequence parallelism of megatron's parallel state now, `layout` the case as
-        # laid out now. A config of their own: megatron_setup sets the DDP's hooks on it, which a rebuilt MoE layer's
-        # deepcopy of the config could not copy.)
+        # (The tensor- and pipeline-parallel degrees of megatron's parallel state now, `layout` the case as laid out
+        # now: its sequence parallelism. A config of their own: megatron_setup sets the DDP's hooks on it, which a
+        # rebuilt MoE layer's deepcopy of the config could not copy.)
         tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        stage = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
+        vs = ps.get_virtual_pipeline_model_parallel_world_size() or 1
         sp = parallel(layout)["sequence_parallel"]
         cfg = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
                                   perform_initialization=False, params_dtype=dt)
@@ -277,7 +277,7 @@ def run(case, inputs, resumed=None):
         return out, moe_cfg
 
     with cuda_on_cpu():
-        out = train_megatron(case, inputs, chunks, vs > 1, gathered, resumed)
+        out = train_megatron(case, inputs, chunks, gathered, resumed)
     return out | coordinates()
 
 
@@ -305,15 +305,15 @@ class RankRows:
                                   self.dp * len(self.rows) / loss_denominator(inputs))
 
 
-def train_megatron(case, inputs, fresh_chunks, chunked, gathered, resumed=None):
+def train_megatron(case, inputs, fresh_chunks, gathered, resumed=None):
     """Megatron's training loop on this rank's rows of the batch (RankRows): megatron's schedule for the layout
     (forward_backward_no_pipelining; over pipeline stages 1F1B, forward_backward_pipelining_without_interleaving, or
     with virtual chunks (`model` a list of them) the interleaved one; shapes sent between stages:
     `variable_seq_lengths`) over the case's micro-batches times its accumulation steps (no_sync on every micro-batch
     but the last, the optimizer's loss scale, finalize_model_grads), then the optimizer and scheduler steps; with the
     case's `per_token_loss` megatron normalises (`calculate_per_token_loss`). `fresh_chunks(layout)` builds this
-    rank's model chunks for the case as laid out (`chunked`: virtual ones, a list to the schedule) and their MoE
-    config (None without MoE blocks); with `resume_after` the run is saved in megatron's checkpoint
+    rank's model chunks for the case as laid out (virtual ones go to the schedule as a list) and their MoE config
+    (None without MoE blocks); with `resume_after` the run is saved in megatron's checkpoint
     (megatron_checkpoint, in the case's layout) and loaded into fresh chunks, DDPs, optimizer and scheduler (resume);
     `resumed` (megatron_common.resumed_training: the case resumes into another layout) switches megatron's parallel
     state and gives the fresh DDPs' and optimizer's settings."""
@@ -321,7 +321,6 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered, resumed=None):
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     t, s = case["train"], case["model"]["seq"]
-    pp = ps.get_pipeline_model_parallel_world_size()
     ddps, opt, schedule, settings = megatron_setup(case, *fresh_chunks(case))
     part = RankRows(case, inputs, gathered)
     if moe_of(case):  # (what the known fix megatron-moe-aux-loss-per-token-counted needs and the router cannot know)
@@ -334,7 +333,8 @@ def train_megatron(case, inputs, fresh_chunks, chunked, gathered, resumed=None):
         for d in ddps:
             d.zero_grad_buffer()
         opt.zero_grad()
-        batch = part.batch
+        # (Virtual chunks go to the schedule as a list; the layout may have changed at a resume.)
+        batch, chunked, pp = part.batch, len(ddps) > 1, ps.get_pipeline_model_parallel_world_size()
         batch.start(keep_logits=k == 0)
         get_forward_backward_func()(forward_step_func=batch.forward_step, num_microbatches=len(part.rows),
                                     seq_length=s, data_iterator=[iter(part.rows) for _ in ddps] if chunked

@@ -1,6 +1,7 @@
 """What differs between megatron-core releases, in one place, so that the megatron targets run unchanged against an
 older release (`--python` pointing at another environment): config options a release may not have yet, the optimizer's parameter
-groups, the MoE layer's spec, where a gradient sits in its bucket, the process groups a layout creates. (The
+groups, the MoE layer's spec, where a gradient sits in its bucket, the process groups a layout creates, the groups a
+checkpoint's sharded tensors take. (The
 generated repro scripts embed these functions and name the script itself `megatron_release`: their names must not
 clash with the other worker functions a script embeds.)
 
@@ -92,6 +93,54 @@ def new_optimizer(config, chunks, overrides):
         assert overrides == {}, overrides
         kwargs["no_weight_decay_cond"] = lambda name, param: False
     return get_megatron_optimizer(config, chunks, **kwargs)
+
+
+def replicated_sharded_tensors(state, prefix, tp_group, dp_cp_group):
+    """megatron's `make_sharded_tensors_for_checkpoint` over a module's own tensors (replicated ones): 0.19.2 takes the
+    tensor- and data-parallel groups, 0.15.3 reads them from parallel_state."""
+    import inspect
+
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    if "tp_group" in inspect.signature(make_sharded_tensors_for_checkpoint).parameters:
+        return make_sharded_tensors_for_checkpoint(state, prefix, tp_group=tp_group, dp_cp_group=dp_cp_group)
+    return make_sharded_tensors_for_checkpoint(state, prefix)
+
+
+@contextlib.contextmanager
+def in_process_checkpoint_writer():
+    """A block in which megatron's distributed checkpoint writes its buckets in the rank's own process, one after
+    the other: 0.15.3's writer forks a process per write bucket (`write_preloaded_data_multiproc`), which Python
+    refuses in a daemonic process, as the rank pools' ranks are (Megatron-LM's ranks are torchrun's), and which,
+    forked from a rank whose gloo threads hold locks, measured, hangs. Each bucket is written by the release's own
+    `write_preloaded_data`, its results collected as the forked writer collects them. 0.19.2 writes from threads."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    if not hasattr(FileSystemWriterAsync, "write_preloaded_data_multiproc"):
+        yield
+        return
+
+    def write_in_process(transform_list, use_msc, rank, write_buckets, global_results_queue):
+        results, local, count = {}, queue.Queue(), queue.Queue()
+        for i, bucket in enumerate(write_buckets):
+            count.put(i)
+            kwargs = {"use_msc": use_msc} if use_msc else {}
+            FileSystemWriterAsync.write_preloaded_data(transform_list, i, bucket, local, count, True, **kwargs)
+            i, out = local.get()
+            if isinstance(out, Exception):
+                results = out
+                break
+            results[i] = out
+        global_results_queue.put(results)
+
+    forking = FileSystemWriterAsync.__dict__["write_preloaded_data_multiproc"]
+    FileSystemWriterAsync.write_preloaded_data_multiproc = staticmethod(write_in_process)
+    try:
+        yield
+    finally:
+        FileSystemWriterAsync.write_preloaded_data_multiproc = forking
 
 
 def new_moe_layer(config, layer_number):

@@ -34,7 +34,7 @@ tensors (norms, row-parallel biases), and the assembled ones per replica, per ra
 from .base import (dtype_name, parallel, reduction_feature, resume_feature, resumed_layout_changes,
                    vocab_sharded_loss)
 from .megatron_common import (MegatronTarget, RESUMES_INTO_DEGREES, data_parallel_features, model_parallel, optimizer_instances,
-                              patch_cuda, resumed_training,
+                              patch_cuda, pipeline_degrees, resumed_training,
                               per_token_loss, unsupported_training)
 from .megatron_checkpoint import unsupported_resumed_layout
 from .megatron_moe import expert_layout, moe_features, moe_of, patch_moe_host_copies, unsupported_moe
@@ -88,10 +88,8 @@ class MegatronTp(MegatronTarget):
     def run_rank(self, rank, world, case, inputs):
         from .megatron_model import run
 
-        p = parallel(case)
-        vs = p["virtual_stages"] if p["pp"] > 1 and p["pipeline_schedule"] == "interleaved" else 1
-        model_parallel(p["tp"], p["pp"], vs, optimizer_instances(case), *expert_layout(case))
-        out = run(case, inputs, resumed_training(case, p["pp"], vs, *expert_layout(case)))
+        model_parallel(parallel(case)["tp"], *pipeline_degrees(case), optimizer_instances(case), *expert_layout(case))
+        out = run(case, inputs, resumed_training(case, *expert_layout(case)))
         # The plain torch model on one device in the case dtype: the oracle's noise baseline (it has no MoE block:
         # there the oracle's own ensemble alone).
         out["baseline"] = single_device(case, inputs) if rank == 0 and not moe_of(case) else None
@@ -116,12 +114,12 @@ class MegatronTp(MegatronTarget):
 
 
 def unsupported_degree_change(case):
-    """Why the case cannot resume into its other data- or tensor-parallel degrees (None: it can, or keeps them): the
-    experts' layout (expert-tensor and expert-data parallelism, which follow the tensor-parallel degree) is not
-    resharded here."""
-    changes = set(resumed_layout_changes(case)) & {"dp", "tp"}
+    """Why the case cannot resume into its other data-, tensor- or pipeline-parallel degrees (None: it can, or keeps
+    them): the experts' layout (expert-tensor and expert-data parallelism, which follow the tensor-parallel degree) is
+    not resharded here."""
+    changes = set(resumed_layout_changes(case)) & {"dp", "tp", "pp"}
     if changes and moe_of(case):
-        return "megatron-tp resumes MoE blocks under their own data- and tensor-parallel degrees only"
+        return "megatron-tp resumes MoE blocks under their own data-, tensor- and pipeline-parallel degrees only"
     return None
 
 

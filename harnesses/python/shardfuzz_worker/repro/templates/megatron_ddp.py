@@ -19,5 +19,5 @@ def run_sharded(data, rank):
 
     with cuda_on_cpu():
         return train_dp(CASE, data, fresh_model, rank, WORLD, DDP_SETTINGS, OPTIMIZER_SETTINGS, WEIGHT_DECAY_OVERRIDES,
-                        resumed_layout(1, 1))
+                        resumed_layout())
 

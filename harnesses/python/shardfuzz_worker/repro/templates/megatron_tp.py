@@ -11,7 +11,7 @@ def run_sharded(data):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP,
                                              virtual_pipeline_model_parallel_size=VS if VS > 1 else None,
                                              num_distributed_optimizer_instances=INSTANCES)
-    return run_megatron(CASE, data, resumed_layout(PP, VS))
+    return run_megatron(CASE, data, resumed_layout())
 
 
 def run(rank):
