@@ -2334,6 +2334,13 @@ fn megatron_core_0_15_3s_historical_bugs_are_found_and_pass_with_their_fixes() {
     let v = on_old(&moe.join("tp2-sp-moe-dp2-ep2-shared-gate-f32.json"), "megatron-moe-router-gemm-without-te");
     assert_eq!(v["kind"], "unsupported", "{v}");
     assert!(reason(&v).contains("megatron-core 0.15.3 has no TransformerConfig.moe_shared_expert_gate"), "{v}");
+    // megatron's distributed checkpoint on 0.15.3 (its sharded tensors' groups, its forking writer run in-process),
+    // resumed over other pipeline stages, with the distributed optimizer's known checkpoint fixes.
+    let resumed = root().join("tests/python-resume/megatron-pp2-dp2-zero1-adamw-torch-dist-resumed-into-dp4-f32.json");
+    let fixes = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
+                 megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
+                 megatron-distopt-empty-optimizer-state-dict";
+    assert_eq!(on_old(&resumed, fixes)["kind"], "pass", "a torch_dist resume on 0.15.3");
 }
 
 /// deepspeed-zero against an older release, DeepSpeed 0.17.6 (`.venv-deepspeed017`, an overlay on `.venv`), finding four
