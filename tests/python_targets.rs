@@ -50,6 +50,23 @@ fn case_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The fixes of megatron's known distributed-optimizer checkpoint bugs that every resume through its distributed
+/// checkpoint meets first (`SHARDFUZZ_KNOWN_FIXES`).
+const MEGATRON_CHECKPOINT_FIXES: &str = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
+     megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
+     megatron-distopt-empty-optimizer-state-dict";
+
+/// The fixes of Colossal-AI's known bugs that colossalai-hybrid's resumed runs would otherwise meet.
+const COLOSSALAI_HYBRID_RESUME_FIXES: &str = "colossalai-row-bias-sp,colossalai-ring-gather,colossalai-narrow-linear-sp,\
+     colossalai-interleaved-metadata,colossalai-interleaved-metadata-requires-grad,\
+     colossalai-frozen-shared-param-sync,colossalai-a2a-full-logits-shift,\
+     colossalai-empty-vocab-shard,colossalai-dist-ce-batch-mean,colossalai-gpt2-lm-head-gather,\
+     colossalai-gpt2-pipeline-loss-unbound,colossalai-clip-norm-customized-tensors,\
+     colossalai-empty-grad-norm-collective,colossalai-zero2-sp-accumulated-sync,\
+     colossalai-overlap-allgather-nd,colossalai-pp-sp-causal-mask,\
+     colossalai-coloparam-inplace-ce-grad,colossalai-padded-detached-param-save,\
+     colossalai-padded-vocab-optimizer-save";
+
 fn one_verdict(target: &str, file: &Path, fixes: &str) -> Value {
     one_verdict_with(target, file, fixes, &[])
 }
@@ -1415,9 +1432,7 @@ fn runs_resume_into_another_parallel_layout_and_megatrons_rank0_optimizer_common
         let stage = if case.starts_with("dp4-zero2") { "fsdp2:dp4:zero2" } else { "fsdp2:dp4:zero3" };
         assert!(v["kind"] == "pass" && has_feature(&v, &format!("{stage}:resumed-into-another-{field}")), "{case}: {v}");
     }
-    let megatron = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
-                    megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
-                    megatron-distopt-empty-optimizer-state-dict";
+    let megatron = MEGATRON_CHECKPOINT_FIXES;
     for case in [
         "megatron-dp4-zero1-two-instances-adam-torch-dist-resumed-into-one-f32.json",
         "megatron-dp4-zero1-overlap-adam-torch-dist-resumed-into-bucket64-f32.json",
@@ -1471,7 +1486,8 @@ fn deepspeed_resumes_from_universal_checkpoints_into_other_zero_layouts_and_its_
     let pp = root().join("tests/python-deepspeed-pp/pp2-dp2-bf16-optimizer-no-decay-vectors-universal-resume.json");
     let v = one_verdict("deepspeed-pp", &pp, "");
     assert!(v["kind"] == "pass" && has_feature(&v, "deepspeed-pp:pp2:resumed-from-universal-checkpoint"), "{v}");
-    // The pipeline rebuilds the case's own layout when it resumes: another one is refused, not run as the saved one.
+    // The pipeline resumes into other stages and data-parallel ranks only: another bucket is refused, not run as the
+    // saved one.
     let other = root().join("tests/python-deepspeed-pp/pp2-dp2-zero1-resumed-into-bucket7-f32.json");
     let v = one_verdict("deepspeed-pp", &other, "");
     assert!(v["kind"] == "unsupported" && reason(&v).contains("train.resume_parallel"), "{v}");
@@ -2337,9 +2353,7 @@ fn megatron_core_0_15_3s_historical_bugs_are_found_and_pass_with_their_fixes() {
     // megatron's distributed checkpoint on 0.15.3 (its sharded tensors' groups, its forking writer run in-process),
     // resumed over other pipeline stages, with the distributed optimizer's known checkpoint fixes.
     let resumed = root().join("tests/python-resume/megatron-pp2-dp2-zero1-adamw-torch-dist-resumed-into-dp4-f32.json");
-    let fixes = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
-                 megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
-                 megatron-distopt-empty-optimizer-state-dict";
+    let fixes = MEGATRON_CHECKPOINT_FIXES;
     assert_eq!(on_old(&resumed, fixes)["kind"], "pass", "a torch_dist resume on 0.15.3");
 }
 
@@ -3029,9 +3043,7 @@ fn megatron_resumes_into_other_data_and_tensor_parallel_degrees_and_fully_reshar
         return;
     }
     let dir = root().join("tests/python-resume");
-    let megatron = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
-                    megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
-                    megatron-distopt-empty-optimizer-state-dict";
+    let megatron = MEGATRON_CHECKPOINT_FIXES;
     for (case, features) in [
         (
             "megatron-dp4-zero1-adam-torch-dist-resumed-into-dp2-tp2-f32.json",
@@ -3066,9 +3078,7 @@ fn megatron_resumes_over_other_pipeline_stages() {
         return;
     }
     let dir = root().join("tests/python-resume");
-    let megatron = "megatron-distopt-checkpoint-before-first-step,megatron-distopt-legacy-checkpoint-state-copy,\
-                    megatron-distopt-shared-step-after-load,megatron-distopt-dp-reshardable-step-overwritten,\
-                    megatron-distopt-empty-optimizer-state-dict";
+    let megatron = MEGATRON_CHECKPOINT_FIXES;
     for case in [
         "megatron-pp2-dp2-zero1-adamw-torch-dist-resumed-into-dp4-f32.json",
         "megatron-dp4-interleaved-zero1-adamw-torch-dist-resumed-into-pp2-dp2-f32.json",
@@ -3083,6 +3093,32 @@ fn megatron_resumes_over_other_pipeline_stages() {
     assert_eq!(one_verdict("megatron-tp", &tied, &fixed)["kind"], "pass");
 }
 
+/// deepspeed-pp resumes over another number of pipeline stages through DeepSpeed's universal checkpoint (Megatron-
+/// DeepSpeed's recipe: bf16 with fp32 accumulation, the BF16_Optimizer): pp 2 x dp 3 into pp 3 x dp 2, and a tied
+/// embedding over pp 2 x dp 2 into pp 4, each passing with its `resumed-into-another-pp` feature; from DeepSpeed's
+/// own checkpoint, whose optimizer state is kept per stage, another number of stages is refused. A seed checkpoint
+/// cannot be converted (a known DeepSpeed bug).
+#[test]
+fn deepspeed_pp_resumes_over_other_pipeline_stages_through_the_universal_checkpoint() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-deepspeed-pp");
+    for (case, prefix) in [
+        ("pp2-dp3-bf16-optimizer-universal-resumed-into-pp3-dp2.json", "deepspeed-pp:pp2"),
+        ("pp2-dp2-tied-bf16-optimizer-universal-resumed-into-pp4.json", "deepspeed-pp:pp2"),
+    ] {
+        let v = one_verdict("deepspeed-pp", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, &format!("{prefix}:resumed-into-another-pp")), "{case}: {v}");
+    }
+    let v = one_verdict("deepspeed-pp", &dir.join("pp2-dp2-bf16-sharded-checkpoint-resumed-into-pp4.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("universal checkpoint"), "{v}");
+    // DeepSpeed 0.19.8's known failure to convert a checkpoint written before the first step, in the pipeline's
+    // BF16_Optimizer form: the universal checkpoint holds no parameter, at the same layout too.
+    let v = one_verdict("deepspeed-pp", &dir.join("pp2-dp2-bf16-optimizer-universal-seed-checkpoint.json"), "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("resume_universal/zero/0.weight"), "{v}");
+}
+
 /// colossalai-hybrid resumes over another number of pipeline stages: HybridParallelCheckpointIO's whole tensors load
 /// into another plugin's stages (a bf16 Llama over pp 2 x dp 2 with ZeRO 1 into dp 4, and one over pp 2 x tp 2 with
 /// sequence parallelism into dp 2 x tp 2), each passing with its `resumed-into-another-pp` feature.
@@ -3092,15 +3128,7 @@ fn colossalai_hybrid_resumes_over_other_pipeline_stages() {
         return;
     }
     let dir = root().join("tests/python-resume");
-    let fixes = "colossalai-row-bias-sp,colossalai-ring-gather,colossalai-narrow-linear-sp,\
-                 colossalai-interleaved-metadata,colossalai-interleaved-metadata-requires-grad,\
-                 colossalai-frozen-shared-param-sync,colossalai-a2a-full-logits-shift,\
-                 colossalai-empty-vocab-shard,colossalai-dist-ce-batch-mean,colossalai-gpt2-lm-head-gather,\
-                 colossalai-gpt2-pipeline-loss-unbound,colossalai-clip-norm-customized-tensors,\
-                 colossalai-empty-grad-norm-collective,colossalai-zero2-sp-accumulated-sync,\
-                 colossalai-overlap-allgather-nd,colossalai-pp-sp-causal-mask,\
-                 colossalai-coloparam-inplace-ce-grad,colossalai-padded-detached-param-save,\
-                 colossalai-padded-vocab-optimizer-save";
+    let fixes = COLOSSALAI_HYBRID_RESUME_FIXES;
     for (case, stage) in [
         ("colossalai-llama-pp2-dp2-zero1-resumed-into-dp4-bf16.json", "colossalai-hybrid:dp2:tp1:pp2:zero1:sp-none:1f1b"),
         ("colossalai-llama-pp2-tp2-sp-resumed-into-dp2-tp2-f32.json", "colossalai-hybrid:dp1:tp2:pp2:zero0:sp-split_gather:1f1b"),
@@ -3143,15 +3171,7 @@ fn colossalai_hybrid_resumes_into_other_degrees_and_its_fused_qkv_optimizer_stat
         return;
     }
     let dir = root().join("tests/python-resume");
-    let fixes = "colossalai-row-bias-sp,colossalai-ring-gather,colossalai-narrow-linear-sp,\
-                 colossalai-interleaved-metadata,colossalai-interleaved-metadata-requires-grad,\
-                 colossalai-frozen-shared-param-sync,colossalai-a2a-full-logits-shift,\
-                 colossalai-empty-vocab-shard,colossalai-dist-ce-batch-mean,colossalai-gpt2-lm-head-gather,\
-                 colossalai-gpt2-pipeline-loss-unbound,colossalai-clip-norm-customized-tensors,\
-                 colossalai-empty-grad-norm-collective,colossalai-zero2-sp-accumulated-sync,\
-                 colossalai-overlap-allgather-nd,colossalai-pp-sp-causal-mask,\
-                 colossalai-coloparam-inplace-ce-grad,colossalai-padded-detached-param-save,\
-                 colossalai-padded-vocab-optimizer-save";
+    let fixes = COLOSSALAI_HYBRID_RESUME_FIXES;
     let v = one_verdict("colossalai-hybrid", &dir.join("colossalai-llama-dp2-adam-resumed-into-tp2-f32.json"), fixes);
     let stage = "colossalai-hybrid:dp2:tp1:pp1:zero0:sp-none";
     assert!(v["kind"] == "pass" && has_feature(&v, &format!("{stage}:resumed-into-another-tp")), "{v}");

@@ -368,6 +368,7 @@ where
 mod tests {
     use super::*;
     use crate::generate::random_case;
+    use shardfuzz_harnesses::case::{Parallel, PipelineSchedule};
     use shardfuzz_kernels::DType;
 
     #[test]
@@ -521,6 +522,15 @@ mod tests {
         assert!(pairs.iter().any(|(p, q)| p.2 == 1 && q.2 > 1), "no run resumed over pipeline stages: {pairs:?}");
         assert!(pairs.iter().any(|(p, q)| p.2 > 1 && q.2 == 1), "no pipelined run resumed without stages: {pairs:?}");
         assert!(pairs.iter().any(|(p, q)| p.1 != q.1), "no stages traded against tp: {pairs:?}");
+        let mut one = random_case(1);
+        one.parallel = Parallel { dp: 2, ..Parallel::default() };
+        one.train.resume_parallel = None;
+        assert!(train::resume_stages(&mut one, &mut rng));
+        let q = one.train.resume_parallel.as_ref().expect("resumed over 2 stages");
+        assert_eq!(
+            (q.pp, q.pipeline_schedule, one.parallel.pipeline_schedule),
+            (2, PipelineSchedule::OneFOneB, PipelineSchedule::OneFOneB)
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use shardfuzz_harnesses::case::{
     Case, CheckpointLayout, ClipNorm, Distribution, IgnorePattern, Ignored, LayerKind, OptimizerImplementation, OptimizerKind, Parallel,
-    Real,
+    PipelineSchedule, Real,
 };
 use shardfuzz_kernels::DType;
 
@@ -153,18 +153,24 @@ pub fn resume_degrees(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 /// The run resumes over another number of pipeline stages, traded against its data- and tensor-parallel degrees over
 /// the same ranks (pp 2 into dp 2, dp 2 x tp 2 into pp 2 x tp 2, pp 4 into pp 2 x tp 2, ...; context parallelism, the
 /// schedule and its micro-batches kept): what a checkpoint whose blocks keep their global names over any number of
-/// stages is for. As `resume_degrees`, groups that no longer divide dp are dropped and the batch grown.
+/// stages is for. As `resume_degrees`, groups that no longer divide dp are dropped and the batch grown. A run of one
+/// stage has no schedule to keep: where it had the default GPipe, both layouts take 1F1B, the schedule every target
+/// that reshards across stages runs.
 pub fn resume_stages(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if !resumes(c, rng) {
         return false;
     }
-    let q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
+    let mut q = c.train.resume_parallel.clone().unwrap_or_else(|| c.parallel.clone());
     let ranks = q.dp * q.tp * q.pp;
     let others: Vec<(u32, u32, u32, u32)> = divisors(ranks)
         .filter(|&pp| pp != q.pp)
         .flat_map(|pp| divisors(ranks / pp).map(move |tp| (ranks / pp / tp, tp, pp, q.cp)))
         .collect();
     let Some(&degrees) = others.choose(rng) else { return false };
+    if c.parallel.pp == 1 && q.pp == 1 && q.pipeline_schedule == PipelineSchedule::Gpipe {
+        c.parallel.pipeline_schedule = PipelineSchedule::OneFOneB;
+        q.pipeline_schedule = PipelineSchedule::OneFOneB;
+    }
     resume_into_degrees(c, q, degrees);
     true
 }

@@ -514,22 +514,29 @@ class DeepSpeedZeroReproTest(ModelReproChecks, unittest.TestCase):
 class DeepSpeedPpReproTest(unittest.TestCase):
     def test_the_script_runs_the_workers_pipeline_through_a_universal_checkpoint(self):
         """The script embeds the worker's PipelineRun, whose resume writes and converts the checkpoint through the
-        worker's deepspeed_checkpoint module (embedded too): pp 2 x dp 2 at ZeRO-1, OK."""
-        case = model_case("pp2-dp2-zero1-universal", {"dp": 2, "pp": 2, "zero_stage": 1, "microbatches": 2,
-                                                     "pipeline_schedule": "1f1b"}, steps=3,
-                          optimizer={"kind": "adam", "lr": 0.01}, bias=False)
+        worker's deepspeed_checkpoint module (embedded too): pp 2 x dp 2 at ZeRO-1, resumed as it was and over 4
+        stages (RESUMED_DS_CONFIG), OK."""
+        layout = {"dp": 2, "pp": 2, "zero_stage": 1, "microbatches": 2, "pipeline_schedule": "1f1b"}
+        case = model_case("pp2-dp2-zero1-universal", layout, steps=3, optimizer={"kind": "adam", "lr": 0.01},
+                          bias=False)
         case["train"] |= {"resume_after": 1, "checkpoint_layout": "universal"}
-        inputs = model_inputs(case)
-        out = tempfile.mkdtemp(prefix="shardfuzz-repro-pp-universal-")
-        try:
-            status, command, err = generate("deepspeed-pp", case, inputs, model_bounds(case, inputs), out)
-            self.assertEqual(status, 0, err)
-            run = run_script(out, command.strip())
-            self.assertIn("Converting DeepSpeed checkpoint", run.stdout + run.stderr)
-            self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
-            self.assertIn("OK: all tensors within the fuzzer's noise bounds", run.stdout)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+        case["model"]["layers"] = ["attention", "mlp"] * 2  # (a block for each of 4 stages)
+        over4 = json.loads(json.dumps(case))
+        over4["train"]["resume_parallel"] = {**layout, "dp": 1, "pp": 4}
+        for case in (case, over4):
+            inputs = model_inputs(case)
+            out = tempfile.mkdtemp(prefix="shardfuzz-repro-pp-universal-")
+            try:
+                status, command, err = generate("deepspeed-pp", case, inputs, model_bounds(case, inputs), out)
+                self.assertEqual(status, 0, err)
+                with open(os.path.join(out, "repro.py")) as f:
+                    self.assertEqual("RESUMED_DS_CONFIG = None" in f.read(), "resume_parallel" not in case["train"])
+                run = run_script(out, command.strip())
+                self.assertIn("Converting DeepSpeed checkpoint", run.stdout + run.stderr)
+                self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+                self.assertIn("OK: all tensors within the fuzzer's noise bounds", run.stdout)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
 
 
 class KnownFixesTest(unittest.TestCase):

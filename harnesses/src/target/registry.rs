@@ -184,7 +184,7 @@ pub const TARGETS: &[TargetInfo] = &[
         description: "DeepSpeed's pipeline engine: a PipelineModule (embedding, blocks, norm, head; a tied head as TiedLayerSpec) trained by train_batch under its 1F1B TrainSchedule or DualPipeV, beside data parallelism at ZeRO 0-1 (its BF16_Optimizer or ZeRO-1 optimizer)",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "reduce_bucket", "grad_accum_dtype", "frozen",
-            "activation_checkpointing", "framework_checkpoint", "dual_pipe", "resume_after", "checkpoint_layout",
+            "activation_checkpointing", "framework_checkpoint", "dual_pipe", "resume_after", "checkpoint_layout", "resume_stages",
         ],
         create: |o| python("deepspeed-pp", MAIN, o),
     },

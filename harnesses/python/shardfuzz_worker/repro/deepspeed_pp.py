@@ -2,7 +2,7 @@
 engine (its 1F1B TrainSchedule or DualPipeV) over pp x dp ranks, under torchrun; the pipeline's code is the worker's
 own."""
 
-from ..targets.base import dtype_name, parallel
+from ..targets.base import dtype_name, parallel, resumed_case
 from .common import assemble, embed, header, literal, module_source, rule, template, worker_source
 from .deepspeed_zero import IMPORTS
 from .torch_dp import producible  # noqa: F401 - the generator's interface (the dp replicas included)
@@ -38,12 +38,15 @@ def generate(case, inputs, bounds, dropped):
         rule("the case"),
         literal("CASE", case),
         f"PP = {p['pp']}\nDP = {p['dp']}\nWORLD = {world}  # PP x DP, dp fastest\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
-        "# The engine's configuration before the rank's micro-batch size, as the worker's DeepSpeedPp.config() writes it.",
+        "# The engine's configuration before the rank's micro-batch size, as the worker's DeepSpeedPp.config() writes it",
+        "# (RESUMED_DS_CONFIG: the layout the run resumes into, case.train.resume_parallel; None: the run's own).",
         literal("DS_CONFIG", WORKER.config(case, world)),
+        literal("RESUMED_DS_CONFIG", None if case["train"].get("resume_parallel") is None
+                else WORKER.config(resumed_case(case), world)),
         model_line(case),
         literal("BOUNDS", bounds),
     ]
-    helpers = (worker_source("targets/base.py", "parallel", "dtype_name") + "\n\n"
+    helpers = (worker_source("targets/base.py", "parallel", "dtype_name", "resumed_case") + "\n\n"
                + worker_source("targets/torch_common.py", "torch_dtype", "shared_tempdir") + "\n\n"
                + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs") + "\n\n"
                + worker_source("targets/deepspeed_zero.py", "configure_deepspeed_checkpointing") + "\n\n"

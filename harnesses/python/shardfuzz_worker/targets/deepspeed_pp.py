@@ -26,7 +26,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import numpy as np  # noqa: E402
 
 from .base import (chunk_range, dtype_name, is_frozen, loss_denominator, parallel, reduce_dtype_name,  # noqa: E402
-                   resume_after, resume_feature, setup_features)
+                   resume_after, resume_feature, resumed_case, setup_features)
 from .deepspeed_zero import DeepSpeedZero, configure_deepspeed_checkpointing, unsupported_data_types  # noqa: E402
 from .torch_common import shared_tempdir, torch_dtype  # noqa: E402
 from . import deepspeed_checkpoint  # noqa: E402
@@ -39,9 +39,10 @@ class DeepSpeedPp(DeepSpeedZero):
     name = "deepspeed-pp"
     freezes = True
     smooths_labels = True
-    # (DeepSpeedZero's checkpoint layouts, written by deepspeed_checkpoint too; but the pipeline resumes into the layout
-    # that saved it only: PipelineRun rebuilds the case's own.)
-    resumes_into = ()
+    # (DeepSpeedZero's checkpoint layouts, written by deepspeed_checkpoint too.) A run resumes over another number of
+    # stages and data-parallel ranks (`train.resume_parallel`): the pipeline's layer files name each layer by its
+    # global index, DeepSpeed's universal checkpoint each parameter (PipelineRun builds the resumed layout's engine).
+    resumes_into = ("dp", "pp")
 
     def __init__(self):
         super().__init__()
@@ -60,7 +61,7 @@ class DeepSpeedPp(DeepSpeedZero):
                                   "(no tp/cp/ep)") or unsupported_schedule(case))
         if why:
             return why
-        why = deepspeed_checkpoint.unsupported_checkpoint(case)
+        why = deepspeed_checkpoint.unsupported_checkpoint(case) or unsupported_stage_change(case)
         if why:
             return why
         p, m = parallel(case), model_defaults(case)
@@ -117,6 +118,21 @@ class DeepSpeedPp(DeepSpeedZero):
 
     def combine(self, case, outs):
         return combine_stages(case, outs, features(case))
+
+
+def unsupported_stage_change(case):
+    """Why the run cannot resume over its resumed layout's pipeline stages (None: it can, or keeps them): DeepSpeed's
+    own checkpoint keeps each stage's optimizer state in files per stage; another number of stages reads them through
+    the universal checkpoint, which stores each parameter's (measured on 0.19.8, pp 2 x dp 2 into pp 4 from its own
+    checkpoint: ZeRO 1 refuses, "Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is
+    not currently supported"; without ZeRO torch's load_state_dict, "loaded state dict contains a parameter group that
+    doesn't match the size of optimizer's group")."""
+    if resume_after(case) is None or parallel(resumed_case(case))["pp"] == parallel(case)["pp"]:
+        return None
+    if not deepspeed_checkpoint.universal(case):
+        return ("DeepSpeed's own pipeline checkpoint keeps each stage's optimizer state: another number of stages needs "
+                "the universal checkpoint (train.checkpoint_layout universal)")
+    return None
 
 
 def dual_pipe(p):
@@ -250,18 +266,22 @@ class PipelineRun:
     """This rank's part of the case's pipeline: the engine, and what it reports of the run."""
 
     def __init__(self, target, case, inputs, world):
-        self.case, self.inputs, self.p = case, inputs, parallel(case)
-        self.target, self.world, self.dp = target, world, world // self.p["pp"]
+        self.case, self.inputs = case, inputs
+        self.target, self.world = target, world
         self.global_tokens = loss_denominator(inputs)
-        self.logits, self.grads, self.no_grad, self.loss_calls = [], None, [], 0
+        self.logits, self.grads, self.no_grad = [], None, []
         self.build()
 
     def build(self, resumed=False):
-        """A fresh PipelineModule and engine over the case's initial parameters (`self.named`, `self.engine`);
-        `resumed`: the engine that loads the case's checkpoint (a universal one needs its config to say so)."""
+        """A fresh PipelineModule and engine over the case's initial parameters (`self.named`, `self.engine`) in the
+        case's layout (`self.p`, `self.dp`); `resumed`: the engine that loads the case's checkpoint, in the layout the
+        run resumes into (a universal checkpoint needs its config to say so)."""
         import deepspeed
         from deepspeed.pipe import PipelineModule
 
+        layout = resumed_case(self.case) if resumed else self.case
+        self.p = parallel(layout)
+        self.dp = self.world // self.p["pp"]
         configure_checkpointing(self.case)
         _CALLS[0] = 0
         layers, self.prefixes = pipeline_layers(self.case, self.inputs)
@@ -270,12 +290,12 @@ class PipelineRun:
         else:
             cls = PipelineModule
         module = cls(layers=layers, num_stages=self.p["pp"], loss_fn=self.loss_fn, partition_method="type:Block",
-                     checkpointable_layers=["Block"], dynamic_shape=uneven_micro_batches(self.case, self.dp))
+                     checkpointable_layers=["Block"], dynamic_shape=uneven_micro_batches(layout, self.dp))
         self.named = [(case_name(n, self.prefixes), q) for n, q in module.named_parameters()]
         opt = make_optimizer(self.case, [q for _, q in self.named])
         lo, hi = chunk_range(self.case["model"]["batch"], self.dp, module._grid.get_data_parallel_id())
         self.rows = (lo, hi)
-        cfg = self.target.config(self.case, self.world)
+        cfg = self.target.config(layout, self.world)
         if resumed:
             cfg = deepspeed_checkpoint.load_config(cfg, self.case)
         cfg["train_micro_batch_size_per_gpu"] = max(1, (hi - lo) // cfg["gradient_accumulation_steps"])
@@ -298,7 +318,6 @@ class PipelineRun:
         """The micro-batch's summed token loss scaled so that the engine's mean over micro-batches and data-parallel
         ranks is the global token mean (and its gradients the global mean's)."""
         l, count = micro_batch_loss(self.case, self.inputs, logits, target)
-        self.loss_calls += 1
         if self.grads is None:
             self.logits.append(logits.detach())
         factor = count * self.dp * micro_batch_count(self.case) / self.global_tokens
@@ -342,22 +361,24 @@ class PipelineRun:
         b, s = m["batch"], m["seq"]
         ids = torch.tensor(self.inputs["tokens"].astype(np.int64)).view(b, s)
         tgt = torch.tensor(self.inputs["targets"].astype(np.int64)).view(b, s)
-        lo, hi = self.rows
-        bounds = np.linspace(lo, hi, micro_batch_count(self.case) + 1).round().astype(int)
         losses = []
         for k in range(self.case["train"]["steps"]):
             if k == resume_after(self.case):
                 self.resume()
+            if k == 0:
+                first = self.rows  # (the logits' rows: the first step's layout)
+            lo, hi = self.rows
+            bounds = np.linspace(lo, hi, micro_batch_count(self.case) + 1).round().astype(int)
             batches = [(ids[a:b], tgt[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
             losses.append(float(self.engine.train_batch(iter(batches))))
-        loss_stage = self.loss_calls > 0
+        loss_stage = bool(self.logits)  # (the first step's loss stage: a run may resume over other stages)
         final = {}
         for name, q in self.named:
             v = safe_get_full_fp32_param(q)
             final[name] = self.view(name, q if v is None else v)
         self.engine.destroy()
         logits = torch.cat([x.reshape(-1, x.shape[-1]) for x in self.logits]).to(torch.float64).numpy() if loss_stage else None
-        return {"rows": (lo * s, hi * s), "logits": logits, "losses": losses if loss_stage else None,
+        return {"rows": (first[0] * s, first[1] * s), "logits": logits, "losses": losses if loss_stage else None,
                 "grads": self.grads or {}, "params": final, "no_grad": self.no_grad}
 
 

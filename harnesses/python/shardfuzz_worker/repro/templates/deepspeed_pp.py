@@ -11,10 +11,12 @@ def build(case, inputs, dtype=None):
 
 
 class Config:
-    """What the worker's PipelineRun asks its target for: the engine's configuration (DS_CONFIG, a fresh copy)."""
+    """What the worker's PipelineRun asks its target for: the engine's configuration for the case as laid out (DS_CONFIG,
+    or RESUMED_DS_CONFIG for the layout the run resumes into; a fresh copy)."""
 
     def config(self, case, world):
-        return copy.deepcopy(DS_CONFIG)
+        resumed = RESUMED_DS_CONFIG is not None and case["parallel"] != CASE["parallel"]
+        return copy.deepcopy(RESUMED_DS_CONFIG if resumed else DS_CONFIG)
 
 
 def run(rank):
