@@ -3119,6 +3119,22 @@ fn deepspeed_pp_resumes_over_other_pipeline_stages_through_the_universal_checkpo
     assert!(v["kind"] == "crash" && reason(&v).contains("resume_universal/zero/0.weight"), "{v}");
 }
 
+/// Campaign 311's Colossal-AI 0.5.0 bug: at one data-parallel rank (and one stage) HybridParallelPlugin wraps the model
+/// in torch's DDP whatever its ZeRO stage, so DDP and the ZeRO optimizer both take the gradients; under ZeRO 2 with
+/// gradient accumulation and two parameter groups the LM head's gradient is wrong. Passes with the fix, and on
+/// colossalai-zero (LowLevelZeroPlugin, no DDP) without it.
+#[test]
+fn colossalai_hybrid_ddp_beside_zero_at_one_data_parallel_rank_is_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-colossalai-bugs/hybrid-dp1-zero2-accumulation-two-groups-bf16.json");
+    let v = one_verdict("colossalai-hybrid", &case, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/lm_head.weight"), "{v}");
+    assert_eq!(one_verdict("colossalai-hybrid", &case, "colossalai-hybrid-ddp-beside-zero")["kind"], "pass");
+    assert_eq!(one_verdict("colossalai-zero", &case, "")["kind"], "pass");
+}
+
 /// colossalai-hybrid resumes over another number of pipeline stages: HybridParallelCheckpointIO's whole tensors load
 /// into another plugin's stages (a bf16 Llama over pp 2 x dp 2 with ZeRO 1 into dp 4, and one over pp 2 x tp 2 with
 /// sequence parallelism into dp 2 x tp 2), each passing with its `resumed-into-another-pp` feature.

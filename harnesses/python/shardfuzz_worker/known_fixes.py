@@ -2651,6 +2651,33 @@ def _deepspeed_moe_top1_no_rts_topk_ties():
     sharded_moe.top1gating = gating
 
 
+def _colossalai_hybrid_ddp_beside_zero():
+    """Colossal-AI 0.5.0: HybridParallelPlugin.configure wraps the model in torch's DDP wherever dp_size and pp_size are
+    1 (`use_ddp = (dp > 1 and pp == 1 and zero_stage == 0) or (dp == 1 and pp == 1)`), whatever the ZeRO stage, so at
+    one data-parallel rank DDP's reducer and HybridParallelZeroOptimizer's gradient hooks both take the gradients:
+    under ZeRO 2 with gradient accumulation and two parameter groups the LM head's gradient comes out wrong (silent;
+    found by campaign 311, docs/findings/colossalai-0.5.0-hybrid-ddp-beside-zero-at-dp1.py). Fix: no DDP where the
+    plugin runs ZeRO (the first clause's own condition)."""
+    from colossalai.booster.plugin import hybrid_parallel_plugin as hpp
+
+    configure, module_init = hpp.HybridParallelPlugin.configure, hpp.HybridParallelModule.__init__
+    zero = {"on": False}
+
+    def configure_fixed(self, *args, **kwargs):
+        zero["on"] = self.zero_stage > 0
+        try:
+            return configure(self, *args, **kwargs)
+        finally:
+            zero["on"] = False
+
+    def init_fixed(self, *args, **kwargs):
+        if zero["on"]:
+            kwargs["use_ddp"] = False
+        return module_init(self, *args, **kwargs)
+
+    hpp.HybridParallelPlugin.configure, hpp.HybridParallelModule.__init__ = configure_fixed, init_fixed
+
+
 FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
@@ -2658,6 +2685,7 @@ FIXES = {
     "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
     "colossalai-interleaved-metadata-requires-grad": (("colossalai-hybrid",), _colossalai_interleaved_metadata_requires_grad),
     "colossalai-frozen-shared-param-sync": (("colossalai-hybrid",), _colossalai_frozen_shared_param_sync),
+    "colossalai-hybrid-ddp-beside-zero": (("colossalai-hybrid",), _colossalai_hybrid_ddp_beside_zero),
     "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
     "colossalai-ce1d-empty-vocab-shard": (("colossalai-tp",), _colossalai_ce1d_empty_vocab_shard),
     # (These three wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
