@@ -2811,11 +2811,10 @@ def concerning(target):
 def apply(target):
     """Applies the requested fixes that concern `target`, in the table's order whatever the request's (an
     unknown name is our error, raised)."""
-    wanted = requested()
-    unknown = [n for n in wanted if n not in FIXES]
+    unknown = [n for n in requested() if n not in FIXES]
     if unknown:
         raise KeyError(f"{ENV}: unknown fix {unknown[0]!r} (known: {', '.join(sorted(FIXES))})")
-    for name, (targets, fix) in FIXES.items():
-        if name in wanted and target in targets and name not in _APPLIED:
-            fix()
+    for name in concerning(target):
+        if name not in _APPLIED:
+            FIXES[name][1]()
             _APPLIED.add(name)

@@ -127,12 +127,11 @@ def unsupported_stage_change(case):
     checkpoint: ZeRO 1 refuses, "Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is
     not currently supported"; without ZeRO torch's load_state_dict, "loaded state dict contains a parameter group that
     doesn't match the size of optimizer's group")."""
-    if resume_after(case) is None or parallel(resumed_case(case))["pp"] == parallel(case)["pp"]:
+    if (resume_after(case) is None or deepspeed_checkpoint.universal(case)
+            or parallel(resumed_case(case))["pp"] == parallel(case)["pp"]):
         return None
-    if not deepspeed_checkpoint.universal(case):
-        return ("DeepSpeed's own pipeline checkpoint keeps each stage's optimizer state: another number of stages needs "
-                "the universal checkpoint (train.checkpoint_layout universal)")
-    return None
+    return ("DeepSpeed's own pipeline checkpoint keeps each stage's optimizer state: another number of stages needs "
+            "the universal checkpoint (train.checkpoint_layout universal)")
 
 
 def dual_pipe(p):
