@@ -3135,6 +3135,30 @@ fn colossalai_hybrid_ddp_beside_zero_at_one_data_parallel_rank_is_a_known_findin
     assert_eq!(one_verdict("colossalai-zero", &case, "")["kind"], "pass");
 }
 
+/// A pipeline stage without a block (more stages than blocks) holds no parameter, and two Colossal-AI 0.5.0 paths
+/// assume it holds one: GPT-2's pipeline forward takes its attention mask's dtype from the stage's parameters (a fresh
+/// 1-block GPT-2 over 4 stages crashes in `torch.finfo`; a Llama runs it), and HybridParallelCheckpointIO's sharded
+/// load raises "No weigth is loaded" there (a 1-block Llama resumed into 4 stages). Each passes with its fix alone.
+#[test]
+fn colossalai_stages_without_blocks_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-colossalai-bugs");
+    for (case, crash, fix) in [
+        (
+            "gpt2-pp4-one-block-stage-without-blocks-f16.json",
+            "finfo",
+            "colossalai-gpt2-pipeline-loss-unbound,colossalai-gpt2-empty-stage-dtype",
+        ),
+        ("llama-dp2-tp2-sp-resumed-into-pp4-one-block-f16.json", "No weigth is loaded", "colossalai-empty-stage-checkpoint-load"),
+    ] {
+        let v = one_verdict("colossalai-hybrid", &dir.join(case), "");
+        assert!(v["kind"] == "crash" && reason(&v).contains(crash), "{case}: {v}");
+        assert_eq!(one_verdict("colossalai-hybrid", &dir.join(case), fix)["kind"], "pass", "{case} with {fix}");
+    }
+}
+
 /// colossalai-hybrid resumes over another number of pipeline stages: HybridParallelCheckpointIO's whole tensors load
 /// into another plugin's stages (a bf16 Llama over pp 2 x dp 2 with ZeRO 1 into dp 4, and one over pp 2 x tp 2 with
 /// sequence parallelism into dp 2 x tp 2), each passing with its `resumed-into-another-pp` feature.

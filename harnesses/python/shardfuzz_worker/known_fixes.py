@@ -812,10 +812,10 @@ def _colossalai_gpt2_lm_head_gather():
 
 
 def _replace_in_method(cls, name, old, new, fix, requires=()):
-    """Recompiles method `name` of `cls` (a static method stays one) with one passage of its released source replaced,
-    in its module's globals: the upstream fix of a released function too long to copy. Raises if the released code is
-    not what the fix was written against: `old` not there once, or a passage of `requires` (what the release with the
-    bug has and earlier ones lack) not there."""
+    """Recompiles method `name` of `cls` (a static method stays one; `cls` may be a module, `name` one of its functions)
+    with one passage of its released source replaced, in its module's globals: the upstream fix of a released function
+    too long to copy. Raises if the released code is not what the fix was written against: `old` not there once, or a
+    passage of `requires` (what the release with the bug has and earlier ones lack) not there."""
     import inspect
     import sys
     import textwrap
@@ -827,7 +827,7 @@ def _replace_in_method(cls, name, old, new, fix, requires=()):
         raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
     if static:
         source = source.replace("@staticmethod\n", "", 1)
-    module = sys.modules[cls.__module__]
+    module = cls if inspect.ismodule(cls) else sys.modules[cls.__module__]
     namespace = {}
     exec(compile(source.replace(old, new), inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
     namespace[name].__patched_source__ = ("@staticmethod\n" if static else "") + source.replace(old, new)
@@ -1983,6 +1983,37 @@ def _colossalai_padded_vocab_optimizer_save():
     io.search_tp_partition_dim = search_tp_partition_dim
 
 
+def _colossalai_gpt2_empty_stage_dtype():
+    """Colossal-AI 0.5.0: GPT-2's pipeline forward builds the attention mask in `_get_attention_mask`
+    (shardformer/modeling/gpt2.py:104-105) with `torch.finfo(self.dtype)`, the dtype of the stage's first parameter. A
+    stage that holds none (more pipeline stages than blocks: `distribute_layers` gives a stage between the embedding's
+    and the head's no block, as it does for Llama, whose forward takes the dtype from its hidden states and runs) has
+    dtype None, and every such stage fails with "finfo(): argument 'type' ... must be torch.dtype, not NoneType"
+    (docs/findings/colossalai-0.5.0-gpt2-pipeline-stage-without-blocks-crash.py). Fix: the mask in the hidden states'
+    dtype (the stage's compute dtype, which `self.dtype` is wherever the stage holds a parameter)."""
+    from colossalai.shardformer.modeling import gpt2
+
+    _replace_in_method(gpt2, "_get_attention_mask", "attention_mask.to(dtype=self.dtype)",
+                       "attention_mask.to(dtype=hidden_states.dtype)", "colossalai-gpt2-empty-stage-dtype")
+    _replace_in_method(gpt2, "_get_attention_mask", "torch.finfo(self.dtype)", "torch.finfo(hidden_states.dtype)",
+                       "colossalai-gpt2-empty-stage-dtype")
+
+
+def _colossalai_empty_stage_checkpoint_load():
+    """Colossal-AI 0.5.0: HybridParallelCheckpointIO.load_sharded_model raises "No weigth is loaded into the model"
+    when no checkpoint file was loaded (checkpoint_io/hybrid_parallel_checkpoint_io.py:447-450), which is also the
+    case of a pipeline stage that holds no parameter and no buffer (more stages than blocks: a stage between the
+    embedding's and the head's), so a sharded checkpoint cannot be loaded into such a layout, though a fresh run of it
+    trains (docs/findings/colossalai-0.5.0-hybrid-checkpoint-load-into-stage-without-parameters.py). Fix: a stage
+    asked for nothing loads nothing (its missing keys are none)."""
+    from colossalai.checkpoint_io.hybrid_parallel_checkpoint_io import HybridParallelCheckpointIO
+
+    anchor = "\n    if len(missing_keys) == 0:\n"  # (in the dedented method)
+    _replace_in_method(HybridParallelCheckpointIO, "load_sharded_model", anchor,
+                       "\n    if not loaded_file and not missing_file_keys:\n        missing_keys.append([])" + anchor,
+                       "colossalai-empty-stage-checkpoint-load")
+
+
 def _colossalai_fused_qkv_optimizer_state():
     """Colossal-AI 0.5.0: HybridParallelCheckpointIO writes a fused column-parallel parameter's optimizer states in its
     shards' order, not the parameter's. Its weights it gathers with the layer's own `gather_fn` (GPT-2's `c_attn`,
@@ -2703,6 +2734,8 @@ FIXES = {
     "colossalai-padded-detached-param-save": (("colossalai-hybrid",), _colossalai_padded_detached_param_save),
     "colossalai-fused-qkv-optimizer-state": (("colossalai-hybrid",), _colossalai_fused_qkv_optimizer_state),
     "colossalai-padded-vocab-optimizer-save": (("colossalai-hybrid",), _colossalai_padded_vocab_optimizer_save),
+    "colossalai-gpt2-empty-stage-dtype": (("colossalai-hybrid",), _colossalai_gpt2_empty_stage_dtype),
+    "colossalai-empty-stage-checkpoint-load": (("colossalai-hybrid",), _colossalai_empty_stage_checkpoint_load),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),

@@ -72,5 +72,17 @@ class ReplaceInMethodTest(unittest.TestCase):
         self.assertIs(vars(Released)["epilogue"], self.originals["epilogue"])
 
 
+    def test_a_module_function_is_replaced_in_its_module(self):
+        import types
+
+        module = types.ModuleType("released_module")
+        exec("def mask(x):\n    return x * 2\n\n\ndef caller(x):\n    return mask(x) + 1\n", module.__dict__)
+        module.__file__ = __file__
+        source = "def mask(x):\n    return x * 2\n"
+        with mock.patch("inspect.getsource", lambda f: source), \
+                mock.patch.dict("sys.modules", {"released_module": module}):
+            known_fixes._replace_in_method(module, "mask", "x * 2", "x * 3", "f")
+        self.assertEqual((module.mask(1), module.caller(1)), (3, 4))
+
 if __name__ == "__main__":
     unittest.main()

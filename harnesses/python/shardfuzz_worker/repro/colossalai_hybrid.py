@@ -1,7 +1,7 @@
 """Repro of a colossalai-hybrid model case: the case's model as a `transformers` Llama trained through
 Colossal-AI's Booster with HybridParallelPlugin (tp x pp x dp, ZeRO, sequence parallelism, the pipeline
 schedule, parallel_output from the case's vocab_loss: the plugin's arguments exactly as the worker gives them), with the worker's CPU start-up shims and
-its training code, under torchrun; against the same Llama on one device in float64."""
+its training code, under torchrun; against the same Llama or GPT-2 on one device in float64."""
 
 import re
 from unittest import mock
@@ -78,7 +78,9 @@ def sources(case):
 
 
 def describe(case, plugin):
-    p = parallel(case)
+    from ..targets.colossalai_llama import expressible
+
+    p, family = parallel(case), "Llama" if expressible(case["model"]) is None else "GPT-2"
     sp = f", sequence parallel ({p['sequence_parallel_mode']})" if p["sequence_parallel"] and p["tp"] > 1 else ""
     pp = ""
     if p["pp"] > 1:
@@ -87,7 +89,7 @@ def describe(case, plugin):
     return [
         f"Colossal-AI HybridParallelPlugin (Booster, precision {plugin['precision']}, ZeRO stage {p['zero_stage']}) over"
         f" dp={p['dp']} x tp={p['tp']} x pp={p['pp']} ranks{sp}{pp}, dtype {dtype_name(case)}."
-        " Reference: the same Llama on one device in float64.",
+        f" Reference: the same {family} on one device in float64.",
         SHIMS_ABOUT,
         *model_about(case),
     ]
