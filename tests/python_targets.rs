@@ -3093,6 +3093,42 @@ fn megatron_resumes_over_other_pipeline_stages() {
     assert_eq!(one_verdict("megatron-tp", &tied, &fixed)["kind"], "pass");
 }
 
+/// torch-pp resumes through torch.distributed.checkpoint as torchtitan does: every stage saved under the whole model's
+/// names (the optimizer's state flattened per name), a fresh pipeline in another layout loading them: other stages
+/// (pp 2 x dp 2 into pp 4, a V-shaped schedule's two stages per rank into four ranks), tensor- and data-parallel ranks
+/// traded for stages, DDP stages resumed as FSDP2 ones. A checkpoint before the first step meets torch's known Adam
+/// step advanced by `get_state_dict` (pytorch#164929) and passes with its fix; DDP's tensor-parallel stages, whose
+/// state dicts hold local shards, are refused.
+#[test]
+fn torch_pp_resumes_over_other_stages_and_ranks() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    for (case, feature) in [
+        ("torch-pp-pp2-dp2-zero2-adam-resumed-into-pp4-f32.json", "torch-pp:pp2:resumed-into-another-pp"),
+        ("torch-pp-pp4-tp2-sp-adam-resumed-into-pp2-dp2-tp2-zero2-f32.json", "torch-pp:pp4:resumed-into-another-dp"),
+        ("torch-pp-zbv-pp2-dp2-zero1-adam-resumed-into-pp4-f32.json", "torch-pp:pp2:resumed-into-another-pp"),
+        ("torch-pp-pp2-dp2-ddp-adamw-resumed-into-zero3-f32.json", "torch-pp:pp2:resumed-into-another-zero_stage"),
+    ] {
+        let v = one_verdict("torch-pp", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+    let seed = dir.join("torch-pp-pp2-dp2-zero2-adam-seed-checkpoint-resumed-into-pp4-f32.json");
+    let v = one_verdict("torch-pp", &seed, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
+    assert_eq!(one_verdict("torch-pp", &seed, "torch-dcp-inert-optim-state-init")["kind"], "pass");
+    let ddp_tp = r#"{"schema": 1, "model": {"vocab": 13, "hidden": 8, "ffn": 12, "heads": 2, "kv_heads": 2, "seq": 4,
+        "batch": 8, "layers": ["attention", "mlp", "attention", "mlp"]}, "parallel": {"dp": 2, "tp": 2, "pp": 2,
+        "microbatches": 4, "pipeline_schedule": "1f1b"}, "train": {"steps": 2, "optimizer": {"kind": "sgd", "lr": 0.1},
+        "dtype": "f32", "resume_after": 1}, "data": {"seed": 1, "distribution": "normal"}}"#;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ddp-tp-resume.json");
+    std::fs::write(&file, ddp_tp).unwrap();
+    let v = one_verdict("torch-pp", &file, "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("local shards"), "{v}");
+}
+
 /// deepspeed-pp resumes over another number of pipeline stages through DeepSpeed's universal checkpoint (Megatron-
 /// DeepSpeed's recipe: bf16 with fp32 accumulation, the BF16_Optimizer): pp 2 x dp 3 into pp 3 x dp 2, and a tied
 /// embedding over pp 2 x dp 2 into pp 4, each passing with its `resumed-into-another-pp` feature; from DeepSpeed's

@@ -123,11 +123,12 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "torch-pp",
-        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B / ScheduleLoopedBFS, the zero-bubble ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble and ScheduleDualPipeV, stages in DDP or FSDP2 over the data-parallel ranks and torch's tensor (and sequence) parallel plan inside them (torchtitan's pp x dp x tp)",
+        description: "PyTorch pipelining: PipelineStage per block range under ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B / ScheduleLoopedBFS, the zero-bubble ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble and ScheduleDualPipeV, stages in DDP or FSDP2 over the data-parallel ranks and torch's tensor (and sequence) parallel plan inside them (torchtitan's pp x dp x tp), resumed through torch.distributed.checkpoint over other stages and ranks",
         env: Some(MAIN),
         offers: &["label_smoothing", "local_mean_loss", "vocab_loss", "reduce_dtype_below", "master_dtype", "frozen",
             "activation_checkpointing", "zero_bubble", "dual_pipe", "breadth_first", "optimizer_implementation", "clip_norm_type",
             "compiled",
+            "resume_after", "resume_parallel", "resume_degrees", "resume_stages",
         ],
         create: |o| python("torch-pp", MAIN, o),
     },

@@ -11,7 +11,8 @@ TARGET = "torch-pp"
 
 #: The worker's pipeline (targets/torch_pp.py) the script runs as is.
 PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "dual_pipe", "breadth_first", "rank_stages", "fsdp_stages",
-                   "scales_grads", "stage_module_class", "stage_layers", "Pipeline", "distributed", "combine_stages")
+                   "scales_grads", "stage_module_class", "stage_layers", "Pipeline", "state_dict_options", "distributed",
+                   "combine_stages")
 
 
 def check(case):
@@ -71,5 +72,5 @@ def generate(case, inputs, bounds, dropped):
     ]
     about = [f"{what}, dtype {dtype_name(case)}.", *model_about(case)]
     head = header(f"{TARGET}, model", about, command, dropped, case.get("name", ""))
-    imports = IMPORTS + "import inspect\n\nfrom torch.distributed.pipelining import ScheduleGPipe\n"
+    imports = IMPORTS + "import inspect\nimport tempfile\n\nfrom torch.distributed.pipelining import ScheduleGPipe\n"
     return assemble(head, imports, sections, embed(model_arrays(case, inputs, TARGET))), command

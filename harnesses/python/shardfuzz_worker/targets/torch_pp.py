@@ -17,7 +17,10 @@ context does.
 The loss function is the micro-batch's summed token loss (or with `local_mean_loss` its mean) scaled to the global
 token mean, times the micro-batch count where the schedule divides the gradients by it (`scale_grads`, torch's default;
 with accumulated steps only FSDP2 stages defer that division to the last, so the others take `scale_grads=False`).
-Gradient clipping is torchtitan's: the stage's norm (DTensor norms made full), squared, summed over the pipeline ranks."""
+Gradient clipping is torchtitan's: the stage's norm (DTensor norms made full), squared, summed over the pipeline ranks.
+With `resume_after` every rank saves its stages and optimizer with torch.distributed.checkpoint under the whole model's
+parameter names (the stages keep them), and a fresh pipeline loads them, in the layout of `train.resume_parallel` where
+the case gives one: other stages, data- or tensor-parallel ranks, or DDP for FSDP2 (torchtitan's resharding resume)."""
 
 import contextlib
 import inspect
@@ -26,9 +29,10 @@ import math
 import numpy as np
 
 from .base import (chunk_range, dtype_name, grad_or_fail, is_frozen, loss_denominator, master_dtype_name, parallel,
-                   reduce_dtype_name, setup_features, vocab_sharded_loss, zero_offloaded)
-from .torch_common import (TorchTarget, check_compiled, compiled, compiling, mesh, torch_dtype, uncompiled_name,
-                           unsupported_compiled_blocks)
+                   reduce_dtype_name, resume_after, resume_feature, resumed_case, setup_features, vocab_sharded_loss,
+                   zero_offloaded)
+from .torch_common import (TorchTarget, check_compiled, compiled, compiling, mesh, shared_tempdir, torch_dtype,
+                           uncompiled_name, unsupported_compiled_blocks)
 from .torch_model import (build, checkpointed_block, clip_norm_type, foreach_clip, make_optimizer, model_defaults,
                           to_case_layout, unsupported_layout)
 from .torch_tp import loss_context, parallelize, replicas_per_rank, unsupported_tensor_parallel
@@ -41,6 +45,9 @@ class TorchPp(TorchTarget):
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     optimizer_implementations = True
+    # A run resumes over other stages, data- and tensor-parallel ranks or another data-parallel wrapper: the stages keep
+    # the whole model's parameter names, and torch.distributed.checkpoint reshards by name (torchtitan's recipe).
+    resumes_into = ("pp", "dp", "tp", "zero_stage", "sequence_parallel")
 
     def __init__(self):
         super().__init__()
@@ -104,25 +111,64 @@ class TorchPp(TorchTarget):
             return "mixed precision is FSDP2's (torch-pp: ZeRO 1-3 over dp > 1)"
         if case["train"].get("grad_accumulation", 1) > 1 and fsdp_stages(p) and not self.deferred_finalize:
             return "this torch's schedules reduce FSDP2 gradients on every step() (no finalize_gradients)"
-        return None
+        return unsupported_resume(case)
 
     def run_rank(self, rank, world, case, inputs):
         import torch
 
-        p = parallel(case)
-        pp, tp = p["pp"], p["tp"]
-        dp = world // (pp * tp)
-        stage_mesh = mesh((pp, dp, tp), ("pp", "dp", "tp")) if tp > 1 else mesh((pp, dp), ("pp", "dp"))
         compiling(case)
-        run = Pipeline(case, inputs, rank // (dp * tp), rank // tp % dp, stage_mesh, self.deferred_finalize)
+        run = self.pipeline(rank, world, case, inputs)
         torch.manual_seed(0)
-        out = run.train()
+        steps, k = case["train"]["steps"], resume_after(case)
+        out = run.train(0, steps if k is None else k)
+        if k is not None:
+            # (torchtitan's resume: every rank saves its stages' shards, a fresh pipeline, in the layout the run resumes
+            # into, loads them by the whole model's names; the steps after it run there)
+            with shared_tempdir() as path:
+                run.save(path)
+                run = self.pipeline(rank, world, resumed_case(case), inputs)
+                run.load(path)
+            later = run.train(k, steps)
+            out = {**out, **later, "losses": out["losses"] + later["losses"]}
+        out["params"] = run.final_params()
         check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
 
+    def pipeline(self, rank, world, case, inputs):
+        """This rank's part of the case's pipeline, in the case's layout."""
+        p = parallel(case)
+        pp, tp = p["pp"], p["tp"]
+        dp = world // (pp * tp)
+        stage_mesh = mesh((pp, dp, tp), ("pp", "dp", "tp")) if tp > 1 else mesh((pp, dp), ("pp", "dp"))
+        return Pipeline(case, inputs, rank // (dp * tp), rank // tp % dp, stage_mesh, self.deferred_finalize)
+
     def combine(self, case, outs):
         return combine_stages(case, outs, features(case))
+
+
+def state_dict_options():
+    """torchtitan's options for pipelined checkpoints: the optimizer's state dict flattened to one entry per parameter
+    name (its state and its group's hyperparameters), since every stage's optimizer has its own parameter groups, which
+    torch.distributed.checkpoint would otherwise save once, under one key, for all stages."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def unsupported_resume(case):
+    """Why torch-pp cannot checkpoint and resume the case's run (`train.resume_after`), or None."""
+    if resume_after(case) is None:
+        return None
+    if case["train"].get("compiled"):
+        return "torch-pp resumes eager stages (train.compiled with resume_after is not expressed)"
+    for layout in (case, resumed_case(case)):
+        p = parallel(layout)
+        if p["tp"] > 1 and p["dp"] > 1 and p["zero_stage"] == 0:
+            # (torch.distributed.tensor.parallel.ddp: DTensors rebuilt by a forward pre-hook only)
+            return ("DDP's tensor-parallel path holds the parameters as local shards between forwards, so their state "
+                    "dict is not the DTensors': torch-pp resumes tensor-parallel stages beside dp > 1 in FSDP2 only")
+    return None
 
 
 def virtual_stages(p):
@@ -202,7 +248,7 @@ def features(case):
         out.append(f"{prefix}:{dtype_name(case)}-reduced-in-{reduce_dtype_name(case)}")
     if case["train"].get("compiled"):
         out.append(f"{prefix}:compiled-blocks")
-    return out + setup_features(prefix, case)
+    return out + resume_feature(prefix, case) + setup_features(prefix, case)
 
 
 def stage_module_class():
@@ -331,7 +377,9 @@ class Pipeline:
             self.loss_sum += sum(self.calls[-self.p["microbatches"]:])
         return out
 
-    def train(self):
+    def train(self, first, end):
+        """Steps first..end-1 of the case's training: their losses as (step, loss) pairs on the last stage's ranks and,
+        where step 0 is among them, its rows, logits (the last stage's) and gradients."""
         import torch
         import torch.distributed as dist
 
@@ -343,8 +391,8 @@ class Pipeline:
         ga = t.get("grad_accumulation", 1)
         bounds = np.linspace(lo, hi, ga + 1).round().astype(int)
         self.global_tokens = loss_denominator(self.inputs)
-        losses, logits0, grads0 = [], None, {}
-        for k in range(t["steps"]):
+        out = {"losses": []}
+        for k in range(first, end):
             if self.opt is not None:
                 self.opt.zero_grad()
             self.loss_sum = torch.zeros((), dtype=torch.float64)
@@ -352,20 +400,56 @@ class Pipeline:
             if self.last:
                 if self.dp > 1:
                     dist.all_reduce(self.loss_sum, group=self.dp_mesh.get_group())
-                losses.append(float(self.loss_sum) / self.global_tokens)
-                if k == 0:
-                    logits0 = torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy()
+                out["losses"].append((k, float(self.loss_sum) / self.global_tokens))
             if k == 0:
                 no_grad = self.untrained()
-                grads0 = {name: self.reported(name, q, dense(grad_or_fail(name, q.grad))) for name, q in self.named
-                          if not is_frozen(self.case, name) and name not in no_grad}
+                out.update(rows=(lo * s, hi * s), no_grad=no_grad,
+                           logits=torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy() if self.last else None,
+                           grads={name: self.reported(name, q, dense(grad_or_fail(name, q.grad))) for name, q in self.named
+                                  if not is_frozen(self.case, name) and name not in no_grad})
             if t.get("clip_grad_norm") is not None:
                 self.clip(t["clip_grad_norm"])
             if self.opt is not None:
                 self.opt.step()
-        final = {name: self.reported(name, q, q) for name, q in self.named}
-        return {"rows": (lo * s, hi * s), "logits": logits0, "losses": losses if self.last else None,
-                "grads": grads0, "params": final, "no_grad": no_grad}
+        return out
+
+    def final_params(self):
+        return {name: self.reported(name, q, q) for name, q in self.named}
+
+    def holder(self):
+        """One module holding this rank's stages' parts under the whole model's names (for its state dict)."""
+        import torch.nn as nn
+
+        whole = nn.Module()
+        whole.layers = nn.ModuleDict()
+        for mod in self.modules:
+            for part in ("embed", "final_norm", "lm_head"):
+                if hasattr(mod, part):
+                    setattr(whole, part, getattr(mod, part))
+            whole.layers.update(mod.layers)
+        return whole
+
+    def save(self, path):
+        """This rank's stages and their optimizer saved by torch.distributed.checkpoint (each rank its own shards)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.holder(), self.optimizers(), options=state_dict_options())
+        dcp.save({"model": model, "optim": optim}, checkpoint_id=path)
+
+    def load(self, path):
+        """The checkpoint at `path` loaded into this (fresh) rank's stages and optimizer, by name."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        holder, optims, options = self.holder(), self.optimizers(), state_dict_options()
+        model, optim = get_state_dict(holder, optims, options=options)
+        state = {"model": model, "optim": optim}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(holder, optims, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+
+    def optimizers(self):
+        return [self.opt] if self.opt is not None else []
 
     def untrained(self):
         """Trainable parameters left without a gradient after the schedule's step, among those this rank's optimizer
@@ -420,12 +504,13 @@ def combine_stages(case, outs, feats):
         return {"status": "divergent", "reason": "the schedule's step left trainable parameters without a gradient "
                 f"(their optimizer skips them; the reference trains them): {where}"}
     m = case["model"]
-    last = [o for o in outs if o["losses"] is not None]
-    tensors = {f"loss/step{k}": np.array(v, dtype=np.float64) for k, v in enumerate(last[0]["losses"])}
+    # (Each step's loss from the last stage of the layout that ran it: the case's, or the one it resumed into.)
+    losses = dict(pair for o in reversed(outs) for pair in o["losses"])
+    tensors = {f"loss/step{k}": np.array(v, dtype=np.float64) for k, v in sorted(losses.items())}
     logits = np.zeros((m["batch"] * m["seq"], m["vocab"]))
-    for o in last:
+    for o in outs:
         a, b = o["rows"]
-        if b > a:
+        if o["logits"] is not None and b > a:
             logits[a:b] = o["logits"][:, :m["vocab"]]
     tensors["logits"] = logits
     replicas = {}

@@ -11,16 +11,38 @@ def build(case, inputs, dtype=None):
 
 
 def run(rank):
-    """Every rank runs its stages of the pipeline (the worker's Pipeline) on its data-parallel rows; rank 0 gathers
-    the results as the fuzzer does (loss and logits from the last stage, each parameter and gradient from the first
-    rank holding it, the others' copies as replicas) and compares."""
+    """Every rank runs its stages of the pipeline (the worker's Pipeline) on its data-parallel rows, checkpointed after
+    the case's `resume_after` steps and resumed by a fresh pipeline (in the layout of `train.resume_parallel` where the
+    case gives one) as the worker does; rank 0 gathers the results as the fuzzer does (each step's loss from the last
+    stage that ran it, logits from the last stage of step 0, each parameter and gradient from the first rank holding it,
+    the others' copies as replicas) and compares."""
+    data = load_blob()
+    torch.manual_seed(0)
+    pipeline = rank_pipeline(rank, CASE, data)
+    steps, k = CASE["train"]["steps"], CASE["train"].get("resume_after")
+    mine = pipeline.train(0, steps if k is None else k)
+    if k is not None:
+        path = [tempfile.mkdtemp(prefix="repro-ckpt-") if rank == 0 else None]
+        dist.broadcast_object_list(path, src=0)
+        pipeline.save(path[0])
+        resumed = CASE if CASE["train"].get("resume_parallel") is None else {**CASE, "parallel": CASE["train"]["resume_parallel"]}
+        pipeline = rank_pipeline(rank, resumed, data)
+        pipeline.load(path[0])
+        later = pipeline.train(k, steps)
+        mine = {**mine, **later, "losses": mine["losses"] + later["losses"]}
+    mine["params"] = pipeline.final_params()
+    return judge_stages(rank, mine, data)
+
+
+def rank_pipeline(rank, case, data):
+    """This rank's part of the case's pipeline, in the case's layout (its own device mesh)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    data = load_blob()
-    if TP > 1:
-        stage_mesh = init_device_mesh("cpu", (PP, DP, TP), mesh_dim_names=("pp", "dp", "tp"))
+    p = parallel(case)
+    pp, tp = p["pp"], p["tp"]
+    dp = WORLD // (pp * tp)
+    if tp > 1:
+        stage_mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     else:
-        stage_mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
-    torch.manual_seed(0)
-    mine = Pipeline(CASE, data, rank // (DP * TP), rank // TP % DP, stage_mesh, DEFERRED_FINALIZE).train()
-    return judge_stages(rank, mine, data)
+        stage_mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
+    return Pipeline(case, data, rank // (dp * tp), rank // tp % dp, stage_mesh, DEFERRED_FINALIZE)
