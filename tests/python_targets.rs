@@ -3129,6 +3129,28 @@ fn torch_pp_resumes_over_other_stages_and_ranks() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("local shards"), "{v}");
 }
 
+/// torch-fsdp1 resumes into another sharding strategy or shard group of the same ranks through torch.distributed.
+/// checkpoint (FULL_SHARD into NO_SHARD, HYBRID_SHARD into FULL_SHARD, FULL_SHARD with bf16 compute into
+/// HYBRID_SHARD), each passing with its feature.
+#[test]
+fn torch_fsdp1_resumes_into_other_sharding_strategies() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-resume");
+    for (case, feature) in [
+        ("fsdp1-dp4-full-shard-adam-resumed-into-no-shard-f32.json", "fsdp1:dp4:full-shard:resumed-into-another-zero_stage"),
+        ("fsdp1-dp4-hybrid2-adam-resumed-into-full-shard-f32.json", "fsdp1:dp4:hybrid-shard:resumed-into-another-zero_shard_group"),
+        (
+            "fsdp1-dp4-full-shard-bf16-master-f32-adam-resumed-into-hybrid2.json",
+            "fsdp1:dp4:full-shard:resumed-into-another-zero_shard_group",
+        ),
+    ] {
+        let v = one_verdict("torch-fsdp1", &dir.join(case), "");
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case}: {v}");
+    }
+}
+
 /// deepspeed-pp resumes over another number of pipeline stages through DeepSpeed's universal checkpoint (Megatron-
 /// DeepSpeed's recipe: bf16 with fp32 accumulation, the BF16_Optimizer): pp 2 x dp 3 into pp 3 x dp 2, and a tied
 /// embedding over pp 2 x dp 2 into pp 4, each passing with its `resumed-into-another-pp` feature; from DeepSpeed's

@@ -19,11 +19,11 @@ def check(case):
 
 
 def generate(case, inputs, bounds, dropped):
-    from ..targets.base import sync_every_microbatch
+    from ..targets.base import resumed_case, sync_every_microbatch
     from ..targets.torch_fsdp1 import hybrid_group, strategy as fsdp1_strategy
 
-    p = parallel(case)
-    g = hybrid_group(p, p["dp"])
+    p, q = parallel(case), parallel(resumed_case(case))
+    g, rg = hybrid_group(p, p["dp"]), hybrid_group(q, q["dp"])
     strategy = fsdp1_strategy(p, p["dp"])
     master = master_dtype_name(case)
     what = (f"torch FSDP1 (FullyShardedDataParallel, use_orig_params={not p['flat_params']}, on every block and on "
@@ -32,6 +32,8 @@ def generate(case, inputs, bounds, dropped):
             f"{reduce_dtype_name(case)}{f', parameters held in {master}' if master != dtype_name(case) else ''}")
     settings = [f"STRATEGY = {strategy!r}  # from case.parallel.zero_stage (and zero_shard_group: hybrid)\n"
                 f"MESH_SHAPE = {(p['dp'] // g, g) if g else None!r}  # hybrid sharding's (replicate, shard) mesh\n"
+                f"RESUMED_STRATEGY = {fsdp1_strategy(q, q['dp'])!r}  # the same for case.train.resume_parallel\n"
+                f"RESUMED_MESH_SHAPE = {(q['dp'] // rg, rg) if rg else None!r}\n"
                 f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
                 f"MASTER_DTYPE = {TORCH_DTYPES[master]}  # parameters held in it, computed in DTYPE\n"
                 f"FLAT_PARAMS = {bool(p['flat_params'])}  # use_orig_params=False: the optimizer steps flat parameters\n"

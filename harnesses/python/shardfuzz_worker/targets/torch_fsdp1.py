@@ -9,12 +9,13 @@ than the compute dtype holds the model in it and computes in the case dtype (`Mi
 `flat_params`, `use_orig_params=False`: the optimizer steps the flat parameters. Accumulated micro-batches are reduced
 with the last under the root's `no_sync()` where the case's `sync_every_microbatch` is false; a `loss_scale` is
 FSDP1's `ShardedGradScaler`; clipping is FSDP1's own `clip_grad_norm_` (the norm over every rank's shard);
-`resume_after` checkpoints through torch.distributed.checkpoint's state-dict API. Full gradients and parameters are
+`resume_after` checkpoints through torch.distributed.checkpoint's state-dict API, and the run resumes into the sharding
+strategy and shard group of `train.resume_parallel` where the case gives one. Full gradients and parameters are
 read with `summon_full_params` (`Fsdp1Run`). `zero_offload` (`CPUOffload(offload_params=True)`) pins memory, which
 needs CUDA: unsupported here."""
 
-from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resume_feature, sync_every_microbatch,
-                   sync_feature, zero_offloaded)
+from .base import (dtype_name, master_dtype_name, parallel, reduce_dtype_name, resume_feature, resumed_case,
+                   sync_every_microbatch, sync_feature, zero_offloaded)
 from .torch_common import TorchTarget, check_compiled, compiled, compiling, mesh, shared_tempdir, torch_dtype
 from .torch_dcp import load_checkpoint, save_checkpoint
 from .torch_model import build, clip_norm_type, make_optimizer, to_case_layout, unsupported_layout
@@ -31,6 +32,9 @@ class TorchFsdp1(TorchTarget):
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
+    # A run resumes into another sharding strategy or shard group of the same ranks (torch.distributed.checkpoint
+    # reshards the state dicts on load).
+    resumes_into = ("zero_stage", "zero_shard_group")
     optimizer_implementations = True
 
     def unsupported(self, case):
@@ -64,13 +68,15 @@ class TorchFsdp1(TorchTarget):
         compiling(case)
         run = Fsdp1Run(bool(parallel(case)["flat_params"]), lambda model: compiled(case, model))
 
-        def built():
-            return run.adopt(*sharded_model(case, inputs, world))
+        def built(layout):
+            return run.adopt(*sharded_model(layout, inputs, world))
 
-        named = built()
+        named = built(case)
+        # (A resumed run's fresh model is wrapped as the case's train.resume_parallel asks, where it gives one.)
+        resumed = resumed_case(case)
         try:
             out = train(case, inputs, run.model, run.optimized, rank, world, named=named,
-                        **run.hooks(case, built, sync_every_microbatch(case, True)))
+                        **run.hooks(case, lambda: built(resumed), sync_every_microbatch(case, True)))
         except LostParameters as lost:
             return {"lost": lost.args[0]}
         check_compiled(case)

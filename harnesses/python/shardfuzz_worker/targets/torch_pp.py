@@ -403,10 +403,10 @@ class Pipeline:
                 out["losses"].append((k, float(self.loss_sum) / self.global_tokens))
             if k == 0:
                 no_grad = self.untrained()
-                out.update(rows=(lo * s, hi * s), no_grad=no_grad,
-                           logits=torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy() if self.last else None,
-                           grads={name: self.reported(name, q, dense(grad_or_fail(name, q.grad))) for name, q in self.named
-                                  if not is_frozen(self.case, name) and name not in no_grad})
+                logits = torch.cat([full(r).reshape(-1, r.shape[-1]) for r in rows]).numpy() if self.last else None
+                grads = {name: self.reported(name, q, dense(grad_or_fail(name, q.grad))) for name, q in self.named
+                         if not is_frozen(self.case, name) and name not in no_grad}
+                out.update(rows=(lo * s, hi * s), no_grad=no_grad, logits=logits, grads=grads)
             if t.get("clip_grad_norm") is not None:
                 self.clip(t["clip_grad_norm"])
             if self.opt is not None:

@@ -11,20 +11,20 @@ def run_sharded(data, rank):
 
     compiled = CASE["train"].get("compiled")  # the wrapped model under torch.compile (aot_eager), as the worker runs it
     run = Fsdp1Run(FLAT_PARAMS, (lambda model: torch.compile(model, backend="aot_eager")) if compiled else None)
-    mesh = None if MESH_SHAPE is None else init_device_mesh("cpu", MESH_SHAPE, mesh_dim_names=("replicate", "shard"))
 
-    def built():
+    def built(strategy, mesh_shape):
         model = Model(M).to(MASTER_DTYPE)
         load_case_params(model, data, MASTER_DTYPE)
         freeze(model, CASE)
         mixed = MASTER_DTYPE != DTYPE or REDUCE_DTYPE != DTYPE
-        kw = {"sharding_strategy": getattr(ShardingStrategy, STRATEGY), "device_id": torch.device("cpu"),
+        kw = {"sharding_strategy": getattr(ShardingStrategy, strategy), "device_id": torch.device("cpu"),
               "use_orig_params": not FLAT_PARAMS,
               "mixed_precision": MixedPrecision(param_dtype=DTYPE, reduce_dtype=REDUCE_DTYPE) if mixed else None}
-        if mesh is not None:
-            kw["device_mesh"] = mesh
+        if mesh_shape is not None:
+            kw["device_mesh"] = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard"))
         return run.adopt(*wrap_units(model, **kw))
 
-    named = built()
+    named = built(STRATEGY, MESH_SHAPE)
+    # (a resumed run's fresh model in the layout of case.train.resume_parallel: RESUMED_STRATEGY, RESUMED_MESH_SHAPE)
     return train(CASE, data, run.model, run.optimized, rank, DP, named=named,
-                 **run.hooks(CASE, built, SYNC_EVERY_MICROBATCH))
+                 **run.hooks(CASE, lambda: built(RESUMED_STRATEGY, RESUMED_MESH_SHAPE), SYNC_EVERY_MICROBATCH))

@@ -25,8 +25,8 @@ def run(rank):
         path = [tempfile.mkdtemp(prefix="repro-ckpt-") if rank == 0 else None]
         dist.broadcast_object_list(path, src=0)
         pipeline.save(path[0])
-        resumed = CASE if CASE["train"].get("resume_parallel") is None else {**CASE, "parallel": CASE["train"]["resume_parallel"]}
-        pipeline = rank_pipeline(rank, resumed, data)
+        resumed = CASE["train"].get("resume_parallel")
+        pipeline = rank_pipeline(rank, CASE if resumed is None else {**CASE, "parallel": resumed}, data)
         pipeline.load(path[0])
         later = pipeline.train(k, steps)
         mine = {**mine, **later, "losses": mine["losses"] + later["losses"]}
