@@ -3151,6 +3151,28 @@ fn torch_fsdp1_resumes_into_other_sharding_strategies() {
     }
 }
 
+/// A gathered (full state dict) checkpoint of FSDP1 FULL_SHARD on torch 2.5.1 (the colossalai environment's torch)
+/// kills rank 0 with SIGSEGV: `FlatParamHandle.to_cpu` frees the storage of a flat parameter already on the CPU
+/// (pytorch#188989, fixed since; docs/findings/torch-2.5.1-fsdp1-full-state-dict-cpu-offload-segfault.py). With its
+/// fix the run meets torch's aliased offloaded optimizer states (2.5.1 and 2.15 alike) and passes with both fixes; on
+/// torch 2.15 the second alone suffices.
+#[test]
+fn torch_fsdp1_full_state_dict_on_torch_2_5_1_segfaults_and_is_a_known_finding() {
+    if !python_ready() || !root().join(".venv-colossalai/bin/python").exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-colossalai: run scripts/setup-python.sh");
+        return;
+    }
+    let case = root().join("tests/python-resume/fsdp1-dp4-full-shard-adam-gathered-resumed-into-no-shard-f32.json");
+    let old = format!("torch-fsdp1={}", root().join(".venv-colossalai/bin/python").display());
+    let on_old = ["--python", old.as_str()];
+    let v = one_verdict_with("torch-fsdp1", &case, "", &on_old);
+    assert!(v["kind"] == "crash" && reason(&v).contains("signal 11"), "{v}");
+    let both = "torch-fsdp1-cpu-flat-param-freed-by-offload,torch-fsdp1-full-optim-state-cpu-alias";
+    assert_eq!(one_verdict_with("torch-fsdp1", &case, both, &on_old)["kind"], "pass");
+    let v = one_verdict("torch-fsdp1", &case, "torch-fsdp1-full-optim-state-cpu-alias");
+    assert!(v["kind"] == "pass" && has_feature(&v, "fsdp1:dp4:full-shard:resumed-from-gathered-checkpoint"), "{v}");
+}
+
 /// deepspeed-pp resumes over another number of pipeline stages through DeepSpeed's universal checkpoint (Megatron-
 /// DeepSpeed's recipe: bf16 with fp32 accumulation, the BF16_Optimizer): pp 2 x dp 3 into pp 3 x dp 2, and a tied
 /// embedding over pp 2 x dp 2 into pp 4, each passing with its `resumed-into-another-pp` feature; from DeepSpeed's

@@ -1455,6 +1455,30 @@ def _torch_dsd_broadcast_from_rank0_set_state_dict():
     state_dict.set_state_dict = set_state_dict
 
 
+def _torch_fsdp1_cpu_flat_param_freed_by_offload():
+    """torch 2.5.1 (pytorch#188989, fixed since): `FlatParamHandle.to_cpu`, which FSDP1's full state dict enters with
+    `offload_to_cpu` (the state-dict API's `cpu_offload=True`, `summon_full_params(offload_to_cpu=True)`), moves the
+    unsharded flat parameter to the CPU and frees the unsharded one. On a model that is on the CPU already the move is
+    no copy, so it frees the very storage the parameter views keep using: rank 0's full checkpoint of a FULL_SHARD or
+    SHARD_GRAD_OP model is killed by SIGSEGV in the state-dict hook's `clone()`
+    (docs/findings/torch-2.5.1-fsdp1-full-state-dict-cpu-offload-segfault.py). Fix: as later releases do, nothing is
+    moved or freed where the flat parameter is on the CPU."""
+    import contextlib
+
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    original = FlatParamHandle.to_cpu
+
+    @contextlib.contextmanager
+    def to_cpu(self):
+        if self.flat_param.device.type == "cpu":
+            yield
+            return
+        with original(self):
+            yield
+
+    FlatParamHandle.to_cpu = to_cpu
+
 def _torch_fsdp1_full_optim_state_cpu_alias():
     """torch 2.15: FSDP1's full optimizer state dict (`FSDP.optim_state_dict` under FULL_STATE_DICT, and the state-dict
     API's `get_state_dict(..., full_state_dict=True, cpu_offload=True)`) of a model on the CPU (`device_id` cpu) gives
@@ -2779,6 +2803,7 @@ FIXES = {
     "torch-dcp-load-unheld-sharded-tensor": (("torch-fsdp1",), _torch_dcp_load_unheld_sharded_tensor),
     "torch-dcp-inert-optim-state-init": (("torch-tp", "torch-fsdp2", "torch-fsdp1", "torch-pp"),
                                          _torch_dcp_inert_optim_state_init),
+    "torch-fsdp1-cpu-flat-param-freed-by-offload": (("torch-fsdp1",), _torch_fsdp1_cpu_flat_param_freed_by_offload),
     "torch-fsdp1-full-optim-state-cpu-alias": (("torch-fsdp1",), _torch_fsdp1_full_optim_state_cpu_alias),
     "torch-dsd-full-optim-state-without-tensors": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dsd_full_optim_state_without_tensors),
     "torch-dsd-broadcast-from-rank0-set-state-dict": (("torch-tp", "torch-fsdp2", "torch-fsdp1"), _torch_dsd_broadcast_from_rank0_set_state_dict),
