@@ -377,7 +377,8 @@ class PipelineRun:
             final[name] = self.view(name, q if v is None else v)
         self.engine.destroy()
         logits = torch.cat([x.reshape(-1, x.shape[-1]) for x in self.logits]).to(torch.float64).numpy() if loss_stage else None
-        return {"rows": (first[0] * s, first[1] * s), "logits": logits, "losses": losses if loss_stage else None,
+        # (Every rank's train_batch returns the step's loss: the first step's loss stage reports them, by step.)
+        return {"rows": (first[0] * s, first[1] * s), "logits": logits, "losses": list(enumerate(losses)) if loss_stage else [],
                 "grads": self.grads or {}, "params": final, "no_grad": self.no_grad}
 
 
