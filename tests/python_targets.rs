@@ -2405,6 +2405,33 @@ fn deepspeed_0_17_6s_historical_bugs_are_found_and_pass_with_their_fixes() {
     assert!(vs.len() == 2 && vs.iter().all(|v| v["kind"] == "pass"), "{vs:?}");
 }
 
+/// DeepSpeed 0.17.6's universal-checkpoint conversion of ZeRO-3 reads only the first sub-group of the optimizer's
+/// flat state (`extract_zero_shards_stage3`: `state[0]`, `fp32_flat_groups[0]`), so a ZeRO-3 run with several
+/// sub-groups (`optimizer_sub_group`) or several parameter groups (no decay on vectors) crashes converting its
+/// checkpoint, "start + length exceeds dimension size" (DeepSpeed #7584, fixed by #7585 before 0.19.8, where the crash
+/// is gone; docs/findings/deepspeed-0.17.6-zero3-universal-checkpoint-several-sub-groups-crash.py).
+#[test]
+fn deepspeed_0_17_6_universal_checkpoint_of_several_zero3_sub_groups_crashes() {
+    let old = root().join(".venv-deepspeed017/bin/python");
+    if !python_ready() || !old.exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-deepspeed017: run scripts/setup-python.sh");
+        return;
+    }
+    let python = format!("--python=deepspeed-zero={}", old.display());
+    for case in [
+        "deepspeed-dp2-zero3-sub-groups-adam-universal-resume-after-1-f32.json",
+        "deepspeed-dp2-zero3-adamw-no-decay-vectors-universal-resume-after-1-f32.json",
+    ] {
+        let file = root().join("tests/python-resume").join(case);
+        let v = one_verdict_with("deepspeed-zero", &file, "", &[&python]);
+        assert!(
+            v["kind"] == "crash" && reason(&v).contains("exceeds dimension size") && reason(&v).contains("ds_to_universal.py"),
+            "{case}: {v}"
+        );
+        assert_ne!(one_verdict("deepspeed-zero", &file, "")["kind"], "crash", "{case} on 0.19.8");
+    }
+}
+
 /// jax-gspmd and jax-shardmap against an older release, jax 0.4.38 (`.venv-jax04`, an overlay on `.venv`), finding its
 /// historical bugs, each case passing on jax 0.12: a concatenation of arguments split over one axis of a 2×2 mesh (and
 /// replicated over the other) comes out doubled (jax#24576, 0.4.30-0.4.38, right in 0.5.3); the gradient of `glu` (a
