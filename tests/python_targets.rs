@@ -2432,6 +2432,23 @@ fn deepspeed_0_17_6_universal_checkpoint_of_several_zero3_sub_groups_crashes() {
     }
 }
 
+/// DeepSpeed 0.17.6's pipeline engine sums a step's micro-batch gradients instead of averaging them (DeepSpeed #7773;
+/// docs/findings/deepspeed-0.17.6-pipeline-gradients-summed-over-micro-batches.py): two stages, two micro-batches,
+/// every gradient twice the reference's; 0.19.8 passes.
+#[test]
+fn deepspeed_0_17_6_pipeline_sums_micro_batch_gradients() {
+    let old = root().join(".venv-deepspeed017/bin/python");
+    if !python_ready() || !old.exists() {
+        assert!(std::env::var_os("SHARDFUZZ_REQUIRE_PYTHON").is_none(), "no .venv-deepspeed017: run scripts/setup-python.sh");
+        return;
+    }
+    let case = root().join("tests/python-deepspeed-pp/pp2-microbatches2-sgd-f32.json");
+    let v = one_verdict_with("deepspeed-pp", &case, "", &[&format!("--python=deepspeed-pp={}", old.display())]);
+    assert_eq!(v["versions"]["deepspeed"], "0.17.6", "{v}");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/") && reason(&v).contains("norm error 1.000e0"), "{v}");
+    assert_eq!(one_verdict("deepspeed-pp", &case, "")["kind"], "pass");
+}
+
 /// jax-gspmd and jax-shardmap against an older release, jax 0.4.38 (`.venv-jax04`, an overlay on `.venv`), finding its
 /// historical bugs, each case passing on jax 0.12: a concatenation of arguments split over one axis of a 2×2 mesh (and
 /// replicated over the other) comes out doubled (jax#24576, 0.4.30-0.4.38, right in 0.5.3); the gradient of `glu` (a
