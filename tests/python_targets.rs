@@ -2434,7 +2434,7 @@ fn deepspeed_0_17_6_universal_checkpoint_of_several_zero3_sub_groups_crashes() {
 
 /// DeepSpeed 0.17.6's pipeline engine sums a step's micro-batch gradients instead of averaging them (DeepSpeed #7773;
 /// docs/findings/deepspeed-0.17.6-pipeline-gradients-summed-over-micro-batches.py): two stages, two micro-batches,
-/// every gradient twice the reference's; 0.19.8 passes.
+/// every gradient twice the reference's; passes with its fix, and on 0.19.8 with or without it.
 #[test]
 fn deepspeed_0_17_6_pipeline_sums_micro_batch_gradients() {
     let old = root().join(".venv-deepspeed017/bin/python");
@@ -2446,7 +2446,15 @@ fn deepspeed_0_17_6_pipeline_sums_micro_batch_gradients() {
     let v = one_verdict_with("deepspeed-pp", &case, "", &[&format!("--python=deepspeed-pp={}", old.display())]);
     assert_eq!(v["versions"]["deepspeed"], "0.17.6", "{v}");
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/") && reason(&v).contains("norm error 1.000e0"), "{v}");
+    let on_old = [format!("--python=deepspeed-pp={}", old.display())];
+    let fix = "deepspeed-pipeline-micro-batch-gradients-summed";
+    assert_eq!(one_verdict_with("deepspeed-pp", &case, fix, &[&on_old[0]])["kind"], "pass");
     assert_eq!(one_verdict("deepspeed-pp", &case, "")["kind"], "pass");
+    assert_eq!(one_verdict("deepspeed-pp", &case, fix)["kind"], "pass", "the fix is nothing on 0.19.8");
+    // 16-bit pipelines' gradients read loss-scaled there: not expressed, rather than false findings.
+    let bf16 = root().join("tests/python-deepspeed-pp/pp2-dp2-zero1-bf16-fp32-accumulation.json");
+    let v = one_verdict_with("deepspeed-pp", &bf16, "", &[&on_old[0]]);
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("loss-scaled"), "{v}");
 }
 
 /// jax-gspmd and jax-shardmap against an older release, jax 0.4.38 (`.venv-jax04`, an overlay on `.venv`), finding its

@@ -5,7 +5,9 @@ the gradient-accumulation steps, but the pipeline engine's backward pass does no
 gradients come out the sum over the micro-batches: here twice the reference's with 2 micro-batches (every gradient,
 "norm 1" = 100 % too large), 8 times with 8; silent, and hidden from Adam's step by its scale invariance, not from
 SGD, clipping or weight decay. DeepSpeed #7773; later releases scale the last stage's output gradient
-(`_backward_prologue_per_tensor`), 0.19.8 passes (OK). Written by `shardfuzz report --python
+(`_backward_prologue_per_tensor`), 0.19.8 passes (OK). `--fixed` applies shardfuzz's known fix
+deepspeed-pipeline-micro-batch-gradients-summed (the last stage's loss divided by the micro-batch count before its
+backward; nothing on releases that scale) and prints OK on 0.17.6. Written by `shardfuzz report --python
 deepspeed-pp=.venv-deepspeed017/bin/python` from tests/python-deepspeed-pp/pp2-microbatches2-sgd-f32.json. Run on
 0.17.6 with `python -m torch.distributed.run --nproc_per_node 2 ...`: MISMATCH.)
 
@@ -1948,6 +1950,57 @@ JHylXMBIx5ScNT+a7S6CxVStkYopsWmeSrSrYDHNaaRiSgqa38FH3AQLKcJ/6GD3eR/M65oztYWvpNeM
 CnSb1zVaA+GrYW8jJVOQzbyumddE+ErIzUjHFKDKoFMkE51f3QXz4SojCVNwJ4OEfSYSpsi1mVDPP3jrqUdlILNCmQislwQzYZJ/
 7P0vTpUJxZn+cmX6frOH8DcXy/idCdBnfJc703cDvhP+Du87eGYDunT48t/zSw8VW5nu/geSffP0
 """
+
+
+# ---------------------------------------------------------------------------------------- --fixed
+# (shardfuzz known fix `deepspeed-pipeline-micro-batch-gradients-summed`: the loss averaged over the micro-batches)
+def _deepspeed_pipeline_micro_batch_gradients_summed():
+    """DeepSpeed up to 0.18 (#7773): the pipeline engine sums a step's micro-batch gradients instead of averaging them.
+    Its last stage backpropagates through `DeepSpeedEngine.backward`, whose `_backward_prologue` divides the loss by the
+    gradient-accumulation steps only where `enable_backward_allreduce` is set, which the pipeline engine (reducing
+    itself) clears: every stage's gradients come out the micro-batch count times too large
+    (docs/findings/deepspeed-0.17.6-pipeline-gradients-summed-over-micro-batches.py). Fix: the last stage's loss divided
+    by the micro-batch count before its backward, as later releases' scaling of the last stage's output gradients
+    (`_backward_prologue_per_tensor`) does; those releases need nothing."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    if "_backward_prologue_per_tensor" in vars(PipelineEngine):
+        return
+    original = PipelineEngine._exec_backward_pass
+
+    def exec_backward_pass(self, buffer_id):
+        if not (self.is_last_stage() and self.gradient_accumulation_steps() > 1):
+            return original(self, buffer_id)
+        loss = self.loss
+        self.loss = loss / self.gradient_accumulation_steps()
+        try:
+            return original(self, buffer_id)
+        finally:
+            self.loss = loss
+
+    # (The engine runs schedule instructions through its class's `_INSTRUCTION_MAP`, built with the methods.)
+    from deepspeed.runtime.pipe import schedule
+
+    PipelineEngine._exec_backward_pass = exec_backward_pass
+    PipelineEngine._INSTRUCTION_MAP[schedule.BackwardPass] = exec_backward_pass
+
+def _deepspeed_offload_accumulation_middle_micro_batches():
+    """DeepSpeed 0.15.x to 0.18.x (introduced by deepspeedai/DeepSpeed#6550, fixed by #7967, in 0.19.0): ZeRO-1/2 with
+    the optimizer offloaded to the CPU drop every micro-batch but the first and the last under gradient accumulation
+    of 3 or more. `async_accumulate_grad_in_cpu_via_gpu` adds the CPU accumulator into a later micro-batch's gradient
+    but copies the sum back only at micro-batch 0, so micro-batch 2 starts again from micro-batch 0's gradient
+    (docs/findings/deepspeed-0.17.6-zero2-offload-accumulation-drops-middle-micro-batches.py). Fix (#7967's): copy
+    back at every micro-batch."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    _replace_in_method(DeepSpeedZeroOptimizer, "async_accumulate_grad_in_cpu_via_gpu",
+                       "if self.micro_step_id > 0:\n        accumulate_gradients()\n    else:\n        copy_gradients_to_cpu()",
+                       "if self.micro_step_id > 0:\n        accumulate_gradients()\n    copy_gradients_to_cpu()",
+                       "deepspeed-offload-accumulation-middle-micro-batches")
+
+
+if "--fixed" in sys.argv:
+    _deepspeed_pipeline_micro_batch_gradients_summed()
 
 
 if __name__ == "__main__":

@@ -1121,6 +1121,36 @@ def _deepspeed_zero2_accumulation_last_micro_batch():
                        requires=("self.all_grad_tensors[i] = ",))  # #7509's accumulator (0.16.9 has the line, not it)
 
 
+def _deepspeed_pipeline_micro_batch_gradients_summed():
+    """DeepSpeed up to 0.18 (#7773): the pipeline engine sums a step's micro-batch gradients instead of averaging them.
+    Its last stage backpropagates through `DeepSpeedEngine.backward`, whose `_backward_prologue` divides the loss by the
+    gradient-accumulation steps only where `enable_backward_allreduce` is set, which the pipeline engine (reducing
+    itself) clears: every stage's gradients come out the micro-batch count times too large
+    (docs/findings/deepspeed-0.17.6-pipeline-gradients-summed-over-micro-batches.py). Fix: the last stage's loss divided
+    by the micro-batch count before its backward, as later releases' scaling of the last stage's output gradients
+    (`_backward_prologue_per_tensor`) does; those releases need nothing."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    if "_backward_prologue_per_tensor" in vars(PipelineEngine):
+        return
+    original = PipelineEngine._exec_backward_pass
+
+    def exec_backward_pass(self, buffer_id):
+        if not (self.is_last_stage() and self.gradient_accumulation_steps() > 1):
+            return original(self, buffer_id)
+        loss = self.loss
+        self.loss = loss / self.gradient_accumulation_steps()
+        try:
+            return original(self, buffer_id)
+        finally:
+            self.loss = loss
+
+    # (The engine runs schedule instructions through its class's `_INSTRUCTION_MAP`, built with the methods.)
+    from deepspeed.runtime.pipe import schedule
+
+    PipelineEngine._exec_backward_pass = exec_backward_pass
+    PipelineEngine._INSTRUCTION_MAP[schedule.BackwardPass] = exec_backward_pass
+
 def _deepspeed_offload_accumulation_middle_micro_batches():
     """DeepSpeed 0.15.x to 0.18.x (introduced by deepspeedai/DeepSpeed#6550, fixed by #7967, in 0.19.0): ZeRO-1/2 with
     the optimizer offloaded to the CPU drop every micro-batch but the first and the last under gradient accumulation
@@ -2762,6 +2792,7 @@ FIXES = {
     "colossalai-empty-stage-checkpoint-load": (("colossalai-hybrid",), _colossalai_empty_stage_checkpoint_load),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
+    "deepspeed-pipeline-micro-batch-gradients-summed": (("deepspeed-pp",), _deepspeed_pipeline_micro_batch_gradients_summed),
     "deepspeed-pipeline-clip-all-stages": (("deepspeed-pp",), _deepspeed_pipeline_clip_all_stages),
     "deepspeed-zero1-pipeline-group-norm": (("deepspeed-pp",), _deepspeed_zero1_pipeline_group_norm),
     "deepspeed-bf16-pipeline-frozen-tied-weight": (("deepspeed-pp",), _deepspeed_bf16_pipeline_frozen_tied_weight),
