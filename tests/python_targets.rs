@@ -3181,6 +3181,18 @@ fn torch_pp_resumes_over_other_stages_and_ranks() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("local shards"), "{v}");
 }
 
+/// torch.compile captures no graph of an FSDP1 model with flat parameters under re-entrant checkpoints (campaign 314's
+/// case on torch 2.15: the run was eager, a harness error of check_compiled): such a case is `unsupported`.
+#[test]
+fn torch_fsdp1_compiled_flat_params_under_reentrant_checkpoints_is_unsupported() {
+    if !python_ready() {
+        return;
+    }
+    let case = root().join("tests/python-compile/dp2-fsdp1-flat-params-compiled-reentrant-refused-f64.json");
+    let v = one_verdict("torch-fsdp1", &case, "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("captures no graph"), "{v}");
+}
+
 /// torch-fsdp1 resumes into another sharding strategy or shard group of the same ranks through torch.distributed.
 /// checkpoint (FULL_SHARD into NO_SHARD, HYBRID_SHARD into FULL_SHARD, FULL_SHARD with bf16 compute into
 /// HYBRID_SHARD), each passing with its feature.

@@ -60,6 +60,12 @@ class TorchFsdp1(TorchTarget):
                 return f"`{field}` is not an FSDP1 option here"
         if case["model"].get("sparse_embedding"):
             return "FSDP1 flattens parameters: no sparse gradients"
+        if case["train"].get("compiled") and p["flat_params"] and case["model"].get("activation_checkpointing") == "reentrant":
+            # Measured (torch 2.15, campaign 314's case on its release): Dynamo breaks the graph at every frame, the run
+            # is eager (check_compiled's harness error); without re-entrant checkpoints or with original parameters
+            # it captures graphs.
+            return ("torch.compile captures no graph of an FSDP1 model with flat parameters under re-entrant "
+                    "checkpoints (the run would be eager)")
         if p["flat_params"] and case["train"]["optimizer"].get("no_decay_vectors"):
             return "with flat parameters (use_orig_params=False) the optimizer sees no per-parameter shapes to group by"
         return None
