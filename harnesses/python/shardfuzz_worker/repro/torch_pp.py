@@ -11,8 +11,8 @@ TARGET = "torch-pp"
 
 #: The worker's pipeline (targets/torch_pp.py) the script runs as is.
 PIPELINE_SOURCE = ("virtual_stages", "v_shaped", "dual_pipe", "breadth_first", "rank_stages", "fsdp_stages",
-                   "scales_grads", "stage_module_class", "stage_layers", "Pipeline", "state_dict_options", "distributed",
-                   "combine_stages")
+                   "scales_grads", "stage_module_class", "stage_layers", "Pipeline", "state_dict_options", "resumed_training",
+                   "distributed", "combine_stages")
 
 
 def check(case):
@@ -53,8 +53,9 @@ def generate(case, inputs, bounds, dropped):
         literal("BOUNDS", bounds),
     ]
     base = worker_source("targets/base.py", "parallel", "dtype_name", "reduce_dtype_name", "master_dtype_name",
-                         "vocab_sharded_loss")
-    dtypes = worker_source("targets/torch_common.py", "torch_dtype", "compiled", "uncompiled_name")
+                         "vocab_sharded_loss", "resumed_case")  # (resume_after: training_source has it)
+    dtypes = (worker_source("targets/torch_common.py", "torch_dtype", "compiled", "uncompiled_name", "shared_tempdir")
+              + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     # (torch-tp's plan and per-rank reporting, which the pipeline calls where tp > 1.)
     plan = (worker_source("targets/torch_model.py", "model_defaults") + "\n\n"
             + worker_source("targets/torch_tp.py", "parallelize", "replicated_norms", "loss_context", "replicas_per_rank"))
@@ -72,5 +73,5 @@ def generate(case, inputs, bounds, dropped):
     ]
     about = [f"{what}, dtype {dtype_name(case)}.", *model_about(case)]
     head = header(f"{TARGET}, model", about, command, dropped, case.get("name", ""))
-    imports = IMPORTS + "import inspect\nimport tempfile\n\nfrom torch.distributed.pipelining import ScheduleGPipe\n"
+    imports = IMPORTS + "import inspect\n\nfrom torch.distributed.pipelining import ScheduleGPipe\n"
     return assemble(head, imports, sections, embed(model_arrays(case, inputs, TARGET))), command

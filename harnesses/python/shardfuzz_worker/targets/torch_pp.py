@@ -117,20 +117,7 @@ class TorchPp(TorchTarget):
         import torch
 
         compiling(case)
-        run = self.pipeline(rank, world, case, inputs)
-        torch.manual_seed(0)
-        steps, k = case["train"]["steps"], resume_after(case)
-        out = run.train(0, steps if k is None else k)
-        if k is not None:
-            # (torchtitan's resume: every rank saves its stages' shards, a fresh pipeline, in the layout the run resumes
-            # into, loads them by the whole model's names; the steps after it run there)
-            with shared_tempdir() as path:
-                run.save(path)
-                run = self.pipeline(rank, world, resumed_case(case), inputs)
-                run.load(path)
-            later = run.train(k, steps)
-            out = {**out, **later, "losses": out["losses"] + later["losses"]}
-        out["params"] = run.final_params()
+        out = resumed_training(case, lambda layout: self.pipeline(rank, world, layout, inputs))
         check_compiled(case)
         out["baseline"] = single_device(case, inputs) if rank == 0 else None
         return out
@@ -145,6 +132,28 @@ class TorchPp(TorchTarget):
 
     def combine(self, case, outs):
         return combine_stages(case, outs, features(case))
+
+
+def resumed_training(case, pipeline):
+    """The case's training on this rank's stages, `pipeline(layout)` building them in a layout. With `resume_after`,
+    torchtitan's resume: every rank saves its stages' shards, and a fresh pipeline, in the layout the run resumes into,
+    loads them by the whole model's names and runs the steps after it. Pipeline.train's outputs, with every step's
+    loss and the final parameters."""
+    import torch
+
+    run = pipeline(case)
+    torch.manual_seed(0)
+    steps, k = case["train"]["steps"], resume_after(case)
+    out = run.train(0, steps if k is None else k)
+    if k is not None:
+        with shared_tempdir() as path:
+            run.save(path)
+            run = pipeline(resumed_case(case))
+            run.load(path)
+        later = run.train(k, steps)
+        out = {**out, **later, "losses": out["losses"] + later["losses"]}
+    out["params"] = run.final_params()
+    return out
 
 
 def state_dict_options():

@@ -17,20 +17,7 @@ def run(rank):
     stage that ran it, logits from the last stage of step 0, each parameter and gradient from the first rank holding it,
     the others' copies as replicas) and compares."""
     data = load_blob()
-    torch.manual_seed(0)
-    pipeline = rank_pipeline(rank, CASE, data)
-    steps, k = CASE["train"]["steps"], CASE["train"].get("resume_after")
-    mine = pipeline.train(0, steps if k is None else k)
-    if k is not None:
-        path = [tempfile.mkdtemp(prefix="repro-ckpt-") if rank == 0 else None]
-        dist.broadcast_object_list(path, src=0)
-        pipeline.save(path[0])
-        resumed = CASE["train"].get("resume_parallel")
-        pipeline = rank_pipeline(rank, CASE if resumed is None else {**CASE, "parallel": resumed}, data)
-        pipeline.load(path[0])
-        later = pipeline.train(k, steps)
-        mine = {**mine, **later, "losses": mine["losses"] + later["losses"]}
-    mine["params"] = pipeline.final_params()
+    mine = resumed_training(CASE, lambda layout: rank_pipeline(rank, layout, data))
     return judge_stages(rank, mine, data)
 
 
