@@ -1052,6 +1052,35 @@ fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("without ZeRO"), "{v}");
 }
 
+/// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
+/// (`set_gradient_divide_factor(dp)`): on HSDP whose shard groups hold one rank, torch 2.15 divides the gradients by the
+/// factor twice, with forced sums (f32) and with an fp16 reduce dtype (gradients 1/2 of the average on 2 ranks), and
+/// the known fix `torch-fsdp2-world-size-one-divides-twice` makes both pass; the same settings pass on real shard
+/// groups (plain FSDP, HSDP of 2), and where gloo would be asked for PREMUL_SUM the case is refused up front.
+#[test]
+fn torch_fsdp2_explicit_divide_factor_on_single_rank_shard_groups_is_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-grad-divide");
+    let fix = "torch-fsdp2-world-size-one-divides-twice";
+    for (case, feature) in [
+        ("dp2-hsdp1-sum-collectives-explicit-divide-f32.json", "fsdp2:dp2:zero3:sum-collectives:explicit-divide:reduced-in-f32"),
+        ("dp2-hsdp1-explicit-divide-f16.json", "fsdp2:dp2:zero3:averaging-collectives:explicit-divide:reduced-in-f16"),
+    ] {
+        let v = one_verdict("torch-fsdp2", &dir.join(case), "");
+        assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/") && reason(&v).contains("norm error 5.00"), "{case}: {v}");
+        let v = one_verdict("torch-fsdp2", &dir.join(case), fix);
+        assert!(v["kind"] == "pass" && has_feature(&v, feature), "{case} fixed: {v}");
+    }
+    for case in ["dp2-zero3-sum-collectives-explicit-divide-f32.json", "dp4-hsdp2-sum-collectives-explicit-divide-bf16.json"] {
+        let v = one_verdict("torch-fsdp2", &dir.join(case), "");
+        assert!(v["kind"] == "pass", "{case}: {v}");
+    }
+    let v = one_verdict("torch-fsdp2", &dir.join("dp4-hsdp2-explicit-divide-bf16.json"), "");
+    assert!(v["kind"] == "unsupported" && reason(&v).contains("PREMUL_SUM"), "{v}");
+}
+
 /// torch-ddp's `static_graph`, `find_unused` (with bucket views and accumulation) and its compression hooks (a
 /// `reduce_dtype` narrower than the compute dtype), and the
 /// same narrower dtype as deepspeed-zero's `communication_data_type` and torch-fsdp2's `reduce_dtype`, pass with their

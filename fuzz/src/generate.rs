@@ -76,6 +76,8 @@ fn parallel(u: &mut Unstructured, op: bool) -> Result<Parallel> {
         max_reuse_distance: None,
         framework_checkpoint: None,
         static_graph: None,
+        sum_collectives: None,
+        explicit_grad_divide: None,
         find_unused: None,
         flat_params: None,
         param_buckets: None,

@@ -141,6 +141,16 @@ fn parallel_words(case: &Case) -> Vec<String> {
             Some(false) => out.push("gradients kept per parameter (no contiguous reduction buffer)".into()),
             None => {}
         }
+        match p.sum_collectives {
+            Some(true) => out.push("the gradient reduction's collectives plain sums, the average divided apart".into()),
+            Some(false) => out.push("the gradient reduction's collectives averaging themselves".into()),
+            None => {}
+        }
+        match p.explicit_grad_divide {
+            Some(true) => out.push("the gradient average's divisor handed to the framework explicitly".into()),
+            Some(false) => out.push("the gradient average's divisor derived by the framework".into()),
+            None => {}
+        }
         match p.static_graph {
             Some(true) => out.push("a static graph: the same parameters in every step, relied on by the reducer".into()),
             Some(false) => out.push("no static graph: the reducer finds the step's parameters each step".into()),

@@ -80,6 +80,8 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.overlap_comm.is_some(),
         p.reduce_scatter.is_some(),
         p.grad_predivide.is_some(),
+        p.sum_collectives.is_some(),
+        p.explicit_grad_divide.is_some(),
         p.contiguous_grads.is_some(),
         p.round_robin_grads.is_some(),
         p.zero_shard_group.is_some(),
@@ -164,6 +166,12 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if p.static_graph.is_some() {
         out.push(with(case, |c| c.parallel.static_graph = None));
+    }
+    if p.sum_collectives.is_some() {
+        out.push(with(case, |c| c.parallel.sum_collectives = None));
+    }
+    if p.explicit_grad_divide.is_some() {
+        out.push(with(case, |c| c.parallel.explicit_grad_divide = None));
     }
     if p.find_unused.is_some() {
         out.push(with(case, |c| c.parallel.find_unused = None));
@@ -662,6 +670,7 @@ mod tests {
         (p.contiguous_grads, p.round_robin_grads, p.zero_shard_group) = (Some(false), Some(true), Some(1));
         (p.static_graph, p.reduce_to_owner, p.find_unused, p.flat_params) = (Some(true), Some(true), Some(false), Some(true));
         p.param_buckets = Some(true);
+        (p.sum_collectives, p.explicit_grad_divide) = (Some(true), Some(true));
         (p.overlap_param_gather, p.sync_every_microbatch, p.param_shard_dim) = (Some(true), Some(false), Some(1));
         (p.zero_bubble, p.dual_pipe, p.breadth_first, p.ulysses_mpu) = (Some(true), Some(true), Some(true), Some(true));
         (p.cp_all_to_all, p.tp_overlap_comm, p.auto_ep) = (Some(true), Some(true), Some(true));

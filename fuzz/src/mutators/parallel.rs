@@ -229,6 +229,22 @@ pub fn static_graph(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The gradient reduction's collectives as plain sums, averaging themselves, or the target's own choice (data
+/// parallelism switched on with it).
+pub fn sum_collectives(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.sum_collectives = another(c.parallel.sum_collectives, &ON_OFF_OR_TARGETS, rng);
+    ensure_data_parallel(c);
+    true
+}
+
+/// The data-parallel average's divisor handed to the framework, derived by it, or the target's own choice (data
+/// parallelism switched on with it).
+pub fn explicit_grad_divide(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    c.parallel.explicit_grad_divide = another(c.parallel.explicit_grad_divide, &ON_OFF_OR_TARGETS, rng);
+    ensure_data_parallel(c);
+    true
+}
+
 /// The reducer searching each step's graph for parameters without a gradient, expecting one for every parameter,
 /// or the target's own choice (data parallelism switched on with it).
 pub fn find_unused(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

@@ -601,6 +601,23 @@ def _torch_fsdp2_int_reshard_submesh():
     _fully_shard._get_post_forward_mesh_info = post_forward_mesh_info
 
 
+def _torch_fsdp2_world_size_one_divides_twice():
+    """torch 2.15: FSDP2's `foreach_reduce` with a reduce-scatter group of one rank (HSDP whose shard groups hold one
+    rank each, replication only) skips the collective and divides by the module's `gradient_divide_factor` itself, but
+    `_get_gradient_divide_factors` has already turned that factor into a pre- and post-division wherever the
+    collectives are plain sums (`set_force_sum_reduction_for_comms`, or an fp16 / f64 reduce dtype): the gradients come
+    out divided by the factor twice, 1/dp of the average (docs/findings/torch-2.15-fsdp2-replicated-gradient-divide-
+    factor-applied-twice.py). Fix: the copy divides only where no pre- or post-division will (the averaging /
+    pre-multiplying collectives it stands in for)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
+
+    old = "if gradient_divide_factor is not None and gradient_divide_factor != 1.0:"
+    _replace_in_method(_fsdp_collectives, "foreach_reduce", old,
+                       old[:-1] + " and predivide_factor is None and postdivide_factor is None:",
+                       "torch-fsdp2-world-size-one-divides-twice")
+    _fsdp_param_group.foreach_reduce = _fsdp_collectives.foreach_reduce
+
+
 def _dtensor_found_inf_placements():
     """torch 2.5.1 to 2.15: DTensor's handler of `_amp_foreach_non_finite_check_and_unscale_`
     (`found_inf_reduce_handler`, what GradScaler.unscale_ runs on DTensor gradients) reduces found_inf
@@ -2844,6 +2861,7 @@ FIXES = {
     "torch-dtensor-inf-norm-empty-shard": (("torch-tp", "torch-fsdp2", "torch-pp"), _torch_dtensor_inf_norm_empty_shard),
     "torch-fsdp1-sharded-scaler-scalar-found-inf": (("torch-fsdp1",), _torch_fsdp1_sharded_scaler_scalar_found_inf),
     "torch-fsdp2-int-reshard-submesh": (("torch-fsdp2",), _torch_fsdp2_int_reshard_submesh),
+    "torch-fsdp2-world-size-one-divides-twice": (("torch-fsdp2",), _torch_fsdp2_world_size_one_divides_twice),
     "torch-ddp-tp-local-parameters": (("torch-pp",), _torch_ddp_tp_local_parameters),
     "deepspeed-zero3-reused-param-copy": (("deepspeed-zero",), _deepspeed_zero3_reused_param_copy),
     "deepspeed-moe-top1-no-rts-topk-ties": (("deepspeed-zero",), _deepspeed_moe_top1_no_rts_topk_ties),

@@ -225,6 +225,51 @@ class ParamShardDimTest(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
+class GradientDivideTest(unittest.TestCase):
+    def test_fsdp2_refuses_only_the_divide_factors_gloo_cannot_reduce(self):
+        from shardfuzz_worker.targets.torch_fsdp2 import unsupported_reduction
+
+        def hsdp(dtype, group, **fields):
+            c = case("dp2-even-f32.json", dp=4, zero_shard_group=group, **fields)
+            c["train"]["dtype"] = dtype
+            return c
+
+        why = unsupported_reduction(hsdp("bf16", 2, explicit_grad_divide=True))
+        self.assertIn("PREMUL_SUM", why)
+        self.assertIn("(4)", why)
+        self.assertIn("PREMUL_SUM", unsupported_reduction(hsdp("f32", 2, explicit_grad_divide=True)))
+        for fine in (hsdp("bf16", 2, explicit_grad_divide=True, sum_collectives=True),  # summed, divided apart
+                     hsdp("f16", 2, explicit_grad_divide=True),  # fp16 is pre- and post-divided
+                     hsdp("f32", 1, explicit_grad_divide=True),  # one-rank shard groups: no reduce-scatter
+                     hsdp("f32", None, explicit_grad_divide=True),  # the factor is the shard group's size: AVG
+                     hsdp("bf16", 2, sum_collectives=False)):
+            self.assertIsNone(unsupported_reduction(fine), fine["parallel"])
+        resumed = hsdp("f32", None)
+        resumed["train"]["resume_parallel"] = {**resumed["parallel"], "zero_shard_group": 2, "explicit_grad_divide": True}
+        self.assertIn("PREMUL_SUM", unsupported_reduction(resumed), "the layout it resumes into counts too")
+
+    def test_fsdp2_modules_take_the_cases_reduction(self):
+        from shardfuzz_worker.targets.torch_fsdp2 import set_gradient_reduction
+
+        class Module:
+            def __init__(self):
+                self.calls = []
+
+            def set_force_sum_reduction_for_comms(self, enable):
+                self.calls.append(("sum", enable))
+
+            def set_gradient_divide_factor(self, factor):
+                self.calls.append(("divide", factor))
+
+        modules = [Module(), Module()]
+        set_gradient_reduction(modules, True, 4)
+        self.assertEqual([m.calls for m in modules], [[("sum", True), ("divide", 4.0)]] * 2)
+        untouched = Module()
+        set_gradient_reduction([untouched], None, None)
+        self.assertEqual(untouched.calls, [], "absent fields leave FSDP2's own choice")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed in this environment")
 class SparseEmbeddingTest(unittest.TestCase):
     def test_what_a_sparse_embedding_gradient_cannot_meet_is_refused(self):
         from shardfuzz_worker.targets.torch_model import unsupported_sparse_embedding

@@ -65,6 +65,19 @@ pub struct Parallel {
     /// keeps large sums in range); the same average either way. Absent: none (1). 1 to 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_predivide: Option<u32>,
+    /// The data-parallel gradient reduction's collectives plain sums, the average's division done apart from them
+    /// (true), or the division inside the collectives (false: an averaging or pre-multiplying reduce op), where a
+    /// framework offers the choice (FSDP2's `set_force_sum_reduction_for_comms`, for backends without those ops;
+    /// Megatron's `average_in_collective`, negated); the same result either way. Absent: the target's own choice.
+    /// Read only with data parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum_collectives: Option<bool>,
+    /// The data-parallel average's divisor (the number of ranks a gradient is reduced over) handed to the framework
+    /// explicitly (true) instead of derived by it (false), where a framework takes one (FSDP2's
+    /// `set_gradient_divide_factor`, which torchtitan sets on expert-parallel modules); the same result either way.
+    /// Absent: derived. Read only with data parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explicit_grad_divide: Option<bool>,
     /// Gradients kept in contiguous reduction buffers (true) or per parameter (false), where a framework
     /// offers the choice: DeepSpeed ZeRO's `contiguous_gradients` (reduced gradients copied into one buffer
     /// per rank as their buckets are reduced, or gathered into the rank's partition at the step), DDP's
@@ -292,6 +305,8 @@ impl Default for Parallel {
             overlap_comm: None,
             reduce_scatter: None,
             grad_predivide: None,
+            sum_collectives: None,
+            explicit_grad_divide: None,
             contiguous_grads: None,
             round_robin_grads: None,
             zero_shard_group: None,

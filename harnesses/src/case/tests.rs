@@ -117,6 +117,8 @@ fn gradient_reduction_fields_round_trip_and_are_bounded() {
         "overlap_comm",
         "reduce_scatter",
         "grad_predivide",
+        "sum_collectives",
+        "explicit_grad_divide",
         "contiguous_grads",
         "round_robin_grads",
         "zero_shard_group",

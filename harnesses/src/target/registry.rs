@@ -69,6 +69,8 @@ pub const TARGETS: &[TargetInfo] = &[
             "reshard_group",
             "sync_every_microbatch",
             "param_shard_dim",
+            "sum_collectives",
+            "explicit_grad_divide",
             "compiled",
             "optimizer_implementation", "clip_norm_type",
             "resume_after", "checkpoint_layout", "resume_parallel", "resume_degrees",

@@ -49,7 +49,9 @@ def generate(case, inputs, bounds, dropped):
     settings = [f"REDUCE_DTYPE = {TORCH_DTYPES[reduce_dtype_name(case)]}\n"
                 "# RESHARD_AFTER_FORWARD: ZeRO-3 (an int: case.parallel.reshard_group); MESH_SHAPE, MESH_NAMES: HSDP where\n"
                 "# case.parallel.zero_shard_group < dp; CPU_OFFLOAD: case.parallel.zero_offload; SHARD_DIM:\n"
-                "# case.parallel.param_shard_dim (Shard(d) where d divides evenly)\n"
+                "# case.parallel.param_shard_dim (Shard(d) where d divides evenly); SUM_COLLECTIVES:\n"
+                "# case.parallel.sum_collectives (set_force_sum_reduction_for_comms); DIVIDE_FACTOR: with\n"
+                "# case.parallel.explicit_grad_divide, the dp ranks handed to set_gradient_divide_factor\n"
                 + literal("LAYOUT", layout)
                 + "# the layout the run resumes into (case.train.resume_parallel; None: LAYOUT)\n"
                 + literal("RESUMED_LAYOUT", resumed)
@@ -60,7 +62,8 @@ def generate(case, inputs, bounds, dropped):
                 f"TP = {p['tp']}  # tensor parallel over the last mesh dimension (torch-tp's plan), before fully_shard\n"
                 f"SEQUENCE_PARALLEL = {bool(p['sequence_parallel'])}\n"
                 f"VOCAB_SHARDED_LOSS = {vocab_sharded_loss(case, True)}  # loss_parallel on the LM head's vocabulary shards"]
-    sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "without_gradient_sync")
+    sources = (worker_source("targets/torch_fsdp2.py", "shard_placement", "set_gradient_reduction",
+                             "without_gradient_sync")
                + "\n\n" + worker_source("targets/torch_dcp.py", "save_checkpoint", "load_checkpoint", "save_full_checkpoint",
                                           "load_full_checkpoint")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
@@ -86,4 +89,6 @@ def fsdp_layout(case):
     g = p["zero_shard_group"] or p["dp"] * p["cp"]
     mesh = ((p["dp"] * p["cp"],), ("dp",)) if g == p["dp"] * p["cp"] else ((p["dp"] // g, g), ("replicate", "shard"))
     return {"RESHARD_AFTER_FORWARD": reshard_after_forward(p, g), "MESH_SHAPE": mesh[0], "MESH_NAMES": mesh[1],
-            "CPU_OFFLOAD": zero_offloaded(case), "SHARD_DIM": p["param_shard_dim"] or 0}
+            "CPU_OFFLOAD": zero_offloaded(case), "SHARD_DIM": p["param_shard_dim"] or 0,
+            "SUM_COLLECTIVES": p["sum_collectives"],
+            "DIVIDE_FACTOR": p["dp"] * p["cp"] if p["explicit_grad_divide"] else None}

@@ -170,6 +170,8 @@ def parallel(case):
         "overlap_comm": p.get("overlap_comm"),
         "reduce_scatter": p.get("reduce_scatter"),
         "grad_predivide": p.get("grad_predivide"),
+        "sum_collectives": p.get("sum_collectives"),
+        "explicit_grad_divide": p.get("explicit_grad_divide"),
         "contiguous_grads": p.get("contiguous_grads"),
         "round_robin_grads": p.get("round_robin_grads"),
         "zero_shard_group": p.get("zero_shard_group"),

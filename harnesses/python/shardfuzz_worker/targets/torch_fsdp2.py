@@ -7,7 +7,10 @@ the compute dtype`)` (parameters all-gathered in the compute dtype, gradients re
 `reshard_group` g under ZeRO-3, `reshard_after_forward=g` (`False` for 1, `True` for the whole shard group); every
 accumulated micro-batch reduced unless the case's `sync_every_microbatch` is false
 (`set_requires_gradient_sync(False)` on all but the last); with `param_shard_dim` d, `shard_placement_fn` sharding each
-parameter along d where it divides evenly over its shard group (the others along 0); with `resume_after`, the model's
+parameter along d where it divides evenly over its shard group (the others along 0); with `sum_collectives`,
+`set_force_sum_reduction_for_comms` (plain SUM collectives, the average divided apart); with `explicit_grad_divide`,
+`set_gradient_divide_factor` given the number of ranks a gradient is reduced over (FSDP2's own divisor, handed over as
+torchtitan does for its expert-parallel modules); with `resume_after`, the model's
 and optimizer's sharded state dicts saved with torch.distributed.checkpoint and loaded into a fresh sharded model and
 optimizer (with `train.resume_parallel`, one in another FSDP layout of the same ranks: ZeRO stage, shard group, reshard
 group, shard dimension, offload, or other data- and tensor-parallel degrees over the same ranks; DCP reshards the
@@ -68,7 +71,7 @@ class TorchFsdp2(TorchTarget):
                         f"{p['reshard_group']} does not divide them")
         if why is None and p["param_shard_dim"] and not self.shard_placement_fn:
             return "this torch's fully_shard has no shard_placement_fn: parameters shard on dimension 0 only"
-        return why
+        return why or unsupported_reduction(case)
 
     def run_rank(self, rank, world, case, inputs):
         import torch
@@ -146,6 +149,10 @@ class TorchFsdp2(TorchTarget):
             layout.append(f"{stage}:compiled-blocks")
         if p["param_shard_dim"] is not None:
             layout.append(f"{stage}:{shard_dim_feature(case, p['param_shard_dim'], g or dp * p['cp'])}")
+        if p["sum_collectives"] is not None or p["explicit_grad_divide"] is not None:
+            layout.append(f"{stage}:" + ("sum-collectives" if p["sum_collectives"] else "averaging-collectives")
+                          + (":explicit-divide" if p["explicit_grad_divide"] else "")
+                          + (f":reduced-in-{reduce_dtype_name(case)}" if g is not None else ""))
         return combine_dp(case, outs, [stage, *layout, *([f"{stage}:offload"] if zero_offloaded(case) else [])])
 
 
@@ -190,7 +197,42 @@ def sharded_model(case, inputs, dm, g, tm=None, ring_attention=False):
     for layer in model.layers:
         fully_shard(layer, mesh=dm, **kw)
     fully_shard(model, mesh=dm, **kw)
+    set_gradient_reduction([*model.layers, model], p["sum_collectives"],
+                           dm.size() if p["explicit_grad_divide"] else None)
     return model, names
+
+
+def unsupported_reduction(case):
+    """Why FSDP2 cannot reduce the case's gradients as it asks on this torch and gloo, or None. With an explicit divide
+    factor other than the shard group's size, and bf16 or f32 reduced without forced sums, FSDP2 reduce-scatters with
+    PREMUL_SUM, which gloo does not implement ("Cannot use ReduceOp.PREMUL_SUM with Gloo", measured on torch 2.15)."""
+    import torch
+
+    p, layouts = parallel(case), [case, resumed_case(case)]
+    if any(parallel(c)["sum_collectives"] or parallel(c)["explicit_grad_divide"] for c in layouts) and not hasattr(
+            torch.distributed.fsdp.FSDPModule, "set_force_sum_reduction_for_comms"):
+        return "this torch's FSDP2 has no set_force_sum_reduction_for_comms / set_gradient_divide_factor"
+    for c in layouts:
+        q = parallel(c)
+        ranks = p["dp"] * p["tp"] * p["cp"] // q["tp"]  # (the ranks FSDP2 reduces over: dp x cp of the layout)
+        shard = q["zero_shard_group"] or ranks
+        if (q["explicit_grad_divide"] and not q["sum_collectives"] and 1 < shard < ranks
+                and reduce_dtype_name(c) in ("f32", "bf16")):
+            return (f"FSDP2 with an explicit gradient divide factor ({ranks}) other than its shard group's size "
+                    f"({shard}) reduce-scatters {reduce_dtype_name(c)} with PREMUL_SUM, which gloo does not implement "
+                    "(sum_collectives would divide apart)")
+    return None
+
+
+def set_gradient_reduction(modules, sum_collectives, divide_factor):
+    """FSDP2's gradient reduction as the case asks, on every fully_shard module: plain SUM collectives with the
+    average divided apart (`set_force_sum_reduction_for_comms`) where `sum_collectives` is set, the average's divisor
+    handed over explicitly (`set_gradient_divide_factor`) where `divide_factor` is not None."""
+    for module in modules:
+        if sum_collectives is not None:
+            module.set_force_sum_reduction_for_comms(sum_collectives)
+        if divide_factor is not None:
+            module.set_gradient_divide_factor(float(divide_factor))
 
 
 def shard_placement(dim, shard_ranks):

@@ -44,6 +44,7 @@ def run_sharded(data, rank):
         for layer in model.layers:
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
+        set_gradient_reduction([*model.layers, model], layout["SUM_COLLECTIVES"], layout["DIVIDE_FACTOR"])
         now["model"] = model
         params = {n.replace("._orig_mod.", "."): q for n, q in model.named_parameters()}  # (a compiled block's names)
         return [(n, params[n]) for n in names]
