@@ -7,8 +7,10 @@ dividing it by the module's `gradient_divide_factor` (set by `set_gradient_divid
 expert-parallel modules). But `_get_gradient_divide_factors` has already turned the same factor into a pre- and a
 post-division wherever the collectives are plain sums: with `set_force_sum_reduction_for_comms(True)` (for backends
 without AVG / PREMUL_SUM, or NCCL's zero-copy collectives), or with an fp16 reduce dtype (always pre/post-divided).
-The gradients come out divided by the factor twice: 1/dp of the average, silently. The same factor on a mesh whose
-shard dimension has more than one rank is right, and so are both settings without an explicit factor.
+The gradients come out divided by the factor twice: 1/dp of the average, silently. torch's own FSDP2-based data
+parallelism, `torch.distributed._composable.replicate_with_fsdp.replicate`, goes through the same copy and is wrong the
+same way. The same factor on a mesh whose shard dimension has more than one rank is right, and so are both settings
+without an explicit factor.
 
 Found by shardfuzz (torch-fsdp2, the case fields `sum_collectives` and `explicit_grad_divide` on HSDP with
 `zero_shard_group` 1; tests/python-grad-divide/). Each configuration below runs one backward of a linear layer over
@@ -17,7 +19,7 @@ Found by shardfuzz (torch-fsdp2, the case fields `sum_collectives` and `explicit
     python -m torch.distributed.run --nproc_per_node 2 torch-2.15-fsdp2-replicated-gradient-divide-factor-applied-twice.py
 
 prints one line per configuration and MISMATCH (exit status 1) on torch 2.15: the gradient 0.5x the average for the
-(2, 1) mesh with forced sums (f32) and with an fp16 reduce dtype, right for the rest. With `--fixed` (shardfuzz's
+(2, 1) mesh and for replicate(), each with forced sums (f32) and with an fp16 reduce dtype; right for the rest. With `--fixed` (shardfuzz's
 known fix torch-fsdp2-world-size-one-divides-twice: the copy divides only where neither a pre- nor a post-division
 will, i.e. where it stands in for an averaging or pre-multiplying collective) every line is right: OK. gloo on the CPU.
 """
@@ -48,19 +50,25 @@ def fix():
 def gradient_ratio(mesh_shape, reduce_dtype, force_sum, factor):
     """The sharded gradient over the data-parallel average (1.0 when right) of one linear layer's weight."""
     world = dist.get_world_size()
-    names = ("replicate", "shard") if len(mesh_shape) == 2 else ("dp",)
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 4, bias=False)
-    fully_shard(layer, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=reduce_dtype))
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    if mesh_shape == "replicate":  # torch's FSDP2-based data parallelism: a replicate-only mesh
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        layer = replicate(layer, mp_policy=policy)
+    else:
+        names = ("replicate", "shard") if len(mesh_shape) == 2 else ("dp",)
+        fully_shard(layer, mesh=init_device_mesh("cpu", mesh_shape, mesh_dim_names=names), mp_policy=policy)
     layer.set_force_sum_reduction_for_comms(force_sum)
     if factor:
         layer.set_gradient_divide_factor(float(world))
     inputs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(1 + r)) for r in range(world)]
     layer(inputs[dist.get_rank()]).sum().backward()
-    grad = layer.weight.grad.full_tensor()
+    grad = layer.weight.grad
+    grad = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
     expected = sum(torch.ones(4, 3) @ x for x in inputs) / world  # d(sum(x W^T))/dW = 1^T x, averaged over the ranks
-    return (grad.norm() / expected.norm()).item()
+    return (grad.float().norm() / expected.norm()).item()
 
 
 def main():
@@ -74,12 +82,14 @@ def main():
         ((world, 1), torch.float32, False, True),  # right: PREMUL path, the copy's division is the only one
         ((world, 1), torch.float32, True, False),  # right: no explicit factor
         ((world,), torch.float32, True, True),  # right: a real reduce-scatter
+        ("replicate", torch.float32, True, True),  # the bug: torch's replicate() on FSDP2, forced sums
+        ("replicate", torch.float16, False, True),  # the bug: replicate(), fp16 reduce dtype
     ]:
         ratio = gradient_ratio(mesh_shape, dtype, force_sum, factor)
         bad = abs(ratio - 1) > (1e-3 if dtype == torch.float16 else 1e-5)
         wrong |= bad
         if dist.get_rank() == 0:
-            print(f"mesh {mesh_shape}, reduce dtype {str(dtype)[6:]}, force_sum_reduction_for_comms={force_sum}, "
+            print(f"{'replicate()' if mesh_shape == 'replicate' else f'mesh {mesh_shape}'}, reduce dtype {str(dtype)[6:]}, force_sum_reduction_for_comms={force_sum}, "
                   f"set_gradient_divide_factor({world if factor else '-'}): gradient {ratio:.4f}x the average"
                   + ("  <-- wrong" if bad else ""))
     if dist.get_rank() == 0:

@@ -176,6 +176,8 @@ def unsupported_training(case):
         return "megatron's reduce-scatter with fp32 accumulation does not run with several distributed-optimizer instances"
     if per_token_loss(case) and case.get("data", {}).get("class_weights"):
         return "megatron's per-token loss divides by a count of tokens (num_tokens), not by class weights"
+    if per_token_loss(case) and p["sum_collectives"] is False:
+        return "megatron's per-token loss sums gradients: it cannot average in the collective (its own assertion)"
     return (megatron_release.unsupported_options("DistributedDataParallelConfig", ddp_settings(case))
             or megatron_release.unsupported_options("OptimizerConfig", optimizer_settings(case)))
 
@@ -272,7 +274,9 @@ def ddp_settings(case):
     reduction in fp32; under ZeRO 1 `zero_shard_group` the partial distributed optimizer (optimizer_instances) and
     `overlap_param_gather` the parameters' all-gather overlapped with the next forward (param_gather_overlapped), and
     gradients accumulated in the compute dtype but reduced in f32 its all-to-all reduce-scatter
-    (fp32_accumulating_reduce_scatter)."""
+    (fp32_accumulating_reduce_scatter); `sum_collectives` false averaging in the collective (average_in_collective: AVG
+    reductions, expert gradients pre-scaled by their data-parallel share) instead of megatron's 1/dp pre-scaling and
+    sums."""
     p = parallel(case)
     all_to_all, overlapped_gather = fp32_accumulating_reduce_scatter(case), param_gather_overlapped(case)
     return {"use_distributed_optimizer": p["zero_stage"] == 1,
@@ -281,7 +285,8 @@ def ddp_settings(case):
             "overlap_grad_reduce": bool(p["overlap_comm"]), "bucket_size": reduce_bucket(case, None),
             "num_distributed_optimizer_instances": optimizer_instances(case),
             # (align_param_gather: Megatron-LM's default, `--no-align-param-gather` unset)
-            "overlap_param_gather": overlapped_gather, "align_param_gather": overlapped_gather}
+            "overlap_param_gather": overlapped_gather, "align_param_gather": overlapped_gather,
+            **({"average_in_collective": True} if p["sum_collectives"] is False else {})}
 
 
 #: The parallel fields a megatron run resumes into another value of (`train.resume_parallel`): the distributed
@@ -356,7 +361,8 @@ def data_parallel_features(prefix, case):
     reduce-scatter, the param-gather mode."""
     n = optimizer_instances(case)
     all_to_all = [f"{prefix}:reduce-scatter-fp32-accumulation"] if fp32_accumulating_reduce_scatter(case) else []
-    return ([f"{prefix}:instances-{n}"] if n > 1 else []) + all_to_all + (
+    averaged = [f"{prefix}:average-in-collective"] if parallel(case)["sum_collectives"] is False else []
+    return ([f"{prefix}:instances-{n}"] if n > 1 else []) + all_to_all + averaged + (
         param_gather_feature(prefix, case) if parallel(case)["zero_stage"] == 1 else [])
 
 

@@ -15,6 +15,7 @@ trained by megatron-core's own optimizer (`get_megatron_optimizer`), on the CPU 
   zero_shard_group  under ZeRO 1, g: the partial distributed optimizer (`num_distributed_optimizer_instances` dp / g:
                  optimizer state sharded over g consecutive ranks, gradients reduce-scattered within an instance and
                  all-reduced across instances)
+  sum_collectives  false: `average_in_collective` (AVG collectives instead of megatron's 1/dp pre-scaling and sums)
   overlap_param_gather  under ZeRO 1: the updated parameters' all-gather left to the next forward's pre-hooks; the
                  final parameters read after megatron's forced sync (`disable_forward_pre_hook`), as its training loop
                  does before it saves or evaluates
