@@ -307,6 +307,18 @@ class MegatronDistributedOptimizerTest(unittest.TestCase):
         self.assertEqual(data_parallel_features("p", case("zero1-dp2.json", dp=4, zero_shard_group=2, overlap_param_gather=False)),
                          ["p:instances-2", "p:param-gather-in-step"])
 
+    def test_averaging_collectives_are_average_in_collective_and_refused_beside_the_per_token_loss(self):
+        from shardfuzz_worker.targets.megatron_common import data_parallel_features, ddp_settings, unsupported_training
+
+        self.assertNotIn("average_in_collective", ddp_settings(case("zero1-dp2.json")), "absent: megatron's default")
+        self.assertNotIn("average_in_collective", ddp_settings(case("zero1-dp2.json", sum_collectives=True)),
+                         "sums are megatron's default")
+        averaged = case("zero1-dp2.json", sum_collectives=False)
+        self.assertTrue(ddp_settings(averaged)["average_in_collective"])
+        self.assertIn("p:average-in-collective", data_parallel_features("p", averaged))
+        averaged["train"] |= {"per_token_loss": True, "dtype": "f32"}
+        self.assertIn("cannot average in the collective", unsupported_training(averaged))
+
     def test_without_the_distributed_optimizer_neither_applies(self):
         from shardfuzz_worker.targets.megatron_common import data_parallel_features, ddp_settings
 
