@@ -851,6 +851,23 @@ def _replace_in_method(cls, name, old, new, fix, requires=()):
     setattr(cls, name, staticmethod(namespace[name]) if static else namespace[name])
 
 
+def _colossalai_moe_dp_grad_scaler():
+    """Colossal-AI 0.5.0: shardformer's expert-parallel MoE blocks (Mixtral's, DeepSeek's, DeepSeek-V3's) wrap each local
+    expert in `DPGradScalerIn` / `DPGradScalerOut` (moe/_operation.py), which multiply the gradient into the expert's
+    output by moe_dp_size / (the MoE data-parallel ranks that routed it a token) and divide it back on its input: an
+    expert's weight gradients, averaged over the moe_dp group afterwards like any other, come out n / k times the
+    single-device run's where k of the n ranks routed it tokens
+    (docs/findings/colossalai-0.5.0-moe-expert-gradients-scaled-by-active-data-parallel-ranks.py). Fix: both
+    scalers the identity (each rank's gradient is already its share of the average)."""
+    from colossalai.moe import _operation
+
+    def identity(ctx, *grad_outputs):
+        return grad_outputs[0], None, None
+
+    _operation.DPGradScalerIn.backward = staticmethod(identity)
+    _operation.DPGradScalerOut.backward = staticmethod(identity)
+
+
 def _colossalai_gpt2_pipeline_loss_unbound():
     """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
     (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
@@ -2256,7 +2273,9 @@ def _megatron_partial_distopt_grad_sync_twice():
     _ParamAndGradBucketGroup.start_grad_sync, _ParamAndGradBucketGroup.reset = start_grad_sync, reset_
 
 
-COLOSSALAI_SHARDFORMER = ("colossalai-tp", "colossalai-hybrid")
+#: colossalai-moe runs HybridParallelPlugin's subclass and shardformer too: the plugin's and shardformer's fixes apply to it.
+COLOSSALAI_HYBRID = ("colossalai-hybrid", "colossalai-moe")
+COLOSSALAI_SHARDFORMER = ("colossalai-tp", *COLOSSALAI_HYBRID)
 
 #: name -> (the targets it concerns, the fix)
 def _megatron_moe_expert_bias_sequence_parallel():
@@ -2784,29 +2803,30 @@ FIXES = {
     "colossalai-row-bias-sp": (COLOSSALAI_SHARDFORMER, _colossalai_row_bias_sp),
     "colossalai-ring-gather": (COLOSSALAI_SHARDFORMER, _colossalai_ring_gather),
     "colossalai-narrow-linear-sp": (COLOSSALAI_SHARDFORMER, _colossalai_narrow_linear_sp),
-    "colossalai-interleaved-metadata": (("colossalai-hybrid",), _colossalai_interleaved_metadata),
-    "colossalai-interleaved-metadata-requires-grad": (("colossalai-hybrid",), _colossalai_interleaved_metadata_requires_grad),
-    "colossalai-frozen-shared-param-sync": (("colossalai-hybrid",), _colossalai_frozen_shared_param_sync),
-    "colossalai-hybrid-ddp-beside-zero": (("colossalai-hybrid",), _colossalai_hybrid_ddp_beside_zero),
+    "colossalai-interleaved-metadata": (COLOSSALAI_HYBRID, _colossalai_interleaved_metadata),
+    "colossalai-interleaved-metadata-requires-grad": (COLOSSALAI_HYBRID, _colossalai_interleaved_metadata_requires_grad),
+    "colossalai-frozen-shared-param-sync": (COLOSSALAI_HYBRID, _colossalai_frozen_shared_param_sync),
+    "colossalai-hybrid-ddp-beside-zero": (COLOSSALAI_HYBRID, _colossalai_hybrid_ddp_beside_zero),
     "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
     "colossalai-ce1d-empty-vocab-shard": (("colossalai-tp",), _colossalai_ce1d_empty_vocab_shard),
     # (These three wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
-    "colossalai-a2a-full-logits-shift": (("colossalai-hybrid",), _colossalai_a2a_full_logits_shift),
-    "colossalai-empty-vocab-shard": (("colossalai-hybrid",), _colossalai_empty_vocab_shard),
-    "colossalai-dist-ce-batch-mean": (("colossalai-hybrid",), _colossalai_dist_ce_batch_mean),
-    "colossalai-gpt2-lm-head-gather": (("colossalai-hybrid",), _colossalai_gpt2_lm_head_gather),
-    "colossalai-gpt2-pipeline-loss-unbound": (("colossalai-hybrid",), _colossalai_gpt2_pipeline_loss_unbound),
-    "colossalai-clip-norm-customized-tensors": (("colossalai-hybrid",), _colossalai_clip_norm_customized_tensors),
-    "colossalai-empty-grad-norm-collective": (("colossalai-hybrid",), _colossalai_empty_grad_norm_collective),
-    "colossalai-zero2-sp-accumulated-sync": (("colossalai-hybrid",), _colossalai_zero2_sp_accumulated_sync),
-    "colossalai-overlap-allgather-nd": (("colossalai-zero", "colossalai-hybrid"), _colossalai_overlap_allgather_nd),
-    "colossalai-pp-sp-causal-mask": (("colossalai-hybrid",), _colossalai_pp_sp_causal_mask),
-    "colossalai-coloparam-inplace-ce-grad": (("colossalai-hybrid",), _colossalai_coloparam_inplace_ce_grad),
-    "colossalai-padded-detached-param-save": (("colossalai-hybrid",), _colossalai_padded_detached_param_save),
-    "colossalai-fused-qkv-optimizer-state": (("colossalai-hybrid",), _colossalai_fused_qkv_optimizer_state),
-    "colossalai-padded-vocab-optimizer-save": (("colossalai-hybrid",), _colossalai_padded_vocab_optimizer_save),
-    "colossalai-gpt2-empty-stage-dtype": (("colossalai-hybrid",), _colossalai_gpt2_empty_stage_dtype),
-    "colossalai-empty-stage-checkpoint-load": (("colossalai-hybrid",), _colossalai_empty_stage_checkpoint_load),
+    "colossalai-a2a-full-logits-shift": (COLOSSALAI_HYBRID, _colossalai_a2a_full_logits_shift),
+    "colossalai-empty-vocab-shard": (COLOSSALAI_HYBRID, _colossalai_empty_vocab_shard),
+    "colossalai-dist-ce-batch-mean": (COLOSSALAI_HYBRID, _colossalai_dist_ce_batch_mean),
+    "colossalai-gpt2-lm-head-gather": (COLOSSALAI_HYBRID, _colossalai_gpt2_lm_head_gather),
+    "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
+    "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
+    "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
+    "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
+    "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),
+    "colossalai-overlap-allgather-nd": (("colossalai-zero", *COLOSSALAI_HYBRID), _colossalai_overlap_allgather_nd),
+    "colossalai-pp-sp-causal-mask": (COLOSSALAI_HYBRID, _colossalai_pp_sp_causal_mask),
+    "colossalai-coloparam-inplace-ce-grad": (COLOSSALAI_HYBRID, _colossalai_coloparam_inplace_ce_grad),
+    "colossalai-padded-detached-param-save": (COLOSSALAI_HYBRID, _colossalai_padded_detached_param_save),
+    "colossalai-fused-qkv-optimizer-state": (COLOSSALAI_HYBRID, _colossalai_fused_qkv_optimizer_state),
+    "colossalai-padded-vocab-optimizer-save": (COLOSSALAI_HYBRID, _colossalai_padded_vocab_optimizer_save),
+    "colossalai-gpt2-empty-stage-dtype": (COLOSSALAI_HYBRID, _colossalai_gpt2_empty_stage_dtype),
+    "colossalai-empty-stage-checkpoint-load": (COLOSSALAI_HYBRID, _colossalai_empty_stage_checkpoint_load),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-pipeline-micro-batch-gradients-summed": (("deepspeed-pp",), _deepspeed_pipeline_micro_batch_gradients_summed),

@@ -91,6 +91,15 @@ _COLOSSALAI = [
     ("colossalai/pipeline/schedule/interleaved_pp.py", "load_batch", None),
 ]
 
+_COLOSSALAI_MOE = _COLOSSALAI + [
+    # MoeHybridParallelPlugin's argument checks (degrees, ZeRO stage, pipeline style) and its configure()'s refusal of
+    # ZeRO in fp32.
+    ("colossalai/booster/plugin/moe_hybrid_parallel_plugin.py", "__init__", None),
+    ("colossalai/booster/plugin/moe_hybrid_parallel_plugin.py", "configure", "Please set precision"),
+    # The expert-parallel MoE block's check that the experts divide over the ep ranks.
+    ("colossalai/shardformer/modeling/mixtral.py", "setup_process_groups", "must be divisible"),
+]
+
 _MEGATRON_DIVISIBILITY = [
     # `divide` / `ensure_divisibility`: heads, widths and vocabulary per tensor-parallel rank, blocks per stage.
     ("megatron/core/utils.py", "ensure_divisibility", None),
@@ -240,6 +249,7 @@ VALIDATION = {
     "colossalai-tp": _COLOSSALAI,
     "colossalai-zero": _COLOSSALAI,
     "colossalai-hybrid": _COLOSSALAI,
+    "colossalai-moe": _COLOSSALAI_MOE,
 }
 
 #: Path fragments of locations that only older releases have (DTensor under torch/distributed/_tensor/ before torch
@@ -264,6 +274,7 @@ FRAMEWORKS = {
     "colossalai-tp": ("colossalai", "torch"),
     "colossalai-zero": ("colossalai", "torch"),
     "colossalai-hybrid": ("colossalai", "torch", "transformers"),
+    "colossalai-moe": ("colossalai", "torch", "transformers"),
 }
 
 #: Exception types that are a refusal wherever they are raised, per target: DTensor propagates shardings

@@ -18,6 +18,7 @@ REGISTRY = {
     "colossalai-tp": "colossalai_tp",
     "colossalai-zero": "colossalai_zero",
     "colossalai-hybrid": "colossalai_hybrid",
+    "colossalai-moe": "colossalai_moe",
 }
 
 

@@ -1,12 +1,12 @@
 """Which `transformers` model colossalai-hybrid builds for a case (a Llama for RMSNorm + SwiGLU, a GPT-2 for LayerNorm +
-GELU: colossalai_llama.py, colossalai_gpt2.py). Both translate to the case's names and layouts, whose tensor-parallel
+GELU: colossalai_llama.py, colossalai_gpt2.py; colossalai-moe a Mixtral for MoE blocks: colossalai_mixtral.py). Both translate to the case's names and layouts, whose tensor-parallel
 axes megatron_model.shard_dim gives. Each family module has `expressible(m)`, `build(m, inputs,
 dtype)` and `case_tensors(name, t)` (a model parameter, gradient or shard -> [(case name, tensor in the case's
 layout)]); the functions below dispatch to the family of the case or of the parameter name."""
 
-from . import colossalai_gpt2, colossalai_llama
+from . import colossalai_gpt2, colossalai_llama, colossalai_mixtral
 
-FAMILIES = (colossalai_llama, colossalai_gpt2)
+FAMILIES = (colossalai_llama, colossalai_gpt2, colossalai_mixtral)
 
 
 def family(m):
@@ -25,7 +25,9 @@ def build(m, inputs, dtype):
 
 
 def case_tensors(name, t):
-    return (colossalai_gpt2 if name.startswith("transformer.") else colossalai_llama).case_tensors(name, t)
+    family = (colossalai_gpt2 if name.startswith("transformer.") else colossalai_mixtral if ".block_sparse_moe." in name
+              else colossalai_llama)
+    return family.case_tensors(name, t)
 
 
 def unfreezable(m, case):

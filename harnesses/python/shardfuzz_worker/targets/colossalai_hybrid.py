@@ -44,6 +44,7 @@ SP_MODES = ("split_gather", "ring", "all_to_all")
 
 class ColossalHybrid(ColossalTarget):
     name = "colossalai-hybrid"
+    plugin_name = "HybridParallelPlugin"
     freezes = True
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     # A run resumes into another plugin (`train.resume_parallel`): HybridParallelCheckpointIO writes whole tensors
@@ -65,9 +66,10 @@ class ColossalHybrid(ColossalTarget):
             return why
         from .colossalai_family import expressible, unfreezable
 
-        why = expressible(case["model"]) or unfreezable(case["model"], case)
-        if why:
-            return why
+        return expressible(case["model"]) or unfreezable(case["model"], case) or self.unsupported_plugin(case)
+
+    def unsupported_plugin(self, case):
+        """Why the plugin cannot train the case's model (one the family expresses) as the case asks, or None."""
         if case["model"].get("layer_passes", 1) > 1:
             return "a transformers model runs each decoder layer once (model.layer_passes > 1 is not expressed)"
         p, dt, t = parallel(case), dtype_name(case), case["train"]
@@ -85,7 +87,7 @@ class ColossalHybrid(ColossalTarget):
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by HybridParallelPlugin"
-        return colossalai_release.unsupported_options("HybridParallelPlugin", self.plugin_options(case))
+        return colossalai_release.unsupported_options(self.plugin_name, self.plugin_options(case))
 
     def plugin(self, case):
         from colossalai.booster.plugin import HybridParallelPlugin

@@ -12,6 +12,7 @@ from .base import (IGNORE_INDEX, checkpoint_layout, chunk_range, class_weight, g
                    loss_denominator, micro_batches, resume_after, setup_features)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
+from .colossalai_mixtral import EXPERT, split
 from .megatron_model import shard_dim
 from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
@@ -257,7 +258,9 @@ def first_step(case, now, zopt, views, logits):
         if is_frozen(case, name):
             continue
         g = grad(p) if grad is not None else p.grad
-        if g is None and p.requires_grad:
+        if g is None and p.requires_grad and EXPERT in name:
+            g = torch.zeros_like(p)  # (an expert routed no token: its gradient is zero, as the reference's)
+        elif g is None and p.requires_grad:
             ungraded.append(name)
             continue
         grads[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
@@ -388,6 +391,16 @@ def single_device(case, inputs, dt=None):
     return out
 
 
+def tensor_parallel_axis(name):
+    """The case-layout axis a tensor-parallel rank's shard of `name` splits, or None. An expert's part is sharded as the
+    dense MLP's projection of the same role; Mixtral's router as a column-parallel linear (Linear1D_Col, experts
+    sharded: case [hidden, experts])."""
+    case, expert = split(name)
+    if expert is not None:
+        return shard_dim(case.replace(".moe.", ".mlp."))
+    return 1 if name.endswith(".moe.router.weight") else shard_dim(name)
+
+
 def assemble(case, name, pieces):
     """Full tensors from one kind's per-rank pieces of `name`: [(rank, place, local, sharded)] -> the copies,
     one per (dp rank, stage), each concatenated over its tensor-parallel ranks (cut to the case's vocabulary)."""
@@ -399,12 +412,27 @@ def assemble(case, name, pieces):
     vocab_rows = m["vocab"] if name in ("embed.weight", "lm_head.weight") else None  # (padded by Colossal-AI)
     for key in sorted(groups):
         members = sorted(groups[key])
-        axis = shard_dim(name)
+        axis = tensor_parallel_axis(name)
         if members[0][3] and axis is not None:
             copies.append((members[0][1], np.concatenate([x[2] for x in members], axis=axis)[:vocab_rows]))
         else:
             copies.extend((r, local[:vocab_rows]) for _, r, local, _ in members)
     return copies
+
+
+def stack_experts(tensors, replicas):
+    """The experts' parts (`<name>#e<k>`, colossalai_mixtral) stacked into the case's [experts, in, out] tensors, in
+    place: the first copy of each part, and the parts' replicas stacked where every part has the same number."""
+    parts, copies = {}, {}
+    for key in [k for k in tensors if EXPERT in k]:
+        name, e = split(key)
+        parts.setdefault(name, {})[e] = tensors.pop(key)
+        copies.setdefault(name, {})[e] = replicas.pop(key, None)
+    for name, by_expert in parts.items():
+        tensors[name] = np.stack([by_expert[e] for e in sorted(by_expert)])
+        kept = [copies[name][e] for e in sorted(by_expert)]
+        if all(k is not None for k in kept) and len({len(k) for k in kept}) == 1:
+            replicas[name] = [(kept[0][i][0], np.stack([k[i][1] for k in kept])) for i in range(len(kept[0]))]
 
 
 def combine(case, outs, features):
@@ -446,6 +474,7 @@ def combine(case, outs, features):
     tensors["logits"] = logits
     for name, v in (outs[0].get("baseline") or {}).items():
         tensors[f"baseline/{name}"] = v
+    stack_experts(tensors, replicas)
     stats, disagreement = skipped_steps_stats(outs)
     if disagreement:
         return {"status": "divergent", "reason": disagreement}

@@ -23,12 +23,14 @@ import torch
 #: Options newer than some supported release: {callable: {option: the value that means "off"}}.
 OPTIONS_OFF = {
     "HybridParallelPlugin": {"overlap_allgather": False},
+    "MoeHybridParallelPlugin": {"overlap_allgather": False},
     "LowLevelZeroPlugin": {"extra_dp_size": 1, "overlap_allgather": False},
     "cross_entropy_1d": {"mode": "mean"},
 }
 #: Where each callable of OPTIONS_OFF is defined: (file under the colossalai package, class or None for a function).
 DEFINED_IN = {
     "HybridParallelPlugin": ("booster/plugin/hybrid_parallel_plugin.py", "HybridParallelPlugin"),
+    "MoeHybridParallelPlugin": ("booster/plugin/moe_hybrid_parallel_plugin.py", "MoeHybridParallelPlugin"),
     "LowLevelZeroPlugin": ("booster/plugin/low_level_zero_plugin.py", "LowLevelZeroPlugin"),
     "cross_entropy_1d": ("shardformer/layer/loss.py", None),
 }

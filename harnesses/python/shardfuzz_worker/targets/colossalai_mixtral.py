@@ -1,0 +1,110 @@
+"""The case's MoE model as a `transformers` Mixtral (no weights downloaded: built from a MixtralConfig sized by the
+case, its parameters the case's), and the translation between the case's parameter names and layouts and Mixtral's.
+
+A Mixtral decoder layer is the case's ("attention", "moe") pair: input_layernorm + self_attn (as the Llama's:
+colossalai_llama.py), then post_attention_layernorm + block_sparse_moe: a router without bias (`gate`), a softmax over
+every expert in float32, each token's top-k experts, their probabilities divided by their sum (the case's
+`renormalize`), no capacity (dropless: the case's capacity must hold every token), each expert a SwiGLU MLP (`w1` the
+gate projection, `w3` the up one, `w2` the down one) without biases, no auxiliary loss in the gradients
+(`output_router_logits` off). The rotary embedding is made the identity, as for the Llama.
+
+The case holds every expert's weight stacked (`layers.N.moe.{gate,up,down}.weight`, [experts, in, out]); Mixtral holds
+one linear per expert. Each expert's tensor is reported under `<case name>#e<expert>` (`expert_part`), and
+colossalai_hybrid_run.combine stacks the parts (`stack_experts`): under expert parallelism a rank holds its own
+experts only."""
+
+import re
+
+import torch
+
+from . import colossalai_llama
+
+EXPERT = "#e"
+_PROJ = {"w1": "gate", "w3": "up", "w2": "down"}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.(?:gate|experts\.(\d+)\.(w1|w2|w3))\.weight$")
+
+
+def expressible(m):
+    """Why the case's model is not a Mixtral, or None."""
+    kinds = list(m["layers"])
+    if len(kinds) % 2 or kinds != ["attention", "moe"] * (len(kinds) // 2):
+        return "a Mixtral model is (attention, moe) layer pairs"
+    if m.get("norm", "layernorm") != "rmsnorm" or m.get("activation", "gelu") != "swiglu":
+        return "a Mixtral model normalises with RMSNorm and its experts are SwiGLU"
+    if m["bias"]:
+        return "a Mixtral model has no biases"
+    moe = m["moe"]
+    if not moe.get("renormalize"):
+        return "Mixtral divides each token's gates by their sum (the case's moe.renormalize)"
+    if moe.get("aux_loss") or moe.get("shared_ffn") or moe.get("pad_to_capacity"):
+        return "a Mixtral model has no auxiliary loss in its gradients, no shared expert and no capacity padding"
+    if moe["capacity_factor"] * moe["top_k"] < moe["experts"]:
+        return "Mixtral drops no token (the case's capacity_factor x top_k is below its experts: tokens would drop)"
+    return None
+
+
+def build(m, inputs, dtype):
+    """The Mixtral of the case with its initial parameters, in `dtype`."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    moe = m["moe"]
+    llama = colossalai_llama.config(m, dtype)
+    config = MixtralConfig(
+        vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn"],
+        num_hidden_layers=len(m["layers"]) // 2, num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
+        head_dim=m["hidden"] // m["heads"], rms_norm_eps=colossalai_llama.NORM_EPS,
+        tie_word_embeddings=bool(m.get("tied_embeddings")), hidden_act="silu", attention_dropout=0.0,
+        num_local_experts=moe["experts"], num_experts_per_tok=moe["top_k"], output_router_logits=False,
+        router_aux_loss_coef=0.0, router_jitter_noise=0.0, sliding_window=None, torch_dtype=dtype,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, _attn_implementation=llama["_attn_implementation"])
+    model = MixtralForCausalLM(config).to(dtype)
+    model.model.rotary_emb = colossalai_llama.NoRotation(m["hidden"] // m["heads"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            case, expert = split(case_name(name))
+            t = torch.tensor(inputs[case])
+            p.copy_(to_mixtral(name, t if expert is None else t[expert]).to(dtype))
+    return model
+
+
+def split(name):
+    """(case name, expert index or None) of a reported name."""
+    if EXPERT in name:
+        case, e = name.split(EXPERT)
+        return case, int(e)
+    return name, None
+
+
+def expert_part(case, expert):
+    return f"{case}{EXPERT}{expert}"
+
+
+def case_name(name):
+    """Mixtral's parameter name -> the case's (an expert's weight: its part of the stacked case tensor)."""
+    match = _LAYER.match(name)
+    if match is None:
+        if ".block_sparse_moe." in name:
+            raise KeyError(f"harness: no case name for Mixtral parameter {name}")
+        return colossalai_llama.case_name(name)
+    i, expert, proj = int(match[1]), match[2], match[3]
+    if expert is None:
+        return f"layers.{2 * i + 1}.moe.router.weight"
+    return expert_part(f"layers.{2 * i + 1}.moe.{_PROJ[proj]}.weight", int(expert))
+
+
+def is_weight_matrix(name):
+    return ".block_sparse_moe." in name or colossalai_llama.is_projection_weight(colossalai_llama.case_name(name))
+
+
+def to_mixtral(name, t):
+    """A case-layout tensor (an expert's part of a stacked one) in Mixtral's layout (linear weights [out, in])."""
+    return t.t() if is_weight_matrix(name) else t
+
+
+def case_tensors(name, t):
+    """Mixtral's parameter (or its gradient) -> [(reported case name, tensor in the case's layout)]."""
+    return [(case_name(name), t.t() if is_weight_matrix(name) else t)]
+
+
+def shardformer_loss(m, plugin):
+    return colossalai_llama.shardformer_loss(m, plugin)

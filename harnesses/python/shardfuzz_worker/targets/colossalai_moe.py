@@ -1,0 +1,84 @@
+"""colossalai-moe: the case's MoE model as a `transformers` Mixtral (colossalai_mixtral.py) trained through Colossal-AI's
+Booster with MoeHybridParallelPlugin: its experts over the case's `ep` ranks (shardformer's EPMixtralSparseMoeBlock:
+uneven all-to-alls of the routed tokens), the data-parallel ranks of each expert (moe_dp = dp / ep) and the rest of the
+model over every data-parallel rank, tp x pp beside them, ZeRO 0-1 (the plugin turns ZeRO-2 into 1 itself; with ZeRO 0
+PyTorch DDP, which the plugin runs only where every parameter has the same data-parallel group, ep 1). Everything else
+is colossalai-hybrid's (colossalai_hybrid.py: the loss, the schedules, what is reported and how it is combined).
+
+An expert routed no token on a rank gets no gradient there (Mixtral skips it); one routed no token anywhere has none
+at all, which is reported as zero, the reference's. The optimizer steps only parameters with a gradient (torch's
+optimizers skip the others), where the reference steps every one: a case is refused where that could differ, with an
+optimizer that moves a parameter whose gradient is zero (momentum, Adam after its first step, weight decay)."""
+
+from .base import dtype_name, parallel
+from . import colossalai_release
+from .colossalai_common import unsupported_loss_scale
+from .colossalai_hybrid import ColossalHybrid, SP_MODES
+from .torch_model import unsupported_layout
+
+
+class ColossalMoe(ColossalHybrid):
+    name = "colossalai-moe"
+    plugin_name = "MoeHybridParallelPlugin"
+    checkpoint_layouts = ()
+    resumes_into = ()
+
+    def unsupported(self, case):
+        why = unsupported_layout(case, ("dp", "tp", "pp", "ep"), "colossalai-moe runs dp x tp x pp with ep within dp",
+                                 SP_MODES, offload=True, loss_scaling=True, moe=True) or unsupported_loss_scale(
+                                     case, dtype_name(case))
+        if why:
+            return why
+        if "moe" not in case["model"]["layers"]:
+            return "colossalai-moe trains MoE models (colossalai-hybrid the dense ones)"
+        from .colossalai_mixtral import expressible
+
+        why = expressible(case["model"]) or unsteppable_unused_experts(case)
+        if why:
+            return why
+        p = parallel(case)
+        if p["ep"] > 1 and p["zero_stage"] == 0:
+            # (Colossal-AI 0.5.0 means to refuse it, with a ValueError whose message names an undefined `dp_group`:
+            # a NameError instead; docs/findings/colossalai-0.5.0-moe-expert-gradients-scaled-by-active-data-parallel-
+            # ranks.py.)
+            return "MoeHybridParallelPlugin runs PyTorch DDP (ZeRO 0) only where the experts' data-parallel group is every rank's (ep 1)"
+        if p["zero_stage"] > 0 and dtype_name(case) == "f32":
+            return "MoeHybridParallelPlugin runs ZeRO in bf16 or fp16 only (its own assertion)"
+        if case["train"].get("resume_after") is not None:
+            return "colossalai-moe does not resume from checkpoints yet"
+        return self.unsupported_plugin(case)
+
+    def plugin(self, case):
+        from colossalai.booster.plugin import MoeHybridParallelPlugin
+
+        return MoeHybridParallelPlugin(**colossalai_release.options("MoeHybridParallelPlugin", self.plugin_options(case)))
+
+    def plugin_options(self, case):
+        kw = super().plugin_options(case)
+        kw["ep_size"] = parallel(case)["ep"]
+        return kw
+
+    def combine(self, case, outs):
+        out = super().combine(case, outs)
+        p = parallel(case)
+        if "features" in out:
+            out["features"] = [f.replace("colossalai-hybrid", "colossalai-moe") for f in out["features"]] + [
+                f"colossalai-moe:ep{p['ep']}:moe-dp{p['dp'] // p['ep']}:experts{case['model']['moe']['experts']}"
+                f":top{case['model']['moe']['top_k']}"]
+        return out
+
+
+def unsteppable_unused_experts(case):
+    """Why an expert without a gradient could be stepped differently from the reference (see the module), or None."""
+    o = case["train"]["optimizer"]
+    if o.get("weight_decay"):
+        return "an expert routed no token is not stepped by torch's optimizer, whose weight decay the reference applies"
+    if o["kind"] == "sgd" and not o.get("momentum"):
+        return None
+    if o["kind"] != "sgd" and case["train"]["steps"] == 1:
+        return None  # (Adam's first step moves nothing whose gradient is zero)
+    return ("an expert routed no token in a later step is not stepped by torch's optimizer, whose momentum the "
+            "reference applies (plain SGD, or Adam for one step)")
+
+
+TARGET = ColossalMoe()
