@@ -868,6 +868,34 @@ def _colossalai_moe_dp_grad_scaler():
     _operation.DPGradScalerOut.backward = staticmethod(identity)
 
 
+def _colossalai_mixtral_tied_padded_logits():
+    """Colossal-AI 0.5.0: MixtralPolicy pads a tied embedding's vocabulary to make_vocab_size_divisible_by
+    (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
+    the padded weight, a plain Linear: the model returns logits over the padded vocabulary (64 columns for 13), its
+    own loss fails to view them ("shape '[-1, 13]' is invalid"), and a loss on them counts the padding classes
+    (docs/findings/colossalai-0.5.0-mixtral-tied-embeddings-padded-logits.py). Fix: the LM head a PaddingLMHead
+    there, as LlamaForCausalLMPolicy makes it (its forward cuts the padding off)."""
+    from colossalai.shardformer.layer import PaddingLMHead
+    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, SubModuleReplacementDescription
+    from colossalai.shardformer.policies.mixtral import MixtralForCausalLMPolicy
+    from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
+
+    original = MixtralForCausalLMPolicy.module_policy
+
+    def module_policy(self):
+        policy = original(self)
+        zbv = self.pipeline_stage_manager is not None and self.pipeline_stage_manager.use_zbv
+        if not self.shard_config.enable_tensor_parallelism and not zbv and self.tie_weight:
+            head = SubModuleReplacementDescription(suffix="lm_head", target_module=PaddingLMHead, kwargs={
+                "make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by})
+            policy.setdefault(MixtralForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
+            policy[MixtralForCausalLM].sub_module_replacement = [*(policy[MixtralForCausalLM].sub_module_replacement
+                                                                   or []), head]
+        return policy
+
+    MixtralForCausalLMPolicy.module_policy = module_policy
+
+
 def _colossalai_gpt2_pipeline_loss_unbound():
     """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
     (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
@@ -2816,6 +2844,7 @@ FIXES = {
     "colossalai-gpt2-lm-head-gather": (COLOSSALAI_HYBRID, _colossalai_gpt2_lm_head_gather),
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
+    "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),

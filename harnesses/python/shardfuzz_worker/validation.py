@@ -96,6 +96,10 @@ _COLOSSALAI_MOE = _COLOSSALAI + [
     # ZeRO in fp32.
     ("colossalai/booster/plugin/moe_hybrid_parallel_plugin.py", "__init__", None),
     ("colossalai/booster/plugin/moe_hybrid_parallel_plugin.py", "configure", "Please set precision"),
+    # Mixtral's policy's divisibility assertions (heads and key/value heads by tp), and its refusal of sequence
+    # parallelism beside a pipeline.
+    ("colossalai/shardformer/policies/mixtral.py", "module_policy", "divisible"),
+    ("colossalai/shardformer/policies/mixtral.py", "module_policy", "not supported with pipeline parallelism"),
     # The expert-parallel MoE block's check that the experts divide over the ep ranks.
     ("colossalai/shardformer/modeling/mixtral.py", "setup_process_groups", "must be divisible"),
 ]

@@ -62,7 +62,7 @@ class ColossalAiTest(unittest.TestCase):
         from shardfuzz_worker.validation import FRAMEWORKS, VALIDATION
 
         root = os.path.dirname(importlib.util.find_spec("colossalai").origin)
-        for target in ("colossalai-tp", "colossalai-zero"):
+        for target in ("colossalai-tp", "colossalai-zero", "colossalai-hybrid", "colossalai-moe"):
             self.assertIn("colossalai", FRAMEWORKS[target])
             for fragment, function, _ in VALIDATION[target]:
                 path = os.path.join(os.path.dirname(root), fragment)
@@ -218,6 +218,48 @@ class ColossalAiTest(unittest.TestCase):
             cos, sin = rotation(torch.zeros(1, 3, m["hidden"]), torch.arange(3)[None])
             self.assertTrue(bool((cos == 1).all() and (sin == 0).all()), "no positional encoding")
         self.assertEqual(model(input_ids=ids).logits.shape, (1, 3, m["vocab"]))
+
+    def test_the_case_mixtral_loads_every_case_parameter_and_reports_experts_as_parts(self):
+        import numpy as np
+        import torch
+
+        from shardfuzz_worker.targets.colossalai_hybrid_run import stack_experts
+        from shardfuzz_worker.targets.colossalai_mixtral import build, case_tensors, expressible
+
+        m = dict(case("mixtral-dp2-ep2-zero1-bf16.json")["model"])
+        e, h, f, v = m["moe"]["experts"], m["hidden"], m["ffn"], m["vocab"]
+        shapes = {"embed.weight": (v, h), "lm_head.weight": (h, v), "final_norm.weight": (h,),
+                  "layers.0.norm.weight": (h,), "layers.1.norm.weight": (h,), "layers.1.moe.router.weight": (h, e),
+                  "layers.1.moe.gate.weight": (e, h, f), "layers.1.moe.up.weight": (e, h, f),
+                  "layers.1.moe.down.weight": (e, f, h)}
+        shapes |= {f"layers.0.attn.{x}.weight": (h, h) for x in ("q", "k", "v", "o")}
+        inputs = {n: np.arange(np.prod(s), dtype=np.float64).reshape(s) + k for k, (n, s) in enumerate(shapes.items())}
+        model = build(m, inputs, torch.float64)
+        tensors = {}
+        for n, p in model.named_parameters():
+            for name, t in case_tensors(n, p.detach()):
+                tensors[f"param/{name}"] = t.numpy()
+        self.assertEqual(len([k for k in tensors if "#e" in k]), 3 * e, "every expert's three weights, one part each")
+        replicas = {}
+        stack_experts(tensors, replicas)
+        self.assertEqual(set(tensors), {f"param/{n}" for n in shapes})
+        for n in shapes:
+            self.assertTrue(np.array_equal(tensors[f"param/{n}"], inputs[n]), n)
+        self.assertIsNone(expressible(m))
+        self.assertIn("drops no token", expressible({**m, "moe": {**m["moe"], "capacity_factor": 1.0}}))
+        self.assertIn("divides each token's gates", expressible({**m, "moe": {**m["moe"], "renormalize": False}}))
+
+    def test_colossalai_moe_refuses_what_the_moe_plugin_or_the_reference_cannot_match(self):
+        from shardfuzz_worker.targets.colossalai_moe import TARGET
+
+        self.assertIsNone(TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json")))
+        self.assertIn("DDP", TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json", zero_stage=0)))
+        self.assertIn("bf16 or fp16", TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json", ep=1) | {
+            "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"}}))
+        momentum = case("mixtral-dp2-ep2-zero1-bf16.json")
+        momentum["train"]["optimizer"] = {"kind": "adam", "lr": 0.01}
+        self.assertIn("momentum", TARGET.unsupported(momentum), "Adam after its first step moves an expert without tokens")
+        self.assertIn("trains MoE models", TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json")))
 
     def test_an_older_transformers_llama_is_the_same_model(self):
         """transformers 4.39.3 (Colossal-AI 0.4.9's pin) has no LlamaConfig.mlp_bias and no head_dim, and keeps the

@@ -30,6 +30,7 @@ GENERATORS = {
     "colossalai-tp": "colossalai_tp",
     "colossalai-zero": "colossalai_zero",
     "colossalai-hybrid": "colossalai_hybrid",
+    "colossalai-moe": "colossalai_moe",
 }
 
 

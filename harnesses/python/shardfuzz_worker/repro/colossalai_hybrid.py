@@ -1,7 +1,8 @@
 """Repro of a colossalai-hybrid model case: the case's model as a `transformers` Llama trained through
 Colossal-AI's Booster with HybridParallelPlugin (tp x pp x dp, ZeRO, sequence parallelism, the pipeline
 schedule, parallel_output from the case's vocab_loss: the plugin's arguments exactly as the worker gives them), with the worker's CPU start-up shims and
-its training code, under torchrun; against the same Llama or GPT-2 on one device in float64."""
+its training code, under torchrun; against the same Llama or GPT-2 on one device in float64. colossalai-moe's repro
+(colossalai_moe.py) is this generator with MoeHybridParallelPlugin and the Mixtral family."""
 
 import re
 from unittest import mock
@@ -18,7 +19,7 @@ TARGET = "colossalai-hybrid"
 IMPORTS = TORCH_IMPORTS + RELEASE_IMPORTS + """import contextlib
 import re
 
-from colossalai.booster.plugin import HybridParallelPlugin
+from colossalai.booster.plugin import HybridParallelPlugin, MoeHybridParallelPlugin
 """
 
 FAMILIES = {
@@ -26,27 +27,35 @@ FAMILIES = {
                          "to_llama", "to_case", "case_tensors", "shardformer_loss"),
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
+    "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",
+                           "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss"),
 }
+#: What the Mixtral family takes from the Llama's (colossalai_mixtral imports them; `case_name` as llama_case_name).
+MIXTRAL_FROM_LLAMA = ("NORM_EPS", "NoRotation", "_LAYER", "case_name", "is_projection_weight")
 RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "Layout", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
-       "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "assemble", "combine")
+       "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "tensor_parallel_axis",
+       "assemble", "stack_experts", "combine")
 
 
-def check(case):
-    from ..targets.colossalai_hybrid import TARGET as WORKER
+def worker_target(target=TARGET):
+    from ..targets import colossalai_hybrid, colossalai_moe
 
-    check_model_case(case, TARGET, WORKER, "case.model / case.parallel / case.train")
+    return {TARGET: colossalai_hybrid.TARGET, "colossalai-moe": colossalai_moe.TARGET}[target]
 
 
-def plugin_arguments(case):
-    """The keyword arguments the worker's ColossalHybrid.plugin() gives HybridParallelPlugin for the case (its own
-    code run with the plugin class recording them); a torch dtype as its name."""
+def check(case, target=TARGET):
+    check_model_case(case, target, worker_target(target), "case.model / case.parallel / case.train")
+
+
+def plugin_arguments(case, target=TARGET):
+    """The keyword arguments the worker's plugin() (ColossalHybrid's, ColossalMoe's) gives its plugin class for the
+    case (its own code run with the plugin class recording them); a torch dtype as its name."""
     import torch
 
-    from ..targets.colossalai_hybrid import TARGET as WORKER
-
-    with mock.patch("colossalai.booster.plugin.HybridParallelPlugin", lambda **kwargs: kwargs):
-        kw = WORKER.plugin(case)
+    worker = worker_target(target)
+    with mock.patch(f"colossalai.booster.plugin.{worker.plugin_name}", lambda **kwargs: kwargs):
+        kw = worker.plugin(case)
     return {k: (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v) for k, v in kw.items()}
 
 
@@ -61,15 +70,15 @@ def sources(case):
                + "\n\n" + worker_source("targets/colossalai_common.py", "fp16_scaler", "plugin_step", "unscaled", "booster_resume")
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
-    from ..targets.colossalai_family import family
-
-    module = family(case["model"]).__name__.rsplit(".", 1)[-1]
-    kind = "GPT-2" if module == "colossalai_gpt2" else "Llama"
+    module = family_module(case)
+    model = (worker_source(f"targets/{module}.py", *FAMILIES[module]) if module != "colossalai_mixtral" else
+             worker_source("targets/colossalai_llama.py", *MIXTRAL_FROM_LLAMA) + "\n\n\nllama_case_name = case_name\n\n\n"
+             + worker_source("targets/colossalai_mixtral.py", *FAMILIES[module]))
+    experts = "" if module == "colossalai_mixtral" else "\n\n" + worker_source("targets/colossalai_mixtral.py", "EXPERT", "split")
     return [
         rule("helpers (as the worker's)") + "\n" + helpers,
         shims_source(),
-        rule(f"the case's model as a transformers {kind} (as the worker's)") + "\n"
-        + worker_source(f"targets/{module}.py", *FAMILIES[module])
+        rule(f"the case's model as a transformers {KINDS[module]} (as the worker's)") + "\n" + model + experts
         + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"),
         release_source("LLAMA_NEWER_OPTIONS", "llama_options", "llama_model", "replace_llama_rotary_embedding"),
         rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
@@ -77,42 +86,52 @@ def sources(case):
     ]
 
 
-def describe(case, plugin):
-    from ..targets.colossalai_llama import expressible
+KINDS = {"colossalai_llama": "Llama", "colossalai_gpt2": "GPT-2", "colossalai_mixtral": "Mixtral"}
 
-    p, family = parallel(case), "Llama" if expressible(case["model"]) is None else "GPT-2"
+
+def family_module(case):
+    from ..targets.colossalai_family import family
+
+    return family(case["model"]).__name__.rsplit(".", 1)[-1]
+
+
+def describe(case, plugin, target=TARGET):
+    p, family = parallel(case), KINDS[family_module(case)]
     sp = f", sequence parallel ({p['sequence_parallel_mode']})" if p["sequence_parallel"] and p["tp"] > 1 else ""
     pp = ""
     if p["pp"] > 1:
         chunks = f" x {p['virtual_stages']} chunks" if p["pipeline_schedule"] == "interleaved" else ""
         pp = f", {plugin.get('pp_style', '1f1b')} pipeline{chunks} over {p['microbatches']} micro-batches"
+    ep = f" (experts over ep={p['ep']} of them)" if target != TARGET else ""
     return [
-        f"Colossal-AI HybridParallelPlugin (Booster, precision {plugin['precision']}, ZeRO stage {p['zero_stage']}) over"
-        f" dp={p['dp']} x tp={p['tp']} x pp={p['pp']} ranks{sp}{pp}, dtype {dtype_name(case)}."
+        f"Colossal-AI {worker_target(target).plugin_name} (Booster, precision {plugin['precision']}, ZeRO stage"
+        f" {p['zero_stage']}) over dp={p['dp']}{ep} x tp={p['tp']} x pp={p['pp']} ranks{sp}{pp}, dtype {dtype_name(case)}."
         f" Reference: the same {family} on one device in float64.",
         SHIMS_ABOUT,
         *model_about(case),
     ]
 
 
-def generate(case, inputs, bounds, dropped):
-    arrays = model_arrays(case, inputs, TARGET)
+def generate(case, inputs, bounds, dropped, target=TARGET):
+    arrays = model_arrays(case, inputs, target)
     p = parallel(case)
     world = p["dp"] * p["tp"] * p["pp"]
     command = f"torchrun --nproc_per_node {world} repro.py"
-    plugin = plugin_arguments(case)
+    plugin = plugin_arguments(case, target)
     resumed = resumed_case(case)
+    name = worker_target(target).plugin_name
     config = [
         rule("the case"),
         literal("CASE", case),
         f"WORLD = {world}\nDTYPE = {TORCH_DTYPES[dtype_name(case)]}",
-        "# HybridParallelPlugin's arguments, as the worker's ColossalHybrid.plugin() passes them for this case.",
+        f"PLUGIN_CLASS = {name}",
+        f"# {name}'s arguments, as the worker's plugin() passes them for this case.",
         literal("PLUGIN", plugin),
         "# ... and for the layout the run resumes into (case.train.resume_parallel; None: the run's own).",
-        literal("RESUMED_PLUGIN", None if resumed is case else plugin_arguments(resumed)),
+        literal("RESUMED_PLUGIN", None if resumed is case else plugin_arguments(resumed, target)),
         literal("BOUNDS", bounds),
     ]
     sections = ["\n".join(c.rstrip("\n") for c in config), template("common"), *sources(case), template("colossalai_hybrid"),
                 template("torch_main")]
-    head = header(f"{TARGET}, model", describe(case, plugin), command, dropped, case.get("name", ""))
+    head = header(f"{target}, model", describe(case, plugin, target), command, dropped, case.get("name", ""))
     return assemble(head, IMPORTS, sections, embed(arrays)), command

@@ -17,11 +17,11 @@ import re
 
 import torch
 
-from . import colossalai_llama
+from .colossalai_llama import NORM_EPS, NoRotation, case_name as llama_case_name, is_projection_weight
 
 EXPERT = "#e"
 _PROJ = {"w1": "gate", "w3": "up", "w2": "down"}
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.(?:gate|experts\.(\d+)\.(w1|w2|w3))\.weight$")
+_MOE_LAYER = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.(?:gate|experts\.(\d+)\.(w1|w2|w3))\.weight$")
 
 
 def expressible(m):
@@ -48,17 +48,16 @@ def build(m, inputs, dtype):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     moe = m["moe"]
-    llama = colossalai_llama.config(m, dtype)
     config = MixtralConfig(
         vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn"],
         num_hidden_layers=len(m["layers"]) // 2, num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"],
-        head_dim=m["hidden"] // m["heads"], rms_norm_eps=colossalai_llama.NORM_EPS,
+        head_dim=m["hidden"] // m["heads"], rms_norm_eps=NORM_EPS,
         tie_word_embeddings=bool(m.get("tied_embeddings")), hidden_act="silu", attention_dropout=0.0,
         num_local_experts=moe["experts"], num_experts_per_tok=moe["top_k"], output_router_logits=False,
         router_aux_loss_coef=0.0, router_jitter_noise=0.0, sliding_window=None, torch_dtype=dtype,
-        pad_token_id=None, bos_token_id=None, eos_token_id=None, _attn_implementation=llama["_attn_implementation"])
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, _attn_implementation="eager")
     model = MixtralForCausalLM(config).to(dtype)
-    model.model.rotary_emb = colossalai_llama.NoRotation(m["hidden"] // m["heads"])
+    model.model.rotary_emb = NoRotation(m["hidden"] // m["heads"])
     with torch.no_grad():
         for name, p in model.named_parameters():
             case, expert = split(case_name(name))
@@ -81,11 +80,11 @@ def expert_part(case, expert):
 
 def case_name(name):
     """Mixtral's parameter name -> the case's (an expert's weight: its part of the stacked case tensor)."""
-    match = _LAYER.match(name)
+    match = _MOE_LAYER.match(name)
     if match is None:
         if ".block_sparse_moe." in name:
             raise KeyError(f"harness: no case name for Mixtral parameter {name}")
-        return colossalai_llama.case_name(name)
+        return llama_case_name(name)
     i, expert, proj = int(match[1]), match[2], match[3]
     if expert is None:
         return f"layers.{2 * i + 1}.moe.router.weight"
@@ -93,7 +92,7 @@ def case_name(name):
 
 
 def is_weight_matrix(name):
-    return ".block_sparse_moe." in name or colossalai_llama.is_projection_weight(colossalai_llama.case_name(name))
+    return ".block_sparse_moe." in name or is_projection_weight(llama_case_name(name))
 
 
 def to_mixtral(name, t):
@@ -107,4 +106,6 @@ def case_tensors(name, t):
 
 
 def shardformer_loss(m, plugin):
-    return colossalai_llama.shardformer_loss(m, plugin)
+    """As the Llama's: Mixtral's policy replaces the forward under tensor, sequence or pipeline parallelism."""
+    config = plugin.shard_config
+    return plugin.stage_manager is not None or config.enable_tensor_parallelism or config.enable_sequence_parallelism

@@ -44,6 +44,13 @@ class ColossalMoe(ColossalHybrid):
             return "MoeHybridParallelPlugin runs PyTorch DDP (ZeRO 0) only where the experts' data-parallel group is every rank's (ep 1)"
         if p["zero_stage"] > 0 and dtype_name(case) == "f32":
             return "MoeHybridParallelPlugin runs ZeRO in bf16 or fp16 only (its own assertion)"
+        why = unshardable(case["model"], p["tp"])
+        if why:
+            return why
+        if p["zero_stage"] > 0 and p["pp"] * max(p["virtual_stages"], 1) > len(case["model"]["layers"]) // 2:
+            # (Measured: the stage's MoeHybridParallelZeroOptimizer raises "No parameters found in moe_dp_group"
+            # while the others go on.)
+            return "a pipeline stage without a decoder layer holds no expert, which MoeHybridParallelPlugin's ZeRO refuses"
         if case["train"].get("resume_after") is not None:
             return "colossalai-moe does not resume from checkpoints yet"
         return self.unsupported_plugin(case)
@@ -66,6 +73,19 @@ class ColossalMoe(ColossalHybrid):
                 f"colossalai-moe:ep{p['ep']}:moe-dp{p['dp'] // p['ep']}:experts{case['model']['moe']['experts']}"
                 f":top{case['model']['moe']['top_k']}"]
         return out
+
+
+def unshardable(m, tp):
+    """Why Mixtral's shardformer policy cannot shard the case's model over `tp` ranks, or None. It refuses each of
+    these itself (a divisibility assertion, or a layer's "not integer multiples of tensor parallel size"), but under a
+    pipeline only on the stage that holds the layer while the others go on: refused here for every stage alike."""
+    if tp == 1:
+        return None
+    for what, size in (("attention heads", m["heads"]), ("key/value heads", m["kv_heads"]), ("ffn (the experts' width)",
+                                                                                           m["ffn"]), ("vocabulary (the LM head's columns)", m["vocab"])):
+        if size % tp:
+            return f"Mixtral's shardformer policy splits the {what} ({size}) over tp = {tp} without padding"
+    return None
 
 
 def unsteppable_unused_experts(case):

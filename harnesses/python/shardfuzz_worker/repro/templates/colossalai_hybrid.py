@@ -5,7 +5,7 @@ def make_plugin(arguments):
     kw = dict(arguments)
     if kw.get("communication_dtype"):
         kw["communication_dtype"] = getattr(torch, kw["communication_dtype"])
-    return HybridParallelPlugin(**kw)
+    return PLUGIN_CLASS(**kw)
 
 
 def relayout():
@@ -17,7 +17,7 @@ def run(rank):
     """Every rank trains through the plugin as the fuzzer's colossalai-hybrid ranks do (the worker's CPU shims
     installed after the gloo process group, then its `run`); rank 0 gathers the ranks' shards, assembles them
     as the fuzzer does (`combine`: tensor-parallel shards concatenated, data-parallel copies kept) and compares
-    with the same model (Llama or GPT-2) on one device in float64."""
+    with the same model (Llama, GPT-2 or Mixtral) on one device in float64."""
     data = load_blob()
     install_shims()
     mine = run_hybrid(make_plugin(PLUGIN), CASE, data, DTYPE, relayout=None if RESUMED_PLUGIN is None else relayout)
