@@ -1052,6 +1052,31 @@ fn sparse_embedding_gradients_through_ddp_and_deepspeed() {
     assert!(v["kind"] == "unsupported" && reason(&v).contains("without ZeRO"), "{v}");
 }
 
+/// colossalai-moe (MoeHybridParallelPlugin on a transformers Mixtral): the Mixtral seed passes with its expert
+/// features; two new Colossal-AI 0.5.0 bugs are known findings, each passing with its fix: an expert's gradient scaled
+/// by moe_dp / (the ranks that routed it tokens) (`colossalai-moe-dp-grad-scaler`), and a Mixtral with tied embeddings
+/// returning the padded vocabulary's logits without tensor parallelism (`colossalai-mixtral-tied-padded-logits`).
+#[test]
+fn colossalai_moe_expert_gradient_scaling_and_tied_padded_logits_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let target = "colossalai-moe";
+    let v = one_verdict(target, &root().join("corpus/mixtral-dp2-ep2-zero1-bf16.json"), "");
+    assert!(v["kind"] == "pass" && has_feature(&v, "colossalai-moe:ep2:moe-dp1:experts4:top2"), "{v}");
+    let dir = root().join("tests/python-colossalai-moe");
+    let scaled = dir.join("dp2-ep1-zero0-experts4-top2-sgd-f32.json");
+    let v = one_verdict(target, &scaled, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/layers.1.moe."), "{v}");
+    let v = one_verdict(target, &scaled, "colossalai-moe-dp-grad-scaler");
+    assert!(v["kind"] == "pass", "{v}");
+    let tied = dir.join("dp2-ep1-zero0-tied-embeddings-f32.json");
+    let v = one_verdict(target, &tied, "");
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
+    let v = one_verdict(target, &tied, "colossalai-mixtral-tied-padded-logits");
+    assert!(v["kind"] == "pass", "{v}");
+}
+
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
 /// (`set_gradient_divide_factor(dp)`): on HSDP whose shard groups hold one rank, torch 2.15 divides the gradients by the
 /// factor twice, with forced sums (f32) and with an fp16 reduce dtype (gradients 1/2 of the average on 2 ranks), and

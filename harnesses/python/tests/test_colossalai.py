@@ -228,7 +228,7 @@ class ColossalAiTest(unittest.TestCase):
 
         m = dict(case("mixtral-dp2-ep2-zero1-bf16.json")["model"])
         e, h, f, v = m["moe"]["experts"], m["hidden"], m["ffn"], m["vocab"]
-        shapes = {"embed.weight": (v, h), "lm_head.weight": (h, v), "final_norm.weight": (h,),
+        shapes = {"embed.weight": (v, h), "lm_head.weight": (v, h), "final_norm.weight": (h,),
                   "layers.0.norm.weight": (h,), "layers.1.norm.weight": (h,), "layers.1.moe.router.weight": (h, e),
                   "layers.1.moe.gate.weight": (e, h, f), "layers.1.moe.up.weight": (e, h, f),
                   "layers.1.moe.down.weight": (e, f, h)}

@@ -388,6 +388,7 @@ def single_device(case, inputs, dt=None):
             opt.step()
     for name, _, p, view in views:
         out[f"param/{name}"] = local_view(view(p))
+    stack_experts(out, {})
     return out
 
 
