@@ -873,9 +873,12 @@ def _colossalai_mixtral_tied_padded_logits():
     (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
     the padded weight, a plain Linear: the model returns logits over the padded vocabulary (64 columns for 13), its
     own loss fails to view them ("shape '[-1, 13]' is invalid"), and a loss on them counts the padding classes
-    (docs/findings/colossalai-0.5.0-mixtral-tied-embeddings-padded-logits.py). Fix: the LM head a PaddingLMHead
-    there, as LlamaForCausalLMPolicy makes it (its forward cuts the padding off)."""
-    from colossalai.shardformer.layer import PaddingLMHead
+    (docs/findings/colossalai-0.5.0-mixtral-tied-embeddings-padded-logits.py). Under tensor parallelism the same:
+    the embedding a VocabParallelEmbedding1D padded to a multiple of 64 x tp, the head a Linear1D_Col over it
+    (gather_output) with every padding column. Fix: the LM head a PaddingLMHead, or under tensor parallelism a
+    VocabParallelLMHead1D gathering its output, as LlamaForCausalLMPolicy makes them (their forward cuts the padding
+    off)."""
+    from colossalai.shardformer.layer import Linear1D_Col, PaddingLMHead, VocabParallelLMHead1D
     from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, SubModuleReplacementDescription
     from colossalai.shardformer.policies.mixtral import MixtralForCausalLMPolicy
     from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
@@ -885,9 +888,15 @@ def _colossalai_mixtral_tied_padded_logits():
     def module_policy(self):
         policy = original(self)
         zbv = self.pipeline_stage_manager is not None and self.pipeline_stage_manager.use_zbv
-        if not self.shard_config.enable_tensor_parallelism and not zbv and self.tie_weight:
+        divisor = self.shard_config.make_vocab_size_divisible_by
+        if self.tie_weight and self.shard_config.enable_tensor_parallelism:
+            for d in policy[MixtralForCausalLM].sub_module_replacement:
+                if d.suffix == "lm_head" and d.target_module is Linear1D_Col:
+                    d.target_module = VocabParallelLMHead1D
+                    d.kwargs = {**d.kwargs, "make_vocab_size_divisible_by": divisor}
+        elif self.tie_weight and not zbv:
             head = SubModuleReplacementDescription(suffix="lm_head", target_module=PaddingLMHead, kwargs={
-                "make_vocab_size_divisible_by": self.shard_config.make_vocab_size_divisible_by})
+                "make_vocab_size_divisible_by": divisor})
             policy.setdefault(MixtralForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
             policy[MixtralForCausalLM].sub_module_replacement = [*(policy[MixtralForCausalLM].sub_module_replacement
                                                                    or []), head]

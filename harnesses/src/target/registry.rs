@@ -283,7 +283,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-moe",
         description: "Colossal-AI Booster + MoeHybridParallelPlugin on a transformers Mixtral: experts over ep ranks (shardformer's EP MoE blocks), moe_dp = dp / ep, tp x pp x dp, ZeRO 0-1",
         env: Some("colossalai"),
-        offers: &["zero_offload", "vocab_loss", "reduce_bucket", "vocab_divisible_by", "activation_checkpointing"],
+        offers: &["zero_offload", "reduce_bucket", "vocab_divisible_by", "activation_checkpointing"],
         create: |o| python("colossalai-moe", "colossalai", o),
     },
 ];

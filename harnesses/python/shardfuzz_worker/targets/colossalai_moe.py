@@ -63,6 +63,9 @@ class ColossalMoe(ColossalHybrid):
     def plugin_options(self, case):
         kw = super().plugin_options(case)
         kw["ep_size"] = parallel(case)["ep"]
+        # Mixtral's policy gathers the LM head's output whatever parallel_output says (Linear1D_Col, gather_output):
+        # one realisation of the case's vocab_loss, the gathered one (and our criterion must not gather again).
+        kw["parallel_output"] = False
         return kw
 
     def combine(self, case, outs):
