@@ -90,9 +90,10 @@ class ColossalHybrid(ColossalTarget):
         return colossalai_release.unsupported_options(self.plugin_name, self.plugin_options(case))
 
     def plugin(self, case):
-        from colossalai.booster.plugin import HybridParallelPlugin
+        """The target's plugin (`plugin_name`, a class of colossalai.booster.plugin) for the case."""
+        from colossalai.booster import plugin
 
-        return HybridParallelPlugin(**colossalai_release.options("HybridParallelPlugin", self.plugin_options(case)))
+        return getattr(plugin, self.plugin_name)(**colossalai_release.options(self.plugin_name, self.plugin_options(case)))
 
     def plugin_options(self, case):
         """HybridParallelPlugin's keyword arguments for the case (options of newer releases included)."""

@@ -258,11 +258,11 @@ def first_step(case, now, zopt, views, logits):
         if is_frozen(case, name):
             continue
         g = grad(p) if grad is not None else p.grad
-        if g is None and p.requires_grad and EXPERT in name:
+        if g is None and p.requires_grad:
+            if EXPERT not in name:
+                ungraded.append(name)
+                continue
             g = torch.zeros_like(p)  # (an expert routed no token: its gradient is zero, as the reference's)
-        elif g is None and p.requires_grad:
-            ungraded.append(name)
-            continue
         grads[name] = local_view(view(grad_or_fail(hf, unscaled(zopt, g))))
     return {"first_place": now.where(), "rows": now.rows, "logits": logits, "grads": grads,
             "first_sharded": sharded_flags(views), "ungraded": ungraded}

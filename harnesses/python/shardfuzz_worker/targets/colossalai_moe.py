@@ -11,7 +11,6 @@ optimizers skip the others), where the reference steps every one: a case is refu
 optimizer that moves a parameter whose gradient is zero (momentum, Adam after its first step, weight decay)."""
 
 from .base import dtype_name, parallel
-from . import colossalai_release
 from .colossalai_common import unsupported_loss_scale
 from .colossalai_hybrid import ColossalHybrid, SP_MODES
 from .torch_model import unsupported_layout
@@ -54,11 +53,6 @@ class ColossalMoe(ColossalHybrid):
         if case["train"].get("resume_after") is not None:
             return "colossalai-moe does not resume from checkpoints yet"
         return self.unsupported_plugin(case)
-
-    def plugin(self, case):
-        from colossalai.booster.plugin import MoeHybridParallelPlugin
-
-        return MoeHybridParallelPlugin(**colossalai_release.options("MoeHybridParallelPlugin", self.plugin_options(case)))
 
     def plugin_options(self, case):
         kw = super().plugin_options(case)
