@@ -868,6 +868,23 @@ def _colossalai_moe_dp_grad_scaler():
     _operation.DPGradScalerOut.backward = staticmethod(identity)
 
 
+def _colossalai_moe_amp_clip_groups():
+    """Colossal-AI 0.5.0: MoeHybridParallelPlugin.configure builds ZeRO 0's fp16 / bf16 optimizer
+    (HybridParallelAMPOptimizer) without its `pp_process_group` and `tp_process_group` (its fp32 optimizer and
+    HybridParallelPlugin's AMP optimizer get both), so the optimizer takes pp and tp for 1: the gradient norm it clips
+    by is each pipeline stage's and each tensor-parallel rank's local norm, never summed over the stages or the
+    tensor-parallel shards; every stage clips by its own, smaller, norm and tensor-parallel replicas drift apart
+    (docs/findings/colossalai-0.5.0-moe-amp-clipping-by-local-norm.py). Fix: pass both groups, as the other branch
+    does."""
+    from colossalai.booster.plugin.moe_hybrid_parallel_plugin import MoeHybridParallelPlugin
+
+    indent = " " * 20  # (the dedented method's)
+    old = f"{indent}max_norm=self.max_norm,\n{indent}**self.amp_config,\n"
+    new = (f"{indent}max_norm=self.max_norm,\n{indent}pp_process_group=self.pp_group,\n"
+           f"{indent}tp_process_group=self.tp_group,\n{indent}**self.amp_config,\n")
+    _replace_in_method(MoeHybridParallelPlugin, "configure", old, new, "colossalai-moe-amp-clip-groups")
+
+
 def _colossalai_mixtral_tied_padded_logits():
     """Colossal-AI 0.5.0: MixtralPolicy pads a tied embedding's vocabulary to make_vocab_size_divisible_by
     (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
@@ -2854,6 +2871,7 @@ FIXES = {
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
+    "colossalai-moe-amp-clip-groups": (("colossalai-moe",), _colossalai_moe_amp_clip_groups),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),
