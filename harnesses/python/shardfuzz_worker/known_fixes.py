@@ -758,6 +758,30 @@ def _colossalai_dist_ce_batch_mean():
     _wrap_dist_cross_entropy(fixed)
 
 
+def _colossalai_mixtral_pipeline_loss_batch_mean():
+    """Colossal-AI 0.5.0: the last pipeline stage of shardformer's Mixtral (MixtralPipelineForwards.
+    mixtral_for_causal_lm_forward) computes the model's loss with a plain `CrossEntropyLoss()`: each micro-batch's
+    mean over its own targets not ignored, which the schedule then averages over micro-batches and the plugin over
+    data-parallel ranks. With ignored labels (padding, masked prompts) the loss and every gradient are a mean of
+    means that depends on the micro-batching, and a micro-batch whose labels are all ignored makes the step's loss
+    NaN (0 / 0): Llama's `dist_cross_entropy` form of the same (fix colossalai-dist-ce-batch-mean), in a forward
+    that does not call it (docs/findings/colossalai-0.5.0-mixtral-pipeline-loss-mean-per-microbatch.py). Fix: the
+    micro-batch's summed loss over the whole batch's count, times the factor the schedule and the plugin divide by."""
+    from colossalai.shardformer.modeling import mixtral
+
+    def batch_mean(loss_fct, logits, labels):
+        count = (labels != loss_fct.ignore_index).sum()
+        if count == 0:
+            return logits.sum() * 0.0  # nothing counted: a zero sum (its mean is 0 / 0)
+        return loss_fct(logits, labels) * count * (_BATCH["divided_by"] / _BATCH["count"])
+
+    mixtral._shardfuzz_batch_mean = batch_mean
+    _replace_in_method(mixtral.MixtralPipelineForwards, "mixtral_for_causal_lm_forward",
+                       "loss = loss_fct(shift_logits, shift_labels)\n",
+                       "loss = _shardfuzz_batch_mean(loss_fct, shift_logits, shift_labels)\n",
+                       "colossalai-mixtral-pipeline-loss-batch-mean")
+
+
 def _wrap_dist_cross_entropy(fixed):
     """Replaces `dist_cross_entropy` where shardformer's causal-LM forwards call it (Llama's and GPT-2's modules)."""
     from colossalai.shardformer.modeling import gpt2, llama
@@ -2872,6 +2896,7 @@ FIXES = {
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
     "colossalai-moe-amp-clip-groups": (("colossalai-moe",), _colossalai_moe_amp_clip_groups),
+    "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),

@@ -106,6 +106,7 @@ def case_tensors(name, t):
 
 
 def shardformer_loss(m, plugin):
-    """As the Llama's: Mixtral's policy replaces the forward under tensor, sequence or pipeline parallelism."""
-    config = plugin.shard_config
-    return plugin.stage_manager is not None or config.enable_tensor_parallelism or config.enable_sequence_parallelism
+    """Whether the model's loss is shardformer's: Mixtral's policy replaces the causal LM's forward under pipeline
+    parallelism only (under tensor or sequence parallelism transformers' forward computes the loss, a mean over the
+    rank's own batch)."""
+    return plugin.stage_manager is not None
