@@ -1077,6 +1077,30 @@ fn colossalai_moe_expert_gradient_scaling_and_tied_padded_logits_are_known_findi
     assert!(v["kind"] == "pass", "{v}");
 }
 
+/// Two more Colossal-AI 0.5.0 bugs of the MoE plugin, each a known finding: its ZeRO-0 fp16 / bf16 optimizer is built
+/// without the pipeline and tensor-parallel groups, so each pipeline stage clips by its own gradient norm
+/// (`colossalai-moe-amp-clip-groups`); and shardformer's Mixtral pipeline forward takes each micro-batch's mean loss
+/// (`colossalai-mixtral-pipeline-loss-batch-mean`): a mean of means with padded labels, NaN where a micro-batch has
+/// none counted. Each fix cures its own case only.
+#[test]
+fn colossalai_moe_stage_local_clipping_and_pipeline_loss_mean_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let (target, dir) = ("colossalai-moe", root().join("tests/python-colossalai-moe"));
+    let (clip, mean) = ("colossalai-moe-amp-clip-groups", "colossalai-mixtral-pipeline-loss-batch-mean");
+    let clipped = dir.join("pp2-zero0-clip-tiny-f16.json");
+    let v = one_verdict(target, &clipped, mean);
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("param/"), "{v}");
+    assert_eq!(one_verdict(target, &clipped, clip)["kind"], "pass");
+    for (case, symptom) in [("pp2-1f1b-label-padding-f32.json", "rms error"), ("pp2-1f1b-empty-microbatch-f32.json", "NaN")] {
+        let v = one_verdict(target, &dir.join(case), clip);
+        assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0") && reason(&v).contains(symptom), "{case}: {v}");
+        let v = one_verdict(target, &dir.join(case), mean);
+        assert!(v["kind"] == "pass", "{case} fixed: {v}");
+    }
+}
+
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
 /// (`set_gradient_divide_factor(dp)`): on HSDP whose shard groups hold one rank, torch 2.15 divides the gradients by the
 /// factor twice, with forced sums (f32) and with an fp16 reduce dtype (gradients 1/2 of the average on 2 ranks), and

@@ -260,6 +260,11 @@ class ColossalAiTest(unittest.TestCase):
         momentum["train"]["optimizer"] = {"kind": "adam", "lr": 0.01}
         self.assertIn("momentum", TARGET.unsupported(momentum), "Adam after its first step moves an expert without tokens")
         self.assertIn("trains MoE models", TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json")))
+        ddp = case("mixtral-dp2-ep2-zero1-bf16.json", ep=1, zero_stage=0)
+        self.assertIsNone(TARGET.unsupported(ddp))
+        for recompute, refused in (("reentrant", True), ("non_reentrant", False)):
+            ddp["model"]["activation_checkpointing"] = recompute
+            self.assertEqual("reentrant activation checkpointing" in (TARGET.unsupported(ddp) or ""), refused, recompute)
 
     def test_an_older_transformers_llama_is_the_same_model(self):
         """transformers 4.39.3 (Colossal-AI 0.4.9's pin) has no LlamaConfig.mlp_bias and no head_dim, and keeps the
