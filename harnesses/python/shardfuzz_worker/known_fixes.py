@@ -909,6 +909,21 @@ def _colossalai_moe_amp_clip_groups():
     _replace_in_method(MoeHybridParallelPlugin, "configure", old, new, "colossalai-moe-amp-clip-groups")
 
 
+def _colossalai_moe_dp_sync_unrouted_experts():
+    """Colossal-AI 0.5.0: without DDP or ZeRO (ZeRO 0 beside a pipeline) HybridParallelModule.sync_dp_grads
+    all-reduces, over the data-parallel group, each parameter's gradient `if p.grad is not None`, a rank-local test.
+    An MoE expert that a rank routed no token has no gradient there but has one on the ranks that routed it some:
+    the ranks issue different sequences of all-reduces, which pair different experts' gradients (of one shape: a
+    silent mix) or tensors of different sizes (gloo aborts, "op.preamble.length <= op.nbytes"), or leave a rank
+    waiting (docs/findings/colossalai-0.5.0-moe-pipeline-dp-sync-skips-unrouted-experts.py). Fix: a trainable
+    parameter without a gradient takes part with a zero one (its share of the average)."""
+    from colossalai.booster.plugin.hybrid_parallel_plugin import HybridParallelModule
+
+    old = "        if p.grad is not None:\n"  # (in the dedented method)
+    new = "        if p.grad is None and p.requires_grad:\n            p.grad = torch.zeros_like(p)\n" + old
+    _replace_in_method(HybridParallelModule, "sync_dp_grads", old, new, "colossalai-moe-dp-sync-unrouted-experts")
+
+
 def _colossalai_mixtral_tied_padded_logits():
     """Colossal-AI 0.5.0: MixtralPolicy pads a tied embedding's vocabulary to make_vocab_size_divisible_by
     (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
@@ -2896,6 +2911,7 @@ FIXES = {
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
     "colossalai-moe-amp-clip-groups": (("colossalai-moe",), _colossalai_moe_amp_clip_groups),
+    "colossalai-moe-dp-sync-unrouted-experts": (("colossalai-moe",), _colossalai_moe_dp_sync_unrouted_experts),
     "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
