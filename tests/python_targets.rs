@@ -1081,9 +1081,11 @@ fn colossalai_moe_expert_gradient_scaling_and_tied_padded_logits_are_known_findi
 /// without the pipeline and tensor-parallel groups, so each pipeline stage clips by its own gradient norm
 /// (`colossalai-moe-amp-clip-groups`); and shardformer's Mixtral pipeline forward takes each micro-batch's mean loss
 /// (`colossalai-mixtral-pipeline-loss-batch-mean`): a mean of means with padded labels, NaN where a micro-batch has
-/// none counted. Each fix cures its own case only.
+/// none counted; and its data-parallel sync beside a pipeline skips a gradient that is None on one rank only (an expert
+/// routed no token there), which mixes two experts' gradients or aborts gloo (`colossalai-moe-dp-sync-unrouted-experts`).
+/// Each fix cures its own cases only.
 #[test]
-fn colossalai_moe_stage_local_clipping_and_pipeline_loss_mean_are_known_findings() {
+fn colossalai_moe_stage_local_clipping_pipeline_loss_mean_and_unrouted_expert_sync_are_known_findings() {
     if !python_ready() {
         return;
     }
@@ -1099,6 +1101,17 @@ fn colossalai_moe_stage_local_clipping_and_pipeline_loss_mean_are_known_findings
         let v = one_verdict(target, &dir.join(case), mean);
         assert!(v["kind"] == "pass", "{case} fixed: {v}");
     }
+    // Beside a pipeline (no DDP, no ZeRO), the data-parallel sync skips a gradient that is None on this rank only.
+    let scaler = "colossalai-moe-dp-grad-scaler";
+    let sync = format!("{scaler},colossalai-moe-dp-sync-unrouted-experts");
+    let mixed = dir.join("dp2-pp2-zero0-experts4-top1-unrouted-mixed-f32.json");
+    let v = one_verdict(target, &mixed, scaler);
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/layers.1.moe."), "{v}");
+    assert_eq!(one_verdict(target, &mixed, &sync)["kind"], "pass");
+    let aborted = dir.join("dp2-pp2-zero0-experts4-top1-unrouted-abort-f32.json");
+    let v = one_verdict(target, &aborted, scaler);
+    assert!(v["kind"] == "crash" && reason(&v).contains("op.preamble.length"), "{v}");
+    assert_eq!(one_verdict(target, &aborted, &sync)["kind"], "pass");
 }
 
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
