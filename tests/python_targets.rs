@@ -1082,8 +1082,9 @@ fn colossalai_moe_expert_gradient_scaling_and_tied_padded_logits_are_known_findi
 /// (`colossalai-moe-amp-clip-groups`); and shardformer's Mixtral pipeline forward takes each micro-batch's mean loss
 /// (`colossalai-mixtral-pipeline-loss-batch-mean`): a mean of means with padded labels, NaN where a micro-batch has
 /// none counted; and its data-parallel sync beside a pipeline skips a gradient that is None on one rank only (an expert
-/// routed no token there), which mixes two experts' gradients or aborts gloo (`colossalai-moe-dp-sync-unrouted-experts`).
-/// Each fix cures its own cases only.
+/// routed no token there), which mixes two experts' gradients or aborts gloo (`colossalai-moe-dp-sync-unrouted-experts`);
+/// and with ep > 1 its ZeRO optimizer adds two stores' norms and never sums the experts' over ep
+/// (`colossalai-moe-zero-clip-norm`). Each fix cures its own cases only.
 #[test]
 fn colossalai_moe_stage_local_clipping_pipeline_loss_mean_and_unrouted_expert_sync_are_known_findings() {
     if !python_ready() {
@@ -1112,6 +1113,11 @@ fn colossalai_moe_stage_local_clipping_pipeline_loss_mean_and_unrouted_expert_sy
     let v = one_verdict(target, &aborted, scaler);
     assert!(v["kind"] == "crash" && reason(&v).contains("op.preamble.length"), "{v}");
     assert_eq!(one_verdict(target, &aborted, &sync)["kind"], "pass");
+    // ZeRO with ep > 1: the dense and expert stores' norms added, the experts' never summed over ep.
+    let zero = dir.join("dp2-ep2-zero1-clip-f16.json");
+    let v = one_verdict(target, &zero, scaler);
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("param/"), "{v}");
+    assert_eq!(one_verdict(target, &zero, &format!("{scaler},colossalai-moe-zero-clip-norm"))["kind"], "pass");
 }
 
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`

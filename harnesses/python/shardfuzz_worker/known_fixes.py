@@ -924,6 +924,35 @@ def _colossalai_moe_dp_sync_unrouted_experts():
     _replace_in_method(HybridParallelModule, "sync_dp_grads", old, new, "colossalai-moe-dp-sync-unrouted-experts")
 
 
+def _colossalai_moe_zero_clip_norm():
+    """Colossal-AI 0.5.0: with ep > 1 the MoE plugin's ZeRO optimizer (MoeHybridParallelZeroOptimizer) keeps two
+    gradient stores, the dense parameters' (over the data-parallel group) and the experts' (over moe_dp), and
+    LowLevelZeroOptimizer.step adds their L2 norms (`norm_group += self._compute_grad_norm(...)`,
+    zero/low_level/low_level_optim.py:572-575) instead of their squares; and the experts' norm is all-reduced over
+    moe_dp (and tp, pp) only, never over the ep ranks that hold the other experts: every expert-parallel rank clips
+    by its own, wrong, norm (docs/findings/colossalai-0.5.0-moe-zero-clip-norm-adds-store-norms.py). Fix: the
+    stores' norms combined in quadrature, the experts' squared norm summed over their ep group."""
+    import torch
+    import torch.distributed as dist
+    from colossalai.tensor.moe_tensor.api import get_ep_group, is_moe_tensor
+    from colossalai.zero.low_level import low_level_optim
+
+    def store_norm(opt, store, grads):
+        norm = opt._compute_grad_norm(dp_pg=store.torch_pg, gradients=grads)
+        experts = [p for p in opt.pg_to_param_list.get(store.torch_pg, ()) if is_moe_tensor(p)]
+        ep = get_ep_group(experts[0]) if experts else None
+        if ep is not None and dist.get_world_size(ep) > 1:
+            squared = torch.tensor([float(norm) ** 2], dtype=torch.float64)
+            dist.all_reduce(squared, group=ep)
+            norm = squared.item() ** 0.5
+        return norm
+
+    low_level_optim._shardfuzz_store_norm = store_norm
+    old = "norm_group += self._compute_grad_norm(dp_pg=grad_store.torch_pg, gradients=working_grads)\n"
+    new = "norm_group = (norm_group**2 + _shardfuzz_store_norm(self, grad_store, working_grads) ** 2) ** 0.5\n"
+    _replace_in_method(low_level_optim.LowLevelZeroOptimizer, "step", old, new, "colossalai-moe-zero-clip-norm")
+
+
 def _colossalai_mixtral_tied_padded_logits():
     """Colossal-AI 0.5.0: MixtralPolicy pads a tied embedding's vocabulary to make_vocab_size_divisible_by
     (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
@@ -2911,6 +2940,7 @@ FIXES = {
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
     "colossalai-moe-amp-clip-groups": (("colossalai-moe",), _colossalai_moe_amp_clip_groups),
+    "colossalai-moe-zero-clip-norm": (("colossalai-moe",), _colossalai_moe_zero_clip_norm),
     "colossalai-moe-dp-sync-unrouted-experts": (("colossalai-moe",), _colossalai_moe_dp_sync_unrouted_experts),
     "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
