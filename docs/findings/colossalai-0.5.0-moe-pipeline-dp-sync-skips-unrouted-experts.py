@@ -3,7 +3,65 @@
 calling rank, so where a MoE expert is routed no token on one data-parallel rank the ranks' all-reduces pair up
 different experts' gradients (or abort in gloo, or hang).
 
-DOCSTRING_TAIL
+With ZeRO 0 and pp_size > 1, MoeHybridParallelPlugin.configure does not wrap the model in PyTorch DDP (`use_ddp` is
+False: booster/plugin/moe_hybrid_parallel_plugin.py:438-443, 456-467; DDP only where use_ddp,
+hybrid_parallel_plugin.py:113-117) and its fp32/AMP optimizer is no HybridParallelZeroOptimizer, so after the
+schedule's backward passes execute_pipeline (hybrid_parallel_plugin.py:1387-) synchronises the data-parallel
+gradients with `model.sync_dp_grads()` (1428-1431). That loops over the stage's parameters and all-reduces, over the
+data-parallel group, each one whose `p.grad is not None` (hybrid_parallel_plugin.py:161-183, the test at 179), then
+divides it by the group's size. The test is rank-local: shardformer's EPMixtralSparseMoeBlock runs no expert that
+received no token (shardformer/modeling/mixtral.py:176-180, the `continue` at 179-180; with one expert per rank the
+`if output_states.size(0) > 0` at 167), so an expert routed no token in any micro-batch of one data-parallel rank has
+no gradient there while the other ranks have one. The ranks then issue different sequences of all-reduces:
+ - where the sequences line up in size (every expert's w1, w2, w3 has the same shape), gradients of DIFFERENT
+   experts are averaged together, silently; the ranks also end with different replicas (the expert that had no
+   gradient on a rank is not stepped there);
+ - where sizes differ, gloo aborts the process that waits for the smaller tensor (SIGABRT):
+   "terminate called after throwing an instance of 'gloo::EnforceNotMet' what(): [enforce fail at
+   ../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 96 vs 8" (an expert's 12x8
+   weight against an 8-element RMSNorm weight); the others then fail with "Connection reset by peer";
+ - where one rank issues fewer all-reduces than another, it can also hang until the collective timeout.
+(Under DDP, pp 1, the plugin sets find_unused_parameters, moe_hybrid_parallel_plugin.py:445-450; ZeRO 1/2 syncs its
+own flat buffers. HybridParallelPlugin's dense models call the same sync_dp_grads, where every rank usually has the
+same parameters with gradients.)
+
+A separate Colossal-AI bug also distorts expert gradients wherever moe_dp > 1: DPGradScalerIn/DPGradScalerOut
+(moe/_operation.py:335-376) scale an expert's gradient by moe_dp_size / (the ranks that routed it tokens), see
+colossalai-0.5.0-moe-expert-gradients-scaled-by-active-data-parallel-ranks.py. This script makes their backward the
+identity in BOTH modes (with and without --fixed), so only the sync bug shows. (Without that, --fixed below still
+reports layer 0's experts 0-2 and layer 1's experts 0 and 2 at up to 2.000x the reference's.)
+
+Found by shardfuzz's colossalai-moe target: campaign 317's gloo abort (the message above) on a dp 3 x pp 2
+interleaved bf16 case; then, on dp 2 x pp 2 1F1B f32 cases with 4 experts, top-1, both the abort
+(tests/python-colossalai-moe/dp2-pp2-zero0-experts4-top1-unrouted-abort-f32.json) and the silent form
+(tests/python-colossalai-moe/dp2-pp2-zero0-experts4-top1-unrouted-mixed-f32.json: experts' down-projection gradients
+off by ~60 % in direction). Here: a 2-layer Mixtral (vocab 13, hidden 8, intermediate 12, 2 heads, 4 experts, top-1,
+no auxiliary loss, untied embeddings), MoeHybridParallelPlugin(tp 1, pp 2 1F1B, 2 micro-batches, ep 1, ZeRO 0,
+fp32) on 4 ranks (dp 2 x pp 2), the model's own loss on a batch of 4 sequences of 4 tokens (each data-parallel rank 2,
+one per micro-batch), one pass; each stage's gradients after the sync against the same model's on one device on the
+whole batch (with equal micro-batches and no ignored labels the pipeline's mean of micro-batch means, averaged over
+dp, is the whole batch's mean). The batch (seed 21) routes, in layer 0, no token to expert 1 on dp rank 0 and none to
+expert 0 on dp rank 1: dp rank 0 all-reduces experts 0, 2, 3, dp rank 1 experts 1, 2, 3, so dp rank 0's expert 0 is
+averaged with dp rank 1's expert 1 (both ranks hold that average, one as expert 0, the other as expert 1). Run:
+
+    python -m torch.distributed.run --nproc_per_node 4 colossalai-0.5.0-moe-pipeline-dp-sync-skips-unrouted-experts.py [--fixed]
+
+(with Colossal-AI 0.5.0, torch 2.5.1 and transformers 4.51.3: shardfuzz's .venv-colossalai). On the CPU it installs
+the gloo/CPU start-up shims shardfuzz's Colossal-AI targets use (found beside this file in the shardfuzz checkout;
+none changes what Colossal-AI computes). Prints which experts each data-parallel rank routed no token, each
+(stage, dp rank)'s gradients that differ from the reference's (an expert's three weights together), and MISMATCH
+(exit status 1; about 22 s on 2 CPU cores):
+
+BUG_OUTPUT
+
+SEED=0 shows the abort form instead (layer 1: dp rank 0 routes no token to expert 3, dp rank 1 routes every expert):
+global rank 1 (stage 1, dp rank 0) dies with the gloo message above.
+
+With `--fixed` (sync_dp_grads gives a parameter that takes gradients but has none on this rank a zero gradient before
+the all-reduce: its share of the average; every rank issues the same all-reduces) every gradient matches: OK (exit
+status 0; about 29 s), for seed 0 too:
+
+FIXED_OUTPUT
 """
 import copy
 import datetime
@@ -113,7 +171,7 @@ def compare(grads, reference):
         want = torch.cat([w.flatten() for _, w in pairs])
         if all(g is None for g, _ in pairs):
             if want.norm() > ATOL:
-                lines.append(f"{key}: no gradient (reference's norm {want.norm():.4g})")
+                lines.append(f"{key}: no gradient (reference's norm {want.norm():.3g})")
             continue
         got = torch.cat([(w * 0 if g is None else g).flatten() for g, w in pairs])
         if (got - want).norm() > RTOL * want.norm() + ATOL:
