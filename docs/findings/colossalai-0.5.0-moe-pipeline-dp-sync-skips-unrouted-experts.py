@@ -16,7 +16,7 @@ no gradient there while the other ranks have one. The ranks then issue different
  - where the sequences line up in size (every expert's w1, w2, w3 has the same shape), gradients of DIFFERENT
    experts are averaged together, silently; the ranks also end with different replicas (the expert that had no
    gradient on a rank is not stepped there);
- - where sizes differ, gloo aborts the process that waits for the smaller tensor (SIGABRT):
+ - where sizes differ, gloo aborts (SIGABRT) the rank whose tensor is the smaller:
    "terminate called after throwing an instance of 'gloo::EnforceNotMet' what(): [enforce fail at
    ../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 96 vs 8" (an expert's 12x8
    weight against an 8-element RMSNorm weight); the others then fail with "Connection reset by peer";
@@ -50,18 +50,31 @@ averaged with dp rank 1's expert 1 (both ranks hold that average, one as expert 
 the gloo/CPU start-up shims shardfuzz's Colossal-AI targets use (found beside this file in the shardfuzz checkout;
 none changes what Colossal-AI computes). Prints which experts each data-parallel rank routed no token, each
 (stage, dp rank)'s gradients that differ from the reference's (an expert's three weights together), and MISMATCH
-(exit status 1; about 22 s on 2 CPU cores):
+(exit status 1; 20-60 s on 2 shared CPU cores):
 
-BUG_OUTPUT
+    Mixtral (2 layers, 4 experts, top-1), dp 2 x pp 2 (1F1B, 2 micro-batches), ZeRO 0, fp32, seed 21
+      (DPGradScalerIn/Out's backward made the identity, both modes):
+      layer 0 (stage 0): experts routed no token: dp rank 0 [1], dp rank 1 [0]
+      layer 1 (stage 1): experts routed no token: dp rank 0 [1], dp rank 1 [1]
+      stage 0, dp rank 0: layer 0 expert 0: relative error 1.724, norm 1.923x the reference's, cosine 0.449
+      stage 0, dp rank 0: layer 0 expert 1: no gradient (reference's norm 0.0023)
+      stage 0, dp rank 1: layer 0 expert 0: no gradient (reference's norm 0.00133)
+      stage 0, dp rank 1: layer 0 expert 1: relative error 0.580, norm 1.115x the reference's, cosine 0.855
+    MISMATCH
 
 SEED=0 shows the abort form instead (layer 1: dp rank 0 routes no token to expert 3, dp rank 1 routes every expert):
 global rank 1 (stage 1, dp rank 0) dies with the gloo message above.
 
 With `--fixed` (sync_dp_grads gives a parameter that takes gradients but has none on this rank a zero gradient before
 the all-reduce: its share of the average; every rank issues the same all-reduces) every gradient matches: OK (exit
-status 0; about 29 s), for seed 0 too:
+status 0; 30-65 s), for SEED=0 too:
 
-FIXED_OUTPUT
+    Mixtral (2 layers, 4 experts, top-1), dp 2 x pp 2 (1F1B, 2 micro-batches), ZeRO 0, fp32, seed 21
+      (DPGradScalerIn/Out's backward made the identity, both modes):
+      layer 0 (stage 0): experts routed no token: dp rank 0 [1], dp rank 1 [0]
+      layer 1 (stage 1): experts routed no token: dp rank 0 [1], dp rank 1 [1]
+      every gradient matches the single-device run's
+    OK
 """
 import copy
 import datetime
@@ -207,7 +220,7 @@ def main():
 
 def print_report(routing, report, wrong):
     print(f"Mixtral (2 layers, {EXPERTS} experts, top-1), dp {DP} x pp 2 (1F1B, {MICROBATCHES} micro-batches), "
-          f"ZeRO 0, fp32, batch seed {SEED}; DPGradScalerIn/Out neutralised:")
+          f"ZeRO 0, fp32, seed {SEED}\n  (DPGradScalerIn/Out's backward made the identity, both modes):")
     for layer in sorted(routing[0]):
         print(f"  layer {layer} (stage {layer}): experts routed no token: "
               + ", ".join(f"dp rank {r} {routing[r][layer]}" for r in range(DP)))

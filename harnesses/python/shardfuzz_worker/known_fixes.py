@@ -953,6 +953,53 @@ def _colossalai_moe_zero_clip_norm():
     _replace_in_method(low_level_optim.LowLevelZeroOptimizer, "step", old, new, "colossalai-moe-zero-clip-norm")
 
 
+def _colossalai_moe_unsharded_model_save():
+    """Colossal-AI 0.5.0: MoECheckpointIO.pre_save_model (checkpoint_io/moe_checkpoint.py:686-722), which a whole
+    (unsharded, `shard=False`) model checkpoint goes through, takes the state dict of the boosted wrapper, not of the
+    model it wraps (HybridParallelCheckpointIO.save_unsharded_model unwraps first): every key carries the wrapper's
+    `module.` prefix, and load_unsharded_model, which unwraps and forces strict=False, loads none of them: the run
+    resumes from the freshly built model, silently. With ep > 1 it gathers each expert over the expert-parallel group
+    on the ranks whose *global* data-parallel rank is 0 only (ep is a sub-axis of that group: the others never join,
+    the save hangs), and would concatenate the ep ranks' i-th held experts along dim 0 under ep rank 0's name, where
+    Mixtral's blocks keep their experts' global names (docs/findings/colossalai-0.5.0-moe-unsharded-checkpoint-save.py).
+    Fix: the unwrapped model's state dict, and each ep group's MoE data-parallel rank 0 gathering its members'
+    experts by name."""
+    import torch.distributed as dist
+    from colossalai.checkpoint_io.moe_checkpoint import MoECheckpointIO
+    from colossalai.tensor.moe_tensor.api import is_moe_tensor
+
+    def pre_save_model(self, model):
+        model = model.unwrap()
+        state_dict = model.state_dict()
+        experts = {n: p.detach().cpu() for n, p in model.named_parameters() if ".experts." in n and is_moe_tensor(p)}
+        if self.ep_size > 1 and self.moe_dp_rank == 0:
+            out = [None] * self.ep_size if self.ep_rank == 0 else None
+            dist.gather_object(experts, out, dst=dist.get_global_rank(self.ep_group, 0), group=self.ep_group)
+            for held in out or ():
+                state_dict.update(held)
+        if self.pp_size > 1 and self.dp_rank == 0:
+            out = [None] * self.pp_size if self.pp_rank == 0 else None
+            dist.gather_object(state_dict, out, dst=dist.get_global_rank(self.pp_group, 0), group=self.pp_group)
+            if self.pp_rank == 0:
+                state_dict = {k: v for stage in out for k, v in stage.items()}
+        dist.barrier()
+        return state_dict
+
+    MoECheckpointIO.pre_save_model = pre_save_model
+
+
+def _colossalai_moe_unsharded_optimizer_ep_group():
+    """Colossal-AI 0.5.0: MoECheckpointIO.load_unsharded_optimizer (checkpoint_io/moe_checkpoint.py:811-897, "Copied
+    from colossalai.moe") appends, when ep > 1, an "ep extra group" holding the optimizer's last parameter group's
+    parameters once more: 0.5.0's optimizers have no separate expert group, so every parameter of that group is in two
+    groups and torch's optimizer steps it twice on every step after the resume, silently
+    (docs/findings/colossalai-0.5.0-moe-unsharded-checkpoint-save.py). Fix: no extra group."""
+    from colossalai.checkpoint_io.moe_checkpoint import MoECheckpointIO
+
+    _replace_in_method(MoECheckpointIO, "load_unsharded_optimizer", "    if self.ep_size > 1:\n",
+                       "    if False:  # (no extra expert group)\n", "colossalai-moe-unsharded-optimizer-ep-group")
+
+
 def _colossalai_mixtral_tied_padded_logits():
     """Colossal-AI 0.5.0: MixtralPolicy pads a tied embedding's vocabulary to make_vocab_size_divisible_by
     (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
@@ -2940,6 +2987,8 @@ FIXES = {
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
     "colossalai-moe-amp-clip-groups": (("colossalai-moe",), _colossalai_moe_amp_clip_groups),
+    "colossalai-moe-unsharded-model-save": (("colossalai-moe",), _colossalai_moe_unsharded_model_save),
+    "colossalai-moe-unsharded-optimizer-ep-group": (("colossalai-moe",), _colossalai_moe_unsharded_optimizer_ep_group),
     "colossalai-moe-zero-clip-norm": (("colossalai-moe",), _colossalai_moe_zero_clip_norm),
     "colossalai-moe-dp-sync-unrouted-experts": (("colossalai-moe",), _colossalai_moe_dp_sync_unrouted_experts),
     "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),

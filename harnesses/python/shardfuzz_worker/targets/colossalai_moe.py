@@ -19,8 +19,8 @@ from .torch_model import unsupported_layout
 class ColossalMoe(ColossalHybrid):
     name = "colossalai-moe"
     plugin_name = "MoeHybridParallelPlugin"
-    checkpoint_layouts = ()
-    resumes_into = ()
+    checkpoint_layouts = ("sharded", "gathered")
+    resumes_into = ("dp", "tp", "pp", "ep", "zero_stage", "reduce_bucket")
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("dp", "tp", "pp", "ep"), "colossalai-moe runs dp x tp x pp with ep within dp",
@@ -54,8 +54,6 @@ class ColossalMoe(ColossalHybrid):
             # (Measured: the stage's MoeHybridParallelZeroOptimizer raises "No parameters found in moe_dp_group"
             # while the others go on.)
             return "a pipeline stage without a decoder layer holds no expert, which MoeHybridParallelPlugin's ZeRO refuses"
-        if case["train"].get("resume_after") is not None:
-            return "colossalai-moe does not resume from checkpoints yet"
         return self.unsupported_plugin(case)
 
     def plugin_options(self, case):
