@@ -118,20 +118,19 @@ def reference_step(reference, ids):
     return float(norm)
 
 
-def own_shards(opt, named, tensors):
-    """{name: this rank's ZeRO shard of tensors[name], flat} (padded and cut as ZeRO cuts the parameter named[name])."""
+def own_shards(cuts, tensors):
+    """{name: this rank's ZeRO shard of tensors[name], flat}; cuts[name] = (group size, rank in it) of its store."""
     shards = {}
-    for name, p in named.items():
-        group = opt.param_to_pg[p]
-        world, flat = dist.get_world_size(group), tensors[name].detach().float().flatten()
-        flat = torch.nn.functional.pad(flat, [0, (world - flat.numel() % world) % world])
-        shards[name] = flat.chunk(world)[dist.get_rank(group)]
+    for name, (world, rank) in cuts.items():
+        flat = tensors[name].detach().float().flatten()
+        flat = torch.nn.functional.pad(flat, [0, (world - flat.numel() % world) % world])  # (as ZeRO pads it)
+        shards[name] = flat.chunk(world)[rank]
     return shards
 
 
 def sharded_step(model, ids):
-    """Returns this rank's (stores' norms, clipping norm, {name: its fp32 master shard's update}, shard): ZeRO 1
-    updates each shard on one rank, with that rank's clipping factor; shard({name: tensor}) cuts tensors the same way."""
+    """Returns this rank's (stores' norms, clipping norm, {name: its fp32 master shard's update}, cuts): ZeRO 1
+    updates each shard on one rank, by that rank's clipping factor; own_shards(cuts, ...) cuts tensors the same way."""
     from colossalai.booster import Booster
     from colossalai.booster.plugin import MoeHybridParallelPlugin
 
@@ -142,18 +141,19 @@ def sharded_step(model, ids):
     store_norms, compute = [], opt._compute_grad_norm  # (recorded: the norm of each store, in step's order)
     opt._compute_grad_norm = lambda **kw: store_norms.append(compute(**kw)) or store_norms[-1]
     named = dict(boosted.unwrap().named_parameters())  # (this rank's: the dense ones and its own experts)
-    start = own_shards(opt, named, named)  # (the fp32 masters start from the bf16 working parameters)
+    groups = {n: opt.param_to_pg[p] for n, p in named.items()}  # (its store's group: dp, or moe_dp for experts)
+    cuts = {n: (dist.get_world_size(g), dist.get_rank(g)) for n, g in groups.items()}
+    start = own_shards(cuts, named)  # (the fp32 masters start from the bf16 working parameters)
     rows = ids[2 * dist.get_rank():2 * dist.get_rank() + 2]
     booster.backward(boosted(input_ids=rows, labels=rows).loss, opt)
     opt.step()
     update = {n: opt.working_to_master_param[id(p)].detach().float() - start[n] for n, p in named.items()}
-    return store_norms, float(opt._current_grad_norm), update, lambda tensors: own_shards(opt, named, tensors)
+    return store_norms, float(opt._current_grad_norm), update, cuts
 
 
 def compare(got, want):
     """(relative error, norm ratio) of this rank's shards' update against the same shards of the reference's."""
-    got = torch.cat([got[n] for n in got])
-    want = torch.cat([want[n] for n in got])
+    got, want = torch.cat([got[n] for n in got]), torch.cat([want[n] for n in got])
     return float((got - want).norm() / want.norm()), float(got.norm() / want.norm())
 
 
@@ -171,9 +171,10 @@ def main():
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
     ids = torch.randint(0, 13, (4, 6), generator=torch.Generator().manual_seed(1))
 
-    store_norms, norm, update, shard = sharded_step(model, ids)
+    store_norms, norm, update, cuts = sharded_step(model, ids)
     reference_norm = reference_step(reference, ids)
-    error, ratio = compare(update, shard({n: p.detach() - initial[n] for n, p in reference.named_parameters()}))
+    want = own_shards(cuts, {n: p.detach() - initial[n] for n, p in reference.named_parameters()})
+    error, ratio = compare(update, want)
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, (rank, store_norms, norm, error, ratio, len(update)))
     wrong = any(abs(n - reference_norm) > NORM_RTOL * reference_norm or e > UPDATE_RTOL for _, _, n, e, _, _ in rows)
@@ -181,8 +182,9 @@ def main():
         print(f"Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16, max_norm {MAX_NORM}:")
         for r, stores, n, e, q, count in rows:
             parts = " + ".join(f"{s:.4f}" for s in stores)
-            print(f"  rank {r}: stores' norms (dense, its experts) {parts}; clipped by norm {n:.4f}; its fp32 master"
-                  f" shards of {count} parameters updated {q:.3f}x the reference's (relative error {e:.3f})")
+            print(f"  rank {r}: its stores' norms (dense, its experts) {parts}; clipped by norm {n:.4f}")
+            print(f"          its fp32 master shards ({count} parameters) updated {q:.3f}x the reference's"
+                  f" (relative error {e:.3f})")
         print(f"  one device: norm {reference_norm:.4f} (clip_grad_norm_)")
         print("MISMATCH" if wrong else "OK")
     dist.destroy_process_group()

@@ -1000,6 +1000,59 @@ def _colossalai_moe_unsharded_optimizer_ep_group():
                        "    if False:  # (no extra expert group)\n", "colossalai-moe-unsharded-optimizer-ep-group")
 
 
+def _colossalai_moe_pipeline_dp_sync_expert_group():
+    """Colossal-AI 0.5.0: with ZeRO 0 beside a pipeline (where MoeHybridParallelPlugin runs no DDP, so its refusal of
+    ep > 1 under DDP does not apply, and its message's hint suggests this very bypass), HybridParallelModule.
+    sync_dp_grads averages every gradient over the plugin's whole data-parallel group (moe_dp x ep,
+    booster/plugin/moe_hybrid_parallel_plugin.py:459), experts' included: each expert's gradient is averaged with the
+    other ep ranks' *other* experts, silently (docs/findings/colossalai-0.5.0-moe-pipeline-dp-sync-averages-experts-
+    over-ep.py). Fix: an expert's gradient averaged over its MoE block's moe_dp group."""
+    from colossalai.booster.plugin import hybrid_parallel_plugin
+
+    def dp_group_of(wrapper, p):
+        if not hasattr(p, "ep_group"):
+            return wrapper.dp_group
+        groups = wrapper.__dict__.get("_shardfuzz_expert_dp_groups")
+        if groups is None:
+            groups = {id(q): m.moe_dp_group for m in wrapper.module.modules() if hasattr(m, "moe_dp_group")
+                      for q in m.parameters() if hasattr(q, "ep_group")}
+            wrapper.__dict__["_shardfuzz_expert_dp_groups"] = groups
+        return groups.get(id(p), wrapper.dp_group)
+
+    hybrid_parallel_plugin._shardfuzz_dp_group_of = dp_group_of
+    cls, fix = hybrid_parallel_plugin.HybridParallelModule, "colossalai-moe-pipeline-dp-sync-expert-group"
+    _replace_in_method(cls, "sync_dp_grads", "dist.all_reduce(p.grad, group=self.dp_group)",
+                       "dist.all_reduce(p.grad, group=_shardfuzz_dp_group_of(self, p))", fix)
+    _replace_in_method(cls, "sync_dp_grads", "p.grad.div_(self.dp_group.size())",
+                       "p.grad.div_(_shardfuzz_dp_group_of(self, p).size())", fix)
+
+
+def _colossalai_moe_clip_norm_over_ep():
+    """Colossal-AI 0.5.0: with ZeRO 0 (beside a pipeline, the only place the MoE plugin runs ep > 1 without ZeRO) the
+    plugin's optimizers (HybridParallelNaiveOptimizer, HybridParallelAMPOptimizer) compute the norm they clip by from
+    this rank's gradients, all-reduced over tp and pp only: the other ep ranks' experts are never counted, so the norm
+    is too small and differs between expert-parallel ranks
+    (docs/findings/colossalai-0.5.0-moe-pipeline-dp-sync-averages-experts-over-ep.py). Fix: each expert's squared norm
+    summed over its ep group before it is added."""
+    import torch
+    import torch.distributed as dist
+    from colossalai.booster.plugin import hybrid_parallel_plugin as hpp
+
+    def over_ep(param, exponentiated):
+        group = getattr(param, "ep_group", None)
+        if group is None or dist.get_world_size(group) == 1:
+            return exponentiated
+        total = torch.tensor([float(exponentiated)], dtype=torch.float64)
+        dist.all_reduce(total, group=group)
+        return total.item()
+
+    hpp._shardfuzz_over_ep = over_ep
+    old = "total_norm_exponentiated += grad_norm_exponentiated\n"
+    new = "total_norm_exponentiated += _shardfuzz_over_ep(grad_to_param_mapping[id(grad)], grad_norm_exponentiated)\n"
+    for cls in (hpp.HybridParallelNaiveOptimizer, hpp.HybridParallelAMPOptimizer):
+        _replace_in_method(cls, "_compute_grad_norm", old, new, "colossalai-moe-clip-norm-over-ep")
+
+
 def _colossalai_mixtral_tied_padded_logits():
     """Colossal-AI 0.5.0: MixtralPolicy pads a tied embedding's vocabulary to make_vocab_size_divisible_by
     (PaddingEmbedding) when there is no tensor parallelism, but MixtralForCausalLMPolicy leaves the LM head, which shares
@@ -2991,6 +3044,8 @@ FIXES = {
     "colossalai-moe-unsharded-optimizer-ep-group": (("colossalai-moe",), _colossalai_moe_unsharded_optimizer_ep_group),
     "colossalai-moe-zero-clip-norm": (("colossalai-moe",), _colossalai_moe_zero_clip_norm),
     "colossalai-moe-dp-sync-unrouted-experts": (("colossalai-moe",), _colossalai_moe_dp_sync_unrouted_experts),
+    "colossalai-moe-pipeline-dp-sync-expert-group": (("colossalai-moe",), _colossalai_moe_pipeline_dp_sync_expert_group),
+    "colossalai-moe-clip-norm-over-ep": (("colossalai-moe",), _colossalai_moe_clip_norm_over_ep),
     "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),

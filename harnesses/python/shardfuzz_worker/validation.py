@@ -100,8 +100,11 @@ _COLOSSALAI_MOE = _COLOSSALAI + [
     # parallelism beside a pipeline.
     ("colossalai/shardformer/policies/mixtral.py", "module_policy", "divisible"),
     ("colossalai/shardformer/policies/mixtral.py", "module_policy", "not supported with pipeline parallelism"),
-    # The expert-parallel MoE block's check that the experts divide over the ep ranks.
+    # The expert-parallel MoE block's check that the experts divide over the ep ranks, raised there or, once the
+    # policy replaces the block, re-raised by the sharder ("Failed to replace block_sparse_moe ... with the exception:
+    # The number of experts must be divisible by the number of expert parallel groups", campaign 318).
     ("colossalai/shardformer/modeling/mixtral.py", "setup_process_groups", "must be divisible"),
+    ("colossalai/shardformer/shard/sharder.py", "_replace_sub_module", "experts must be divisible by the number of expert"),
 ]
 
 _MEGATRON_DIVISIBILITY = [

@@ -36,7 +36,7 @@ class ColossalMoe(ColossalHybrid):
         if why:
             return why
         p = parallel(case)
-        if p["ep"] > 1 and p["zero_stage"] == 0:
+        if p["ep"] > 1 and p["zero_stage"] == 0 and p["pp"] == 1:
             # (Colossal-AI 0.5.0 means to refuse it, with a ValueError whose message names an undefined `dp_group`:
             # a NameError instead; docs/findings/colossalai-0.5.0-moe-expert-gradients-scaled-by-active-data-parallel-
             # ranks.py.)
