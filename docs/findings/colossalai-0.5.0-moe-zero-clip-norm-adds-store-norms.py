@@ -17,10 +17,11 @@ norm / its norm), a different factor on each rank. (The norm `get_grad_norm()` r
 Found by reading LowLevelZeroOptimizer.step while analysing shardfuzz's colossalai-moe findings (clipping bugs of the
 MoE plugin), confirmed by colossalai-moe on tests/python-colossalai-moe/dp2-ep2-zero1-clip-f16.json (final parameters
 8-21 x the f16 noise; passes with the fix) -- in bf16 the same case passes shardfuzz's oracle (3.3 x), a miss. Here: a
-2-layer Mixtral (vocab 13, hidden 8, 4 experts, top-2, no auxiliary loss), MoeHybridParallelPlugin(tp 1, pp 1, ep 2,
-ZeRO 1, bf16, max_norm 0.1) on 2 ranks (dp 2 x ep 2, moe_dp 1), one SGD step (lr 1) with the model's own loss on a
-batch of 4 sequences split over the 2 data-parallel ranks, against the same model on one device in fp32 on the whole
-batch with torch.nn.utils.clip_grad_norm_(max_norm 0.1). bf16 has no loss scale: the norm the optimizer records is the
+2-layer Mixtral (vocab 13, hidden 8, 4 experts, top-2, no auxiliary loss; initializer_range 0.2, so that the experts'
+gradients are not negligible beside the dense ones), MoeHybridParallelPlugin(tp 1, pp 1, ep 2, ZeRO 1, bf16, max_norm
+0.1) on 2 ranks (dp 2 x ep 2, moe_dp 1), one SGD step (lr 1) with the model's own loss on a batch of 4 sequences split
+over the 2 data-parallel ranks, against the same model on one device in fp32 on the whole batch with
+torch.nn.utils.clip_grad_norm_(max_norm 0.1). bf16 has no loss scale: the norm the optimizer records is the
 gradient's own. A separate bug scales expert gradients when moe_dp > 1 (colossalai.moe._operation.DPGradScalerIn/Out,
 colossalai-0.5.0-moe-expert-gradients-scaled-by-active-data-parallel-ranks.py); with moe_dp 1 it does not act, but
 both runs here make those scalers the identity anyway, as that script's --fixed does. Run:
@@ -29,17 +30,34 @@ both runs here make those scalers the identity anyway, as that script's --fixed 
 
 (with Colossal-AI 0.5.0, torch 2.5.1 and transformers 4.51.3: shardfuzz's .venv-colossalai). On the CPU it installs
 the gloo/CPU start-up shims shardfuzz's Colossal-AI targets use (found beside this file in the shardfuzz checkout;
-none changes what Colossal-AI computes). Prints per rank the norms of its two stores, the norm it clipped by and its
-parameters' update (the fp32 master parameters, gathered) against the reference's; the one-device norm; and MISMATCH
-(exit status 1):
+none changes what Colossal-AI computes). Prints per rank the norms of its two stores, the norm it clipped by, and the
+update of the fp32 master shards it owns (ZeRO 1: the dense parameters' half of it, its experts whole; each rank steps
+its shards by its own clipping factor) against the same shards of the reference's update (from the bf16-rounded start
+the masters begin at); the one-device norm; and MISMATCH (exit status 1):
 
-OUTPUT_BUGGY
+    Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16, max_norm 0.1:
+      rank 0: its stores' norms (dense, its experts) 1.4723 + 0.2390; clipped by norm 1.7112
+              its fp32 master shards (29 parameters) updated 0.911x the reference's (relative error 0.089)
+      rank 1: its stores' norms (dense, its experts) 1.4723 + 0.4524; clipped by norm 1.9246
+              its fp32 master shards (29 parameters) updated 0.809x the reference's (relative error 0.191)
+      one device: norm 1.5625 (clip_grad_norm_)
+    MISMATCH
+
+(the model's norm in bf16 is sqrt(1.4723^2 + 0.2390^2 + 0.4524^2) = 1.5587; each rank clipped by 1.4723 + its own
+experts' norm, and its shards moved by about 1.5625 / that norm: 0.913 and 0.812. The stores' norms printed are what
+step's calls of _compute_grad_norm returned.)
 
 With `--fixed` (step's norm loop patched: the stores' norms combined in quadrature, the experts' squared norm first
 summed over their expert-parallel group) every rank clips by the model's norm and every update matches the reference
 within bf16's rounding: OK (exit status 0):
 
-OUTPUT_FIXED
+    Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16, max_norm 0.1:
+      rank 0: its stores' norms (dense, its experts) 1.4723 + 0.2390; clipped by norm 1.5586
+              its fp32 master shards (29 parameters) updated 1.001x the reference's (relative error 0.012)
+      rank 1: its stores' norms (dense, its experts) 1.4723 + 0.4524; clipped by norm 1.5586
+              its fp32 master shards (29 parameters) updated 0.999x the reference's (relative error 0.013)
+      one device: norm 1.5625 (clip_grad_norm_)
+    OK
 """
 import copy
 import datetime
