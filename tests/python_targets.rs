@@ -1120,6 +1120,42 @@ fn colossalai_moe_stage_local_clipping_pipeline_loss_mean_and_unrouted_expert_sy
     assert_eq!(one_verdict(target, &zero, &format!("{scaler},colossalai-moe-zero-clip-norm"))["kind"], "pass");
 }
 
+/// colossalai-moe where the MoE plugin runs ep > 1 without ZeRO (beside a pipeline) and where it resumes from whole
+/// checkpoints: Colossal-AI 0.5.0 averages each expert's gradient with another expert's over ep
+/// (`colossalai-moe-pipeline-dp-sync-expert-group`) and clips by a norm without the other ep ranks' experts
+/// (`colossalai-moe-clip-norm-over-ep`); its MoE checkpoint IO saves the wrapper's keys, so a whole checkpoint loads
+/// nothing, and hangs with ep > 1 (`colossalai-moe-unsharded-model-save`), and its whole-optimizer load puts every
+/// parameter in a second group, stepped twice (`colossalai-moe-unsharded-optimizer-ep-group`). Each fix cures its own.
+#[test]
+fn colossalai_moe_expert_parallel_sync_clipping_and_whole_checkpoints_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let (target, dir) = ("colossalai-moe", root().join("tests/python-colossalai-moe"));
+    let base = "colossalai-moe-dp-grad-scaler,colossalai-moe-dp-sync-unrouted-experts";
+    let (sync, clip) = ("colossalai-moe-pipeline-dp-sync-expert-group", "colossalai-moe-clip-norm-over-ep");
+    let (save, load) = ("colossalai-moe-unsharded-model-save", "colossalai-moe-unsharded-optimizer-ep-group");
+    let with = |fixes: &[&str]| [base].iter().chain(fixes).copied().collect::<Vec<_>>().join(",");
+    let averaged = dir.join("dp2-pp2-ep2-zero0-f32.json");
+    let v = one_verdict(target, &averaged, &with(&[clip]));
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("grad/layers.3.moe."), "{v}");
+    assert_eq!(one_verdict(target, &averaged, &with(&[sync, clip]))["kind"], "pass");
+    let clipped = dir.join("dp2-pp2-ep2-zero0-clip-f32.json");
+    let v = one_verdict(target, &clipped, &with(&[sync]));
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("param/"), "{v}");
+    assert_eq!(one_verdict(target, &clipped, &with(&[sync, clip]))["kind"], "pass");
+    let lost = dir.join("dp2-ep1-zero0-gathered-resume-f32.json");
+    let v = one_verdict(target, &lost, &with(&[]));
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
+    assert_eq!(one_verdict(target, &lost, &with(&[save]))["kind"], "pass");
+    let twice = dir.join("dp2-ep2-zero1-gathered-resume-f16.json");
+    let v = one_verdict_with(target, &twice, &with(&[load]), &["--timeout-ms", "30000"]);
+    assert!(v["kind"] == "hang" && reason(&v).contains("save_model"), "{v}");
+    let v = one_verdict(target, &twice, &with(&[save]));
+    assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step2"), "{v}");
+    assert_eq!(one_verdict(target, &twice, &with(&[save, load]))["kind"], "pass");
+}
+
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
 /// (`set_gradient_divide_factor(dp)`): on HSDP whose shard groups hold one rank, torch 2.15 divides the gradients by the
 /// factor twice, with forced sums (f32) and with an fp16 reduce dtype (gradients 1/2 of the average on 2 ranks), and

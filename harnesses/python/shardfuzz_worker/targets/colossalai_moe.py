@@ -2,8 +2,10 @@
 Booster with MoeHybridParallelPlugin: its experts over the case's `ep` ranks (shardformer's EPMixtralSparseMoeBlock:
 uneven all-to-alls of the routed tokens), the data-parallel ranks of each expert (moe_dp = dp / ep) and the rest of the
 model over every data-parallel rank, tp x pp beside them, ZeRO 0-1 (the plugin turns ZeRO-2 into 1 itself; with ZeRO 0
-PyTorch DDP, which the plugin runs only where every parameter has the same data-parallel group, ep 1). Everything else
-is colossalai-hybrid's (colossalai_hybrid.py: the loss, the schedules, what is reported and how it is combined).
+PyTorch DDP, which the plugin runs only where every parameter has the same data-parallel group, ep 1; beside a pipeline
+its own data-parallel sync, ep > 1 included). Runs resume from the booster's sharded or whole checkpoints (the MoE
+checkpoint IO), into another layout. Everything else is colossalai-hybrid's (colossalai_hybrid.py: the loss, the
+schedules, what is reported and how it is combined).
 
 An expert routed no token on a rank gets no gradient there (Mixtral skips it); one routed no token anywhere has none
 at all, which is reported as zero, the reference's. The optimizer steps only parameters with a gradient (torch's
@@ -37,9 +39,9 @@ class ColossalMoe(ColossalHybrid):
             return why
         p = parallel(case)
         if p["ep"] > 1 and p["zero_stage"] == 0 and p["pp"] == 1:
-            # (Colossal-AI 0.5.0 means to refuse it, with a ValueError whose message names an undefined `dp_group`:
-            # a NameError instead; docs/findings/colossalai-0.5.0-moe-expert-gradients-scaled-by-active-data-parallel-
-            # ranks.py.)
+            # (Colossal-AI 0.5.0 means to refuse it where it would run DDP, with a ValueError whose message names an
+            # undefined `dp_group`: a NameError instead; docs/findings/colossalai-0.5.0-moe-expert-gradients-scaled-by-
+            # active-data-parallel-ranks.py. Beside a pipeline it runs no DDP and accepts ep > 1: expressed.)
             return "MoeHybridParallelPlugin runs PyTorch DDP (ZeRO 0) only where the experts' data-parallel group is every rank's (ep 1)"
         if p["zero_stage"] == 0 and p["dp"] > 1 and p["pp"] == 1 and case["model"].get("activation_checkpointing") == "reentrant":
             # (Measured: every such case fails in backward with DDP's "Expected to mark a variable ready only once".)
