@@ -254,6 +254,12 @@ class ColossalAiTest(unittest.TestCase):
 
         self.assertIsNone(TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json")))
         self.assertIn("DDP", TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json", zero_stage=0)))
+        self.assertIsNone(TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json", zero_stage=0, pp=2,
+                                                       pipeline_schedule="1f1b", microbatches=2)),
+                          "beside a pipeline the plugin runs no DDP and takes ep > 1")
+        resumed = case("mixtral-dp2-ep2-zero1-bf16.json")
+        resumed["train"].update(steps=2, resume_after=1, checkpoint_layout="gathered")
+        self.assertIsNone(TARGET.unsupported(resumed))
         self.assertIn("bf16 or fp16", TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json", ep=1) | {
             "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"}}))
         momentum = case("mixtral-dp2-ep2-zero1-bf16.json")
