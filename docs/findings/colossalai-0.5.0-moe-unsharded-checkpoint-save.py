@@ -2,7 +2,130 @@
 """Colossal-AI 0.5.0: MoeHybridParallelPlugin's whole-file (`shard=False`) checkpoints lose the model, hang with
 expert parallelism, and make every step after the resume twice as large.
 
-DOCSTRING_PLACEHOLDER
+MoECheckpointIO, the plugin's checkpoint IO (colossalai/checkpoint_io/moe_checkpoint.py), reached by
+`booster.save_model(model, path, shard=False)` / `booster.load_model` and `booster.save_optimizer(opt, path,
+shard=False)` / `booster.load_optimizer`:
+
+1. Its pre_save_model (686-722), which save_unsharded_model (724-744) saves, takes `model.state_dict()` (687) of the
+   boosted wrapper (HybridParallelModule; under ZeRO 0 with dp > 1 a DistributedDataParallel inside it), where
+   HybridParallelCheckpointIO.save_unsharded_model unwraps first (checkpoint_io/hybrid_parallel_checkpoint_io.py:779):
+   every key carries the wrapper's `module.` prefix (`module.module.` under DDP). load_unsharded_model
+   (hybrid_parallel_checkpoint_io.py:824-859) unwraps (848) and forces `strict = False` (846) whatever
+   booster.load_model is given, so its `model.load_state_dict` (856) matches no key, loads NOTHING and raises
+   nothing: the run silently resumes from the freshly built model. Any ep, ZeRO stage and precision.
+2. With ep > 1 it gathers each expert over the expert-parallel group (`dist.gather`, 704) only on the ranks whose
+   GLOBAL data-parallel rank is 0 (`dp_rank = dist.get_rank(self.global_dp_group)`, `if dp_rank == 0:`, 695-696);
+   global_dp_group is the plugin's mixed_dp_group, its dp group moe_dp x ep (booster/plugin/
+   moe_hybrid_parallel_plugin.py:345, 359, 412-421), of which ep is a sub-axis: the ep group's other members never
+   join the gather and wait in the barrier (721): the save HANGS (until the backend's timeout). Past that, it
+   concatenates the ep ranks' i-th held experts along dim 0 (706) under ep rank 0's i-th expert's name, where
+   Mixtral's EPMixtralSparseMoeBlock keeps its held experts under their global names and sets the others to None
+   (shardformer/modeling/mixtral.py:58-105, set_tensors_to_none 84): the file would hold experts.0 and experts.1
+   only, each two experts stacked.
+3. load_unsharded_optimizer (811-897, "Copied from colossalai.moe") appends, if ep_size > 1, an "ep extra group"
+   (855-865) holding the optimizer's last param group's parameters once more: 0.5.0's optimizers have one group
+   (MoeHybridParallelZeroOptimizer puts the dense and the expert fp32 masters in it), so after the resume every
+   parameter is in two groups and torch's optimizer steps it TWICE on every step, silently.
+(Aside: save_unsharded_optimizer and load_unsharded_optimizer call `self.pre_save_optim` (783) and
+`self.pre_load_optim` (887), defined nowhere in Colossal-AI 0.5.0: an optimizer with state, SGD with momentum or
+Adam, cannot be saved or loaded this way at all; plain SGD, as here, has none.)
+
+Found by shardfuzz's colossalai-moe target once it resumed runs from checkpoints (eleventh session): a
+whole-checkpoint resume (`train.checkpoint_layout: gathered`) hung with ep 2, then (past the hang) lost the step
+before it (loss/step1 436,048 x the f32 noise on tests/python-colossalai-moe/dp2-ep1-zero0-gathered-resume-f32.json)
+and, past that, stepped twice after it (loss/step2 42 x the f16 noise on dp2-ep2-zero1-gathered-resume-f16.json).
+
+Here: a 2-layer Mixtral (vocab 13, hidden 8, 4 experts, top-2, no auxiliary loss, untied), SGD (lr 1, no momentum),
+each of the 2 data-parallel ranks stepping on its half of a batch of 4 sequences, on 2 ranks:
+  Part A (bug 1): MoeHybridParallelPlugin(ep 1, ZeRO 0 (DDP), fp32), dp 2: one step, the model and the optimizer
+    saved with shard=False, a fresh model (built with the same seed: a load that loads nothing leaves its initial
+    weights) boosted and loaded, its parameters compared with the trained ones; and the saved file's key names.
+  Part B (bug 2): ep 2, ZeRO 1, bf16 (dp 2 x ep 2, moe_dp 1): one step, first (without --fixed) the released save
+    with only its hang taken away (its gather run where the moe_dp rank is 0) to show the file it would write, then
+    the released save, run in a thread: if it has not returned after 30 s, each rank reports the line it waits at
+    (over a separate gloo group) and the run ends: HANG, MISMATCH, exit status 1. (Completed, as with --fixed: a
+    fresh model is loaded from it and each rank's parameters, its experts included, compared with the trained ones.)
+  Part C (bug 3): ep 2, ZeRO 1, bf16, the model saved with bugs 1-2's fix: one step, model and optimizer saved with
+    shard=False, the run's second step taken; a fresh model boosted and loaded from both, the number of its
+    optimizer's param groups before and after load_optimizer, and its second step (the same batch) against the
+    unresumed run's: each rank's fp32 master shards' update.
+Run:
+
+    python -m torch.distributed.run --nproc_per_node 2 colossalai-0.5.0-moe-unsharded-checkpoint-save.py [--fixed]
+    python -m torch.distributed.run --nproc_per_node 2 colossalai-0.5.0-moe-unsharded-checkpoint-save.py --part C
+
+(with Colossal-AI 0.5.0, torch 2.5.1 and transformers 4.51.3: shardfuzz's .venv-colossalai; `--part` takes A, B, C
+or several letters; by default parts A and B run, with --fixed A, B and C; without --fixed part C runs alone, with
+bugs 1-2's fix applied, since the ep 2 save hangs without it.) On the CPU it installs the gloo/CPU start-up shims
+shardfuzz's Colossal-AI targets use (found beside this file in the shardfuzz checkout; none changes what Colossal-AI
+computes). Without --fixed, parts A and B: nothing loaded, then the hang: MISMATCH (exit status 1, after the 30 s
+wait; torchrun then reports the failed ranks):
+
+    Part A (bug 1): Mixtral, dp 2, ep 1, ZeRO 0 (DDP), fp32: one SGD step, save_model/save_optimizer(shard=False),
+      a fresh model (the same initial weights) boosted and loaded:
+      the saved file: 41 tensors, 41 of them named "module.*" (the first: module.module.model.embed_tokens.weight)
+      rank 0: 41 of its 41 loaded parameters differ from the trained ones (max |diff| 0.2750);
+              max |diff| from the initial ones 0.0000
+      rank 1: 41 of its 41 loaded parameters differ from the trained ones (max |diff| 0.2750);
+              max |diff| from the initial ones 0.0000
+    Part B (bug 2): Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16: one SGD step, save_model(shard=False),
+      a fresh model boosted and loaded:
+      past the hang (the released save with its gather run on each ep group's moe_dp rank 0 instead):
+        the file's experts: 12 tensors of the model's 24, named experts.{0,1}.* only; layer 0's experts.0:
+          w1 (24, 8), w2 (16, 12), w3 (24, 8) (the model's: w1 (12, 8), w2 (8, 12), w3 (12, 8))
+        layer 0's experts.0.w1 is expert 0's w1 above expert 2's (rank 1's first): True
+      rank 0: booster.save_model(shard=False) still running after 30 s, waiting at
+              checkpoint_io/moe_checkpoint.py:704 (pre_save_model):
+                dist.gather(param, all_param, dst=dist.get_global_rank(ep_group, 0), group=ep_group)
+      rank 1: booster.save_model(shard=False) still running after 30 s, waiting at
+              checkpoint_io/moe_checkpoint.py:721 (pre_save_model):
+                dist.barrier()
+    HANG
+    MISMATCH
+
+(0.2750: the step's largest change of a parameter; every loaded parameter is exactly its initial value. The
+file's "module.module." is HybridParallelModule's and DDP's. Rank 0 waits for rank 1 in the ep group's gather,
+rank 1 for rank 0 in the barrier after it.)
+
+and part C (`--part C`): each parameter in two groups, the second step twice the unresumed run's: MISMATCH (exit
+status 1):
+
+    Part C (bug 3): Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16: one SGD step, save_model (fixed) and
+      save_optimizer(shard=False), a fresh model boosted and loaded; its second step against the unresumed run's:
+      rank 0: optimizer param groups 1 before load_optimizer, 2 after; 29 of its 29 fp32 master tensors in two groups
+              the second step's update of its master shards 2.000x the unresumed run's (relative error 1.000)
+      rank 1: optimizer param groups 1 before load_optimizer, 2 after; 29 of its 29 fp32 master tensors in two groups
+              the second step's update of its master shards 2.000x the unresumed run's (relative error 1.000)
+    MISMATCH
+
+(the fp32 masters: with ZeRO 1 the dense parameters' halves and the rank's own experts whole; the gradient of the
+second step is the unresumed run's, from the same bf16 weights: the update is exactly twice it.)
+
+With `--fixed` (bugs 1-2: shardfuzz's known fix colossalai-moe-unsharded-model-save, pre_save_model on the unwrapped
+model with each ep group's moe_dp rank 0 gathering its members' experts by name (gather_object); bug 3:
+colossalai-moe-unsharded-optimizer-ep-group, load_unsharded_optimizer's `if self.ep_size > 1:` before the extra
+group patched to `if False:`) the saves complete, every loaded parameter is the trained one, the optimizer keeps one
+group and the resumed step is the unresumed one: OK (exit status 0):
+
+    Part A (bug 1): Mixtral, dp 2, ep 1, ZeRO 0 (DDP), fp32: one SGD step, save_model/save_optimizer(shard=False),
+      a fresh model (the same initial weights) boosted and loaded:
+      the saved file: 41 tensors, 0 of them named "module.*" (the first: model.embed_tokens.weight)
+      rank 0: 0 of its 41 loaded parameters differ from the trained ones (max |diff| 0.0000);
+              max |diff| from the initial ones 0.2750
+      rank 1: 0 of its 41 loaded parameters differ from the trained ones (max |diff| 0.0000);
+              max |diff| from the initial ones 0.2750
+    Part B (bug 2): Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16: one SGD step, save_model(shard=False),
+      a fresh model boosted and loaded:
+      saved; the file's experts: 24 tensors (the first: model.layers.0.block_sparse_moe.experts.0.w1.weight)
+      rank 0 (experts 0,1): 0 of its 29 loaded parameters differ from the trained ones (max |diff| 0.0000)
+      rank 1 (experts 2,3): 0 of its 29 loaded parameters differ from the trained ones (max |diff| 0.0000)
+    Part C (bug 3): Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16: one SGD step, save_model (fixed) and
+      save_optimizer(shard=False), a fresh model boosted and loaded; its second step against the unresumed run's:
+      rank 0: optimizer param groups 1 before load_optimizer, 1 after; 0 of its 29 fp32 master tensors in two groups
+              the second step's update of its master shards 1.000x the unresumed run's (relative error 0.000)
+      rank 1: optimizer param groups 1 before load_optimizer, 1 after; 0 of its 29 fp32 master tensors in two groups
+              the second step's update of its master shards 1.000x the unresumed run's (relative error 0.000)
+    OK
 """
 import datetime
 import inspect
@@ -110,7 +233,8 @@ def weights(boosted):
 
 def masters(boosted, opt):
     """{name: this rank's fp32 ZeRO master shard}."""
-    return {n: opt.working_to_master_param[id(p)].detach().float().clone() for n, p in boosted.unwrap().named_parameters()}
+    named = boosted.unwrap().named_parameters()
+    return {n: opt.working_to_master_param[id(p)].detach().float().clone() for n, p in named}
 
 
 def gather(row):
@@ -140,15 +264,14 @@ def part_a(folder):
     differ = sum(not torch.equal(loaded[n], trained[n]) for n in trained)
     rows = gather((dist.get_rank(), len(trained), differ, max_diff(loaded, trained), max_diff(loaded, initial)))
     if dist.get_rank() == 0:
-        keys = list(torch.load(model_path))
+        keys = list(torch.load(model_path, weights_only=True))
         prefixed = sum(k.startswith("module.") for k in keys)
         print("Part A (bug 1): Mixtral, dp 2, ep 1, ZeRO 0 (DDP), fp32: one SGD step, save_model/save_optimizer"
-              "(shard=False), a fresh model (the same initial weights) boosted and loaded:")
-        print(f"  the saved file: {len(keys)} tensors, {prefixed} of their names starting with \"module.\""
-              f" (the first: {keys[0]})")
+              "(shard=False),\n  a fresh model (the same initial weights) boosted and loaded:")
+        print(f"  the saved file: {len(keys)} tensors, {prefixed} of them named \"module.*\" (the first: {keys[0]})")
         for rank, count, n, trained_off, initial_off in rows:
             print(f"  rank {rank}: {n} of its {count} loaded parameters differ from the trained ones (max |diff|"
-                  f" {trained_off:.4f}); max |diff| from the initial ones {initial_off:.4f}")
+                  f" {trained_off:.4f});\n          max |diff| from the initial ones {initial_off:.4f}")
     return any(n for _, _, n, _, _ in rows)
 
 
@@ -172,13 +295,13 @@ def save_or_hang(save, folder, side):
         return
     stack = traceback.extract_stack(sys._current_frames()[thread.ident])
     frame = [f for f in stack if f"{os.sep}colossalai{os.sep}" in f.filename][-1]
-    where = f"{frame.filename.split(os.sep + 'colossalai' + os.sep)[-1]}:{frame.lineno} ({frame.name}): {frame.line}"
+    where = (f"{frame.filename.split(os.sep + 'colossalai' + os.sep)[-1]}:{frame.lineno} ({frame.name})", frame.line)
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, (dist.get_rank(), where), group=side)
     if dist.get_rank() == 0:
         for rank, at in rows:
-            print(f"  rank {rank}: booster.save_model(shard=False) still running after {HANG_AFTER} s, waiting at"
-                  f" {at}")
+            print(f"  rank {rank}: booster.save_model(shard=False) still running after {HANG_AFTER} s, waiting at\n"
+                  f"          {at[0]}:\n            {at[1]}")
         print("HANG\nMISMATCH", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
     dist.barrier(group=side)
@@ -199,7 +322,7 @@ def past_the_hang(booster, boosted, path, trained):
         MoECheckpointIO.pre_save_model = released
     whole = {n: t for held in gather({n: t for n, t in trained.items() if ".experts." in n}) for n, t in held.items()}
     if dist.get_rank() == 0:
-        saved = torch.load(path)
+        saved = torch.load(path, weights_only=True)
         experts = {k: v for k, v in saved.items() if ".experts." in k}
         name = "model.layers.0.block_sparse_moe.experts.{}.{}.weight"
         shapes = ", ".join(f"{w} {tuple(saved['module.' + name.format(0, w)].shape)}" for w in ("w1", "w2", "w3"))
@@ -208,7 +331,7 @@ def past_the_hang(booster, boosted, path, trained):
         indices = sorted({k.split(".experts.")[1].split(".")[0] for k in experts})
         print("  past the hang (the released save with its gather run on each ep group's moe_dp rank 0 instead):")
         print(f"    the file's experts: {len(experts)} tensors of the model's {len(whole)}, named experts."
-              f"{{{','.join(indices)}}}.* only; layer 0's experts.0: {shapes} (the model's: {model_shapes})")
+              f"{{{','.join(indices)}}}.* only; layer 0's experts.0:\n      {shapes} (the model's: {model_shapes})")
         print(f"    layer 0's experts.0.w1 is expert 0's w1 above expert 2's (rank 1's first):"
               f" {torch.equal(saved['module.' + name.format(0, 'w1')].float(), stacked)}")
 
@@ -222,7 +345,7 @@ def part_b(folder, fixed, side):
     path = f"{folder}/b-model.pt"
     if dist.get_rank() == 0:
         print("Part B (bug 2): Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16: one SGD step, save_model(shard=False),"
-              " a fresh model boosted and loaded:", flush=True)
+              "\n  a fresh model boosted and loaded:", flush=True)
     if not fixed:
         past_the_hang(booster, boosted, f"{folder}/b-past-the-hang.pt", trained)
     save_or_hang(lambda: booster.save_model(boosted, path, shard=False), folder, side)
@@ -233,8 +356,8 @@ def part_b(folder, fixed, side):
     differ = sum(not torch.equal(loaded[n], trained[n]) for n in trained)
     rows = gather((dist.get_rank(), len(trained), experts, differ, max_diff(loaded, trained)))
     if dist.get_rank() == 0:
-        saved = [k for k in torch.load(path) if ".experts." in k]
-        print(f"  the save returned; the file holds {len(saved)} expert tensors (the first: {saved[0]})")
+        saved = [k for k in torch.load(path, weights_only=True) if ".experts." in k]
+        print(f"  saved; the file's experts: {len(saved)} tensors (the first: {saved[0]})")
         for rank, count, held, n, off in rows:
             print(f"  rank {rank} (experts {','.join(held)}): {n} of its {count} loaded parameters differ from the"
                   f" trained ones (max |diff| {off:.4f})")
@@ -269,8 +392,8 @@ def part_c(folder):
     rows = gather((dist.get_rank(), before, len(groups), len(set().union(*groups)), twice, ratio, error))
     if dist.get_rank() == 0:
         print("Part C (bug 3): Mixtral, dp 2 x ep 2 (moe_dp 1), ZeRO 1, bf16: one SGD step, save_model (fixed) and"
-              " save_optimizer(shard=False), a fresh model boosted and loaded, its second step against the second"
-              " step of the run not resumed:")
+              "\n  save_optimizer(shard=False), a fresh model boosted and loaded; its second step against the"
+              " unresumed run's:")
         for rank, b, a, count, n, q, e in rows:
             print(f"  rank {rank}: optimizer param groups {b} before load_optimizer, {a} after; {n} of its {count}"
                   f" fp32 master tensors in two groups")
