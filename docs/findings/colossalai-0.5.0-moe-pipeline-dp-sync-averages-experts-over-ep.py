@@ -18,10 +18,10 @@ EPMixtralSparseMoeBlock.setup_process_groups (shardformer/modeling/mixtral.py:58
 ep_rank * n/ep .. (ep_rank + 1) * n/ep - 1 (81-82) and sets the others' parameters to None (84); the all-to-all
 brings each expert the tokens of every ep rank, and EPGradScalerIn/Out (166, 193; moe/_operation.py:295-332) scale
 its gradient by 1/ep, so a rank's expert gradient already is the average over its ep group's ranks' batches and
-wants averaging over moe_dp only (the block's `moe_dp_group`, 87). Each rank walks its parameters in the same order, so ep rank 0's i-th
-local expert meets ep rank 1's i-th: expert e's gradient becomes (g_e + g_e')/2, e' = the expert at e's local index
-on the other ep rank (with moe_dp 1 exactly that), on both ranks -- silently, as every expert's weights have the
-same shapes. (Under ZeRO 1 MoeHybridParallelZeroOptimizer reduces the experts in a store of their own over
+wants averaging over moe_dp only (the block's `moe_dp_group`, 87). Each rank walks its parameters in the same order,
+so ep rank 0's i-th local expert meets ep rank 1's i-th: expert e's gradient becomes (g_e + g_e')/2, e' = the expert
+at e's local index on the other ep rank (with moe_dp 1 exactly that), on both ranks -- silently, as every expert's
+weights have the same shapes. (Under ZeRO 1 MoeHybridParallelZeroOptimizer reduces the experts in a store of their own over
 moe_dp_group, moe_hybrid_parallel_plugin.py:66-75.)
 
 (2) With ZeRO 0 the plugin's optimizer is HybridParallelNaiveOptimizer (fp32, moe_hybrid_parallel_plugin.py:483-491)
@@ -68,17 +68,60 @@ where 29500 is taken). On the CPU it installs the gloo/CPU start-up shims shardf
 beside this file in the shardfuzz checkout; none changes what Colossal-AI computes). MISMATCH: exit status 1, OK: 0;
 each 20-30 s on 2 shared CPU cores.
 
-PART1_BUGGY
+Part 1 without --fixed: every expert's gradient is the average of its own and its partner's (MISMATCH, exit status 1):
 
-PART2_BUGGY
+    Mixtral (2 layers, 4 experts, top-2), dp 2 = ep 2 (moe_dp 1) x pp 2 (1F1B, 2 micro-batches), ZeRO 0, fp32,
+      seed 3, max_norm 0.0; both modes: DPGradScalerIn/Out's backward the identity,
+      unrouted experts join the sync with zeros:
+      stage 0, ep rank 0: layer 0 expert 0: relative error 0.714, norm 0.801x the reference's, cosine 0.706
+          = (reference's experts 0 + 2) / 2, relative error 1.8e-07
+      stage 0, ep rank 0: layer 0 expert 1: relative error 1.143, norm 1.145x the reference's, cosine 0.438
+          = (reference's experts 1 + 3) / 2, relative error 2.0e-07
+      stage 0, ep rank 1: layer 0 expert 2: relative error 0.626, norm 0.702x the reference's, cosine 0.785
+          = (reference's experts 2 + 0) / 2, relative error 1.8e-07
+      stage 0, ep rank 1: layer 0 expert 3: relative error 0.555, norm 0.556x the reference's, cosine 0.900
+          = (reference's experts 3 + 1) / 2, relative error 2.0e-07
+      stage 1, ep rank 0: layer 1 expert 0: relative error 0.726, norm 0.737x the reference's, cosine 0.690
+          = (reference's experts 0 + 2) / 2, relative error 2.6e-07
+      stage 1, ep rank 0: layer 1 expert 1: relative error 1.329, norm 1.245x the reference's, cosine 0.314
+          = (reference's experts 1 + 3) / 2, relative error 3.6e-07
+      stage 1, ep rank 1: layer 1 expert 2: relative error 0.680, norm 0.691x the reference's, cosine 0.735
+          = (reference's experts 2 + 0) / 2, relative error 2.6e-07
+      stage 1, ep rank 1: layer 1 expert 3: relative error 0.560, norm 0.525x the reference's, cosine 0.917
+          = (reference's experts 3 + 1) / 2, relative error 3.6e-07
+    MISMATCH
+
+Part 2 without --fixed: each ep rank clips by its own, smaller, norm; its update is too large (MISMATCH):
+
+    Mixtral (2 layers, 4 experts, top-2), dp 2 = ep 2 (moe_dp 1) x pp 2 (1F1B, 2 micro-batches), ZeRO 0, fp32,
+      seed 3, max_norm 0.1, SGD lr 10.0; both modes: DPGradScalerIn/Out's backward the identity,
+      unrouted experts join the sync with zeros; fix (1): experts' gradients averaged over moe_dp only:
+      stage 0, ep rank 0: clipped by norm 1.9348 (dense + its experts: 1.9348); update 1.023x the reference's (error 2.28e-02)
+      stage 0, ep rank 1: clipped by norm 1.9541 (dense + its experts: 1.9541); update 1.013x the reference's (error 1.27e-02)
+      stage 1, ep rank 0: clipped by norm 1.9348 (dense + its experts: 1.9348); update 1.023x the reference's (error 2.28e-02)
+      stage 1, ep rank 1: clipped by norm 1.9541 (dense + its experts: 1.9541); update 1.013x the reference's (error 1.27e-02)
+      one device: norm 1.9789 (clip_grad_norm_; dense + every expert: 1.9789)
+    MISMATCH
 
 With `--fixed`, fix (1) (sync_dp_grads averages an expert's gradient over its MoE block's moe_dp_group, the rest over
 dp_group) and fix (2) (_compute_grad_norm sums each expert gradient's squared norm over its param.ep_group before
 adding it) are monkeypatched in, and both parts print OK (exit status 0):
 
-PART1_FIXED
+    Mixtral (2 layers, 4 experts, top-2), dp 2 = ep 2 (moe_dp 1) x pp 2 (1F1B, 2 micro-batches), ZeRO 0, fp32,
+      seed 3, max_norm 0.0, fixed; both modes: DPGradScalerIn/Out's backward the identity,
+      unrouted experts join the sync with zeros:
+      every gradient matches the single-device run's
+    OK
 
-PART2_FIXED
+    Mixtral (2 layers, 4 experts, top-2), dp 2 = ep 2 (moe_dp 1) x pp 2 (1F1B, 2 micro-batches), ZeRO 0, fp32,
+      seed 3, max_norm 0.1, SGD lr 10.0, fixed; both modes: DPGradScalerIn/Out's backward the identity,
+      unrouted experts join the sync with zeros; fix (1): experts' gradients averaged over moe_dp only:
+      stage 0, ep rank 0: clipped by norm 1.9789 (dense + its experts: 1.9348); update 1.000x the reference's (error 2.44e-07)
+      stage 0, ep rank 1: clipped by norm 1.9789 (dense + its experts: 1.9541); update 1.000x the reference's (error 2.39e-07)
+      stage 1, ep rank 0: clipped by norm 1.9789 (dense + its experts: 1.9348); update 1.000x the reference's (error 3.01e-07)
+      stage 1, ep rank 1: clipped by norm 1.9789 (dense + its experts: 1.9541); update 1.000x the reference's (error 3.19e-07)
+      one device: norm 1.9789 (clip_grad_norm_; dense + every expert: 1.9789)
+    OK
 """
 import copy
 import datetime
