@@ -52,6 +52,9 @@ class ColossalMoe(ColossalHybrid):
         why = unshardable(case["model"], p["tp"])
         if why:
             return why
+        if case["model"]["moe"]["experts"] % p["ep"]:
+            # (Its own check, but under a pipeline raised on the stage holding the layer only: campaign 319.)
+            return "EPMixtralSparseMoeBlock refuses experts not divisible by the ep ranks"
         if p["zero_stage"] > 0 and p["pp"] * max(p["virtual_stages"], 1) > len(case["model"]["layers"]) // 2:
             # (Measured: the stage's MoeHybridParallelZeroOptimizer raises "No parameters found in moe_dp_group"
             # while the others go on.)
