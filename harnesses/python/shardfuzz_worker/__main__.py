@@ -123,6 +123,9 @@ class Coordinator:
             reply["coverage"] = sorted(coverage)
             return reply
         combined = self.target.combine(case, [r["out"] for r in results])
+        if "unsupported" in combined:
+            # (A target that can tell only from the run whether it expresses the case: colossalai-moe's routing.)
+            return {"status": "unsupported", "reason": combined["unsupported"], "coverage": sorted(coverage)}
         return self.completed(msg, combined, coverage, inputs)
 
     def single_device(self, msg):

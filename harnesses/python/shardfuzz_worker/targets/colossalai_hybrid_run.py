@@ -200,6 +200,17 @@ class Layout:
         return (p.dp_rank, p.stage, p.tp_rank, p.last, p.sp_rank)
 
 
+def routing_watch(model, case):
+    """A RoutingWatch where an expert routed no token could be stepped differently from the reference (the case's
+    optimizer moves a parameter whose gradient is zero), else None."""
+    from .colossalai_mixtral import RoutingWatch
+    from .colossalai_moe import unsteppable_unused_experts
+
+    if "moe" not in case["model"]["layers"] or unsteppable_unused_experts(case) is None:
+        return None
+    return RoutingWatch(model)
+
+
 def run(plugin, case, inputs, dt, relayout=None):
     """The case's training on this rank under `plugin`; `relayout()` -> (the plugin of the layout the run resumes
     into, the case as laid out then), where the case resumes into another (`train.resume_parallel`)."""
@@ -219,6 +230,7 @@ def run(plugin, case, inputs, dt, relayout=None):
         return case_views(m, list(boosted.unwrap().named_parameters()))
 
     views = model_views()
+    watch, idle = routing_watch(boosted.unwrap(), case), False
     for k in range(t["steps"]):
         if k == resume_after(case):
             later = now if relayout is None else Layout(*relayout(), inputs)
@@ -227,7 +239,9 @@ def run(plugin, case, inputs, dt, relayout=None):
             now = later
             input_grads(boosted.unwrap(), m)
             views = model_views()
+            watch = routing_watch(boosted.unwrap(), case)
         raw, logits = now.step(boosted, zopt, k == 0, class_weight(inputs, dt))
+        idle = (watch is not None and watch.idle()) or idle
         losses.append(raw)
         reports.append(now.reports_loss())
         if k == 0:
@@ -241,7 +255,7 @@ def run(plugin, case, inputs, dt, relayout=None):
     return first | {
         "place": now.where(), "losses": losses, "reports": reports, "denominator": loss_denominator(inputs),
         "params": {n: local_view(view(p)) for n, _, p, view in views}, "sharded": sharded_flags(views),
-        "model_loss": now.labels is not None,
+        "model_loss": now.labels is not None, "idle_experts": idle,
         # Without loss scaling too where the framework checks for overflow (plugin_step: not None).
         "skipped": skipped if t.get("loss_scale") is not None or skipped else None,
     }

@@ -110,3 +110,37 @@ def shardformer_loss(m, plugin):
     parallelism only (under tensor or sequence parallelism transformers' forward computes the loss, a mean over the
     rank's own batch)."""
     return plugin.stage_manager is not None
+
+
+class RoutingWatch:
+    """Counts, on this rank, the tokens each expert of each MoE block is routed in a step (a hook on the router's
+    output, top-k as the block takes it), so that `idle()` can tell, over every rank, whether some expert got none:
+    torch's optimizers then do not step it, where the reference steps every parameter. Layers are indexed by the
+    model's full layer list, so every rank (every pipeline stage) reduces the same vector."""
+
+    def __init__(self, model):
+        import torch
+
+        config = model.config
+        self.counts = torch.zeros(config.num_hidden_layers, config.num_local_experts, dtype=torch.float64)
+        for name, module in model.named_modules():
+            if hasattr(module, "gate") and hasattr(module, "experts") and ".layers." in f".{name}":
+                layer = int(name.split("layers.")[1].split(".")[0])
+                module.gate.register_forward_hook(self._hook(layer, module.top_k))
+
+    def _hook(self, layer, top_k):
+        def count(_module, _inputs, logits):
+            import torch
+
+            chosen = torch.topk(logits.detach().float(), top_k, dim=-1).indices.reshape(-1)
+            self.counts[layer] += torch.bincount(chosen, minlength=self.counts.shape[1]).to(self.counts.dtype)
+
+        return count
+
+    def idle(self):
+        """Whether some expert got no token on any rank since the last call (a collective over every rank)."""
+        import torch.distributed as dist
+
+        counts, self.counts = self.counts, self.counts.new_zeros(self.counts.shape)
+        dist.all_reduce(counts)
+        return bool((counts == 0).any())

@@ -9,8 +9,9 @@ schedules, what is reported and how it is combined).
 
 An expert routed no token on a rank gets no gradient there (Mixtral skips it); one routed no token anywhere has none
 at all, which is reported as zero, the reference's. The optimizer steps only parameters with a gradient (torch's
-optimizers skip the others), where the reference steps every one: a case is refused where that could differ, with an
-optimizer that moves a parameter whose gradient is zero (momentum, Adam after its first step, weight decay)."""
+optimizers skip the others), where the reference steps every one: with an optimizer that moves a parameter whose
+gradient is zero (momentum, Adam after its first step, weight decay) each run watches its routing and is unsupported
+where some expert got no token in a step (colossalai_mixtral.RoutingWatch)."""
 
 from .base import dtype_name, parallel
 from .colossalai_common import unsupported_loss_scale
@@ -34,7 +35,7 @@ class ColossalMoe(ColossalHybrid):
             return "colossalai-moe trains MoE models (colossalai-hybrid the dense ones)"
         from .colossalai_mixtral import expressible
 
-        why = expressible(case["model"]) or unsteppable_unused_experts(case)
+        why = expressible(case["model"])
         if why:
             return why
         p = parallel(case)
@@ -70,6 +71,9 @@ class ColossalMoe(ColossalHybrid):
         return kw
 
     def combine(self, case, outs):
+        if any(o.get("idle_experts") for o in outs):
+            # (Decided by the run's routing: see the module and `unsteppable_unused_experts`.)
+            return {"unsupported": f"an expert was routed no token in a step, which {unsteppable_unused_experts(case)}"}
         out = super().combine(case, outs)
         p = parallel(case)
         if "features" in out:
@@ -93,16 +97,16 @@ def unshardable(m, tp):
 
 
 def unsteppable_unused_experts(case):
-    """Why an expert without a gradient could be stepped differently from the reference (see the module), or None."""
+    """Why an expert without a gradient could be stepped differently from the reference (see the module), or None:
+    then each run watches its routing (colossalai_mixtral.RoutingWatch) and is unsupported where it happened."""
     o = case["train"]["optimizer"]
     if o.get("weight_decay"):
-        return "an expert routed no token is not stepped by torch's optimizer, whose weight decay the reference applies"
+        return "torch's optimizer does not step, where the reference applies its weight decay"
     if o["kind"] == "sgd" and not o.get("momentum"):
         return None
     if o["kind"] != "sgd" and case["train"]["steps"] == 1:
         return None  # (Adam's first step moves nothing whose gradient is zero)
-    return ("an expert routed no token in a later step is not stepped by torch's optimizer, whose momentum the "
-            "reference applies (plain SGD, or Adam for one step)")
+    return "torch's optimizer does not step, where the reference applies its momentum (or Adam's step count)"
 
 
 TARGET = ColossalMoe()
