@@ -250,7 +250,7 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIn("divides each token's gates", expressible({**m, "moe": {**m["moe"], "renormalize": False}}))
 
     def test_colossalai_moe_refuses_what_the_moe_plugin_or_the_reference_cannot_match(self):
-        from shardfuzz_worker.targets.colossalai_moe import TARGET
+        from shardfuzz_worker.targets.colossalai_moe import TARGET, unsteppable_unused_experts
 
         self.assertIsNone(TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json")))
         self.assertIn("DDP", TARGET.unsupported(case("mixtral-dp2-ep2-zero1-bf16.json", zero_stage=0)))
@@ -264,13 +264,38 @@ class ColossalAiTest(unittest.TestCase):
             "train": {"steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}, "dtype": "f32"}}))
         momentum = case("mixtral-dp2-ep2-zero1-bf16.json")
         momentum["train"]["optimizer"] = {"kind": "adam", "lr": 0.01}
-        self.assertIn("momentum", TARGET.unsupported(momentum), "Adam after its first step moves an expert without tokens")
+        self.assertIsNone(TARGET.unsupported(momentum), "decided by the run's routing (RoutingWatch)")
+        self.assertIn("step count", unsteppable_unused_experts(momentum), "Adam after its first step moves an expert without tokens")
+        momentum["train"]["steps"] = 1
+        self.assertIsNone(unsteppable_unused_experts(momentum), "Adam's first step moves nothing whose gradient is zero")
         self.assertIn("trains MoE models", TARGET.unsupported(case("llama-dp2-tp2-zero1-sp-bf16.json")))
         ddp = case("mixtral-dp2-ep2-zero1-bf16.json", ep=1, zero_stage=0)
         self.assertIsNone(TARGET.unsupported(ddp))
         for recompute, refused in (("reentrant", True), ("non_reentrant", False)):
             ddp["model"]["activation_checkpointing"] = recompute
             self.assertEqual("reentrant activation checkpointing" in (TARGET.unsupported(ddp) or ""), refused, recompute)
+
+    def test_the_routing_watch_counts_the_tokens_each_expert_is_routed(self):
+        import torch
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        from shardfuzz_worker.targets.colossalai_mixtral import RoutingWatch
+
+        config = MixtralConfig(vocab_size=13, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+                               num_experts_per_tok=2)
+        torch.manual_seed(0)
+        model = MixtralForCausalLM(config)
+        watch = RoutingWatch(model)
+        model(torch.randint(0, 13, (3, 5)))
+        self.assertEqual(watch.counts.shape, (2, 4))
+        self.assertEqual(watch.counts.sum(dim=1).tolist(), [30.0, 30.0], "15 tokens, 2 experts each, per layer")
+        with torch.no_grad():
+            model.model.layers[1].block_sparse_moe.gate.weight.zero_()
+            model.model.layers[1].block_sparse_moe.gate.weight[0] = 1.0
+        watch.counts.zero_()
+        model(torch.ones(1, 4, dtype=torch.long))
+        self.assertEqual(watch.counts[1].tolist()[0], 4.0, "the expert the router favours gets every token")
 
     def test_an_older_transformers_llama_is_the_same_model(self):
         """transformers 4.39.3 (Colossal-AI 0.4.9's pin) has no LlamaConfig.mlp_bias and no head_dim, and keeps the
