@@ -203,8 +203,7 @@ class Layout:
 def routing_watch(model, case):
     """A RoutingWatch where an expert routed no token could be stepped differently from the reference (the case's
     optimizer moves a parameter whose gradient is zero), else None."""
-    from .colossalai_mixtral import RoutingWatch
-    from .colossalai_moe import unsteppable_unused_experts
+    from .colossalai_mixtral import RoutingWatch, unsteppable_unused_experts
 
     if "moe" not in case["model"]["layers"] or unsteppable_unused_experts(case) is None:
         return None

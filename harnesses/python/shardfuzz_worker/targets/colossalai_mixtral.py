@@ -112,6 +112,19 @@ def shardformer_loss(m, plugin):
     return plugin.stage_manager is not None
 
 
+def unsteppable_unused_experts(case):
+    """Why an expert without a gradient could be stepped differently from the reference (see the module), or None:
+    then each run watches its routing (colossalai_mixtral.RoutingWatch) and is unsupported where it happened."""
+    o = case["train"]["optimizer"]
+    if o.get("weight_decay"):
+        return "torch's optimizer does not step, where the reference applies its weight decay"
+    if o["kind"] == "sgd" and not o.get("momentum"):
+        return None
+    if o["kind"] != "sgd" and case["train"]["steps"] == 1:
+        return None  # (Adam's first step moves nothing whose gradient is zero)
+    return "torch's optimizer does not step, where the reference applies its momentum (or Adam's step count)"
+
+
 class RoutingWatch:
     """Counts, on this rank, the tokens each expert of each MoE block is routed in a step (a hook on the router's
     output, top-k as the block takes it), so that `idle()` can tell, over every rank, whether some expert got none:

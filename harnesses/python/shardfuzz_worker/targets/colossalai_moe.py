@@ -16,6 +16,7 @@ where some expert got no token in a step (colossalai_mixtral.RoutingWatch)."""
 from .base import dtype_name, parallel
 from .colossalai_common import unsupported_loss_scale
 from .colossalai_hybrid import ColossalHybrid, SP_MODES
+from .colossalai_mixtral import unsteppable_unused_experts
 from .torch_model import unsupported_layout
 
 
@@ -94,19 +95,6 @@ def unshardable(m, tp):
         if size % tp:
             return f"Mixtral's shardformer policy splits the {what} ({size}) over tp = {tp} without padding"
     return None
-
-
-def unsteppable_unused_experts(case):
-    """Why an expert without a gradient could be stepped differently from the reference (see the module), or None:
-    then each run watches its routing (colossalai_mixtral.RoutingWatch) and is unsupported where it happened."""
-    o = case["train"]["optimizer"]
-    if o.get("weight_decay"):
-        return "torch's optimizer does not step, where the reference applies its weight decay"
-    if o["kind"] == "sgd" and not o.get("momentum"):
-        return None
-    if o["kind"] != "sgd" and case["train"]["steps"] == 1:
-        return None  # (Adam's first step moves nothing whose gradient is zero)
-    return "torch's optimizer does not step, where the reference applies its momentum (or Adam's step count)"
 
 
 TARGET = ColossalMoe()
