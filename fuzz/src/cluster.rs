@@ -65,6 +65,9 @@ pub fn needs(case: &Case) -> Vec<String> {
         if let Some(r) = m.activation_checkpointing {
             out.push(format!("activation_checkpointing={}", r.name()));
         }
+        if let Some(h) = m.hf_model {
+            out.push(format!("hf_model={}", h.name()));
+        }
     }
     out.sort();
     out.dedup();

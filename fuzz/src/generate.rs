@@ -136,6 +136,8 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         activation_checkpointing: None,
         layer_passes: 1,
         moe,
+        // (Another transformers model class comes from the `hf-model` mutator.)
+        hf_model: None,
     })
 }
 

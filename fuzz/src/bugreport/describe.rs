@@ -29,6 +29,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             if m.layer_passes > 1 {
                 out.push(format!("every block used {} times per step (the layer stack run {0} times, parameters shared)", m.layer_passes));
             }
+            if let Some(h) = m.hf_model {
+                out.push(format!("built as a transformers {} model", h.name()));
+            }
             if let Some(r) = m.activation_checkpointing {
                 out.push(format!("activation checkpointing of every block ({}: use_reentrant={})", r.name(), r == Recompute::Reentrant));
             }

@@ -110,6 +110,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         p.framework_checkpoint.is_some(),
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()),
+        case.model.as_ref().is_some_and(|m| m.hf_model.is_some()),
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
@@ -247,6 +248,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
             c.model.as_mut().expect("a model case").activation_checkpointing = None;
             c.parallel.framework_checkpoint = None;
         }));
+    }
+    if case.model.as_ref().is_some_and(|m| m.hf_model.is_some()) {
+        out.push(with(case, |c| c.model.as_mut().expect("a model case").hf_model = None));
     }
     if case.train.grad_accum_dtype.is_some() {
         out.push(with(case, |c| c.train.grad_accum_dtype = None));
@@ -683,6 +687,7 @@ mod tests {
         (case.train.steps, case.train.resume_after) = (3, Some(2));
         let m = case.model.as_mut().expect("a model case");
         (m.sparse_embedding, m.activation_checkpointing) = (true, Some(shardfuzz_harnesses::case::Recompute::Reentrant));
+        m.hf_model = Some(shardfuzz_harnesses::case::HfModel::Qwen2);
         let before = Complexity::of(&case);
         let candidates = drop_strategies(&case);
         assert!(candidates.len() >= 30, "{} candidates", candidates.len());

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Activation, Case, FrameworkCheckpoint, LayerKind, MoeConfig, NormKind, Real, Recompute};
+use shardfuzz_harnesses::case::{Activation, Case, FrameworkCheckpoint, HfModel, LayerKind, MoeConfig, NormKind, Real, Recompute};
 
 /// Load-balancing loss coefficients a mutated MoE case may carry: none, and the range models use
 /// (Switch Transformer 0.01) up to one that dominates the router's gradient. Random generation does
@@ -218,6 +218,27 @@ pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     m.activation_checkpointing = *choices.choose(rng).expect("two other choices");
     if m.activation_checkpointing.is_none() {
         c.parallel.framework_checkpoint = None;
+    }
+    true
+}
+
+/// Another `transformers` model class for the case (`model.hf_model`), or the target's default again. Only a model
+/// of (attention, mlp) pairs under RMSNorm and SwiGLU is one (a Llama, a Mistral, a Qwen2): the mutation makes it
+/// one (and drops the biases for a Qwen2, whose other projections have none).
+pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    if m.layers.is_empty() || m.moe.is_some() {
+        return false;
+    }
+    let choices: Vec<Option<HfModel>> = std::iter::once(None).chain(HfModel::ALL.map(Some)).filter(|h| *h != m.hf_model).collect();
+    m.hf_model = *choices.choose(rng).expect("other choices");
+    if m.hf_model.is_some() {
+        let pairs = m.layers.len().div_ceil(2).max(1);
+        m.layers = [LayerKind::Attention, LayerKind::Mlp].repeat(pairs);
+        (m.norm, m.activation) = (NormKind::Rmsnorm, Activation::Swiglu);
+    }
+    if m.hf_model == Some(HfModel::Qwen2) {
+        m.bias = false;
     }
     true
 }

@@ -1090,6 +1090,100 @@ def _colossalai_mixtral_tied_padded_logits():
     MixtralForCausalLMPolicy.module_policy = module_policy
 
 
+def _colossalai_qwen2_lm_head_gather():
+    """Colossal-AI 0.5.0: Qwen2ForCausalLMPolicy (policies/qwen2.py:421-433) makes the LM head a Linear1D_Col without
+    `gather_output`, whatever parallel_output says: with parallel_output=False each tensor-parallel rank returns its
+    vocabulary shard as the logits, and `dist_cross_entropy`, told the logits are whole, takes a plain cross-entropy
+    over the shard (labels past the shard fail, "Target 12 is out of bounds"; the others are scored against another
+    class) (docs/findings/colossalai-0.5.0-qwen2-lm-head-ignores-parallel-output-false.py). The GPT-2 policy had the
+    same flaw (`colossalai-gpt2-lm-head-gather`). Fix: gather_output = not parallel_output, as the Llama and Mistral
+    policies have it."""
+    from colossalai.shardformer.layer import Linear1D_Col
+    # (The policy's own key: the class's name where its import of transformers' Qwen2 classes fails, as on 4.51.)
+    from colossalai.shardformer.policies.qwen2 import Qwen2ForCausalLM, Qwen2ForCausalLMPolicy
+
+    original = Qwen2ForCausalLMPolicy.module_policy
+
+    def module_policy(self):
+        policy = original(self)
+        description = policy.get(Qwen2ForCausalLM)
+        for d in (description.sub_module_replacement or []) if description else []:
+            if d.suffix == "lm_head" and d.target_module is Linear1D_Col:
+                d.kwargs = {**(d.kwargs or {}), "gather_output": not self.shard_config.parallel_output}
+        return policy
+
+    Qwen2ForCausalLMPolicy.module_policy = module_policy
+
+
+def _colossalai_qwen2_tied_padded_logits():
+    """Colossal-AI 0.5.0: Qwen2Policy pads a tied embedding's vocabulary to a multiple of make_vocab_size_divisible_by
+    (64 by default; PaddingEmbedding, or under tensor parallelism VocabParallelEmbedding1D to a multiple of 64 x tp)
+    while Qwen2ForCausalLMPolicy leaves the LM head that shares the padded weight a plain Linear (a Linear1D_Col under
+    tensor parallelism): the logits carry every padding class, each a logit of 0 that the softmax counts, so the loss
+    and every gradient are wrong whenever the vocabulary is padded (a 16-token vocabulary with dp 2: the loss 1.1 %
+    off; Qwen2-0.5B's 151,936 at tp 4), and across pipeline stages the tied weights' all-reduce pairs the padded
+    embedding with the unpadded head (gloo aborts, "512 vs 128")
+    (docs/findings/colossalai-0.5.0-qwen2-tied-embeddings-padded-logits.py). The Mixtral policy had the same flaw
+    (`colossalai-mixtral-tied-padded-logits`). Fix: with tied embeddings the LM head a PaddingLMHead, or under tensor
+    parallelism a VocabParallelLMHead1D (gathering its output unless parallel_output), as LlamaForCausalLMPolicy makes
+    them (their forward cuts the padding off)."""
+    from colossalai.shardformer.layer import Linear1D_Col, PaddingLMHead, VocabParallelLMHead1D
+    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, SubModuleReplacementDescription
+    # (The policy's own key: the class's name where its import of transformers' Qwen2 classes fails, as on 4.51.)
+    from colossalai.shardformer.policies.qwen2 import Qwen2ForCausalLM, Qwen2ForCausalLMPolicy
+
+    original = Qwen2ForCausalLMPolicy.module_policy
+
+    def module_policy(self):
+        policy = original(self)
+        zbv = self.pipeline_stage_manager is not None and self.pipeline_stage_manager.use_zbv
+        divisor = self.shard_config.make_vocab_size_divisible_by
+        if self.tie_weight and self.shard_config.enable_tensor_parallelism:
+            for d in policy[Qwen2ForCausalLM].sub_module_replacement:
+                if d.suffix == "lm_head" and d.target_module is Linear1D_Col:
+                    d.target_module = VocabParallelLMHead1D
+                    d.kwargs = {**d.kwargs, "make_vocab_size_divisible_by": divisor,
+                                "gather_output": not self.shard_config.parallel_output}
+        elif self.tie_weight and not zbv:
+            head = SubModuleReplacementDescription(suffix="lm_head", target_module=PaddingLMHead, kwargs={
+                "make_vocab_size_divisible_by": divisor})
+            policy.setdefault(Qwen2ForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
+            policy[Qwen2ForCausalLM].sub_module_replacement = [*(policy[Qwen2ForCausalLM].sub_module_replacement
+                                                                 or []), head]
+        return policy
+
+    Qwen2ForCausalLMPolicy.module_policy = module_policy
+
+
+def _colossalai_qwen2_sequence_parallel_loss():
+    """Colossal-AI 0.5.0: Qwen2ForCausalLMPolicy (policies/qwen2.py:421-450) replaces Qwen2ForCausalLM's forward with
+    the one computing `dist_cross_entropy` only under tensor parallelism (or ZBV), where LlamaForCausalLMPolicy does
+    so under sequence parallelism too. With Ulysses (`all_to_all`) and no tensor parallelism, the model's forward
+    (shardformer's) leaves the last hidden states split along the sequence when parallel_output is True (the
+    plugin's default), and transformers' own loss pairs a rank's chunk of logits with the whole sequence's labels:
+    "Expected input batch_size (32) to match target batch_size (16)"
+    (docs/findings/colossalai-0.5.0-qwen2-all-to-all-loss-split-logits.py). Fix: the forward with dist_cross_entropy
+    under sequence parallelism as well."""
+    from colossalai.shardformer.modeling.qwen2 import get_lm_forward_with_dist_cross_entropy
+    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription
+    # (The policy's own key: the class's name where its import of transformers' Qwen2 classes fails, as on 4.51.)
+    from colossalai.shardformer.policies.qwen2 import Qwen2ForCausalLM, Qwen2ForCausalLMPolicy
+
+    original = Qwen2ForCausalLMPolicy.module_policy
+
+    def module_policy(self):
+        policy = original(self)
+        config = self.shard_config
+        if config.enable_sequence_parallelism and self.pipeline_stage_manager is None:
+            description = policy.setdefault(Qwen2ForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
+            replaced = dict(description.method_replacement or {})
+            replaced.setdefault("forward", get_lm_forward_with_dist_cross_entropy(config))
+            description.method_replacement = replaced
+        return policy
+
+    Qwen2ForCausalLMPolicy.module_policy = module_policy
+
+
 def _colossalai_gpt2_pipeline_loss_unbound():
     """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
     (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
@@ -3036,6 +3130,9 @@ FIXES = {
     "colossalai-empty-vocab-shard": (COLOSSALAI_HYBRID, _colossalai_empty_vocab_shard),
     "colossalai-dist-ce-batch-mean": (COLOSSALAI_HYBRID, _colossalai_dist_ce_batch_mean),
     "colossalai-gpt2-lm-head-gather": (COLOSSALAI_HYBRID, _colossalai_gpt2_lm_head_gather),
+    "colossalai-qwen2-lm-head-gather": (("colossalai-hybrid",), _colossalai_qwen2_lm_head_gather),
+    "colossalai-qwen2-tied-padded-logits": (("colossalai-hybrid",), _colossalai_qwen2_tied_padded_logits),
+    "colossalai-qwen2-sequence-parallel-loss": (("colossalai-hybrid",), _colossalai_qwen2_sequence_parallel_loss),
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),

@@ -14,7 +14,9 @@ mod validate;
 
 pub use data::{Data, Distribution, IgnorePattern, Ignored};
 pub use library_op::{Edit, LibraryOp, SampleEdit, View, VocabularyEntry, MAX_MESH_DIMS, MAX_MESH_RANKS, MAX_SAMPLE_EDITS, MAX_VIEWS};
-pub use model::{Activation, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec, Recompute, MAX_LAYER_PASSES, MIN_HIDDEN};
+pub use model::{
+    Activation, HfModel, LayerKind, Model, MoeConfig, NormKind, ParamRole, ParamSpec, Recompute, MAX_LAYER_PASSES, MIN_HIDDEN,
+};
 pub use op::{OpCase, OpKind, Placement, Reduce};
 pub use parallel::{Axis, FrameworkCheckpoint, Mesh, Parallel, PipelineSchedule, RankOrder, SequenceParallelMode, VocabLoss};
 pub use real::Real;

@@ -55,6 +55,37 @@ pub struct Model {
     /// Settings of the `moe` blocks (required when `layers` contains one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
+    /// Which `transformers` model class realises the case where a target builds one (colossalai-hybrid: a Llama by
+    /// default for RMSNorm + SwiGLU pairs): another class with the same math runs the framework's own code for that
+    /// class (its shardformer policy and forwards). Targets that build their own model ignore it. Absent: the
+    /// target's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_model: Option<HfModel>,
+}
+
+/// A `transformers` model class with the case model's (attention, mlp) math under RMSNorm and SwiGLU
+/// (`model.hf_model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HfModel {
+    Llama,
+    /// Mistral: Llama's layers (no sliding window at these lengths).
+    Mistral,
+    /// Qwen2: Llama's layers plus q/k/v biases, built zero and frozen (the case model has none), so only cases
+    /// without biases.
+    Qwen2,
+}
+
+impl HfModel {
+    pub const ALL: [HfModel; 3] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HfModel::Llama => "llama",
+            HfModel::Mistral => "mistral",
+            HfModel::Qwen2 => "qwen2",
+        }
+    }
 }
 
 fn yes() -> bool {

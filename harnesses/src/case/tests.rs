@@ -454,3 +454,16 @@ fn framework_checkpoint_needs_checkpointed_blocks() {
     assert!(Case::from_json(&with("disk", r#""activation_checkpointing": "reentrant","#)).is_err());
     assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("framework_checkpoint"), "absent is not written");
 }
+
+#[test]
+fn hf_model_names_a_transformers_class() {
+    let with = |v: &str| MINIMAL.replace(r#""batch": 2,"#, &format!(r#""batch": 2, "hf_model": {v},"#));
+    for h in HfModel::ALL {
+        let c = Case::from_json(&with(&format!("\"{}\"", h.name()))).unwrap();
+        assert_eq!(c.model.as_ref().unwrap().hf_model, Some(h));
+        assert!(c.to_json().contains(&format!("\"hf_model\": \"{}\"", h.name())));
+    }
+    let e = error_of(&with(r#""gemma""#));
+    assert!(e.contains("model.hf_model") && e.contains("qwen2"), "{e}");
+    assert!(!Case::from_json(MINIMAL).unwrap().to_json().contains("hf_model"), "absent is not written");
+}

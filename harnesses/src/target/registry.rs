@@ -263,9 +263,10 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "colossalai-hybrid",
-        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama or GPT-2: tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
+        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama (or Mistral, Qwen2) or GPT-2: tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
         offers: &[
+            "hf_model",
             "sequence_parallel_mode",
             "zero_offload",
             "vocab_loss",

@@ -9,25 +9,33 @@ from . import colossalai_gpt2, colossalai_llama, colossalai_mixtral
 FAMILIES = (colossalai_llama, colossalai_gpt2, colossalai_mixtral)
 
 
+def families(m):
+    """The families that may build the case's model: the Llama's alone (a Llama, a Mistral or a Qwen2) when the case
+    names a transformers class (`model.hf_model`)."""
+    return (colossalai_llama,) if m.get("hf_model") else FAMILIES
+
+
 def family(m):
     """The first family that expresses the case's model, or None."""
-    return next((f for f in FAMILIES if f.expressible(m) is None), None)
+    return next((f for f in families(m) if f.expressible(m) is None), None)
 
 
 def expressible(m):
     if family(m) is not None:
         return None
-    return "; ".join(f"{f.__name__.rsplit('_', 1)[-1]}: {f.expressible(m)}" for f in FAMILIES)
+    return "; ".join(f"{f.__name__.rsplit('_', 1)[-1]}: {f.expressible(m)}" for f in families(m))
 
 
 def build(m, inputs, dtype):
     return family(m).build(m, inputs, dtype)
 
 
-def case_tensors(name, t):
-    family = (colossalai_gpt2 if name.startswith("transformer.") else colossalai_mixtral if ".block_sparse_moe." in name
-              else colossalai_llama)
-    return family.case_tensors(name, t)
+def case_tensors(name, t, m):
+    if name.startswith("transformer."):
+        return colossalai_gpt2.case_tensors(name, t)
+    if ".block_sparse_moe." in name:
+        return colossalai_mixtral.case_tensors(name, t)
+    return colossalai_llama.case_tensors(name, t, m)
 
 
 def unfreezable(m, case):

@@ -84,6 +84,9 @@ class ColossalHybrid(ColossalTarget):
             return "Colossal-AI gives every data-parallel rank the same number of rows (batch not divisible by dp)"
         if p["pp"] > 1 and t.get("grad_accumulation", 1) > 1:
             return "under pipeline parallelism the micro-batches are the accumulation (grad_accumulation is not expressed)"
+        if case["model"].get("hf_model") == "qwen2" and p["tp"] > 1 and case["model"]["vocab"] % p["tp"]:
+            # (Refused when the LM head is sharded, on the last pipeline stage's ranks only.)
+            return "Qwen2's policy shards its LM head without padding (Linear1D_Col): the vocabulary must divide by tp"
         rd = reduce_dtype_name(case)
         if rd not in (dt, "f32"):
             return f"gradient reduction in {rd} for {dt} parameters is not expressed by HybridParallelPlugin"

@@ -48,8 +48,8 @@ def case_views(m, named):
     parameters (a fused one yields several case tensors)."""
     out = []
     for hf, p in named:
-        for i, (name, _) in enumerate(case_tensors(hf, p.detach())):
-            out.append((reported_name(m, name), hf, p, lambda t, hf=hf, i=i: case_tensors(hf, t)[i][1]))
+        for i, (name, _) in enumerate(case_tensors(hf, p.detach(), m)):
+            out.append((reported_name(m, name), hf, p, lambda t, hf=hf, i=i: case_tensors(hf, t, m)[i][1]))
     return out
 
 
@@ -78,7 +78,7 @@ def frozen_model(model, case):
     """`model` with requires_grad=False on each parameter whose case tensors the case freezes (`train.frozen`), as a
     user freezes them before boosting."""
     for name, p in model.named_parameters():
-        names = [n for n, _ in case_tensors(name, p.detach())]
+        names = [n for n, _ in case_tensors(name, p.detach(), case["model"])]
         if names and all(is_frozen(case, n) for n in names):
             p.requires_grad_(False)
     return model

@@ -26,6 +26,8 @@ def expressible(m):
         return "a Llama model normalises with RMSNorm (the case uses LayerNorm)"
     if m.get("activation", "gelu") != "swiglu":
         return "a Llama MLP is SwiGLU (the case uses GELU)"
+    if architecture(m) != "llama" and m["bias"]:
+        return f"a {architecture(m)} model has no biases on its output and MLP projections (the case's model.bias)"
     return None
 
 
@@ -53,12 +55,39 @@ class NoRotation(torch.nn.Module):
         return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
 
 
+def architecture(m):
+    """The transformers class that realises the case (`model.hf_model`): a Llama unless the case names another."""
+    return m.get("hf_model") or "llama"
+
+
+def other_model(arch, m, dtype):
+    """A Mistral or a Qwen2 of the case: the Llama's layers under other classes, whose shardformer policies and forwards
+    are their own (Qwen2's q/k/v biases, which the case's model lacks, are built zero and frozen: `is_extra`)."""
+    import transformers
+
+    options = {k: v for k, v in config(m, dtype).items() if k not in ("attention_bias", "mlp_bias", "head_dim")}
+    if arch == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(**options, head_dim=m["hidden"] // m["heads"],
+                                                                          sliding_window=None))
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**options, use_sliding_window=False))
+
+
+def is_extra(name):
+    """A parameter the case's model lacks: Qwen2's q/k/v biases (built zero and frozen)."""
+    return bool(re.match(r"^model\.layers\.\d+\.self_attn\.[qkv]_proj\.bias$", name))
+
+
 def build(m, inputs, dtype):
-    """The Llama of the case with its initial parameters, in `dtype`."""
-    model = colossalai_release.llama_model(**config(m, dtype)).to(dtype)
+    """The Llama (or the case's `hf_model`) of the case with its initial parameters, in `dtype`."""
+    arch = architecture(m)
+    model = (colossalai_release.llama_model(**config(m, dtype)) if arch == "llama" else other_model(arch, m, dtype)).to(dtype)
     colossalai_release.replace_llama_rotary_embedding(model, lambda: NoRotation(m["hidden"] // m["heads"]))
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if arch == "qwen2" and is_extra(name):
+                p.zero_()
+                p.requires_grad_(False)
+                continue
             p.copy_(to_llama(case_name(name), torch.tensor(inputs[case_name(name)])).to(dtype))
     return model
 
@@ -98,9 +127,11 @@ def to_case(case, t):
     return t.t() if is_projection_weight(case) else t
 
 
-def case_tensors(name, t):
+def case_tensors(name, t, m):
     """Llama's parameter (or its gradient, or a tensor-parallel rank's shard of either) -> [(case name, tensor in the
-    case's layout)]."""
+    case's layout)]; none for a Qwen2's frozen q/k/v biases."""
+    if architecture(m) == "qwen2" and is_extra(name):
+        return []
     case = case_name(name)
     return [(case, to_case(case, t))]
 
