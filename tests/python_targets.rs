@@ -1185,6 +1185,8 @@ fn colossalai_qwen2_lm_head_tied_padding_and_ulysses_loss_are_known_findings() {
     assert!(v["kind"] == "divergent" && reason(&v).contains("got 8 columns for a vocabulary of 16"), "{v}");
     let v = one_verdict(target, &dir.join("qwen2-dp2-tied-f32.json"), &without(tied));
     assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step0"), "{v}");
+    let v = one_verdict(target, &dir.join("qwen2-dp2-sp2-all-to-all-tied-class-weights-f32.json"), &without(tied));
+    assert!(v["kind"] == "crash" && reason(&v).contains("for all 64 classes"), "{v}");
     let v = one_verdict(target, &dir.join("qwen2-pp2-tied-f32.json"), &without(tied));
     assert!(v["kind"] == "crash" && reason(&v).contains("op.preamble.length <= op.nbytes"), "{v}");
     let v = one_verdict(target, &dir.join("qwen2-sp2-all-to-all-sharded-f32.json"), &without(ulysses));

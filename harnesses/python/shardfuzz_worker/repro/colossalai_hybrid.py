@@ -23,17 +23,18 @@ from colossalai.booster.plugin import HybridParallelPlugin, MoeHybridParallelPlu
 """
 
 FAMILIES = {
-    "colossalai_llama": ("NORM_EPS", "config", "NoRotation", "build", "_LAYER", "case_name", "is_projection_weight",
-                         "to_llama", "to_case", "case_tensors", "shardformer_loss"),
+    "colossalai_llama": ("NORM_EPS", "config", "NoRotation", "architecture", "other_model", "is_extra", "build", "_LAYER",
+                         "case_name", "is_projection_weight", "to_llama", "to_case", "case_tensors", "shardformer_loss"),
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
     "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",
-                           "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss"),
+                           "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss",
+                           "unsteppable_unused_experts", "RoutingWatch"),
 }
 #: What the Mixtral family takes from the Llama's (colossalai_mixtral imports them; `case_name` as llama_case_name).
 MIXTRAL_FROM_LLAMA = ("NORM_EPS", "NoRotation", "_LAYER", "case_name", "is_projection_weight")
 RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
-       "batches", "model_labels", "Layout", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
+       "batches", "model_labels", "Layout", "routing_watch", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "tensor_parallel_axis",
        "assemble", "stack_experts", "combine")
 
@@ -74,11 +75,12 @@ def sources(case):
     model = (worker_source(f"targets/{module}.py", *FAMILIES[module]) if module != "colossalai_mixtral" else
              worker_source("targets/colossalai_llama.py", *MIXTRAL_FROM_LLAMA) + "\n\n\nllama_case_name = case_name\n\n\n"
              + worker_source("targets/colossalai_mixtral.py", *FAMILIES[module]))
-    experts = "" if module == "colossalai_mixtral" else "\n\n" + worker_source("targets/colossalai_mixtral.py", "EXPERT", "split")
+    experts = "" if module == "colossalai_mixtral" else "\n\n" + worker_source("targets/colossalai_mixtral.py", "EXPERT", "split",
+                                                                                 "unsteppable_unused_experts", "RoutingWatch")
     return [
         rule("helpers (as the worker's)") + "\n" + helpers,
         shims_source(),
-        rule(f"the case's model as a transformers {KINDS[module]} (as the worker's)") + "\n" + model + experts
+        rule(f"the case's model as a transformers {kind(case)} (as the worker's)") + "\n" + model + experts
         + "\n\n" + worker_source("targets/megatron_model.py", "COLUMN", "linear_kind", "shard_dim"),
         release_source("LLAMA_NEWER_OPTIONS", "llama_options", "llama_model", "replace_llama_rotary_embedding"),
         rule("training on one rank, the single-device run, assembly (as the worker's; run renamed run_hybrid)") + "\n"
@@ -87,6 +89,13 @@ def sources(case):
 
 
 KINDS = {"colossalai_llama": "Llama", "colossalai_gpt2": "GPT-2", "colossalai_mixtral": "Mixtral"}
+#: The Llama family's other transformers classes (`model.hf_model`).
+HF_KINDS = {"mistral": "Mistral", "qwen2": "Qwen2"}
+
+
+def kind(case):
+    """The transformers class the repro builds, in words."""
+    return HF_KINDS.get(case["model"].get("hf_model"), KINDS[family_module(case)])
 
 
 def family_module(case):
@@ -96,7 +105,7 @@ def family_module(case):
 
 
 def describe(case, plugin, target=TARGET):
-    p, family = parallel(case), KINDS[family_module(case)]
+    p, family = parallel(case), kind(case)
     sp = f", sequence parallel ({p['sequence_parallel_mode']})" if p["sequence_parallel"] and p["tp"] > 1 else ""
     pp = ""
     if p["pp"] > 1:

@@ -65,7 +65,7 @@ _PART = {"ln_1": (0, "norm"), "attn.c_proj": (0, "attn.o"), "ln_2": (1, "norm"),
          "mlp.c_proj": (1, "mlp.down")}
 
 
-def case_tensors(name, t):
+def case_tensors(name, t, m=None):
     """GPT-2's parameter (or its gradient, or a tensor-parallel rank's shard of either) -> [(case name, tensor in the
     case's layout)]: c_attn's fused q, k, v are three (a rank's shard holds its q, k and v shards in that order); the
     position table, not a parameter of the case, is none."""

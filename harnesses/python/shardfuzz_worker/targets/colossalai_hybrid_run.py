@@ -12,7 +12,7 @@ from .base import (IGNORE_INDEX, checkpoint_layout, chunk_range, class_weight, g
                    loss_denominator, micro_batches, resume_after, setup_features)
 from .colossalai_common import booster_resume, plugin_step, unscaled
 from .colossalai_family import build, case_tensors, shardformer_loss
-from .colossalai_mixtral import EXPERT, split
+from .colossalai_mixtral import EXPERT, RoutingWatch, split, unsteppable_unused_experts
 from .megatron_model import shard_dim
 from .torch_common import torch_dtype
 from .torch_model import make_optimizer, model_defaults
@@ -203,8 +203,6 @@ class Layout:
 def routing_watch(model, case):
     """A RoutingWatch where an expert routed no token could be stepped differently from the reference (the case's
     optimizer moves a parameter whose gradient is zero), else None."""
-    from .colossalai_mixtral import RoutingWatch, unsteppable_unused_experts
-
     if "moe" not in case["model"]["layers"] or unsteppable_unused_experts(case) is None:
         return None
     return RoutingWatch(model)

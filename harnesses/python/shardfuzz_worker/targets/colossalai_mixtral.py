@@ -100,7 +100,7 @@ def to_mixtral(name, t):
     return t.t() if is_weight_matrix(name) else t
 
 
-def case_tensors(name, t):
+def case_tensors(name, t, m=None):
     """Mixtral's parameter (or its gradient) -> [(reported case name, tensor in the case's layout)]."""
     return [(case_name(name), t.t() if is_weight_matrix(name) else t)]
 
