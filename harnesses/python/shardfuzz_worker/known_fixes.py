@@ -1155,35 +1155,6 @@ def _colossalai_qwen2_tied_padded_logits():
     Qwen2ForCausalLMPolicy.module_policy = module_policy
 
 
-def _colossalai_qwen2_sequence_parallel_loss():
-    """Colossal-AI 0.5.0: Qwen2ForCausalLMPolicy (policies/qwen2.py:421-450) replaces Qwen2ForCausalLM's forward with
-    the one computing `dist_cross_entropy` only under tensor parallelism (or ZBV), where LlamaForCausalLMPolicy does
-    so under sequence parallelism too. With Ulysses (`all_to_all`) and no tensor parallelism, the model's forward
-    (shardformer's) leaves the last hidden states split along the sequence when parallel_output is True (the
-    plugin's default), and transformers' own loss pairs a rank's chunk of logits with the whole sequence's labels:
-    "Expected input batch_size (32) to match target batch_size (16)"
-    (docs/findings/colossalai-0.5.0-qwen2-all-to-all-loss-split-logits.py). Fix: the forward with dist_cross_entropy
-    under sequence parallelism as well."""
-    from colossalai.shardformer.modeling.qwen2 import get_lm_forward_with_dist_cross_entropy
-    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription
-    # (The policy's own key: the class's name where its import of transformers' Qwen2 classes fails, as on 4.51.)
-    from colossalai.shardformer.policies.qwen2 import Qwen2ForCausalLM, Qwen2ForCausalLMPolicy
-
-    original = Qwen2ForCausalLMPolicy.module_policy
-
-    def module_policy(self):
-        policy = original(self)
-        config = self.shard_config
-        if config.enable_sequence_parallelism and self.pipeline_stage_manager is None:
-            description = policy.setdefault(Qwen2ForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
-            replaced = dict(description.method_replacement or {})
-            replaced.setdefault("forward", get_lm_forward_with_dist_cross_entropy(config))
-            description.method_replacement = replaced
-        return policy
-
-    Qwen2ForCausalLMPolicy.module_policy = module_policy
-
-
 def _colossalai_gpt2_pipeline_loss_unbound():
     """Colossal-AI 0.5.0: GPT2PipelineForwards.gpt2_lmhead_model_forward assigns `loss` only `if labels is not None`
     (modeling/gpt2.py:414) and returns it anyway, so the last pipeline stage raises UnboundLocalError whenever the
@@ -3132,7 +3103,6 @@ FIXES = {
     "colossalai-gpt2-lm-head-gather": (COLOSSALAI_HYBRID, _colossalai_gpt2_lm_head_gather),
     "colossalai-qwen2-lm-head-gather": (("colossalai-hybrid",), _colossalai_qwen2_lm_head_gather),
     "colossalai-qwen2-tied-padded-logits": (("colossalai-hybrid",), _colossalai_qwen2_tied_padded_logits),
-    "colossalai-qwen2-sequence-parallel-loss": (("colossalai-hybrid",), _colossalai_qwen2_sequence_parallel_loss),
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),

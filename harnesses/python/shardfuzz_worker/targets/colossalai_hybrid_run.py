@@ -109,15 +109,17 @@ class _Gather(torch.autograd.Function):
         return g.narrow(ctx.dim, ctx.start, ctx.size) * ctx.scale, None, None, None
 
 
-def gather(logits, plugin):
-    """The logits over the whole sequence and vocabulary. With parallel_output=True each tensor-parallel rank holds
-    the valid columns of its vocabulary shard (their concatenation in rank order is the vocabulary) and, under
-    all_to_all, each sequence-parallel rank its part of the sequence. The sequence's gradient is scaled by the
-    sequence-parallel size, to offset the plugin's averaging over dp x sp (as Colossal-AI's gather_sp_output does)."""
+def gather(logits, plugin, seq):
+    """The logits over the whole sequence (`seq` positions) and vocabulary. With parallel_output=True each
+    tensor-parallel rank holds the valid columns of its vocabulary shard (their concatenation in rank order is the
+    vocabulary) and, under all_to_all, each sequence-parallel rank its part of the sequence where the model's forward
+    leaves it split (Llama's does; Qwen2's gathers the sequence itself, `force_sp_output_gather`). The sequence's
+    gradient is scaled by the sequence-parallel size, to offset the plugin's averaging over dp x sp (as Colossal-AI's
+    gather_sp_output does)."""
     sc = plugin.shard_config
     if not sc.parallel_output:
         return logits
-    if plugin.sp_size > 1 and sc.sequence_parallelism_mode == "all_to_all":
+    if plugin.sp_size > 1 and sc.sequence_parallelism_mode == "all_to_all" and logits.shape[-2] < seq:
         logits = _Gather.apply(logits, logits.dim() - 2, plugin.sp_group, plugin.sp_size)
     if sc.enable_tensor_parallelism and dist.get_world_size(plugin.tp_group) > 1:
         logits = _Gather.apply(logits, logits.dim() - 1, plugin.tp_group, 1)
@@ -302,7 +304,7 @@ def plain_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, weigh
         quiet = i < len(chunks) - 1 and case["parallel"].get("zero_stage", 0) != 2
         with booster.no_sync(boosted, zopt) if quiet else contextlib.nullcontext():
             out = boosted(input_ids=ids[a:c], attention_mask=torch.ones_like(ids[a:c]))
-            logits = gather(out.logits, booster.plugin)
+            logits = gather(out.logits, booster.plugin, ids.shape[1])
             l = criterion_loss(logits, tgt[a:c], model_defaults(case), weight)
             booster.backward(as_scaled_loss(case, l) * scale, zopt)
         raw += float(l.detach().to(torch.float64))
@@ -321,26 +323,27 @@ def pipeline_step(booster, boosted, zopt, ids, tgt, scale, case, keep_logits, we
     def criterion(outputs, micro_batch):
         i = seen["i"]
         seen["i"] += 1
-        l = criterion_loss(gather(outputs.logits, booster.plugin), tgt[i * size:(i + 1) * size], model_defaults(case), weight)
+        l = criterion_loss(gather(outputs.logits, booster.plugin, ids.shape[1]), tgt[i * size:(i + 1) * size],
+                           model_defaults(case), weight)
         return as_scaled_loss(case, l) * (scale * micro)
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     ret = booster.execute_pipeline(iter([batch]), boosted, criterion, zopt, return_loss=True, return_outputs=keep_logits)
-    return pipeline_result(ret, scale, keep_logits, booster.plugin)
+    return pipeline_result(ret, scale, keep_logits, booster.plugin, ids.shape[1])
 
 
-def reported_logits(logits, plugin):
+def reported_logits(logits, plugin, seq):
     """The step's logits as reported: rows of the whole vocabulary."""
     with torch.no_grad():
-        return gather(logits.detach(), plugin).flatten(0, -2).to(torch.float64).numpy()
+        return gather(logits.detach(), plugin, seq).flatten(0, -2).to(torch.float64).numpy()
 
 
-def pipeline_result(ret, scale, keep_logits, plugin):
+def pipeline_result(ret, scale, keep_logits, plugin, seq):
     """execute_pipeline's loss in the criterion path's units and the logits (on the last stage; else None)."""
     if ret.get("loss") is None:
         return None, None
     raw = float(ret["loss"].detach().to(torch.float64)) / scale
-    logits = reported_logits(ret["outputs"]["logits"], plugin) if keep_logits else None
+    logits = reported_logits(ret["outputs"]["logits"], plugin, seq) if keep_logits else None
     return raw, logits
 
 
@@ -350,7 +353,7 @@ def model_loss_plain_step(booster, boosted, zopt, ids, labels, scale, case, keep
     out = boosted(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
     booster.backward(as_scaled_loss(case, out.loss), zopt)
     raw = float(out.loss.detach().to(torch.float64)) / scale
-    logits = reported_logits(out.logits, booster.plugin) if keep_logits else None
+    logits = reported_logits(out.logits, booster.plugin, ids.shape[1]) if keep_logits else None
     return raw, logits
 
 
@@ -359,7 +362,7 @@ def model_loss_pipeline_step(booster, boosted, zopt, ids, labels, scale, case, k
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     ret = booster.execute_pipeline(iter([batch]), boosted, lambda outputs, _: as_scaled_loss(case, outputs.loss), zopt,
                                    return_loss=True, return_outputs=keep_logits)
-    return pipeline_result(ret, scale, keep_logits, booster.plugin)
+    return pipeline_result(ret, scale, keep_logits, booster.plugin, ids.shape[1])
 
 
 def single_device(case, inputs, dt=None):
