@@ -1185,8 +1185,10 @@ fn colossalai_qwen2_lm_head_and_tied_padding_are_known_findings() {
     assert!(v["kind"] == "crash" && reason(&v).contains("for all 64 classes"), "{v}");
     let v = one_verdict(target, &dir.join("qwen2-pp2-tied-f32.json"), gather);
     assert!(v["kind"] == "crash" && reason(&v).contains("op.preamble.length <= op.nbytes"), "{v}");
+    // (The campaign's class-weighted case also resumes from a sharded checkpoint: a known bug of its own.)
+    let all = [gather, tied, "colossalai-padded-detached-param-save"].join(",");
     for case in std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()) {
-        assert_eq!(one_verdict(target, &case, &[gather, tied].join(","))["kind"], "pass", "{}", case.display());
+        assert_eq!(one_verdict(target, &case, &all)["kind"], "pass", "{}", case.display());
     }
 }
 
