@@ -219,6 +219,34 @@ class ColossalAiTest(unittest.TestCase):
             self.assertTrue(bool((cos == 1).all() and (sin == 0).all()), "no positional encoding")
         self.assertEqual(model(input_ids=ids).logits.shape, (1, 3, m["vocab"]))
 
+    def test_a_mistral_and_a_qwen2_compute_the_case_llama_s_logits(self):
+        import torch
+
+        from shardfuzz_worker.targets.colossalai_family import case_tensors, expressible
+        from shardfuzz_worker.targets.colossalai_llama import build, case_name, config, to_case
+        from shardfuzz_worker.targets.colossalai_release import llama_model
+
+        m = dict(case("llama-pp2-tp2-1f1b-f32.json")["model"], bias=False)
+        torch.manual_seed(0)
+        inputs = {case_name(n): to_case(case_name(n), torch.randn(p.shape, dtype=torch.float64)).numpy()
+                  for n, p in llama_model(**config(m, torch.float64)).named_parameters()}
+        ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
+        llama = build(m, inputs, torch.float64)(input_ids=ids).logits
+        for arch, extra in (("mistral", 0), ("qwen2", 3 * 2)):
+            other = dict(m, hf_model=arch)
+            self.assertIsNone(expressible(other))
+            model = build(other, inputs, torch.float64)
+            self.assertIn(arch, type(model).__name__.lower())
+            named = list(model.named_parameters())
+            reported = [n for name, p in named for n, _ in case_tensors(name, p.detach(), other)]
+            self.assertEqual(sorted(reported), sorted(inputs), arch)
+            self.assertEqual(len(named) - len(reported), extra, "Qwen2's q/k/v biases are the extra parameters")
+            self.assertTrue(all(not p.requires_grad and not p.any() for n, p in named if n.endswith("_proj.bias")))
+            torch.testing.assert_close(model(input_ids=ids).logits, llama, rtol=0, atol=1e-12, msg=arch)
+        self.assertIn("no biases", expressible(dict(m, bias=True, hf_model="qwen2")))
+        self.assertIsNotNone(expressible(dict(m, norm="layernorm", activation="gelu", hf_model="mistral")),
+                             "a named class is built by the Llama family alone, never the GPT-2's")
+
     def test_the_case_mixtral_loads_every_case_parameter_and_reports_experts_as_parts(self):
         import numpy as np
         import torch
