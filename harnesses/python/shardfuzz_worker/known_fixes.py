@@ -783,10 +783,11 @@ def _colossalai_mixtral_pipeline_loss_batch_mean():
 
 
 def _wrap_dist_cross_entropy(fixed):
-    """Replaces `dist_cross_entropy` where shardformer's causal-LM forwards call it (Llama's and GPT-2's modules)."""
-    from colossalai.shardformer.modeling import gpt2, llama
+    """Replaces `dist_cross_entropy` where shardformer's causal-LM forwards call it (each model's module imports its own
+    reference: Llama's, GPT-2's, and Mistral's and Qwen2's, which colossalai-hybrid builds with `model.hf_model`)."""
+    from colossalai.shardformer.modeling import gpt2, llama, mistral, qwen2
 
-    for module in (llama, gpt2):
+    for module in (llama, gpt2, mistral, qwen2):
         module.dist_cross_entropy = fixed(module.dist_cross_entropy)
 
 
