@@ -233,7 +233,7 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices: Vec<Option<HfModel>> = std::iter::once(None).chain(HfModel::ALL.map(Some)).filter(|h| *h != m.hf_model).collect();
     m.hf_model = *choices.choose(rng).expect("other choices");
     if m.hf_model.is_some() {
-        let pairs = m.layers.len().div_ceil(2).max(1);
+        let pairs = m.layers.len().div_ceil(2);
         m.layers = [LayerKind::Attention, LayerKind::Mlp].repeat(pairs);
         (m.norm, m.activation) = (NormKind::Rmsnorm, Activation::Swiglu);
     }

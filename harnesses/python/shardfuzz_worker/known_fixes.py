@@ -1064,31 +1064,38 @@ def _colossalai_mixtral_tied_padded_logits():
     (gather_output) with every padding column. Fix: the LM head a PaddingLMHead, or under tensor parallelism a
     VocabParallelLMHead1D gathering its output, as LlamaForCausalLMPolicy makes them (their forward cuts the padding
     off)."""
-    from colossalai.shardformer.layer import Linear1D_Col, PaddingLMHead, VocabParallelLMHead1D
-    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, SubModuleReplacementDescription
     from colossalai.shardformer.policies.mixtral import MixtralForCausalLMPolicy
     from transformers.models.mixtral.modeling_mixtral import MixtralForCausalLM
 
-    original = MixtralForCausalLMPolicy.module_policy
+    _pad_tied_lm_head(MixtralForCausalLMPolicy, MixtralForCausalLM)
+
+
+def _pad_tied_lm_head(policy_cls, causal_lm, head_kwargs=lambda policy: {}):
+    """Makes `policy_cls` (a causal-LM policy whose model class is keyed `causal_lm` in its policy) pad a tied LM head
+    as its embedding is padded: a PaddingLMHead, or under tensor parallelism a VocabParallelLMHead1D in place of its
+    Linear1D_Col (with `head_kwargs(policy)` added), as LlamaForCausalLMPolicy makes them."""
+    from colossalai.shardformer.layer import Linear1D_Col, PaddingLMHead, VocabParallelLMHead1D
+    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, SubModuleReplacementDescription
+
+    original = policy_cls.module_policy
 
     def module_policy(self):
         policy = original(self)
         zbv = self.pipeline_stage_manager is not None and self.pipeline_stage_manager.use_zbv
         divisor = self.shard_config.make_vocab_size_divisible_by
         if self.tie_weight and self.shard_config.enable_tensor_parallelism:
-            for d in policy[MixtralForCausalLM].sub_module_replacement:
+            for d in policy[causal_lm].sub_module_replacement:
                 if d.suffix == "lm_head" and d.target_module is Linear1D_Col:
                     d.target_module = VocabParallelLMHead1D
-                    d.kwargs = {**d.kwargs, "make_vocab_size_divisible_by": divisor}
+                    d.kwargs = {**d.kwargs, "make_vocab_size_divisible_by": divisor, **head_kwargs(self)}
         elif self.tie_weight and not zbv:
             head = SubModuleReplacementDescription(suffix="lm_head", target_module=PaddingLMHead, kwargs={
                 "make_vocab_size_divisible_by": divisor})
-            policy.setdefault(MixtralForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
-            policy[MixtralForCausalLM].sub_module_replacement = [*(policy[MixtralForCausalLM].sub_module_replacement
-                                                                   or []), head]
+            description = policy.setdefault(causal_lm, ModulePolicyDescription(sub_module_replacement=[]))
+            description.sub_module_replacement = [*(description.sub_module_replacement or []), head]
         return policy
 
-    MixtralForCausalLMPolicy.module_policy = module_policy
+    policy_cls.module_policy = module_policy
 
 
 def _colossalai_qwen2_lm_head_gather():
@@ -1122,38 +1129,17 @@ def _colossalai_qwen2_tied_padded_logits():
     while Qwen2ForCausalLMPolicy leaves the LM head that shares the padded weight a plain Linear (a Linear1D_Col under
     tensor parallelism): the logits carry every padding class, each a logit of 0 that the softmax counts, so the loss
     and every gradient are wrong whenever the vocabulary is padded (a 16-token vocabulary with dp 2: the loss 1.1 %
-    off; Qwen2-0.5B's 151,936 at tp 4), and across pipeline stages the tied weights' all-reduce pairs the padded
+    off; a 151,936-token one from tp 4 on), and across pipeline stages the tied weights' all-reduce pairs the padded
     embedding with the unpadded head (gloo aborts, "512 vs 128")
     (docs/findings/colossalai-0.5.0-qwen2-tied-embeddings-padded-logits.py). The Mixtral policy had the same flaw
     (`colossalai-mixtral-tied-padded-logits`). Fix: with tied embeddings the LM head a PaddingLMHead, or under tensor
     parallelism a VocabParallelLMHead1D (gathering its output unless parallel_output), as LlamaForCausalLMPolicy makes
     them (their forward cuts the padding off)."""
-    from colossalai.shardformer.layer import Linear1D_Col, PaddingLMHead, VocabParallelLMHead1D
-    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, SubModuleReplacementDescription
     # (The policy's own key: the class's name where its import of transformers' Qwen2 classes fails, as on 4.51.)
     from colossalai.shardformer.policies.qwen2 import Qwen2ForCausalLM, Qwen2ForCausalLMPolicy
 
-    original = Qwen2ForCausalLMPolicy.module_policy
-
-    def module_policy(self):
-        policy = original(self)
-        zbv = self.pipeline_stage_manager is not None and self.pipeline_stage_manager.use_zbv
-        divisor = self.shard_config.make_vocab_size_divisible_by
-        if self.tie_weight and self.shard_config.enable_tensor_parallelism:
-            for d in policy[Qwen2ForCausalLM].sub_module_replacement:
-                if d.suffix == "lm_head" and d.target_module is Linear1D_Col:
-                    d.target_module = VocabParallelLMHead1D
-                    d.kwargs = {**d.kwargs, "make_vocab_size_divisible_by": divisor,
-                                "gather_output": not self.shard_config.parallel_output}
-        elif self.tie_weight and not zbv:
-            head = SubModuleReplacementDescription(suffix="lm_head", target_module=PaddingLMHead, kwargs={
-                "make_vocab_size_divisible_by": divisor})
-            policy.setdefault(Qwen2ForCausalLM, ModulePolicyDescription(sub_module_replacement=[]))
-            policy[Qwen2ForCausalLM].sub_module_replacement = [*(policy[Qwen2ForCausalLM].sub_module_replacement
-                                                                 or []), head]
-        return policy
-
-    Qwen2ForCausalLMPolicy.module_policy = module_policy
+    _pad_tied_lm_head(Qwen2ForCausalLMPolicy, Qwen2ForCausalLM,
+                      lambda policy: {"gather_output": not policy.shard_config.parallel_output})
 
 
 def _colossalai_gpt2_pipeline_loss_unbound():

@@ -72,9 +72,9 @@ def other_model(arch, m, dtype):
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**options, use_sliding_window=False))
 
 
-def is_extra(name):
-    """A parameter the case's model lacks: Qwen2's q/k/v biases (built zero and frozen)."""
-    return bool(re.match(r"^model\.layers\.\d+\.self_attn\.[qkv]_proj\.bias$", name))
+def is_extra(name, m):
+    """A parameter the case's model lacks: a Qwen2's q/k/v biases (built zero and frozen)."""
+    return architecture(m) == "qwen2" and bool(re.match(r"^model\.layers\.\d+\.self_attn\.[qkv]_proj\.bias$", name))
 
 
 def build(m, inputs, dtype):
@@ -84,7 +84,7 @@ def build(m, inputs, dtype):
     colossalai_release.replace_llama_rotary_embedding(model, lambda: NoRotation(m["hidden"] // m["heads"]))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if arch == "qwen2" and is_extra(name):
+            if is_extra(name, m):
                 p.zero_()
                 p.requires_grad_(False)
                 continue
@@ -130,7 +130,7 @@ def to_case(case, t):
 def case_tensors(name, t, m):
     """Llama's parameter (or its gradient, or a tensor-parallel rank's shard of either) -> [(case name, tensor in the
     case's layout)]; none for a Qwen2's frozen q/k/v biases."""
-    if architecture(m) == "qwen2" and is_extra(name):
+    if is_extra(name, m):
         return []
     case = case_name(name)
     return [(case, to_case(case, t))]
