@@ -979,6 +979,14 @@ fn colossalai_pipeline_stage_without_gradients_skips_the_clipping_norms_collecti
     assert_eq!(run(&frozen, "")["kind"], "hang");
     let v = run(&frozen, "colossalai-empty-grad-norm-collective");
     assert_eq!(v["kind"], "pass", "frozen first stage, with the fix: {v}");
+    // The ZeRO optimizer's copy, per parameter group: weight decay off for vectors puts the norms in a second group,
+    // which a stage of the interleaved pipeline lacks. The fix's zero must also stand for itself where the ZeRO norm
+    // looks a gradient's parameter up by its id under tp (campaign 323 read that lookup's failure as a crash).
+    let zero = root().join("tests/python-pipeline/llama-dp2-tp2-pp2-interleaved-zero1-no-decay-vectors-bf16.json");
+    let v = run(&zero, "");
+    assert!(v["kind"] == "hang" && reason(&v).contains("low_level_optim.py:575 in step"), "{v}");
+    let v = run(&zero, "colossalai-empty-grad-norm-collective");
+    assert_eq!(v["kind"], "pass", "ZeRO-1 under tp, with the fix: {v}");
 }
 
 /// The case fields `sync_every_microbatch` and `param_shard_dim`: torch-fsdp2 accumulating without communication

@@ -1180,7 +1180,9 @@ def _colossalai_empty_grad_norm_collective():
     from colossalai.booster.plugin import hybrid_parallel_plugin as hpp
 
     def zero():
-        return torch.zeros(1, dtype=torch.float32)
+        z = torch.zeros(1, dtype=torch.float32)
+        z.shardfuzz_zero_norm = True
+        return z
 
     for cls in (hpp.HybridParallelNaiveOptimizer, hpp.HybridParallelAMPOptimizer):
         def pairs_norm(self, pairs, norm_type=2, _real=cls._compute_grad_norm):
@@ -1192,6 +1194,13 @@ def _colossalai_empty_grad_norm_collective():
         return _real(self, dp_pg, gradients if gradients else [zero()], norm_type)
 
     hpp.HybridParallelZeroOptimizer._compute_grad_norm = zero_norm
+
+    # Under tp the ZeRO optimizer's norm looks each gradient's parameter up by the gradient's id: the zero stands for
+    # itself (a parameter that is not distributed, so its zero is divided by tp_size, and shared by no stage).
+    def param_id_for_grad(self, grad, _real=hpp.HybridParallelZeroOptimizer.get_param_id_for_grad):
+        return id(grad) if getattr(grad, "shardfuzz_zero_norm", False) else _real(self, grad)
+
+    hpp.HybridParallelZeroOptimizer.get_param_id_for_grad = param_id_for_grad
 
 
 def _deepspeed_zero3_predivide_world():
