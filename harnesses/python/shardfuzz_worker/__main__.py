@@ -97,7 +97,7 @@ class Coordinator:
         if world == 0:
             return self.run_local(job, msg)
         try:
-            results = self.pool(world).run(job, timeout)
+            results, notes = self.run_in_pool(world, job, timeout)
         except RanksHung as e:
             self.drop(world)
             return {"status": "hang", "reason": str(e), "stuck": e.stuck}
@@ -126,7 +126,23 @@ class Coordinator:
         if "unsupported" in combined:
             # (A target that can tell only from the run whether it expresses the case: colossalai-moe's routing.)
             return {"status": "unsupported", "reason": combined["unsupported"], "coverage": sorted(coverage)}
+        combined["notes"] = combined.get("notes", []) + notes
         return self.completed(msg, combined, coverage, inputs)
+
+    def run_in_pool(self, world, job, timeout):
+        """The ranks' results, and notes. A reused pool whose ranks hang in our own frames (a C++ destructor of an
+        earlier case's object, run as a call's locals are released: a gloo process group waiting for work that
+        never completes) is no verdict on this case: it runs once more on fresh ranks, as `shardfuzz run` would
+        run it alone, and a hang there stands."""
+        pool = self.pool(world)
+        try:
+            return pool.run(job, timeout), []
+        except RanksHung as e:
+            if pool.jobs_run < 2 or not e.in_our_frames():
+                raise
+            self.drop(world)
+            note = f"reran on fresh ranks: in a reused rank pool {e}"
+            return self.pool(world).run(job, timeout), [note]
 
     def single_device(self, msg):
         """Whether a library-op case's op finishes on one device (float64) within the case's time: a case whose

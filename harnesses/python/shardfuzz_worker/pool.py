@@ -53,6 +53,14 @@ class RanksHung(Exception):
         detail = "".join(f"; rank {r} waits at {w}" for r, w in where)
         super().__init__(f"ranks {stuck} did not finish within {waited:.1f} s{detail}")
         self.stuck = stuck
+        self.where = list(where)
+
+    def in_our_frames(self):
+        """Whether every stuck rank's innermost Python frame is ours, outside any framework call: native code
+        running between our frames (a C++ destructor as a call's locals are released, the garbage collector),
+        not a collective the framework or we issued."""
+        return bool(self.where) and all(w.startswith("shardfuzz_worker/") and "entered from" not in w
+                                        for _, w in self.where)
 
 
 #: Starts of a rank pool tried when its rendezvous port was taken between being picked and bound.
@@ -236,6 +244,7 @@ class RankPool:
     def _start(self, ctx, target, port, init_timeout_s):
         world = self.world
         self.procs, self.conns = [], []
+        self.jobs_run = 0
         self.stderr_dir = _stderr_dir()
         self.stderr_paths = [os.path.join(self.stderr_dir, f"rank{r}.err") for r in range(world)]
         for r in range(world):
@@ -255,6 +264,7 @@ class RankPool:
         return bool(self.procs) and all(p.is_alive() for p in self.procs)
 
     def run(self, job, timeout_s):
+        self.jobs_run += 1
         for c in self.conns:
             c.send(job)
         return self._gather(timeout_s, grace_s=OP_STRANDED_GRACE_S if "library_op" in job["case"] else STRANDED_GRACE_S)

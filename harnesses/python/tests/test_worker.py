@@ -233,8 +233,14 @@ class PoolRestartTest(unittest.TestCase):
             def kill(self):
                 pass
 
+            jobs_run = 0
+
             def run(self, job, timeout_s):
-                return replies.pop(0)
+                self.jobs_run += 1
+                reply = replies.pop(0)
+                if isinstance(reply, Exception):
+                    raise reply
+                return reply
 
         class TwoRanks(Target):
             name = "torch-ddp"
@@ -271,3 +277,53 @@ class PoolRestartTest(unittest.TestCase):
 
     def test_one_rank_failed_gets_a_fresh_pool(self):
         self.assertEqual(self.run_cases([self.failure(0, ("/f/a.py", 1, "f")), {"ok": True, "out": {}}]), 2)
+
+
+class ReusedPoolHangTest(unittest.TestCase):
+    """A reused pool's ranks stuck in our own frames (campaign 323: rank 0 held in `run_rank` as the last case's
+    objects were destroyed) run the case once more on fresh ranks; a hang there, a hang on fresh ranks, or one in a
+    framework's call stands."""
+
+    coordinator = PoolRestartTest.coordinator
+    DONE = {"ok": True, "out": {}, "coverage": set()}
+    OURS = "shardfuzz_worker/targets/colossalai_hybrid.py:153 in run_rank"
+    THEIRS = ("torch/distributed/distributed_c10d.py:2506 in all_reduce, entered from "
+              "shardfuzz_worker/targets/colossalai_common.py:243 in plugin_step via x.py:5 in step")
+
+    def hung(self, where):
+        from shardfuzz_worker.pool import RanksHung
+
+        return RanksHung([0], 60.0, [(0, where)])
+
+    def second_case(self, replies):
+        coord, pools = self.coordinator([[self.DONE, self.DONE], *replies])
+        msg = {"case": {"schema": 1}, "inputs": None}
+        coord.run(msg)
+        return coord.run(msg), pools
+
+    def test_a_hang_in_our_frames_in_a_reused_pool_reruns_on_fresh_ranks(self):
+        reply, pools = self.second_case([self.hung(self.OURS), [self.DONE, self.DONE]])
+        self.assertEqual(reply["status"], "rejected", reply)  # (the fake target's combined verdict)
+        self.assertEqual(len(pools), 2)
+
+    def test_a_hang_on_fresh_ranks_too_stands(self):
+        reply, pools = self.second_case([self.hung(self.OURS), self.hung(self.OURS)])
+        self.assertEqual(reply["status"], "hang")
+        self.assertEqual(len(pools), 2)
+
+    def test_a_hang_in_a_framework_call_stands(self):
+        reply, pools = self.second_case([self.hung(self.THEIRS)])
+        self.assertEqual(reply["status"], "hang")
+        self.assertEqual(len(pools), 1)
+
+    def test_a_hang_in_a_fresh_pool_stands(self):
+        coord, pools = self.coordinator([self.hung(self.OURS)])
+        self.assertEqual(coord.run({"case": {"schema": 1}, "inputs": None})["status"], "hang")
+        self.assertEqual(len(pools), 1)
+
+    def test_our_frames_means_every_stuck_rank_waits_in_ours(self):
+        from shardfuzz_worker.pool import RanksHung
+
+        self.assertTrue(RanksHung([0, 1], 60.0, [(0, self.OURS), (1, self.OURS)]).in_our_frames())
+        self.assertFalse(RanksHung([0, 1], 60.0, [(0, self.OURS), (1, self.THEIRS)]).in_our_frames())
+        self.assertFalse(RanksHung([0], 60.0, []).in_our_frames())
