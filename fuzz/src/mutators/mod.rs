@@ -424,6 +424,29 @@ mod tests {
     }
 
     #[test]
+    fn a_named_transformers_class_gets_its_math() {
+        use shardfuzz_harnesses::case::{Activation, HfModel, NormKind};
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let mut c = random_case(seed);
+            if !model::hf_model(&mut c, &mut rng) {
+                continue;
+            }
+            let m = c.model.as_ref().expect("a model case");
+            let Some(h) = m.hf_model else { continue };
+            seen.insert(h.name());
+            if h == HfModel::Opt {
+                assert!(m.norm == NormKind::Layernorm && m.activation == Activation::Gelu && m.bias && m.kv_heads == m.heads, "{m:?}");
+            } else {
+                assert!(m.norm == NormKind::Rmsnorm && m.activation == Activation::Swiglu, "{m:?}");
+                assert!(!(h == HfModel::Qwen2 && m.bias), "{m:?}");
+            }
+        }
+        assert_eq!(seen.len(), HfModel::ALL.len(), "{seen:?}");
+    }
+
+    #[test]
     fn optional_mutations_only_where_a_target_offers_their_feature() {
         let names = |m: Vec<(&'static str, MutationFn)>| m.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
         let plain = names(enabled_mutations(&[]));

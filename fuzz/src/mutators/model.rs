@@ -223,8 +223,9 @@ pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 }
 
 /// Another `transformers` model class for the case (`model.hf_model`), or the target's default again. Only a model
-/// of (attention, mlp) pairs under RMSNorm and SwiGLU is one (a Llama, a Mistral, a Qwen2): the mutation makes it
-/// one (and drops the biases for a Qwen2, whose other projections have none).
+/// of (attention, mlp) pairs is one, under RMSNorm and SwiGLU for a Llama, a Mistral, a Qwen2, under LayerNorm and
+/// GELU with biases and as many kv heads as heads for an OPT: the mutation makes it one (and drops the biases for a
+/// Qwen2, whose other projections have none).
 pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let Some(m) = c.model.as_mut() else { return false };
     if m.layers.is_empty() || m.moe.is_some() {
@@ -232,13 +233,18 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     }
     let choices: Vec<Option<HfModel>> = std::iter::once(None).chain(HfModel::ALL.map(Some)).filter(|h| *h != m.hf_model).collect();
     m.hf_model = *choices.choose(rng).expect("other choices");
-    if m.hf_model.is_some() {
+    if let Some(h) = m.hf_model {
         let pairs = m.layers.len().div_ceil(2);
         m.layers = [LayerKind::Attention, LayerKind::Mlp].repeat(pairs);
-        (m.norm, m.activation) = (NormKind::Rmsnorm, Activation::Swiglu);
+        (m.norm, m.activation) = if h.gpt2_math() { (NormKind::Layernorm, Activation::Gelu) } else { (NormKind::Rmsnorm, Activation::Swiglu) };
     }
-    if m.hf_model == Some(HfModel::Qwen2) {
-        m.bias = false;
+    match m.hf_model {
+        Some(HfModel::Qwen2) => m.bias = false,
+        Some(HfModel::Opt) => {
+            m.bias = true;
+            m.kv_heads = m.heads;
+        }
+        _ => {}
     }
     true
 }

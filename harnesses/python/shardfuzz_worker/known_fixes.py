@@ -784,10 +784,11 @@ def _colossalai_mixtral_pipeline_loss_batch_mean():
 
 def _wrap_dist_cross_entropy(fixed):
     """Replaces `dist_cross_entropy` where shardformer's causal-LM forwards call it (each model's module imports its own
-    reference: Llama's, GPT-2's, and Mistral's and Qwen2's, which colossalai-hybrid builds with `model.hf_model`)."""
-    from colossalai.shardformer.modeling import gpt2, llama, mistral, qwen2
+    reference: Llama's, GPT-2's, and Mistral's, Qwen2's and OPT's, which colossalai-hybrid builds with
+    `model.hf_model`)."""
+    from colossalai.shardformer.modeling import gpt2, llama, mistral, opt, qwen2
 
-    for module in (llama, gpt2, mistral, qwen2):
+    for module in (llama, gpt2, mistral, qwen2, opt):
         module.dist_cross_entropy = fixed(module.dist_cross_entropy)
 
 
@@ -1121,6 +1122,42 @@ def _colossalai_qwen2_lm_head_gather():
         return policy
 
     Qwen2ForCausalLMPolicy.module_policy = module_policy
+
+
+def _colossalai_opt_untied_lm_head_bound():
+    """Colossal-AI 0.5.0: OPTForCausalLMPolicy.postprocess (policies/opt.py:433-444) sets `lm_head.weight =
+    model.decoder.embed_tokens.weight` under tensor parallelism without a pipeline, whether or not the model ties its
+    embeddings: an OPT with its own LM head (`tie_word_embeddings=False`) silently loses it, and trains its input
+    embedding as the output projection (docs/findings/colossalai-0.5.0-opt-untied-lm-head-bound-to-embedding.py).
+    Fix: bind them only where the model tied them (the policy's own `tie_weight`, taken in preprocess)."""
+    from colossalai.shardformer.policies.opt import OPTForCausalLMPolicy
+
+    original = OPTForCausalLMPolicy.postprocess
+
+    def postprocess(self):
+        return original(self) if self.tie_weight else self.model
+
+    OPTForCausalLMPolicy.postprocess = postprocess
+
+
+def _colossalai_opt_interleaved_stage_indices():
+    """Colossal-AI 0.5.0: the interleaved schedule hands each model chunk its layers from
+    `stage_manager.stage_indices` (interleaved_pp.py:314), which each policy's `set_pipeline_forward` records (Llama's,
+    GPT-2's, Mistral's, Qwen2's); OPTPolicy's (policies/opt.py:319-339) does not, though its get_held_layers lays out
+    interleaved chunks, so an OPT under `pp_style="interleaved"` fails at its first forward ("'PipelineStageManager'
+    object has no attribute 'stage_indices'"). Fix: record them as the Llama policy does."""
+    from colossalai.shardformer.policies.opt import OPTPolicy
+
+    original = OPTPolicy.set_pipeline_forward
+
+    def set_pipeline_forward(self, model_cls, new_forward, policy):
+        manager = self.pipeline_stage_manager
+        if manager is not None and manager.is_interleave:
+            module = self.model.decoder if self.model.__class__.__name__ == "OPTModel" else self.model.model.decoder
+            manager.stage_indices = manager.get_stage_index(manager.distribute_layers(len(module.layers)))
+        return original(self, model_cls, new_forward, policy)
+
+    OPTPolicy.set_pipeline_forward = set_pipeline_forward
 
 
 def _colossalai_qwen2_tied_padded_logits():
@@ -3099,6 +3136,8 @@ FIXES = {
     "colossalai-gpt2-lm-head-gather": (COLOSSALAI_HYBRID, _colossalai_gpt2_lm_head_gather),
     "colossalai-qwen2-lm-head-gather": (("colossalai-hybrid",), _colossalai_qwen2_lm_head_gather),
     "colossalai-qwen2-tied-padded-logits": (("colossalai-hybrid",), _colossalai_qwen2_tied_padded_logits),
+    "colossalai-opt-untied-lm-head-bound": (("colossalai-hybrid",), _colossalai_opt_untied_lm_head_bound),
+    "colossalai-opt-interleaved-stage-indices": (("colossalai-hybrid",), _colossalai_opt_interleaved_stage_indices),
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),

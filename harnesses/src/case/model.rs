@@ -63,8 +63,8 @@ pub struct Model {
     pub hf_model: Option<HfModel>,
 }
 
-/// A `transformers` model class with the case model's (attention, mlp) math under RMSNorm and SwiGLU
-/// (`model.hf_model`).
+/// A `transformers` model class with the case model's (attention, mlp) math (`model.hf_model`): under RMSNorm and
+/// SwiGLU (a Llama's), or under LayerNorm and GELU with biases (a GPT-2's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HfModel {
@@ -74,17 +74,27 @@ pub enum HfModel {
     /// Qwen2: Llama's layers plus q/k/v biases, built zero and frozen (the case model has none), so only cases
     /// without biases.
     Qwen2,
+    /// OPT: GPT-2's math (LayerNorm before each sublayer, tanh GELU, biases; separate q, k, v projections), its
+    /// learned position table zero and frozen, so only LayerNorm + GELU cases with biases and as many kv heads as
+    /// heads.
+    Opt,
 }
 
 impl HfModel {
-    pub const ALL: [HfModel; 3] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2];
+    pub const ALL: [HfModel; 4] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2, HfModel::Opt];
 
     pub fn name(self) -> &'static str {
         match self {
             HfModel::Llama => "llama",
             HfModel::Mistral => "mistral",
             HfModel::Qwen2 => "qwen2",
+            HfModel::Opt => "opt",
         }
+    }
+
+    /// Whether the class has a GPT-2's math (LayerNorm, GELU, biases) rather than a Llama's.
+    pub fn gpt2_math(self) -> bool {
+        self == HfModel::Opt
     }
 }
 

@@ -27,13 +27,15 @@ FAMILIES = {
                          "case_name", "is_projection_weight", "to_llama", "to_case", "case_tensors", "shardformer_loss"),
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
+    "colossalai_opt": ("NORM_EPS", "POSITIONS", "config", "build", "_LAYER", "_PART", "case_name", "is_projection_weight",
+                       "to_opt", "case_tensors", "shardformer_loss"),
     "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",
                            "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss",
                            "unsteppable_unused_experts", "RoutingWatch"),
 }
 #: What the Mixtral family takes from the Llama's (colossalai_mixtral imports them; `case_name` as llama_case_name).
 MIXTRAL_FROM_LLAMA = ("NORM_EPS", "NoRotation", "_LAYER", "case_name", "is_projection_weight")
-RUN = ("Place", "local_view", "reported_name", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
+RUN = ("Place", "local_view", "reported_name", "named_parameters", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "Layout", "routing_watch", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "tensor_parallel_axis",
        "assemble", "stack_experts", "combine")
@@ -88,7 +90,7 @@ def sources(case):
     ]
 
 
-KINDS = {"colossalai_llama": "Llama", "colossalai_gpt2": "GPT-2", "colossalai_mixtral": "Mixtral"}
+KINDS = {"colossalai_llama": "Llama", "colossalai_gpt2": "GPT-2", "colossalai_opt": "OPT", "colossalai_mixtral": "Mixtral"}
 #: The Llama family's other transformers classes (`model.hf_model`).
 HF_KINDS = {"mistral": "Mistral", "qwen2": "Qwen2"}
 

@@ -1,18 +1,22 @@
 """Which `transformers` model colossalai-hybrid builds for a case (a Llama for RMSNorm + SwiGLU, a GPT-2 for LayerNorm +
-GELU: colossalai_llama.py, colossalai_gpt2.py; colossalai-moe a Mixtral for MoE blocks: colossalai_mixtral.py). Both translate to the case's names and layouts, whose tensor-parallel
+GELU: colossalai_llama.py, colossalai_gpt2.py; the class the case's `model.hf_model` names: colossalai_llama.py's
+Mistral and Qwen2, colossalai_opt.py's OPT; colossalai-moe a Mixtral for MoE blocks: colossalai_mixtral.py). Both translate to the case's names and layouts, whose tensor-parallel
 axes megatron_model.shard_dim gives. Each family module has `expressible(m)`, `build(m, inputs,
 dtype)` and `case_tensors(name, t)` (a model parameter, gradient or shard -> [(case name, tensor in the case's
 layout)]); the functions below dispatch to the family of the case or of the parameter name."""
 
-from . import colossalai_gpt2, colossalai_llama, colossalai_mixtral
+from . import colossalai_gpt2, colossalai_llama, colossalai_mixtral, colossalai_opt
 
 FAMILIES = (colossalai_llama, colossalai_gpt2, colossalai_mixtral)
 
 
 def families(m):
-    """The families that may build the case's model: the Llama's alone (a Llama, a Mistral or a Qwen2) when the case
-    names a transformers class (`model.hf_model`)."""
-    return (colossalai_llama,) if m.get("hf_model") else FAMILIES
+    """The families that may build the case's model: the one of the transformers class the case names
+    (`model.hf_model`: the Llama's for a Llama, a Mistral or a Qwen2; an OPT's), else any."""
+    named = m.get("hf_model")
+    if named == "opt":
+        return (colossalai_opt,)
+    return (colossalai_llama,) if named else FAMILIES
 
 
 def family(m):
@@ -33,6 +37,8 @@ def build(m, inputs, dtype):
 def case_tensors(name, t, m):
     if name.startswith("transformer."):
         return colossalai_gpt2.case_tensors(name, t)
+    if name.startswith("model.decoder."):
+        return colossalai_opt.case_tensors(name, t)
     if ".block_sparse_moe." in name:
         return colossalai_mixtral.case_tensors(name, t)
     return colossalai_llama.case_tensors(name, t, m)

@@ -43,6 +43,13 @@ def reported_name(m, name):
     return "embed.weight" if (name == "lm_head.weight" and m.get("tied_embeddings")) else name
 
 
+def named_parameters(model, m):
+    """The model's (name, parameter) pairs. Without tied embeddings a parameter held under two names is listed under
+    both: a framework that binds one module's weight to another's (Colossal-AI's OPT policy under tp) shows as the
+    wrong values under the second name, not as a tensor it did not return."""
+    return list(model.named_parameters(remove_duplicate=bool(m.get("tied_embeddings"))))
+
+
 def case_views(m, named):
     """[(reported case name, model parameter name, parameter, tensor-of-it -> the case tensor)] of the model's trained
     parameters (a fused one yields several case tensors)."""
@@ -226,7 +233,7 @@ def run(plugin, case, inputs, dt, relayout=None):
 
     def model_views():
         # Every parameter's final value is reported; a frozen one's gradient is not (it has none).
-        return case_views(m, list(boosted.unwrap().named_parameters()))
+        return case_views(m, named_parameters(boosted.unwrap(), m))
 
     views = model_views()
     watch, idle = routing_watch(boosted.unwrap(), case), False
@@ -373,7 +380,7 @@ def single_device(case, inputs, dt=None):
     model = input_grads(checkpointed(frozen_model(build(m, inputs, dt), case), m), m)
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = make_optimizer(case, [p for _, p in trained])
-    views = case_views(m, list(model.named_parameters()))
+    views = case_views(m, named_parameters(model, m))
     b, s = m["batch"], m["seq"]
     ids = torch.tensor(inputs["tokens"].astype(np.int64)).view(b, s)
     tgt = torch.tensor(inputs["targets"].astype(np.int64)).view(b, s)
