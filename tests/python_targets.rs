@@ -1200,6 +1200,36 @@ fn colossalai_qwen2_lm_head_and_tied_padding_are_known_findings() {
     }
 }
 
+/// colossalai-hybrid builds a GPT-2-math case as a transformers OPT (`model.hf_model: opt`): Colossal-AI 0.5.0's OPT
+/// policy binds the LM head to the input embedding under tensor parallelism whether or not the model ties them (an
+/// untied OPT's logits use its embedding: `colossalai-opt-untied-lm-head-bound`), and never records the interleaved
+/// chunks' layer ranges (the interleaved schedule fails at its first forward: `colossalai-opt-interleaved-stage-indices`).
+/// Each fix cures its own; with both (and the pipeline loss's known batch-mean fix) every case of the directory
+/// passes, tied and untied, under tp, dp, ZeRO, pipelines and Ulysses. One `run` per fix set (a warm rank pool).
+#[test]
+fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-colossalai-opt");
+    let run = |files: &[PathBuf], fixes: &str| {
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        let args: Vec<&str> = ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
+        let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
+        assert_eq!(vs.len(), files.len(), "{vs:?}");
+        vs
+    };
+    let (untied, interleaved) = ("colossalai-opt-untied-lm-head-bound", "colossalai-opt-interleaved-stage-indices");
+    let v = &run(&[dir.join("opt-tp2-f32.json")], interleaved)[0];
+    assert!(v["kind"] == "divergent" && reason(v).starts_with("logits"), "{v}");
+    let v = &run(&[dir.join("opt-pp2-interleaved-f32.json")], untied)[0];
+    assert!(v["kind"] == "crash" && reason(v).contains("has no attribute 'stage_indices'"), "{v}");
+    let files = case_files(&dir);
+    for (file, v) in files.iter().zip(run(&files, &[untied, interleaved, "colossalai-dist-ce-batch-mean"].join(","))) {
+        assert_eq!(v["kind"], "pass", "{}: {v}", file.display());
+    }
+}
+
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
 /// (`set_gradient_divide_factor(dp)`): on HSDP whose shard groups hold one rank, torch 2.15 divides the gradients by the
 /// factor twice, with forced sums (f32) and with an fp16 reduce dtype (gradients 1/2 of the average on 2 ranks), and

@@ -247,6 +247,42 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIsNotNone(expressible(dict(m, norm="layernorm", activation="gelu", hf_model="mistral")),
                              "a named class is built by the Llama family alone, never the GPT-2's")
 
+    def test_an_opt_computes_the_case_gpt2_s_logits(self):
+        from unittest import mock
+
+        import torch
+
+        from shardfuzz_worker.targets import colossalai_gpt2
+        from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
+
+        with open(os.path.join(CORPUS, "..", "tests", "python-gpt2", "gpt2-tp2-f32.json")) as f:
+            m = json.load(f)["model"]
+        torch.manual_seed(0)
+        from transformers import GPT2LMHeadModel
+
+        inputs = {n: t.numpy() for name, p in GPT2LMHeadModel(colossalai_gpt2.config(m, torch.float64)).named_parameters()
+                  for n, t in colossalai_gpt2.case_tensors(name, torch.randn(p.shape, dtype=torch.float64))}
+        opt = dict(m, hf_model="opt")
+        self.assertIsNone(expressible(opt))
+        model = build(opt, inputs, torch.float64)
+        self.assertEqual(type(model).__name__, "OPTForCausalLM")
+        named = list(model.named_parameters())
+        reported = [n for name, p in named for n, _ in case_tensors(name, p.detach(), opt)]
+        self.assertEqual(sorted(reported), sorted(inputs))
+        self.assertEqual(len(named) - len(reported), 1, "the position table is the one extra parameter")
+        positions = dict(named)["model.decoder.embed_positions.weight"]
+        self.assertTrue(not positions.requires_grad and not positions.any())
+        ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
+        gpt2 = colossalai_gpt2.build(m, inputs, torch.float64)(input_ids=ids).logits
+        # OPT's attention takes its softmax in float32 (modeling_opt.py:174): in float64 the two agree to f32 rounding,
+        # and exactly once that softmax keeps the input's dtype.
+        torch.testing.assert_close(model(input_ids=ids).logits, gpt2, rtol=0, atol=1e-5)
+        real = torch.nn.functional.softmax
+        with mock.patch("torch.nn.functional.softmax", lambda x, dim=None, dtype=None: real(x, dim=dim)):
+            torch.testing.assert_close(model(input_ids=ids).logits, gpt2, rtol=0, atol=1e-12)
+        self.assertIn("LayerNorm", expressible(dict(m, norm="rmsnorm", activation="swiglu", hf_model="opt")))
+        self.assertIn("biases", expressible(dict(m, bias=False, hf_model="opt")))
+
     def test_the_case_mixtral_loads_every_case_parameter_and_reports_experts_as_parts(self):
         import numpy as np
         import torch
