@@ -83,10 +83,11 @@ _COLOSSALAI = [
     # Shardformer policies' divisibility assertions (heads by tp, ...).
     ("colossalai/shardformer/policies/llama.py", "module_policy", "divisible"),
     ("colossalai/shardformer/policies/gpt2.py", "module_policy", "divisible"),
-    # (the same assertions in the Mistral and Qwen2 policies, for cases whose model.hf_model names them; campaign 323
-    # read two of Mistral's as crashes)
+    # (the same assertions in the Mistral, Qwen2 and OPT policies, for cases whose model.hf_model names them; campaigns
+    # 323 and 324 read them as crashes)
     ("colossalai/shardformer/policies/mistral.py", "module_policy", "divisible"),
     ("colossalai/shardformer/policies/qwen2.py", "module_policy", "divisible"),
+    ("colossalai/shardformer/policies/opt.py", "module_policy", "divisible"),
     # GPT-2's policy refuses all_to_all sequence parallelism.
     ("colossalai/shardformer/policies/gpt2.py", "module_policy", "not supported for GPT2"),
     # The pipeline schedule's checks of a batch: equal micro-batches, at least as many as stages.
