@@ -1214,7 +1214,8 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
     let dir = root().join("tests/python-colossalai-opt");
     let run = |files: &[PathBuf], fixes: &str| {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-        let args: Vec<&str> = ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
+        let args: Vec<&str> =
+            ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
         let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
         assert_eq!(vs.len(), files.len(), "{vs:?}");
         vs

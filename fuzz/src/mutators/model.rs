@@ -236,7 +236,8 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if let Some(h) = m.hf_model {
         let pairs = m.layers.len().div_ceil(2);
         m.layers = [LayerKind::Attention, LayerKind::Mlp].repeat(pairs);
-        (m.norm, m.activation) = if h.gpt2_math() { (NormKind::Layernorm, Activation::Gelu) } else { (NormKind::Rmsnorm, Activation::Swiglu) };
+        (m.norm, m.activation) =
+            if h.gpt2_math() { (NormKind::Layernorm, Activation::Gelu) } else { (NormKind::Rmsnorm, Activation::Swiglu) };
     }
     match m.hf_model {
         Some(HfModel::Qwen2) => m.bias = false,
