@@ -1145,7 +1145,9 @@ def _colossalai_opt_interleaved_stage_indices():
     `stage_manager.stage_indices` (interleaved_pp.py:314), which each policy's `set_pipeline_forward` records (Llama's,
     GPT-2's, Mistral's, Qwen2's); OPTPolicy's (policies/opt.py:319-339) does not, though its get_held_layers lays out
     interleaved chunks, so an OPT under `pp_style="interleaved"` fails at its first forward ("'PipelineStageManager'
-    object has no attribute 'stage_indices'"). Fix: record them as the Llama policy does."""
+    object has no attribute 'stage_indices'";
+    docs/findings/colossalai-0.5.0-opt-interleaved-pipeline-no-stage-indices-crash.py). Fix: record them as the Llama
+    policy does."""
     from colossalai.shardformer.policies.opt import OPTPolicy
 
     original = OPTPolicy.set_pipeline_forward
