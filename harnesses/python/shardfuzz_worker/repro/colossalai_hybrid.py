@@ -27,14 +27,15 @@ FAMILIES = {
                          "case_name", "is_projection_weight", "to_llama", "to_case", "case_tensors", "shardformer_loss"),
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
-    "colossalai_opt": ("NORM_EPS", "POSITIONS", "config", "build", "_LAYER", "_PART", "case_name", "is_projection_weight",
-                       "to_opt", "case_tensors", "shardformer_loss"),
+    "colossalai_opt": ("POSITIONS", "config", "build", "_LAYER", "_PART", "case_name", "to_opt", "case_tensors",
+                       "shardformer_loss"),
     "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",
                            "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss",
                            "unsteppable_unused_experts", "RoutingWatch"),
 }
-#: What the Mixtral family takes from the Llama's (colossalai_mixtral imports them; `case_name` as llama_case_name).
-MIXTRAL_FROM_LLAMA = ("NORM_EPS", "NoRotation", "_LAYER", "case_name", "is_projection_weight")
+#: What the Mixtral and OPT families take from the Llama's (they import them; Mixtral's `case_name` as llama_case_name).
+FROM_LLAMA = {"colossalai_mixtral": ("NORM_EPS", "NoRotation", "_LAYER", "case_name", "is_projection_weight"),
+              "colossalai_opt": ("is_projection_weight",)}
 RUN = ("Place", "local_view", "reported_name", "named_parameters", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "Layout", "routing_watch", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "tensor_parallel_axis",
@@ -74,9 +75,10 @@ def sources(case):
                + "\n\n" + worker_source("targets/torch_common.py", "shared_tempdir")
                + "\n\n" + worker_source("lifetime.py", "orphan_dir_prefix", "remove_orphan_dirs"))
     module = family_module(case)
-    model = (worker_source(f"targets/{module}.py", *FAMILIES[module]) if module != "colossalai_mixtral" else
-             worker_source("targets/colossalai_llama.py", *MIXTRAL_FROM_LLAMA) + "\n\n\nllama_case_name = case_name\n\n\n"
-             + worker_source("targets/colossalai_mixtral.py", *FAMILIES[module]))
+    borrowed = (worker_source("targets/colossalai_llama.py", *FROM_LLAMA[module]) + "\n\n\n") if module in FROM_LLAMA else ""
+    if module == "colossalai_mixtral":
+        borrowed += "llama_case_name = case_name\n\n\n"
+    model = borrowed + worker_source(f"targets/{module}.py", *FAMILIES[module])
     experts = "" if module == "colossalai_mixtral" else "\n\n" + worker_source("targets/colossalai_mixtral.py", "EXPERT", "split",
                                                                                  "unsteppable_unused_experts", "RoutingWatch")
     return [

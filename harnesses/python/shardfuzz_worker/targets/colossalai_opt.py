@@ -3,9 +3,9 @@ sized by the case, its parameters the case's), and the translation between the c
 
 OPT's decoder layer, with the layer norm before each sublayer (OPT's `do_layer_norm_before`, every size but 350m), is
 the GPT-2 family's math: the case's ("attention", "mlp") pair of self_attn_layer_norm + self_attn (separate q, k,
-v and out projections with biases) and final_layer_norm + fc1, tanh GELU, fc2, LayerNorm (eps 1e-5) with bias, a
-final LayerNorm, an LM head without bias, attention scale head_dim^-0.5. Linear weights are [out, in] (the case's
-are [in, out]). The case's model has no positional encoding: the learned position table is zero and frozen, and no
+v and out projections with biases) and final_layer_norm + fc1, tanh GELU, fc2, LayerNorm with bias (torch's default
+eps 1e-5, which OPT keeps), a final LayerNorm, an LM head without bias, attention scale head_dim^-0.5. Linear weights
+are [out, in] (the case's are [in, out]). The case's model has no positional encoding: the learned position table is zero and frozen, and no
 token is a padding index (OPT's embedding zeroes the padding row's gradient), so the rest is OPT's own computation.
 """
 
@@ -14,8 +14,8 @@ import re
 import torch
 
 from . import colossalai_gpt2
+from .colossalai_llama import is_projection_weight
 
-NORM_EPS = 1e-5
 POSITIONS = "model.decoder.embed_positions.weight"
 
 
@@ -72,10 +72,6 @@ def case_name(name):
         raise KeyError(f"harness: no case name for OPT parameter {name}")
     offset, part = _PART[match[2]]
     return f"layers.{2 * int(match[1]) + offset}.{part}.{match[3]}"
-
-
-def is_projection_weight(case):
-    return case.endswith(".weight") and (".attn." in case or ".mlp." in case)
 
 
 def to_opt(case, t):
