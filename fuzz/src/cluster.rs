@@ -68,6 +68,9 @@ pub fn needs(case: &Case) -> Vec<String> {
         if let Some(h) = m.hf_model {
             out.push(format!("hf_model={}", h.name()));
         }
+        if m.rotary_base.is_some() {
+            out.push("rotary".into());
+        }
     }
     out.sort();
     out.dedup();

@@ -138,6 +138,8 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         moe,
         // (Another transformers model class comes from the `hf-model` mutator.)
         hf_model: None,
+        // (Rotary position embeddings come from the `rotary` mutator.)
+        rotary_base: None,
     })
 }
 

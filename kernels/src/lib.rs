@@ -16,6 +16,7 @@ mod moe;
 mod norm;
 mod optim;
 mod prec;
+mod rotary;
 mod softmax;
 #[cfg(test)]
 mod testutil;
@@ -34,4 +35,5 @@ pub use moe::{assign_capacity, capacity, chosen_gates, router_bwd, router_fwd, t
 pub use norm::{layernorm_bwd, layernorm_fwd, layernorm_weight_grads, rmsnorm_bwd, rmsnorm_fwd, NormCache, NormGrads};
 pub use optim::{adam_step, sgd_step, AdamConfig};
 pub use prec::{Prec, Rounding};
+pub use rotary::{rotary_bwd, rotary_fwd, RotaryShape};
 pub use softmax::{log_softmax_rows, softmax_rows, softmax_rows_bwd};

@@ -32,6 +32,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             if let Some(h) = m.hf_model {
                 out.push(format!("built as a transformers {} model", h.name()));
             }
+            if let Some(b) = m.rotary_base {
+                out.push(format!("rotary position embedding on queries and keys (base {b})"));
+            }
             if let Some(r) = m.activation_checkpointing {
                 out.push(format!("activation checkpointing of every block ({}: use_reentrant={})", r.name(), r == Recompute::Reentrant));
             }

@@ -111,6 +111,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         case.model.as_ref().is_some_and(|m| m.sparse_embedding),
         case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()),
         case.model.as_ref().is_some_and(|m| m.hf_model.is_some()),
+        case.model.as_ref().is_some_and(|m| m.rotary_base.is_some()),
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
@@ -251,6 +252,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.model.as_ref().is_some_and(|m| m.hf_model.is_some()) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").hf_model = None));
+    }
+    if case.model.as_ref().is_some_and(|m| m.rotary_base.is_some()) {
+        out.push(with(case, |c| c.model.as_mut().expect("a model case").rotary_base = None));
     }
     if case.train.grad_accum_dtype.is_some() {
         out.push(with(case, |c| c.train.grad_accum_dtype = None));

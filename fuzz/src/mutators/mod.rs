@@ -96,6 +96,7 @@ pub const MUTATIONS: &[(&str, MutationFn)] = &[
     ("architecture", model::architecture),
     ("activation-checkpointing", model::activation_checkpointing),
     ("hf-model", model::hf_model),
+    ("rotary", model::rotary),
     ("layer-passes", model::layer_passes),
     ("framework-checkpoint", model::framework_checkpoint),
     ("moe-routing", model::moe_routing),
@@ -215,6 +216,7 @@ pub const OPTIONAL_MUTATIONS: &[(&str, &str)] = &[
     ("label-smoothing", "label_smoothing"),
     ("activation-checkpointing", "activation_checkpointing"),
     ("hf-model", "hf_model"),
+    ("rotary", "rotary"),
     ("layer-passes", "layer_passes"),
     ("framework-checkpoint", "framework_checkpoint"),
     ("moe-pad-to-capacity", "moe_pad_to_capacity"),
@@ -444,6 +446,28 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), HfModel::ALL.len(), "{seen:?}");
+    }
+
+    #[test]
+    fn a_rotary_embedding_gets_an_even_head_size() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (mut on, mut off) = (0, 0);
+        for seed in 0..200 {
+            let mut c = random_case(seed);
+            if !model::rotary(&mut c, &mut rng) {
+                continue;
+            }
+            let m = c.model.as_ref().expect("a model case");
+            match m.rotary_base {
+                Some(b) => {
+                    assert!(model::ROTARY_BASES.contains(&b) && (m.hidden / m.heads) % 2 == 0 && m.hidden % m.heads == 0, "{m:?}");
+                    on += 1;
+                }
+                None => off += 1,
+            }
+            c.validate(&Limits::default()).expect("a valid case");
+        }
+        assert!(on > 50 && off == 0, "{on} with a rotary embedding, {off} without from cases without one");
     }
 
     #[test]

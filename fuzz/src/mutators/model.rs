@@ -250,6 +250,27 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// The bases a rotary position embedding is drawn from (`model.rotary_base`): Llama's 10,000, where the slow pairs
+/// barely turn over a short sequence, and small bases whose every pair turns by a large angle per position, so a
+/// position handed to the wrong piece of a sequence moves many elements.
+pub const ROTARY_BASES: [u32; 3] = [10_000, 100, 10];
+
+/// A rotary position embedding on the queries and keys, another base, or none again (`model.rotary_base`). The
+/// head size is made even where it is odd (hidden grows by one per head), as the embedding turns pairs.
+pub fn rotary(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    if !m.layers.contains(&LayerKind::Attention) || m.heads == 0 {
+        return false;
+    }
+    let choices: Vec<Option<u32>> = std::iter::once(None).chain(ROTARY_BASES.map(Some)).filter(|b| *b != m.rotary_base).collect();
+    m.rotary_base = *choices.choose(rng).expect("other choices");
+    let head = m.hidden / m.heads;
+    if m.rotary_base.is_some() && head % 2 == 1 {
+        m.hidden = m.heads * (head + 1);
+    }
+    true
+}
+
 /// The framework's own activation checkpoint in another way of keeping the blocks' inputs, or torch's again
 /// (`parallel.framework_checkpoint`; the blocks checkpointed, re-entrant or not, when they were not).
 pub fn framework_checkpoint(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {

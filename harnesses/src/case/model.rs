@@ -61,6 +61,13 @@ pub struct Model {
     /// target's default class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hf_model: Option<HfModel>,
+    /// Rotary position embedding on the queries and keys (RoPE, Llama's half-split layout: within each head, element
+    /// c < head_dim/2 turns with c + head_dim/2 by position · base^(−2c/head_dim)), with this base (`rope_theta`).
+    /// Positions count from 0 in each sequence, so a framework that splits the sequence (sequence or context
+    /// parallelism, pipeline micro-batches) must hand each piece its own positions. Needs an even head size. Absent:
+    /// no positional encoding (attention is permutation-equivariant before the causal mask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_base: Option<u32>,
 }
 
 /// A `transformers` model class with the case model's (attention, mlp) math (`model.hf_model`): under RMSNorm and

@@ -253,6 +253,15 @@ fn validate_model(m: &Model, r: &mut Report) {
             format!("must divide model.heads for grouped-query attention (heads {} kv_heads {})", m.heads, m.kv_heads),
         );
     }
+    if let Some(base) = m.rotary_base {
+        if base < 2 {
+            r.fail("model.rotary_base", format!("must be at least 2 (got {base})"));
+        }
+        if m.heads >= 1 && m.hidden % m.heads == 0 && (m.hidden / m.heads) % 2 != 0 {
+            let d = m.hidden / m.heads;
+            r.fail("model.rotary_base", format!("needs an even head size hidden / heads to turn pairs (got {d})"));
+        }
+    }
     if m.layer_passes < 1 || m.layer_passes > super::model::MAX_LAYER_PASSES {
         let max = super::model::MAX_LAYER_PASSES;
         r.fail("model.layer_passes", format!("must be between 1 and {max} (got {})", m.layer_passes));

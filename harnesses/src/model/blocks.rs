@@ -167,6 +167,10 @@ fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm
         k::linear_fwd(ctx.p, &y, &w, b.as_ref())
     };
     let (q, kk, v) = (proj("q"), proj("k"), proj("v"));
+    let (q, kk) = match rotary(ctx, g) {
+        Some((rq, rk)) => (k::rotary_fwd(ctx.p, &q, rq), k::rotary_fwd(ctx.p, &kk, rk)),
+        None => (q, kk),
+    };
     let shape = k::AttnShape {
         batch: g.batch,
         seq: g.seq,
@@ -181,6 +185,14 @@ fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm
     let partial = k::matmul(ctx.p, &a, &wo);
     let out = row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.attn.o.bias")))?;
     Ok((out, BlockCache::Attention(AttnState { norm, y, q, k: kk, v, a, cache, shape, scale })))
+}
+
+/// The rotary embeddings of the local query and key heads (`model.rotary_base`), or None without one. Attention
+/// always sees whole sequences here (sequence parallelism gathers them first), so row r is position r mod seq.
+fn rotary(ctx: &Ctx, g: &Geom) -> Option<(k::RotaryShape, k::RotaryShape)> {
+    let base = f64::from(ctx.model.rotary_base?);
+    let at = |heads| k::RotaryShape { seq: g.seq, heads, head_dim: ctx.model.head_dim(), base };
+    Some((at(ctx.layout.local_heads()), at(ctx.layout.kv_heads.len())))
 }
 
 /// Appends every query row's scores to `ctx.attention_scores` while it records (the oracle reads
@@ -209,6 +221,10 @@ fn attention_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &AttnSta
     accumulate(grads, &wo_name, &[wo.nrows(), wo.ncols()], dwo.as_slice().expect("std"), dt);
     let da = k::matmul_nt(ctx.p, &dout, &wo);
     let (dq, dk, dv) = k::attention_bwd(ctx.p, &st.q, &st.k, &st.v, &st.cache, &da, st.shape, st.scale);
+    let (dq, dk) = match rotary(ctx, g) {
+        Some((rq, rk)) => (k::rotary_bwd(ctx.p, &dq, rq), k::rotary_bwd(ctx.p, &dk, rk)),
+        None => (dq, dk),
+    };
     let mut dy: Option<Mat> = None;
     for (n, d) in [("q", dq), ("k", dk), ("v", dv)] {
         let wname = format!("{pre}.attn.{n}.weight");

@@ -263,10 +263,11 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "colossalai-hybrid",
-        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama (or Mistral, Qwen2) or GPT-2: tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
+        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama (or Mistral, Qwen2; with a rotary position embedding where the case has one) or GPT-2 (or OPT): tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
         offers: &[
             "hf_model",
+            "rotary",
             "sequence_parallel_mode",
             "zero_offload",
             "vocab_loss",
@@ -284,7 +285,7 @@ pub const TARGETS: &[TargetInfo] = &[
         name: "colossalai-moe",
         description: "Colossal-AI Booster + MoeHybridParallelPlugin on a transformers Mixtral: experts over ep ranks (shardformer's EP MoE blocks), moe_dp = dp / ep, tp x pp x dp, ZeRO 0-1",
         env: Some("colossalai"),
-        offers: &["zero_offload", "reduce_bucket", "vocab_divisible_by", "activation_checkpointing"],
+        offers: &["zero_offload", "reduce_bucket", "vocab_divisible_by", "activation_checkpointing", "rotary"],
         create: |o| python("colossalai-moe", "colossalai", o),
     },
 ];

@@ -23,7 +23,7 @@ from colossalai.booster.plugin import HybridParallelPlugin, MoeHybridParallelPlu
 """
 
 FAMILIES = {
-    "colossalai_llama": ("NORM_EPS", "config", "NoRotation", "architecture", "other_model", "is_extra", "build", "_LAYER",
+    "colossalai_llama": ("NORM_EPS", "config", "Rotation", "rotation", "architecture", "other_model", "is_extra", "build", "_LAYER",
                          "case_name", "is_projection_weight", "to_llama", "to_case", "case_tensors", "shardformer_loss"),
     "colossalai_gpt2": ("NORM_EPS", "POSITIONS", "config", "build", "_BLOCK", "_PART", "case_tensors",
                         "shardformer_loss"),
@@ -34,7 +34,7 @@ FAMILIES = {
                            "unsteppable_unused_experts", "RoutingWatch"),
 }
 #: What the Mixtral and OPT families take from the Llama's (they import them; Mixtral's `case_name` as llama_case_name).
-FROM_LLAMA = {"colossalai_mixtral": ("NORM_EPS", "NoRotation", "_LAYER", "case_name", "is_projection_weight"),
+FROM_LLAMA = {"colossalai_mixtral": ("NORM_EPS", "Rotation", "rotation", "_LAYER", "case_name", "is_projection_weight"),
               "colossalai_opt": ("is_projection_weight",)}
 RUN = ("Place", "local_view", "reported_name", "named_parameters", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "Layout", "routing_watch", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",

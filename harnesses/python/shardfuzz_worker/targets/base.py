@@ -20,6 +20,9 @@ class Target:
     coverage_prefixes = ()
     #: The op kinds this target implements (op cases of another kind are `unsupported`).
     op_kinds = OP_KINDS
+    #: Whether its attention turns queries and keys by the case's rotary position embedding (`model.rotary_base`;
+    #: others refuse such cases).
+    rotates = False
     #: Whether it leaves the case's frozen parameters (`train.frozen`) untrained (others refuse such cases).
     freezes = False
     #: Whether its loss smooths the labels as the case asks (`train.label_smoothing`; others refuse such cases).
@@ -276,11 +279,12 @@ def is_frozen(case, name):
 
 def setup_features(prefix, case):
     """Features of how the model is trained: frozen parameters, activation checkpointing, blocks used several times,
-    MoE blocks (their top-k, an auxiliary loss, a capacity that can drop tokens)."""
+    a rotary position embedding, MoE blocks (their top-k, an auxiliary loss, a capacity that can drop tokens)."""
     m = case.get("model") or {}
     recompute = m.get("activation_checkpointing")
     return ([f"{prefix}:frozen"] if case["train"].get("frozen") else []) + ([f"{prefix}:recompute-{recompute}"] if recompute else []) \
-        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else []) + moe_setup_features(prefix, m) \
+        + ([f"{prefix}:shared-blocks"] if m.get("layer_passes", 1) > 1 else []) \
+        + ([f"{prefix}:rotary"] if m.get("rotary_base") is not None else []) + moe_setup_features(prefix, m) \
         + optimizer_features(prefix, case)
 
 
@@ -326,6 +330,19 @@ def unsupported_frozen(target, case):
     `freezes` leave them untrained (any other would train them, a different computation)."""
     if case.get("train", {}).get("frozen") and not target.freezes:
         return f"{target.name} trains every parameter (no train.frozen)"
+    return None
+
+
+def rotary_base(case):
+    """The case's rotary position embedding base (`model.rotary_base`, a Llama's `rope_theta`), or None without one."""
+    return (case.get("model") or {}).get("rotary_base")
+
+
+def unsupported_rotary(target, case):
+    """Why `target` cannot turn the case's queries and keys by position, or None: only targets that set `rotates`
+    apply the rotary embedding (any other would attend without positions, a different computation)."""
+    if rotary_base(case) is not None and not target.rotates:
+        return f"{target.name} has no rotary position embedding (model.rotary_base)"
     return None
 
 

@@ -27,6 +27,8 @@ def expressible(m):
         return "a GPT-2 MLP is GELU (the case uses SwiGLU)"
     if not m["bias"]:
         return "GPT-2's projections and norms have biases (the case has none)"
+    if m.get("rotary_base") is not None:
+        return "GPT-2 encodes positions with a learned table, not a rotary embedding (the case's model.rotary_base)"
     if m["kv_heads"] != m["heads"] or m["hidden"] % m["heads"]:
         return "GPT-2 attention has as many key/value heads as query heads, hidden / heads wide"
     return None

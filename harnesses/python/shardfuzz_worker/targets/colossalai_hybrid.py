@@ -46,6 +46,7 @@ class ColossalHybrid(ColossalTarget):
     name = "colossalai-hybrid"
     plugin_name = "HybridParallelPlugin"
     freezes = True
+    rotates = True
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     # A run resumes into another plugin (`train.resume_parallel`): HybridParallelCheckpointIO writes whole tensors
     # (tensor-parallel shards gathered, the vocabulary unpadded, ZeRO's optimizer states gathered) under their names,

@@ -3,9 +3,9 @@ its parameters the case's), and the translation between the case's parameter nam
 
 A Llama decoder layer is the case's ("attention", "mlp") pair: input_layernorm + self_attn, then
 post_attention_layernorm + mlp (gate/up/down with SiLU: the case's swiglu), RMSNorm (eps 1e-5), GQA,
-attention scale head_dim^-0.5, no tied embeddings unless the case ties them. The case's model has no
-positional encoding: the model's rotary embedding is made the identity (cos 1, sin 0) on this instance,
-which leaves every other computation Llama's own.
+attention scale head_dim^-0.5, no tied embeddings unless the case ties them. The model's rotary embedding
+is the case's (`model.rotary_base`, angles in float64) or, without one, the identity (cos 1, sin 0), on this instance;
+every other computation is Llama's own.
 """
 
 import re
@@ -43,16 +43,30 @@ def config(m, dtype):
     )
 
 
-class NoRotation(torch.nn.Module):
-    """In place of LlamaRotaryEmbedding: cos 1 and sin 0 at every position (no positional encoding)."""
+class Rotation(torch.nn.Module):
+    """In place of LlamaRotaryEmbedding (same call: the (cos, sin) of `position_ids`, in `x`'s dtype): the case's
+    rotary embedding (`model.rotary_base`) with angles in float64, so a float64 run is exact (transformers computes
+    them in float32); cos 1 and sin 0 at every position without one (no positional encoding). The positions are the
+    ones the framework passes, so a framework that hands a piece of the sequence the wrong positions is seen."""
 
-    def __init__(self, head_dim):
+    def __init__(self, head_dim, base=None):
         super().__init__()
-        self.head_dim = head_dim
+        self.head_dim, self.base = head_dim, base
 
     def forward(self, x, position_ids):
-        shape = (position_ids.shape[0], position_ids.shape[1], self.head_dim)
-        return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
+        if self.base is None:
+            shape = (position_ids.shape[0], position_ids.shape[1], self.head_dim)
+            return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
+        inv_freq = 1.0 / float(self.base) ** exponents
+        angles = position_ids.to(torch.float64)[..., None] * inv_freq
+        both = torch.cat((angles, angles), dim=-1)
+        return both.cos().to(x.dtype), both.sin().to(x.dtype)
+
+
+def rotation(m):
+    """The rotary embedding module of the case's model (identity without `model.rotary_base`)."""
+    return Rotation(m["hidden"] // m["heads"], m.get("rotary_base"))
 
 
 def architecture(m):
@@ -81,7 +95,7 @@ def build(m, inputs, dtype):
     """The Llama (or the case's `hf_model`) of the case with its initial parameters, in `dtype`."""
     arch = architecture(m)
     model = (colossalai_release.llama_model(**config(m, dtype)) if arch == "llama" else other_model(arch, m, dtype)).to(dtype)
-    colossalai_release.replace_llama_rotary_embedding(model, lambda: NoRotation(m["hidden"] // m["heads"]))
+    colossalai_release.replace_llama_rotary_embedding(model, lambda: rotation(m))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if is_extra(name, m):

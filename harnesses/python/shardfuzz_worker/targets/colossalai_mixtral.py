@@ -6,7 +6,7 @@ colossalai_llama.py), then post_attention_layernorm + block_sparse_moe: a router
 every expert in float32, each token's top-k experts, their probabilities divided by their sum (the case's
 `renormalize`), no capacity (dropless: the case's capacity must hold every token), each expert a SwiGLU MLP (`w1` the
 gate projection, `w3` the up one, `w2` the down one) without biases, no auxiliary loss in the gradients
-(`output_router_logits` off). The rotary embedding is made the identity, as for the Llama.
+(`output_router_logits` off). The rotary embedding is the case's (or the identity), as for the Llama.
 
 The case holds every expert's weight stacked (`layers.N.moe.{gate,up,down}.weight`, [experts, in, out]); Mixtral holds
 one linear per expert. Each expert's tensor is reported under `<case name>#e<expert>` (`expert_part`), and
@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from .colossalai_llama import NORM_EPS, NoRotation, case_name as llama_case_name, is_projection_weight
+from .colossalai_llama import NORM_EPS, case_name as llama_case_name, is_projection_weight, rotation
 
 EXPERT = "#e"
 _PROJ = {"w1": "gate", "w3": "up", "w2": "down"}
@@ -57,7 +57,7 @@ def build(m, inputs, dtype):
         router_aux_loss_coef=0.0, router_jitter_noise=0.0, sliding_window=None, torch_dtype=dtype,
         pad_token_id=None, bos_token_id=None, eos_token_id=None, _attn_implementation="eager")
     model = MixtralForCausalLM(config).to(dtype)
-    model.model.rotary_emb = NoRotation(m["hidden"] // m["heads"])
+    model.model.rotary_emb = rotation(m)
     with torch.no_grad():
         for name, p in model.named_parameters():
             case, expert = split(case_name(name))
