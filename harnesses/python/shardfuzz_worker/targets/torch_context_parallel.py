@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .base import parallel
 from .torch_release import context_parallel_module, cp_load_balances, cp_rotate_methods, cp_unshard
+from .torch_model import positions_of
 
 
 def context_parallel(case):
@@ -197,9 +198,13 @@ class TorchSequenceSplit:
         if self.rotate != "permute":
             context_parallel_module().set_rotate_method(self.rotate)
         ids, tgt = ids.clone(), tgt.clone()
+        # Each token's position, sharded as the ids are (torchtitan passes its rotary table the same way): what a
+        # rotary embedding turns this rank's tokens by.
+        positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1).clone()
         released, F.scaled_dot_product_attention = F.scaled_dot_product_attention, scaled_dot_product_attention
         try:
-            with cp_context(self.mesh, buffers=[ids, tgt], buffer_seq_dims=[1, 1], no_restore_buffers={ids, tgt}):
+            with cp_context(self.mesh, buffers=[ids, tgt, positions], buffer_seq_dims=[1, 1, 1],
+                            no_restore_buffers={ids, tgt, positions}), positions_of(positions):
                 yield ids, tgt
         finally:
             F.scaled_dot_product_attention = released

@@ -22,6 +22,7 @@ from .torch_training import combine_dp, single_device, train
 class TorchDdp(TorchTarget):
     name = "torch-ddp"
     freezes = True
+    rotates = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     optimizer_implementations = True

@@ -33,6 +33,7 @@ from .torch_training import DataPart, combine_dp, single_device, train
 class TorchFsdp2(TorchTarget):
     name = "torch-fsdp2"
     freezes = True
+    rotates = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)

@@ -7,6 +7,8 @@ them; the case names parameters as the reference does and stores linear weights 
 `load_case_params` and `case_name` translate between the two.
 """
 
+import contextlib
+import contextvars
 import math
 
 import torch
@@ -32,11 +34,41 @@ class Norm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, NORM_EPS)
 
 
+#: The positions of the tokens this rank's attention sees ([rows, tokens]), where a framework holds part of each
+#: sequence: torch's context parallelism shards a positions buffer beside the ids (`positions_of`). None: 0 .. s-1.
+_POSITIONS = contextvars.ContextVar("shardfuzz_positions", default=None)
+
+
+@contextlib.contextmanager
+def positions_of(positions):
+    """Within: the rotary embedding turns the attention's tokens by `positions` ([rows, tokens])."""
+    token = _POSITIONS.set(positions)
+    try:
+        yield
+    finally:
+        _POSITIONS.reset(token)
+
+
+def rotate(x, base):
+    """`x` [batch, heads, tokens, head_dim] turned by the rotary embedding with `base` (the case's `model.rotary_base`,
+    Llama's half-split layout), at the positions `positions_of` gives or 0 .. tokens-1: angles in float64, cos and sin
+    rounded to x's dtype, then x * cos + rotate_half(x) * sin elementwise in x's dtype."""
+    d, s = x.shape[-1], x.shape[-2]
+    positions = _POSITIONS.get()
+    positions = torch.arange(s)[None] if positions is None else positions
+    inv_freq = 1.0 / float(base) ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    both = torch.cat((angles, angles), dim=-1)[:, None]
+    cos, sin = both.cos().to(x.dtype), both.sin().to(x.dtype)
+    half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+    return x * cos + half * sin
+
+
 class Attention(nn.Module):
     def __init__(self, m):
         super().__init__()
         h, d = m["hidden"], m["hidden"] // m["heads"]
-        self.d = d
+        self.d, self.rotary_base = d, m.get("rotary_base")
         self.q = nn.Linear(h, m["heads"] * d, bias=m["bias"])
         self.k = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
         self.v = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
@@ -52,6 +84,8 @@ class Attention(nn.Module):
         q = q.view(b, s, q.shape[-1] // self.d, self.d).transpose(1, 2)
         k = k.view(b, s, k.shape[-1] // self.d, self.d).transpose(1, 2)
         v = v.view(b, s, v.shape[-1] // self.d, self.d).transpose(1, 2)
+        if self.rotary_base is not None:
+            q, k = rotate(q, self.rotary_base), rotate(k, self.rotary_base)
         a = self.attend(q, k, v)
         # Explicit width: with an empty local sequence (uneven SP shards), -1 would be ambiguous.
         return self.o(a.transpose(1, 2).reshape(b, s, a.shape[1] * a.shape[3]))

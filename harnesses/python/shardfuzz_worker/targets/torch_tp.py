@@ -23,6 +23,7 @@ class TorchTp(TorchTarget):
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)
     optimizer_implementations = True
     freezes = True
+    rotates = True
 
     def unsupported(self, case):
         why = unsupported_layout(case, ("tp",), "torch-tp runs tensor (and sequence) parallelism on a 1-D mesh",
