@@ -77,6 +77,7 @@ def micro_batches(case):
 class DeepSpeedZero(TorchTarget):
     name = "deepspeed-zero"
     freezes = True
+    rotates = True
     smooths_labels = True
     checkpoint_layouts = ("sharded", "universal")  # (DeepSpeed's own checkpoint, or that converted by ds_to_universal)
     resumes_into = RESUMES_INTO
@@ -107,6 +108,10 @@ class DeepSpeedZero(TorchTarget):
         if why:
             return why
         p = parallel(case)
+        if case["model"].get("rotary_base") is not None and p.get("cp", 1) > 1:
+            # (DeepSpeed-Ulysses splits the sequence before the attention's projections and leaves positions to the
+            # model: the turn of each piece would be the harness's, not DeepSpeed's.)
+            return "a rotary embedding beside Ulysses would take its positions from the harness, not DeepSpeed"
         if sparse_embedding(case) and p["zero_stage"] > 0:
             # Measured: ZeRO's gradient buckets view every gradient flat, which sparse tensors cannot
             # ("Could not run 'aten::view' with arguments from the 'SparseCPU' backend").

@@ -29,6 +29,7 @@ STRATEGIES = {(0, False): "NO_SHARD", (2, False): "SHARD_GRAD_OP", (3, False): "
 class TorchFsdp1(TorchTarget):
     name = "torch-fsdp1"
     freezes = True
+    rotates = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     checkpoint_layouts = ("sharded", "gathered")  # (torch_dcp: DCP shards, or full state dicts through rank 0)

@@ -42,6 +42,7 @@ from .torch_training import dense, full, micro_batch_loss, single_device
 class TorchPp(TorchTarget):
     name = "torch-pp"
     freezes = True
+    rotates = True
     smooths_labels = True
     clip_norms = ("l1", "l2", "inf")
     optimizer_implementations = True
