@@ -1231,6 +1231,38 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
     }
 }
 
+/// The case field `model.rotary_base` (a rotary position embedding on queries and keys): colossalai-hybrid's Llama
+/// family (transformers' attention turning by the positions Colossal-AI passes) and the torch model's targets (torch's
+/// context parallelism shards the positions beside the ids, load-balanced or in order) each run every case of
+/// `tests/python-rotary*` to a pass or a refusal, with the known fixes of Colossal-AI's ring gather and torch-pp's DDP
+/// metadata; every case passes somewhere, and a target without a rotary embedding refuses the field by name.
+#[test]
+fn rotary_position_embeddings_pass_where_targets_turn_them_and_are_refused_elsewhere() {
+    if !python_ready() {
+        return;
+    }
+    let fixes = "colossalai-ring-gather,torch-pipelining-ddp-metadata-inference";
+    for (dir, targets) in [
+        ("tests/python-rotary", "colossalai-hybrid"),
+        ("tests/python-rotary-torch", "torch-ddp,torch-fsdp2,torch-tp,torch-fsdp1,torch-pp,deepspeed-zero,deepspeed-pp,megatron-tp"),
+    ] {
+        let files = case_files(&root().join(dir));
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        let args: Vec<&str> = ["run", "--json", "--target", targets].into_iter().chain(names.iter().map(String::as_str)).collect();
+        let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
+        assert_eq!(vs.len(), files.len() * targets.split(',').count(), "{dir}");
+        for v in &vs {
+            assert!(v["kind"] == "pass" || v["kind"] == "unsupported", "{v}");
+            if v["target"] == "megatron-tp" {
+                assert!(reason(v).contains("model.rotary_base"), "{v}");
+            }
+        }
+        for name in &names {
+            assert!(vs.iter().any(|v| v["case"] == name.as_str() && v["kind"] == "pass"), "{name} passes nowhere");
+        }
+    }
+}
+
 /// torch-fsdp2's `sum_collectives` (`set_force_sum_reduction_for_comms`) and `explicit_grad_divide`
 /// (`set_gradient_divide_factor(dp)`): on HSDP whose shard groups hold one rank, torch 2.15 divides the gradients by the
 /// factor twice, with forced sums (f32) and with an fp16 reduce dtype (gradients 1/2 of the average on 2 ranks), and
