@@ -1232,19 +1232,22 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
 }
 
 /// The case field `model.rotary_base` (a rotary position embedding on queries and keys): colossalai-hybrid's Llama
-/// family (transformers' attention turning by the positions Colossal-AI passes) and the torch model's targets (torch's
-/// context parallelism shards the positions beside the ids, load-balanced or in order) each run every case of
-/// `tests/python-rotary*` to a pass or a refusal, with the known fixes of Colossal-AI's ring gather and torch-pp's DDP
-/// metadata; every case passes somewhere, and a target without a rotary embedding refuses the field by name.
+/// family and colossalai-moe's Mixtral (transformers' attention turning by the positions Colossal-AI passes), the torch
+/// model's targets (torch's context parallelism shards the positions beside the ids, load-balanced or in order) and the
+/// JAX targets each run every case of `tests/python-rotary*` to a pass or a refusal, with the known fixes of
+/// Colossal-AI's ring gather, its MoE plugin's data-parallel sync and torch-pp's DDP metadata; every case passes
+/// somewhere, and a target without a rotary embedding refuses the field by name.
 #[test]
 fn rotary_position_embeddings_pass_where_targets_turn_them_and_are_refused_elsewhere() {
     if !python_ready() {
         return;
     }
-    let fixes = "colossalai-ring-gather,torch-pipelining-ddp-metadata-inference";
+    let fixes = "colossalai-ring-gather,colossalai-moe-dp-grad-scaler,colossalai-moe-dp-sync-unrouted-experts,\
+         colossalai-moe-pipeline-dp-sync-expert-group,torch-pipelining-ddp-metadata-inference";
     for (dir, targets) in [
-        ("tests/python-rotary", "colossalai-hybrid"),
+        ("tests/python-rotary", "colossalai-hybrid,colossalai-moe"),
         ("tests/python-rotary-torch", "torch-ddp,torch-fsdp2,torch-tp,torch-fsdp1,torch-pp,deepspeed-zero,deepspeed-pp,megatron-tp"),
+        ("tests/python-rotary-jax", "jax-gspmd,jax-shardmap"),
     ] {
         let files = case_files(&root().join(dir));
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();

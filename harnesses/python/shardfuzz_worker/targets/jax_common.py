@@ -197,6 +197,7 @@ class JaxTarget(Target):
     #: How model cases are sharded (jax_train.py): "gspmd" or "shardmap".
     mode = ""
     freezes = True
+    rotates = True
     smooths_labels = True
 
     def __init__(self):

@@ -76,11 +76,27 @@ def norm(x, w, b, kind):
     return y.astype(x.dtype)
 
 
+def rotate(x, base):
+    """`x` [batch, heads, tokens, head_dim] turned by the rotary embedding with `base` (`model.rotary_base`, Llama's
+    half-split layout) at positions 0 .. tokens-1, computed in the graph (iota) in the widest float the run allows,
+    cos and sin rounded to x's dtype, then x * cos + rotate_half(x) * sin in x's dtype."""
+    d, s = x.shape[-1], x.shape[-2]
+    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    inv_freq = 1.0 / jnp.asarray(float(base), wide) ** (jnp.arange(0, d, 2, dtype=wide) / d)
+    angles = jnp.arange(s, dtype=wide)[:, None] * inv_freq
+    both = jnp.concatenate((angles, angles), axis=-1)
+    cos, sin = jnp.cos(both).astype(x.dtype), jnp.sin(both).astype(x.dtype)
+    half = jnp.concatenate((-x[..., d // 2:], x[..., : d // 2]), axis=-1)
+    return x * cos + half * sin
+
+
 def attention(par, p, pre, x, m):
     b, s, _ = x.shape
     d = m["hidden"] // m["heads"]
     q, k, v = (par.column(x, p[f"{pre}.{n}.weight"], p.get(f"{pre}.{n}.bias")) for n in "qkv")
     q, k, v = (t.reshape(b, s, t.shape[-1] // d, d).transpose(0, 2, 1, 3) for t in (q, k, v))
+    if m.get("rotary_base") is not None:
+        q, k = rotate(q, m["rotary_base"]), rotate(k, m["rotary_base"])
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = jnp.repeat(k, rep, axis=1), jnp.repeat(v, rep, axis=1)
