@@ -1236,14 +1236,20 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
 /// model's targets (torch's context parallelism shards the positions beside the ids, load-balanced or in order) and the
 /// JAX targets each run every case of `tests/python-rotary*` to a pass or a refusal, with the known fixes of
 /// Colossal-AI's ring gather, its MoE plugin's data-parallel sync and torch-pp's DDP metadata; every case passes
-/// somewhere, and a target without a rotary embedding refuses the field by name.
+/// somewhere, and a target without a rotary embedding refuses the field by name. Found with them: Colossal-AI 0.5.0's
+/// Mistral pipeline forward hands the re-entrant checkpoint keyword arguments (a crash without the known fix
+/// `colossalai-mistral-pipeline-checkpoint-kwargs`, with or without a rotary embedding).
 #[test]
 fn rotary_position_embeddings_pass_where_targets_turn_them_and_are_refused_elsewhere() {
     if !python_ready() {
         return;
     }
     let fixes = "colossalai-ring-gather,colossalai-moe-dp-grad-scaler,colossalai-moe-dp-sync-unrouted-experts,\
-         colossalai-moe-pipeline-dp-sync-expert-group,torch-pipelining-ddp-metadata-inference";
+         colossalai-moe-pipeline-dp-sync-expert-group,torch-pipelining-ddp-metadata-inference,\
+         colossalai-mistral-pipeline-checkpoint-kwargs";
+    let mistral = root().join("tests/python-rotary/mistral-rotary-pp2-reentrant-checkpoint-f32.json");
+    let v = one_verdict("colossalai-hybrid", &mistral, "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("Unexpected keyword arguments: attention_mask"), "{v}");
     for (dir, targets) in [
         ("tests/python-rotary", "colossalai-hybrid,colossalai-moe"),
         ("tests/python-rotary-torch", "torch-ddp,torch-fsdp2,torch-tp,torch-fsdp1,torch-pp,deepspeed-zero,deepspeed-pp,megatron-tp"),

@@ -1162,6 +1162,37 @@ def _colossalai_opt_interleaved_stage_indices():
     OPTPolicy.set_pipeline_forward = set_pipeline_forward
 
 
+def _colossalai_mistral_pipeline_checkpoint_kwargs():
+    """Colossal-AI 0.5.0: the Mistral's pipeline forward (MistralForwards.mistral_model_forward,
+    shardformer/modeling/mistral.py:137-147) passes each decoder layer's inputs to `_gradient_checkpointing_func` as
+    keyword arguments, which the re-entrant torch.utils.checkpoint (transformers' default for
+    gradient_checkpointing_enable) refuses: a Mistral under a pipeline with activation checkpointing fails at its first
+    forward ("Unexpected keyword arguments: attention_mask,position_ids,...";
+    docs/findings/colossalai-0.5.0-mistral-pipeline-checkpoint-keyword-arguments-crash.py). The Llama's, Qwen2's and
+    Mixtral's copies pass them positionally. Fix: pass them positionally, in the decoder layer's order."""
+    from colossalai.shardformer.modeling.mistral import MistralForwards
+
+    original = MistralForwards.mistral_model_forward
+    order = ("attention_mask", "position_ids", "past_key_value", "output_attentions", "use_cache", "cache_position",
+             "position_embeddings")
+
+    def mistral_model_forward(self, *args, **kwargs):
+        checkpoint = getattr(self, "_gradient_checkpointing_func", None)
+        if checkpoint is None:
+            return original(self, *args, **kwargs)
+
+        def positional(layer, hidden_states, **named):
+            return checkpoint(layer, hidden_states, *(named.pop(k) for k in order), **named)
+
+        self._gradient_checkpointing_func = positional
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self._gradient_checkpointing_func = checkpoint
+
+    MistralForwards.mistral_model_forward = staticmethod(mistral_model_forward)
+
+
 def _colossalai_qwen2_tied_padded_logits():
     """Colossal-AI 0.5.0: Qwen2Policy pads a tied embedding's vocabulary to a multiple of make_vocab_size_divisible_by
     (64 by default; PaddingEmbedding, or under tensor parallelism VocabParallelEmbedding1D to a multiple of 64 x tp)
@@ -3140,6 +3171,8 @@ FIXES = {
     "colossalai-qwen2-tied-padded-logits": (("colossalai-hybrid",), _colossalai_qwen2_tied_padded_logits),
     "colossalai-opt-untied-lm-head-bound": (("colossalai-hybrid",), _colossalai_opt_untied_lm_head_bound),
     "colossalai-opt-interleaved-stage-indices": (("colossalai-hybrid",), _colossalai_opt_interleaved_stage_indices),
+    "colossalai-mistral-pipeline-checkpoint-kwargs": (("colossalai-hybrid",),
+                                                      _colossalai_mistral_pipeline_checkpoint_kwargs),
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),
     "colossalai-moe-dp-grad-scaler": (("colossalai-moe",), _colossalai_moe_dp_grad_scaler),
     "colossalai-mixtral-tied-padded-logits": (("colossalai-moe",), _colossalai_mixtral_tied_padded_logits),
