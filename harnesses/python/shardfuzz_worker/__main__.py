@@ -116,7 +116,7 @@ class Coordinator:
         if failed:
             if must_restart(failed, world):
                 self.drop(world)
-            reply = classify_failures(self.target, failed, world)
+            reply = classify_failures(self.target, failed, world, case.get("parallel", {}).get("pp", 1))
             if reply["status"] == "crash" and len(failed) == world:
                 refusal = self.target.single_device_refusal(case)
                 if refusal:

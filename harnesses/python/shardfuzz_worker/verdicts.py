@@ -3,7 +3,9 @@
 
 A harness error on any rank wins: our worker failed, and what the framework did after that says nothing.
 Every rank must have refused for a rejection, since a refusal on some ranks only leaves the others stranded
-in a collective (a crash of the framework, not a clean rejection). A crash is reported on the first rank whose
+in a collective (a crash of the framework, not a clean rejection) — except across pipeline stages, which run different
+layers: a refusal raised only by the stages that hold what it refuses (a layer tensor parallelism cannot split, the
+sequence split on the first stage), the other stages left waiting for them, is a rejection. A crash is reported on the first rank whose
 error is its own crash: not a peer's closed or reset connection (what the ranks that outlived the failing one
 see), nor a refusal where another rank crashed.
 """
@@ -16,7 +18,8 @@ import os
 from .validation import causes, classify, is_native_caller, recomputing, short
 
 
-def classify_failures(target, failed, world):
+def classify_failures(target, failed, world, stages=1):
+    """The verdict of a run whose ranks `failed` ([(rank, failure)]) of `world`; `stages`: its pipeline stages."""
     real = [f for f in failed if f[1]["type"] != "Stranded"] or failed
     keep_tracebacks(real)
     verdicts = [(rank, f, *classify(target.name, f)) for rank, f in real]
@@ -30,6 +33,10 @@ def classify_failures(target, failed, world):
     message = failure_message(first)
     if len(failed) == world and len(real) == len(failed) and all(v[2] == "rejected" for v in verdicts):
         return {"status": "rejected", "reason": message}
+    if len(failed) == world and stages > 1 and refused_by_some_stages(verdicts):
+        refusing = [r for r, _, kind, _ in verdicts if kind == "rejected"]
+        return {"status": "rejected", "reason": f"{message} (raised on rank(s) {', '.join(map(str, refusing))}; the "
+                                                f"other pipeline stages were left waiting for them)"}
     site = innermost_site(first)
     frame = next(v[3] for v in verdicts if v[0] == first_rank)
     where = "raised in the framework's native code, called at" if frame and is_native_caller(frame) else "at"
@@ -38,6 +45,13 @@ def classify_failures(target, failed, world):
         where, site = "in the model code recomputed by", f'File "{frame[0]}", line {frame[1]}, in {frame[2]}'
     reason = message if not site else f"{message} ({where} {site})"
     return {"status": "crash", "rank": first_rank, "reason": reason}
+
+
+def refused_by_some_stages(verdicts):
+    """Whether some ranks refused and every other rank only waited on them (left stranded, or its peer's connection
+    gone): a refusal of a pipeline stage's own layers."""
+    refused = [v for v in verdicts if v[2] == "rejected"]
+    return bool(refused) and all(v[2] == "rejected" or peer_gone(v[1]) for v in verdicts)
 
 
 def keep_tracebacks(failed):

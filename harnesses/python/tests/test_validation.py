@@ -183,6 +183,16 @@ class TorchFramesTest(unittest.TestCase):
         self.assertEqual(classify_failures(t, [(0, refusal), (1, refusal)], 2)["status"], "rejected")
         self.assertEqual(classify_failures(t, [(0, refusal)], 2)["status"], "crash")
         self.assertEqual(classify_failures(t, [(0, refusal), (1, stranded)], 2)["status"], "crash")
+        # Across pipeline stages (which run different layers) a refusal of one stage, the others waiting, is one.
+        gone = failure(("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+                        [fw("torch", "distributed/distributed_c10d.py", "recv")]))
+        for waiting in (stranded, gone):
+            reply = classify_failures(t, [(0, refusal), (1, refusal), (2, waiting), (3, waiting)], 4, stages=2)
+            self.assertEqual(reply["status"], "rejected", reply)
+            self.assertIn("raised on rank(s) 0, 1; the other pipeline stages were left waiting", reply["reason"])
+        crash = failure(("IndexError", "list index out of range", [fw("torch", "distributed/tensor/_api.py", "f")]))
+        self.assertEqual(classify_failures(t, [(0, refusal), (1, crash)], 2, stages=2)["status"], "crash")
+        self.assertEqual(classify_failures(t, [(0, gone), (1, stranded)], 2, stages=2)["status"], "crash")
         ours = failure(("KeyError", "'x'", []))
         reply = classify_failures(t, [(0, refusal), (1, ours)], 2)
         self.assertEqual(reply["status"], "harness_error")
