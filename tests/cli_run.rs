@@ -67,6 +67,27 @@ fn an_injected_bug_is_a_divergence_with_exit_1_in_its_region_only() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 
+/// A rotary position embedding (`model.rotary_base`) runs on the native target against the reference under tensor,
+/// sequence (split_gather; the other modes are unsupported there), pipeline and data parallelism.
+#[test]
+fn rotary_cases_pass_on_the_native_target() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python-rotary");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("llama-"))
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(files.len() >= 6, "{files:?}");
+    let args: Vec<&str> = ["run", "--json"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let o = run(&args);
+    let verdicts: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(verdicts.len(), files.len(), "{}", stderr(&o));
+    let passed = verdicts.iter().filter(|v| v["kind"] == "pass").count();
+    assert!(verdicts.iter().all(|v| v["kind"] == "pass" || v["kind"] == "unsupported"), "{}", stdout(&o));
+    assert!(passed >= 5, "{}", stdout(&o));
+}
+
 #[test]
 fn json_output_has_one_object_per_verdict() {
     let o = run(&["run", "--json", corpus("dp2-even.json").to_str().unwrap(), corpus("single-f64.json").to_str().unwrap()]);
@@ -89,6 +110,7 @@ fn malformed_cases_get_a_one_line_error_naming_the_field_and_exit_2() {
         ("negative.json", m.replace("\"batch\": 4", "\"batch\": -2"), "model.batch"),
         ("degree.json", m.replace("\"tp\": 2", "\"tp\": 0"), "parallel.tp"),
         ("budget.json", m.replace("\"vocab\": 13", "\"vocab\": 3000000"), "budget"),
+        ("odd-head.json", m.replace("\"hidden\": 8,", "\"hidden\": 6, \"rotary_base\": 10,"), "model.rotary_base"),
     ];
     for (name, text, needle) in cases {
         let p = write_case(dir.path(), name, &text);
