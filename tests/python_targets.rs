@@ -1231,6 +1231,30 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
     }
 }
 
+/// colossalai-hybrid builds a GPT-2-math case with a rotary embedding as a transformers Falcon (`model.hf_model:
+/// falcon`, q, k and v fused head by head): Colossal-AI 0.5.0's Falcon policy never records the interleaved chunks'
+/// layer ranges (the interleaved schedule fails at its first forward, as the OPT's did:
+/// `colossalai-falcon-interleaved-stage-indices`); with the fix every case of the directory passes, tied and untied,
+/// under tp (the fused projection's shards), dp, ZeRO, 1F1B and interleaved pipelines.
+#[test]
+fn colossalai_falcon_interleaved_stages_are_a_known_finding_and_its_layouts_pass() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-colossalai-falcon");
+    let fix = "colossalai-falcon-interleaved-stage-indices";
+    let v = one_verdict("colossalai-hybrid", &dir.join("falcon-pp2-interleaved-f32.json"), "");
+    assert!(v["kind"] == "crash" && reason(&v).contains("has no attribute 'stage_indices'"), "{v}");
+    let files = case_files(&dir);
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
+    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fix)]));
+    assert_eq!(vs.len(), files.len(), "{vs:?}");
+    for (file, v) in files.iter().zip(&vs) {
+        assert_eq!(v["kind"], "pass", "{}: {v}", file.display());
+    }
+}
+
 /// The case field `model.rotary_base` (a rotary position embedding on queries and keys): colossalai-hybrid's Llama
 /// family and colossalai-moe's Mixtral (transformers' attention turning by the positions Colossal-AI passes), the torch
 /// model's targets (torch's context parallelism shards the positions beside the ids, load-balanced or in order) and the

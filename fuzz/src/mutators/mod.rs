@@ -438,8 +438,9 @@ mod tests {
             let m = c.model.as_ref().expect("a model case");
             let Some(h) = m.hf_model else { continue };
             seen.insert(h.name());
-            if h == HfModel::Opt {
+            if h.gpt2_math() {
                 assert!(m.norm == NormKind::Layernorm && m.activation == Activation::Gelu && m.bias && m.kv_heads == m.heads, "{m:?}");
+                assert!(h != HfModel::Falcon || m.rotary_base.is_some_and(|_| (m.hidden / m.heads) % 2 == 0), "{m:?}");
             } else {
                 assert!(m.norm == NormKind::Rmsnorm && m.activation == Activation::Swiglu, "{m:?}");
                 assert!(!(h == HfModel::Qwen2 && m.bias), "{m:?}");

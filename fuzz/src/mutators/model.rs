@@ -224,8 +224,8 @@ pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 
 /// Another `transformers` model class for the case (`model.hf_model`), or the target's default again. Only a model
 /// of (attention, mlp) pairs is one, under RMSNorm and SwiGLU for a Llama, a Mistral, a Qwen2, under LayerNorm and
-/// GELU with biases and as many kv heads as heads for an OPT: the mutation makes it one (and drops the biases for a
-/// Qwen2, whose other projections have none).
+/// GELU with biases and as many kv heads as heads for an OPT and a Falcon (with a rotary embedding): the mutation makes
+/// it one (and drops the biases for a Qwen2, whose other projections have none).
 pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let Some(m) = c.model.as_mut() else { return false };
     if m.layers.is_empty() || m.moe.is_some() {
@@ -245,6 +245,17 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
             m.bias = true;
             m.kv_heads = m.heads;
         }
+        Some(HfModel::Falcon) => {
+            m.bias = true;
+            m.kv_heads = m.heads;
+            if m.rotary_base.is_none() {
+                m.rotary_base = Some(*ROTARY_BASES.choose(rng).expect("bases"));
+            }
+            let head = m.hidden / m.heads.max(1);
+            if head % 2 == 1 {
+                m.hidden = m.heads * (head + 1);
+            }
+        }
         _ => {}
     }
     true
@@ -262,7 +273,10 @@ pub fn rotary(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if !m.layers.contains(&LayerKind::Attention) || m.heads == 0 {
         return false;
     }
-    let choices: Vec<Option<u32>> = std::iter::once(None).chain(ROTARY_BASES.map(Some)).filter(|b| *b != m.rotary_base).collect();
+    // (A Falcon encodes positions by its rotary embedding only: another base, never none.)
+    let falcon = m.hf_model == Some(HfModel::Falcon);
+    let choices: Vec<Option<u32>> =
+        std::iter::once(None).chain(ROTARY_BASES.map(Some)).filter(|b| *b != m.rotary_base && !(falcon && b.is_none())).collect();
     m.rotary_base = *choices.choose(rng).expect("other choices");
     let head = m.hidden / m.heads;
     if m.rotary_base.is_some() && head % 2 == 1 {

@@ -1162,6 +1162,27 @@ def _colossalai_opt_interleaved_stage_indices():
     OPTPolicy.set_pipeline_forward = set_pipeline_forward
 
 
+def _colossalai_falcon_interleaved_stage_indices():
+    """Colossal-AI 0.5.0: the interleaved schedule hands each model chunk its layers from
+    `stage_manager.stage_indices` (interleaved_pp.py:314), which FalconPolicy.set_pipeline_forward
+    (policies/falcon.py:219-238) never records, though its get_held_layers lays out interleaved chunks: a Falcon under
+    `pp_style="interleaved"` fails at its first forward ("'PipelineStageManager' object has no attribute
+    'stage_indices'"; docs/findings/colossalai-0.5.0-falcon-interleaved-pipeline-no-stage-indices-crash.py), as the
+    OPT's policy does (`colossalai-opt-interleaved-stage-indices`). Fix: record them as the Llama policy does."""
+    from colossalai.shardformer.policies.falcon import FalconPolicy
+
+    original = FalconPolicy.set_pipeline_forward
+
+    def set_pipeline_forward(self, model_cls, new_forward, policy):
+        manager = self.pipeline_stage_manager
+        if manager is not None and manager.is_interleave:
+            module = self.model if self.model.__class__.__name__ == "FalconModel" else self.model.transformer
+            manager.stage_indices = manager.get_stage_index(manager.distribute_layers(len(module.h)))
+        return original(self, model_cls, new_forward, policy)
+
+    FalconPolicy.set_pipeline_forward = set_pipeline_forward
+
+
 def _colossalai_mistral_pipeline_checkpoint_kwargs():
     """Colossal-AI 0.5.0: the Mistral's pipeline forward (MistralForwards.mistral_model_forward,
     shardformer/modeling/mistral.py:137-147) passes each decoder layer's inputs to `_gradient_checkpointing_func` as
@@ -3171,6 +3192,7 @@ FIXES = {
     "colossalai-qwen2-tied-padded-logits": (("colossalai-hybrid",), _colossalai_qwen2_tied_padded_logits),
     "colossalai-opt-untied-lm-head-bound": (("colossalai-hybrid",), _colossalai_opt_untied_lm_head_bound),
     "colossalai-opt-interleaved-stage-indices": (("colossalai-hybrid",), _colossalai_opt_interleaved_stage_indices),
+    "colossalai-falcon-interleaved-stage-indices": (("colossalai-hybrid",), _colossalai_falcon_interleaved_stage_indices),
     "colossalai-mistral-pipeline-checkpoint-kwargs": (("colossalai-hybrid",),
                                                       _colossalai_mistral_pipeline_checkpoint_kwargs),
     "colossalai-gpt2-pipeline-loss-unbound": (COLOSSALAI_HYBRID, _colossalai_gpt2_pipeline_loss_unbound),

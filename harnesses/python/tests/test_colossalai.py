@@ -283,6 +283,39 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIn("LayerNorm", expressible(dict(m, norm="rmsnorm", activation="swiglu", hf_model="opt")))
         self.assertIn("biases", expressible(dict(m, bias=False, hf_model="opt")))
 
+    def test_a_falcon_computes_the_case_models_logits_and_reports_fused_shards_per_head(self):
+        import torch
+
+        from shardfuzz_worker.targets import torch_model
+        from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
+
+        with open(os.path.join(CORPUS, "..", "tests", "python-gpt2", "gpt2-tp2-f32.json")) as f:
+            m = dict(json.load(f)["model"], hidden=16, heads=4, kv_heads=4, rotary_base=10, hf_model="falcon")
+        self.assertIsNone(expressible(m))
+        self.assertIn("rotary", expressible(dict(m, rotary_base=None)))
+        self.assertIn("RMSNorm", expressible(dict(m, norm="rmsnorm")))
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
+        inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
+        for n in inputs:  # (the case's layout: linear weights [in, out])
+            if torch_model.is_linear_weight(n):
+                inputs[n] = inputs[n].T.copy()
+        model = build(m, inputs, torch.float64)
+        self.assertEqual(type(model).__name__, "FalconForCausalLM")
+        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
+        self.assertEqual(sorted(reported), sorted(inputs))
+        for n, t in reported.items():
+            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+        # A tensor-parallel rank's shard of query_key_value holds whole heads: its q, k and v shards.
+        qkv = dict(model.named_parameters())["transformer.h.0.self_attention.query_key_value.weight"].detach()
+        half = dict(case_tensors("transformer.h.0.self_attention.query_key_value.weight", qkv[qkv.shape[0] // 2:], m))
+        torch.testing.assert_close(half["layers.0.attn.k.weight"], torch.tensor(inputs["layers.0.attn.k.weight"])[:, 8:])
+        reference = torch_model.Model(m).to(torch.float64)
+        torch_model.load_case_params(reference, inputs, torch.float64)
+        ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=1e-12)
+
     def test_the_case_mixtral_loads_every_case_parameter_and_reports_experts_as_parts(self):
         import numpy as np
         import torch

@@ -85,10 +85,13 @@ pub enum HfModel {
     /// learned position table zero and frozen, so only LayerNorm + GELU cases with biases and as many kv heads as
     /// heads.
     Opt,
+    /// Falcon (`new_decoder_architecture` and `parallel_attn` off): GPT-2's math with q, k, v fused head by head and a
+    /// rotary embedding, so only LayerNorm + GELU cases with biases, as many kv heads as heads, and `rotary_base`.
+    Falcon,
 }
 
 impl HfModel {
-    pub const ALL: [HfModel; 4] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2, HfModel::Opt];
+    pub const ALL: [HfModel; 5] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2, HfModel::Opt, HfModel::Falcon];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -96,12 +99,13 @@ impl HfModel {
             HfModel::Mistral => "mistral",
             HfModel::Qwen2 => "qwen2",
             HfModel::Opt => "opt",
+            HfModel::Falcon => "falcon",
         }
     }
 
     /// Whether the class has a GPT-2's math (LayerNorm, GELU, biases) rather than a Llama's.
     pub fn gpt2_math(self) -> bool {
-        self == HfModel::Opt
+        matches!(self, HfModel::Opt | HfModel::Falcon)
     }
 }
 
