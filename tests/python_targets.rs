@@ -1255,6 +1255,36 @@ fn colossalai_falcon_interleaved_stages_are_a_known_finding_and_its_layouts_pass
     }
 }
 
+/// colossalai-hybrid resumed from Colossal-AI's sharded checkpoint of a tied model run on one pipeline stage into two:
+/// the checkpoint holds the tied weight under the embedding's key only, and Colossal-AI 0.5.0's loader skips the last
+/// stage's LM head in silence (strict=False), so the resumed run trains with the fresh model's head (`loss/step1`
+/// diverges); the known fix `colossalai-tied-head-sharded-load` loads the embedding's tensor into it and every case of
+/// the directory passes (a Llama from tp 2 and from dp 2, and campaign 329's tied Qwen2 under Ulysses).
+#[test]
+fn colossalai_tied_head_lost_loading_one_stage_into_two_is_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let dir = root().join("tests/python-colossalai-tied-resume");
+    let fix = "colossalai-tied-head-sharded-load";
+    let base = "colossalai-padded-detached-param-save,colossalai-qwen2-tied-padded-logits,colossalai-qwen2-lm-head-gather";
+    let files = case_files(&dir);
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let run = |fixes: &str| {
+        let args: Vec<&str> =
+            ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
+        let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
+        assert_eq!(vs.len(), files.len(), "{vs:?}");
+        vs
+    };
+    for v in run(base) {
+        assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
+    }
+    for (file, v) in files.iter().zip(run(&format!("{base},{fix}"))) {
+        assert_eq!(v["kind"], "pass", "{}: {v}", file.display());
+    }
+}
+
 /// The case field `model.rotary_base` (a rotary position embedding on queries and keys): colossalai-hybrid's Llama
 /// family and colossalai-moe's Mixtral (transformers' attention turning by the positions Colossal-AI passes), the torch
 /// model's targets (torch's context parallelism shards the positions beside the ids, load-balanced or in order) and the

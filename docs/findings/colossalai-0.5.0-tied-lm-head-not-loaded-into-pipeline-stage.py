@@ -8,10 +8,14 @@
 # training resumes with a wrong model (a gathered checkpoint, or an untied model, resumes correctly).
 # Found by shardfuzz (target colossalai-hybrid, campaign 329: a tied Qwen2 resumed from tp 2 into pp 2; narrowed to any
 # tied Llama run on one stage, tp 2 or dp 2, resumed from a sharded checkpoint into pp 2: loss after the resume 1,028x
-# the f32 noise). No fix is offered yet; the expected behaviour is the embedding's key loaded into the tied head.
-# Run: timeout 150 python this.py  (2 CPU ranks, gloo; shardfuzz's worker on PYTHONPATH for the known fix of the
-# unrelated save crash of a padded embedding, colossalai-padded-detached-param-save, which a tied model meets first).
-# Measured: rank 0's embedding is the saved one; rank 1's LM head is not: MISMATCH.
+# the f32 noise). The optimizer's state is keyed by the tied parameter's id and loads.
+# Fix (`--fixed`, shardfuzz's known fix colossalai-tied-head-sharded-load): where the checkpoint lacks the head's key
+# and the model ties it, load the input embedding's tensor into the head through the head module's own loading.
+# Run: timeout 150 python this.py [--fixed]  (2 CPU ranks, gloo; shardfuzz's worker is imported from this checkout
+# for the fix and for the known fix of the unrelated save crash of a padded embedding,
+# colossalai-padded-detached-param-save, which a tied model meets first).
+# Measured: rank 0's embedding is the saved one; rank 1's LM head is off by 1 everywhere (the fresh model's):
+# MISMATCH. --fixed: both are the saved weight: OK.
 import datetime
 import glob
 import json
@@ -36,7 +40,7 @@ def model():
                                         _attn_implementation="eager"))
 
 
-def run(rank, directory):
+def run(rank, directory, fixed):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29583", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
     from colossalai.accelerator.cpu_accelerator import CpuAccelerator  # its RNG methods raise on CPU
@@ -48,6 +52,8 @@ def run(rank, directory):
     from shardfuzz_worker import known_fixes
 
     known_fixes._colossalai_padded_detached_param_save()
+    if fixed:
+        known_fixes._colossalai_tied_head_sharded_load()
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
 
@@ -78,4 +84,4 @@ def run(rank, directory):
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(tempfile.mkdtemp(),), nprocs=2)
+    mp.spawn(run, args=(tempfile.mkdtemp(), "--fixed" in sys.argv), nprocs=2)

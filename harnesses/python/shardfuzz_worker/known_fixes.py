@@ -1183,6 +1183,42 @@ def _colossalai_falcon_interleaved_stage_indices():
     FalconPolicy.set_pipeline_forward = set_pipeline_forward
 
 
+def _colossalai_tied_head_sharded_load():
+    """Colossal-AI 0.5.0: a model with tied embeddings saved by HybridParallelCheckpointIO's sharded checkpoint from
+    one pipeline stage holds the tied weight once, under the input embedding's key; loaded into several stages, the
+    LM head on the last stage (its weight held under the head's own name there) is looked up by that name and, with
+    `strict = False` hard-coded (checkpoint_io/hybrid_parallel_checkpoint_io.py:395), skipped in silence: the last
+    stage keeps the fresh model's head (docs/findings/colossalai-0.5.0-tied-lm-head-not-loaded-into-pipeline-stage.py).
+    The optimizer's state is keyed by the tied parameter's id and loads. Fix: where the checkpoint lacks the head's key
+    and the model ties it, load the input embedding's tensor into the head, through the head module's own loading
+    (padding, vocabulary shards)."""
+    import os
+    from pathlib import Path
+
+    from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as io
+
+    original = io.HybridParallelCheckpointIO.load_sharded_model
+
+    def load_sharded_model(self, model, checkpoint_index_file, *args, **kwargs):
+        result = original(self, model, checkpoint_index_file, *args, **kwargs)
+        inner = model.unwrap()
+        head, embedding = inner.get_output_embeddings(), inner.get_input_embeddings()
+        if not getattr(inner.config, "tie_word_embeddings", False) or head is None or head.weight is None:
+            return result
+        names = {id(module): name for name, module in inner.named_modules()}
+        head_key, embedding_key = names[id(head)] + ".weight", names[id(embedding)] + ".weight"
+        index = io.CheckpointIndexFile.from_file(checkpoint_index_file)
+        if head_key in index.weight_map or embedding_key not in index.weight_map:
+            return result
+        path = Path(os.path.join(index.root_path, index.weight_map[embedding_key]))
+        tensor = io.load_shard_state_dict(path, "safetensors" in Path(checkpoint_index_file).name)[embedding_key]
+        io.load_state_dict_into_model(inner, {head_key: tensor}, missing_keys=[], strict=False, load_sub_module=True)
+        model.update_master_params()
+        return result
+
+    io.HybridParallelCheckpointIO.load_sharded_model = load_sharded_model
+
+
 def _colossalai_mistral_pipeline_checkpoint_kwargs():
     """Colossal-AI 0.5.0: the Mistral's pipeline forward (MistralForwards.mistral_model_forward,
     shardformer/modeling/mistral.py:137-147) passes each decoder layer's inputs to `_gradient_checkpointing_func` as
@@ -3217,6 +3253,8 @@ FIXES = {
     "colossalai-padded-vocab-optimizer-save": (COLOSSALAI_HYBRID, _colossalai_padded_vocab_optimizer_save),
     "colossalai-gpt2-empty-stage-dtype": (COLOSSALAI_HYBRID, _colossalai_gpt2_empty_stage_dtype),
     "colossalai-empty-stage-checkpoint-load": (COLOSSALAI_HYBRID, _colossalai_empty_stage_checkpoint_load),
+    # (after the fix above, which rewrites the method this one wraps)
+    "colossalai-tied-head-sharded-load": (COLOSSALAI_HYBRID, _colossalai_tied_head_sharded_load),
     "colossalai-zero-stateless-optimizer-checkpoint": (("colossalai-zero",), _colossalai_zero_stateless_optimizer_checkpoint),
     "deepspeed-unfused-init-step": (("deepspeed-zero",), _deepspeed_unfused_init_step),
     "deepspeed-pipeline-micro-batch-gradients-summed": (("deepspeed-pp",), _deepspeed_pipeline_micro_batch_gradients_summed),
