@@ -81,6 +81,16 @@ fn one_verdict_with(target: &str, file: &Path, fixes: &str, options: &[&str]) ->
     vs[0].clone()
 }
 
+/// The verdicts of `shardfuzz run --json --target TARGETS FILES...` with the known fixes `fixes` applied: one per
+/// file and target, in that order.
+fn run_files(targets: &str, files: &[PathBuf], fixes: &str) -> Vec<Value> {
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let args: Vec<&str> = ["run", "--json", "--target", targets].into_iter().chain(names.iter().map(String::as_str)).collect();
+    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
+    assert_eq!(vs.len(), files.len() * targets.split(',').count(), "{vs:?}");
+    vs
+}
+
 fn reason(v: &Value) -> String {
     v["reason"].as_str().unwrap_or_default().to_string()
 }
@@ -1212,14 +1222,7 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
         return;
     }
     let dir = root().join("tests/python-colossalai-opt");
-    let run = |files: &[PathBuf], fixes: &str| {
-        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-        let args: Vec<&str> =
-            ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
-        let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
-        assert_eq!(vs.len(), files.len(), "{vs:?}");
-        vs
-    };
+    let run = |files: &[PathBuf], fixes: &str| run_files("colossalai-hybrid", files, fixes);
     let (untied, interleaved) = ("colossalai-opt-untied-lm-head-bound", "colossalai-opt-interleaved-stage-indices");
     let v = &run(&[dir.join("opt-tp2-f32.json")], interleaved)[0];
     assert!(v["kind"] == "divergent" && reason(v).starts_with("logits"), "{v}");
@@ -1246,11 +1249,7 @@ fn colossalai_falcon_interleaved_stages_are_a_known_finding_and_its_layouts_pass
     let v = one_verdict("colossalai-hybrid", &dir.join("falcon-pp2-interleaved-f32.json"), "");
     assert!(v["kind"] == "crash" && reason(&v).contains("has no attribute 'stage_indices'"), "{v}");
     let files = case_files(&dir);
-    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    let args: Vec<&str> = ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
-    let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fix)]));
-    assert_eq!(vs.len(), files.len(), "{vs:?}");
-    for (file, v) in files.iter().zip(&vs) {
+    for (file, v) in files.iter().zip(&run_files("colossalai-hybrid", &files, fix)) {
         assert_eq!(v["kind"], "pass", "{}: {v}", file.display());
     }
 }
@@ -1269,14 +1268,7 @@ fn colossalai_tied_head_lost_loading_one_stage_into_two_is_a_known_finding() {
     let fix = "colossalai-tied-head-sharded-load";
     let base = "colossalai-padded-detached-param-save,colossalai-qwen2-tied-padded-logits,colossalai-qwen2-lm-head-gather";
     let files = case_files(&dir);
-    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    let run = |fixes: &str| {
-        let args: Vec<&str> =
-            ["run", "--json", "--target", "colossalai-hybrid"].into_iter().chain(names.iter().map(String::as_str)).collect();
-        let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
-        assert_eq!(vs.len(), files.len(), "{vs:?}");
-        vs
-    };
+    let run = |fixes: &str| run_files("colossalai-hybrid", &files, fixes);
     for v in run(base) {
         assert!(v["kind"] == "divergent" && reason(&v).starts_with("loss/step1"), "{v}");
     }
@@ -1310,17 +1302,15 @@ fn rotary_position_embeddings_pass_where_targets_turn_them_and_are_refused_elsew
         ("tests/python-rotary-jax", "jax-gspmd,jax-shardmap"),
     ] {
         let files = case_files(&root().join(dir));
-        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-        let args: Vec<&str> = ["run", "--json", "--target", targets].into_iter().chain(names.iter().map(String::as_str)).collect();
-        let vs = verdicts(&shardfuzz(&args, &[("SHARDFUZZ_KNOWN_FIXES", fixes)]));
-        assert_eq!(vs.len(), files.len() * targets.split(',').count(), "{dir}");
+        let vs = run_files(targets, &files, fixes);
         for v in &vs {
             assert!(v["kind"] == "pass" || v["kind"] == "unsupported", "{v}");
             if v["target"] == "megatron-tp" {
                 assert!(reason(v).contains("model.rotary_base"), "{v}");
             }
         }
-        for name in &names {
+        for file in &files {
+            let name = file.display().to_string();
             assert!(vs.iter().any(|v| v["case"] == name.as_str() && v["kind"] == "pass"), "{name} passes nowhere");
         }
     }

@@ -34,9 +34,10 @@ fn turn(p: Prec, x: &Array2<f64>, s: RotaryShape, sign: f64) -> Array2<f64> {
     assert!(s.head_dim % 2 == 0, "rotary: head_dim {} is odd", s.head_dim);
     assert_eq!(x.ncols(), s.heads * s.head_dim, "rotary: {} columns for {s:?}", x.ncols());
     let half = s.head_dim / 2;
+    let table: Vec<Vec<(f64, f64)>> = (0..s.seq.max(1)).map(|pos| angles(p, &s, pos)).collect();
     let mut out = Array2::zeros(x.raw_dim());
     for r in 0..x.nrows() {
-        let cs = angles(p, &s, r % s.seq.max(1));
+        let cs = &table[r % table.len()];
         for h in 0..s.heads {
             let base = h * s.head_dim;
             for (c, &(cos, sin)) in cs.iter().enumerate() {

@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shardfuzz_harnesses::case::{Activation, Case, FrameworkCheckpoint, HfModel, LayerKind, MoeConfig, NormKind, Real, Recompute};
+use shardfuzz_harnesses::case::{Activation, Case, FrameworkCheckpoint, HfModel, LayerKind, Model, MoeConfig, NormKind, Real, Recompute};
 
 /// Load-balancing loss coefficients a mutated MoE case may carry: none, and the range models use
 /// (Switch Transformer 0.01) up to one that dominates the router's gradient. Random generation does
@@ -251,10 +251,7 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
             if m.rotary_base.is_none() {
                 m.rotary_base = Some(*ROTARY_BASES.choose(rng).expect("bases"));
             }
-            let head = m.hidden / m.heads.max(1);
-            if head % 2 == 1 {
-                m.hidden = m.heads * (head + 1);
-            }
+            make_head_even(m);
         }
         _ => {}
     }
@@ -278,11 +275,18 @@ pub fn rotary(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices: Vec<Option<u32>> =
         std::iter::once(None).chain(ROTARY_BASES.map(Some)).filter(|b| *b != m.rotary_base && !(falcon && b.is_none())).collect();
     m.rotary_base = *choices.choose(rng).expect("other choices");
-    let head = m.hidden / m.heads;
-    if m.rotary_base.is_some() && head % 2 == 1 {
-        m.hidden = m.heads * (head + 1);
+    if m.rotary_base.is_some() {
+        make_head_even(m);
     }
     true
+}
+
+/// An odd head size made even (hidden grows by one per head), as a rotary embedding turns pairs.
+fn make_head_even(m: &mut Model) {
+    let head = m.hidden / m.heads.max(1);
+    if head % 2 == 1 {
+        m.hidden = m.heads * (head + 1);
+    }
 }
 
 /// The framework's own activation checkpoint in another way of keeping the blocks' inputs, or torch's again

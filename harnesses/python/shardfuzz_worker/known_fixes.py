@@ -1150,16 +1150,22 @@ def _colossalai_opt_interleaved_stage_indices():
     policy does."""
     from colossalai.shardformer.policies.opt import OPTPolicy
 
-    original = OPTPolicy.set_pipeline_forward
+    _record_interleaved_stage_indices(OPTPolicy, lambda model: len(
+        (model.decoder if model.__class__.__name__ == "OPTModel" else model.model.decoder).layers))
+
+
+def _record_interleaved_stage_indices(policy_cls, layer_count):
+    """`policy_cls.set_pipeline_forward` recording the interleaved chunks' layer ranges (`stage_indices`) first, as
+    LlamaPolicy's does; `layer_count(model)`: the decoder layers of the policy's model."""
+    original = policy_cls.set_pipeline_forward
 
     def set_pipeline_forward(self, model_cls, new_forward, policy):
         manager = self.pipeline_stage_manager
         if manager is not None and manager.is_interleave:
-            module = self.model.decoder if self.model.__class__.__name__ == "OPTModel" else self.model.model.decoder
-            manager.stage_indices = manager.get_stage_index(manager.distribute_layers(len(module.layers)))
+            manager.stage_indices = manager.get_stage_index(manager.distribute_layers(layer_count(self.model)))
         return original(self, model_cls, new_forward, policy)
 
-    OPTPolicy.set_pipeline_forward = set_pipeline_forward
+    policy_cls.set_pipeline_forward = set_pipeline_forward
 
 
 def _colossalai_falcon_interleaved_stage_indices():
@@ -1171,16 +1177,8 @@ def _colossalai_falcon_interleaved_stage_indices():
     OPT's policy does (`colossalai-opt-interleaved-stage-indices`). Fix: record them as the Llama policy does."""
     from colossalai.shardformer.policies.falcon import FalconPolicy
 
-    original = FalconPolicy.set_pipeline_forward
-
-    def set_pipeline_forward(self, model_cls, new_forward, policy):
-        manager = self.pipeline_stage_manager
-        if manager is not None and manager.is_interleave:
-            module = self.model if self.model.__class__.__name__ == "FalconModel" else self.model.transformer
-            manager.stage_indices = manager.get_stage_index(manager.distribute_layers(len(module.h)))
-        return original(self, model_cls, new_forward, policy)
-
-    FalconPolicy.set_pipeline_forward = set_pipeline_forward
+    _record_interleaved_stage_indices(FalconPolicy, lambda model: len(
+        (model if model.__class__.__name__ == "FalconModel" else model.transformer).h))
 
 
 def _colossalai_tied_head_sharded_load():

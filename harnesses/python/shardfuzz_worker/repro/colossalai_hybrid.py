@@ -37,7 +37,7 @@ FAMILIES = {
 }
 #: What the Mixtral, OPT and Falcon families take from the Llama's (they import them; Mixtral's `case_name` as llama_case_name).
 FROM_LLAMA = {"colossalai_mixtral": ("NORM_EPS", "Rotation", "rotation", "_LAYER", "case_name", "is_projection_weight"),
-              "colossalai_opt": ("is_projection_weight",), "colossalai_falcon": ("Rotation", "rotation")}
+              "colossalai_opt": ("is_projection_weight",), "colossalai_falcon": ("Rotation", "rotation", "is_projection_weight")}
 RUN = ("Place", "local_view", "reported_name", "named_parameters", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "Layout", "routing_watch", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "tensor_parallel_axis",
@@ -68,7 +68,7 @@ def plugin_arguments(case, target=TARGET):
 def sources(case):
     helpers = (worker_source("targets/base.py", "IGNORE_INDEX", "loss_denominator", "class_weight", "chunk_range", "grad_or_fail", "is_frozen", "setup_features", "moe_setup_features", "optimizer_features", "moe_of", "drops_tokens", "case_slots", "micro_batches", "resume_after", "checkpoint_layout").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_common.py", "torch_dtype")
-               + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "make_optimizer",
+               + "\n\n" + worker_source("targets/torch_model.py", "model_defaults", "rotary_cos_sin", "make_optimizer",
                                                  "optimizer_parts", "IMPLEMENTATION_KWARGS", "rounds_in_parameter_dtype",
                                                  "implementation_kwargs").replace("HarnessError", "RuntimeError")
                + "\n\n" + worker_source("targets/torch_training.py", "_LowPrecisionGradScaler", "loss_scaler", "scaled_step",

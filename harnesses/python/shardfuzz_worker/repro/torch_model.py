@@ -5,7 +5,7 @@ from ..targets.base import dtype_name, is_frozen, unsupported_frozen, unsupporte
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
-MODEL_SOURCE = ("NORM_EPS", "Norm", "_POSITIONS", "positions_of", "rotate", "Attention", "causal_attention", "Mlp", "Block", "Model", "block_sequence",
+MODEL_SOURCE = ("NORM_EPS", "Norm", "_POSITIONS", "positions_of", "rotary_cos_sin", "rotate", "Attention", "causal_attention", "Mlp", "Block", "Model", "block_sequence",
                 "checkpointed_block", "is_linear_weight", "load_case_params", "freeze", "to_case_layout", "make_optimizer",
                 "optimizer_parts", "IMPLEMENTATION_KWARGS", "rounds_in_parameter_dtype", "implementation_kwargs",
                 "foreach_clip", "clip_norm_type")

@@ -17,7 +17,7 @@ import re
 import torch
 
 from . import colossalai_gpt2
-from .colossalai_llama import rotation
+from .colossalai_llama import is_projection_weight, rotation
 
 NORM_EPS = 1e-5
 
@@ -83,9 +83,9 @@ def case_tensors(name, t, m):
         pieces = [split[:, j].reshape(heads * d, *t.shape[1:]) for j in range(3)]
         return [(f"layers.{2 * i}.attn.{n}.{leaf}", piece.t() if leaf == "weight" else piece)
                 for n, piece in zip("qkv", pieces)]
-    offset, case = _PART[part]
-    is_linear = leaf == "weight" and part.startswith(("self_attention.", "mlp."))
-    return [(f"layers.{2 * i + offset}.{case}.{leaf}", t.t() if is_linear else t)]
+    offset, part_name = _PART[part]
+    case = f"layers.{2 * i + offset}.{part_name}.{leaf}"
+    return [(case, t.t() if is_projection_weight(case) else t)]
 
 
 def to_falcon(name, pieces, d):
@@ -96,7 +96,7 @@ def to_falcon(name, pieces, d):
         return torch.stack([t.reshape(heads, d, *t.shape[1:]) for t in falcon], dim=1).reshape(3 * heads * d,
                                                                                               *falcon[0].shape[1:])
     (case, t), = pieces.items()
-    return t.t() if case.endswith(".weight") and (".attn." in case or ".mlp." in case) else t
+    return t.t() if is_projection_weight(case) else t
 
 
 def unfreezable(m, case):

@@ -13,6 +13,7 @@ import re
 import torch
 
 from . import colossalai_release
+from .torch_model import rotary_cos_sin
 
 NORM_EPS = 1e-5
 
@@ -57,11 +58,7 @@ class Rotation(torch.nn.Module):
         if self.base is None:
             shape = (position_ids.shape[0], position_ids.shape[1], self.head_dim)
             return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-        inv_freq = 1.0 / float(self.base) ** exponents
-        angles = position_ids.to(torch.float64)[..., None] * inv_freq
-        both = torch.cat((angles, angles), dim=-1)
-        return both.cos().to(x.dtype), both.sin().to(x.dtype)
+        return rotary_cos_sin(position_ids, self.head_dim, self.base, x.dtype)
 
 
 def rotation(m):

@@ -37,7 +37,7 @@ import os
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from .base import (dtype_name, parallel, reduce_bucket, reduce_dtype_name, reduction_feature, reshard_feature,  # noqa: E402
-                   resume_feature, resumed_case, zero_offloaded)
+                   resume_feature, resumed_case, rotary_base, zero_offloaded)
 from .torch_common import TorchTarget, shared_tempdir, torch_dtype  # noqa: E402
 from .deepspeed_moe import install as install_moe, moe_features, moe_of, unsupported_moe  # noqa: E402
 from .deepspeed_moe import to_case_layout as moe_to_case_layout  # noqa: E402
@@ -108,7 +108,7 @@ class DeepSpeedZero(TorchTarget):
         if why:
             return why
         p = parallel(case)
-        if case["model"].get("rotary_base") is not None and p.get("cp", 1) > 1:
+        if rotary_base(case) is not None and p.get("cp", 1) > 1:
             # (DeepSpeed-Ulysses splits the sequence before the attention's projections and leaves positions to the
             # model: the turn of each piece would be the harness's, not DeepSpeed's.)
             return "a rotary embedding beside Ulysses would take its positions from the harness, not DeepSpeed"

@@ -78,12 +78,11 @@ def norm(x, w, b, kind):
 
 def rotate(x, base):
     """`x` [batch, heads, tokens, head_dim] turned by the rotary embedding with `base` (`model.rotary_base`, Llama's
-    half-split layout) at positions 0 .. tokens-1, computed in the graph (iota) in the widest float the run allows,
+    half-split layout) at positions 0 .. tokens-1, computed in the graph (iota) in float64 (jax_common turns x64 on),
     cos and sin rounded to x's dtype, then x * cos + rotate_half(x) * sin in x's dtype."""
     d, s = x.shape[-1], x.shape[-2]
-    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-    inv_freq = 1.0 / jnp.asarray(float(base), wide) ** (jnp.arange(0, d, 2, dtype=wide) / d)
-    angles = jnp.arange(s, dtype=wide)[:, None] * inv_freq
+    inv_freq = 1.0 / jnp.asarray(float(base), jnp.float64) ** (jnp.arange(0, d, 2, dtype=jnp.float64) / d)
+    angles = jnp.arange(s, dtype=jnp.float64)[:, None] * inv_freq
     both = jnp.concatenate((angles, angles), axis=-1)
     cos, sin = jnp.cos(both).astype(x.dtype), jnp.sin(both).astype(x.dtype)
     half = jnp.concatenate((-x[..., d // 2:], x[..., : d // 2]), axis=-1)

@@ -49,19 +49,23 @@ def positions_of(positions):
         _POSITIONS.reset(token)
 
 
+def rotary_cos_sin(positions, head_dim, base, dtype):
+    """(cos, sin) [rows, tokens, head_dim] of the rotary embedding with `base` (the case's `model.rotary_base`, Llama's
+    half-split layout: each angle twice) at `positions` [rows, tokens]: angles in float64, rounded once to `dtype`."""
+    inv_freq = 1.0 / float(base) ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    both = torch.cat((angles, angles), dim=-1)
+    return both.cos().to(dtype), both.sin().to(dtype)
+
+
 def rotate(x, base):
-    """`x` [batch, heads, tokens, head_dim] turned by the rotary embedding with `base` (the case's `model.rotary_base`,
-    Llama's half-split layout), at the positions `positions_of` gives or 0 .. tokens-1: angles in float64, cos and sin
-    rounded to x's dtype, then x * cos + rotate_half(x) * sin elementwise in x's dtype."""
+    """`x` [batch, heads, tokens, head_dim] turned by the rotary embedding with `base` at the positions `positions_of`
+    gives or 0 .. tokens-1: x * cos + rotate_half(x) * sin elementwise in x's dtype."""
     d, s = x.shape[-1], x.shape[-2]
     positions = _POSITIONS.get()
-    positions = torch.arange(s)[None] if positions is None else positions
-    inv_freq = 1.0 / float(base) ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[..., None] * inv_freq
-    both = torch.cat((angles, angles), dim=-1)[:, None]
-    cos, sin = both.cos().to(x.dtype), both.sin().to(x.dtype)
+    cos, sin = rotary_cos_sin(torch.arange(s)[None] if positions is None else positions, d, base, x.dtype)
     half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
-    return x * cos + half * sin
+    return x * cos[:, None] + half * sin[:, None]
 
 
 class Attention(nn.Module):
