@@ -709,9 +709,11 @@ def _colossalai_ce_mean_nonzero():
     ignore: a token predicted with certainty in fp32 (every other exp(logit - max) under half an ulp of 1)
     leaves the denominator, and the loss and every gradient grow by counted / nonzero
     (docs/findings/colossalai-0.5.0-cross-entropy-1d-mean-drops-zero-loss-tokens.py). Fix: the sum over
-    the targets not ignored, divided by their count."""
+    the targets not ignored, divided by their count. (colossalai-hybrid meets it in Falcon's forwards, which call
+    cross_entropy_1d in that mode.)"""
     from colossalai.shardformer import layer
     from colossalai.shardformer.layer import loss
+    from colossalai.shardformer.modeling import falcon
 
     original = loss.cross_entropy_1d
 
@@ -721,7 +723,7 @@ def _colossalai_ce_mean_nonzero():
                        vocab_size=vocab_size, dtype=dtype, mode="sum")
         return out / (labels != ignore_index).sum() if mode == "mean" else out
 
-    loss.cross_entropy_1d = layer.cross_entropy_1d = cross_entropy_1d
+    loss.cross_entropy_1d = layer.cross_entropy_1d = falcon.cross_entropy_1d = cross_entropy_1d
 
 
 _BATCH = {}
@@ -780,6 +782,60 @@ def _colossalai_mixtral_pipeline_loss_batch_mean():
                        "loss = loss_fct(shift_logits, shift_labels)\n",
                        "loss = _shardfuzz_batch_mean(loss_fct, shift_logits, shift_labels)\n",
                        "colossalai-mixtral-pipeline-loss-batch-mean")
+
+
+def _colossalai_falcon_loss_batch_mean():
+    """Colossal-AI 0.5.0: shardformer's Falcon computes its causal-LM loss in its own forwards, not through
+    `dist_cross_entropy`: the last pipeline stage (FalconPipelineForwards.falcon_for_causal_lm_forward,
+    modeling/falcon.py:410-434) with a plain `CrossEntropyLoss()` or, under tensor parallelism with parallel_output,
+    `cross_entropy_1d`; without a pipeline the tensor-parallel forward (get_lm_forward_with_dist_cross_entropy,
+    :783-798) with `cross_entropy_1d`. Each is the mean over the micro-batch's (data-parallel rank's) own labels that
+    are not ignored, which the schedule averages over micro-batches and the plugin over ranks: with ignored labels
+    (padding, masked prompts) a mean of means, NaN where a micro-batch counts none. Llama's form of the same is fix
+    colossalai-dist-ce-batch-mean, Mixtral's colossalai-mixtral-pipeline-loss-batch-mean; this code is Falcon's own
+    (docs/findings/colossalai-0.5.0-falcon-loss-mean-per-microbatch.py). Fix: each micro-batch's summed loss over the
+    whole batch's count, times the factor the schedule and the plugin divide by."""
+    from colossalai.shardformer.modeling import falcon
+
+    def batch_mean(labels, loss_fn, logits, *args, **kwargs):
+        count = (labels != -100).sum()
+        if count == 0:
+            return logits.sum() * 0.0  # nothing counted: a zero sum (its mean is 0 / 0)
+        return loss_fn(logits, *args, **kwargs) * count * (_BATCH["divided_by"] / _BATCH["count"])
+
+    falcon._shardfuzz_batch_mean = batch_mean
+    name = "colossalai-falcon-loss-batch-mean"
+    _replace_in_method(falcon.FalconPipelineForwards, "falcon_for_causal_lm_forward", "loss = loss_fct(",
+                       "loss = _shardfuzz_batch_mean(shift_labels, loss_fct, ", name)
+    _patch_falcon_causal_lm_losses("loss = cross_entropy_1d(",
+                                   "loss = _shardfuzz_batch_mean(shift_labels, cross_entropy_1d, ", name)
+
+
+def _colossalai_falcon_empty_vocab_shard():
+    """Colossal-AI 0.5.0: the padding of colossalai-empty-vocab-shard (VocabParallelLMHead1D returns a tensor-parallel
+    rank whose vocabulary shard is all padding logits of width 0) met in Falcon's own causal-LM forwards, which
+    flatten the shifted logits with `shift_logits.view(-1, new_vocab_size)` (modeling/falcon.py:421, :792) before
+    `cross_entropy_1d`: "cannot reshape tensor of 0 elements into shape [-1, 0]" on that rank
+    (docs/findings/colossalai-0.5.0-falcon-empty-vocab-shard-loss-crash.py). Fix: such a rank's logits take one column
+    of -inf (no target falls in its range, its exp is 0 in the softmax's sum, its gradient 0)."""
+    from colossalai.shardformer.modeling import falcon
+
+    falcon._shardfuzz_a_column_where_none = _a_column_where_none
+    _patch_falcon_causal_lm_losses(
+        "new_vocab_size = shift_logits.shape[-1]",
+        "shift_logits = _shardfuzz_a_column_where_none(shift_logits); new_vocab_size = shift_logits.shape[-1]",
+        "colossalai-falcon-empty-vocab-shard")
+
+
+def _patch_falcon_causal_lm_losses(old, new, fix):
+    """One passage of the vocabulary-parallel loss replaced in both of shardformer's Falcon causal-LM forwards: the
+    pipeline's and the tensor-parallel one (a factory the policy imports by name)."""
+    from colossalai.shardformer.modeling import falcon
+    from colossalai.shardformer.policies import falcon as policy
+
+    _replace_in_method(falcon.FalconPipelineForwards, "falcon_for_causal_lm_forward", old, new, fix)
+    _replace_in_function(falcon, "get_lm_forward_with_dist_cross_entropy", [(old, new)], fix)
+    policy.get_lm_forward_with_dist_cross_entropy = falcon.get_lm_forward_with_dist_cross_entropy
 
 
 def _wrap_dist_cross_entropy(fixed):
@@ -1999,13 +2055,16 @@ def _replace_in_function(module, name, replacements, fix):
     import inspect
     import textwrap
 
-    source = textwrap.dedent(inspect.getsource(getattr(module, name)))
+    # (A function another fix has already patched: its patched source, so that both fixes apply.)
+    source = getattr(getattr(module, name), "__patched_source__", None) or textwrap.dedent(
+        inspect.getsource(getattr(module, name)))
     for old, new in replacements:
         if source.count(old) != 1:
             raise RuntimeError(f"known fix {fix}: the released code it patches has changed")
         source = source.replace(old, new)
     namespace = {}
     exec(compile(source, inspect.getsourcefile(module), "exec"), module.__dict__, namespace)
+    namespace[name].__patched_source__ = source
     setattr(module, name, namespace[name])
 
 
@@ -3215,7 +3274,7 @@ FIXES = {
     "colossalai-interleaved-metadata-requires-grad": (COLOSSALAI_HYBRID, _colossalai_interleaved_metadata_requires_grad),
     "colossalai-frozen-shared-param-sync": (COLOSSALAI_HYBRID, _colossalai_frozen_shared_param_sync),
     "colossalai-hybrid-ddp-beside-zero": (COLOSSALAI_HYBRID, _colossalai_hybrid_ddp_beside_zero),
-    "colossalai-ce-mean-nonzero": (("colossalai-tp",), _colossalai_ce_mean_nonzero),
+    "colossalai-ce-mean-nonzero": (("colossalai-tp", "colossalai-hybrid"), _colossalai_ce_mean_nonzero),
     "colossalai-ce1d-empty-vocab-shard": (("colossalai-tp",), _colossalai_ce1d_empty_vocab_shard),
     # (These three wrap dist_cross_entropy; the batch mean rescales whatever computes the micro-batch's mean.)
     "colossalai-a2a-full-logits-shift": (COLOSSALAI_HYBRID, _colossalai_a2a_full_logits_shift),
@@ -3240,6 +3299,8 @@ FIXES = {
     "colossalai-moe-pipeline-dp-sync-expert-group": (("colossalai-moe",), _colossalai_moe_pipeline_dp_sync_expert_group),
     "colossalai-moe-clip-norm-over-ep": (("colossalai-moe",), _colossalai_moe_clip_norm_over_ep),
     "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),
+    "colossalai-falcon-loss-batch-mean": (("colossalai-hybrid",), _colossalai_falcon_loss_batch_mean),
+    "colossalai-falcon-empty-vocab-shard": (("colossalai-hybrid",), _colossalai_falcon_empty_vocab_shard),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),
