@@ -59,6 +59,7 @@ pub fn needs(case: &Case) -> Vec<String> {
             (m.sparse_embedding, "sparse-embedding"),
             (m.moe.is_some(), "moe"),
             (m.layer_passes > 1 && !m.layers.is_empty(), "shared-blocks"),
+            (m.layers.contains(&shardfuzz_harnesses::case::LayerKind::Parallel), "parallel-blocks"),
             (m.activation != Default::default(), "activation"),
         ];
         out.extend(flags.iter().filter(|(on, _)| *on).map(|(_, n)| n.to_string()));

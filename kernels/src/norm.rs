@@ -5,6 +5,7 @@ use ndarray::{Array1, Array2};
 use crate::Prec;
 
 /// Per-row normalised input and inverse standard deviation, kept for the backward pass.
+#[derive(Clone)]
 pub struct NormCache {
     pub x_hat: Array2<f64>,
     pub rstd: Array1<f64>,

@@ -35,6 +35,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             if let Some(b) = m.rotary_base {
                 out.push(format!("rotary position embedding on queries and keys (base {b})"));
             }
+            if m.layers.contains(&shardfuzz_harnesses::case::LayerKind::Parallel) {
+                out.push("parallel blocks: attention and MLP side by side on one norm's output, both added to the residual".into());
+            }
             if let Some(r) = m.activation_checkpointing {
                 out.push(format!("activation checkpointing of every block ({}: use_reentrant={})", r.name(), r == Recompute::Reentrant));
             }

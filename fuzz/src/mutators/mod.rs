@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn a_named_transformers_class_gets_its_math() {
-        use shardfuzz_harnesses::case::{Activation, HfModel, NormKind};
+        use shardfuzz_harnesses::case::{Activation, HfModel, LayerKind, NormKind};
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let mut seen = std::collections::BTreeSet::new();
         for seed in 0..200 {
@@ -438,9 +438,12 @@ mod tests {
             let m = c.model.as_ref().expect("a model case");
             let Some(h) = m.hf_model else { continue };
             seen.insert(h.name());
+            assert!(!h.rotary_only() || m.rotary_base.is_some_and(|_| (m.hidden / m.heads) % 2 == 0), "{m:?}");
             if h.gpt2_math() {
                 assert!(m.norm == NormKind::Layernorm && m.activation == Activation::Gelu && m.bias && m.kv_heads == m.heads, "{m:?}");
-                assert!(h != HfModel::Falcon || m.rotary_base.is_some_and(|_| (m.hidden / m.heads) % 2 == 0), "{m:?}");
+            } else if h.parallel_blocks() {
+                assert!(m.norm == NormKind::Layernorm && m.activation == Activation::Swiglu && !m.bias, "{m:?}");
+                assert!(m.layers.iter().all(|k| *k == LayerKind::Parallel), "{m:?}");
             } else {
                 assert!(m.norm == NormKind::Rmsnorm && m.activation == Activation::Swiglu, "{m:?}");
                 assert!(!(h == HfModel::Qwen2 && m.bias), "{m:?}");

@@ -59,7 +59,7 @@ pub fn kv_heads_below_tp(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     m.hidden = m.heads * head_dim;
     let kv: Vec<u32> = (1..tp).filter(|k| m.heads % k == 0 && tp % k == 0).collect();
     m.kv_heads = *kv.choose(rng).unwrap_or(&1);
-    if !m.layers.contains(&LayerKind::Attention) {
+    if !m.has_attention() {
         m.layers.push(LayerKind::Attention);
     }
     true
@@ -224,8 +224,9 @@ pub fn activation_checkpointing(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
 
 /// Another `transformers` model class for the case (`model.hf_model`), or the target's default again. Only a model
 /// of (attention, mlp) pairs is one, under RMSNorm and SwiGLU for a Llama, a Mistral, a Qwen2, under LayerNorm and
-/// GELU with biases and as many kv heads as heads for an OPT and a Falcon (with a rotary embedding): the mutation makes
-/// it one (and drops the biases for a Qwen2, whose other projections have none).
+/// GELU with biases and as many kv heads as heads for an OPT and a Falcon (with a rotary embedding), and a model of
+/// parallel blocks under LayerNorm and SwiGLU without biases, with a rotary embedding, for a Command: the mutation
+/// makes it one (and drops the biases for a Qwen2, whose other projections have none).
 pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let Some(m) = c.model.as_mut() else { return false };
     if m.layers.is_empty() || m.moe.is_some() {
@@ -234,13 +235,26 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices: Vec<Option<HfModel>> = std::iter::once(None).chain(HfModel::ALL.map(Some)).filter(|h| *h != m.hf_model).collect();
     m.hf_model = *choices.choose(rng).expect("other choices");
     if let Some(h) = m.hf_model {
-        let pairs = m.layers.len().div_ceil(2);
-        m.layers = [LayerKind::Attention, LayerKind::Mlp].repeat(pairs);
-        (m.norm, m.activation) =
-            if h.gpt2_math() { (NormKind::Layernorm, Activation::Gelu) } else { (NormKind::Rmsnorm, Activation::Swiglu) };
+        let parallel = m.layers.iter().filter(|k| **k == LayerKind::Parallel).count();
+        let blocks = (parallel + (m.layers.len() - parallel).div_ceil(2)).max(1);
+        m.layers =
+            if h.parallel_blocks() { vec![LayerKind::Parallel; blocks] } else { [LayerKind::Attention, LayerKind::Mlp].repeat(blocks) };
+        (m.norm, m.activation) = if h.gpt2_math() {
+            (NormKind::Layernorm, Activation::Gelu)
+        } else if h.parallel_blocks() {
+            (NormKind::Layernorm, Activation::Swiglu)
+        } else {
+            (NormKind::Rmsnorm, Activation::Swiglu)
+        };
+        if h.rotary_only() {
+            if m.rotary_base.is_none() {
+                m.rotary_base = Some(*ROTARY_BASES.choose(rng).expect("bases"));
+            }
+            make_head_even(m);
+        }
     }
     match m.hf_model {
-        Some(HfModel::Qwen2) => m.bias = false,
+        Some(HfModel::Qwen2 | HfModel::Command) => m.bias = false,
         Some(HfModel::Opt) => {
             m.bias = true;
             m.kv_heads = m.heads;
@@ -248,10 +262,6 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         Some(HfModel::Falcon) => {
             m.bias = true;
             m.kv_heads = m.heads;
-            if m.rotary_base.is_none() {
-                m.rotary_base = Some(*ROTARY_BASES.choose(rng).expect("bases"));
-            }
-            make_head_even(m);
         }
         _ => {}
     }
@@ -267,13 +277,13 @@ pub const ROTARY_BASES: [u32; 3] = [10_000, 100, 10];
 /// head size is made even where it is odd (hidden grows by one per head), as the embedding turns pairs.
 pub fn rotary(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let Some(m) = c.model.as_mut() else { return false };
-    if !m.layers.contains(&LayerKind::Attention) || m.heads == 0 {
+    if !m.has_attention() || m.heads == 0 {
         return false;
     }
-    // (A Falcon encodes positions by its rotary embedding only: another base, never none.)
-    let falcon = m.hf_model == Some(HfModel::Falcon);
+    // (A Falcon or a Command encodes positions by its rotary embedding only: another base, never none.)
+    let rotary_only = m.hf_model.is_some_and(HfModel::rotary_only);
     let choices: Vec<Option<u32>> =
-        std::iter::once(None).chain(ROTARY_BASES.map(Some)).filter(|b| *b != m.rotary_base && !(falcon && b.is_none())).collect();
+        std::iter::once(None).chain(ROTARY_BASES.map(Some)).filter(|b| *b != m.rotary_base && !(rotary_only && b.is_none())).collect();
     m.rotary_base = *choices.choose(rng).expect("other choices");
     if m.rotary_base.is_some() {
         make_head_even(m);

@@ -299,12 +299,14 @@ pub fn frozen(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
         modules.push("lm_head".into());
     }
     for (i, kind) in m.layers.iter().enumerate() {
-        let part = match kind {
-            LayerKind::Attention => "attn",
-            LayerKind::Mlp => "mlp",
-            LayerKind::Moe => "moe",
+        let parts: &[&str] = match kind {
+            LayerKind::Attention => &["attn"],
+            LayerKind::Mlp => &["mlp"],
+            LayerKind::Moe => &["moe"],
+            LayerKind::Parallel => &["attn", "mlp"],
         };
-        modules.extend([format!("layers.{i}"), format!("layers.{i}.{part}"), format!("layers.{i}.norm")]);
+        modules.extend([format!("layers.{i}"), format!("layers.{i}.norm")]);
+        modules.extend(parts.iter().map(|part| format!("layers.{i}.{part}")));
     }
     modules.retain(|m| !t.frozen.contains(m));
     let Some(pick) = modules.choose(rng) else { return false };

@@ -827,6 +827,56 @@ def _colossalai_falcon_empty_vocab_shard():
         "colossalai-falcon-empty-vocab-shard")
 
 
+def _colossalai_command_mask_without_flash_attention():
+    """Colossal-AI 0.5.0: CommandPolicy replaces CohereAttention.forward in every layout with
+    get_command_flash_attention_forward (policies/command.py:79-84), which forces `shard_config.enable_flash_attention`
+    on and asserts the attention mask is ColoAttention's dict; the model forward that makes that dict is installed only
+    with flash attention or sequence parallelism (:86-98; a pipeline's forward makes it too), so a Command under tensor
+    or data parallelism alone fails at its first forward: "Flash Attention Error: attention_mask should be a dict."
+    (docs/findings/colossalai-0.5.0-command-without-flash-attention-crash.py). Fix: without a pipeline, install that
+    model forward whenever the policy did not."""
+    from transformers.models.cohere.modeling_cohere import CohereModel
+
+    from colossalai.shardformer.modeling.command import get_command_flash_attention_model_forward
+    from colossalai.shardformer.policies.command import CommandPolicy
+
+    original = CommandPolicy.module_policy
+
+    def module_policy(self):
+        policy = original(self)
+        config = self.shard_config
+        if self.pipeline_stage_manager is None and not (config.enable_flash_attention or config.enable_sequence_parallelism):
+            self.append_or_create_method_replacement(
+                description={"forward": get_command_flash_attention_model_forward(config)}, policy=policy,
+                target_key=CohereModel)
+        return policy
+
+    CommandPolicy.module_policy = module_policy
+
+
+def _colossalai_command_sp_norm_grads():
+    """Colossal-AI 0.5.0: under split_gather or ring sequence parallelism each rank's norms see its part of the
+    sequence, so their weights' gradients are partial sums, which the plugin all-reduces only for parameters marked
+    sp_partial_derived (the Llama policy's norm wrappers mark theirs); CommandPolicy replaces no norm ("CohereLayerNorm
+    has no bias ... so we don't replace it", policies/command.py:57), so the input_layernorm and final norm weights are
+    stepped by each rank's own part's gradient and the ranks' copies drift apart
+    (docs/findings/colossalai-0.5.0-command-sequence-parallel-norm-grads-not-reduced.py). Fix: mark them."""
+    from colossalai.shardformer.layer.utils import SeqParallelUtils
+    from colossalai.shardformer.policies.command import CommandPolicy
+
+    original = CommandPolicy.postprocess
+
+    def postprocess(self):
+        config = self.shard_config
+        if config.enable_sequence_parallelism and config.sequence_parallelism_mode in ("split_gather", "ring"):
+            for module in self.model.modules():
+                if type(module).__name__ == "CohereLayerNorm":
+                    SeqParallelUtils.marked_as_sp_partial_derived_param(module.weight)
+        return original(self)
+
+    CommandPolicy.postprocess = postprocess
+
+
 def _patch_falcon_causal_lm_losses(old, new, fix):
     """One passage of the vocabulary-parallel loss replaced in both of shardformer's Falcon causal-LM forwards: the
     pipeline's and the tensor-parallel one (a factory the policy imports by name)."""
@@ -840,11 +890,11 @@ def _patch_falcon_causal_lm_losses(old, new, fix):
 
 def _wrap_dist_cross_entropy(fixed):
     """Replaces `dist_cross_entropy` where shardformer's causal-LM forwards call it (each model's module imports its own
-    reference: Llama's, GPT-2's, and Mistral's, Qwen2's and OPT's, which colossalai-hybrid builds with
+    reference: Llama's, GPT-2's, and Mistral's, Qwen2's, OPT's and Command's, which colossalai-hybrid builds with
     `model.hf_model`)."""
-    from colossalai.shardformer.modeling import gpt2, llama, mistral, opt, qwen2
+    from colossalai.shardformer.modeling import command, gpt2, llama, mistral, opt, qwen2
 
-    for module in (llama, gpt2, mistral, qwen2, opt):
+    for module in (llama, gpt2, mistral, qwen2, opt, command):
         module.dist_cross_entropy = fixed(module.dist_cross_entropy)
 
 
@@ -3301,6 +3351,9 @@ FIXES = {
     "colossalai-mixtral-pipeline-loss-batch-mean": (("colossalai-moe",), _colossalai_mixtral_pipeline_loss_batch_mean),
     "colossalai-falcon-loss-batch-mean": (("colossalai-hybrid",), _colossalai_falcon_loss_batch_mean),
     "colossalai-falcon-empty-vocab-shard": (("colossalai-hybrid",), _colossalai_falcon_empty_vocab_shard),
+    "colossalai-command-mask-without-flash-attention": (("colossalai-hybrid",),
+                                                        _colossalai_command_mask_without_flash_attention),
+    "colossalai-command-sp-norm-grads": (("colossalai-hybrid",), _colossalai_command_sp_norm_grads),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),

@@ -88,10 +88,15 @@ pub enum HfModel {
     /// Falcon (`new_decoder_architecture` and `parallel_attn` off): GPT-2's math with q, k, v fused head by head and a
     /// rotary embedding, so only LayerNorm + GELU cases with biases, as many kv heads as heads, and `rotary_base`.
     Falcon,
+    /// Cohere Command: one parallel block per decoder layer (attention and a SwiGLU MLP side by side on one LayerNorm
+    /// without bias), no biases, GQA, a rotary embedding (Cohere's turns interleaved pairs; the q and k projections'
+    /// columns are permuted head by head so that it turns the case's halves) and a logit scale of 1, so only `parallel`
+    /// layers under LayerNorm and SwiGLU without biases, with `rotary_base`.
+    Command,
 }
 
 impl HfModel {
-    pub const ALL: [HfModel; 5] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2, HfModel::Opt, HfModel::Falcon];
+    pub const ALL: [HfModel; 6] = [HfModel::Llama, HfModel::Mistral, HfModel::Qwen2, HfModel::Opt, HfModel::Falcon, HfModel::Command];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -100,7 +105,19 @@ impl HfModel {
             HfModel::Qwen2 => "qwen2",
             HfModel::Opt => "opt",
             HfModel::Falcon => "falcon",
+            HfModel::Command => "command",
         }
+    }
+
+    /// Whether the class's decoder layer is a parallel block (`LayerKind::Parallel`) rather than an (attention, mlp)
+    /// pair.
+    pub fn parallel_blocks(self) -> bool {
+        self == HfModel::Command
+    }
+
+    /// Whether the class encodes positions only by its rotary embedding (a case of it needs `rotary_base`).
+    pub fn rotary_only(self) -> bool {
+        matches!(self, HfModel::Falcon | HfModel::Command)
     }
 
     /// Whether the class has a GPT-2's math (LayerNorm, GELU, biases) rather than a Llama's.
@@ -155,6 +172,21 @@ pub enum LayerKind {
     Mlp,
     /// Mixture of experts: a router and `experts` MLPs, top-k routing with a capacity.
     Moe,
+    /// Attention and a dense MLP side by side on one norm's output, both added to the residual stream
+    /// (`x + attention(norm(x)) + mlp(norm(x))`: GPT-J's, Falcon's `parallel_attn`, Cohere Command's decoder layer).
+    Parallel,
+}
+
+impl LayerKind {
+    /// Whether the block has an attention sublayer.
+    pub fn attends(self) -> bool {
+        matches!(self, LayerKind::Attention | LayerKind::Parallel)
+    }
+
+    /// Whether the block has a dense MLP sublayer.
+    pub fn has_mlp(self) -> bool {
+        matches!(self, LayerKind::Mlp | LayerKind::Parallel)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
@@ -248,6 +280,11 @@ impl ParamSpec {
 }
 
 impl Model {
+    /// Whether any block attends (an attention or a parallel block).
+    pub fn has_attention(&self) -> bool {
+        self.layers.iter().any(|k| k.attends())
+    }
+
     pub fn head_dim(&self) -> usize {
         (self.hidden / self.heads.max(1)) as usize
     }
@@ -278,62 +315,60 @@ impl Model {
             if self.norm == NormKind::Layernorm && self.bias {
                 push(format!("{pre}.norm.bias"), vec![h], ParamRole::NormBias, 1);
             }
-            match kind {
-                LayerKind::Attention => {
-                    for (n, width) in [("q", hq * d), ("k", hkv * d), ("v", hkv * d)] {
-                        push(format!("{pre}.attn.{n}.weight"), vec![h, width], ParamRole::Weight, h);
-                        if self.bias {
-                            push(format!("{pre}.attn.{n}.bias"), vec![width], ParamRole::Bias, h);
-                        }
-                    }
-                    push(format!("{pre}.attn.o.weight"), vec![hq * d, h], ParamRole::Weight, hq * d);
+            if kind.attends() {
+                for (n, width) in [("q", hq * d), ("k", hkv * d), ("v", hkv * d)] {
+                    push(format!("{pre}.attn.{n}.weight"), vec![h, width], ParamRole::Weight, h);
                     if self.bias {
-                        push(format!("{pre}.attn.o.bias"), vec![h], ParamRole::Bias, hq * d);
+                        push(format!("{pre}.attn.{n}.bias"), vec![width], ParamRole::Bias, h);
                     }
                 }
-                LayerKind::Mlp => {
-                    push(format!("{pre}.mlp.up.weight"), vec![h, f], ParamRole::Weight, h);
+                push(format!("{pre}.attn.o.weight"), vec![hq * d, h], ParamRole::Weight, hq * d);
+                if self.bias {
+                    push(format!("{pre}.attn.o.bias"), vec![h], ParamRole::Bias, hq * d);
+                }
+            }
+            if kind.has_mlp() {
+                push(format!("{pre}.mlp.up.weight"), vec![h, f], ParamRole::Weight, h);
+                if self.bias {
+                    push(format!("{pre}.mlp.up.bias"), vec![f], ParamRole::Bias, h);
+                }
+                if swiglu {
+                    push(format!("{pre}.mlp.gate.weight"), vec![h, f], ParamRole::Weight, h);
                     if self.bias {
-                        push(format!("{pre}.mlp.up.bias"), vec![f], ParamRole::Bias, h);
-                    }
-                    if swiglu {
-                        push(format!("{pre}.mlp.gate.weight"), vec![h, f], ParamRole::Weight, h);
-                        if self.bias {
-                            push(format!("{pre}.mlp.gate.bias"), vec![f], ParamRole::Bias, h);
-                        }
-                    }
-                    push(format!("{pre}.mlp.down.weight"), vec![f, h], ParamRole::Weight, f);
-                    if self.bias {
-                        push(format!("{pre}.mlp.down.bias"), vec![h], ParamRole::Bias, f);
+                        push(format!("{pre}.mlp.gate.bias"), vec![f], ParamRole::Bias, h);
                     }
                 }
-                LayerKind::Moe => {
-                    let e = self.moe.as_ref().map_or(1, |m| m.experts as usize);
-                    push(format!("{pre}.moe.router.weight"), vec![h, e], ParamRole::Router, h);
-                    push(format!("{pre}.moe.up.weight"), vec![e, h, f], ParamRole::ExpertWeight, h);
+                push(format!("{pre}.mlp.down.weight"), vec![f, h], ParamRole::Weight, f);
+                if self.bias {
+                    push(format!("{pre}.mlp.down.bias"), vec![h], ParamRole::Bias, f);
+                }
+            }
+            if *kind == LayerKind::Moe {
+                let e = self.moe.as_ref().map_or(1, |m| m.experts as usize);
+                push(format!("{pre}.moe.router.weight"), vec![h, e], ParamRole::Router, h);
+                push(format!("{pre}.moe.up.weight"), vec![e, h, f], ParamRole::ExpertWeight, h);
+                if self.bias {
+                    push(format!("{pre}.moe.up.bias"), vec![e, f], ParamRole::ExpertBias, h);
+                }
+                if swiglu {
+                    push(format!("{pre}.moe.gate.weight"), vec![e, h, f], ParamRole::ExpertWeight, h);
                     if self.bias {
-                        push(format!("{pre}.moe.up.bias"), vec![e, f], ParamRole::ExpertBias, h);
+                        push(format!("{pre}.moe.gate.bias"), vec![e, f], ParamRole::ExpertBias, h);
                     }
+                }
+                push(format!("{pre}.moe.down.weight"), vec![e, f, h], ParamRole::ExpertWeight, f);
+                if self.bias {
+                    push(format!("{pre}.moe.down.bias"), vec![e, h], ParamRole::ExpertBias, f);
+                }
+                if let Some(moe) = self.moe.as_ref().filter(|m| m.shared_ffn.is_some()) {
+                    let fs = moe.shared_ffn.unwrap_or(0) as usize;
+                    push(format!("{pre}.moe.shared.up.weight"), vec![h, fs], ParamRole::Weight, h);
                     if swiglu {
-                        push(format!("{pre}.moe.gate.weight"), vec![e, h, f], ParamRole::ExpertWeight, h);
-                        if self.bias {
-                            push(format!("{pre}.moe.gate.bias"), vec![e, f], ParamRole::ExpertBias, h);
-                        }
+                        push(format!("{pre}.moe.shared.gate.weight"), vec![h, fs], ParamRole::Weight, h);
                     }
-                    push(format!("{pre}.moe.down.weight"), vec![e, f, h], ParamRole::ExpertWeight, f);
-                    if self.bias {
-                        push(format!("{pre}.moe.down.bias"), vec![e, h], ParamRole::ExpertBias, f);
-                    }
-                    if let Some(moe) = self.moe.as_ref().filter(|m| m.shared_ffn.is_some()) {
-                        let fs = moe.shared_ffn.unwrap_or(0) as usize;
-                        push(format!("{pre}.moe.shared.up.weight"), vec![h, fs], ParamRole::Weight, h);
-                        if swiglu {
-                            push(format!("{pre}.moe.shared.gate.weight"), vec![h, fs], ParamRole::Weight, h);
-                        }
-                        push(format!("{pre}.moe.shared.down.weight"), vec![fs, h], ParamRole::Weight, fs);
-                        if moe.shared_gate {
-                            push(format!("{pre}.moe.shared_gate.weight"), vec![h, 1], ParamRole::Router, h);
-                        }
+                    push(format!("{pre}.moe.shared.down.weight"), vec![fs, h], ParamRole::Weight, fs);
+                    if moe.shared_gate {
+                        push(format!("{pre}.moe.shared_gate.weight"), vec![h, 1], ParamRole::Router, h);
                     }
                 }
             }

@@ -1,4 +1,5 @@
-//! Pre-norm residual blocks: `x + attention(norm(x))`, `x + mlp(norm(x))`, `x + moe(norm(x))`.
+//! Pre-norm residual blocks: `x + attention(norm(x))`, `x + mlp(norm(x))`, `x + moe(norm(x))`, and the parallel block
+//! `x + attention(norm(x)) + mlp(norm(x))`.
 //! Column-parallel projections in, row-parallel projection out (Megatron); the bias of a
 //! row-parallel layer is added once, after the partial sums are reduced.
 
@@ -11,6 +12,7 @@ use crate::case::{Activation, LayerKind, NormKind};
 
 const NORM_EPS: f64 = 1e-5;
 
+#[derive(Clone)]
 pub struct NormState {
     x: Mat,
     cache: k::NormCache,
@@ -95,6 +97,7 @@ pub enum BlockCache {
     Attention(AttnState),
     Mlp(MlpState),
     Moe(MoeCache),
+    Parallel(AttnState, MlpState),
 }
 
 pub struct AttnState {
@@ -123,11 +126,24 @@ pub fn block_fwd(ctx: &Ctx, i: usize, kind: LayerKind, params: &ParamSet, g: &Ge
     let (yn, norm) = norm_fwd(ctx, &format!("{pre}.norm"), params, x);
     let y = enter_fwd(ctx, g, yn)?;
     let (out, cache) = match kind {
-        LayerKind::Attention => attention_fwd(ctx, &pre, params, g, y, norm)?,
-        LayerKind::Mlp => mlp_fwd(ctx, &pre, params, g, y, norm)?,
+        LayerKind::Attention => {
+            let (out, st) = attention_fwd(ctx, &pre, params, g, y, norm)?;
+            (out, BlockCache::Attention(st))
+        }
+        LayerKind::Mlp => {
+            let (out, st) = mlp_fwd(ctx, &pre, params, g, y, norm)?;
+            (out, BlockCache::Mlp(st))
+        }
         LayerKind::Moe => {
             let (out, c) = moe_fwd(ctx, &pre, params, g, y, norm)?;
             (out, BlockCache::Moe(c))
+        }
+        LayerKind::Parallel => {
+            // Both sublayers read the one normalised input; each reduces its own output over the tensor-parallel
+            // ranks, as its block alone does.
+            let (a, attn) = attention_fwd(ctx, &pre, params, g, y.clone(), norm.clone())?;
+            let (m, mlp) = mlp_fwd(ctx, &pre, params, g, y, norm)?;
+            (k::add(ctx.p, &a, &m), BlockCache::Parallel(attn, mlp))
         }
     };
     Ok((k::add(ctx.p, x, &out), cache))
@@ -142,6 +158,11 @@ pub fn block_bwd(ctx: &Ctx, i: usize, params: &ParamSet, g: &Geom, cache: BlockC
         BlockCache::Moe(st) => {
             let d = moe_bwd(ctx, &pre, params, g, &st, dx, grads)?;
             (d, st.norm)
+        }
+        BlockCache::Parallel(attn, mlp) => {
+            let da = attention_bwd(ctx, &pre, params, g, &attn, dx, grads)?;
+            let dm = mlp_bwd(ctx, &pre, params, g, &mlp, dx, grads)?;
+            (k::add(ctx.p, &da, &dm), attn.norm)
         }
     };
     let dyn_local = enter_bwd(ctx, g, dy_full)?;
@@ -160,7 +181,7 @@ fn attention_scale(ctx: &Ctx) -> f64 {
     }
 }
 
-fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, BlockCache)> {
+fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, AttnState)> {
     let proj = |n: &str| {
         let w = mat(params, &format!("{pre}.attn.{n}.weight"));
         let b = opt_vec1(params, &format!("{pre}.attn.{n}.bias"));
@@ -184,7 +205,7 @@ fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm
     let wo = mat(params, &format!("{pre}.attn.o.weight"));
     let partial = k::matmul(ctx.p, &a, &wo);
     let out = row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.attn.o.bias")))?;
-    Ok((out, BlockCache::Attention(AttnState { norm, y, q, k: kk, v, a, cache, shape, scale })))
+    Ok((out, AttnState { norm, y, q, k: kk, v, a, cache, shape, scale }))
 }
 
 /// The rotary embeddings of the local query and key heads (`model.rotary_base`), or None without one. Attention
@@ -267,7 +288,7 @@ fn reduce_replicated_kv(ctx: &Ctx, g: &mut [f64]) -> CResult<()> {
     Ok(())
 }
 
-fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, BlockCache)> {
+fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: NormState) -> CResult<(Mat, MlpState)> {
     let lin = |n: &str| {
         let w = mat(params, &format!("{pre}.mlp.{n}.weight"));
         let b = opt_vec1(params, &format!("{pre}.mlp.{n}.bias"));
@@ -288,7 +309,7 @@ fn mlp_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm: Norm
     } else {
         row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.mlp.down.bias")))?
     };
-    Ok((out, BlockCache::Mlp(MlpState { norm, y, up, gate, act })))
+    Ok((out, MlpState { norm, y, up, gate, act }))
 }
 
 fn mlp_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &MlpState, dx: &Mat, grads: &mut ParamSet) -> CResult<Mat> {

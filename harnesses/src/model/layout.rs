@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::case::{LayerKind, Model};
+use crate::case::Model;
 
 /// `torch.chunk` semantics: part `i` of `n` split into `parts`.
 pub fn chunk_range(n: usize, parts: usize, i: usize) -> Range<usize> {
@@ -48,7 +48,7 @@ impl Layout {
     /// The layout of tensor-parallel rank `rank` of `tp`, expert-parallel position `ep_rank` of `ep`.
     pub fn new(m: &Model, tp: usize, rank: usize, sp: bool, ep: usize, ep_rank: usize) -> Result<Layout, Reject> {
         let (hq, hkv) = (m.heads as usize, m.kv_heads as usize);
-        let has_attention = m.layers.contains(&LayerKind::Attention);
+        let has_attention = m.has_attention();
         if has_attention && hq % tp != 0 {
             return Err(Reject(format!("attention heads ({hq}) must be divisible by the tensor-parallel degree ({tp})")));
         }

@@ -31,13 +31,16 @@ FAMILIES = {
                        "shardformer_loss"),
     "colossalai_falcon": ("NORM_EPS", "config", "build", "_LAYER", "_PART", "_FIXED", "case_tensors", "to_falcon",
                           "shardformer_loss"),
+    "colossalai_command": ("NORM_EPS", "config", "Rotation", "build", "_LAYER", "_FIXED", "case_name", "_interleaved",
+                           "_turns", "to_command", "case_tensors", "shardformer_loss"),
     "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",
                            "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss",
                            "unsteppable_unused_experts", "RoutingWatch"),
 }
-#: What the Mixtral, OPT and Falcon families take from the Llama's (they import them; Mixtral's `case_name` as llama_case_name).
+#: What the Mixtral, OPT, Falcon and Command families take from the Llama's (they import them; Mixtral's `case_name` as llama_case_name).
 FROM_LLAMA = {"colossalai_mixtral": ("NORM_EPS", "Rotation", "rotation", "_LAYER", "case_name", "is_projection_weight"),
-              "colossalai_opt": ("is_projection_weight",), "colossalai_falcon": ("Rotation", "rotation", "is_projection_weight")}
+              "colossalai_opt": ("is_projection_weight",), "colossalai_falcon": ("Rotation", "rotation", "is_projection_weight"),
+              "colossalai_command": ("is_projection_weight",)}
 RUN = ("Place", "local_view", "reported_name", "named_parameters", "case_views", "checkpointed", "input_grads", "frozen_model", "_Gather", "gather", "full_vocabulary", "criterion_loss",
        "batches", "model_labels", "Layout", "routing_watch", "run", "first_step", "sharded_flags", "as_scaled_loss", "plain_step", "pipeline_step", "reported_logits",
        "pipeline_result", "model_loss_plain_step", "model_loss_pipeline_step", "single_device", "tensor_parallel_axis",
@@ -95,7 +98,7 @@ def sources(case):
 
 
 KINDS = {"colossalai_llama": "Llama", "colossalai_gpt2": "GPT-2", "colossalai_opt": "OPT", "colossalai_falcon": "Falcon",
-         "colossalai_mixtral": "Mixtral"}
+         "colossalai_command": "Command", "colossalai_mixtral": "Mixtral"}
 #: The Llama family's other transformers classes (`model.hf_model`).
 HF_KINDS = {"mistral": "Mistral", "qwen2": "Qwen2"}
 

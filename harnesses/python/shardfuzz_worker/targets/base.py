@@ -23,6 +23,9 @@ class Target:
     #: Whether its attention turns queries and keys by the case's rotary position embedding (`model.rotary_base`;
     #: others refuse such cases).
     rotates = False
+    #: Whether it builds parallel blocks (`model.layers` entries "parallel": attention and an MLP side by side on one
+    #: norm's output; others refuse such cases).
+    parallel_blocks = False
     #: Whether it leaves the case's frozen parameters (`train.frozen`) untrained (others refuse such cases).
     freezes = False
     #: Whether its loss smooths the labels as the case asks (`train.label_smoothing`; others refuse such cases).
@@ -343,6 +346,14 @@ def unsupported_rotary(target, case):
     apply the rotary embedding (any other would attend without positions, a different computation)."""
     if rotary_base(case) is not None and not target.rotates:
         return f"{target.name} has no rotary position embedding (model.rotary_base)"
+    return None
+
+
+def unsupported_parallel_blocks(target, case):
+    """Why `target` cannot build the case's parallel blocks, or None: only targets that set `parallel_blocks` do (any
+    other would find a layer kind its model does not have)."""
+    if "parallel" in (case.get("model") or {}).get("layers", ()) and not target.parallel_blocks:
+        return f'{target.name} has no parallel blocks (model.layers "parallel": attention and an MLP on one norm)'
     return None
 
 

@@ -16,6 +16,10 @@ group, versions. Measured on Colossal-AI 0.5.0 / torch 2.5.1 (../shared/referenc
      output of world x the input's elements, which Colossal-AI before 0.4.9 passes (ZeRO's get_param_grad gathers
      a flat partition into [world, n]: "invalid tensor size ... expected (52), got (1, 52)" on 0.4.6): contiguous
      tensors are gathered flat, as NCCL does (the same bytes).
+  J  ColoAttention (shardformer's flash attention, which Colossal-AI's Command forwards use in every layout) finds no
+     kernel without CUDA: Colossal-AI's own SDPA kernel (FlashAttentionSdpaCudaExtension, which calls torch's
+     scaled_dot_product_attention and reports itself unavailable without CUDA) is made available; torch runs it on
+     the CPU.
 
 None of them changes what Colossal-AI computes: they stand in for device management and for collectives
 gloo lacks.
@@ -156,6 +160,10 @@ def install_shims():
     if not torch.cuda.is_available():
         torch.Tensor.cuda = lambda self, *_a, **_k: self
     _shim_zero_sanity_checks()
+    if not torch.cuda.is_available():
+        from colossalai.kernel.kernel_loader import FlashAttentionSdpaCudaExtension
+
+        FlashAttentionSdpaCudaExtension.is_available = lambda self: True
 
 
 def _shim_zero_sanity_checks():

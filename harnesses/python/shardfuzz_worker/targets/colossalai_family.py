@@ -1,11 +1,11 @@
 """Which `transformers` model colossalai-hybrid builds for a case (a Llama for RMSNorm + SwiGLU, a GPT-2 for LayerNorm +
 GELU: colossalai_llama.py, colossalai_gpt2.py; the class the case's `model.hf_model` names: colossalai_llama.py's
-Mistral and Qwen2, colossalai_opt.py's OPT, colossalai_falcon.py's Falcon; colossalai-moe a Mixtral for MoE blocks: colossalai_mixtral.py). Both translate to the case's names and layouts, whose tensor-parallel
+Mistral and Qwen2, colossalai_opt.py's OPT, colossalai_falcon.py's Falcon, colossalai_command.py's Command; colossalai-moe a Mixtral for MoE blocks: colossalai_mixtral.py). Both translate to the case's names and layouts, whose tensor-parallel
 axes megatron_model.shard_dim gives. Each family module has `expressible(m)`, `build(m, inputs,
 dtype)` and `case_tensors(name, t)` (a model parameter, gradient or shard -> [(case name, tensor in the case's
 layout)]); the functions below dispatch to the family of the case or of the parameter name."""
 
-from . import colossalai_falcon, colossalai_gpt2, colossalai_llama, colossalai_mixtral, colossalai_opt
+from . import colossalai_command, colossalai_falcon, colossalai_gpt2, colossalai_llama, colossalai_mixtral, colossalai_opt
 
 FAMILIES = (colossalai_llama, colossalai_gpt2, colossalai_mixtral)
 
@@ -18,6 +18,8 @@ def families(m):
         return (colossalai_opt,)
     if named == "falcon":
         return (colossalai_falcon,)
+    if named == "command":
+        return (colossalai_command,)
     return (colossalai_llama,) if named else FAMILIES
 
 
@@ -37,6 +39,8 @@ def build(m, inputs, dtype):
 
 
 def case_tensors(name, t, m):
+    if m.get("hf_model") == "command":
+        return colossalai_command.case_tensors(name, t, m)
     if name.startswith("transformer.") and m.get("hf_model") == "falcon":
         return colossalai_falcon.case_tensors(name, t, m)
     if name.startswith("transformer."):

@@ -47,6 +47,7 @@ class ColossalHybrid(ColossalTarget):
     plugin_name = "HybridParallelPlugin"
     freezes = True
     rotates = True
+    parallel_blocks = True  # (Command's decoder layers; every other family refuses them)
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     # A run resumes into another plugin (`train.resume_parallel`): HybridParallelCheckpointIO writes whole tensors
     # (tensor-parallel shards gathered, the vocabulary unpadded, ZeRO's optimizer states gathered) under their names,
