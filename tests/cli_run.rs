@@ -88,6 +88,22 @@ fn rotary_cases_pass_on_the_native_target() {
     assert!(passed >= 5, "{}", stdout(&o));
 }
 
+/// Parallel blocks (`model.layers` "parallel": attention and an MLP on one norm's output, both added) run on the native
+/// target against the reference under tensor, sequence, pipeline and data parallelism (the Command cases).
+#[test]
+fn parallel_blocks_pass_on_the_native_target() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python-colossalai-command");
+    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path().display().to_string()).collect();
+    assert!(files.len() >= 10, "{files:?}");
+    let args: Vec<&str> = ["run", "--json"].into_iter().chain(files.iter().map(String::as_str)).collect();
+    let o = run(&args);
+    let verdicts: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(verdicts.len(), files.len(), "{}", stderr(&o));
+    let passed = verdicts.iter().filter(|v| v["kind"] == "pass").count();
+    assert!(verdicts.iter().all(|v| v["kind"] == "pass" || v["kind"] == "unsupported"), "{}", stdout(&o));
+    assert!(passed >= 9, "{}", stdout(&o));
+}
+
 #[test]
 fn json_output_has_one_object_per_verdict() {
     let o = run(&["run", "--json", corpus("dp2-even.json").to_str().unwrap(), corpus("single-f64.json").to_str().unwrap()]);

@@ -90,6 +90,8 @@ _COLOSSALAI = [
     ("colossalai/shardformer/policies/opt.py", "module_policy", "divisible"),
     # (and the Falcon policy's, since the fourteenth session's `model.hf_model: falcon`; campaign 329 read it as a crash)
     ("colossalai/shardformer/policies/falcon.py", "module_policy", "divisible"),
+    # (and the Command policy's, since the fifteenth session's `model.hf_model: command`)
+    ("colossalai/shardformer/policies/command.py", "module_policy", "divisible"),
     # GPT-2's policy refuses all_to_all sequence parallelism.
     ("colossalai/shardformer/policies/gpt2.py", "module_policy", "not supported for GPT2"),
     # The pipeline schedule's checks of a batch: equal micro-batches, at least as many as stages.

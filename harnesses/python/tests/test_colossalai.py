@@ -316,6 +316,50 @@ class ColossalAiTest(unittest.TestCase):
         ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
         torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=1e-12)
 
+    def test_a_command_computes_the_case_models_logits_with_its_interleaved_rotary_and_reports_head_shards(self):
+        import torch
+
+        from shardfuzz_worker.targets import torch_model
+        from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
+
+        m = {"vocab": 16, "hidden": 16, "ffn": 12, "heads": 4, "kv_heads": 2, "seq": 6, "batch": 2,
+             "layers": ["parallel", "parallel"], "norm": "layernorm", "activation": "swiglu", "bias": False,
+             "tied_embeddings": False, "rotary_base": 10, "hf_model": "command"}
+        self.assertIsNone(expressible(m))
+        self.assertIn("parallel blocks", expressible(dict(m, layers=["attention", "mlp"])))
+        self.assertIn("rotary", expressible(dict(m, rotary_base=None)))
+        self.assertIn("biases", expressible(dict(m, bias=True)))
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
+        inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
+        for n in inputs:  # (the case's layout: linear weights [in, out])
+            if torch_model.is_linear_weight(n):
+                inputs[n] = inputs[n].T.copy()
+        model = build(m, inputs, torch.float64)
+        self.assertEqual(type(model).__name__, "CohereForCausalLM")
+        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
+        self.assertEqual(sorted(reported), sorted(inputs))
+        for n, t in reported.items():
+            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+        # A tensor-parallel rank's shard of q_proj holds whole heads: the case's columns of those heads.
+        q = dict(model.named_parameters())["model.layers.0.self_attn.q_proj.weight"].detach()
+        (name, half), = case_tensors("model.layers.0.self_attn.q_proj.weight", q[q.shape[0] // 2:], m)
+        torch.testing.assert_close(half, torch.tensor(inputs["layers.0.attn.q.weight"])[:, 8:], rtol=0, atol=0)
+        # Cohere's interleaved rotary on the permuted projections is the case's half-split one: the same logits, to
+        # float32's round-off (CohereLayerNorm and transformers' eager softmax compute in float32 whatever the dtype).
+        reference = torch_model.Model(m).to(torch.float64)
+        torch_model.load_case_params(reference, inputs, torch.float64)
+        ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=2e-5)
+        # (without the permutation the rotary turns other pairs: far off)
+        unpermuted = {n: t for n, t in inputs.items()}
+        for n in ("layers.0.attn.q.weight", "layers.1.attn.k.weight"):
+            unpermuted[n] = inputs[n][:, [j for h in range(m["heads"] if ".q." in n else m["kv_heads"])
+                                          for j in [h * 4 + k for k in (0, 2, 1, 3)]]]
+        self.assertGreater(float((build(m, unpermuted, torch.float64)(input_ids=ids).logits - reference(ids)).abs().max()),
+                           1e-2)
+
     def test_the_case_mixtral_loads_every_case_parameter_and_reports_experts_as_parts(self):
         import numpy as np
         import torch

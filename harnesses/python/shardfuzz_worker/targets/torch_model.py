@@ -126,19 +126,25 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
+    """`x + inner(norm(x))`, or for a parallel block `x + attn(norm(x)) + mlp(norm(x))` (built here; the targets
+    that run this model refuse parallel blocks, `Target.parallel_blocks`)."""
+
     def __init__(self, m, kind):
         super().__init__()
         self.norm = Norm(m["hidden"], m.get("norm", "layernorm"), m["bias"])
-        if kind == "attention":
+        if kind in ("attention", "parallel"):
             self.attn = Attention(m)
-        elif kind == "moe":
+        if kind == "moe":
             self.moe = Moe(m, Mlp)
-        else:
+        elif kind in ("mlp", "parallel"):
             self.mlp = Mlp(m)
 
     def forward(self, x):
+        y = self.norm(x)
+        if hasattr(self, "attn") and hasattr(self, "mlp"):
+            return x + self.attn(y) + self.mlp(y)
         inner = self.attn if hasattr(self, "attn") else self.moe if hasattr(self, "moe") else self.mlp
-        return x + inner(self.norm(x))
+        return x + inner(y)
 
 
 class Model(nn.Module):
