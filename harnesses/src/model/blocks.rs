@@ -97,7 +97,7 @@ pub enum BlockCache {
     Attention(AttnState),
     Mlp(MlpState),
     Moe(MoeCache),
-    Parallel(AttnState, MlpState),
+    Parallel(Box<(AttnState, MlpState)>),
 }
 
 pub struct AttnState {
@@ -143,7 +143,7 @@ pub fn block_fwd(ctx: &Ctx, i: usize, kind: LayerKind, params: &ParamSet, g: &Ge
             // ranks, as its block alone does.
             let (a, attn) = attention_fwd(ctx, &pre, params, g, y.clone(), norm.clone())?;
             let (m, mlp) = mlp_fwd(ctx, &pre, params, g, y, norm)?;
-            (k::add(ctx.p, &a, &m), BlockCache::Parallel(attn, mlp))
+            (k::add(ctx.p, &a, &m), BlockCache::Parallel(Box::new((attn, mlp))))
         }
     };
     Ok((k::add(ctx.p, x, &out), cache))
@@ -159,7 +159,8 @@ pub fn block_bwd(ctx: &Ctx, i: usize, params: &ParamSet, g: &Geom, cache: BlockC
             let d = moe_bwd(ctx, &pre, params, g, &st, dx, grads)?;
             (d, st.norm)
         }
-        BlockCache::Parallel(attn, mlp) => {
+        BlockCache::Parallel(both) => {
+            let (attn, mlp) = *both;
             let da = attention_bwd(ctx, &pre, params, g, &attn, dx, grads)?;
             let dm = mlp_bwd(ctx, &pre, params, g, &mlp, dx, grads)?;
             (k::add(ctx.p, &da, &dm), attn.norm)
