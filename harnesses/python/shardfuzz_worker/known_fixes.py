@@ -870,7 +870,8 @@ def _colossalai_command_sp_norm_grads():
         config = self.shard_config
         if config.enable_sequence_parallelism and config.sequence_parallelism_mode in ("split_gather", "ring"):
             for module in self.model.modules():
-                if type(module).__name__ == "CohereLayerNorm":
+                # (a pipeline stage's norms of other stages have no weight)
+                if type(module).__name__ == "CohereLayerNorm" and module.weight is not None:
                     SeqParallelUtils.marked_as_sp_partial_derived_param(module.weight)
         return original(self)
 

@@ -148,7 +148,16 @@ def case_tensors(name, t, m):
 
 
 def shardformer_loss(m, plugin):
-    """Whether the model's loss is shardformer's (`dist_cross_entropy`): Llama's policy replaces the forward under
-    tensor, sequence or pipeline parallelism, else transformers' own forward computes it."""
+    """Whether the model's loss is shardformer's (`dist_cross_entropy`): each policy replaces the causal LM's forward
+    under pipeline parallelism; without a pipeline, Llama's under tensor or sequence parallelism, Qwen2's under tensor
+    parallelism and Mistral's under tensor parallelism with parallel_output (policies/qwen2.py:421-447,
+    mistral.py:360-381); elsewhere transformers' own forward computes it (a rank's own mean)."""
     config = plugin.shard_config
-    return plugin.stage_manager is not None or config.enable_tensor_parallelism or config.enable_sequence_parallelism
+    if plugin.stage_manager is not None:
+        return True
+    arch = architecture(m)
+    if arch == "qwen2":
+        return config.enable_tensor_parallelism
+    if arch == "mistral":
+        return config.enable_tensor_parallelism and config.parallel_output
+    return config.enable_tensor_parallelism or config.enable_sequence_parallelism
