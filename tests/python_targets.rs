@@ -1238,7 +1238,8 @@ fn colossalai_opt_untied_head_and_interleaved_stages_are_known_findings() {
 /// falcon`, q, k and v fused head by head): Colossal-AI 0.5.0's Falcon policy never records the interleaved chunks'
 /// layer ranges (the interleaved schedule fails at its first forward, as the OPT's did:
 /// `colossalai-falcon-interleaved-stage-indices`); with the fix every case of the directory passes, tied and untied,
-/// under tp (the fused projection's shards), dp, ZeRO, 1F1B and interleaved pipelines.
+/// under tp (the fused projection's shards), dp, ZeRO, 1F1B and interleaved pipelines, in (attention, mlp) pairs and
+/// as parallel blocks (Falcon's `parallel_attn`).
 #[test]
 fn colossalai_falcon_interleaved_stages_are_a_known_finding_and_its_layouts_pass() {
     if !python_ready() {

@@ -441,6 +441,8 @@ mod tests {
             assert!(!h.rotary_only() || m.rotary_base.is_some_and(|_| (m.hidden / m.heads) % 2 == 0), "{m:?}");
             if h.gpt2_math() {
                 assert!(m.norm == NormKind::Layernorm && m.activation == Activation::Gelu && m.bias && m.kv_heads == m.heads, "{m:?}");
+                let parallel = m.layers.iter().all(|k| *k == LayerKind::Parallel);
+                assert!(parallel || m.layers.chunks(2).all(|p| p == [LayerKind::Attention, LayerKind::Mlp]), "{m:?}");
             } else if h.parallel_blocks() {
                 assert!(m.norm == NormKind::Layernorm && m.activation == Activation::Swiglu && !m.bias, "{m:?}");
                 assert!(m.layers.iter().all(|k| *k == LayerKind::Parallel), "{m:?}");

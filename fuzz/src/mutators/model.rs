@@ -237,8 +237,9 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     if let Some(h) = m.hf_model {
         let parallel = m.layers.iter().filter(|k| **k == LayerKind::Parallel).count();
         let blocks = (parallel + (m.layers.len() - parallel).div_ceil(2)).max(1);
-        m.layers =
-            if h.parallel_blocks() { vec![LayerKind::Parallel; blocks] } else { [LayerKind::Attention, LayerKind::Mlp].repeat(blocks) };
+        // (A Falcon's decoder layers are pairs or, with `parallel_attn`, parallel blocks; a Command's parallel blocks.)
+        let parallel = h.parallel_blocks() || (h == HfModel::Falcon && rng.gen_bool(0.5));
+        m.layers = if parallel { vec![LayerKind::Parallel; blocks] } else { [LayerKind::Attention, LayerKind::Mlp].repeat(blocks) };
         (m.norm, m.activation) = if h.gpt2_math() {
             (NormKind::Layernorm, Activation::Gelu)
         } else if h.parallel_blocks() {

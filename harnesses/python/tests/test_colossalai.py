@@ -316,6 +316,34 @@ class ColossalAiTest(unittest.TestCase):
         ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
         torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=1e-12)
 
+    def test_a_falcon_of_parallel_blocks_is_parallel_attn_and_computes_the_case_models_logits(self):
+        import torch
+
+        from shardfuzz_worker.targets import torch_model
+        from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
+
+        with open(os.path.join(CORPUS, "..", "tests", "python-colossalai-falcon", "falcon-parallel-tp2-f32.json")) as f:
+            m = json.load(f)["model"]
+        self.assertIsNone(expressible(m))
+        self.assertIn("parallel blocks", expressible(dict(m, layers=["parallel", "attention"])))
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
+        inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
+        for n in inputs:  # (the case's layout: linear weights [in, out])
+            if torch_model.is_linear_weight(n):
+                inputs[n] = inputs[n].T.copy()
+        model = build(m, inputs, torch.float64)
+        self.assertTrue(model.config.parallel_attn)
+        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
+        self.assertEqual(sorted(reported), sorted(inputs))
+        for n, t in reported.items():
+            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+        reference = torch_model.Model(m).to(torch.float64)
+        torch_model.load_case_params(reference, inputs, torch.float64)
+        ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=1e-12)
+
     def test_a_command_computes_the_case_models_logits_with_its_interleaved_rotary_and_reports_head_shards(self):
         import torch
 

@@ -85,8 +85,9 @@ pub enum HfModel {
     /// learned position table zero and frozen, so only LayerNorm + GELU cases with biases and as many kv heads as
     /// heads.
     Opt,
-    /// Falcon (`new_decoder_architecture` and `parallel_attn` off): GPT-2's math with q, k, v fused head by head and a
-    /// rotary embedding, so only LayerNorm + GELU cases with biases, as many kv heads as heads, and `rotary_base`.
+    /// Falcon (`new_decoder_architecture` off): GPT-2's math with q, k, v fused head by head and a rotary embedding, so
+    /// only LayerNorm + GELU cases with biases, as many kv heads as heads, and `rotary_base`; (attention, mlp) pairs,
+    /// or parallel blocks as `parallel_attn`.
     Falcon,
     /// Cohere Command: one parallel block per decoder layer (attention and a SwiGLU MLP side by side on one LayerNorm
     /// without bias), no biases, GQA, a rotary embedding (Cohere's turns interleaved pairs; the q and k projections'

@@ -30,7 +30,7 @@ FAMILIES = {
     "colossalai_opt": ("POSITIONS", "config", "build", "_LAYER", "_PART", "case_name", "to_opt", "case_tensors",
                        "shardformer_loss"),
     "colossalai_falcon": ("NORM_EPS", "config", "build", "_LAYER", "_PART", "_FIXED", "case_tensors", "to_falcon",
-                          "shardformer_loss"),
+                          "parallel_attn", "_case_layer", "shardformer_loss"),
     "colossalai_command": ("NORM_EPS", "config", "Rotation", "build", "_LAYER", "_FIXED", "case_name", "_interleaved",
                            "_turns", "to_command", "case_tensors", "shardformer_loss"),
     "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",

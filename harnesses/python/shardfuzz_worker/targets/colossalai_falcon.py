@@ -2,14 +2,15 @@
 FalconConfig sized by the case, its parameters the case's), and the translation between the case's parameter names and
 layouts and Falcon's.
 
-A Falcon decoder layer with `new_decoder_architecture` and `parallel_attn` off (the 7B/40B-era layout without the
-parallel sublayers) is the case's ("attention", "mlp") pair with the GPT-2 family's math and a rotary embedding:
+A Falcon decoder layer with `new_decoder_architecture` and `parallel_attn` off is the case's ("attention", "mlp") pair with the GPT-2 family's math and a rotary embedding:
 input_layernorm + self_attention (q, k and v fused in one projection, `query_key_value`, head by head: each head's q,
 k and v rows in turn; dense), post_attention_layernorm + mlp (dense_h_to_4h, tanh GELU, dense_4h_to_h); LayerNorm
 (eps 1e-5) with bias, biases in every projection, as many key/value heads as query heads, attention scale
 head_dim^-0.5, a final LayerNorm (ln_f), an LM head without bias. Falcon encodes positions only by its rotary
 embedding (or ALiBi, not used), so only cases with one (`model.rotary_base`): the embedding is the case's
-(colossalai_llama.Rotation, in place of Falcon's, the positions the ones Colossal-AI's forwards pass).
+(colossalai_llama.Rotation, in place of Falcon's, the positions the ones Colossal-AI's forwards pass). With
+`parallel_attn` on (Falcon-7B's layout) a decoder layer is the case's "parallel" block: input_layernorm feeding both
+self_attention and the MLP, both added to the residual stream (no post_attention_layernorm).
 """
 
 import re
@@ -23,21 +24,34 @@ NORM_EPS = 1e-5
 
 
 def expressible(m):
-    """Why the case's model is not a Falcon, or None: the GPT-2 family's conditions with a rotary embedding."""
+    """Why the case's model is not a Falcon, or None: the GPT-2 family's conditions with a rotary embedding, in
+    (attention, mlp) pairs or parallel blocks (`parallel_attn`)."""
     if m.get("rotary_base") is None:
         return "Falcon encodes positions by a rotary embedding (or ALiBi): the case has no model.rotary_base"
-    why = colossalai_gpt2.expressible({**m, "rotary_base": None})
-    return why.replace("GPT-2", "Falcon") if why else None
+    pairs = ["attention", "mlp"] * len(m["layers"]) if parallel_attn(m) else m["layers"]
+    why = colossalai_gpt2.expressible({**m, "rotary_base": None, "layers": pairs})
+    return why.replace("GPT-2", "Falcon").replace("layer pairs", "layer pairs or parallel blocks") if why else None
+
+
+def parallel_attn(m):
+    """Whether the case's layers are parallel blocks (Falcon's `parallel_attn`)."""
+    return bool(m["layers"]) and all(kind == "parallel" for kind in m["layers"])
+
+
+def _case_layer(m, i, offset):
+    """The case's layer of Falcon decoder layer `i`'s attention (offset 0) or MLP (offset 1) part."""
+    return i if parallel_attn(m) else 2 * i + offset
 
 
 def config(m, dtype):
     from transformers import FalconConfig
 
     return FalconConfig(
-        vocab_size=m["vocab"], hidden_size=m["hidden"], num_hidden_layers=len(m["layers"]) // 2,
+        vocab_size=m["vocab"], hidden_size=m["hidden"],
+        num_hidden_layers=len(m["layers"]) if parallel_attn(m) else len(m["layers"]) // 2,
         num_attention_heads=m["heads"], num_kv_heads=m["heads"], ffn_hidden_size=m["ffn"],
         activation="gelu_pytorch_tanh", layer_norm_epsilon=NORM_EPS, hidden_dropout=0.0, attention_dropout=0.0,
-        alibi=False, new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True,
+        alibi=False, new_decoder_architecture=False, multi_query=False, parallel_attn=parallel_attn(m), bias=True,
         rope_theta=float(m["rotary_base"]), max_position_embeddings=max(m["seq"], 2), use_cache=False,
         tie_word_embeddings=bool(m.get("tied_embeddings")), torch_dtype=dtype, bos_token_id=None, eos_token_id=None,
         _attn_implementation="eager",
@@ -81,10 +95,10 @@ def case_tensors(name, t, m):
         heads = t.shape[0] // (3 * d)
         split = t.reshape(heads, 3, d, *t.shape[1:])
         pieces = [split[:, j].reshape(heads * d, *t.shape[1:]) for j in range(3)]
-        return [(f"layers.{2 * i}.attn.{n}.{leaf}", piece.t() if leaf == "weight" else piece)
+        return [(f"layers.{_case_layer(m, i, 0)}.attn.{n}.{leaf}", piece.t() if leaf == "weight" else piece)
                 for n, piece in zip("qkv", pieces)]
     offset, part_name = _PART[part]
-    case = f"layers.{2 * i + offset}.{part_name}.{leaf}"
+    case = f"layers.{_case_layer(m, i, offset)}.{part_name}.{leaf}"
     return [(case, t.t() if is_projection_weight(case) else t)]
 
 

@@ -94,7 +94,7 @@ def unfreezable(m, case):
 
     for j, kind in enumerate(m["layers"]):
         for leaf in ("weight", "bias"):
-            if kind == "attention" and len({is_frozen(case, f"layers.{j}.attn.{n}.{leaf}") for n in "qkv"}) > 1:
+            if kind in ("attention", "parallel") and len({is_frozen(case, f"layers.{j}.attn.{n}.{leaf}") for n in "qkv"}) > 1:
                 return f"GPT-2 holds layers.{j}'s q, k and v {leaf}s in one parameter (c_attn): they freeze together"
     return None
 
