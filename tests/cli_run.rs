@@ -88,20 +88,24 @@ fn rotary_cases_pass_on_the_native_target() {
     assert!(passed >= 5, "{}", stdout(&o));
 }
 
-/// Parallel blocks (`model.layers` "parallel": attention and an MLP on one norm's output, both added) run on the native
-/// target against the reference under tensor, sequence, pipeline and data parallelism (the Command cases).
+/// Parallel blocks (`model.layers` "parallel": attention and an MLP on one norm's output, both added) and query/key
+/// norms (`model.qk_norm`) run on the native target against the reference under tensor, sequence, pipeline and data
+/// parallelism (the Command cases).
 #[test]
-fn parallel_blocks_pass_on_the_native_target() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python-colossalai-command");
-    let files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path().display().to_string()).collect();
-    assert!(files.len() >= 10, "{files:?}");
+fn parallel_blocks_and_query_key_norms_pass_on_the_native_target() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files: Vec<String> = ["tests/python-colossalai-command", "tests/python-colossalai-command-qk-norm"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().map(|e| e.unwrap().path().display().to_string()))
+        .collect();
+    assert!(files.len() >= 15, "{files:?}");
     let args: Vec<&str> = ["run", "--json"].into_iter().chain(files.iter().map(String::as_str)).collect();
     let o = run(&args);
     let verdicts: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(verdicts.len(), files.len(), "{}", stderr(&o));
     let passed = verdicts.iter().filter(|v| v["kind"] == "pass").count();
     assert!(verdicts.iter().all(|v| v["kind"] == "pass" || v["kind"] == "unsupported"), "{}", stdout(&o));
-    assert!(passed >= 9, "{}", stdout(&o));
+    assert!(passed >= 13, "{}", stdout(&o));
 }
 
 #[test]

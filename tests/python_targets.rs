@@ -1309,6 +1309,25 @@ fn colossalai_command_crash_without_flash_attention_and_unreduced_sp_norms_are_k
     }
 }
 
+/// Query/key norms (`model.qk_norm`) on a Command: Colossal-AI 0.5.0's attention forward never applies them
+/// (`docs/findings/colossalai-0.5.0-command-qk-norm-ignored.py`), so their weights get no gradient: without a pipeline
+/// DDP's reducer fails at the second step on the unused parameters, across pipeline stages the verdict names the
+/// untrained norm. No known fix (under tensor parallelism it would also need the norms' weights sharded by head); the
+/// native target passes every case it runs (`cli_run`).
+#[test]
+fn colossalai_command_query_key_norms_never_applied_are_a_known_finding() {
+    if !python_ready() {
+        return;
+    }
+    let files = case_files(&root().join("tests/python-colossalai-command-qk-norm"));
+    let fixes = "colossalai-ring-gather,colossalai-command-mask-without-flash-attention,colossalai-command-sp-norm-grads";
+    for (file, v) in files.iter().zip(run_files("colossalai-hybrid", &files, fixes)) {
+        let unused = v["kind"] == "crash" && reason(&v).contains("Expected to have finished reduction in the prior iteration");
+        let untrained = v["kind"] == "divergent" && reason(&v).contains("q_norm.weight: no gradient reached it");
+        assert!(unused || untrained, "{}: {v}", file.display());
+    }
+}
+
 /// colossalai-hybrid resumed from Colossal-AI's sharded checkpoint of a tied model run on one pipeline stage into two:
 /// the checkpoint holds the tied weight under the embedding's key only, and Colossal-AI 0.5.0's loader skips the last
 /// stage's LM head in silence (strict=False), so the resumed run trains with the fresh model's head (`loss/step1`

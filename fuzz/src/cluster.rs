@@ -72,6 +72,9 @@ pub fn needs(case: &Case) -> Vec<String> {
         if m.rotary_base.is_some() {
             out.push("rotary".into());
         }
+        if m.qk_norm {
+            out.push("qk-norm".into());
+        }
     }
     out.sort();
     out.dedup();

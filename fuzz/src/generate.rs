@@ -140,6 +140,7 @@ fn model(u: &mut Unstructured, p: &Parallel, accumulation: u32) -> Result<Model>
         hf_model: None,
         // (Rotary position embeddings come from the `rotary` mutator.)
         rotary_base: None,
+        qk_norm: false,
     })
 }
 

@@ -35,6 +35,9 @@ fn parallel_words(case: &Case) -> Vec<String> {
             if let Some(b) = m.rotary_base {
                 out.push(format!("rotary position embedding on queries and keys (base {b})"));
             }
+            if m.qk_norm {
+                out.push("query and key vectors normalised per head before the rotary embedding (query/key norms)".into());
+            }
             if m.layers.contains(&shardfuzz_harnesses::case::LayerKind::Parallel) {
                 out.push("parallel blocks: attention and MLP side by side on one norm's output, both added to the residual".into());
             }

@@ -112,6 +112,7 @@ pub fn realisation_options(case: &Case) -> u64 {
         case.model.as_ref().is_some_and(|m| m.activation_checkpointing.is_some()),
         case.model.as_ref().is_some_and(|m| m.hf_model.is_some()),
         case.model.as_ref().is_some_and(|m| m.rotary_base.is_some()),
+        case.model.as_ref().is_some_and(|m| m.qk_norm),
         t.grad_accum_dtype.is_some(),
         t.master_dtype.is_some(),
         t.resume_after.is_some(),
@@ -255,6 +256,9 @@ fn drop_strategies(case: &Case) -> Vec<Case> {
     }
     if case.model.as_ref().is_some_and(|m| m.rotary_base.is_some()) {
         out.push(with(case, |c| c.model.as_mut().expect("a model case").rotary_base = None));
+    }
+    if case.model.as_ref().is_some_and(|m| m.qk_norm) {
+        out.push(with(case, |c| c.model.as_mut().expect("a model case").qk_norm = false));
     }
     if case.train.grad_accum_dtype.is_some() {
         out.push(with(case, |c| c.train.grad_accum_dtype = None));

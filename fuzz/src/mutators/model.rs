@@ -269,6 +269,16 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     true
 }
 
+/// Query/key norms on (`model.qk_norm`), or off again, on a model that attends.
+pub fn qk_norm(c: &mut Case, _rng: &mut ChaCha8Rng) -> bool {
+    let Some(m) = c.model.as_mut() else { return false };
+    if !m.has_attention() {
+        return false;
+    }
+    m.qk_norm = !m.qk_norm;
+    true
+}
+
 /// The bases a rotary position embedding is drawn from (`model.rotary_base`): Llama's 10,000, where the slow pairs
 /// barely turn over a short sequence, and small bases whose every pair turns by a large angle per position, so a
 /// position handed to the wrong piece of a sequence moves many elements.

@@ -387,6 +387,21 @@ class ColossalAiTest(unittest.TestCase):
                                           for j in [h * 4 + k for k in (0, 2, 1, 3)]]]
         self.assertGreater(float((build(m, unpermuted, torch.float64)(input_ids=ids).logits - reference(ids)).abs().max()),
                            1e-2)
+        # Query/key norms (model.qk_norm): Cohere's q_norm / k_norm, weights [heads, head_dim] permuted as the heads'.
+        m = dict(m, qk_norm=True)
+        inputs.update({f"layers.{i}.attn.{n}_norm.weight": torch.rand(width, dtype=torch.float64).numpy() + 0.5
+                       for i in range(2) for n, width in (("q", 16), ("k", 8))})
+        model = build(m, inputs, torch.float64)
+        self.assertTrue(model.config.use_qk_norm)
+        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
+        self.assertEqual(sorted(reported), sorted(inputs))
+        for n, t in reported.items():
+            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+        reference = torch_model.Model(m).to(torch.float64)
+        torch_model.load_case_params(reference, inputs, torch.float64)
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=2e-5)
+        self.assertGreater(float((model(input_ids=ids).logits - build(dict(m, qk_norm=False), inputs, torch.float64)(
+            input_ids=ids).logits).abs().max()), 1e-2)
 
     def test_the_case_mixtral_loads_every_case_parameter_and_reports_experts_as_parts(self):
         import numpy as np

@@ -68,6 +68,12 @@ pub struct Model {
     /// no positional encoding (attention is permutation-equivariant before the causal mask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotary_base: Option<u32>,
+    /// Query/key normalisation: before the rotary embedding, each head's query and key vectors are normalised over
+    /// the head size by the model's norm kind, without bias, with a weight per element of every head
+    /// (`layers.{i}.attn.q_norm.weight` [heads · head_dim], `k_norm` [kv_heads · head_dim]; Cohere Command R+'s
+    /// `use_qk_norm`). Absent: none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
 }
 
 /// A `transformers` model class with the case model's (attention, mlp) math (`model.hf_model`): under RMSNorm and
@@ -322,6 +328,10 @@ impl Model {
                     if self.bias {
                         push(format!("{pre}.attn.{n}.bias"), vec![width], ParamRole::Bias, h);
                     }
+                }
+                if self.qk_norm {
+                    push(format!("{pre}.attn.q_norm.weight"), vec![hq * d], ParamRole::NormWeight, 1);
+                    push(format!("{pre}.attn.k_norm.weight"), vec![hkv * d], ParamRole::NormWeight, 1);
                 }
                 push(format!("{pre}.attn.o.weight"), vec![hq * d, h], ParamRole::Weight, hq * d);
                 if self.bias {

@@ -6,6 +6,7 @@
 use shardfuzz_kernels as k;
 
 use super::moe::{moe_bwd, moe_fwd, MoeCache};
+use super::qk_norm::{head_norm_bwd, head_norm_fwd, HeadNorm};
 use super::region::{enter_bwd, enter_fwd, exit_bwd, exit_fwd, Geom};
 use super::{accumulate, mat, opt_vec1, vec1, Bug, CResult, Ctx, Mat, ParamSet};
 use crate::case::{Activation, LayerKind, NormKind};
@@ -110,6 +111,8 @@ pub struct AttnState {
     cache: k::AttnCache,
     shape: k::AttnShape,
     scale: f64,
+    /// The query and key norms' states (`model.qk_norm`).
+    qk_norms: Option<Box<(HeadNorm, HeadNorm)>>,
 }
 
 pub struct MlpState {
@@ -189,6 +192,13 @@ fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm
         k::linear_fwd(ctx.p, &y, &w, b.as_ref())
     };
     let (q, kk, v) = (proj("q"), proj("k"), proj("v"));
+    let (q, kk, qk_norms) = if ctx.model.qk_norm {
+        let (q, qn) = head_norm_fwd(ctx, &format!("{pre}.attn.q_norm.weight"), params, q);
+        let (kk, kn) = head_norm_fwd(ctx, &format!("{pre}.attn.k_norm.weight"), params, kk);
+        (q, kk, Some(Box::new((qn, kn))))
+    } else {
+        (q, kk, None)
+    };
     let (q, kk) = match rotary(ctx, g) {
         Some((rq, rk)) => (k::rotary_fwd(ctx.p, &q, rq), k::rotary_fwd(ctx.p, &kk, rk)),
         None => (q, kk),
@@ -206,7 +216,7 @@ fn attention_fwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, y: Mat, norm
     let wo = mat(params, &format!("{pre}.attn.o.weight"));
     let partial = k::matmul(ctx.p, &a, &wo);
     let out = row_parallel_out(ctx, g, partial, opt_vec1(params, &format!("{pre}.attn.o.bias")))?;
-    Ok((out, AttnState { norm, y, q, k: kk, v, a, cache, shape, scale }))
+    Ok((out, AttnState { norm, y, q, k: kk, v, a, cache, shape, scale, qk_norms }))
 }
 
 /// The rotary embeddings of the local query and key heads (`model.rotary_base`), or None without one. Attention
@@ -247,6 +257,10 @@ fn attention_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &AttnSta
         Some((rq, rk)) => (k::rotary_bwd(ctx.p, &dq, rq), k::rotary_bwd(ctx.p, &dk, rk)),
         None => (dq, dk),
     };
+    let (dq, dk) = match st.qk_norms.as_deref() {
+        Some((qn, kn)) => (qk_norm_bwd(ctx, pre, params, "q", qn, &dq, grads)?, qk_norm_bwd(ctx, pre, params, "k", kn, &dk, grads)?),
+        None => (dq, dk),
+    };
     let mut dy: Option<Mat> = None;
     for (n, d) in [("q", dq), ("k", dk), ("v", dv)] {
         let wname = format!("{pre}.attn.{n}.weight");
@@ -273,6 +287,18 @@ fn attention_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, g: &Geom, st: &AttnSta
         });
     }
     Ok(dy.expect("three projections"))
+}
+
+/// Backward of the query (`which` "q") or key ("k") norm: its weight's gradient accumulated (a replicated kv head's
+/// summed over the ranks sharing it, as its projection's), the input gradient returned.
+fn qk_norm_bwd(ctx: &Ctx, pre: &str, params: &ParamSet, which: &str, st: &HeadNorm, dy: &Mat, grads: &mut ParamSet) -> CResult<Mat> {
+    let name = format!("{pre}.attn.{which}_norm.weight");
+    let (dx, mut dw) = head_norm_bwd(ctx, &name, params, st, dy);
+    if which == "k" && ctx.layout.kv_replicated && ctx.tp_size() > 1 {
+        reduce_replicated_kv(ctx, &mut dw)?;
+    }
+    accumulate(grads, &name, &[dw.len()], &dw, ctx.dtype());
+    Ok(dx)
 }
 
 /// Sums the gradient of a replicated kv head over the tensor-parallel ranks that share it: each

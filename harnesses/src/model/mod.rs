@@ -11,6 +11,7 @@ mod bugs;
 mod embed;
 mod layout;
 mod moe;
+mod qk_norm;
 mod region;
 mod shared_expert;
 

@@ -43,6 +43,9 @@ pub fn placement(spec: &ParamSpec) -> ParamPlacement {
     let n = spec.name.as_str();
     let shard = |dim, split| Shard { dim, split };
     let tp = match spec.role {
+        // (query/key norms: one weight per element of every head, held with the rank's heads)
+        _ if n.ends_with("attn.q_norm.weight") => shard(0, Heads),
+        _ if n.ends_with("attn.k_norm.weight") => shard(0, KvHeads),
         ParamRole::Embedding => shard(0, Vocab),
         ParamRole::NormWeight | ParamRole::NormBias | ParamRole::Router => Replicate,
         _ if n.ends_with("attn.q.weight") => shard(1, Heads),

@@ -268,6 +268,7 @@ pub const TARGETS: &[TargetInfo] = &[
         offers: &[
             "hf_model",
             "rotary",
+            "qk_norm",
             "sequence_parallel_mode",
             "zero_offload",
             "vocab_loss",

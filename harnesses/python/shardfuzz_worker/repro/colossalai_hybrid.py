@@ -32,7 +32,7 @@ FAMILIES = {
     "colossalai_falcon": ("NORM_EPS", "config", "build", "_LAYER", "_PART", "_FIXED", "case_tensors", "to_falcon",
                           "parallel_attn", "_case_layer", "shardformer_loss"),
     "colossalai_command": ("NORM_EPS", "config", "Rotation", "build", "_LAYER", "_FIXED", "case_name", "_interleaved",
-                           "_turns", "to_command", "case_tensors", "shardformer_loss"),
+                           "_turns", "_is_head_norm", "to_command", "case_tensors", "shardformer_loss"),
     "colossalai_mixtral": ("EXPERT", "_PROJ", "_MOE_LAYER", "build", "split", "expert_part", "case_name",
                            "is_weight_matrix", "to_mixtral", "case_tensors", "shardformer_loss",
                            "unsteppable_unused_experts", "RoutingWatch"),

@@ -2,7 +2,7 @@
 training loop taken from the worker, the header lines about the model, and the embedded inputs."""
 
 from ..targets.base import (dtype_name, is_frozen, unsupported_frozen, unsupported_label_smoothing, unsupported_parallel_blocks,
-                            unsupported_rotary)
+                            unsupported_qk_norm, unsupported_rotary)
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
@@ -37,7 +37,7 @@ def check_model_case(case, target, worker, fields):
     if "op" in case:
         raise ReproError(f"{target} runs model cases only (the case has case.op, not case.model)")
     why = (unsupported_frozen(worker, case) or unsupported_label_smoothing(worker, case) or unsupported_rotary(worker, case)
-           or unsupported_parallel_blocks(worker, case) or worker.unsupported(case))
+           or unsupported_parallel_blocks(worker, case) or unsupported_qk_norm(worker, case) or worker.unsupported(case))
     if why:
         raise ReproError(f"{target} cannot run this case ({fields}): {why}")
     if dtype_name(case) not in TORCH_DTYPES:

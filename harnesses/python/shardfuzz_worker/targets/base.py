@@ -26,6 +26,8 @@ class Target:
     #: Whether it builds parallel blocks (`model.layers` entries "parallel": attention and an MLP side by side on one
     #: norm's output; others refuse such cases).
     parallel_blocks = False
+    #: Whether its attention normalises queries and keys per head as the case asks (`model.qk_norm`; others refuse).
+    qk_norms = False
     #: Whether it leaves the case's frozen parameters (`train.frozen`) untrained (others refuse such cases).
     freezes = False
     #: Whether its loss smooths the labels as the case asks (`train.label_smoothing`; others refuse such cases).
@@ -354,6 +356,14 @@ def unsupported_parallel_blocks(target, case):
     other would find a layer kind its model does not have)."""
     if "parallel" in (case.get("model") or {}).get("layers", ()) and not target.parallel_blocks:
         return f'{target.name} has no parallel blocks (model.layers "parallel": attention and an MLP on one norm)'
+    return None
+
+
+def unsupported_qk_norm(target, case):
+    """Why `target` cannot normalise the case's queries and keys per head, or None: only targets that set `qk_norms`
+    do (any other would attend without the norms, a different computation)."""
+    if (case.get("model") or {}).get("qk_norm") and not target.qk_norms:
+        return f"{target.name} has no query/key norms (model.qk_norm)"
     return None
 
 

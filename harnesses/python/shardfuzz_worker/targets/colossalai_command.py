@@ -5,7 +5,8 @@ and layouts and Cohere's.
 A Cohere decoder layer is the case's "parallel" block: one LayerNorm without bias (input_layernorm, eps 1e-5) whose
 output feeds both self_attn (q, k, v, o; GQA; scale head_dim^-0.5) and the MLP (gate/up/down with SiLU: the case's
 swiglu), both added to the residual stream; no biases anywhere, a final LayerNorm (model.norm), the logits times
-`logit_scale` (1 here). Cohere's rotary embedding turns interleaved pairs (dimensions 2i and 2i + 1 by the angle of
+`logit_scale` (1 here); with `model.qk_norm` Cohere's q_norm / k_norm (`use_qk_norm`: a LayerNorm without bias over
+each head, weights [heads, head_dim], the case's [heads * head_dim]). Cohere's rotary embedding turns interleaved pairs (dimensions 2i and 2i + 1 by the angle of
 frequency i) where the case's turns halves (i and i + head_dim / 2): the same attention scores once the q and k
 projections' output columns are permuted head by head, interleaved position 2i taking the case's column i and 2i + 1
 its column i + head_dim / 2 (`_interleaved`), as transformers' Llama conversion permutes Meta's checkpoints. The
@@ -43,7 +44,8 @@ def config(m, dtype):
     return CohereConfig(
         vocab_size=m["vocab"], hidden_size=m["hidden"], intermediate_size=m["ffn"], num_hidden_layers=len(m["layers"]),
         num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"], hidden_act="silu",
-        max_position_embeddings=max(m["seq"], 2), layer_norm_eps=NORM_EPS, logit_scale=1.0, use_qk_norm=False,
+        max_position_embeddings=max(m["seq"], 2), layer_norm_eps=NORM_EPS, logit_scale=1.0,
+        use_qk_norm=bool(m.get("qk_norm")),
         attention_bias=False, attention_dropout=0.0, rope_theta=float(m["rotary_base"]), use_cache=False,
         tie_word_embeddings=bool(m.get("tied_embeddings")), torch_dtype=dtype, pad_token_id=None, bos_token_id=None,
         eos_token_id=None, _attn_implementation="eager",
@@ -80,7 +82,8 @@ def build(m, inputs, dtype):
     return model
 
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(input_layernorm|self_attn\.(\w)_proj|mlp\.(\w+)_proj)\.weight$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(input_layernorm|self_attn\.(\w)_proj|mlp\.(\w+)_proj|self_attn\.(\w)_norm)"
+                    r"\.weight$")
 _FIXED = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "final_norm.weight",
           "lm_head.weight": "lm_head.weight"}
 
@@ -92,7 +95,9 @@ def case_name(name):
     match = _LAYER.match(name)
     if not match:
         raise KeyError(f"harness: no case name for Command parameter {name}")
-    i, attn, mlp = int(match[1]), match[3], match[4]
+    i, attn, mlp, norm = int(match[1]), match[3], match[4], match[5]
+    if norm:
+        return f"layers.{i}.attn.{norm}_norm.weight"
     if attn:
         return f"layers.{i}.attn.{attn}.weight"
     if mlp:
@@ -108,19 +113,27 @@ def _interleaved(rows, d):
 
 
 def _turns(case):
-    return bool(re.match(r"^layers\.\d+\.attn\.[qk]\.weight$", case))
+    """Whether the case tensor's elements turn with the rotary embedding's pairs (q and k projections, their norms)."""
+    return bool(re.match(r"^layers\.\d+\.attn\.[qk](_norm)?\.weight$", case))
+
+
+def _is_head_norm(case):
+    return bool(re.match(r"^layers\.\d+\.attn\.[qk]_norm\.weight$", case))
 
 
 def to_command(case, t, d):
     """A case-layout tensor in Cohere's layout (linear weights [out, in], q and k rows interleaved)."""
     t = t.t() if is_projection_weight(case) else t
-    return t[_interleaved(t.shape[0], d)] if _turns(case) else t
+    t = t[_interleaved(t.shape[0], d)] if _turns(case) else t
+    return t.reshape(-1, d) if _is_head_norm(case) else t  # (Cohere's norm weights: [heads, head_dim])
 
 
 def case_tensors(name, t, m):
     """Cohere's parameter (or its gradient, or a tensor-parallel rank's shard of either: whole heads) -> [(case name,
     tensor in the case's layout)]."""
     case = case_name(name)
+    if _is_head_norm(case):
+        t = t.reshape(-1)
     if _turns(case):
         d = m["hidden"] // m["heads"]
         t = t[torch.argsort(_interleaved(t.shape[0], d))]

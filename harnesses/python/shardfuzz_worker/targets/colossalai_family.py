@@ -25,13 +25,20 @@ def families(m):
 
 def family(m):
     """The first family that expresses the case's model, or None."""
-    return next((f for f in families(m) if f.expressible(m) is None), None)
+    return next((f for f in families(m) if _expresses(f, m) is None), None)
+
+
+def _expresses(f, m):
+    """Why family `f` cannot express the case's model, or None (query/key norms: a Command's only)."""
+    if m.get("qk_norm") and f is not colossalai_command:
+        return "only a Command (model.hf_model: command) has query/key norms (model.qk_norm)"
+    return f.expressible(m)
 
 
 def expressible(m):
     if family(m) is not None:
         return None
-    return "; ".join(f"{f.__name__.rsplit('_', 1)[-1]}: {f.expressible(m)}" for f in families(m))
+    return "; ".join(f"{f.__name__.rsplit('_', 1)[-1]}: {_expresses(f, m)}" for f in families(m))
 
 
 def build(m, inputs, dtype):

@@ -48,6 +48,7 @@ class ColossalHybrid(ColossalTarget):
     freezes = True
     rotates = True
     parallel_blocks = True  # (Command's decoder layers; every other family refuses them)
+    qk_norms = True  # (Command's use_qk_norm; every other family refuses them)
     checkpoint_layouts = ("sharded", "gathered")  # (the booster's sharded checkpoints, or shard=False)
     # A run resumes into another plugin (`train.resume_parallel`): HybridParallelCheckpointIO writes whole tensors
     # (tensor-parallel shards gathered, the vocabulary unpadded, ZeRO's optimizer states gathered) under their names,

@@ -34,6 +34,22 @@ class Norm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, NORM_EPS)
 
 
+class HeadNorm(nn.Module):
+    """The query or key norm (`model.qk_norm`): each head's vectors normalised over the head size by the model's norm
+    kind, without bias, a weight per element of every head ([heads * head_dim])."""
+
+    def __init__(self, heads, d, kind):
+        super().__init__()
+        self.d, self.kind = d, kind
+        self.weight = nn.Parameter(torch.ones(heads * d))
+
+    def forward(self, x):  # [batch, tokens, heads, head_dim]
+        w = self.weight.view(-1, self.d)
+        if self.kind == "layernorm":
+            return F.layer_norm(x, (self.d,), None, None, NORM_EPS) * w
+        return F.rms_norm(x, (self.d,), None, NORM_EPS) * w
+
+
 #: The positions of the tokens this rank's attention sees ([rows, tokens]), where a framework holds part of each
 #: sequence: torch's context parallelism shards a positions buffer beside the ids (`positions_of`). None: 0 .. s-1.
 _POSITIONS = contextvars.ContextVar("shardfuzz_positions", default=None)
@@ -77,6 +93,9 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
         self.v = nn.Linear(h, m["kv_heads"] * d, bias=m["bias"])
         self.o = nn.Linear(m["heads"] * d, h, bias=m["bias"])
+        if m.get("qk_norm"):  # (built here; the targets that run this model refuse query/key norms, Target.qk_norms)
+            self.q_norm = HeadNorm(m["heads"], d, m.get("norm", "layernorm"))
+            self.k_norm = HeadNorm(m["kv_heads"], d, m.get("norm", "layernorm"))
         # The attention core on [batch, heads, seq, head_dim]; a target whose ranks hold parts of the sequence
         # (context parallelism) puts its framework's distributed attention here.
         self.attend = causal_attention
@@ -85,8 +104,11 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         # Local head counts follow from the local widths (tensor parallelism shards them).
         q, k, v = (self.q(x), self.k(x), self.v(x))
-        q = q.view(b, s, q.shape[-1] // self.d, self.d).transpose(1, 2)
-        k = k.view(b, s, k.shape[-1] // self.d, self.d).transpose(1, 2)
+        q = q.view(b, s, q.shape[-1] // self.d, self.d)
+        k = k.view(b, s, k.shape[-1] // self.d, self.d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, v.shape[-1] // self.d, self.d).transpose(1, 2)
         if self.rotary_base is not None:
             q, k = rotate(q, self.rotary_base), rotate(k, self.rotary_base)
