@@ -263,7 +263,7 @@ pub const TARGETS: &[TargetInfo] = &[
     },
     TargetInfo {
         name: "colossalai-hybrid",
-        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama (or Mistral, Qwen2; with a rotary position embedding where the case has one) or GPT-2 (or OPT, or with a rotary embedding a Falcon): tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
+        description: "Colossal-AI Booster + HybridParallelPlugin on a transformers Llama (or Mistral, Qwen2; with a rotary position embedding where the case has one) or GPT-2 (or OPT, or with a rotary embedding a Falcon, in pairs or parallel blocks), or parallel blocks as a Cohere Command (with query/key norms where the case has them): tp x pp (1F1B, interleaved) x dp, ZeRO 0-2, sequence parallel split_gather / ring / all_to_all",
         env: Some("colossalai"),
         offers: &[
             "hf_model",
