@@ -1312,8 +1312,9 @@ fn colossalai_command_crash_without_flash_attention_and_unreduced_sp_norms_are_k
 /// Query/key norms (`model.qk_norm`) on a Command: Colossal-AI 0.5.0's attention forward never applies them
 /// (`docs/findings/colossalai-0.5.0-command-qk-norm-ignored.py`), so their weights get no gradient: without a pipeline
 /// DDP's reducer fails at the second step on the unused parameters, across pipeline stages the verdict names the
-/// untrained norm. No known fix (under tensor parallelism it would also need the norms' weights sharded by head); the
-/// native target passes every case it runs (`cli_run`).
+/// untrained norm. The known fix `colossalai-command-qk-norm` applies them, their weights sharded by head under tensor
+/// parallelism and indexed by the rank's heads under Ulysses: every case of the directory then passes (tp 2, tp 2 ×
+/// pp 2, `split_gather` beside the sequence-parallel norm fix, `all_to_all`, dp 2, pp 2, alone).
 #[test]
 fn colossalai_command_query_key_norms_never_applied_are_a_known_finding() {
     if !python_ready() {
@@ -1325,6 +1326,9 @@ fn colossalai_command_query_key_norms_never_applied_are_a_known_finding() {
         let unused = v["kind"] == "crash" && reason(&v).contains("Expected to have finished reduction in the prior iteration");
         let untrained = v["kind"] == "divergent" && reason(&v).contains("q_norm.weight: no gradient reached it");
         assert!(unused || untrained, "{}: {v}", file.display());
+    }
+    for (file, v) in files.iter().zip(run_files("colossalai-hybrid", &files, &format!("{fixes},colossalai-command-qk-norm"))) {
+        assert_eq!(v["kind"], "pass", "{}: {v}", file.display());
     }
 }
 

@@ -869,13 +869,70 @@ def _colossalai_command_sp_norm_grads():
     def postprocess(self):
         config = self.shard_config
         if config.enable_sequence_parallelism and config.sequence_parallelism_mode in ("split_gather", "ring"):
-            for module in self.model.modules():
-                # (a pipeline stage's norms of other stages have no weight)
-                if type(module).__name__ == "CohereLayerNorm" and module.weight is not None:
+            for name, module in self.model.named_modules():
+                # (a pipeline stage's norms of other stages have no weight; the query/key norms, which see whole
+                # sequences and hold the rank's heads, are not partial)
+                if (type(module).__name__ == "CohereLayerNorm" and module.weight is not None
+                        and not name.endswith(("q_norm", "k_norm"))):
                     SeqParallelUtils.marked_as_sp_partial_derived_param(module.weight)
         return original(self)
 
     CommandPolicy.postprocess = postprocess
+
+
+def _colossalai_command_qk_norm():
+    """Colossal-AI 0.5.0: CommandPolicy's attention forward (get_command_flash_attention_forward, installed in every
+    layout) never applies a Cohere model's query/key norms (`use_qk_norm`, Command R+'s q_norm / k_norm), so the model
+    trained is another and the norms' weights get no gradient; nor does the policy shard those weights (one row per
+    head) under tensor parallelism (docs/findings/colossalai-0.5.0-command-qk-norm-ignored.py). Fix: apply them where
+    transformers does (after the projections' view into heads, before the rotary embedding), their weights sharded by
+    head as q_proj and k_proj are under tensor parallelism, and under all_to_all sequence parallelism (whole weights,
+    a rank's heads after the exchange) the rows of the rank's heads."""
+    import torch
+    import torch.distributed as dist
+    from colossalai.shardformer.modeling import command
+    from colossalai.shardformer.policies import command as policy
+    from colossalai.tensor.d_tensor.api import shard_rowwise, sharded_tensor_to_existing_param
+
+    def head_norm(norm, x, rows):  # CohereLayerNorm's forward on the weight's `rows`
+        x32 = x.to(torch.float32)
+        mean = x32.mean(-1, keepdim=True)
+        y = (x32 - mean) * torch.rsqrt((x32 - mean).pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return (norm.weight.to(torch.float32)[rows] * y).to(x.dtype)
+
+    def qk_norms(attn, q, k, sp_mode, sp_group):
+        if sp_mode != "all_to_all":
+            return attn.q_norm(q), attn.k_norm(k)
+        rank = dist.get_rank(sp_group)
+        return (head_norm(attn.q_norm, q, slice(rank * q.shape[2], (rank + 1) * q.shape[2])),
+                head_norm(attn.k_norm, k, slice(rank * k.shape[2], (rank + 1) * k.shape[2])))
+
+    command._shardfuzz_qk_norms = qk_norms
+    _replace_in_function(command, "get_command_flash_attention_forward", [(
+        "        query_states = query_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)\n"
+        "        key_states = key_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)\n",
+        "        query_states = query_states.view(bsz, q_len, -1, self.head_dim)\n"
+        "        key_states = key_states.view(bsz, q_len, -1, self.head_dim)\n"
+        "        if self.use_qk_norm:\n"
+        "            query_states, key_states = _shardfuzz_qk_norms(self, query_states, key_states, sp_mode, sp_group)\n"
+        "        query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)\n")],
+        "colossalai-command-qk-norm")
+    policy.get_command_flash_attention_forward = command.get_command_flash_attention_forward
+    original = policy.CommandPolicy.postprocess
+
+    def postprocess(self):
+        config = self.shard_config
+        if config.enable_tensor_parallelism:
+            for module in self.model.modules():
+                if type(module).__name__ == "CohereAttention" and module.config.use_qk_norm:
+                    for norm in (module.q_norm, module.k_norm):
+                        if norm.weight is None:  # (another pipeline stage's layer)
+                            continue
+                        sharded = shard_rowwise(norm.weight.data, config.tensor_parallel_process_group)
+                        sharded_tensor_to_existing_param(sharded, norm.weight)
+        return original(self)
+
+    policy.CommandPolicy.postprocess = postprocess
 
 
 def _patch_falcon_causal_lm_losses(old, new, fix):
@@ -3355,6 +3412,7 @@ FIXES = {
     "colossalai-command-mask-without-flash-attention": (("colossalai-hybrid",),
                                                         _colossalai_command_mask_without_flash_attention),
     "colossalai-command-sp-norm-grads": (("colossalai-hybrid",), _colossalai_command_sp_norm_grads),
+    "colossalai-command-qk-norm": (("colossalai-hybrid",), _colossalai_command_qk_norm),
     "colossalai-clip-norm-customized-tensors": (COLOSSALAI_HYBRID, _colossalai_clip_norm_customized_tensors),
     "colossalai-empty-grad-norm-collective": (COLOSSALAI_HYBRID, _colossalai_empty_grad_norm_collective),
     "colossalai-zero2-sp-accumulated-sync": (COLOSSALAI_HYBRID, _colossalai_zero2_sp_accumulated_sync),

@@ -32,8 +32,8 @@ def linear_kind(name):
 
 
 def shard_dim(name):
-    if name in ("embed.weight", "lm_head.weight"):
-        return 0
+    if name in ("embed.weight", "lm_head.weight") or name.endswith(("attn.q_norm.weight", "attn.k_norm.weight")):
+        return 0  # (query/key norms: a weight per element of every head, held with the rank's heads)
     kind, leaf = linear_kind(name), name.rsplit(".", 1)[-1]
     if kind == "column":
         return 1 if leaf == "weight" else 0  # case weight [in, out]: out sharded
