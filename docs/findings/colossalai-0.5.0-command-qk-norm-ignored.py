@@ -7,9 +7,10 @@
 # keys before the rotary embedding (modeling_cohere.py:263-265, "main diff from Llama"). The norms' weights stay
 # parameters of the model, get no gradient, and are saved unchanged. The pipeline and sequence-parallel paths call the
 # same attention forward.
-# Fix (`--fixed`): apply the norms where transformers does. (Under tensor parallelism the norms' weights, one row per
-# head, must also be sharded by head as q_proj and k_proj are; the policy does not shard them. This script runs data
-# parallelism only, where the fix is the two lines.)
+# Fix (`--fixed`; shardfuzz's known fix colossalai-command-qk-norm): apply the norms where transformers does. (Under
+# tensor parallelism the norms' weights, one row per head, must also be sharded by head as q_proj and k_proj are,
+# which the policy does not do; the known fix does, and under all_to_all indexes the rank's heads' rows. This script
+# runs data parallelism only, where the fix is the two lines.)
 # The plugin runs with enable_flash_attention=True (without it Command fails at once:
 # colossalai-0.5.0-command-without-flash-attention-crash.py); on the CPU ColoAttention then uses Colossal-AI's own SDPA
 # kernel (FlashAttentionSdpaCudaExtension, torch's scaled_dot_product_attention, reported unavailable without CUDA).
