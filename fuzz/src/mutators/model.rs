@@ -235,8 +235,8 @@ pub fn hf_model(c: &mut Case, rng: &mut ChaCha8Rng) -> bool {
     let choices: Vec<Option<HfModel>> = std::iter::once(None).chain(HfModel::ALL.map(Some)).filter(|h| *h != m.hf_model).collect();
     m.hf_model = *choices.choose(rng).expect("other choices");
     if let Some(h) = m.hf_model {
-        let parallel = m.layers.iter().filter(|k| **k == LayerKind::Parallel).count();
-        let blocks = (parallel + (m.layers.len() - parallel).div_ceil(2)).max(1);
+        let parallel_now = m.layers.iter().filter(|k| **k == LayerKind::Parallel).count();
+        let blocks = (parallel_now + (m.layers.len() - parallel_now).div_ceil(2)).max(1);
         // (A Falcon's decoder layers are pairs or, with `parallel_attn`, parallel blocks; a Command's parallel blocks.)
         let parallel = h.parallel_blocks() || (h == HfModel::Falcon && rng.gen_bool(0.5));
         m.layers = if parallel { vec![LayerKind::Parallel; blocks] } else { [LayerKind::Attention, LayerKind::Mlp].repeat(blocks) };

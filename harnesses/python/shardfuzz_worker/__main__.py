@@ -12,7 +12,7 @@ from .targets import REGISTRY, load
 from .targets.base import (HarnessError, as_offered, expected_outputs, unsupported_checkpoint_layout,
                            unsupported_resume_parallel,
                            unsupported_clip_norm, unsupported_frozen, unsupported_label_smoothing,
-                           unsupported_parallel_blocks, unsupported_qk_norm, unsupported_rotary)
+                           unsupported_model_vocabulary)
 from .validation import describe, short
 from .verdicts import classify_failures
 
@@ -83,8 +83,7 @@ class Coordinator:
     def run(self, msg):
         case = as_offered(self.target, msg["case"])
         reason = (("op" in case and self.target.unsupported_op(case)) or unsupported_frozen(self.target, case)
-                  or unsupported_rotary(self.target, case) or unsupported_parallel_blocks(self.target, case)
-                  or unsupported_qk_norm(self.target, case)
+                  or unsupported_model_vocabulary(self.target, case)
                   or unsupported_label_smoothing(self.target, case) or unsupported_clip_norm(self.target, case)
                   or unsupported_checkpoint_layout(self.target, case) or unsupported_resume_parallel(self.target, case)
                   or self.target.unsupported(case))

@@ -42,6 +42,33 @@ def _collectives(rank, world, port, out):
     dist.destroy_process_group()
 
 
+def random_case_inputs(m):
+    """Random float64 initial parameters of the case model `m`, in the case's layout (linear weights [in, out])."""
+    import torch
+
+    from shardfuzz_worker.targets import torch_model
+
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
+    inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
+    for n in inputs:
+        if torch_model.is_linear_weight(n):
+            inputs[n] = inputs[n].T.copy()
+    return inputs
+
+
+def reference_model(m, inputs):
+    """The torch model of the case in float64 with the parameters `inputs` (the logits a family must reproduce)."""
+    import torch
+
+    from shardfuzz_worker.targets import torch_model
+
+    reference = torch_model.Model(m).to(torch.float64)
+    torch_model.load_case_params(reference, inputs, torch.float64)
+    return reference
+
+
 def case(name, **parallel):
     with open(os.path.join(CORPUS, name)) as f:
         c = json.load(f)
@@ -51,6 +78,17 @@ def case(name, **parallel):
 
 @unittest.skipUnless(HAVE_COLOSSALAI, "colossalai is not installed in this environment")
 class ColossalAiTest(unittest.TestCase):
+    def assert_reports_every_case_tensor_exactly(self, model, m, inputs):
+        """The family's model reports every case tensor, each exactly as the case's `inputs` gave it."""
+        import torch
+
+        from shardfuzz_worker.targets.colossalai_family import case_tensors
+
+        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
+        self.assertEqual(sorted(reported), sorted(inputs))
+        for n, t in reported.items():
+            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+
     def test_gloo_stand_ins_compute_what_the_collectives_define(self):
         import torch.multiprocessing as mp
 
@@ -286,7 +324,6 @@ class ColossalAiTest(unittest.TestCase):
     def test_a_falcon_computes_the_case_models_logits_and_reports_fused_shards_per_head(self):
         import torch
 
-        from shardfuzz_worker.targets import torch_model
         from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
 
         with open(os.path.join(CORPUS, "..", "tests", "python-gpt2", "gpt2-tp2-f32.json")) as f:
@@ -294,60 +331,38 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIsNone(expressible(m))
         self.assertIn("rotary", expressible(dict(m, rotary_base=None)))
         self.assertIn("RMSNorm", expressible(dict(m, norm="rmsnorm")))
-        torch.manual_seed(0)
-        with torch.device("meta"):
-            shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
-        inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
-        for n in inputs:  # (the case's layout: linear weights [in, out])
-            if torch_model.is_linear_weight(n):
-                inputs[n] = inputs[n].T.copy()
+        inputs = random_case_inputs(m)
         model = build(m, inputs, torch.float64)
         self.assertEqual(type(model).__name__, "FalconForCausalLM")
-        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
-        self.assertEqual(sorted(reported), sorted(inputs))
-        for n, t in reported.items():
-            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+        self.assert_reports_every_case_tensor_exactly(model, m, inputs)
         # A tensor-parallel rank's shard of query_key_value holds whole heads: its q, k and v shards.
         qkv = dict(model.named_parameters())["transformer.h.0.self_attention.query_key_value.weight"].detach()
         half = dict(case_tensors("transformer.h.0.self_attention.query_key_value.weight", qkv[qkv.shape[0] // 2:], m))
         torch.testing.assert_close(half["layers.0.attn.k.weight"], torch.tensor(inputs["layers.0.attn.k.weight"])[:, 8:])
-        reference = torch_model.Model(m).to(torch.float64)
-        torch_model.load_case_params(reference, inputs, torch.float64)
+        reference = reference_model(m, inputs)
         ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
         torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=1e-12)
 
     def test_a_falcon_of_parallel_blocks_is_parallel_attn_and_computes_the_case_models_logits(self):
         import torch
 
-        from shardfuzz_worker.targets import torch_model
-        from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
+        from shardfuzz_worker.targets.colossalai_family import build, expressible
 
         with open(os.path.join(CORPUS, "..", "tests", "python-colossalai-falcon", "falcon-parallel-tp2-f32.json")) as f:
             m = json.load(f)["model"]
         self.assertIsNone(expressible(m))
         self.assertIn("parallel blocks", expressible(dict(m, layers=["parallel", "attention"])))
-        torch.manual_seed(0)
-        with torch.device("meta"):
-            shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
-        inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
-        for n in inputs:  # (the case's layout: linear weights [in, out])
-            if torch_model.is_linear_weight(n):
-                inputs[n] = inputs[n].T.copy()
+        inputs = random_case_inputs(m)
         model = build(m, inputs, torch.float64)
         self.assertTrue(model.config.parallel_attn)
-        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
-        self.assertEqual(sorted(reported), sorted(inputs))
-        for n, t in reported.items():
-            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
-        reference = torch_model.Model(m).to(torch.float64)
-        torch_model.load_case_params(reference, inputs, torch.float64)
+        self.assert_reports_every_case_tensor_exactly(model, m, inputs)
+        reference = reference_model(m, inputs)
         ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
         torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=1e-12)
 
     def test_a_command_computes_the_case_models_logits_with_its_interleaved_rotary_and_reports_head_shards(self):
         import torch
 
-        from shardfuzz_worker.targets import torch_model
         from shardfuzz_worker.targets.colossalai_family import build, case_tensors, expressible
 
         m = {"vocab": 16, "hidden": 16, "ffn": 12, "heads": 4, "kv_heads": 2, "seq": 6, "batch": 2,
@@ -357,27 +372,17 @@ class ColossalAiTest(unittest.TestCase):
         self.assertIn("parallel blocks", expressible(dict(m, layers=["attention", "mlp"])))
         self.assertIn("rotary", expressible(dict(m, rotary_base=None)))
         self.assertIn("biases", expressible(dict(m, bias=True)))
-        torch.manual_seed(0)
-        with torch.device("meta"):
-            shapes = {n: p.shape for n, p in torch_model.Model(m).named_parameters()}
-        inputs = {n: torch.randn(s, dtype=torch.float64).numpy() for n, s in shapes.items()}
-        for n in inputs:  # (the case's layout: linear weights [in, out])
-            if torch_model.is_linear_weight(n):
-                inputs[n] = inputs[n].T.copy()
+        inputs = random_case_inputs(m)
         model = build(m, inputs, torch.float64)
         self.assertEqual(type(model).__name__, "CohereForCausalLM")
-        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
-        self.assertEqual(sorted(reported), sorted(inputs))
-        for n, t in reported.items():
-            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
+        self.assert_reports_every_case_tensor_exactly(model, m, inputs)
         # A tensor-parallel rank's shard of q_proj holds whole heads: the case's columns of those heads.
         q = dict(model.named_parameters())["model.layers.0.self_attn.q_proj.weight"].detach()
         (name, half), = case_tensors("model.layers.0.self_attn.q_proj.weight", q[q.shape[0] // 2:], m)
         torch.testing.assert_close(half, torch.tensor(inputs["layers.0.attn.q.weight"])[:, 8:], rtol=0, atol=0)
         # Cohere's interleaved rotary on the permuted projections is the case's half-split one: the same logits, to
         # float32's round-off (CohereLayerNorm and transformers' eager softmax compute in float32 whatever the dtype).
-        reference = torch_model.Model(m).to(torch.float64)
-        torch_model.load_case_params(reference, inputs, torch.float64)
+        reference = reference_model(m, inputs)
         ids = torch.tensor([[1, 2, 3, 0, 5, 4], [4, 5, 6, 7, 0, 1]])
         torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=2e-5)
         # (without the permutation the rotary turns other pairs: far off)
@@ -393,12 +398,8 @@ class ColossalAiTest(unittest.TestCase):
                        for i in range(2) for n, width in (("q", 16), ("k", 8))})
         model = build(m, inputs, torch.float64)
         self.assertTrue(model.config.use_qk_norm)
-        reported = {n: t for name, p in model.named_parameters() for n, t in case_tensors(name, p.detach(), m)}
-        self.assertEqual(sorted(reported), sorted(inputs))
-        for n, t in reported.items():
-            torch.testing.assert_close(t, torch.tensor(inputs[n]), rtol=0, atol=0, msg=n)
-        reference = torch_model.Model(m).to(torch.float64)
-        torch_model.load_case_params(reference, inputs, torch.float64)
+        self.assert_reports_every_case_tensor_exactly(model, m, inputs)
+        reference = reference_model(m, inputs)
         torch.testing.assert_close(model(input_ids=ids).logits, reference(ids), rtol=0, atol=2e-5)
         self.assertGreater(float((model(input_ids=ids).logits - build(dict(m, qk_norm=False), inputs, torch.float64)(
             input_ids=ids).logits).abs().max()), 1e-2)

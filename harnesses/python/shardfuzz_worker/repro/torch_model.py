@@ -1,8 +1,8 @@
 """What the generators of the torch model-case targets share: refusals, tensor names, the case's model and its
 training loop taken from the worker, the header lines about the model, and the embedded inputs."""
 
-from ..targets.base import (dtype_name, is_frozen, unsupported_frozen, unsupported_label_smoothing, unsupported_parallel_blocks,
-                            unsupported_qk_norm, unsupported_rotary)
+from ..targets.base import (dtype_name, is_frozen, unsupported_frozen, unsupported_label_smoothing,
+                            unsupported_model_vocabulary)
 from .common import ReproError, rule, worker_source
 
 TORCH_DTYPES = {"f64": "torch.float64", "f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
@@ -36,8 +36,8 @@ def check_model_case(case, target, worker, fields):
     about) and its dtype has a torch dtype."""
     if "op" in case:
         raise ReproError(f"{target} runs model cases only (the case has case.op, not case.model)")
-    why = (unsupported_frozen(worker, case) or unsupported_label_smoothing(worker, case) or unsupported_rotary(worker, case)
-           or unsupported_parallel_blocks(worker, case) or unsupported_qk_norm(worker, case) or worker.unsupported(case))
+    why = (unsupported_frozen(worker, case) or unsupported_label_smoothing(worker, case)
+           or unsupported_model_vocabulary(worker, case) or worker.unsupported(case))
     if why:
         raise ReproError(f"{target} cannot run this case ({fields}): {why}")
     if dtype_name(case) not in TORCH_DTYPES:

@@ -367,6 +367,12 @@ def unsupported_qk_norm(target, case):
     return None
 
 
+def unsupported_model_vocabulary(target, case):
+    """Why `target` cannot build the case's model as the case words it (a rotary embedding, parallel blocks,
+    query/key norms), or None: each refused by name where the target lacks it."""
+    return unsupported_rotary(target, case) or unsupported_parallel_blocks(target, case) or unsupported_qk_norm(target, case)
+
+
 def label_smoothing(case):
     """The case's label smoothing ε (`train.label_smoothing`, torch's definition: 1 - ε on the target plus ε / V on
     each of the V vocabulary entries), 0.0 when absent."""
